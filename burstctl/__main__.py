@@ -1,0 +1,5 @@
+"""``python -m burstctl``: the same command line as the ``burstctl`` script."""
+
+from burstctl.cli import main
+
+main()

@@ -1,0 +1,162 @@
+"""Composition root: ``build_service(config)`` wires one controller replica.
+
+The ``Service`` owns the job table, the scheduler, the gRPC server (controller
+and standard health services) and the background tasks. ``start()`` and
+``stop()`` are idempotent; ``serve()`` runs start → wait for the exit flag →
+graceful stop. Only the CLI installs signal handlers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1.health import aio as health_aio
+
+from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.scheduler import Scheduler
+from burstctl.controller.service import SERVICE_NAME, ControllerServicer
+from burstctl.controller.state import PolicyState, ReplicaState, StateError, StateStore
+from burstctl.policies.base import Policy
+from burstctl.policies.registry import PolicyRegistry, default_registry
+
+log = logging.getLogger(__name__)
+
+
+class Service:
+    """One controller replica."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        registry: PolicyRegistry,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.registry = registry
+        self.store = StateStore(config.state_dir)
+        self.policy: Policy = registry.create(config.policy, config.policy_params)
+        self.policy_version = 0
+        self.table = JobTable(
+            clock,
+            heartbeat_timeout=config.heartbeat_timeout,
+            job_retention=config.job_retention,
+            demand_headroom=config.demand_headroom,
+        )
+        self.scheduler = Scheduler(self.table, config, lambda: self.policy, clock)
+        self.table.on_change = self.scheduler.request
+        self.servicer = ControllerServicer(self.table, max_op_volume=config.max_op_volume)
+        self.health = health_aio.HealthServicer()
+        self.server: grpc.aio.Server | None = None
+        self.grpc_port: int | None = None
+        self._tasks: list[asyncio.Task[None]] = []
+        self._started = False
+        self._stopped = asyncio.Event()
+
+    @property
+    def grpc_address(self) -> str:
+        host, _ = split_host_port(self.config.grpc_listen)
+        return f"{host}:{self.grpc_port}"
+
+    def _resume_state(self) -> None:
+        try:
+            saved = self.store.load().policy
+        except StateError as exc:
+            log.error("%s; starting with the configured policy", exc)
+            return
+        if saved is None or "policy" in self.config.model_fields_set:
+            return  # an explicitly configured policy wins over the saved one
+        try:
+            self.policy = self.registry.create(saved.name, saved.params)
+            self.policy_version = saved.version
+            log.info("resumed policy %s (version %d) from %s", saved.name, saved.version,
+                     self.store.path)
+        except (KeyError, ValueError) as exc:
+            log.error("saved policy %r is unusable (%s); keeping %s", saved.name, exc,
+                      self.policy.name)
+
+    def set_policy(self, name: str, params: dict[str, Any] | None = None) -> Policy:
+        """Switches the policy atomically and persists it; raises on unknown name or bad params."""
+        policy = self.registry.create(name, params)
+        version = self.policy_version + 1
+        self.store.save(
+            ReplicaState(policy=PolicyState(name=name, params=dict(params or {}), version=version))
+        )
+        self.policy, self.policy_version = policy, version
+        log.info("policy switched to %s (version %d)", name, version)
+        self.scheduler.request()
+        return policy
+
+    async def start(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._resume_state()
+        server = grpc.aio.server(
+            options=[
+                ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
+                ("grpc.keepalive_permit_without_calls", 1),
+                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+            ]
+        )
+        server.add_generic_rpc_handlers((self.servicer.rpc_handlers(),))
+        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
+        try:
+            self.grpc_port = server.add_insecure_port(self.config.grpc_listen)
+        except RuntimeError as exc:
+            raise OSError(f"cannot listen on {self.config.grpc_listen}: {exc}") from None
+        await server.start()
+        self.server = server
+        for name in ("", SERVICE_NAME):
+            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+        self._spawn(self.scheduler.run(), "scheduler")
+        self._spawn(self.scheduler.renew_leases(), "lease-renewal")
+        self._spawn(self._reap(), "heartbeat-reaper")
+        if self.config.tick > 0:
+            self._spawn(self.scheduler.tick(self.config.tick), "tick")
+        log.info(
+            "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",
+            self.config.replica_id, self.grpc_address, self.policy.name, self.config.capacity,
+        )
+
+    def _spawn(self, coro: Any, name: str) -> None:
+        self._tasks.append(asyncio.create_task(coro, name=f"controller-{name}"))
+
+    async def _reap(self) -> None:
+        period = min(1.0, self.config.heartbeat_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            for session in self.table.expire():
+                log.warning("session %d of job %s: no heartbeat for %.1fs, closed",
+                            session.sid, session.job.job_id, self.config.heartbeat_timeout)
+                self.servicer.kill(session, "no heartbeat within the timeout")
+
+    async def stop(self, grace: float = 1.0) -> None:
+        if not self._started or self._stopped.is_set():
+            return
+        await self.health.enter_graceful_shutdown()
+        if self.server is not None:
+            await self.server.stop(grace)
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks.clear()
+        self._stopped.set()
+        log.info("controller %s stopped", self.config.replica_id)
+
+    async def serve(self, should_exit: asyncio.Event) -> None:
+        await self.start()
+        try:
+            await should_exit.wait()
+        finally:
+            await self.stop()
+
+
+def build_service(config: ControllerConfig, registry: PolicyRegistry | None = None) -> Service:
+    return Service(config, registry if registry is not None else default_registry())

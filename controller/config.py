@@ -1,0 +1,135 @@
+"""Controller configuration: embedded defaults < TOML file < ``BURSTCTL_*`` environment < flags.
+
+One ``ControllerConfig`` is all the service receives (uvicorn's habit). Every
+field has a default, so ``burstctl controller`` runs with no configuration at
+all: one replica on loopback, FairShare, 1 GiB/s.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from pathlib import Path
+from typing import Any, ClassVar
+
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_settings import (
+    BaseSettings,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    TomlConfigSettingsSource,
+)
+
+from burstctl.units import Rate
+
+
+def _default_state_dir() -> Path:
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(base) / "burstctl"
+
+
+def split_host_port(value: str) -> tuple[str, int]:
+    """``"127.0.0.1:50051"`` or ``"[::1]:50051"`` → (host, port); ValueError otherwise."""
+    host, sep, port_text = value.rpartition(":")
+    if not sep or not host or not port_text.isdigit():
+        raise ValueError(f"expected HOST:PORT, got {value!r}")
+    port = int(port_text)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"port out of range in {value!r}")
+    return host, port
+
+
+class ControllerConfig(BaseSettings):
+    """Everything a controller replica needs; see ``docs/configuration.md``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="BURSTCTL_", extra="forbid", validate_default=True, frozen=True
+    )
+    config_file: ClassVar[Path | None] = None  # the TOML file this class reads, if any
+
+    grpc_listen: str = Field("127.0.0.1:50051", description="gRPC address for clients and peers")
+    http_listen: str = Field("127.0.0.1:8080", description="REST admin/metrics address")
+    capacity: Rate = Field("1GiB/s", description="B: bandwidth of this replica's storage")
+    node_bandwidth: Rate = Field("256MiB/s", description="b: per-node bandwidth; b_i = min(p_i*b, B)")
+    policy: str = Field("fair-share", description="policy name from the registry")
+    policy_params: dict[str, Any] = Field(default_factory=dict, description="policy parameters")
+    state_dir: Path = Field(default_factory=_default_state_dir, description="durable state")
+    replica_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
+    heartbeat_timeout: float = Field(3.0, gt=0, description="s without Usage before a session is dead")
+    job_retention: float = Field(300.0, ge=0, description="s an inactive job is kept before removal")
+    lease: float = Field(5.0, gt=0, description="s an allocation stays valid without renewal")
+    tick: float = Field(0.0, ge=0, description="s between periodic decisions; 0 = events only")
+    burst_window: float = Field(0.05, gt=0, description="bucket depth = rate * burst_window")
+    min_burst: int = Field(64 * 1024, ge=0, description="smallest bucket depth in bytes")
+    push_tolerance: float = Field(
+        0.0, ge=0, lt=1, description="relative rate change below which no Allocation is pushed"
+    )
+    demand_headroom: float = Field(
+        1.1, ge=1.0, description="a satisfied job's ceiling = measured rate * headroom"
+    )
+    max_op_volume: int = Field(2**53, gt=0, description="largest accepted operation volume, bytes")
+    log_level: str = Field("INFO", description="logging level")
+
+    @field_validator("grpc_listen", "http_listen")
+    @classmethod
+    def _check_listen(cls, value: str) -> str:
+        split_host_port(value)
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _check_level(cls, value: str) -> str:
+        level = value.upper()
+        if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
+            raise ValueError(f"unknown log level {value!r}")
+        return level
+
+    @model_validator(mode="after")
+    def _check_rates(self) -> ControllerConfig:
+        if self.capacity <= 0:
+            raise ValueError("capacity must be > 0")
+        if self.node_bandwidth <= 0:
+            raise ValueError("node_bandwidth must be > 0")
+        return self
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        toml_file = getattr(settings_cls, "config_file", None)
+        if toml_file is not None:
+            sources.append(TomlConfigSettingsSource(settings_cls, toml_file=toml_file))
+        return tuple(sources)
+
+
+class ConfigError(ValueError):
+    """A configuration problem, with every bad field named."""
+
+
+def load_config(config_file: Path | str | None = None, **overrides: Any) -> ControllerConfig:
+    """Builds the configuration; ``overrides`` (from flags) win over env and file.
+
+    Raises ``ConfigError`` naming each bad field and where it came from.
+    """
+    path = Path(config_file) if config_file is not None else None
+    if path is not None and not path.is_file():
+        raise ConfigError(f"config file not found: {path}")
+    given = {k: v for k, v in overrides.items() if v is not None}
+    # pydantic-settings asks the class for its sources: a subclass carries the file.
+    settings_cls = type("ControllerConfig", (ControllerConfig,), {"config_file": path})
+    try:
+        return settings_cls(**given)
+    except ValidationError as exc:
+        lines = [
+            f"{'.'.join(str(p) for p in e['loc']) or 'config'}: {e['msg']}" for e in exc.errors()
+        ]
+        where = f" (file {path}, BURSTCTL_* env, flags)" if path else " (BURSTCTL_* env, flags)"
+        raise ConfigError("invalid configuration" + where + ":\n  " + "\n  ".join(lines)) from None
+    except (OSError, ValueError) as exc:  # tomllib.TOMLDecodeError is a ValueError
+        raise ConfigError(f"cannot read config file {path}: {exc}") from None

@@ -1,0 +1,336 @@
+"""The job table: soft state rebuilt from client sessions.
+
+Jobs appear with the first ``Hello`` of one of their sessions, turn inactive
+when their last session closes or stops heartbeating, and are removed
+``job_retention`` seconds later. For each job the table keeps what policies
+read (bandwidth-sharing paper §3): the post time R_i of the pending operation,
+its volume and remaining volume V_i, τ_i, W_i^(done), V_i^(transferred), and a
+demand ceiling derived from the sessions' usage reports.
+
+Demand (what a job can use right now):
+- a session without an open operation wants nothing;
+- a session that is waiting on its bucket, or has not reported since its
+  operation was posted, wants as much as it may get (b_i);
+- otherwise it wants its measured rate (EWMA over reports) times a headroom,
+  so that a job that asks for 5 MiB/s is given a little more than 5 and the rest
+  goes to jobs that wait; if it then wants more it waits, and says so at once.
+
+The table is single-threaded (the controller's event loop) and does no I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from burstctl.policies.view import JobView, SystemView, job_cap
+
+# A wait fraction above this in a report means the session wanted more.
+WAIT_FRACTION_HUNGRY = 0.02
+# Weight of the newest sample in the measured-rate EWMA.
+RATE_EWMA_ALPHA = 0.5
+
+
+class Outbox(Protocol):
+    """The session's stream, as the scheduler sees it."""
+
+    def offer(self, message: object) -> None: ...
+
+
+class OpKind(enum.Enum):
+    READ = "read"
+    WRITE = "write"
+    METADATA = "metadata"
+
+
+@dataclass(slots=True)
+class Operation:
+    op_id: int
+    kind: OpKind
+    volume: int  # 0 = unknown
+    posted_at: float
+    moved: int = 0  # bytes attributed to it so far
+
+
+@dataclass(slots=True)
+class JobMeta:
+    job_id: str
+    user: str
+    group: str
+    nodes: int
+    priority: float
+
+
+@dataclass(eq=False, slots=True)
+class SessionState:
+    """One client stream attached to a job."""
+
+    sid: int
+    job: JobState
+    client_id: str
+    host: str
+    opened_at: float
+    last_heard: float
+    ops: dict[int, Operation] = field(default_factory=dict)
+    reported_since_post: bool = False
+    hungry: bool = False
+    measured_rate: float | None = None
+    closed: bool = False
+    # allocation bookkeeping, owned by the scheduler
+    rate: float | None = None  # last rate pushed (None: nothing pushed yet)
+    epoch: int = 0
+    pushed_at: float = 0.0
+    outbox: Outbox | None = None  # where the scheduler offers allocations
+
+    def demand(self, cap: float, headroom: float) -> float:
+        if not self.ops or self.closed:
+            return 0.0
+        if self.hungry or not self.reported_since_post or self.measured_rate is None:
+            return cap
+        return min(cap, self.measured_rate * headroom)
+
+    def attribute(self, nbytes: int) -> None:
+        """Assigns moved bytes to open operations, oldest first, up to their volume."""
+        ops = sorted(self.ops.values(), key=lambda o: o.posted_at)
+        for op in ops:
+            if nbytes <= 0:
+                return
+            room = op.volume - op.moved if op.volume > 0 else nbytes
+            take = min(room, nbytes) if op is not ops[-1] else nbytes
+            op.moved += take
+            nbytes -= take
+
+
+class JobStatus(enum.Enum):
+    ACTIVE = "active"  # at least one live session
+    INACTIVE = "inactive"  # no live session; removed after the retention time
+
+
+@dataclass(eq=False, slots=True)
+class JobState:
+    meta: JobMeta
+    first_seen: float  # τ_i
+    status: JobStatus = JobStatus.ACTIVE
+    inactive_since: float | None = None
+    sessions: dict[int, SessionState] = field(default_factory=dict)
+    bytes_moved: int = 0
+    ops_moved: int = 0
+    wait_seconds: float = 0.0
+    # phase accounting: in I/O while any session has an open operation
+    io_since: float | None = None
+    io_time: float = 0.0
+    transferred: int = 0  # bytes moved while in I/O, V_i^(transferred)
+    completed_ops: int = 0
+
+    @property
+    def job_id(self) -> str:
+        return self.meta.job_id
+
+    def open_ops(self) -> Iterator[Operation]:
+        for s in self.sessions.values():
+            yield from s.ops.values()
+
+    def in_io(self) -> bool:
+        return self.io_since is not None
+
+    def io_seconds(self, now: float) -> float:
+        return self.io_time + (now - self.io_since if self.io_since is not None else 0.0)
+
+    def work_done(self, now: float) -> float:
+        """W_i^(done): time since τ_i spent outside I/O phases."""
+        return max(0.0, now - self.first_seen - self.io_seconds(now))
+
+    def update_phase(self, now: float) -> None:
+        has_ops = any(s.ops for s in self.sessions.values())
+        if has_ops and self.io_since is None:
+            self.io_since = now
+        elif not has_ops and self.io_since is not None:
+            self.io_time += now - self.io_since
+            self.io_since = None
+
+
+class ProtocolError(ValueError):
+    """A client message that breaks the protocol; ``field`` names the culprit."""
+
+    def __init__(self, field_name: str, message: str) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+class JobTable:
+    """Jobs and sessions of one replica; every mutation calls ``on_change``."""
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        *,
+        heartbeat_timeout: float,
+        job_retention: float,
+        demand_headroom: float,
+        on_change: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._clock = clock
+        self.heartbeat_timeout = heartbeat_timeout
+        self.job_retention = job_retention
+        self.demand_headroom = demand_headroom
+        self.on_change = on_change
+        self.jobs: dict[str, JobState] = {}
+        self.sessions: dict[int, SessionState] = {}
+        self._next_sid = 1
+
+    # -- sessions -------------------------------------------------------------
+    def open_session(self, meta: JobMeta, client_id: str, host: str) -> SessionState:
+        now = self._clock()
+        job = self.jobs.get(meta.job_id)
+        if job is None:
+            job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now)
+        else:
+            # The job's identity is fixed by its first session; later sessions
+            # may not change its weight (a registered job's metadata will win, issue 7).
+            job.status = JobStatus.ACTIVE
+            job.inactive_since = None
+        session = SessionState(
+            sid=self._next_sid, job=job, client_id=client_id, host=host, opened_at=now, last_heard=now
+        )
+        self._next_sid += 1
+        job.sessions[session.sid] = session
+        self.sessions[session.sid] = session
+        self.on_change()
+        return session
+
+    def close_session(self, session: SessionState) -> None:
+        if session.closed:
+            return
+        now = self._clock()
+        session.closed = True
+        session.ops.clear()
+        self.sessions.pop(session.sid, None)
+        job = session.job
+        job.sessions.pop(session.sid, None)
+        job.update_phase(now)
+        if not job.sessions:
+            job.status = JobStatus.INACTIVE
+            job.inactive_since = now
+        self.on_change()
+
+    # -- client events --------------------------------------------------------
+    def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:
+        if op_id <= 0:
+            raise ProtocolError("op_posted.op_id", "must be > 0")
+        if op_id in session.ops:
+            raise ProtocolError("op_posted.op_id", f"operation {op_id} is already open")
+        now = self._clock()
+        session.last_heard = now
+        session.ops[op_id] = Operation(op_id, kind, volume, now)
+        session.reported_since_post = False
+        session.job.update_phase(now)
+        self.on_change()
+
+    def complete(self, session: SessionState, op_id: int) -> None:
+        now = self._clock()
+        session.last_heard = now
+        # Completing an unknown operation is harmless (e.g. re-posted after a
+        # reconnect and completed twice): nothing is lost by ignoring it.
+        if session.ops.pop(op_id, None) is None:
+            return
+        session.job.completed_ops += 1
+        session.job.update_phase(now)
+        self.on_change()
+
+    def usage(
+        self,
+        session: SessionState,
+        nbytes: int,
+        ops: int,
+        wait_seconds: float,
+        interval: float,
+        waiting: bool,
+    ) -> None:
+        now = self._clock()
+        session.last_heard = now
+        job = session.job
+        job.bytes_moved += nbytes
+        job.ops_moved += ops
+        job.wait_seconds += wait_seconds
+        if job.in_io():
+            job.transferred += nbytes
+        if nbytes:
+            session.attribute(nbytes)
+        was_hungry, old_rate = session.hungry, session.measured_rate
+        session.hungry = waiting or (interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval)
+        if interval > 0 and session.ops:
+            sample = nbytes / interval
+            prev = session.measured_rate
+            session.measured_rate = (
+                sample if prev is None or not session.reported_since_post
+                else RATE_EWMA_ALPHA * sample + (1 - RATE_EWMA_ALPHA) * prev
+            )
+        first_report = not session.reported_since_post and bool(session.ops)
+        session.reported_since_post = True
+        if first_report or was_hungry != session.hungry or (
+            not session.hungry and _moved(old_rate, session.measured_rate)
+        ):
+            self.on_change()
+
+    # -- housekeeping ---------------------------------------------------------
+    def expire(self) -> list[SessionState]:
+        """Closes sessions silent for the heartbeat timeout; drops long-inactive jobs."""
+        now = self._clock()
+        dead = [s for s in self.sessions.values() if now - s.last_heard > self.heartbeat_timeout]
+        for s in dead:
+            self.close_session(s)
+        for job_id in [
+            j.job_id
+            for j in self.jobs.values()
+            if j.status is JobStatus.INACTIVE
+            and j.inactive_since is not None
+            and now - j.inactive_since >= self.job_retention
+        ]:
+            del self.jobs[job_id]
+        return dead
+
+    # -- views ----------------------------------------------------------------
+    def job_demand(self, job: JobState, cap: float) -> float:
+        return min(cap, sum(s.demand(cap, self.demand_headroom) for s in job.sessions.values()))
+
+    def view(self, capacity: float, node_bandwidth: float, seed: int = 0) -> SystemView:
+        now = self._clock()
+        rows: dict[str, JobView] = {}
+        for job in self.jobs.values():
+            if job.status is not JobStatus.ACTIVE:
+                continue
+            cap = job_cap(job.meta.nodes, node_bandwidth, capacity)
+            ops = list(job.open_ops())
+            posted = min((o.posted_at for o in ops), default=None)
+            known = bool(ops) and all(o.volume > 0 for o in ops)
+            volume = sum(o.volume for o in ops) if known else 0
+            rows[job.job_id] = JobView(
+                job_id=job.job_id,
+                user=job.meta.user,
+                group=job.meta.group,
+                nodes=job.meta.nodes,
+                priority=job.meta.priority,
+                cap=cap,
+                demand=self.job_demand(job, cap),
+                posted_at=posted,
+                volume=volume,
+                remaining=float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None,
+                released_at=job.first_seen,
+                work_done=job.work_done(now),
+                transferred=float(job.transferred),
+            )
+        return SystemView(now=now, capacity=capacity, node_bandwidth=node_bandwidth, jobs=rows, seed=seed)
+
+
+def _moved(old: float | None, new: float | None) -> bool:
+    """A measured rate moved enough (10 %) to change a satisfied job's ceiling."""
+    if old is None or new is None:
+        return old is not new
+    return abs(new - old) > 0.1 * max(old, 1.0)
+
+
+def finite_nonneg(value: float) -> bool:
+    return math.isfinite(value) and value >= 0.0

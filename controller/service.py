@@ -1,0 +1,242 @@
+"""gRPC servicer of ``burstctl.v1.Controller``: one ``Session`` stream per client.
+
+Reads ``ClientMessage``s, validates them, turns them into job-table events and
+writes the ``Allocation``s the scheduler offers. Bad input (an undecodable
+message, a message before ``Hello``, a field out of range) ends *that* stream
+with ``INVALID_ARGUMENT`` and a message naming the field; every other session
+goes on untouched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+from collections import deque
+from collections.abc import AsyncIterator
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from burstctl.controller.jobs import JobMeta, JobTable, OpKind, ProtocolError, SessionState
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = "burstctl.v1.Controller"
+_MAX_TEXT = 256
+_MAX_NODES = 1 << 20
+_MAX_PRIORITY = 1e9
+_KINDS = {
+    pb.OP_KIND_READ: OpKind.READ,
+    pb.OP_KIND_WRITE: OpKind.WRITE,
+    pb.OP_KIND_METADATA: OpKind.METADATA,
+}
+
+
+class Malformed:
+    """Stands for a request that did not decode; the handler rejects it."""
+
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def decode_client_message(data: bytes) -> pb.ClientMessage | Malformed:
+    try:
+        return pb.ClientMessage.FromString(data)
+    except DecodeError as exc:
+        return Malformed(exc)
+
+
+class SessionStream:
+    """The outgoing side of one session: the newest allocation wins, errors queue."""
+
+    __slots__ = ("_allocation", "_end", "_errors", "_event")
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._allocation: pb.ServerMessage | None = None
+        self._errors: deque[pb.ServerMessage] = deque()
+        self._end: tuple[grpc.StatusCode, str] | None = None
+
+    def offer(self, message: object) -> None:
+        assert isinstance(message, pb.ServerMessage)
+        if message.HasField("allocation"):
+            self._allocation = message  # an older unsent allocation is moot
+        else:
+            self._errors.append(message)
+        self._event.set()
+
+    def end(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
+        if self._end is None:
+            self._end = (code, details)
+        self._event.set()
+
+    @property
+    def ended(self) -> tuple[grpc.StatusCode, str] | None:
+        return self._end
+
+    async def next(self) -> pb.ServerMessage | None:
+        """The next message to write, or None once the stream should end."""
+        while True:
+            if self._end is not None:
+                return None
+            if self._errors:
+                return self._errors.popleft()
+            if self._allocation is not None:
+                message, self._allocation = self._allocation, None
+                return message
+            self._event.clear()
+            await self._event.wait()
+
+
+def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
+    kind = msg.WhichOneof("body")
+    if kind != "hello":
+        raise ProtocolError("hello", f"the first message of a session must be hello, got {kind}")
+    h = msg.hello
+    for name in ("job_id", "user", "group"):
+        value = getattr(h, name)
+        if not value:
+            raise ProtocolError(f"hello.{name}", "must not be empty")
+        if len(value) > _MAX_TEXT:
+            raise ProtocolError(f"hello.{name}", f"longer than {_MAX_TEXT} characters")
+    for name in ("client_id", "host"):
+        if len(getattr(h, name)) > _MAX_TEXT:
+            raise ProtocolError(f"hello.{name}", f"longer than {_MAX_TEXT} characters")
+    if not 1 <= h.nodes <= _MAX_NODES:
+        raise ProtocolError("hello.nodes", f"must be in [1, {_MAX_NODES}], got {h.nodes}")
+    priority = h.priority or 1.0
+    if not (math.isfinite(priority) and 0 < priority <= _MAX_PRIORITY):
+        raise ProtocolError("hello.priority", f"must be in (0, {_MAX_PRIORITY:g}], got {priority}")
+    meta = JobMeta(job_id=h.job_id, user=h.user, group=h.group, nodes=h.nodes, priority=priority)
+    return meta, h.client_id, h.host
+
+
+class ControllerServicer:
+    """Handles ``Session`` streams for one replica."""
+
+    def __init__(self, table: JobTable, *, max_op_volume: int) -> None:
+        self.table = table
+        self.max_op_volume = max_op_volume
+        self.streams: dict[int, SessionStream] = {}
+
+    def rpc_handlers(self) -> grpc.GenericRpcHandler:
+        # Registered by hand (not the generated helper) so that an undecodable
+        # request reaches the handler and gets INVALID_ARGUMENT, not INTERNAL.
+        handler = grpc.stream_stream_rpc_method_handler(
+            self.session,
+            request_deserializer=decode_client_message,
+            response_serializer=pb.ServerMessage.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Session": handler})
+
+    def kill(self, session: SessionState, details: str) -> None:
+        """Ends a session's stream from outside (heartbeat timeout, shutdown)."""
+        stream = self.streams.get(session.sid)
+        if stream is not None:
+            stream.end(grpc.StatusCode.UNAVAILABLE, details)
+
+    async def session(
+        self,
+        requests: AsyncIterator[pb.ClientMessage | Malformed],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        session: SessionState | None = None
+        reader: asyncio.Task[None] | None = None
+        try:
+            try:
+                first = await anext(aiter(requests))
+            except StopAsyncIteration:
+                return
+            meta, client_id, host = validate_hello(self._check(first))
+            stream = SessionStream()
+            session = self.table.open_session(meta, client_id, host)
+            session.outbox = stream
+            self.streams[session.sid] = stream
+            log.info("session %d opened: job %s from %s (%s)", session.sid, meta.job_id, host,
+                     context.peer())
+            reader = asyncio.create_task(
+                self._read(requests, session, stream), name=f"session-{session.sid}-reader"
+            )
+            while (message := await stream.next()) is not None:
+                await context.write(message)
+            code, details = stream.ended or (grpc.StatusCode.OK, "")
+            if code is not grpc.StatusCode.OK:
+                await context.abort(code, details)
+        except ProtocolError as exc:
+            log.warning("session rejected (%s): %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        finally:
+            if reader is not None and not reader.done():
+                reader.cancel()
+                try:
+                    await reader
+                except asyncio.CancelledError:
+                    pass
+            if session is not None:
+                self.streams.pop(session.sid, None)
+                self.table.close_session(session)
+                log.info("session %d closed", session.sid)
+
+    async def _read(
+        self,
+        requests: AsyncIterator[pb.ClientMessage | Malformed],
+        session: SessionState,
+        stream: SessionStream,
+    ) -> None:
+        try:
+            async for raw in requests:
+                msg = self._check(raw)
+                kind = msg.WhichOneof("body")
+                if kind == "usage":
+                    u = msg.usage
+                    if u.bytes < 0:
+                        raise ProtocolError("usage.bytes", f"must be >= 0, got {u.bytes}")
+                    if u.ops < 0:
+                        raise ProtocolError("usage.ops", f"must be >= 0, got {u.ops}")
+                    for name in ("wait_seconds", "interval_seconds"):
+                        value = getattr(u, name)
+                        if not (math.isfinite(value) and value >= 0):
+                            raise ProtocolError(f"usage.{name}", f"must be finite and >= 0, got {value}")
+                    self.table.usage(
+                        session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting
+                    )
+                elif kind == "op_posted":
+                    p = msg.op_posted
+                    op_kind = _KINDS.get(p.kind)
+                    if op_kind is None:
+                        raise ProtocolError("op_posted.kind", f"unknown operation kind {p.kind}")
+                    if not 0 <= p.volume <= self.max_op_volume:
+                        raise ProtocolError(
+                            "op_posted.volume",
+                            f"must be in [0, {self.max_op_volume}] bytes (0 = unknown), got {p.volume}",
+                        )
+                    self.table.post(session, p.op_id, op_kind, p.volume)
+                elif kind == "op_completed":
+                    if msg.op_completed.op_id <= 0:
+                        raise ProtocolError("op_completed.op_id", "must be > 0")
+                    self.table.complete(session, msg.op_completed.op_id)
+                elif kind == "goodbye":
+                    break
+                elif kind == "hello":
+                    raise ProtocolError("hello", "sent twice on one session")
+                else:
+                    raise ProtocolError("body", "empty message")
+        except ProtocolError as exc:
+            log.warning("session %d rejected: %s", session.sid, exc)
+            stream.end(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # the transport broke; the handler cleans up
+            log.debug("session %d reader ended: %r", session.sid, exc)
+        stream.end()
+
+    @staticmethod
+    def _check(raw: pb.ClientMessage | Malformed) -> pb.ClientMessage:
+        if isinstance(raw, Malformed):
+            raise ProtocolError("message", f"not a valid burstctl.v1.ClientMessage ({raw.error})")
+        return raw

@@ -1,0 +1,24 @@
+"""FairShare: every active job gets the same fraction of its b_i (paper §4.1).
+
+α_i = min(1, B / Σ_{j∈S(t)} b_j) for every i ∈ S(t), with b_i = min(p_i·b, B)
+(eq. 1), so the share is proportional to b_i — to nodes only while p_i·b < B.
+Opportunity fairness: a job whose demand is below α_i·b_i gets its demand and
+the leftover is shared by the others in the same proportion (weighted
+water-filling with weights b_i), so Σ rates = min(B, Σ demand).
+"""
+
+from __future__ import annotations
+
+from burstctl.policies.base import Policy
+from burstctl.policies.sharing import water_fill
+from burstctl.policies.view import JobId, SystemView
+
+
+class FairShare(Policy):
+    name = "fair-share"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        active = view.active_jobs()
+        ceilings = {j.job_id: j.demand for j in active}
+        weights = {j.job_id: j.cap for j in active}  # α·b_i: proportional to b_i
+        return water_fill(ceilings, weights, view.capacity)

@@ -1,0 +1,23 @@
+"""FCFS: the oldest pending operation is served first (bandwidth-sharing paper §4.1).
+
+GREEDY_FILL ordered by non-decreasing post time R_i; ties by job id (the paper
+does not specify ties; notes §2). Each job takes what it can use (demand ≤ b_i)
+and the rest goes to the next job, so the sum is min(B, Σ demand).
+"""
+
+from __future__ import annotations
+
+from burstctl.policies.base import Policy
+from burstctl.policies.sharing import greedy_fill
+from burstctl.policies.view import JobId, SystemView
+
+
+class Fcfs(Policy):
+    name = "fcfs"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        order = sorted(
+            view.active_jobs(),
+            key=lambda j: (j.posted_at if j.posted_at is not None else view.now, j.job_id),
+        )
+        return greedy_fill(order, view.capacity)

@@ -1,0 +1,102 @@
+"""Name → policy class registry, read by the controller, the REST API and the simulator.
+
+Entries are lazy ``"module:Attr"`` strings so importing the registry imports no
+policy; an unknown name that looks like ``"pkg.module:Class"`` is imported as a
+path (uvicorn's alias habit), and third-party policies can register through the
+``burstctl.policies`` entry-point group. Registering a taken name fails unless
+``replace=True``: no silent overwrite.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from collections.abc import Mapping
+from importlib.metadata import entry_points
+from typing import Any
+
+from pydantic import ValidationError
+
+from burstctl.policies.base import Policy
+
+_NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
+
+_BUILTIN: dict[str, str] = {
+    "fcfs": "burstctl.policies.fcfs:Fcfs",
+    "fair-share": "burstctl.policies.fair_share:FairShare",
+}
+
+ENTRY_POINT_GROUP = "burstctl.policies"
+
+
+class UnknownPolicyError(KeyError):
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+class PolicyRegistry:
+    """Maps kebab-case names to policy classes."""
+
+    def __init__(self, entries: Mapping[str, str | type[Policy]] | None = None) -> None:
+        self._entries: dict[str, str | type[Policy]] = {}
+        for name, target in (entries if entries is not None else _BUILTIN).items():
+            self.register(name, target)
+
+    def register(self, name: str, target: str | type[Policy], *, replace: bool = False) -> None:
+        if not _NAME.match(name):
+            raise ValueError(f"policy names are kebab-case ([a-z0-9-]), got {name!r}")
+        if name in self._entries and not replace:
+            raise ValueError(f"policy {name!r} is already registered")
+        self._entries[name] = target
+
+    def load_entry_points(self) -> None:
+        for ep in entry_points(group=ENTRY_POINT_GROUP):
+            if ep.name not in self._entries:
+                self.register(ep.name, ep.value)
+
+    def names(self) -> list[str]:
+        return sorted(self._entries)
+
+    def get(self, name: str) -> type[Policy]:
+        target = self._entries.get(name)
+        if target is None:
+            if ":" not in name:
+                raise UnknownPolicyError(
+                    f"unknown policy {name!r}; known: {', '.join(self.names())}"
+                )
+            target = name
+        if isinstance(target, str):
+            cls = _import(target)
+            if name in self._entries:
+                self._entries[name] = cls
+            return cls
+        return target
+
+    def create(self, name: str, params: Mapping[str, Any] | None = None) -> Policy:
+        """Instantiates ``name`` with validated ``params``; ValueError names the bad field."""
+        cls = self.get(name)
+        try:
+            return cls(cls.Params.model_validate(dict(params or {})))
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
+            )
+            raise ValueError(f"bad parameters for policy {name!r}: {problems}") from None
+
+
+def _import(path: str) -> type[Policy]:
+    module_name, _, attr = path.partition(":")
+    try:
+        obj = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise UnknownPolicyError(f"cannot import policy {path!r}: {exc}") from None
+    if not (isinstance(obj, type) and issubclass(obj, Policy)):
+        raise UnknownPolicyError(f"{path!r} is not a Policy subclass")
+    return obj
+
+
+def default_registry() -> PolicyRegistry:
+    """The built-in policies plus those installed through entry points."""
+    registry = PolicyRegistry()
+    registry.load_entry_points()
+    return registry

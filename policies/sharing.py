@@ -1,0 +1,62 @@
+"""The opportunity-fairness step common to every policy.
+
+A policy says *who comes first* (an order) or *how much each deserves* (weights);
+the functions here turn that into rates that never exceed what a job can use
+(its demand ceiling, itself ≤ b_i) and hand every leftover byte/s to jobs that
+want more. The result is work-conserving: Σ rates = min(B, Σ demand).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from burstctl.policies.view import JobId, JobView
+
+
+def greedy_fill(order: Iterable[JobView], capacity: float) -> dict[JobId, float]:
+    """GREEDY_FILL of the paper (notes §2): each job in turn takes min(demand, left).
+
+    Only the last job served can get a partial share; jobs after the budget
+    runs out get 0. Demand (≤ b_i) stands for b_i so that a job never receives
+    more than it can use and the rest flows to the next in order.
+    """
+    left = capacity
+    rates: dict[JobId, float] = {}
+    for job in order:
+        give = min(job.demand, left) if left > 0.0 else 0.0
+        rates[job.job_id] = give
+        left -= give
+    return rates
+
+
+def water_fill(
+    ceilings: Mapping[JobId, float], weights: Mapping[JobId, float], capacity: float
+) -> dict[JobId, float]:
+    """Weighted max-min fair split of ``capacity`` under per-job ceilings.
+
+    Every job gets ``level · weight`` for one common level, except jobs whose
+    ceiling is below that, which get their ceiling; the level is the largest
+    with Σ rates ≤ capacity. Jobs with weight 0 or ceiling 0 get 0. When
+    Σ ceilings ≤ capacity every job gets its ceiling.
+    """
+    rates = {j: 0.0 for j in ceilings}
+    live = [j for j, c in ceilings.items() if c > 0.0 and weights.get(j, 0.0) > 0.0]
+    if sum(ceilings[j] for j in live) <= capacity:
+        for j in live:
+            rates[j] = ceilings[j]
+        return rates
+    # Saturate jobs in order of ceiling/weight: the ones that stop first.
+    live.sort(key=lambda j: (ceilings[j] / weights[j], j))
+    left = capacity
+    weight_left = sum(weights[j] for j in live)
+    for i, j in enumerate(live):
+        level = left / weight_left
+        if ceilings[j] <= level * weights[j]:
+            rates[j] = ceilings[j]
+            left -= ceilings[j]
+            weight_left -= weights[j]
+            continue
+        for k in live[i:]:
+            rates[k] = level * weights[k]
+        break
+    return rates

@@ -1,0 +1,75 @@
+"""The immutable snapshot a policy reads: ``SystemView`` and its ``JobView`` rows.
+
+The controller builds views from its job table and the simulator from its
+model; policies see nothing else. Symbols follow the bandwidth-sharing paper
+(``shared/papers/bandwidth-sharing-strategies.txt`` §3, notes §1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+JobId = str
+
+# y_i(τ_i) is 0/0; the paper says fresh applications "have the same yield
+# (equal to 0)". Only tie order depends on it.
+FRESH_YIELD = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class JobView:
+    """One job as a policy sees it at the view's time."""
+
+    job_id: JobId
+    user: str
+    group: str
+    nodes: int  # p_i
+    priority: float
+    cap: float  # b_i = min(p_i * b, B), eq. (1), bytes/s
+    demand: float  # ceiling the job can use now, bytes/s, <= cap; 0 = idle (not in S(t))
+    posted_at: float | None = None  # R_i: post time of the pending operation (None: none)
+    volume: int = 0  # v_i of the pending operation, bytes; 0 = unknown
+    remaining: float | None = None  # V_i: remaining volume of the pending op; None = unknown
+    released_at: float = 0.0  # τ_i
+    work_done: float = 0.0  # W_i^(done)(t), seconds spent computing
+    transferred: float = 0.0  # V_i^(transferred)(t), bytes moved in I/O phases
+
+    @property
+    def active(self) -> bool:
+        """In S(t): has a pending operation and wants bandwidth."""
+        return self.demand > 0.0
+
+    def yield_at(self, now: float) -> float:
+        """y_i(t) = (W_i^(done)(t) + V_i^(transferred)(t) / b_i) / (t − τ_i), eq. (6)."""
+        elapsed = now - self.released_at
+        if elapsed <= 0.0 or self.cap <= 0.0:
+            return FRESH_YIELD
+        return (self.work_done + self.transferred / self.cap) / elapsed
+
+
+@dataclass(frozen=True, slots=True)
+class SystemView:
+    """Everything a policy may read: time, capacity and the jobs."""
+
+    now: float
+    capacity: float  # B, bytes/s
+    node_bandwidth: float  # b, bytes/s per node
+    jobs: Mapping[JobId, JobView] = field(default_factory=dict)
+    seed: int = 0  # for policies that draw; same seed → same rates
+
+    def __post_init__(self) -> None:
+        if not (math.isfinite(self.capacity) and self.capacity >= 0.0):
+            raise ValueError(f"capacity must be finite and >= 0, got {self.capacity!r}")
+        object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
+
+    def active_jobs(self) -> list[JobView]:
+        """S(t), in a stable order (by job id)."""
+        return sorted((j for j in self.jobs.values() if j.active), key=lambda j: j.job_id)
+
+
+def job_cap(nodes: int, node_bandwidth: float, capacity: float) -> float:
+    """b_i = min(p_i · b, B), eq. (1)."""
+    return min(nodes * node_bandwidth, capacity)

@@ -1,0 +1,118 @@
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    OP_KIND_UNSPECIFIED: _ClassVar[OpKind]
+    OP_KIND_READ: _ClassVar[OpKind]
+    OP_KIND_WRITE: _ClassVar[OpKind]
+    OP_KIND_METADATA: _ClassVar[OpKind]
+OP_KIND_UNSPECIFIED: OpKind
+OP_KIND_READ: OpKind
+OP_KIND_WRITE: OpKind
+OP_KIND_METADATA: OpKind
+
+class Hello(_message.Message):
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    user: str
+    group: str
+    nodes: int
+    priority: float
+    client_id: str
+    host: str
+    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
+
+class OpPosted(_message.Message):
+    __slots__ = ("op_id", "kind", "volume")
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_FIELD_NUMBER: _ClassVar[int]
+    op_id: int
+    kind: OpKind
+    volume: int
+    def __init__(self, op_id: _Optional[int] = ..., kind: _Optional[_Union[OpKind, str]] = ..., volume: _Optional[int] = ...) -> None: ...
+
+class OpCompleted(_message.Message):
+    __slots__ = ("op_id",)
+    OP_ID_FIELD_NUMBER: _ClassVar[int]
+    op_id: int
+    def __init__(self, op_id: _Optional[int] = ...) -> None: ...
+
+class Usage(_message.Message):
+    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WAITING_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    ops: int
+    wait_seconds: float
+    interval_seconds: float
+    waiting: bool
+    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ...) -> None: ...
+
+class Goodbye(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class ClientMessage(_message.Message):
+    __slots__ = ("hello", "op_posted", "op_completed", "usage", "goodbye")
+    HELLO_FIELD_NUMBER: _ClassVar[int]
+    OP_POSTED_FIELD_NUMBER: _ClassVar[int]
+    OP_COMPLETED_FIELD_NUMBER: _ClassVar[int]
+    USAGE_FIELD_NUMBER: _ClassVar[int]
+    GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    hello: Hello
+    op_posted: OpPosted
+    op_completed: OpCompleted
+    usage: Usage
+    goodbye: Goodbye
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+
+class Allocation(_message.Message):
+    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id")
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    BURST_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    rate: float
+    burst: float
+    epoch: int
+    lease_seconds: float
+    policy: str
+    replica_id: str
+    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ...) -> None: ...
+
+class Error(_message.Message):
+    __slots__ = ("code", "field", "message")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    FIELD_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    field: str
+    message: str
+    def __init__(self, code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
+
+class ServerMessage(_message.Message):
+    __slots__ = ("allocation", "error")
+    ALLOCATION_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    allocation: Allocation
+    error: Error
+    def __init__(self, allocation: _Optional[_Union[Allocation, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...

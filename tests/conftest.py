@@ -1,0 +1,60 @@
+"""Fixtures shared by unit and integration tests."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from pathlib import Path
+
+import pytest
+from support import ControllerProcess
+
+from burstctl.controller.app import Service, build_service
+from burstctl.controller.config import load_config
+
+
+SERVICE_DEFAULTS = {
+    "grpc_listen": "127.0.0.1:0",
+    "capacity": "40MiB/s",
+    "node_bandwidth": "8MiB/s",
+    "heartbeat_timeout": 1.0,
+    "lease": 1.0,
+}
+
+
+@pytest.fixture
+async def service_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Service]]]:
+    """Starts controller replicas in this test's event loop on OS-chosen loopback ports."""
+    started: list[Service] = []
+
+    async def make(**overrides: object) -> Service:
+        settings = {**SERVICE_DEFAULTS, "state_dir": tmp_path / f"state{len(started)}", **overrides}
+        svc = build_service(load_config(**settings))
+        started.append(svc)
+        await svc.start()
+        return svc
+
+    yield make
+    for svc in started:
+        await svc.stop(grace=0)
+
+
+@pytest.fixture
+async def service(service_factory: Callable[..., Awaitable[Service]]) -> Service:
+    """One replica with the defaults above (B = 40 MiB/s, b = 8 MiB/s)."""
+    return await service_factory()
+
+
+@pytest.fixture
+def controller_factory(tmp_path: Path) -> Iterator[type[ControllerProcess]]:
+    """Starts ``burstctl controller`` child processes; each is stopped by pid at teardown."""
+    started: list[ControllerProcess] = []
+
+    def make(*args: str, address: str = "127.0.0.1:0", env: dict[str, str] | None = None,
+             state_dir: Path | None = None) -> ControllerProcess:
+        proc = ControllerProcess(state_dir or tmp_path / f"state{len(started)}", args, address, env)
+        started.append(proc)
+        return proc.start()
+
+    yield make  # type: ignore[misc]
+    for proc in started:
+        proc.stop()

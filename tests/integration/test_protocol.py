@@ -1,0 +1,193 @@
+"""The Session protocol against a real controller on a loopback port, with raw gRPC streams.
+
+These tests speak the wire protocol directly (no client runtime) so that they
+can send what a well-behaved client never would.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import grpc
+import pytest
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from support import async_wait_until
+
+from burstctl.controller.app import Service
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
+
+MiB = 1 << 20
+pytestmark = pytest.mark.integration
+
+
+def hello(job: str = "j1", nodes: int = 1, **kw: object) -> pb.ClientMessage:
+    return pb.ClientMessage(
+        hello=pb.Hello(job_id=job, user="alice", group="g", nodes=nodes, client_id="t", **kw)
+    )
+
+
+def post(op_id: int, kind: int = pb.OP_KIND_WRITE, volume: int = 0) -> pb.ClientMessage:
+    return pb.ClientMessage(op_posted=pb.OpPosted(op_id=op_id, kind=kind, volume=volume))
+
+
+class RawSession:
+    """A bidi stream driven message by message; a task drains responses into a queue.
+
+    (Cancelling a pending ``call.read()`` cancels the whole RPC, so reads are
+    never wrapped in a timeout directly.)
+    """
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.call = pb_grpc.ControllerStub(channel).Session()
+        self.inbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
+        self.reader = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while (msg := await self.call.read()) is not grpc.aio.EOF:
+            self.inbox.put_nowait(msg)
+
+    async def send(self, msg: pb.ClientMessage) -> None:
+        await self.call.write(msg)
+
+    async def allocation(self, timeout: float = 5.0) -> pb.Allocation:
+        msg = await asyncio.wait_for(self.inbox.get(), timeout)
+        assert msg.WhichOneof("body") == "allocation", msg
+        return msg.allocation
+
+    async def rate_becomes(self, predicate, timeout: float = 5.0) -> pb.Allocation:
+        """Reads allocations until one satisfies ``predicate``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            alloc = await self.allocation(max(0.01, deadline - loop.time()))
+            if predicate(alloc.rate):
+                return alloc
+
+    async def status(self, timeout: float = 5.0) -> grpc.aio.AioRpcError:
+        """Waits for the stream to fail and returns the error."""
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await asyncio.wait_for(asyncio.shield(self.reader), timeout)
+            raise AssertionError(f"stream ended with {await self.call.code()}")
+        return info.value
+
+
+@pytest.fixture
+async def channel(service: Service):
+    async with grpc.aio.insecure_channel(service.grpc_address) as ch:
+        yield ch
+
+
+async def test_health_serving(channel: grpc.aio.Channel) -> None:
+    stub = health_pb2_grpc.HealthStub(channel)
+    for name in ("", "burstctl.v1.Controller"):
+        resp = await stub.Check(health_pb2.HealthCheckRequest(service=name))
+        assert resp.status == health_pb2.HealthCheckResponse.SERVING
+
+
+async def test_allocation_after_hello_and_post(channel: grpc.aio.Channel, service: Service) -> None:
+    s = RawSession(channel)
+    await s.send(hello(nodes=4))
+    first = await s.allocation()
+    assert first.rate == 0.0 and first.epoch == 1  # no operation yet: nothing to give
+    assert first.policy == "fair-share" and first.lease_seconds == pytest.approx(1.0)
+    await s.send(post(1, volume=10 * MiB))
+    alloc = await s.allocation()
+    assert alloc.rate == pytest.approx(32 * MiB)  # alone: b_i = min(4 · 8, 40) MiB/s
+    assert alloc.epoch == 2 and alloc.burst > 0
+    await s.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=1)))
+    assert (await s.allocation()).rate == 0.0
+    await s.send(pb.ClientMessage(goodbye=pb.Goodbye()))
+    await s.call.done_writing()
+    assert await s.call.code() == grpc.StatusCode.OK
+    await async_wait_until(lambda: not service.table.sessions, 5, message="session closed")
+
+
+async def test_lease_renewed_before_expiry(channel: grpc.aio.Channel) -> None:
+    s = RawSession(channel)
+    await s.send(hello())
+    await s.send(post(1))
+    await s.rate_becomes(lambda r: r > 0)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+    while True:  # keep the session alive with heartbeats while we wait for a renewal
+        await s.send(pb.ClientMessage(usage=pb.Usage(interval_seconds=0.1, waiting=True)))
+        try:
+            renewal = await s.allocation(timeout=0.1)
+            break
+        except TimeoutError:
+            assert loop.time() - t0 < 2.0, "no renewal within the lease"
+    assert renewal.rate > 0
+    assert loop.time() - t0 < 1.0  # renewed before the 1 s lease ran out
+
+
+BAD_INPUTS = [
+    ([hello(nodes=0)], "hello.nodes"),
+    ([hello(job="")], "hello.job_id"),
+    ([hello(priority=-1.0)], "hello.priority"),
+    ([post(1)], "hello"),  # a message before Hello
+    ([hello(), post(1, volume=-5)], "op_posted.volume"),
+    ([hello(), post(1, volume=1 << 62)], "op_posted.volume"),
+    ([hello(), post(1, kind=pb.OP_KIND_UNSPECIFIED)], "op_posted.kind"),
+    ([hello(), post(1, kind=42)], "op_posted.kind"),
+    ([hello(), post(0)], "op_posted.op_id"),
+    ([hello(), pb.ClientMessage(usage=pb.Usage(bytes=-1))], "usage.bytes"),
+    ([hello(), pb.ClientMessage(usage=pb.Usage(wait_seconds=float("nan")))], "usage.wait_seconds"),
+    ([hello(), hello()], "hello"),
+    ([hello(), pb.ClientMessage()], "body"),
+]
+
+
+@pytest.mark.parametrize(("messages", "field"), BAD_INPUTS, ids=[f for _, f in BAD_INPUTS])
+async def test_bad_input_is_invalid_argument_and_harms_no_one(
+    channel: grpc.aio.Channel, service: Service, messages: list[pb.ClientMessage], field: str
+) -> None:
+    good = RawSession(channel)
+    await good.send(hello(job="good"))
+    await good.send(post(1))
+    await good.rate_becomes(lambda r: r > 0)
+
+    bad = RawSession(channel)
+    for msg in messages:
+        await bad.send(msg)
+    err = await bad.status()
+    assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert field in err.details()
+
+    # The well-behaved session is still served: it gets a new allocation on demand.
+    await good.send(post(2, volume=MiB))
+    await good.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=1)))
+    await good.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=2)))
+    assert (await good.rate_becomes(lambda r: r == 0)).rate == 0
+    assert "good" in service.table.jobs
+
+
+async def test_undecodable_message_is_invalid_argument(
+    channel: grpc.aio.Channel, service: Service
+) -> None:
+    raw = channel.stream_stream(
+        "/burstctl.v1.Controller/Session",
+        request_serializer=lambda b: b,
+        response_deserializer=pb.ServerMessage.FromString,
+    )
+    call = raw()
+    await call.write(b"\xff\xff\xff\xff")  # not a protobuf message
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await asyncio.wait_for(asyncio.shield(call.read()), 5)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "message" in info.value.details()
+    # The daemon still serves a new session.
+    s = RawSession(channel)
+    await s.send(hello())
+    assert (await s.allocation()).epoch == 1
+
+
+async def test_silent_session_times_out(channel: grpc.aio.Channel, service: Service) -> None:
+    """No heartbeat for the timeout (1 s here): the session is closed and its job inactive."""
+    quiet = RawSession(channel)
+    await quiet.send(hello(job="quiet"))
+    await quiet.send(post(1))
+    await quiet.rate_becomes(lambda r: r > 0)
+    err = await quiet.status(timeout=5)
+    assert err.code() == grpc.StatusCode.UNAVAILABLE
+    assert service.table.jobs["quiet"].status.value == "inactive"
