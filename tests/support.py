@@ -104,3 +104,56 @@ class ControllerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class Pump:
+    """A thread that acquires ``chunk`` bytes at a time, flat out or at its own ``pace``.
+
+    ``moved`` counts granted bytes; ``errors`` collects anything acquire raised
+    (the runtime promises nothing is raised into the application's I/O).
+    """
+
+    def __init__(self, session: object, chunk: int = 64 * 1024, pace: float | None = None,
+                 kind: str = "write") -> None:
+        self.session = session
+        self.chunk = chunk
+        self.pace = pace  # bytes/s this "application" wants at most; None = as fast as it can
+        self.kind = kind
+        self.moved = 0
+        self.errors: list[BaseException] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> Pump:
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        t0 = time.monotonic()
+        while not self._stop.is_set():
+            try:
+                self.session.acquire(self.chunk, self.kind)  # type: ignore[attr-defined]
+            except BaseException as exc:  # recorded and asserted on by the test
+                self.errors.append(exc)
+                return
+            self.moved += self.chunk
+            if self.pace is not None:
+                # The application's own pacing (it only ever wants `pace`), not synchronisation.
+                ahead = self.moved / self.pace - (time.monotonic() - t0)
+                if ahead > 0:
+                    self._stop.wait(ahead)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def measure(pumps: Sequence[Pump], seconds: float) -> list[float]:
+    """Bytes/s of each pump over the same window of ``seconds``."""
+    starts = [p.moved for p in pumps]
+    t0 = time.monotonic()
+    deadline = t0 + seconds
+    while (left := deadline - time.monotonic()) > 0:
+        threading.Event().wait(min(left, 0.05))  # the measurement window itself
+    elapsed = time.monotonic() - t0
+    return [(p.moved - s) / elapsed for p, s in zip(pumps, starts, strict=True)]

@@ -1,0 +1,43 @@
+# Entry points for people and CI: make run, make test, make lint, make bench, make proto.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed
+
+.PHONY: run test lint format proto bench system-deps clean
+
+# Install (or update) the package and its dev/test extras when pyproject.toml changes.
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
+	  || { echo "burstctl needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[dev]'
+	@touch $@
+
+system-deps:
+	@bash deploy/system-deps.sh
+
+run: $(STAMP)
+	$(VENV)/bin/burstctl controller $(ARGS)
+
+test: system-deps $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/mypy
+
+format: $(STAMP)
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+proto: $(STAMP)
+	$(PY) proto/generate.py
+
+bench: $(STAMP)
+	$(PY) bench/controller_events.py
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,128 @@
+"""FCFS, FairShare, the sharing helpers and the registry: exact expected values."""
+
+from __future__ import annotations
+
+import pytest
+
+from burstctl.policies import JobView, PolicyRegistry, SystemView, default_registry, job_cap
+from burstctl.policies.fair_share import FairShare
+from burstctl.policies.fcfs import Fcfs
+from burstctl.policies.sharing import greedy_fill, water_fill
+
+MiB = float(1 << 20)
+
+
+def job(job_id: str, nodes: int, b: float, B: float, demand: float | None = None,
+        posted_at: float | None = 0.0, **kw: object) -> JobView:
+    cap = job_cap(nodes, b, B)
+    return JobView(job_id=job_id, user="u", group="g", nodes=nodes, priority=1.0, cap=cap,
+                   demand=cap if demand is None else demand, posted_at=posted_at, **kw)
+
+
+def view(*jobs: JobView, B: float = 40 * MiB, b: float = 8 * MiB, now: float = 10.0) -> SystemView:
+    return SystemView(now=now, capacity=B, node_bandwidth=b, jobs={j.job_id: j for j in jobs})
+
+
+def test_fair_share_is_proportional_to_b_i() -> None:
+    # eq. (1): b_i = 32 and 8 MiB/s; Σ = B so α = 1: each gets b_i, 4:1.
+    rates = FairShare().allocate(view(job("a", 4, 8 * MiB, 40 * MiB), job("b", 1, 8 * MiB, 40 * MiB)))
+    assert rates == {"a": 32 * MiB, "b": 8 * MiB}
+
+
+def test_fair_share_with_every_b_i_equal_to_B_splits_evenly() -> None:
+    b = 1024 * MiB  # every b_i = min(p_i·b, B) = B
+    v = view(job("a", 4, b, 40 * MiB), job("b", 1, b, 40 * MiB), b=b)
+    assert FairShare().allocate(v) == {"a": 20 * MiB, "b": 20 * MiB}
+
+
+def test_fair_share_alpha_below_one() -> None:
+    # b_i = 40 and 8, Σ = 48: α = 40/48, rates 33.33 and 6.67 MiB/s.
+    rates = FairShare().allocate(view(job("a", 5, 8 * MiB, 40 * MiB), job("b", 1, 8 * MiB, 40 * MiB)))
+    assert rates["a"] == pytest.approx(40 * MiB * 40 / 48)
+    assert rates["b"] == pytest.approx(8 * MiB * 40 / 48)
+
+
+def test_fair_share_hands_unused_share_to_others() -> None:
+    # The 1-node job only wants 5 MiB/s: it gets 5, the 5-node job the other 35.
+    v = view(job("big", 5, 8 * MiB, 40 * MiB), job("small", 1, 8 * MiB, 40 * MiB, demand=5 * MiB))
+    rates = FairShare().allocate(v)
+    assert rates["small"] == pytest.approx(5 * MiB)
+    assert rates["big"] == pytest.approx(35 * MiB)
+
+
+def test_fair_share_ignores_idle_jobs() -> None:
+    v = view(job("a", 1, 8 * MiB, 40 * MiB), job("idle", 4, 8 * MiB, 40 * MiB, demand=0.0))
+    rates = FairShare().allocate(v)
+    assert rates["a"] == 8 * MiB and rates.get("idle", 0.0) == 0.0
+
+
+def test_fcfs_serves_oldest_post_first() -> None:
+    b = 1024 * MiB
+    v = view(job("late", 1, b, 40 * MiB, posted_at=5.0), job("early", 1, b, 40 * MiB, posted_at=1.0),
+             b=b)
+    assert Fcfs().allocate(v) == {"early": 40 * MiB, "late": 0.0}
+
+
+def test_fcfs_gives_the_rest_down_the_queue() -> None:
+    # first job can use only its b_i = 8 (and wants 6): the rest flows on.
+    v = view(job("first", 1, 8 * MiB, 40 * MiB, demand=6 * MiB, posted_at=1.0),
+             job("second", 4, 8 * MiB, 40 * MiB, posted_at=2.0),
+             job("third", 4, 8 * MiB, 40 * MiB, posted_at=3.0))
+    assert Fcfs().allocate(v) == {"first": 6 * MiB, "second": 32 * MiB, "third": 2 * MiB}
+
+
+def test_fcfs_ties_broken_by_job_id() -> None:
+    b = 1024 * MiB
+    v = view(job("b", 1, b, 40 * MiB, posted_at=1.0), job("a", 1, b, 40 * MiB, posted_at=1.0), b=b)
+    assert Fcfs().allocate(v) == {"a": 40 * MiB, "b": 0.0}
+
+
+def test_greedy_fill_partial_last() -> None:
+    jobs = [job(x, 4, 8 * MiB, 40 * MiB) for x in "abc"]
+    assert greedy_fill(jobs, 40 * MiB) == {"a": 32 * MiB, "b": 8 * MiB, "c": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("ceilings", "weights", "capacity", "expected"),
+    [
+        ({"a": 10, "b": 10}, {"a": 1, "b": 1}, 10, {"a": 5, "b": 5}),
+        ({"a": 2, "b": 10}, {"a": 1, "b": 1}, 10, {"a": 2, "b": 8}),
+        ({"a": 10, "b": 10}, {"a": 3, "b": 1}, 8, {"a": 6, "b": 2}),
+        ({"a": 1, "b": 1}, {"a": 3, "b": 1}, 8, {"a": 1, "b": 1}),
+        ({"a": 0, "b": 5}, {"a": 1, "b": 1}, 8, {"a": 0, "b": 5}),
+        ({"a": 9, "b": 9, "c": 1}, {"a": 1, "b": 2, "c": 4}, 10, {"a": 3, "b": 6, "c": 1}),
+    ],
+)
+def test_water_fill(ceilings, weights, capacity, expected) -> None:
+    rates = water_fill(ceilings, weights, capacity)
+    assert rates == pytest.approx(expected)
+
+
+def test_yield_eq6() -> None:
+    # y = (W_done + V_transferred / b_i) / (t − τ_i) = (4 + 40 MiB / 8 MiB/s) / 10
+    j = job("a", 1, 8 * MiB, 40 * MiB, released_at=0.0, work_done=4.0, transferred=40 * MiB)
+    assert j.yield_at(10.0) == pytest.approx(0.9)
+    assert j.yield_at(0.0) == 0.0  # fresh job: the named constant FRESH_YIELD
+
+
+def test_registry_rejects_overwrite_and_bad_names() -> None:
+    reg = PolicyRegistry()
+    with pytest.raises(ValueError, match="already registered"):
+        reg.register("fcfs", Fcfs)
+    reg.register("fcfs", Fcfs, replace=True)
+    with pytest.raises(ValueError, match="kebab-case"):
+        reg.register("Fair_Share", FairShare)
+
+
+def test_registry_unknown_name_and_import_path() -> None:
+    reg = default_registry()
+    with pytest.raises(KeyError, match="unknown policy 'nope'; known: fair-share, fcfs"):
+        reg.get("nope")
+    assert reg.get("burstctl.policies.fcfs:Fcfs") is Fcfs
+    with pytest.raises(KeyError, match="not a Policy"):
+        reg.get("burstctl.policies.view:JobView")
+
+
+def test_registry_rejects_unknown_params() -> None:
+    with pytest.raises(ValueError, match="bad parameters for policy 'fcfs': bogus"):
+        default_registry().create("fcfs", {"bogus": 1})
