@@ -9,6 +9,7 @@ graceful stop. Only the CLI installs signal handlers.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections.abc import Callable
@@ -51,7 +52,9 @@ class Service:
         )
         self.scheduler = Scheduler(self.table, config, lambda: self.policy, clock)
         self.table.on_change = self.scheduler.request
-        self.servicer = ControllerServicer(self.table, max_op_volume=config.max_op_volume)
+        self.servicer = ControllerServicer(
+            self.table, max_op_volume=config.max_op_volume, replica_id=config.replica_id
+        )
         self.health = health_aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.grpc_port: int | None = None
@@ -148,7 +151,31 @@ class Service:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self._stopped.set()
-        log.info("controller %s stopped", self.config.replica_id)
+        log.info("controller %s stopped; stats: %s", self.config.replica_id,
+                 json.dumps(self.stats(), sort_keys=True))
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start: what the benchmark and (later) /metrics report."""
+        st = self.scheduler.stats
+        lat = sorted(st.latencies)
+
+        def pct(q: float) -> float:
+            return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
+
+        return {
+            "messages": self.servicer.messages,
+            "rejected_sessions": self.servicer.rejected,
+            "decisions": st.decisions,
+            "pushes": st.pushes,
+            "pushes_start": st.pushes_start,
+            "pushes_stop": st.pushes_stop,
+            "renewals": st.renewals,
+            "clamped": st.clamped,
+            "decision_p50_s": pct(0.50),
+            "decision_p99_s": pct(0.99),
+            "jobs": len(self.table.jobs),
+            "sessions": len(self.table.sessions),
+        }
 
     async def serve(self, should_exit: asyncio.Event) -> None:
         await self.start()

@@ -62,7 +62,14 @@ class ControllerConfig(BaseSettings):
     burst_window: float = Field(0.05, gt=0, description="bucket depth = rate * burst_window")
     min_burst: int = Field(64 * 1024, ge=0, description="smallest bucket depth in bytes")
     push_tolerance: float = Field(
-        0.0, ge=0, lt=1, description="relative rate change below which no Allocation is pushed"
+        0.02,
+        ge=0,
+        lt=1,
+        description="relative rate change below which no Allocation is pushed; "
+        "pushed rates then sum to at most B * (1 + push_tolerance)",
+    )
+    release_delay: float = Field(
+        0.05, ge=0, description="s a session keeps its rate after its last operation completes"
     )
     demand_headroom: float = Field(
         1.1, ge=1.0, description="a satisfied job's ceiling = measured rate * headroom"

@@ -37,7 +37,7 @@ RATE_EWMA_ALPHA = 0.5
 class Outbox(Protocol):
     """The session's stream, as the scheduler sees it."""
 
-    def offer(self, message: object) -> None: ...
+    def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None: ...
 
 
 class OpKind(enum.Enum):
@@ -76,6 +76,7 @@ class SessionState:
     last_heard: float
     ops: dict[int, Operation] = field(default_factory=dict)
     reported_since_post: bool = False
+    idle_since: float | None = None  # when its last open operation completed
     hungry: bool = False
     measured_rate: float | None = None
     closed: bool = False
@@ -180,6 +181,15 @@ class JobTable:
         self.jobs: dict[str, JobState] = {}
         self.sessions: dict[int, SessionState] = {}
         self._next_sid = 1
+        # Incremental view: rows of jobs in S(t), rebuilt only for jobs that changed.
+        self._rows: dict[str, JobView] = {}
+        self._dirty: set[str] = set()
+        self._row_params: tuple[float, float] | None = None
+        self.new_sessions: list[SessionState] = []  # not yet given a first allocation
+
+    def _changed(self, job: JobState) -> None:
+        self._dirty.add(job.job_id)
+        self.on_change()
 
     # -- sessions -------------------------------------------------------------
     def open_session(self, meta: JobMeta, client_id: str, host: str) -> SessionState:
@@ -198,7 +208,8 @@ class JobTable:
         self._next_sid += 1
         job.sessions[session.sid] = session
         self.sessions[session.sid] = session
-        self.on_change()
+        self.new_sessions.append(session)
+        self._changed(job)
         return session
 
     def close_session(self, session: SessionState) -> None:
@@ -214,7 +225,7 @@ class JobTable:
         if not job.sessions:
             job.status = JobStatus.INACTIVE
             job.inactive_since = now
-        self.on_change()
+        self._changed(job)
 
     # -- client events --------------------------------------------------------
     def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:
@@ -227,7 +238,7 @@ class JobTable:
         session.ops[op_id] = Operation(op_id, kind, volume, now)
         session.reported_since_post = False
         session.job.update_phase(now)
-        self.on_change()
+        self._changed(session.job)
 
     def complete(self, session: SessionState, op_id: int) -> None:
         now = self._clock()
@@ -237,8 +248,10 @@ class JobTable:
         if session.ops.pop(op_id, None) is None:
             return
         session.job.completed_ops += 1
+        if not session.ops:
+            session.idle_since = now
         session.job.update_phase(now)
-        self.on_change()
+        self._changed(session.job)
 
     def usage(
         self,
@@ -255,8 +268,9 @@ class JobTable:
         job.bytes_moved += nbytes
         job.ops_moved += ops
         job.wait_seconds += wait_seconds
-        if job.in_io():
+        if job.in_io() and nbytes:
             job.transferred += nbytes
+            self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         if nbytes:
             session.attribute(nbytes)
         was_hungry, old_rate = session.hungry, session.measured_rate
@@ -273,7 +287,7 @@ class JobTable:
         if first_report or was_hungry != session.hungry or (
             not session.hungry and _moved(old_rate, session.measured_rate)
         ):
-            self.on_change()
+            self._changed(job)
 
     # -- housekeeping ---------------------------------------------------------
     def expire(self) -> list[SessionState]:
@@ -290,6 +304,7 @@ class JobTable:
             and now - j.inactive_since >= self.job_retention
         ]:
             del self.jobs[job_id]
+            self._dirty.add(job_id)
         return dead
 
     # -- views ----------------------------------------------------------------
@@ -297,32 +312,48 @@ class JobTable:
         return min(cap, sum(s.demand(cap, self.demand_headroom) for s in job.sessions.values()))
 
     def view(self, capacity: float, node_bandwidth: float, seed: int = 0) -> SystemView:
+        """The jobs of S(t) (those with an open operation) as policies see them.
+
+        Rows are cached and rebuilt only for jobs that changed since the last
+        view: a job in S(t) is in its I/O phase, so its W_i^(done) is constant
+        until its next event, and its transferred volume changes only with a
+        Usage report, which marks it changed.
+        """
         now = self._clock()
-        rows: dict[str, JobView] = {}
-        for job in self.jobs.values():
-            if job.status is not JobStatus.ACTIVE:
-                continue
-            cap = job_cap(job.meta.nodes, node_bandwidth, capacity)
-            ops = list(job.open_ops())
-            posted = min((o.posted_at for o in ops), default=None)
-            known = bool(ops) and all(o.volume > 0 for o in ops)
-            volume = sum(o.volume for o in ops) if known else 0
-            rows[job.job_id] = JobView(
-                job_id=job.job_id,
-                user=job.meta.user,
-                group=job.meta.group,
-                nodes=job.meta.nodes,
-                priority=job.meta.priority,
-                cap=cap,
-                demand=self.job_demand(job, cap),
-                posted_at=posted,
-                volume=volume,
-                remaining=float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None,
-                released_at=job.first_seen,
-                work_done=job.work_done(now),
-                transferred=float(job.transferred),
-            )
-        return SystemView(now=now, capacity=capacity, node_bandwidth=node_bandwidth, jobs=rows, seed=seed)
+        if self._row_params != (capacity, node_bandwidth):
+            self._row_params = (capacity, node_bandwidth)
+            self._dirty.update(self.jobs)
+            self._rows.clear()
+        for job_id in self._dirty:
+            job = self.jobs.get(job_id)
+            if job is None or job.status is not JobStatus.ACTIVE or not job.in_io():
+                self._rows.pop(job_id, None)
+            else:
+                self._rows[job_id] = self._row(job, now, job_cap(job.meta.nodes, node_bandwidth,
+                                                                 capacity))
+        self._dirty.clear()
+        return SystemView(
+            now=now, capacity=capacity, node_bandwidth=node_bandwidth, jobs=self._rows, seed=seed
+        )
+
+    def _row(self, job: JobState, now: float, cap: float) -> JobView:
+        ops = list(job.open_ops())
+        known = all(o.volume > 0 for o in ops)
+        return JobView(
+            job_id=job.job_id,
+            user=job.meta.user,
+            group=job.meta.group,
+            nodes=job.meta.nodes,
+            priority=job.meta.priority,
+            cap=cap,
+            demand=self.job_demand(job, cap),
+            posted_at=min(o.posted_at for o in ops),
+            volume=sum(o.volume for o in ops) if known else 0,
+            remaining=float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None,
+            released_at=job.first_seen,
+            work_done=job.work_done(now),
+            transferred=float(job.transferred),
+        )
 
 
 def _moved(old: float | None, new: float | None) -> bool:

@@ -24,7 +24,6 @@ from burstctl.controller.jobs import JobTable, SessionState
 from burstctl.policies.base import Policy
 from burstctl.policies.sharing import water_fill
 from burstctl.policies.view import JobId, SystemView
-from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
 decision_log = logging.getLogger("burstctl.decisions")
@@ -34,6 +33,8 @@ decision_log = logging.getLogger("burstctl.decisions")
 class SchedulerStats:
     decisions: int = 0
     pushes: int = 0
+    pushes_start: int = 0  # from nothing or 0 to a rate: the job may move
+    pushes_stop: int = 0  # to 0
     renewals: int = 0
     clamped: int = 0
     # seconds per decision (policy + clamp + split + push), most recent first-in
@@ -76,7 +77,8 @@ class Scheduler:
         self._dirty = asyncio.Event()
         self.stats = SchedulerStats()
         self.last_rates: dict[JobId, float] = {}
-        self.decided = asyncio.Condition()
+        self._nonzero: set[SessionState] = set()  # sessions whose pushed rate is > 0
+        self._recheck_pending = False
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -90,8 +92,6 @@ class Scheduler:
                 self.rebalance()
             except Exception:  # a policy bug must not stop the controller
                 log.exception("decision failed; keeping previous allocations")
-            async with self.decided:
-                self.decided.notify_all()
             # Let pending events land so the next decision covers all of them.
             await asyncio.sleep(0)
 
@@ -120,25 +120,47 @@ class Scheduler:
             self.stats.clamped += 1
             log.warning("policy %s proposed an infeasible allocation; clamped", policy.name)
         now = self._clock()
-        for job_id, job in self.table.jobs.items():
-            if not job.sessions:
-                continue
-            rate = rates.get(job_id, 0.0)
-            sessions = list(job.sessions.values())
+        served: set[SessionState] = set()
+        for job_id, rate in rates.items():
+            sessions = list(self.table.jobs[job_id].sessions.values())
             if len(sessions) == 1:
                 self._offer(sessions[0], rate, now)
-                continue
-            cap = view.jobs[job_id].cap if job_id in view.jobs else 0.0
-            demand = {s.sid: s.demand(cap, self.table.demand_headroom) for s in sessions}
-            split = water_fill(demand, dict.fromkeys(demand, 1.0), rate)
-            for s in sessions:
-                self._offer(s, split[s.sid], now)
+            else:  # split the job's rate over its sessions by their demand
+                cap = view.jobs[job_id].cap
+                demand = {s.sid: s.demand(cap, self.table.demand_headroom) for s in sessions}
+                split = water_fill(demand, dict.fromkeys(demand, 1.0), rate)
+                for s in sessions:
+                    self._offer(s, split[s.sid], now)
+            served.update(sessions)
+        # Sessions outside S(t) that still hold a rate, and new ones, get 0. A
+        # session whose operation just completed keeps its rate for the release
+        # delay: it cannot use it without posting again (which triggers a new
+        # decision), and a job that cycles quickly is spared two pushes per cycle.
+        release = self.config.release_delay
+        recheck = 0.0
+        for s in [s for s in self._nonzero if s not in served]:
+            idle_for = now - s.idle_since if s.idle_since is not None and not s.ops else release
+            if idle_for < release:
+                recheck = max(recheck, release - idle_for)
+            else:
+                self._offer(s, 0.0, now)
+        if recheck and not self._recheck_pending:
+            self._recheck_pending = True
+            asyncio.get_running_loop().call_later(recheck, self._recheck)
+        for s in self.table.new_sessions:
+            if s.rate is None:
+                self._offer(s, 0.0, now)
+        self.table.new_sessions.clear()
         self.last_rates = rates
         self.stats.decisions += 1
         self.stats.latencies.append(time.perf_counter() - started)
         if decision_log.isEnabledFor(logging.DEBUG):
-            contending = {j: round(r) for j, r in rates.items() if view.jobs[j].active}
-            decision_log.debug("policy=%s rates=%s", policy.name, contending)
+            decision_log.debug("policy=%s rates=%s", policy.name,
+                               {j: round(r) for j, r in rates.items()})
+
+    def _recheck(self) -> None:
+        self._recheck_pending = False
+        self.request()
 
     def _offer(self, session: SessionState, rate: float, now: float) -> None:
         old = session.rate
@@ -153,21 +175,19 @@ class Scheduler:
     def _push(self, session: SessionState, rate: float, now: float) -> None:
         outbox = session.outbox
         if outbox is None or session.closed:
+            self._nonzero.discard(session)
             return
+        if rate > 0:
+            self._nonzero.add(session)
+        else:
+            self._nonzero.discard(session)
+        if rate == 0:
+            self.stats.pushes_stop += 1
+        elif not session.rate:
+            self.stats.pushes_start += 1
         session.rate = rate
         session.epoch += 1
         session.pushed_at = now
         burst = max(float(self.config.min_burst), rate * self.config.burst_window) if rate else 0.0
-        outbox.offer(
-            pb.ServerMessage(
-                allocation=pb.Allocation(
-                    rate=rate,
-                    burst=burst,
-                    epoch=session.epoch,
-                    lease_seconds=self.config.lease,
-                    policy=self._policy().name,
-                    replica_id=self.config.replica_id,
-                )
-            )
-        )
+        outbox.offer(rate, burst, session.epoch, self.config.lease, self._policy().name)
         self.stats.pushes += 1

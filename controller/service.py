@@ -51,22 +51,30 @@ def decode_client_message(data: bytes) -> pb.ClientMessage | Malformed:
 
 
 class SessionStream:
-    """The outgoing side of one session: the newest allocation wins, errors queue."""
+    """The outgoing side of one session: the newest allocation wins, errors queue.
 
-    __slots__ = ("_allocation", "_end", "_errors", "_event")
+    The scheduler offers plain values; the protobuf message is built here, when
+    the writer gets to run, so an allocation superseded before it is sent costs
+    nothing but a tuple.
+    """
 
-    def __init__(self) -> None:
+    __slots__ = ("_allocation", "_end", "_errors", "_event", "_policy", "_replica")
+
+    def __init__(self, replica_id: str = "") -> None:
         self._event = asyncio.Event()
-        self._allocation: pb.ServerMessage | None = None
+        self._allocation: tuple[float, float, int, float, str] | None = None
         self._errors: deque[pb.ServerMessage] = deque()
         self._end: tuple[grpc.StatusCode, str] | None = None
+        self._replica = replica_id
 
-    def offer(self, message: object) -> None:
-        assert isinstance(message, pb.ServerMessage)
-        if message.HasField("allocation"):
-            self._allocation = message  # an older unsent allocation is moot
-        else:
-            self._errors.append(message)
+    def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None:
+        self._allocation = (rate, burst, epoch, lease, policy)  # an unsent one is moot
+        self._event.set()
+
+    def error(self, code: grpc.StatusCode, field_name: str, message: str) -> None:
+        self._errors.append(
+            pb.ServerMessage(error=pb.Error(code=code.name, field=field_name, message=message))
+        )
         self._event.set()
 
     def end(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
@@ -86,8 +94,14 @@ class SessionStream:
             if self._errors:
                 return self._errors.popleft()
             if self._allocation is not None:
-                message, self._allocation = self._allocation, None
-                return message
+                rate, burst, epoch, lease, policy = self._allocation
+                self._allocation = None
+                return pb.ServerMessage(
+                    allocation=pb.Allocation(
+                        rate=rate, burst=burst, epoch=epoch, lease_seconds=lease, policy=policy,
+                        replica_id=self._replica,
+                    )
+                )
             self._event.clear()
             await self._event.wait()
 
@@ -118,10 +132,13 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
 class ControllerServicer:
     """Handles ``Session`` streams for one replica."""
 
-    def __init__(self, table: JobTable, *, max_op_volume: int) -> None:
+    def __init__(self, table: JobTable, *, max_op_volume: int, replica_id: str = "") -> None:
         self.table = table
+        self.replica_id = replica_id
         self.max_op_volume = max_op_volume
         self.streams: dict[int, SessionStream] = {}
+        self.messages = 0  # client messages handled, for stats
+        self.rejected = 0  # sessions ended with INVALID_ARGUMENT
 
     def rpc_handlers(self) -> grpc.GenericRpcHandler:
         # Registered by hand (not the generated helper) so that an undecodable
@@ -152,11 +169,11 @@ class ControllerServicer:
             except StopAsyncIteration:
                 return
             meta, client_id, host = validate_hello(self._check(first))
-            stream = SessionStream()
+            stream = SessionStream(self.replica_id)
             session = self.table.open_session(meta, client_id, host)
             session.outbox = stream
             self.streams[session.sid] = stream
-            log.info("session %d opened: job %s from %s (%s)", session.sid, meta.job_id, host,
+            log.debug("session %d opened: job %s from %s (%s)", session.sid, meta.job_id, host,
                      context.peer())
             reader = asyncio.create_task(
                 self._read(requests, session, stream), name=f"session-{session.sid}-reader"
@@ -167,6 +184,7 @@ class ControllerServicer:
             if code is not grpc.StatusCode.OK:
                 await context.abort(code, details)
         except ProtocolError as exc:
+            self.rejected += 1
             log.warning("session rejected (%s): %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         finally:
@@ -179,7 +197,7 @@ class ControllerServicer:
             if session is not None:
                 self.streams.pop(session.sid, None)
                 self.table.close_session(session)
-                log.info("session %d closed", session.sid)
+                log.debug("session %d closed", session.sid)
 
     async def _read(
         self,
@@ -189,6 +207,7 @@ class ControllerServicer:
     ) -> None:
         try:
             async for raw in requests:
+                self.messages += 1
                 msg = self._check(raw)
                 kind = msg.WhichOneof("body")
                 if kind == "usage":
@@ -226,6 +245,7 @@ class ControllerServicer:
                 else:
                     raise ProtocolError("body", "empty message")
         except ProtocolError as exc:
+            self.rejected += 1
             log.warning("session %d rejected: %s", session.sid, exc)
             stream.end(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             return
