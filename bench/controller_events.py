@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import multiprocessing as mp
 import os
 import queue
 import re
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -36,11 +36,26 @@ _SERVING = re.compile(r"serving gRPC on (\S+)")
 _STATS = re.compile(r"stats: (\{.*\})")
 
 
-def start_controller(state_dir: str, extra: list[str]) -> tuple[subprocess.Popen[str], str, list[str]]:
+def start_controller(
+    state_dir: str, extra: list[str]
+) -> tuple[subprocess.Popen[str], str, list[str]]:
     proc = subprocess.Popen(
-        [sys.executable, "-m", "burstctl", "controller", "--grpc-listen", "127.0.0.1:0",
-         "--state-dir", state_dir, "--log-level", "INFO", *extra],
-        stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        [
+            sys.executable,
+            "-m",
+            "burstctl",
+            "controller",
+            "--grpc-listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            state_dir,
+            "--log-level",
+            "INFO",
+            *extra,
+        ],
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        text=True,
         env={**os.environ, "BURSTCTL_LOG_LEVEL": "INFO"},
     )
     lines: list[str] = []
@@ -63,8 +78,9 @@ def start_controller(state_dir: str, extra: list[str]) -> tuple[subprocess.Popen
     return proc, address[0], lines
 
 
-async def _generate(address: str, first: int, count: int, probes: int, seconds: float,
-                    warmup: float, out: mp.Queue) -> None:
+async def _generate(
+    address: str, first: int, count: int, probes: int, seconds: float, warmup: float, out: mp.Queue
+) -> None:
     import grpc
 
     from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -79,9 +95,17 @@ async def _generate(address: str, first: int, count: int, probes: int, seconds: 
 
     async def open_session(i: int) -> grpc.aio.StreamStreamCall:
         call = pb_grpc.ControllerStub(channels[i % len(channels)]).Session()
-        await call.write(pb.ClientMessage(hello=pb.Hello(
-            job_id=f"bench-{first + i}", user="bench", group="bench", nodes=1,
-            client_id=f"bench-{first + i}")))
+        await call.write(
+            pb.ClientMessage(
+                hello=pb.Hello(
+                    job_id=f"bench-{first + i}",
+                    user="bench",
+                    group="bench",
+                    nodes=1,
+                    client_id=f"bench-{first + i}",
+                )
+            )
+        )
         return call
 
     async def close_session(call: grpc.aio.StreamStreamCall) -> None:
@@ -100,8 +124,11 @@ async def _generate(address: str, first: int, count: int, probes: int, seconds: 
         op_id = 0
         while loop.time() < t_end:
             op_id += 1
-            await call.write(pb.ClientMessage(op_posted=pb.OpPosted(
-                op_id=op_id, kind=pb.OP_KIND_WRITE, volume=1 << 20)))
+            await call.write(
+                pb.ClientMessage(
+                    op_posted=pb.OpPosted(op_id=op_id, kind=pb.OP_KIND_WRITE, volume=1 << 20)
+                )
+            )
             await call.write(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
             if t_start <= loop.time():
                 sent += 2
@@ -130,8 +157,11 @@ async def _generate(address: str, first: int, count: int, probes: int, seconds: 
         while loop.time() < t_end:
             op_id += 1
             t0 = loop.time()
-            await call.write(pb.ClientMessage(op_posted=pb.OpPosted(
-                op_id=op_id, kind=pb.OP_KIND_WRITE, volume=1 << 20)))
+            await call.write(
+                pb.ClientMessage(
+                    op_posted=pb.OpPosted(op_id=op_id, kind=pb.OP_KIND_WRITE, volume=1 << 20)
+                )
+            )
             if not await until(True):
                 return
             if t0 >= t_start:
@@ -147,17 +177,26 @@ async def _generate(address: str, first: int, count: int, probes: int, seconds: 
     errors = [repr(r) for r in results if isinstance(r, BaseException)]
     for ch in channels:
         await ch.close()
-    out.put({"sent": sent, "latencies": latencies, "errors": errors[:3],
-             "n_errors": len(errors), "done_at": time.time()})
+    out.put(
+        {
+            "sent": sent,
+            "latencies": latencies,
+            "errors": errors[:3],
+            "n_errors": len(errors),
+            "done_at": time.time(),
+        }
+    )
 
 
-def _generator_main(address: str, first: int, count: int, probes: int, seconds: float,
-                    warmup: float, out: mp.Queue) -> None:
+def _generator_main(
+    address: str, first: int, count: int, probes: int, seconds: float, warmup: float, out: mp.Queue
+) -> None:
     asyncio.run(_generate(address, first, count, probes, seconds, warmup, out))
 
 
-def run(sessions: int, probes: int, seconds: float, warmup: float, generators: int,
-        extra: list[str]) -> dict:
+def run(
+    sessions: int, probes: int, seconds: float, warmup: float, generators: int, extra: list[str]
+) -> dict:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as state_dir:
         proc, address, log = start_controller(state_dir, extra)
@@ -166,13 +205,16 @@ def run(sessions: int, probes: int, seconds: float, warmup: float, generators: i
         out: mp.Queue = ctx.Queue()
         # load generators, then one process for the probes so that their
         # latency is not the load generator's own scheduling delay
-        per = [(sessions // generators + (1 if g < sessions % generators else 0), 0)
-               for g in range(generators)] + [(0, probes)]
+        per = [
+            (sessions // generators + (1 if g < sessions % generators else 0), 0)
+            for g in range(generators)
+        ] + [(0, probes)]
         procs, first = [], 0
         t_begin = time.time()
         for count, n_probes in per:
-            p = ctx.Process(target=_generator_main, args=(
-                address, first, count, n_probes, seconds, warmup, out))
+            p = ctx.Process(
+                target=_generator_main, args=(address, first, count, n_probes, seconds, warmup, out)
+            )
             p.start()
             procs.append(p)
             first += count + n_probes
@@ -180,10 +222,8 @@ def run(sessions: int, probes: int, seconds: float, warmup: float, generators: i
         deadline = time.monotonic() + warmup + seconds + 120
         results: list[dict] = []
         while len(results) < len(procs) and time.monotonic() < deadline:
-            try:
+            with contextlib.suppress(queue.Empty):
                 results.append(out.get(timeout=0.2))
-            except queue.Empty:
-                pass
             rss_peak = max(rss_peak, ps.memory_info().rss)
         for p in procs:
             p.join(10)
@@ -231,20 +271,32 @@ def main() -> None:
     parser.add_argument("--sessions", type=int, nargs="+", default=[10, 100, 1000])
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--warmup", type=float, default=2.0)
-    parser.add_argument("--probes", type=int, default=10,
-                        help="closed-loop sessions that measure push latency")
-    parser.add_argument("--generators", type=int, default=1,
-                        help="load-generator processes (the machine has 2 cores)")
+    parser.add_argument(
+        "--probes", type=int, default=10, help="closed-loop sessions that measure push latency"
+    )
+    parser.add_argument(
+        "--generators",
+        type=int,
+        default=1,
+        help="load-generator processes (the machine has 2 cores)",
+    )
     parser.add_argument("--policy", default="fair-share")
-    parser.add_argument("--controller-arg", action="append", default=[],
-                        help="extra flag for the controller, e.g. --controller-arg=--capacity=1GiB/s")
+    parser.add_argument(
+        "--controller-arg",
+        action="append",
+        default=[],
+        help="extra flag for the controller, e.g. --controller-arg=--capacity=1GiB/s",
+    )
     args = parser.parse_args()
     extra = ["--policy", args.policy, *args.controller_arg]
     report = {
         "benchmark": "controller_events",
         "cpus": os.cpu_count(),
         "policy": args.policy,
-        "runs": [run(n, args.probes, args.seconds, args.warmup, args.generators, extra) for n in args.sessions],
+        "runs": [
+            run(n, args.probes, args.seconds, args.warmup, args.generators, extra)
+            for n in args.sessions
+        ],
     }
     json.dump(report, sys.stdout, indent=2)
     print()

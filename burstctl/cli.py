@@ -24,20 +24,36 @@ def main() -> None:
 
 
 @main.command()
-@click.option("--config", "config_file", type=click.Path(dir_okay=False, path_type=Path),
-              help="TOML configuration file (keys as in docs/configuration.md).")
-@click.option("--grpc-listen", metavar="HOST:PORT",
-              help="gRPC address for clients and peers [default: 127.0.0.1:50051].")
-@click.option("--http-listen", metavar="HOST:PORT",
-              help="REST admin and metrics address [default: 127.0.0.1:8080].")
+@click.option(
+    "--config",
+    "config_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="TOML configuration file (keys as in docs/configuration.md).",
+)
+@click.option(
+    "--grpc-listen",
+    metavar="HOST:PORT",
+    help="gRPC address for clients and peers [default: 127.0.0.1:50051].",
+)
+@click.option(
+    "--http-listen",
+    metavar="HOST:PORT",
+    help="REST admin and metrics address [default: 127.0.0.1:8080].",
+)
 @click.option("--capacity", metavar="RATE", help="B, this replica's bandwidth, e.g. 400MiB/s.")
 @click.option("--node-bandwidth", metavar="RATE", help="b, per-node bandwidth, e.g. 8MiB/s.")
 @click.option("--policy", metavar="NAME", help="Policy name, e.g. fair-share, fcfs.")
-@click.option("--state-dir", type=click.Path(file_okay=False, path_type=Path),
-              help="Directory for durable state (active policy).")
+@click.option(
+    "--state-dir",
+    type=click.Path(file_okay=False, path_type=Path),
+    help="Directory for durable state (active policy).",
+)
 @click.option("--replica-id", metavar="ID", help="Name of this replica [default: host name].")
-@click.option("--log-level", type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"],
-              case_sensitive=False), help="Logging level [default: INFO].")
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    help="Logging level [default: INFO].",
+)
 def controller(config_file: Path | None, **flags: str | Path | None) -> None:
     """Run a controller replica (gRPC; REST comes with the admin API).
 

@@ -53,4 +53,6 @@ def _validate_rate(value: object) -> float:
 
 
 # A pydantic field type: accepts "400MiB/s" or a number, stores bytes/s as float.
-Rate = Annotated[float, BeforeValidator(_validate_rate), PlainSerializer(format_rate, when_used="json")]
+Rate = Annotated[
+    float, BeforeValidator(_validate_rate), PlainSerializer(format_rate, when_used="json")
+]

@@ -78,11 +78,13 @@ class Service:
         try:
             self.policy = self.registry.create(saved.name, saved.params)
             self.policy_version = saved.version
-            log.info("resumed policy %s (version %d) from %s", saved.name, saved.version,
-                     self.store.path)
+            log.info(
+                "resumed policy %s (version %d) from %s", saved.name, saved.version, self.store.path
+            )
         except (KeyError, ValueError) as exc:
-            log.error("saved policy %r is unusable (%s); keeping %s", saved.name, exc,
-                      self.policy.name)
+            log.error(
+                "saved policy %r is unusable (%s); keeping %s", saved.name, exc, self.policy.name
+            )
 
     def set_policy(self, name: str, params: dict[str, Any] | None = None) -> Policy:
         """Switches the policy atomically and persists it; raises on unknown name or bad params."""
@@ -125,7 +127,10 @@ class Service:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
         log.info(
             "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",
-            self.config.replica_id, self.grpc_address, self.policy.name, self.config.capacity,
+            self.config.replica_id,
+            self.grpc_address,
+            self.policy.name,
+            self.config.capacity,
         )
 
     def _spawn(self, coro: Any, name: str) -> None:
@@ -136,8 +141,12 @@ class Service:
         while True:
             await asyncio.sleep(period)
             for session in self.table.expire():
-                log.warning("session %d of job %s: no heartbeat for %.1fs, closed",
-                            session.sid, session.job.job_id, self.config.heartbeat_timeout)
+                log.warning(
+                    "session %d of job %s: no heartbeat for %.1fs, closed",
+                    session.sid,
+                    session.job.job_id,
+                    self.config.heartbeat_timeout,
+                )
                 self.servicer.kill(session, "no heartbeat within the timeout")
 
     async def stop(self, grace: float = 1.0) -> None:
@@ -151,8 +160,11 @@ class Service:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         self._stopped.set()
-        log.info("controller %s stopped; stats: %s", self.config.replica_id,
-                 json.dumps(self.stats(), sort_keys=True))
+        log.info(
+            "controller %s stopped; stats: %s",
+            self.config.replica_id,
+            json.dumps(self.stats(), sort_keys=True),
+        )
 
     def stats(self) -> dict[str, Any]:
         """Counters since start: what the benchmark and (later) /metrics report."""

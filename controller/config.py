@@ -20,11 +20,13 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from burstctl.units import Rate
+from burstctl.units import Rate, parse_rate
 
 
 def _default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
     return Path(base) / "burstctl"
 
 
@@ -49,14 +51,22 @@ class ControllerConfig(BaseSettings):
 
     grpc_listen: str = Field("127.0.0.1:50051", description="gRPC address for clients and peers")
     http_listen: str = Field("127.0.0.1:8080", description="REST admin/metrics address")
-    capacity: Rate = Field("1GiB/s", description="B: bandwidth of this replica's storage")
-    node_bandwidth: Rate = Field("256MiB/s", description="b: per-node bandwidth; b_i = min(p_i*b, B)")
+    capacity: Rate = Field(
+        parse_rate("1GiB/s"), description="B: bandwidth of this replica's storage"
+    )
+    node_bandwidth: Rate = Field(
+        parse_rate("256MiB/s"), description="b: per-node bandwidth; b_i = min(p_i*b, B)"
+    )
     policy: str = Field("fair-share", description="policy name from the registry")
     policy_params: dict[str, Any] = Field(default_factory=dict, description="policy parameters")
     state_dir: Path = Field(default_factory=_default_state_dir, description="durable state")
     replica_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
-    heartbeat_timeout: float = Field(3.0, gt=0, description="s without Usage before a session is dead")
-    job_retention: float = Field(300.0, ge=0, description="s an inactive job is kept before removal")
+    heartbeat_timeout: float = Field(
+        3.0, gt=0, description="s without Usage before a session is dead"
+    )
+    job_retention: float = Field(
+        300.0, ge=0, description="s an inactive job is kept before removal"
+    )
     lease: float = Field(5.0, gt=0, description="s an allocation stays valid without renewal")
     tick: float = Field(0.0, ge=0, description="s between periodic decisions; 0 = events only")
     burst_window: float = Field(0.05, gt=0, description="bucket depth = rate * burst_window")

@@ -203,7 +203,12 @@ class JobTable:
             job.status = JobStatus.ACTIVE
             job.inactive_since = None
         session = SessionState(
-            sid=self._next_sid, job=job, client_id=client_id, host=host, opened_at=now, last_heard=now
+            sid=self._next_sid,
+            job=job,
+            client_id=client_id,
+            host=host,
+            opened_at=now,
+            last_heard=now,
         )
         self._next_sid += 1
         job.sessions[session.sid] = session
@@ -274,18 +279,23 @@ class JobTable:
         if nbytes:
             session.attribute(nbytes)
         was_hungry, old_rate = session.hungry, session.measured_rate
-        session.hungry = waiting or (interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval)
+        session.hungry = waiting or (
+            interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval
+        )
         if interval > 0 and session.ops:
             sample = nbytes / interval
             prev = session.measured_rate
             session.measured_rate = (
-                sample if prev is None or not session.reported_since_post
+                sample
+                if prev is None or not session.reported_since_post
                 else RATE_EWMA_ALPHA * sample + (1 - RATE_EWMA_ALPHA) * prev
             )
         first_report = not session.reported_since_post and bool(session.ops)
         session.reported_since_post = True
-        if first_report or was_hungry != session.hungry or (
-            not session.hungry and _moved(old_rate, session.measured_rate)
+        if (
+            first_report
+            or was_hungry != session.hungry
+            or (not session.hungry and _moved(old_rate, session.measured_rate))
         ):
             self._changed(job)
 
@@ -329,8 +339,9 @@ class JobTable:
             if job is None or job.status is not JobStatus.ACTIVE or not job.in_io():
                 self._rows.pop(job_id, None)
             else:
-                self._rows[job_id] = self._row(job, now, job_cap(job.meta.nodes, node_bandwidth,
-                                                                 capacity))
+                self._rows[job_id] = self._row(
+                    job, now, job_cap(job.meta.nodes, node_bandwidth, capacity)
+                )
         self._dirty.clear()
         return SystemView(
             now=now, capacity=capacity, node_bandwidth=node_bandwidth, jobs=self._rows, seed=seed

@@ -155,8 +155,9 @@ class Scheduler:
         self.stats.decisions += 1
         self.stats.latencies.append(time.perf_counter() - started)
         if decision_log.isEnabledFor(logging.DEBUG):
-            decision_log.debug("policy=%s rates=%s", policy.name,
-                               {j: round(r) for j, r in rates.items()})
+            decision_log.debug(
+                "policy=%s rates=%s", policy.name, {j: round(r) for j, r in rates.items()}
+            )
 
     def _recheck(self) -> None:
         self._recheck_pending = False

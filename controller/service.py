@@ -10,6 +10,7 @@ goes on untouched.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 from collections import deque
@@ -98,7 +99,11 @@ class SessionStream:
                 self._allocation = None
                 return pb.ServerMessage(
                     allocation=pb.Allocation(
-                        rate=rate, burst=burst, epoch=epoch, lease_seconds=lease, policy=policy,
+                        rate=rate,
+                        burst=burst,
+                        epoch=epoch,
+                        lease_seconds=lease,
+                        policy=policy,
                         replica_id=self._replica,
                     )
                 )
@@ -173,8 +178,13 @@ class ControllerServicer:
             session = self.table.open_session(meta, client_id, host)
             session.outbox = stream
             self.streams[session.sid] = stream
-            log.debug("session %d opened: job %s from %s (%s)", session.sid, meta.job_id, host,
-                     context.peer())
+            log.debug(
+                "session %d opened: job %s from %s (%s)",
+                session.sid,
+                meta.job_id,
+                host,
+                context.peer(),
+            )
             reader = asyncio.create_task(
                 self._read(requests, session, stream), name=f"session-{session.sid}-reader"
             )
@@ -190,10 +200,8 @@ class ControllerServicer:
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
-                try:
+                with contextlib.suppress(asyncio.CancelledError):
                     await reader
-                except asyncio.CancelledError:
-                    pass
             if session is not None:
                 self.streams.pop(session.sid, None)
                 self.table.close_session(session)
@@ -219,7 +227,9 @@ class ControllerServicer:
                     for name in ("wait_seconds", "interval_seconds"):
                         value = getattr(u, name)
                         if not (math.isfinite(value) and value >= 0):
-                            raise ProtocolError(f"usage.{name}", f"must be finite and >= 0, got {value}")
+                            raise ProtocolError(
+                                f"usage.{name}", f"must be finite and >= 0, got {value}"
+                            )
                     self.table.usage(
                         session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting
                     )
@@ -231,7 +241,8 @@ class ControllerServicer:
                     if not 0 <= p.volume <= self.max_op_volume:
                         raise ProtocolError(
                             "op_posted.volume",
-                            f"must be in [0, {self.max_op_volume}] bytes (0 = unknown), got {p.volume}",
+                            f"must be in [0, {self.max_op_volume}] bytes (0 = unknown), "
+                            f"got {p.volume}",
                         )
                     self.table.post(session, p.op_id, op_kind, p.volume)
                 elif kind == "op_completed":

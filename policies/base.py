@@ -31,7 +31,9 @@ class Policy:
     def __init__(self, params: PolicyParams | None = None) -> None:
         self.params = params if params is not None else self.Params()
         if not isinstance(self.params, self.Params):
-            raise TypeError(f"{self.name} takes {self.Params.__name__}, got {type(params).__name__}")
+            raise TypeError(
+                f"{self.name} takes {self.Params.__name__}, got {type(params).__name__}"
+            )
 
     def allocate(self, view: SystemView) -> Mapping[JobId, float]:
         """Rates in bytes/s for the active jobs of ``view``; absent jobs get 0."""

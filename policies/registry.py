@@ -79,7 +79,8 @@ class PolicyRegistry:
             return cls(cls.Params.model_validate(dict(params or {})))
         except ValidationError as exc:
             problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}" for e in exc.errors()
+                f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}"
+                for e in exc.errors()
             )
             raise ValueError(f"bad parameters for policy {name!r}: {problems}") from None
 

@@ -28,9 +28,8 @@ def proto_files(root: Path = PROTO_ROOT) -> list[Path]:
 
 def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
     """Writes generated modules for every .proto under ``root`` into ``out_dir``."""
-    from grpc_tools import protoc  # dev/test dependency only
-
     import grpc_tools
+    from grpc_tools import protoc  # dev/test dependency only
 
     include = Path(grpc_tools.__file__).resolve().parent / "_proto"
     sources = [str(p.relative_to(root)) for p in proto_files(root)]
@@ -55,7 +54,9 @@ def generate(out_dir: Path, root: Path = PROTO_ROOT) -> list[Path]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", type=Path, default=PROTO_ROOT, help="output root (default: proto/)")
+    parser.add_argument(
+        "--out", type=Path, default=PROTO_ROOT, help="output root (default: proto/)"
+    )
     args = parser.parse_args(argv)
     for path in generate(args.out):
         print(path)

@@ -11,7 +11,6 @@ from support import ControllerProcess
 from burstctl.controller.app import Service, build_service
 from burstctl.controller.config import load_config
 
-
 SERVICE_DEFAULTS = {
     "grpc_listen": "127.0.0.1:0",
     "capacity": "40MiB/s",
@@ -49,8 +48,12 @@ def controller_factory(tmp_path: Path) -> Iterator[type[ControllerProcess]]:
     """Starts ``burstctl controller`` child processes; each is stopped by pid at teardown."""
     started: list[ControllerProcess] = []
 
-    def make(*args: str, address: str = "127.0.0.1:0", env: dict[str, str] | None = None,
-             state_dir: Path | None = None) -> ControllerProcess:
+    def make(
+        *args: str,
+        address: str = "127.0.0.1:0",
+        env: dict[str, str] | None = None,
+        state_dir: Path | None = None,
+    ) -> ControllerProcess:
         proc = ControllerProcess(state_dir or tmp_path / f"state{len(started)}", args, address, env)
         started.append(proc)
         return proc.start()

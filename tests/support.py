@@ -14,8 +14,12 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 
-def wait_until(predicate: Callable[[], object], timeout: float, interval: float = 0.005,
-               message: str = "condition") -> object:
+def wait_until(
+    predicate: Callable[[], object],
+    timeout: float = 5.0,
+    interval: float = 0.005,
+    message: str = "condition",
+) -> object:
     """Polls ``predicate`` until it is truthy; fails the test after ``timeout`` seconds."""
     deadline = time.monotonic() + timeout
     while True:
@@ -27,8 +31,12 @@ def wait_until(predicate: Callable[[], object], timeout: float, interval: float 
         time.sleep(interval)
 
 
-async def async_wait_until(predicate: Callable[[], object | Awaitable[object]], timeout: float,
-                           interval: float = 0.005, message: str = "condition") -> object:
+async def async_wait_until(
+    predicate: Callable[[], object | Awaitable[object]],
+    timeout: float = 5.0,
+    interval: float = 0.005,
+    message: str = "condition",
+) -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()
@@ -50,8 +58,13 @@ class ControllerProcess:
     Stopped by pid (SIGTERM, then SIGKILL) in ``stop()``; the log is kept for failures.
     """
 
-    def __init__(self, state_dir: Path, args: Sequence[str] = (), address: str = "127.0.0.1:0",
-                 env: dict[str, str] | None = None) -> None:
+    def __init__(
+        self,
+        state_dir: Path,
+        args: Sequence[str] = (),
+        address: str = "127.0.0.1:0",
+        env: dict[str, str] | None = None,
+    ) -> None:
         self.state_dir = state_dir
         self.args = list(args)
         self.requested_address = address
@@ -66,11 +79,24 @@ class ControllerProcess:
         env.update(self.env or {})
         self._ready.clear()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "burstctl", "controller", "--grpc-listen",
-             self.requested_address, "--state-dir", str(self.state_dir), *self.args],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env,
+            [
+                sys.executable,
+                "-m",
+                "burstctl",
+                "controller",
+                "--grpc-listen",
+                self.requested_address,
+                "--state-dir",
+                str(self.state_dir),
+                *self.args,
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
         )
-        threading.Thread(target=self._drain, args=(self.proc,), daemon=True).start()
+        self._drainer = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
+        self._drainer.start()
         if not self._ready.wait(timeout):
             self.stop()
             raise AssertionError("controller did not start:\n" + "".join(self.log[-30:]))
@@ -97,6 +123,9 @@ class ControllerProcess:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(timeout)
+        self._drainer.join(timeout)  # reads the pipe to EOF: the whole log is in
+        if proc.stderr is not None:
+            proc.stderr.close()
         return proc.returncode
 
     def __enter__(self) -> ControllerProcess:
@@ -113,8 +142,13 @@ class Pump:
     (the runtime promises nothing is raised into the application's I/O).
     """
 
-    def __init__(self, session: object, chunk: int = 64 * 1024, pace: float | None = None,
-                 kind: str = "write") -> None:
+    def __init__(
+        self,
+        session: object,
+        chunk: int = 64 * 1024,
+        pace: float | None = None,
+        kind: str = "write",
+    ) -> None:
         self.session = session
         self.chunk = chunk
         self.pace = pace  # bytes/s this "application" wants at most; None = as fast as it can

@@ -38,8 +38,9 @@ def flowing(session: Session) -> bool:
 )
 def test_fair_share_split(controller_factory, node_bandwidth: str, expected_ratio: float) -> None:
     """B = 40 MiB/s; nodes 4 and 1. b = 8: b_i = 32, 8 → 4:1. b = 1 GiB/s: b_i = B → 1:1."""
-    ctl = controller_factory("--policy", "fair-share", "--capacity", "40MiB/s",
-                             "--node-bandwidth", node_bandwidth)
+    ctl = controller_factory(
+        "--policy", "fair-share", "--capacity", "40MiB/s", "--node-bandwidth", node_bandwidth
+    )
     with Session(ctl.address, job("big", 4)) as big, Session(ctl.address, job("small", 1)) as small:
         pumps = [Pump(big).start(), Pump(small).start()]
         try:
@@ -49,13 +50,18 @@ def test_fair_share_split(controller_factory, node_bandwidth: str, expected_rati
             for p in pumps:
                 p.stop()
         assert not pumps[0].errors and not pumps[1].errors
+    print(
+        f"fair-share b={node_bandwidth}: big {rate_big / MiB:.2f} MiB/s, "
+        f"small {rate_small / MiB:.2f} MiB/s, ratio {rate_big / rate_small:.3f}"
+    )
     assert rate_big / rate_small == pytest.approx(expected_ratio, rel=0.05)
     assert rate_big + rate_small == pytest.approx(40 * MiB, rel=0.05)
 
 
 def test_fcfs_first_poster_takes_all_then_the_next(controller_factory) -> None:
-    ctl = controller_factory("--policy", "fcfs", "--capacity", "40MiB/s",
-                             "--node-bandwidth", "1GiB/s")
+    ctl = controller_factory(
+        "--policy", "fcfs", "--capacity", "40MiB/s", "--node-bandwidth", "1GiB/s"
+    )
     with ExitStack() as stack:
         a = stack.enter_context(Session(ctl.address, job("first", 1)))
         b = stack.enter_context(Session(ctl.address, job("second", 1)))
@@ -68,13 +74,18 @@ def test_fcfs_first_poster_takes_all_then_the_next(controller_factory) -> None:
         pump_b = Pump(b).start()
         stack.callback(pump_b.stop)
         rate_a, rate_b = measure([pump_a, pump_b], 1.5)
-        assert pump_b.moved == 0 and b.rate == 0  # nothing while the first is open
+        blocked = pump_b.moved
+        assert blocked == 0 and b.rate == 0  # nothing while the first is open
         assert rate_a == pytest.approx(40 * MiB, rel=0.05)
         # the first job's operation completes: the second gets everything
         pump_a.stop()
         op_a.close()
         wait_until(lambda: b.rate == pytest.approx(40 * MiB), 5, message="second job gets B")
         (rate_b,) = measure([pump_b], 1.5)
+        print(
+            f"fcfs: first {rate_a / MiB:.2f} MiB/s while second moved {blocked} B; "
+            f"then second {rate_b / MiB:.2f} MiB/s"
+        )
         assert rate_b == pytest.approx(40 * MiB, rel=0.05)
         assert a.rate == 0
         assert not pump_a.errors and not pump_b.errors
@@ -82,8 +93,9 @@ def test_fcfs_first_poster_takes_all_then_the_next(controller_factory) -> None:
 
 def test_opportunity_fairness_small_job_keeps_its_5(controller_factory) -> None:
     """A 5-node job flat out and a 1-node job that only wants 5 MiB/s: 35 and 5."""
-    ctl = controller_factory("--policy", "fair-share", "--capacity", "40MiB/s",
-                             "--node-bandwidth", "8MiB/s")
+    ctl = controller_factory(
+        "--policy", "fair-share", "--capacity", "40MiB/s", "--node-bandwidth", "8MiB/s"
+    )
     with Session(ctl.address, job("big", 5)) as big, Session(ctl.address, job("small", 1)) as small:
         pumps = [Pump(big).start(), Pump(small, chunk=16 * 1024, pace=5 * MiB).start()]
         try:
@@ -93,6 +105,7 @@ def test_opportunity_fairness_small_job_keeps_its_5(controller_factory) -> None:
         finally:
             for p in pumps:
                 p.stop()
+    print(f"opportunity: big {rate_big / MiB:.2f} MiB/s, small {rate_small / MiB:.2f} MiB/s")
     assert rate_small == pytest.approx(5 * MiB, rel=0.05)
     assert rate_big == pytest.approx(35 * MiB, rel=0.05)
     assert rate_big > 40 * MiB * 40 / 48 * 1.02  # clearly more than its α·b_i = 33.3
@@ -101,7 +114,9 @@ def test_opportunity_fairness_small_job_keeps_its_5(controller_factory) -> None:
 def _spawn_client(address: str, job_id: str, nodes: int) -> subprocess.Popen[str]:
     proc = subprocess.Popen(
         [sys.executable, str(HERE / "flat_out_client.py"), address, job_id, str(nodes)],
-        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
     )
     assert proc.stdout is not None
     assert proc.stdout.readline().strip() == "attached"
@@ -113,15 +128,23 @@ def _reap(proc: subprocess.Popen[str]) -> None:
         proc.send_signal(signal.SIGCONT)
         proc.kill()
     proc.wait(10)
+    if proc.stdout is not None:
+        proc.stdout.close()
 
 
 @pytest.mark.parametrize("how", ["hung", "killed"])
 def test_dead_session_share_goes_to_others(controller_factory, how: str) -> None:
     """A hung client (SIGSTOP: no heartbeat, TCP open) or a killed one (SIGKILL)."""
     timeout = 1.0
-    ctl = controller_factory("--policy", "fair-share", "--capacity", "40MiB/s",
-                             "--node-bandwidth", "1GiB/s",
-                             env={"BURSTCTL_HEARTBEAT_TIMEOUT": str(timeout)})
+    ctl = controller_factory(
+        "--policy",
+        "fair-share",
+        "--capacity",
+        "40MiB/s",
+        "--node-bandwidth",
+        "1GiB/s",
+        env={"BURSTCTL_HEARTBEAT_TIMEOUT": str(timeout)},
+    )
     other = _spawn_client(ctl.address, "doomed", 1)
     try:
         with Session(ctl.address, job("survivor", 1)) as s:
@@ -130,14 +153,18 @@ def test_dead_session_share_goes_to_others(controller_factory, how: str) -> None
                 wait_until(lambda: s.rate == pytest.approx(20 * MiB), 10, message="even split")
                 t0 = time.monotonic()
                 other.send_signal(signal.SIGSTOP if how == "hung" else signal.SIGKILL)
-                wait_until(lambda: s.rate == pytest.approx(40 * MiB), 3 * timeout,
-                           message="survivor gets the whole capacity")
+                wait_until(
+                    lambda: s.rate == pytest.approx(40 * MiB),
+                    3 * timeout,
+                    message="survivor gets the whole capacity",
+                )
                 elapsed = time.monotonic() - t0
             finally:
                 pump.stop()
             assert not pump.errors
     finally:
         _reap(other)
+    print(f"dead session ({how}): share moved after {elapsed:.3f}s (timeout {timeout}s)")
     if how == "hung":
         # the share moved because the heartbeat stopped: after about one timeout
         assert 0.5 * timeout <= elapsed <= 1.6 * timeout
@@ -159,12 +186,17 @@ def test_client_survives_controller_restart(controller_factory, tmp_path: Path) 
             wait_until(lambda: s.rate == pytest.approx(10 * MiB), 5, message="fallback rate")
             assert not s.attached
             (rate,) = measure([pump], 1.5)
+            print(f"controller gone: fallback {rate / MiB:.2f} MiB/s")
             assert rate == pytest.approx(10 * MiB, rel=0.15)
             # a controller comes back on the same address: the session re-attaches
             controller_factory(*args, address=address, env=env, state_dir=tmp_path / "st")
-            wait_until(lambda: s.attached and s.rate == pytest.approx(40 * MiB), 15,
-                       message="re-attached at the controller's rate")
+            wait_until(
+                lambda: s.attached and s.rate == pytest.approx(40 * MiB),
+                15,
+                message="re-attached at the controller's rate",
+            )
             (rate,) = measure([pump], 1.0)
+            print(f"re-attached: {rate / MiB:.2f} MiB/s")
             assert rate == pytest.approx(40 * MiB, rel=0.15)
         finally:
             pump.stop()

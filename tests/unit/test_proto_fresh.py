@@ -28,7 +28,9 @@ def test_staleness_is_detected(tmp_path: Path) -> None:
     root = tmp_path / "src"
     (root / "burstctl" / "v1").mkdir(parents=True)
     for proto in generate.proto_files():
-        text = proto.read_text().replace("message Goodbye {}", "message Goodbye { string why = 1; }")
+        text = proto.read_text().replace(
+            "message Goodbye {}", "message Goodbye { string why = 1; }"
+        )
         (root / "burstctl" / "v1" / proto.name).write_text(text)
     edited = {p.name: p.read_text() for p in generate.generate(tmp_path / "out", root=root)}
     committed = generate.PROTO_ROOT / "burstctl" / "v1" / "controller_pb2.py"

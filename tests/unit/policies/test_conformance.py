@@ -33,11 +33,19 @@ def random_view(seed: int, n_jobs: int | None = None) -> SystemView:
         volume = rng.choice([0, rng.randint(1, 1 << 34)])
         released = rng.uniform(0, now - 1)
         jobs[f"j{i}"] = JobView(
-            job_id=f"j{i}", user=f"u{rng.randint(0, 3)}", group=f"g{rng.randint(0, 1)}",
-            nodes=nodes, priority=rng.choice([1.0, 2.0, 0.5]), cap=cap, demand=demand,
-            posted_at=rng.uniform(released, now) if demand else None, volume=volume,
-            remaining=float(rng.randint(0, volume)) if volume else None, released_at=released,
-            work_done=rng.uniform(0, now - released) / 2, transferred=rng.uniform(0, 1e10),
+            job_id=f"j{i}",
+            user=f"u{rng.randint(0, 3)}",
+            group=f"g{rng.randint(0, 1)}",
+            nodes=nodes,
+            priority=rng.choice([1.0, 2.0, 0.5]),
+            cap=cap,
+            demand=demand,
+            posted_at=rng.uniform(released, now) if demand else None,
+            volume=volume,
+            remaining=float(rng.randint(0, volume)) if volume else None,
+            released_at=released,
+            work_done=rng.uniform(0, now - released) / 2,
+            transferred=rng.uniform(0, 1e10),
         )
     return SystemView(now=now, capacity=capacity, node_bandwidth=b, jobs=jobs, seed=seed)
 

@@ -12,11 +12,27 @@ from burstctl.policies.sharing import greedy_fill, water_fill
 MiB = float(1 << 20)
 
 
-def job(job_id: str, nodes: int, b: float, B: float, demand: float | None = None,
-        posted_at: float | None = 0.0, **kw: object) -> JobView:
+def job(
+    job_id: str,
+    nodes: int,
+    b: float,
+    B: float,
+    demand: float | None = None,
+    posted_at: float | None = 0.0,
+    **kw: object,
+) -> JobView:
     cap = job_cap(nodes, b, B)
-    return JobView(job_id=job_id, user="u", group="g", nodes=nodes, priority=1.0, cap=cap,
-                   demand=cap if demand is None else demand, posted_at=posted_at, **kw)
+    return JobView(
+        job_id=job_id,
+        user="u",
+        group="g",
+        nodes=nodes,
+        priority=1.0,
+        cap=cap,
+        demand=cap if demand is None else demand,
+        posted_at=posted_at,
+        **kw,
+    )
 
 
 def view(*jobs: JobView, B: float = 40 * MiB, b: float = 8 * MiB, now: float = 10.0) -> SystemView:
@@ -25,7 +41,9 @@ def view(*jobs: JobView, B: float = 40 * MiB, b: float = 8 * MiB, now: float = 1
 
 def test_fair_share_is_proportional_to_b_i() -> None:
     # eq. (1): b_i = 32 and 8 MiB/s; Σ = B so α = 1: each gets b_i, 4:1.
-    rates = FairShare().allocate(view(job("a", 4, 8 * MiB, 40 * MiB), job("b", 1, 8 * MiB, 40 * MiB)))
+    rates = FairShare().allocate(
+        view(job("a", 4, 8 * MiB, 40 * MiB), job("b", 1, 8 * MiB, 40 * MiB))
+    )
     assert rates == {"a": 32 * MiB, "b": 8 * MiB}
 
 
@@ -37,7 +55,9 @@ def test_fair_share_with_every_b_i_equal_to_B_splits_evenly() -> None:
 
 def test_fair_share_alpha_below_one() -> None:
     # b_i = 40 and 8, Σ = 48: α = 40/48, rates 33.33 and 6.67 MiB/s.
-    rates = FairShare().allocate(view(job("a", 5, 8 * MiB, 40 * MiB), job("b", 1, 8 * MiB, 40 * MiB)))
+    rates = FairShare().allocate(
+        view(job("a", 5, 8 * MiB, 40 * MiB), job("b", 1, 8 * MiB, 40 * MiB))
+    )
     assert rates["a"] == pytest.approx(40 * MiB * 40 / 48)
     assert rates["b"] == pytest.approx(8 * MiB * 40 / 48)
 
@@ -58,16 +78,19 @@ def test_fair_share_ignores_idle_jobs() -> None:
 
 def test_fcfs_serves_oldest_post_first() -> None:
     b = 1024 * MiB
-    v = view(job("late", 1, b, 40 * MiB, posted_at=5.0), job("early", 1, b, 40 * MiB, posted_at=1.0),
-             b=b)
+    v = view(
+        job("late", 1, b, 40 * MiB, posted_at=5.0), job("early", 1, b, 40 * MiB, posted_at=1.0), b=b
+    )
     assert Fcfs().allocate(v) == {"early": 40 * MiB, "late": 0.0}
 
 
 def test_fcfs_gives_the_rest_down_the_queue() -> None:
     # first job can use only its b_i = 8 (and wants 6): the rest flows on.
-    v = view(job("first", 1, 8 * MiB, 40 * MiB, demand=6 * MiB, posted_at=1.0),
-             job("second", 4, 8 * MiB, 40 * MiB, posted_at=2.0),
-             job("third", 4, 8 * MiB, 40 * MiB, posted_at=3.0))
+    v = view(
+        job("first", 1, 8 * MiB, 40 * MiB, demand=6 * MiB, posted_at=1.0),
+        job("second", 4, 8 * MiB, 40 * MiB, posted_at=2.0),
+        job("third", 4, 8 * MiB, 40 * MiB, posted_at=3.0),
+    )
     assert Fcfs().allocate(v) == {"first": 6 * MiB, "second": 32 * MiB, "third": 2 * MiB}
 
 

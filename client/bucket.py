@@ -1,0 +1,298 @@
+"""The token bucket that paces a session's I/O, and the thin sync/async waiting around it.
+
+`TokenBucket` is pure math over cumulative counters and an explicit clock value, so it is
+unit-tested without threads or sleeps. `Throttle` wraps one bucket for concurrent use: a lock,
+a `threading.Condition` for blocking callers, futures for coroutines, the byte/ops/wait counters
+the usage reports are built from, and a hook for the moment an acquire starts waiting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+# Relative slack when comparing cumulative float counters, so rounding never leaves a waiter
+# spinning on a deficit of a fraction of a byte. 1e-12 of 2**53 bytes is still below 10 kB.
+_RELATIVE_SLACK = 1e-12
+_ABSOLUTE_SLACK = 1e-9
+
+
+def _check_rate(rate: float) -> float:
+    rate = float(rate)
+    if math.isnan(rate) or rate < 0:
+        raise ValueError(f"rate must be >= 0 (inf = unthrottled), got {rate!r}")
+    return rate
+
+
+def _check_burst(burst: float) -> float:
+    burst = float(burst)
+    if not math.isfinite(burst) or burst < 0:
+        raise ValueError(f"burst must be finite and >= 0, got {burst!r}")
+    return burst
+
+
+class TokenBucket:
+    """A token bucket with reservations, kept as two cumulative counters.
+
+    ``filled`` counts the tokens that ever flowed in, ``taken`` the tokens ever reserved. A
+    reservation of n tokens gets the target ``taken + n`` and may proceed once ``filled`` reaches
+    it, so concurrent callers are served in arrival order and a request larger than the burst
+    waits ``n / rate`` instead of forever (the bucket is never required to hold n tokens at once).
+    The burst caps only unreserved tokens: ``filled <= taken + burst``.
+
+    A rate of 0 means "wait until the rate changes"; ``math.inf`` means unthrottled. Not
+    thread-safe: `Throttle` serialises access.
+    """
+
+    __slots__ = ("_burst", "_filled", "_rate", "_stamp", "_taken")
+
+    def __init__(self, rate: float = 0.0, burst: float = 0.0, now: float = 0.0) -> None:
+        self._rate = _check_rate(rate)
+        self._burst = _check_burst(burst)
+        # Starts empty: nothing may flow before the first allocation says how fast.
+        self._filled = 0.0
+        self._taken = 0.0
+        self._stamp = now
+
+    @property
+    def rate(self) -> float:
+        return self._rate
+
+    @property
+    def burst(self) -> float:
+        return self._burst
+
+    @property
+    def filled(self) -> float:
+        return self._filled
+
+    @property
+    def taken(self) -> float:
+        return self._taken
+
+    def level(self, now: float) -> float:
+        """Unreserved tokens; negative while reservations are outstanding."""
+        self._refill(now)
+        return self._filled - self._taken
+
+    def _refill(self, now: float) -> None:
+        # filled = min(filled + rate * dt, taken + burst): the cap binds unreserved tokens only.
+        dt = now - self._stamp
+        if self._rate == math.inf:
+            self._filled = self._taken + self._burst
+        elif dt > 0:
+            self._filled = min(self._filled + self._rate * dt, self._taken + self._burst)
+        # A clock that steps back must neither drain nor fill: wait for it to catch up.
+        if dt > 0:
+            self._stamp = now
+
+    def set_rate(self, rate: float, burst: float, now: float) -> None:
+        """Changes rate and depth; tokens earned so far were earned at the old rate."""
+        rate = _check_rate(rate)
+        burst = _check_burst(burst)
+        self._refill(now)
+        self._rate = rate
+        self._burst = burst
+        # A shallower bucket loses its surplus now; an unthrottled one is full.
+        self._filled = min(self._filled, self._taken + burst)
+        self._refill(now)
+
+    def reserve(self, nbytes: float, now: float) -> float:
+        """Reserves ``nbytes`` tokens and returns the target ``filled`` must reach."""
+        if nbytes < 0:
+            raise ValueError(f"cannot reserve a negative amount: {nbytes!r}")
+        self._refill(now)
+        self._taken += nbytes
+        if self._rate == math.inf:
+            # Unthrottled: covered at once, but still counted.
+            self._filled = self._taken + self._burst
+        return self._taken
+
+    def delay(self, target: float, now: float) -> float:
+        """Seconds until ``target`` is covered at the current rate: 0 = now, inf = rate is 0."""
+        self._refill(now)
+        deficit = target - self._filled
+        if deficit <= _ABSOLUTE_SLACK + _RELATIVE_SLACK * abs(target):
+            return 0.0
+        if self._rate == 0:
+            return math.inf
+        return deficit / self._rate
+
+
+@dataclass(frozen=True, slots=True)
+class ThrottleStats:
+    """Cumulative counters of a `Throttle` since it was created."""
+
+    bytes: int
+    acquires: int
+    wait_seconds: float
+    waiting: bool
+
+
+def _wake(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+class Throttle:
+    """A `TokenBucket` shared by threads and coroutines.
+
+    Blocking callers wait on a `threading.Condition`, coroutines on a future, both with the
+    computed delay as timeout; a rate change wakes everyone to recompute. ``on_wait_start`` is
+    called, with the throttle's lock held, when an acquire starts waiting while the last reported
+    snapshot said nobody waited; it must not block nor call back into the throttle.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float] = time.monotonic,
+        on_wait_start: Callable[[], None] | None = None,
+    ) -> None:
+        self._clock = clock
+        self._on_wait_start = on_wait_start
+        self._cond = threading.Condition(threading.Lock())
+        self._bucket = TokenBucket(now=clock())
+        self._wakeups: set[asyncio.Future[None]] = set()
+        self._closed = False
+        self._bytes = 0
+        self._acquires = 0
+        # Wait time of finished waits, plus (waiters * now - sum of their start times) for the
+        # ongoing ones, so a report mid-wait accounts the wait so far.
+        self._wait_done = 0.0
+        self._waiters = 0
+        self._wait_starts = 0.0
+        self._reported_waiting = False
+
+    @property
+    def rate(self) -> float:
+        return self._bucket.rate
+
+    @property
+    def burst(self) -> float:
+        return self._bucket.burst
+
+    @property
+    def waiting(self) -> bool:
+        with self._cond:
+            return self._waiters > 0
+
+    @property
+    def total_wait_seconds(self) -> float:
+        return self.snapshot().wait_seconds
+
+    def set_rate(self, rate: float, burst: float) -> None:
+        """Applies a new rate and wakes every waiter to re-evaluate its wait."""
+        with self._cond:
+            self._bucket.set_rate(rate, burst, self._clock())
+            self._wake_all()
+
+    def close(self) -> None:
+        """Refuses further acquires and makes the blocked ones raise."""
+        with self._cond:
+            self._closed = True
+            self._wake_all()
+
+    def snapshot(self, *, reported: bool = False, assume_waiting: bool = False) -> ThrottleStats:
+        """Returns the counters.
+
+        ``reported``: the snapshot goes to the controller, so its waiting flag becomes the one
+        the next wait is compared with. ``assume_waiting`` reports waiting even if the acquire
+        that announced it has been served since.
+        """
+        with self._cond:
+            now = self._clock()
+            stats = ThrottleStats(
+                bytes=self._bytes,
+                acquires=self._acquires,
+                wait_seconds=self._wait_done + self._waiters * now - self._wait_starts,
+                waiting=self._waiters > 0 or assume_waiting,
+            )
+            if reported:
+                self._reported_waiting = stats.waiting
+            return stats
+
+    def acquire(self, nbytes: int) -> None:
+        """Blocks the calling thread until ``nbytes`` tokens are covered."""
+        with self._cond:
+            target, delay, start = self._reserve(nbytes)
+            if delay == 0:
+                return
+            self._start_wait(start)
+            try:
+                while delay > 0:
+                    self._cond.wait(None if math.isinf(delay) else delay)
+                    self._check_open()
+                    delay = self._bucket.delay(target, self._clock())
+            finally:
+                self._finish_wait(start)
+
+    async def acquire_async(self, nbytes: int) -> None:
+        """Suspends the calling coroutine until ``nbytes`` tokens are covered.
+
+        A cancelled acquire keeps its reservation: refunding it could not move the targets of
+        the reservations made after it, so it would only let later callers burst.
+        """
+        loop = asyncio.get_running_loop()
+        with self._cond:
+            target, delay, start = self._reserve(nbytes)
+            if delay == 0:
+                return
+            self._start_wait(start)
+        try:
+            while True:
+                wakeup: asyncio.Future[None] = loop.create_future()
+                with self._cond:
+                    self._check_open()
+                    delay = self._bucket.delay(target, self._clock())
+                    if delay == 0:
+                        return
+                    self._wakeups.add(wakeup)
+                try:
+                    async with asyncio.timeout(None if math.isinf(delay) else delay):
+                        await wakeup
+                except TimeoutError:
+                    pass
+                finally:
+                    with self._cond:
+                        self._wakeups.discard(wakeup)
+        finally:
+            with self._cond:
+                self._finish_wait(start)
+
+    def _reserve(self, nbytes: int) -> tuple[float, float, float]:
+        self._check_open()
+        now = self._clock()
+        self._bytes += nbytes
+        self._acquires += 1
+        target = self._bucket.reserve(nbytes, now)
+        return target, self._bucket.delay(target, now), now
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("session is closed")
+
+    def _start_wait(self, now: float) -> None:
+        self._waiters += 1
+        self._wait_starts += now
+        if not self._reported_waiting and self._on_wait_start is not None:
+            # One notice per transition: the next one needs a report that said "not waiting".
+            self._reported_waiting = True
+            self._on_wait_start()
+
+    def _finish_wait(self, start: float) -> None:
+        self._waiters -= 1
+        # Reset when idle so the running sum of start times cannot drift by rounding.
+        self._wait_starts = self._wait_starts - start if self._waiters else 0.0
+        self._wait_done += self._clock() - start
+
+    def _wake_all(self) -> None:
+        self._cond.notify_all()
+        for future in self._wakeups:
+            # RuntimeError: its loop is closed, and the coroutine waiting on it is gone with it.
+            with contextlib.suppress(RuntimeError):
+                future.get_loop().call_soon_threadsafe(_wake, future)

@@ -1,0 +1,130 @@
+"""Job identity: who a session speaks for, validated, and derived from a process environment.
+
+`JobInfo.from_env` is pure (environment, uid and gid come in as arguments) so the FUSE shim can
+build the identity of another process from its ``/proc/<pid>/environ`` and credentials.
+"""
+
+from __future__ import annotations
+
+import grp
+import math
+import os
+import pwd
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+MAX_JOB_ID_LENGTH = 256
+_MAX_NODES = 2**31 - 1  # Hello.nodes is an int32
+
+_JOB_ID_VARS = ("BURSTCTL_JOB_ID", "SLURM_JOB_ID", "SLURM_JOBID")
+_NODES_VARS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
+_PRIORITY_VAR = "BURSTCTL_PRIORITY"
+
+
+@dataclass(frozen=True, slots=True)
+class JobInfo:
+    """The unit of fairness: a job id, its owner, its size p_i (nodes) and its priority."""
+
+    job_id: str
+    user: str
+    group: str
+    nodes: int = 1
+    priority: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.job_id, str) or not self.job_id:
+            raise ValueError(f"job_id must be a non-empty string, got {self.job_id!r}")
+        if len(self.job_id) > MAX_JOB_ID_LENGTH:
+            raise ValueError(f"job_id must be at most {MAX_JOB_ID_LENGTH} characters")
+        for name in ("user", "group"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+        if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
+            raise ValueError(f"nodes must be an integer, got {self.nodes!r}")
+        if not 1 <= self.nodes <= _MAX_NODES:
+            raise ValueError(f"nodes must be between 1 and {_MAX_NODES}, got {self.nodes}")
+        if isinstance(self.priority, bool) or not isinstance(self.priority, int | float):
+            raise ValueError(f"priority must be a number, got {self.priority!r}")
+        if not math.isfinite(self.priority) or self.priority <= 0:
+            raise ValueError(f"priority must be finite and > 0, got {self.priority!r}")
+        object.__setattr__(self, "priority", float(self.priority))
+
+    @classmethod
+    def from_env(
+        cls,
+        environ: Mapping[str, str] | None = None,
+        uid: int | None = None,
+        gid: int | None = None,
+    ) -> JobInfo:
+        """Builds the identity of a process from its environment and credentials.
+
+        The job id comes from ``BURSTCTL_JOB_ID``, ``SLURM_JOB_ID`` or ``SLURM_JOBID`` (first
+        non-empty wins); without one the process belongs to its user's default job
+        ``"user:<name>"``. Nodes come from ``SLURM_JOB_NUM_NODES`` or ``SLURM_NNODES``,
+        priority from ``BURSTCTL_PRIORITY``. Defaults: this process's environment, euid, egid.
+        """
+        env = os.environ if environ is None else environ
+        user = user_name(os.geteuid() if uid is None else uid)
+        group = group_name(os.getegid() if gid is None else gid)
+        job_var = _first_var(env, _JOB_ID_VARS)
+        if job_var is None:
+            job_id = f"user:{user}"
+        else:
+            job_id = env[job_var].strip()
+            if len(job_id) > MAX_JOB_ID_LENGTH:
+                raise ValueError(f"{job_var} must be at most {MAX_JOB_ID_LENGTH} characters")
+        nodes = 1
+        nodes_var = _first_var(env, _NODES_VARS)
+        if nodes_var is not None:
+            nodes = _parse_nodes(nodes_var, env[nodes_var])
+        priority = 1.0
+        if env.get(_PRIORITY_VAR, "").strip():
+            priority = _parse_priority(_PRIORITY_VAR, env[_PRIORITY_VAR])
+        try:
+            return cls(job_id=job_id, user=user, group=group, nodes=nodes, priority=priority)
+        except ValueError as err:
+            raise ValueError(f"job identity from the environment is invalid: {err}") from None
+
+
+def user_name(uid: int) -> str:
+    """The login name of ``uid``, or the number itself when it has no passwd entry."""
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
+
+
+def group_name(gid: int) -> str:
+    """The name of group ``gid``, or the number itself when it has no group entry."""
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
+
+
+def _first_var(env: Mapping[str, str], names: tuple[str, ...]) -> str | None:
+    for name in names:
+        if env.get(name, "").strip():
+            return name
+    return None
+
+
+def _parse_nodes(name: str, text: str) -> int:
+    try:
+        nodes = int(text.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be an integer >= 1, got {text!r}") from None
+    if not 1 <= nodes <= _MAX_NODES:
+        raise ValueError(f"{name} must be an integer >= 1, got {text!r}")
+    return nodes
+
+
+def _parse_priority(name: str, text: str) -> float:
+    try:
+        priority = float(text.strip())
+    except ValueError:
+        raise ValueError(f"{name} must be a number > 0, got {text!r}") from None
+    if not math.isfinite(priority) or priority <= 0:
+        raise ValueError(f"{name} must be a finite number > 0, got {text!r}")
+    return priority

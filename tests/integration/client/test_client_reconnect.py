@@ -1,0 +1,114 @@
+"""Controller loss, lease expiry, fallback and re-attachment, with real servers on loopback."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from burstctl.client import JobInfo, Session
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+KiB = 1 << 10
+JOB = JobInfo("job-7", "bob", "chem")
+
+
+def pump_bytes(session: Session, nbytes: int, chunk: int = 64 * KiB) -> float:
+    """Acquires ``nbytes`` in chunks; returns the seconds it took."""
+    start = time.monotonic()
+    for _ in range(nbytes // chunk):
+        session.acquire(chunk)
+    return time.monotonic() - start
+
+
+def test_fallback_after_lease_expiry_then_reattach_on_the_same_port(
+    make_controller: Callable[..., Any],
+) -> None:
+    first = make_controller(
+        initial_rate=4 * MiB, burst=64 * KiB, lease_seconds=0.3, renew_interval=0.1
+    )
+    with Session(first.address, JOB, "fixed:2MiB/s", report_interval=0.1) as session:
+        assert session.wait_attached(5)
+        with session.operation("write", volume=123 * KiB) as op:
+            first.wait_for(lambda: first.bodies("op_posted"))
+            first.stop()
+            # The lease outlives the controller a little, then the fallback applies.
+            deadline = time.monotonic() + 2
+            while session.rate != 2 * MiB:
+                session.acquire(16 * KiB)  # never raises, never blocks for long
+                assert time.monotonic() < deadline, "the fallback was not applied"
+            assert not session.attached
+            elapsed = pump_bytes(session, MiB)
+            assert 0.3 < elapsed < 0.8  # ~0.5 s at 2 MiB/s
+
+            second = make_controller(first.port, initial_rate=8 * MiB, lease_seconds=30)
+            assert session.wait_attached(5), "the session did not re-attach"
+            assert session.rate == 8 * MiB
+            second.wait_for(lambda: second.bodies("op_posted"))
+            kinds = [r.kind for r in second.received()]
+            assert kinds[:2] == ["hello", "op_posted"]
+            reposted = second.bodies("op_posted")[0]
+            assert (reposted.op_id, reposted.volume) == (op.op_id, 123 * KiB)
+        second.wait_for(lambda: second.bodies("op_completed"))
+        assert second.bodies("op_completed")[0].op_id == op.op_id
+
+
+def test_keep_last_keeps_the_last_nonzero_rate(
+    make_controller: Callable[..., Any], wait_until: Callable[..., None]
+) -> None:
+    controller = make_controller(initial_rate=3 * MiB, lease_seconds=0.3, renew_interval=0.1)
+    with Session(controller.address, JOB, "keep-last") as session:
+        assert session.wait_attached(5)
+        controller.push(0.0, burst=0, lease=0.3)  # "wait", then the controller vanishes
+        wait_until(lambda: session.rate == 0)
+        controller.stop()
+        session.acquire(KiB)  # blocked at rate 0 until the lease runs out
+        assert session.rate == 3 * MiB
+
+
+def test_keep_last_without_any_allocation_is_unthrottled(
+    make_controller: Callable[..., Any],
+) -> None:
+    # A controller that accepts the stream but never allocates.
+    controller = make_controller()
+    with Session(controller.address, JOB, "keep-last", attach_timeout=0.2) as session:
+        session.acquire(64 * MiB)
+        assert session.rate == math.inf
+        assert controller.received()[0].kind == "hello"
+
+
+def test_fixed_fallback_when_the_controller_is_unreachable(free_port: int) -> None:
+    with Session(f"127.0.0.1:{free_port}", JOB, "fixed:8MiB/s", attach_timeout=0.1) as session:
+        session.acquire(KiB)
+        assert session.rate == 8 * MiB
+        assert 0.1 < pump_bytes(session, 4 * MiB) < 1.0  # ~0.5 s at 8 MiB/s
+
+
+def test_attaches_to_a_controller_that_starts_late(
+    free_port: int, make_controller: Callable[..., Any]
+) -> None:
+    with Session(f"127.0.0.1:{free_port}", JOB, "unthrottled", attach_timeout=0.1) as session:
+        session.acquire(MiB)
+        assert session.rate == math.inf
+        controller = make_controller(free_port, initial_rate=MiB)
+        assert session.wait_attached(5)
+        assert session.rate == MiB
+        assert controller.received()[0].kind == "hello"
+
+
+def test_a_silent_stream_is_restarted_when_its_lease_expires(
+    make_controller: Callable[..., Any],
+) -> None:
+    controller = make_controller(initial_rate=2 * MiB, lease_seconds=0.2)  # never renewed
+    with Session(controller.address, JOB, "fixed:1MiB/s") as session:
+        assert session.wait_attached(5)
+        controller.wait_for(lambda: len(controller.received("hello")) >= 2, timeout=3)
+        hellos = controller.received("hello")
+        assert [h.stream for h in hellos][:2] == [0, 1]
+        assert session.wait_attached(5)
+        assert session.rate == 2 * MiB

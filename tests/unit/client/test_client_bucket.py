@@ -1,0 +1,223 @@
+"""Token bucket math (explicit clock values) and the waiting wrappers of `Throttle`."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import threading
+
+import pytest
+
+from burstctl.client.bucket import Throttle, TokenBucket
+
+
+class FakeClock:
+    """A settable clock for `Throttle`; waits still use real (short) timeouts."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+# -------------------------------------------------------------------------- TokenBucket
+
+
+def test_starts_empty_and_waits_for_a_rate() -> None:
+    bucket = TokenBucket(now=0.0)
+    target = bucket.reserve(10, now=0.0)
+    assert bucket.delay(target, now=5.0) == math.inf
+    bucket.set_rate(100, burst=0, now=5.0)
+    assert bucket.delay(target, now=5.0) == pytest.approx(0.1)
+    assert bucket.delay(target, now=5.1) == 0
+
+
+def test_reservations_are_served_in_arrival_order() -> None:
+    bucket = TokenBucket(rate=100, burst=0, now=0.0)
+    targets = [bucket.reserve(50, now=0.0) for _ in range(4)]
+    delays = [bucket.delay(t, now=0.0) for t in targets]
+    assert delays == pytest.approx([0.5, 1.0, 1.5, 2.0])
+    # At t = 1.0 exactly the first two are covered, the later ones are not.
+    assert [bucket.delay(t, now=1.0) == 0 for t in targets] == [True, True, False, False]
+
+
+def test_a_request_larger_than_the_burst_waits_proportionally() -> None:
+    bucket = TokenBucket(rate=100, burst=10, now=0.0)
+    assert bucket.level(now=60.0) == 10  # full after a long idle time, never more
+    target = bucket.reserve(1000, now=60.0)
+    assert bucket.delay(target, now=60.0) == pytest.approx((1000 - 10) / 100)
+    assert bucket.delay(target, now=60.0 + 9.9) == 0
+
+
+def test_burst_caps_only_unreserved_tokens() -> None:
+    bucket = TokenBucket(rate=100, burst=10, now=0.0)
+    target = bucket.reserve(500, now=0.0)
+    # Tokens flowing to an outstanding reservation are not capped by the burst ...
+    assert bucket.level(now=3.0) == pytest.approx(300 - 500)
+    assert bucket.filled == pytest.approx(300)
+    assert bucket.delay(target, now=5.0) == 0
+    # ... but once it is covered the surplus beyond the burst is lost.
+    assert bucket.level(now=100.0) == pytest.approx(10)
+
+
+def test_rate_change_shortens_and_extends_waits() -> None:
+    bucket = TokenBucket(rate=100, burst=0, now=0.0)
+    target = bucket.reserve(200, now=0.0)
+    assert bucket.delay(target, now=0.0) == pytest.approx(2.0)
+    bucket.set_rate(200, burst=0, now=1.0)  # 100 earned at the old rate, 100 to go
+    assert bucket.delay(target, now=1.0) == pytest.approx(0.5)
+    bucket.set_rate(50, burst=0, now=1.25)  # 150 earned, 50 to go at 50/s
+    assert bucket.delay(target, now=1.25) == pytest.approx(1.0)
+    bucket.set_rate(0, burst=0, now=1.5)
+    assert bucket.delay(target, now=10.0) == math.inf
+
+
+def test_unthrottled_covers_everything_at_once_and_still_counts() -> None:
+    bucket = TokenBucket(rate=math.inf, burst=0, now=0.0)
+    target = bucket.reserve(10**12, now=0.0)
+    assert bucket.delay(target, now=0.0) == 0
+    assert bucket.taken == 10**12
+    # Back to a finite rate: the next request waits for its own tokens only.
+    bucket.set_rate(1000, burst=0, now=1.0)
+    target = bucket.reserve(500, now=1.0)
+    assert bucket.delay(target, now=1.0) == pytest.approx(0.5)
+
+
+def test_a_clock_stepping_back_does_not_drain_or_fill() -> None:
+    bucket = TokenBucket(rate=100, burst=1000, now=10.0)
+    assert bucket.level(now=11.0) == pytest.approx(100)
+    assert bucket.level(now=5.0) == pytest.approx(100)
+    assert bucket.level(now=11.5) == pytest.approx(150)
+
+
+def test_zero_byte_requests_pass_when_nothing_is_owed() -> None:
+    bucket = TokenBucket(rate=0, burst=0, now=0.0)
+    assert bucket.delay(bucket.reserve(0, now=0.0), now=0.0) == 0
+
+
+@pytest.mark.parametrize(("rate", "burst"), [(-1, 0), (math.nan, 0), (1, -1), (1, math.inf)])
+def test_rejects_invalid_rate_or_burst(rate: float, burst: float) -> None:
+    with pytest.raises(ValueError):
+        TokenBucket(rate=rate, burst=burst)
+
+
+def test_large_counters_keep_their_precision() -> None:
+    bucket = TokenBucket(rate=1e9, burst=0, now=0.0)
+    for step in range(1, 1000):
+        target = bucket.reserve(1e9, now=float(step - 1))
+        assert bucket.delay(target, now=float(step)) == 0
+
+
+# -------------------------------------------------------------------------- Throttle
+
+
+def test_unthrottled_acquire_returns_at_once_and_counts() -> None:
+    throttle = Throttle()
+    throttle.set_rate(math.inf, 0)
+    for _ in range(3):
+        throttle.acquire(1000)
+    stats = throttle.snapshot()
+    assert (stats.bytes, stats.acquires, stats.waiting) == (3000, 3, False)
+    assert stats.wait_seconds == 0
+
+
+def test_rate_change_wakes_a_blocked_thread() -> None:
+    notices: list[str] = []
+    throttle = Throttle(on_wait_start=lambda: notices.append("waiting"))
+    done = threading.Event()
+    worker = threading.Thread(target=lambda: (throttle.acquire(10), done.set()))
+    worker.start()
+    while not throttle.waiting:  # rate 0: it must block, not return
+        assert not done.is_set()
+        done.wait(0.001)
+    throttle.set_rate(1e9, 0)
+    assert done.wait(2)
+    worker.join()
+    assert notices == ["waiting"]
+    assert throttle.total_wait_seconds > 0
+
+
+def test_close_makes_blocked_threads_raise() -> None:
+    throttle = Throttle()
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            throttle.acquire(1)
+        except RuntimeError as err:
+            errors.append(err)
+
+    worker = threading.Thread(target=work)
+    worker.start()
+    while not throttle.waiting:
+        worker.join(0.001)
+    throttle.close()
+    worker.join(2)
+    assert [str(e) for e in errors] == ["session is closed"]
+    with pytest.raises(RuntimeError, match="closed"):
+        throttle.acquire(0)
+
+
+def test_wait_notice_is_sent_once_per_reported_transition() -> None:
+    notices: list[int] = []
+    throttle = Throttle(on_wait_start=lambda: notices.append(1))
+    throttle.set_rate(1e6, 0)
+    throttle.acquire(1000)
+    throttle.acquire(1000)
+    assert len(notices) == 1  # no report said "not waiting" in between
+    throttle.snapshot()  # not reported: changes nothing
+    throttle.acquire(1000)
+    assert len(notices) == 1
+    throttle.snapshot(reported=True)  # the controller now believes nobody waits
+    throttle.acquire(1000)
+    assert len(notices) == 2
+
+
+def test_wait_seconds_include_an_ongoing_wait() -> None:
+    clock = FakeClock()
+    throttle = Throttle(clock=clock)
+    worker = threading.Thread(target=throttle.acquire, args=(10,))
+    worker.start()
+    while not throttle.waiting:
+        worker.join(0.001)
+    clock.now += 2.0
+    stats = throttle.snapshot()
+    assert stats.waiting and stats.wait_seconds == pytest.approx(2.0)
+    throttle.set_rate(math.inf, 0)
+    worker.join(2)
+    assert throttle.snapshot().wait_seconds == pytest.approx(2.0)
+
+
+async def test_async_waiters_are_woken_by_a_rate_change() -> None:
+    throttle = Throttle()
+    waiter = asyncio.create_task(throttle.acquire_async(100))
+    while not throttle.waiting:
+        await asyncio.sleep(0)
+    assert not waiter.done()
+    throttle.set_rate(1e9, 0)
+    await asyncio.wait_for(waiter, 2)
+
+
+async def test_async_waiters_are_paced_in_arrival_order() -> None:
+    throttle = Throttle()
+    throttle.set_rate(10_000, 0)  # 100 bytes take 10 ms
+    finished: list[int] = []
+
+    async def work(index: int) -> None:
+        await throttle.acquire_async(100)
+        finished.append(index)
+
+    await asyncio.gather(*(work(i) for i in range(5)))
+    assert finished == [0, 1, 2, 3, 4]
+
+
+async def test_async_close_raises_in_waiters() -> None:
+    throttle = Throttle()
+    waiter = asyncio.create_task(throttle.acquire_async(1))
+    while not throttle.waiting:
+        await asyncio.sleep(0)
+    throttle.close()
+    with pytest.raises(RuntimeError, match="closed"):
+        await asyncio.wait_for(waiter, 2)
+    assert not throttle.waiting

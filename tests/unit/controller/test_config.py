@@ -1,0 +1,99 @@
+"""Configuration: defaults, TOML, environment, flags, and errors that name the field."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from burstctl.controller.config import ConfigError, load_config
+from burstctl.units import format_rate, parse_rate
+
+MiB = float(1 << 20)
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    import os
+
+    for key in list(os.environ):
+        if key.startswith("BURSTCTL_"):
+            monkeypatch.delenv(key)
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("400MiB/s", 400 * MiB),
+        ("1GiB/s", 1024 * MiB),
+        ("10KiB/s", 10240.0),
+        ("1.5GB/s", 1.5e9),
+        ("10MB/s", 1e7),
+        ("10KB/s", 1e4),
+        ("100B/s", 100.0),
+        ("40 MiB/s", 40 * MiB),
+        (1000, 1000.0),
+    ],
+)
+def test_parse_rate(text: str | int, value: float) -> None:
+    assert parse_rate(text) == value
+
+
+@pytest.mark.parametrize("text", ["fast", "-1MiB/s", "inf", "nan", "10 parsecs/s", ""])
+def test_parse_rate_rejects(text: str) -> None:
+    with pytest.raises(ValueError, match="rate"):
+        parse_rate(text)
+
+
+def test_format_rate() -> None:
+    assert format_rate(40 * MiB) == "40.00 MiB/s"
+
+
+def test_embedded_defaults() -> None:
+    c = load_config()
+    assert c.grpc_listen == "127.0.0.1:50051" and c.http_listen == "127.0.0.1:8080"
+    assert c.policy == "fair-share" and c.capacity == 1024 * MiB
+
+
+def test_precedence_flags_over_env_over_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('capacity = "10MiB/s"\npolicy = "fcfs"\nnode_bandwidth = "1MiB/s"\n')
+    c = load_config(f)
+    assert (c.capacity, c.policy, c.node_bandwidth) == (10 * MiB, "fcfs", MiB)
+    monkeypatch.setenv("BURSTCTL_CAPACITY", "20MiB/s")
+    assert load_config(f).capacity == 20 * MiB
+    assert load_config(f, capacity="30MiB/s").capacity == 30 * MiB
+    assert load_config(f, capacity=None).capacity == 20 * MiB  # unset flag: no override
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"capacity": "lots"}, "capacity"),
+        ({"grpc_listen": "nope"}, "grpc_listen"),
+        ({"heartbeat_timeout": -1}, "heartbeat_timeout"),
+        ({"log_level": "loud"}, "log_level"),
+        ({"capacity": "0B/s"}, "capacity"),
+    ],
+)
+def test_bad_values_name_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        load_config(**overrides)
+
+
+def test_unknown_key_in_file(tmp_path: Path) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('capacity = "10MiB/s"\ncapasity = "1GiB/s"\n')
+    with pytest.raises(ConfigError, match="capasity"):
+        load_config(f)
+
+
+def test_missing_and_broken_files(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not found"):
+        load_config(tmp_path / "absent.toml")
+    f = tmp_path / "broken.toml"
+    f.write_text("capacity = [\n")
+    with pytest.raises(ConfigError, match="cannot read"):
+        load_config(f)

@@ -1,0 +1,151 @@
+"""Job table: lifecycle, phases, yield inputs, demand estimation, incremental views."""
+
+from __future__ import annotations
+
+import pytest
+
+from burstctl.controller.jobs import JobMeta, JobStatus, JobTable, OpKind, ProtocolError
+
+MiB = float(1 << 20)
+B, b = 40 * MiB, 8 * MiB
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 100.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def table(clock: Clock) -> JobTable:
+    return JobTable(clock, heartbeat_timeout=3.0, job_retention=10.0, demand_headroom=1.1)
+
+
+def meta(job_id: str = "j", nodes: int = 1) -> JobMeta:
+    return JobMeta(job_id=job_id, user="u", group="g", nodes=nodes, priority=1.0)
+
+
+def test_job_appears_with_first_hello_and_is_idle_without_ops(table: JobTable) -> None:
+    table.open_session(meta(), "c", "h")
+    assert table.jobs["j"].status is JobStatus.ACTIVE
+    assert table.view(B, b).jobs == {}  # not in S(t) until it posts
+
+
+def test_post_puts_job_in_S_with_cap_demand(table: JobTable, clock: Clock) -> None:
+    s = table.open_session(meta(nodes=4), "c", "h")
+    clock.t += 1
+    table.post(s, 1, OpKind.WRITE, 10 * int(MiB))
+    row = table.view(B, b).jobs["j"]
+    assert row.cap == 32 * MiB and row.demand == 32 * MiB  # b_i = min(4·8, 40)
+    assert row.posted_at == 101.0 and row.volume == 10 * MiB and row.remaining == 10 * MiB
+
+
+def test_remaining_volume_follows_usage(table: JobTable, clock: Clock) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 10 * int(MiB))
+    clock.t += 1
+    table.usage(s, 4 * int(MiB), 64, 0.9, 1.0, True)
+    row = table.view(B, b).jobs["j"]
+    assert row.remaining == 6 * MiB and row.transferred == 4 * MiB
+
+
+def test_unknown_volume_has_no_remaining(table: JobTable) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.READ, 0)
+    assert table.view(B, b).jobs["j"].remaining is None
+
+
+def test_duplicate_op_id_is_a_protocol_error(table: JobTable) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 7, OpKind.READ, 0)
+    with pytest.raises(ProtocolError) as info:
+        table.post(s, 7, OpKind.READ, 0)
+    assert info.value.field == "op_posted.op_id"
+
+
+def test_satisfied_job_demand_is_measured_rate_with_headroom(table: JobTable, clock: Clock) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 0)
+    clock.t += 0.25
+    table.usage(s, int(1.25 * MiB), 20, 0.0, 0.25, False)  # 5 MiB/s, never waited
+    assert table.view(B, b).jobs["j"].demand == pytest.approx(5.5 * MiB)
+    # it starts waiting: it wants what it may get again (b_i)
+    table.usage(s, int(1.25 * MiB), 20, 0.1, 0.25, True)
+    assert table.view(B, b).jobs["j"].demand == b
+
+
+def test_demand_summed_over_sessions_and_capped(table: JobTable) -> None:
+    s1 = table.open_session(meta(nodes=2), "c1", "h")
+    s2 = table.open_session(meta(nodes=2), "c2", "h")
+    table.post(s1, 1, OpKind.WRITE, 0)
+    table.post(s2, 1, OpKind.WRITE, 0)
+    table.usage(s1, int(MiB), 1, 0.0, 1.0, False)
+    table.usage(s2, int(2 * MiB), 1, 0.0, 1.0, False)
+    assert table.view(B, b).jobs["j"].demand == pytest.approx(3.3 * MiB)
+    table.usage(s2, int(2 * MiB), 1, 0.5, 1.0, False)  # waited half the interval
+    assert table.view(B, b).jobs["j"].demand == 16 * MiB  # capped at b_i
+
+
+def test_phases_and_yield_inputs(table: JobTable, clock: Clock) -> None:
+    s = table.open_session(meta(), "c", "h")  # τ_i = 100
+    clock.t = 104.0
+    table.post(s, 1, OpKind.WRITE, 0)  # computed 4 s
+    clock.t = 106.0
+    table.usage(s, int(16 * MiB), 1, 0.0, 2.0, True)
+    table.complete(s, 1)  # 2 s of I/O
+    job = table.jobs["j"]
+    assert job.io_seconds(clock.t) == 2.0 and job.work_done(clock.t) == 4.0
+    clock.t = 110.0
+    table.post(s, 2, OpKind.WRITE, 0)
+    row = table.view(B, b).jobs["j"]
+    assert row.work_done == 8.0 and row.transferred == 16 * MiB
+    # y = (8 + 16 MiB / 8 MiB/s) / (110 − 100) = 1.0, eq. (6)
+    assert row.yield_at(clock.t) == pytest.approx(1.0)
+
+
+def test_heartbeat_timeout_then_retention(table: JobTable, clock: Clock) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 0)
+    clock.t += 2.9
+    assert table.expire() == []
+    clock.t += 0.2
+    assert table.expire() == [s]
+    assert table.jobs["j"].status is JobStatus.INACTIVE and "j" not in table.view(B, b).jobs
+    clock.t += 9.9
+    table.expire()
+    assert "j" in table.jobs
+    clock.t += 0.2
+    table.expire()
+    assert "j" not in table.jobs
+
+
+def test_returning_session_reactivates_job(table: JobTable, clock: Clock) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.close_session(s)
+    assert table.jobs["j"].status is JobStatus.INACTIVE
+    table.open_session(meta(), "c", "h")
+    assert table.jobs["j"].status is JobStatus.ACTIVE
+
+
+def test_events_ask_for_a_decision(clock: Clock) -> None:
+    calls = []
+    table = JobTable(
+        clock,
+        heartbeat_timeout=3,
+        job_retention=10,
+        demand_headroom=1.1,
+        on_change=lambda: calls.append(1),
+    )
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 0)
+    table.complete(s, 1)
+    assert len(calls) == 3
+    table.complete(s, 99)  # unknown op: nothing changes
+    assert len(calls) == 3
