@@ -97,3 +97,14 @@ def test_missing_and_broken_files(tmp_path: Path) -> None:
     f.write_text("capacity = [\n")
     with pytest.raises(ConfigError, match="cannot read"):
         load_config(f)
+
+
+def test_every_key_is_documented_and_the_example_loads() -> None:
+    root = Path(__file__).resolve().parents[3]
+    doc = (root / "docs" / "configuration.md").read_text()
+    from burstctl.controller.config import ControllerConfig
+
+    missing = [k for k in ControllerConfig.model_fields if f"| `{k}` |" not in doc]
+    assert not missing, f"undocumented keys in docs/configuration.md: {missing}"
+    example = load_config(root / "deploy" / "examples" / "controller.toml")
+    assert example.capacity == 400 * MiB and example.replica_id == "bb01"
