@@ -29,6 +29,7 @@ import sys
 import tempfile
 import threading
 import time
+from dataclasses import dataclass
 
 import psutil
 
@@ -78,9 +79,22 @@ def start_controller(
     return proc, address[0], lines
 
 
-async def _generate(
-    address: str, first: int, count: int, probes: int, seconds: float, warmup: float, out: mp.Queue
-) -> None:
+@dataclass(frozen=True)
+class Load:
+    """What one load-generator process runs."""
+
+    address: str
+    first: int  # index of its first session (job ids are unique across processes)
+    count: int  # open-loop load sessions
+    probes: int  # closed-loop latency probes
+    seconds: float
+    warmup: float
+    batch: int  # events per gRPC message of the load sessions
+
+
+async def _generate(load: Load, out: mp.Queue) -> None:
+    address, first, count, probes = load.address, load.first, load.count, load.probes
+    seconds, warmup, batch = load.seconds, load.warmup, load.batch
     import grpc
 
     from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -117,21 +131,32 @@ async def _generate(
             pass
 
     async def load(i: int) -> None:
-        """Open loop: post and complete as fast as the stream accepts them."""
+        """Open loop: post and complete as fast as the stream accepts them.
+
+        With ``batch`` > 1 each gRPC message is a Batch of that many events, as
+        the client runtime sends what queued up while its previous write was in
+        flight.
+        """
         nonlocal sent
         call = await open_session(i)
         reader = asyncio.create_task(drain(call))
         op_id = 0
+        pending: list[pb.ClientMessage] = []
         while loop.time() < t_end:
             op_id += 1
-            await call.write(
-                pb.ClientMessage(
-                    op_posted=pb.OpPosted(op_id=op_id, kind=pb.OP_KIND_WRITE, volume=1 << 20)
-                )
-            )
-            await call.write(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
+            posted = pb.OpPosted(op_id=op_id, kind=pb.OP_KIND_WRITE, volume=1 << 20)
+            pending.append(pb.ClientMessage(op_posted=posted))
+            pending.append(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
+            if len(pending) < batch:
+                continue
+            if batch == 1:
+                for msg in pending:
+                    await call.write(msg)
+            else:
+                await call.write(pb.ClientMessage(batch=pb.Batch(messages=pending)))
             if t_start <= loop.time():
-                sent += 2
+                sent += len(pending)
+            pending = []
         await close_session(call)
         await reader
 
@@ -188,14 +213,18 @@ async def _generate(
     )
 
 
-def _generator_main(
-    address: str, first: int, count: int, probes: int, seconds: float, warmup: float, out: mp.Queue
-) -> None:
-    asyncio.run(_generate(address, first, count, probes, seconds, warmup, out))
+def _generator_main(load: Load, out: mp.Queue) -> None:
+    asyncio.run(_generate(load, out))
 
 
 def run(
-    sessions: int, probes: int, seconds: float, warmup: float, generators: int, extra: list[str]
+    sessions: int,
+    probes: int,
+    seconds: float,
+    warmup: float,
+    generators: int,
+    batch: int,
+    extra: list[str],
 ) -> dict:
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as state_dir:
@@ -213,7 +242,8 @@ def run(
         t_begin = time.time()
         for count, n_probes in per:
             p = ctx.Process(
-                target=_generator_main, args=(address, first, count, n_probes, seconds, warmup, out)
+                target=_generator_main,
+                args=(Load(address, first, count, n_probes, seconds, warmup, batch), out),
             )
             p.start()
             procs.append(p)
@@ -243,6 +273,7 @@ def run(
 
     return {
         "sessions": sessions,
+        "events_per_message": batch,
         "probe_sessions": probes,
         "seconds": seconds,
         # every message the controller handled, over the whole run (setup included)
@@ -280,6 +311,13 @@ def main() -> None:
         default=1,
         help="load-generator processes (the machine has 2 cores)",
     )
+    parser.add_argument(
+        "--batch",
+        type=int,
+        nargs="+",
+        default=[1, 8],
+        help="events per gRPC message sent by load sessions (even; 1 = no Batch)",
+    )
     parser.add_argument("--policy", default="fair-share")
     parser.add_argument(
         "--controller-arg",
@@ -294,7 +332,8 @@ def main() -> None:
         "cpus": os.cpu_count(),
         "policy": args.policy,
         "runs": [
-            run(n, args.probes, args.seconds, args.warmup, args.generators, extra)
+            run(n, args.probes, args.seconds, args.warmup, args.generators, k, extra)
+            for k in args.batch
             for n in args.sessions
         ],
     }

@@ -41,6 +41,8 @@ from burstctl.units import format_rate
 
 logger = logging.getLogger(__name__)
 
+# Most messages sent as one Batch (the controller accepts up to 1024).
+MAX_BATCH = 64
 # Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
 DEFAULT_BURST_SECONDS = 0.1
 # How long close() waits for the Goodbye and the half-close to reach the wire.
@@ -422,11 +424,24 @@ class Engine:
     ) -> None:
         try:
             while True:
-                message = await outbox.get()
-                if message is None:
+                # What queued up while the previous write was in flight goes as one Batch:
+                # each gRPC message has a fixed cost on both ends.
+                # Hello opens the stream on its own (the controller reads it alone).
+                pending = [await outbox.get()]
+                if pending[0] is not None and pending[0].WhichOneof("body") != "hello":
+                    while (
+                        pending[-1] is not None and len(pending) < MAX_BATCH and not outbox.empty()
+                    ):
+                        pending.append(outbox.get_nowait())
+                done = pending[-1] is None
+                messages = [m for m in pending if m is not None]
+                if len(messages) == 1:
+                    await call.write(messages[0])
+                elif messages:
+                    await call.write(pb.ClientMessage(batch=pb.Batch(messages=messages)))
+                if done:
                     await call.done_writing()
                     return
-                await call.write(message)
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
             # The call is over; the reader learns why and reconnects.
             logger.debug("stopped writing to the session stream: %r", err)

@@ -85,6 +85,7 @@ class SessionState:
     epoch: int = 0
     pushed_at: float = 0.0
     outbox: Outbox | None = None  # where the scheduler offers allocations
+    decided: int = 0  # number of the last decision that served it
 
     def demand(self, cap: float, headroom: float) -> float:
         if not self.ops or self.closed:
@@ -159,6 +160,7 @@ class ProtocolError(ValueError):
     def __init__(self, field_name: str, message: str) -> None:
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
+        self.detail = message
 
 
 class JobTable:

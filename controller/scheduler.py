@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
@@ -45,14 +44,16 @@ def clamp(view: SystemView, proposed: Mapping[JobId, float]) -> tuple[dict[JobId
     """Enforces what every policy promises: finite, ≥ 0, ≤ b_i, Σ ≤ B, only active jobs."""
     rates: dict[JobId, float] = {}
     fixed = False
-    for job in view.jobs.values():
-        rate = proposed.get(job.job_id, 0.0) if job.active else 0.0
-        if not math.isfinite(rate) or rate < 0.0:
-            rate, fixed = 0.0, True
-        elif rate > job.cap:
-            rate, fixed = job.cap, True
-        rates[job.job_id] = rate
-    total = sum(rates.values())
+    total = 0.0
+    get = proposed.get
+    for job_id, job in view.jobs.items():
+        rate = get(job_id, 0.0)
+        # `0 <= rate <= cap` is False for NaN too; the common case costs one comparison.
+        if not 0.0 <= rate <= job.cap or job.demand <= 0.0:
+            fixed = fixed or rate != 0.0
+            rate = job.cap if rate > job.cap and job.demand > 0.0 else 0.0
+        rates[job_id] = rate
+        total += rate
     if total > view.capacity * (1 + 1e-9):
         scale = view.capacity / total
         rates = {j: r * scale for j, r in rates.items()}
@@ -79,6 +80,7 @@ class Scheduler:
         self.last_rates: dict[JobId, float] = {}
         self._nonzero: set[SessionState] = set()  # sessions whose pushed rate is > 0
         self._recheck_pending = False
+        self._round = 0  # decision number; sessions served in a decision carry it
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -120,25 +122,36 @@ class Scheduler:
             self.stats.clamped += 1
             log.warning("policy %s proposed an infeasible allocation; clamped", policy.name)
         now = self._clock()
-        served: set[SessionState] = set()
+        self._round += 1
+        stamp = self._round
+        jobs = self.table.jobs
+        offer = self._offer
+        tolerance = self.config.push_tolerance
         for job_id, rate in rates.items():
-            sessions = list(self.table.jobs[job_id].sessions.values())
+            sessions = jobs[job_id].sessions
             if len(sessions) == 1:
-                self._offer(sessions[0], rate, now)
+                for s in sessions.values():  # _offer inlined: this loop is the hot one
+                    s.decided = stamp
+                    old = s.rate
+                    if old == rate or (old and rate and abs(rate - old) <= tolerance * old):
+                        continue
+                    self._push(s, rate, now)
             else:  # split the job's rate over its sessions by their demand
                 cap = view.jobs[job_id].cap
-                demand = {s.sid: s.demand(cap, self.table.demand_headroom) for s in sessions}
+                demand = {
+                    sid: s.demand(cap, self.table.demand_headroom) for sid, s in sessions.items()
+                }
                 split = water_fill(demand, dict.fromkeys(demand, 1.0), rate)
-                for s in sessions:
-                    self._offer(s, split[s.sid], now)
-            served.update(sessions)
+                for sid, s in sessions.items():
+                    s.decided = stamp
+                    offer(s, split[sid], now)
         # Sessions outside S(t) that still hold a rate, and new ones, get 0. A
         # session whose operation just completed keeps its rate for the release
         # delay: it cannot use it without posting again (which triggers a new
         # decision), and a job that cycles quickly is spared two pushes per cycle.
         release = self.config.release_delay
         recheck = 0.0
-        for s in [s for s in self._nonzero if s not in served]:
+        for s in [s for s in self._nonzero if s.decided != stamp]:
             idle_for = now - s.idle_since if s.idle_since is not None and not s.ops else release
             if idle_for < release:
                 recheck = max(recheck, release - idle_for)
@@ -164,13 +177,14 @@ class Scheduler:
         self.request()
 
     def _offer(self, session: SessionState, rate: float, now: float) -> None:
+        """Pushes ``rate`` unless it is what the session holds, within the push tolerance.
+
+        0 ↔ non-zero is always pushed (the job starts or stops); the first
+        allocation of a session (held rate None) too.
+        """
         old = session.rate
-        if old is not None:
-            if old == rate:
-                return
-            tolerance = self.config.push_tolerance
-            if tolerance and old > 0 and rate > 0 and abs(rate - old) <= tolerance * old:
-                return
+        if old == rate or (old and rate and abs(rate - old) <= self.config.push_tolerance * old):
+            return
         self._push(session, rate, now)
 
     def _push(self, session: SessionState, rate: float, now: float) -> None:

@@ -26,6 +26,7 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "burstctl.v1.Controller"
 _MAX_TEXT = 256
+MAX_BATCH = 1024
 _MAX_NODES = 1 << 20
 _MAX_PRIORITY = 1e9
 _KINDS = {
@@ -215,46 +216,20 @@ class ControllerServicer:
     ) -> None:
         try:
             async for raw in requests:
-                self.messages += 1
                 msg = self._check(raw)
-                kind = msg.WhichOneof("body")
-                if kind == "usage":
-                    u = msg.usage
-                    if u.bytes < 0:
-                        raise ProtocolError("usage.bytes", f"must be >= 0, got {u.bytes}")
-                    if u.ops < 0:
-                        raise ProtocolError("usage.ops", f"must be >= 0, got {u.ops}")
-                    for name in ("wait_seconds", "interval_seconds"):
-                        value = getattr(u, name)
-                        if not (math.isfinite(value) and value >= 0):
-                            raise ProtocolError(
-                                f"usage.{name}", f"must be finite and >= 0, got {value}"
-                            )
-                    self.table.usage(
-                        session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting
-                    )
-                elif kind == "op_posted":
-                    p = msg.op_posted
-                    op_kind = _KINDS.get(p.kind)
-                    if op_kind is None:
-                        raise ProtocolError("op_posted.kind", f"unknown operation kind {p.kind}")
-                    if not 0 <= p.volume <= self.max_op_volume:
-                        raise ProtocolError(
-                            "op_posted.volume",
-                            f"must be in [0, {self.max_op_volume}] bytes (0 = unknown), "
-                            f"got {p.volume}",
-                        )
-                    self.table.post(session, p.op_id, op_kind, p.volume)
-                elif kind == "op_completed":
-                    if msg.op_completed.op_id <= 0:
-                        raise ProtocolError("op_completed.op_id", "must be > 0")
-                    self.table.complete(session, msg.op_completed.op_id)
-                elif kind == "goodbye":
-                    break
-                elif kind == "hello":
-                    raise ProtocolError("hello", "sent twice on one session")
+                if msg.WhichOneof("body") == "batch":
+                    batch = msg.batch.messages
+                    if len(batch) > MAX_BATCH:
+                        raise ProtocolError("batch.messages", f"more than {MAX_BATCH} messages")
+                    going_on = True
+                    for i, inner in enumerate(batch):
+                        going_on = self._handle(session, inner, f"batch.messages[{i}].")
+                        if not going_on:
+                            break
                 else:
-                    raise ProtocolError("body", "empty message")
+                    going_on = self._handle(session, msg, "")
+                if not going_on:
+                    break
         except ProtocolError as exc:
             self.rejected += 1
             log.warning("session %d rejected: %s", session.sid, exc)
@@ -265,6 +240,51 @@ class ControllerServicer:
         except Exception as exc:  # the transport broke; the handler cleans up
             log.debug("session %d reader ended: %r", session.sid, exc)
         stream.end()
+
+    def _handle(self, session: SessionState, msg: pb.ClientMessage, where: str) -> bool:
+        """Applies one message to the job table; False once the client said goodbye."""
+        self.messages += 1
+        kind = msg.WhichOneof("body")
+        if kind == "usage":
+            u = msg.usage
+            if u.bytes < 0:
+                raise ProtocolError(f"{where}usage.bytes", f"must be >= 0, got {u.bytes}")
+            if u.ops < 0:
+                raise ProtocolError(f"{where}usage.ops", f"must be >= 0, got {u.ops}")
+            for name in ("wait_seconds", "interval_seconds"):
+                value = getattr(u, name)
+                if not (math.isfinite(value) and value >= 0):
+                    raise ProtocolError(
+                        f"{where}usage.{name}", f"must be finite and >= 0, got {value}"
+                    )
+            self.table.usage(session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting)
+        elif kind == "op_posted":
+            p = msg.op_posted
+            op_kind = _KINDS.get(p.kind)
+            if op_kind is None:
+                raise ProtocolError(f"{where}op_posted.kind", f"unknown operation kind {p.kind}")
+            if not 0 <= p.volume <= self.max_op_volume:
+                raise ProtocolError(
+                    f"{where}op_posted.volume",
+                    f"must be in [0, {self.max_op_volume}] bytes (0 = unknown), got {p.volume}",
+                )
+            try:
+                self.table.post(session, p.op_id, op_kind, p.volume)
+            except ProtocolError as exc:
+                raise ProtocolError(where + exc.field, exc.detail) from None
+        elif kind == "op_completed":
+            if msg.op_completed.op_id <= 0:
+                raise ProtocolError(f"{where}op_completed.op_id", "must be > 0")
+            self.table.complete(session, msg.op_completed.op_id)
+        elif kind == "goodbye":
+            return False
+        elif kind == "hello":
+            raise ProtocolError(f"{where}hello", "only the first message of a session")
+        elif kind == "batch":
+            raise ProtocolError(f"{where}batch", "batches do not nest")
+        else:
+            raise ProtocolError(f"{where}body", "empty message")
+        return True
 
     @staticmethod
     def _check(raw: pb.ClientMessage | Malformed) -> pb.ClientMessage:

@@ -18,7 +18,7 @@ class FairShare(Policy):
     name = "fair-share"
 
     def allocate(self, view: SystemView) -> dict[JobId, float]:
-        active = view.active_jobs()
-        ceilings = {j.job_id: j.demand for j in active}
-        weights = {j.job_id: j.cap for j in active}  # α·b_i: proportional to b_i
+        # Order does not matter: water_fill sorts by (ceiling/weight, id) itself.
+        ceilings = {j: v.demand for j, v in view.jobs.items() if v.demand > 0.0}
+        weights = {j: view.jobs[j].cap for j in ceilings}  # α·b_i: proportional to b_i
         return water_fill(ceilings, weights, view.capacity)

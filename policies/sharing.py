@@ -39,24 +39,31 @@ def water_fill(
     with Σ rates ≤ capacity. Jobs with weight 0 or ceiling 0 get 0. When
     Σ ceilings ≤ capacity every job gets its ceiling.
     """
-    rates = {j: 0.0 for j in ceilings}
-    live = [j for j, c in ceilings.items() if c > 0.0 and weights.get(j, 0.0) > 0.0]
-    if sum(ceilings[j] for j in live) <= capacity:
-        for j in live:
-            rates[j] = ceilings[j]
+    rates = dict.fromkeys(ceilings, 0.0)
+    # (ceiling/weight, id, ceiling, weight) for jobs that can take something
+    live = []
+    total_ceiling = 0.0
+    for j, c in ceilings.items():
+        w = weights.get(j, 0.0)
+        if c > 0.0 and w > 0.0:
+            live.append((c / w, j, c, w))
+            total_ceiling += c
+    if total_ceiling <= capacity:
+        for _, j, c, _ in live:
+            rates[j] = c
         return rates
     # Saturate jobs in order of ceiling/weight: the ones that stop first.
-    live.sort(key=lambda j: (ceilings[j] / weights[j], j))
+    live.sort()
     left = capacity
-    weight_left = sum(weights[j] for j in live)
-    for i, j in enumerate(live):
+    weight_left = sum(w for *_, w in live)
+    for i, (ratio, j, c, w) in enumerate(live):
         level = left / weight_left
-        if ceilings[j] <= level * weights[j]:
-            rates[j] = ceilings[j]
-            left -= ceilings[j]
-            weight_left -= weights[j]
+        if ratio <= level:
+            rates[j] = c
+            left -= c
+            weight_left -= w
             continue
-        for k in live[i:]:
-            rates[k] = level * weights[k]
+        for _, k, _, wk in live[i:]:
+            rates[k] = level * wk
         break
     return rates

@@ -135,6 +135,14 @@ BAD_INPUTS = [
     ([hello(), pb.ClientMessage(usage=pb.Usage(wait_seconds=float("nan")))], "usage.wait_seconds"),
     ([hello(), hello()], "hello"),
     ([hello(), pb.ClientMessage()], "body"),
+    ([hello(), post(1), post(1)], "op_posted.op_id"),  # already open
+    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[post(1), post(2, volume=-1)]))],
+     "batch.messages[1].op_posted.volume"),
+    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[hello()]))], "batch.messages[0].hello"),
+    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[pb.ClientMessage(batch=pb.Batch())]))],
+     "batch.messages[0].batch"),
+    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[post(i + 1) for i in range(1025)]))],
+     "batch.messages"),
 ]
 
 
@@ -160,6 +168,26 @@ async def test_bad_input_is_invalid_argument_and_harms_no_one(
     await good.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=2)))
     assert (await good.rate_becomes(lambda r: r == 0)).rate == 0
     assert "good" in service.table.jobs
+
+
+async def test_batch_is_handled_in_order(channel: grpc.aio.Channel, service: Service) -> None:
+    s = RawSession(channel)
+    await s.send(hello(nodes=4))
+    await s.allocation()
+    batch = [post(1, volume=MiB), post(2), pb.ClientMessage(op_completed=pb.OpCompleted(op_id=1))]
+    await s.send(pb.ClientMessage(batch=pb.Batch(messages=batch)))
+    assert (await s.rate_becomes(lambda r: r > 0)).rate == pytest.approx(32 * MiB)
+    session = next(iter(service.table.sessions.values()))
+    assert set(session.ops) == {2}  # 1 posted then completed, 2 still open
+    await s.send(pb.ClientMessage(batch=pb.Batch(messages=[
+        pb.ClientMessage(op_completed=pb.OpCompleted(op_id=2)),
+        pb.ClientMessage(goodbye=pb.Goodbye()),
+        post(3),  # after goodbye: ignored
+    ])))
+    await s.call.done_writing()
+    assert await s.call.code() == grpc.StatusCode.OK
+    await async_wait_until(lambda: not service.table.sessions, 5, message="session closed")
+    assert service.table.jobs["j1"].completed_ops == 2
 
 
 async def test_undecodable_message_is_invalid_argument(

@@ -1,7 +1,8 @@
+from google.protobuf.internal import containers as _containers
 from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
-from collections.abc import Mapping as _Mapping
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
@@ -69,19 +70,27 @@ class Goodbye(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class Batch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ClientMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ClientMessage, _Mapping]]] = ...) -> None: ...
+
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "op_posted", "op_completed", "usage", "goodbye")
+    __slots__ = ("hello", "op_posted", "op_completed", "usage", "goodbye", "batch")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     OP_POSTED_FIELD_NUMBER: _ClassVar[int]
     OP_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     op_posted: OpPosted
     op_completed: OpCompleted
     usage: Usage
     goodbye: Goodbye
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ...) -> None: ...
+    batch: Batch
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Allocation(_message.Message):
     __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id")

@@ -75,6 +75,8 @@ class FakeController(pb_grpc.ControllerServicer):
         self._requested_port = port
         self.port = 0
         self._received: list[Received] = []
+        self.wire_messages = 0  # gRPC messages received, a Batch counting once
+        self.violations: list[str] = []  # protocol rules the client broke
         self._streams: list[_Stream] = []
         self._cond = threading.Condition()
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -240,17 +242,31 @@ class FakeController(pb_grpc.ControllerServicer):
 
     async def _read(self, stream: _Stream, request_iterator: Any) -> None:
         with contextlib.suppress(grpc.aio.AioRpcError):
-            async for message in request_iterator:
-                kind = message.WhichOneof("body")
-                with self._cond:
-                    self._received.append(Received(stream.index, time.monotonic(), message))
-                    self._cond.notify_all()
-                if kind == "hello" and self.reject_with is not None:
-                    stream.outbox.put_nowait(self.reject_with)
-                elif kind == "hello" and self.initial_rate is not None:
-                    stream.outbox.put_nowait(self._allocation(stream, self.initial_rate))
-                elif kind == "goodbye":
-                    stream.outbox.put_nowait(grpc.StatusCode.OK)
+            async for wire_message in request_iterator:
+                self.wire_messages += 1
+                # A Batch is recorded as the messages it carries, in order.
+                if wire_message.WhichOneof("body") == "batch":
+                    messages = list(wire_message.batch.messages)
+                    # The real controller's rules: Hello stands alone, batches do not nest.
+                    for inner in messages:
+                        if inner.WhichOneof("body") in ("hello", "batch"):
+                            self.violations.append(f"{inner.WhichOneof('body')} inside a Batch")
+                else:
+                    messages = [wire_message]
+                for message in messages:
+                    self._handle(stream, message)
+
+    def _handle(self, stream: _Stream, message: pb.ClientMessage) -> None:
+        kind = message.WhichOneof("body")
+        with self._cond:
+            self._received.append(Received(stream.index, time.monotonic(), message))
+            self._cond.notify_all()
+        if kind == "hello" and self.reject_with is not None:
+            stream.outbox.put_nowait(self.reject_with)
+        elif kind == "hello" and self.initial_rate is not None:
+            stream.outbox.put_nowait(self._allocation(stream, self.initial_rate))
+        elif kind == "goodbye":
+            stream.outbox.put_nowait(grpc.StatusCode.OK)
 
     async def _renew(self, stream: _Stream, interval: float) -> None:
         while True:
@@ -276,6 +292,8 @@ def make_controller() -> Iterator[Callable[..., FakeController]]:
     yield make
     for fake in started:
         fake.stop()
+    broken = [v for fake in started for v in fake.violations]
+    assert not broken, f"the client broke the protocol: {broken}"
 
 
 @pytest.fixture

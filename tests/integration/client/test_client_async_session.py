@@ -121,3 +121,25 @@ async def test_close_is_idempotent_and_refuses_acquire(controller: Any) -> None:
         await session.acquire(1)
     with pytest.raises(ValueError, match="kind"):
         await session.acquire(1, "delete")
+
+
+async def test_queued_messages_go_as_one_batch(
+    make_controller: Callable[..., Any], async_wait_until: Callable[..., Any]
+) -> None:
+    controller = make_controller(initial_rate=4 * MiB)
+    async with AsyncSession(controller.address, JOB) as session:
+        assert await session.wait_attached(5)
+        await async_wait_until(lambda: controller.received()[-1].kind != "hello")
+        wire_before, received_before = controller.wire_messages, len(controller.received())
+        ops = [session.operation("write", volume=i + 1) for i in range(100)]
+        for op in ops:  # posted from one loop turn: they queue behind each other
+            await op.__aenter__()
+        await async_wait_until(lambda: len(controller.bodies("op_posted")) == 100)
+        posted = controller.bodies("op_posted")
+        assert [p.volume for p in posted] == list(range(1, 101))  # in order, none lost
+        new_messages = len(controller.received()) - received_before
+        new_wire = controller.wire_messages - wire_before
+        assert new_wire < new_messages / 10, (new_wire, new_messages)
+        for op in ops:
+            await op.__aexit__(None, None, None)
+        await async_wait_until(lambda: len(controller.bodies("op_completed")) == 100)
