@@ -9,7 +9,9 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable, Iterator
 from contextlib import ExitStack
 from pathlib import Path
 
@@ -111,29 +113,39 @@ def test_opportunity_fairness_small_job_keeps_its_5(controller_factory) -> None:
     assert rate_big > 40 * MiB * 40 / 48 * 1.02  # clearly more than its α·b_i = 33.3
 
 
-def _spawn_client(address: str, job_id: str, nodes: int) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, str(HERE / "flat_out_client.py"), address, job_id, str(nodes)],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        text=True,
-    )
-    assert proc.stdout is not None
-    assert proc.stdout.readline().strip() == "attached"
-    return proc
+@pytest.fixture
+def spawn_client() -> Iterator[Callable[[str, str, int], subprocess.Popen[str]]]:
+    """Starts flat_out_client.py processes; each is killed by pid at teardown."""
+    procs: list[subprocess.Popen[str]] = []
 
+    def spawn(address: str, job_id: str, nodes: int) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, str(HERE / "flat_out_client.py"), address, job_id, str(nodes)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
+        procs.append(proc)  # registered before anything can fail
+        assert proc.stdout is not None
+        first_line: list[str] = []
+        reader = threading.Thread(target=lambda: first_line.append(proc.stdout.readline()))
+        reader.start()
+        reader.join(15)
+        assert first_line and first_line[0].strip() == "attached", "client did not attach"
+        return proc
 
-def _reap(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGCONT)
-        proc.kill()
-    proc.wait(10)
-    if proc.stdout is not None:
-        proc.stdout.close()
+    yield spawn
+    for proc in procs:
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGCONT)  # a stopped process must run to die cleanly
+            proc.kill()
+        proc.wait(10)
+        if proc.stdout is not None:
+            proc.stdout.close()
 
 
 @pytest.mark.parametrize("how", ["hung", "killed"])
-def test_dead_session_share_goes_to_others(controller_factory, how: str) -> None:
+def test_dead_session_share_goes_to_others(controller_factory, spawn_client, how: str) -> None:
     """A hung client (SIGSTOP: no heartbeat, TCP open) or a killed one (SIGKILL)."""
     timeout = 1.0
     ctl = controller_factory(
@@ -145,25 +157,22 @@ def test_dead_session_share_goes_to_others(controller_factory, how: str) -> None
         "1GiB/s",
         env={"BURSTCTL_HEARTBEAT_TIMEOUT": str(timeout)},
     )
-    other = _spawn_client(ctl.address, "doomed", 1)
-    try:
-        with Session(ctl.address, job("survivor", 1)) as s:
-            pump = Pump(s).start()
-            try:
-                wait_until(lambda: s.rate == pytest.approx(20 * MiB), 10, message="even split")
-                t0 = time.monotonic()
-                other.send_signal(signal.SIGSTOP if how == "hung" else signal.SIGKILL)
-                wait_until(
-                    lambda: s.rate == pytest.approx(40 * MiB),
-                    3 * timeout,
-                    message="survivor gets the whole capacity",
-                )
-                elapsed = time.monotonic() - t0
-            finally:
-                pump.stop()
-            assert not pump.errors
-    finally:
-        _reap(other)
+    other = spawn_client(ctl.address, "doomed", 1)
+    with Session(ctl.address, job("survivor", 1)) as s:
+        pump = Pump(s).start()
+        try:
+            wait_until(lambda: s.rate == pytest.approx(20 * MiB), 10, message="even split")
+            t0 = time.monotonic()
+            other.send_signal(signal.SIGSTOP if how == "hung" else signal.SIGKILL)
+            wait_until(
+                lambda: s.rate == pytest.approx(40 * MiB),
+                3 * timeout,
+                message="survivor gets the whole capacity",
+            )
+            elapsed = time.monotonic() - t0
+        finally:
+            pump.stop()
+        assert not pump.errors
     print(f"dead session ({how}): share moved after {elapsed:.3f}s (timeout {timeout}s)")
     if how == "hung":
         # the share moved because the heartbeat stopped: after about one timeout

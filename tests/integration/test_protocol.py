@@ -136,13 +136,19 @@ BAD_INPUTS = [
     ([hello(), hello()], "hello"),
     ([hello(), pb.ClientMessage()], "body"),
     ([hello(), post(1), post(1)], "op_posted.op_id"),  # already open
-    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[post(1), post(2, volume=-1)]))],
-     "batch.messages[1].op_posted.volume"),
+    (
+        [hello(), pb.ClientMessage(batch=pb.Batch(messages=[post(1), post(2, volume=-1)]))],
+        "batch.messages[1].op_posted.volume",
+    ),
     ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[hello()]))], "batch.messages[0].hello"),
-    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[pb.ClientMessage(batch=pb.Batch())]))],
-     "batch.messages[0].batch"),
-    ([hello(), pb.ClientMessage(batch=pb.Batch(messages=[post(i + 1) for i in range(1025)]))],
-     "batch.messages"),
+    (
+        [hello(), pb.ClientMessage(batch=pb.Batch(messages=[pb.ClientMessage(batch=pb.Batch())]))],
+        "batch.messages[0].batch",
+    ),
+    (
+        [hello(), pb.ClientMessage(batch=pb.Batch(messages=[post(i + 1) for i in range(1025)]))],
+        "batch.messages",
+    ),
 ]
 
 
@@ -179,11 +185,17 @@ async def test_batch_is_handled_in_order(channel: grpc.aio.Channel, service: Ser
     assert (await s.rate_becomes(lambda r: r > 0)).rate == pytest.approx(32 * MiB)
     session = next(iter(service.table.sessions.values()))
     assert set(session.ops) == {2}  # 1 posted then completed, 2 still open
-    await s.send(pb.ClientMessage(batch=pb.Batch(messages=[
-        pb.ClientMessage(op_completed=pb.OpCompleted(op_id=2)),
-        pb.ClientMessage(goodbye=pb.Goodbye()),
-        post(3),  # after goodbye: ignored
-    ])))
+    await s.send(
+        pb.ClientMessage(
+            batch=pb.Batch(
+                messages=[
+                    pb.ClientMessage(op_completed=pb.OpCompleted(op_id=2)),
+                    pb.ClientMessage(goodbye=pb.Goodbye()),
+                    post(3),  # after goodbye: ignored
+                ]
+            )
+        )
+    )
     await s.call.done_writing()
     assert await s.call.code() == grpc.StatusCode.OK
     await async_wait_until(lambda: not service.table.sessions, 5, message="session closed")
