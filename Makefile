@@ -37,6 +37,8 @@ proto: $(STAMP)
 	$(PY) proto/generate.py
 
 bench: $(STAMP)
+	$(PY) bench/decision_latency.py
+	$(PY) bench/grpc_ingest_ceiling.py
 	$(PY) bench/controller_events.py
 
 clean:
