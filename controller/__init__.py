@@ -1,0 +1,1 @@
+"""The controller daemon: gRPC services, job table, scheduler, durable state."""

@@ -1,0 +1,1 @@
+"""The FUSE passthrough filesystem and ``burstctl mount`` (a later issue; empty for now)."""

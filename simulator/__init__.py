@@ -1,0 +1,1 @@
+"""Discrete-event simulator running the policies of ``burstctl.policies`` (a later issue)."""

@@ -231,3 +231,25 @@ async def test_silent_session_times_out(channel: grpc.aio.Channel, service: Serv
     err = await quiet.status(timeout=5)
     assert err.code() == grpc.StatusCode.UNAVAILABLE
     assert service.table.jobs["quiet"].status.value == "inactive"
+
+
+async def test_job_rate_is_split_over_its_sessions_by_demand(
+    channel: grpc.aio.Channel, service: Service
+) -> None:
+    """One 4-node job (b_i = 32 MiB/s) with two sessions: one satisfied at 2 MiB/s, one waiting."""
+    calm, eager = RawSession(channel), RawSession(channel)
+    for s in (calm, eager):
+        await s.send(hello(job="shared", nodes=4))
+        await s.allocation()
+        await s.send(post(1))
+    await calm.send(pb.ClientMessage(usage=pb.Usage(bytes=MiB, ops=16, interval_seconds=0.5)))
+    await eager.send(
+        pb.ClientMessage(
+            usage=pb.Usage(
+                bytes=8 * MiB, ops=128, wait_seconds=0.4, interval_seconds=0.5, waiting=True
+            )
+        )
+    )
+    calm_alloc = await calm.rate_becomes(lambda r: r == pytest.approx(2.2 * MiB))
+    eager_alloc = await eager.rate_becomes(lambda r: r == pytest.approx(29.8 * MiB))
+    assert calm_alloc.rate + eager_alloc.rate == pytest.approx(32 * MiB)
