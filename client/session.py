@@ -73,14 +73,8 @@ class AsyncOperation(_OperationBase):
         self._close()
 
 
-class Session:
-    """A blocking client session of one job with one controller replica.
-
-    ``job=None`` takes the job from this process's environment (`JobInfo.from_env`). The
-    session connects in the background; until the first allocation arrives (or
-    ``attach_timeout`` passes and the fallback applies) ``acquire`` waits. Controller problems
-    are logged, never raised into ``acquire`` or ``operation``.
-    """
+class _SessionBase:
+    """What both session flavours share: options, the engine and its read-only state."""
 
     def __init__(
         self,
@@ -103,33 +97,6 @@ class Session:
             client_id=client_id,
         )
         self._engine = Engine(options)
-        self._close_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._run_loop, name=f"burstctl-session-{options.client_id}", daemon=True
-        )
-        self._thread.start()
-        try:
-            asyncio.run_coroutine_threadsafe(self._engine.start(), self._loop).result()
-        except BaseException:
-            self._stop_thread()
-            raise
-
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_forever()
-        finally:
-            try:
-                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-                self._loop.run_until_complete(self._loop.shutdown_default_executor())
-            finally:
-                self._loop.close()
-
-    def _stop_thread(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is already closed
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
 
     @property
     def job(self) -> JobInfo:
@@ -157,6 +124,65 @@ class Session:
     def total_wait_seconds(self) -> float:
         """Seconds acquire calls have spent waiting for tokens, in total."""
         return self._engine.total_wait_seconds
+
+
+class Session(_SessionBase):
+    """A blocking client session of one job with one controller replica.
+
+    ``job=None`` takes the job from this process's environment (`JobInfo.from_env`). The
+    session connects in the background; until the first allocation arrives (or
+    ``attach_timeout`` passes and the fallback applies) ``acquire`` waits. Controller problems
+    are logged, never raised into ``acquire`` or ``operation``.
+    """
+
+    def __init__(
+        self,
+        target: str,
+        job: JobInfo | None = None,
+        fallback: str | Fallback = "keep-last",
+        *,
+        report_interval: float = 0.25,
+        quiet_gap: float = 0.1,
+        attach_timeout: float = 2.0,
+        client_id: str | None = None,
+    ) -> None:
+        super().__init__(
+            target,
+            job,
+            fallback,
+            report_interval=report_interval,
+            quiet_gap=quiet_gap,
+            attach_timeout=attach_timeout,
+            client_id=client_id,
+        )
+        options = self._engine.options
+        self._close_lock = threading.Lock()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(
+            target=self._run_loop, name=f"burstctl-session-{options.client_id}", daemon=True
+        )
+        self._thread.start()
+        try:
+            asyncio.run_coroutine_threadsafe(self._engine.start(), self._loop).result()
+        except BaseException:
+            self._stop_thread()
+            raise
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            try:
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+                self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            finally:
+                self._loop.close()
+
+    def _stop_thread(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join()
 
     def wait_attached(self, timeout: float | None = None) -> bool:
         """Waits until the session is attached; returns whether it is."""
@@ -195,61 +221,12 @@ class Session:
         self.close()
 
 
-class AsyncSession:
+class AsyncSession(_SessionBase):
     """The asyncio twin of `Session`, running on the caller's event loop.
 
     Use ``async with AsyncSession(...) as session`` (or ``await session.start()`` and
     ``await session.close()``).
     """
-
-    def __init__(
-        self,
-        target: str,
-        job: JobInfo | None = None,
-        fallback: str | Fallback = "keep-last",
-        *,
-        report_interval: float = 0.25,
-        quiet_gap: float = 0.1,
-        attach_timeout: float = 2.0,
-        client_id: str | None = None,
-    ) -> None:
-        options = SessionOptions.build(
-            target,
-            job,
-            fallback,
-            report_interval=report_interval,
-            quiet_gap=quiet_gap,
-            attach_timeout=attach_timeout,
-            client_id=client_id,
-        )
-        self._engine = Engine(options)
-
-    @property
-    def job(self) -> JobInfo:
-        return self._engine.options.job
-
-    @property
-    def client_id(self) -> str:
-        return self._engine.options.client_id
-
-    @property
-    def rate(self) -> float:
-        """The rate in force, in bytes/s (``math.inf`` when unthrottled)."""
-        return self._engine.rate
-
-    @property
-    def attached(self) -> bool:
-        """True while an allocation from a live controller is in force."""
-        return self._engine.attached
-
-    @property
-    def closed(self) -> bool:
-        return self._engine.closed
-
-    @property
-    def total_wait_seconds(self) -> float:
-        """Seconds acquire calls have spent waiting for tokens, in total."""
-        return self._engine.total_wait_seconds
 
     async def start(self) -> None:
         """Connects in the background on the running loop."""
