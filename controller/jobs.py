@@ -21,12 +21,14 @@ The table is single-threaded (the controller's event loop) and does no I/O.
 from __future__ import annotations
 
 import enum
-import math
+import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from burstctl.policies.view import JobView, SystemView, job_cap
+
+log = logging.getLogger(__name__)
 
 # A wait fraction above this in a report means the session wanted more.
 WAIT_FRACTION_HUNGRY = 0.02
@@ -95,15 +97,18 @@ class SessionState:
         return min(cap, self.measured_rate * headroom)
 
     def attribute(self, nbytes: int) -> None:
-        """Assigns moved bytes to open operations, oldest first, up to their volume."""
-        ops = sorted(self.ops.values(), key=lambda o: o.posted_at)
-        for op in ops:
-            if nbytes <= 0:
-                return
-            room = op.volume - op.moved if op.volume > 0 else nbytes
-            take = min(room, nbytes) if op is not ops[-1] else nbytes
+        """Assigns moved bytes to open operations, oldest first, up to their volume.
+
+        ``ops`` is in post order (dicts keep insertion order); what is left over
+        goes to the newest operation.
+        """
+        ops = list(self.ops.values())
+        for op in ops[:-1]:
+            take = min(max(0, op.volume - op.moved) if op.volume > 0 else nbytes, nbytes)
             op.moved += take
             nbytes -= take
+        if ops:
+            ops[-1].moved += nbytes
 
 
 class JobStatus(enum.Enum):
@@ -202,6 +207,10 @@ class JobTable:
         else:
             # The job's identity is fixed by its first session; later sessions
             # may not change its weight (a registered job's metadata will win, issue 7).
+            if meta != job.meta:
+                log.warning(
+                    "session of job %s claims %s; keeping the job's %s", meta.job_id, meta, job.meta
+                )
             job.status = JobStatus.ACTIVE
             job.inactive_since = None
         session = SessionState(
@@ -374,7 +383,3 @@ def _moved(old: float | None, new: float | None) -> bool:
     if old is None or new is None:
         return old is not new
     return abs(new - old) > 0.1 * max(old, 1.0)
-
-
-def finite_nonneg(value: float) -> bool:
-    return math.isfinite(value) and value >= 0.0

@@ -149,3 +149,19 @@ def test_events_ask_for_a_decision(clock: Clock) -> None:
     assert len(calls) == 3
     table.complete(s, 99)  # unknown op: nothing changes
     assert len(calls) == 3
+
+
+def test_bytes_attributed_oldest_operation_first(table: JobTable) -> None:
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 100)
+    table.post(s, 2, OpKind.WRITE, 100)
+    table.usage(s, 150, 2, 0.0, 1.0, True)
+    assert (s.ops[1].moved, s.ops[2].moved) == (100, 50)
+    assert table.view(B, b).jobs["j"].remaining == 50.0
+
+
+def test_later_session_cannot_change_the_job(table: JobTable, caplog) -> None:
+    table.open_session(meta(nodes=1), "c1", "h")
+    table.open_session(meta(nodes=64), "c2", "h")  # claims more nodes: ignored, logged
+    assert table.jobs["j"].meta.nodes == 1
+    assert "keeping the job's" in caplog.text
