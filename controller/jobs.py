@@ -256,18 +256,18 @@ class JobTable:
         session.job.update_phase(now)
         self._changed(session.job)
 
-    def complete(self, session: SessionState, op_id: int) -> None:
+    def complete(self, session: SessionState, op_id: int) -> bool:
+        """Completes an open operation; False (and nothing changes) if it is not open."""
         now = self._clock()
         session.last_heard = now
-        # Completing an unknown operation is harmless (e.g. re-posted after a
-        # reconnect and completed twice): nothing is lost by ignoring it.
         if session.ops.pop(op_id, None) is None:
-            return
+            return False
         session.job.completed_ops += 1
         if not session.ops:
             session.idle_since = now
         session.job.update_phase(now)
         self._changed(session.job)
+        return True
 
     def usage(
         self,

@@ -31,7 +31,7 @@ decision_log = logging.getLogger("burstctl.decisions")
 @dataclass(slots=True)
 class SchedulerStats:
     decisions: int = 0
-    pushes: int = 0
+    pushes: int = 0  # allocations sent, renewals included
     pushes_start: int = 0  # from nothing or 0 to a rate: the job may move
     pushes_stop: int = 0  # to 0
     renewals: int = 0
@@ -77,7 +77,6 @@ class Scheduler:
         self._clock = clock
         self._dirty = asyncio.Event()
         self.stats = SchedulerStats()
-        self.last_rates: dict[JobId, float] = {}
         self._nonzero: set[SessionState] = set()  # sessions whose pushed rate is > 0
         self._recheck_pending = False
         self._round = 0  # decision number; sessions served in a decision carry it
@@ -164,7 +163,6 @@ class Scheduler:
             if s.rate is None:
                 self._offer(s, 0.0, now)
         self.table.new_sessions.clear()
-        self.last_rates = rates
         self.stats.decisions += 1
         self.stats.latencies.append(time.perf_counter() - started)
         if decision_log.isEnabledFor(logging.DEBUG):
@@ -196,10 +194,11 @@ class Scheduler:
             self._nonzero.add(session)
         else:
             self._nonzero.discard(session)
-        if rate == 0:
-            self.stats.pushes_stop += 1
-        elif not session.rate:
-            self.stats.pushes_start += 1
+        if rate != session.rate:  # not a renewal
+            if rate == 0:
+                self.stats.pushes_stop += 1
+            elif not session.rate:
+                self.stats.pushes_start += 1
         session.rate = rate
         session.epoch += 1
         session.pushed_at = now

@@ -60,7 +60,7 @@ class SessionStream:
     nothing but a tuple.
     """
 
-    __slots__ = ("_allocation", "_end", "_errors", "_event", "_policy", "_replica")
+    __slots__ = ("_allocation", "_end", "_errors", "_event", "_replica")
 
     def __init__(self, replica_id: str = "") -> None:
         self._event = asyncio.Event()
@@ -74,6 +74,7 @@ class SessionStream:
         self._event.set()
 
     def error(self, code: grpc.StatusCode, field_name: str, message: str) -> None:
+        """Queues a non-fatal notice; the session goes on."""
         self._errors.append(
             pb.ServerMessage(error=pb.Error(code=code.name, field=field_name, message=message))
         )
@@ -275,7 +276,13 @@ class ControllerServicer:
         elif kind == "op_completed":
             if msg.op_completed.op_id <= 0:
                 raise ProtocolError(f"{where}op_completed.op_id", "must be > 0")
-            self.table.complete(session, msg.op_completed.op_id)
+            if not self.table.complete(session, msg.op_completed.op_id):
+                # Harmless to the table, but a client bug worth telling the client about.
+                self.streams[session.sid].error(
+                    grpc.StatusCode.NOT_FOUND,
+                    f"{where}op_completed.op_id",
+                    f"no open operation {msg.op_completed.op_id} on this session",
+                )
         elif kind == "goodbye":
             return False
         elif kind == "hello":

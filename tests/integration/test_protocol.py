@@ -202,6 +202,18 @@ async def test_batch_is_handled_in_order(channel: grpc.aio.Channel, service: Ser
     assert service.table.jobs["j1"].completed_ops == 2
 
 
+async def test_completing_an_unknown_operation_is_a_notice(channel: grpc.aio.Channel) -> None:
+    s = RawSession(channel)
+    await s.send(hello())
+    await s.allocation()
+    await s.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=9)))
+    msg = await asyncio.wait_for(s.inbox.get(), 5)
+    assert msg.WhichOneof("body") == "error"
+    assert (msg.error.code, msg.error.field) == ("NOT_FOUND", "op_completed.op_id")
+    await s.send(post(1))  # the session goes on
+    assert (await s.rate_becomes(lambda r: r > 0)).rate > 0
+
+
 async def test_undecodable_message_is_invalid_argument(
     channel: grpc.aio.Channel, service: Service
 ) -> None:
