@@ -46,7 +46,7 @@ MAX_BATCH = 64
 # Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
 DEFAULT_BURST_SECONDS = 0.1
 # How long close() waits for the Goodbye and the half-close to reach the wire.
-GOODBYE_TIMEOUT = 1.0
+GOODBYE_TIMEOUT = 2.0
 # gRPC reconnects the channel itself with these: start at 50 ms, cap at 2 s (with gRPC's own
 # jitter); a connection attempt may take up to 1 s before it counts as failed.
 CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
@@ -175,6 +175,7 @@ class Engine:
         self._call: grpc.aio.StreamStreamCall | None = None
         self._outbox: asyncio.Queue[pb.ClientMessage | None] | None = None
         self._writer: asyncio.Task[None] | None = None
+        self._stream_task: asyncio.Task[None] | None = None
         self._open_ops: dict[int, pb.OpPosted] = {}
         self._stream_epoch: int | None = None
         self._stream_had_allocation = False
@@ -304,7 +305,7 @@ class Engine:
         self._last_report_at = now
         self._channel = grpc.aio.insecure_channel(self._options.target, options=CHANNEL_OPTIONS)
         self._stub = pb_grpc.ControllerStub(self._channel)
-        self._spawn(self._run_streams(), "stream")
+        self._stream_task = self._spawn(self._run_streams(), "stream")
         self._spawn(self._report_usage(), "usage")
         self._spawn(self._watch_lease(), "lease")
 
@@ -340,7 +341,13 @@ class Engine:
         outbox.put_nowait(pb.ClientMessage(goodbye=pb.Goodbye()))
         outbox.put_nowait(None)  # half-close once everything queued before is written
         # asyncio.wait neither raises nor cancels: a dead controller only costs the timeout.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GOODBYE_TIMEOUT
         await asyncio.wait({writer}, timeout=GOODBYE_TIMEOUT)
+        # Then let the controller end the stream itself once it has read everything:
+        # cancelling right after the half-close could cut what is still in flight.
+        if self._stream_task is not None:
+            await asyncio.wait({self._stream_task}, timeout=max(0.0, deadline - loop.time()))
 
     def _spawn(self, coro: Coroutine[Any, Any, Any], role: str) -> asyncio.Task[Any]:
         assert self._loop is not None

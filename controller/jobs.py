@@ -120,6 +120,7 @@ class JobStatus(enum.Enum):
 class JobState:
     meta: JobMeta
     first_seen: float  # τ_i
+    index: int  # creation order on this replica: the stable tie-break of policies
     status: JobStatus = JobStatus.ACTIVE
     inactive_since: float | None = None
     sessions: dict[int, SessionState] = field(default_factory=dict)
@@ -131,6 +132,9 @@ class JobState:
     io_time: float = 0.0
     transferred: int = 0  # bytes moved while in I/O, V_i^(transferred)
     completed_ops: int = 0
+    io_ended_at: float | None = None  # end of the previous I/O phase
+    last_work: float = 0.0  # length of the work phase before the current I/O phase
+    volume_sum: float = 0.0  # of completed operations (declared, else moved)
 
     @property
     def job_id(self) -> str:
@@ -150,13 +154,23 @@ class JobState:
         """W_i^(done): time since τ_i spent outside I/O phases."""
         return max(0.0, now - self.first_seen - self.io_seconds(now))
 
+    def progress(self, now: float, cap: float) -> float:
+        """P_i = W_i^(done) + V_i^(transferred) / b_i, the numerator of eq. (6)."""
+        return self.work_done(now) + (self.transferred / cap if cap > 0 else 0.0)
+
+    def mean_volume(self) -> float:
+        return self.volume_sum / self.completed_ops if self.completed_ops else 0.0
+
     def update_phase(self, now: float) -> None:
         has_ops = any(s.ops for s in self.sessions.values())
         if has_ops and self.io_since is None:
             self.io_since = now
+            start = self.io_ended_at if self.io_ended_at is not None else self.first_seen
+            self.last_work = now - start
         elif not has_ops and self.io_since is not None:
             self.io_time += now - self.io_since
             self.io_since = None
+            self.io_ended_at = now
 
 
 class ProtocolError(ValueError):
@@ -188,6 +202,7 @@ class JobTable:
         self.jobs: dict[str, JobState] = {}
         self.sessions: dict[int, SessionState] = {}
         self._next_sid = 1
+        self._next_job = 0
         # Incremental view: rows of jobs in S(t), rebuilt only for jobs that changed.
         self._rows: dict[str, JobView] = {}
         self._dirty: set[str] = set()
@@ -203,7 +218,8 @@ class JobTable:
         now = self._clock()
         job = self.jobs.get(meta.job_id)
         if job is None:
-            job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now)
+            job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
+            self._next_job += 1
         else:
             # The job's identity is fixed by its first session; later sessions
             # may not change its weight (a registered job's metadata will win, issue 7).
@@ -260,9 +276,11 @@ class JobTable:
         """Completes an open operation; False (and nothing changes) if it is not open."""
         now = self._clock()
         session.last_heard = now
-        if session.ops.pop(op_id, None) is None:
+        op = session.ops.pop(op_id, None)
+        if op is None:
             return False
         session.job.completed_ops += 1
+        session.job.volume_sum += op.volume if op.volume > 0 else op.moved
         if not session.ops:
             session.idle_since = now
         session.job.update_phase(now)
@@ -337,8 +355,8 @@ class JobTable:
 
         Rows are cached and rebuilt only for jobs that changed since the last
         view: a job in S(t) is in its I/O phase, so its W_i^(done) is constant
-        until its next event, and its transferred volume changes only with a
-        Usage report, which marks it changed.
+        until its next event, and its transferred volume (hence P_i) changes
+        only with a Usage report, which marks it changed.
         """
         now = self._clock()
         if self._row_params != (capacity, node_bandwidth):
@@ -370,11 +388,14 @@ class JobTable:
             cap=cap,
             demand=self.job_demand(job, cap),
             posted_at=min(o.posted_at for o in ops),
-            volume=sum(o.volume for o in ops) if known else 0,
+            volume=float(sum(o.volume for o in ops)) if known else 0.0,
             remaining=float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None,
+            moved=float(sum(o.moved for o in ops)),
             released_at=job.first_seen,
-            work_done=job.work_done(now),
-            transferred=float(job.transferred),
+            progress=job.progress(now, cap),
+            last_work=job.last_work,
+            mean_volume=job.mean_volume(),
+            index=job.index,
         )
 
 

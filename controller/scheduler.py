@@ -80,6 +80,7 @@ class Scheduler:
         self._nonzero: set[SessionState] = set()  # sessions whose pushed rate is > 0
         self._recheck_pending = False
         self._round = 0  # decision number; sessions served in a decision carry it
+        self._period_timer: asyncio.TimerHandle | None = None
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -163,6 +164,11 @@ class Scheduler:
             if s.rate is None:
                 self._offer(s, 0.0, now)
         self.table.new_sessions.clear()
+        period = policy.period(view)
+        if period is not None:  # the policy wants to decide again even without an event
+            if self._period_timer is not None:
+                self._period_timer.cancel()
+            self._period_timer = asyncio.get_running_loop().call_later(period, self.request)
         self.stats.decisions += 1
         self.stats.latencies.append(time.perf_counter() - started)
         if decision_log.isEnabledFor(logging.DEBUG):

@@ -39,5 +39,10 @@ class Policy:
         """Rates in bytes/s for the active jobs of ``view``; absent jobs get 0."""
         raise NotImplementedError
 
+    def period(self, view: SystemView) -> float | None:
+        """Seconds after which the policy wants to decide again even if nothing
+        happens (PeriodicGreedyYield's δ); None: only at events."""
+        return None
+
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.params!r})"

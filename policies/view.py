@@ -21,7 +21,11 @@ FRESH_YIELD = 0.0
 
 @dataclass(frozen=True, slots=True)
 class JobView:
-    """One job as a policy sees it at the view's time."""
+    """One job as a policy sees it at the view's time.
+
+    Volumes are in bytes for the controller and in normalised units for the
+    simulator; policies only compare and divide them by ``cap``, so either works.
+    """
 
     job_id: JobId
     user: str
@@ -31,11 +35,14 @@ class JobView:
     cap: float  # b_i = min(p_i * b, B), eq. (1), bytes/s
     demand: float  # ceiling the job can use now, bytes/s, <= cap; 0 = idle (not in S(t))
     posted_at: float | None = None  # R_i: post time of the pending operation (None: none)
-    volume: int = 0  # v_i of the pending operation, bytes; 0 = unknown
+    volume: float = 0.0  # v_i of the pending operation; 0 = unknown
     remaining: float | None = None  # V_i: remaining volume of the pending op; None = unknown
+    moved: float = 0.0  # volume moved so far by the pending operation
     released_at: float = 0.0  # τ_i
-    work_done: float = 0.0  # W_i^(done)(t), seconds spent computing
-    transferred: float = 0.0  # V_i^(transferred)(t), bytes moved in I/O phases
+    progress: float = 0.0  # P_i = W_i^(done) + V_i^(transferred) / b_i, seconds (eq. 6)
+    last_work: float = 0.0  # w_i: length of the work phase before the pending operation
+    mean_volume: float = 0.0  # mean volume of the job's completed operations (0: none yet)
+    index: int = 0  # stable order of jobs (first seen / input order); breaks ties
 
     @property
     def active(self) -> bool:
@@ -45,20 +52,32 @@ class JobView:
     def yield_at(self, now: float) -> float:
         """y_i(t) = (W_i^(done)(t) + V_i^(transferred)(t) / b_i) / (t − τ_i), eq. (6)."""
         elapsed = now - self.released_at
-        if elapsed <= 0.0 or self.cap <= 0.0:
+        if elapsed <= 0.0:
             return FRESH_YIELD
-        return (self.work_done + self.transferred / self.cap) / elapsed
+        return self.progress / elapsed
+
+    def remaining_estimate(self) -> float:
+        """V_i, or when the client did not say (volume 0): what the job's past
+        operations suggest is left, ``mean_volume − moved`` (0 with no history)."""
+        if self.remaining is not None:
+            return self.remaining
+        return max(0.0, self.mean_volume - self.moved)
 
 
 @dataclass(frozen=True, slots=True)
 class SystemView:
-    """Everything a policy may read: time, capacity and the jobs."""
+    """Everything a policy may read: time, capacity and the jobs.
+
+    The controller passes the jobs of S(t) only; the simulator may pass all
+    applications (computing ones with ``demand`` 0).
+    """
 
     now: float
     capacity: float  # B, bytes/s
     node_bandwidth: float  # b, bytes/s per node
     jobs: Mapping[JobId, JobView] = field(default_factory=dict)
     seed: int = 0  # for policies that draw; same seed → same rates
+    horizon: float | None = None  # T_end of the simulated window; None when live
 
     def __post_init__(self) -> None:
         if not (math.isfinite(self.capacity) and self.capacity >= 0.0):
@@ -66,8 +85,10 @@ class SystemView:
         object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
 
     def active_jobs(self) -> list[JobView]:
-        """S(t), in a stable order (by job id)."""
-        return sorted((j for j in self.jobs.values() if j.active), key=lambda j: j.job_id)
+        """S(t), in the jobs' stable order (``index``, then id)."""
+        return sorted(
+            (j for j in self.jobs.values() if j.active), key=lambda j: (j.index, j.job_id)
+        )
 
 
 def job_cap(nodes: int, node_bandwidth: float, capacity: float) -> float:

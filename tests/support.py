@@ -163,7 +163,7 @@ class Pump:
         return self
 
     def _run(self) -> None:
-        t0 = time.monotonic()
+        next_at = time.monotonic()
         while not self._stop.is_set():
             try:
                 self.session.acquire(self.chunk, self.kind)  # type: ignore[attr-defined]
@@ -172,8 +172,11 @@ class Pump:
                 return
             self.moved += self.chunk
             if self.pace is not None:
-                # The application's own pacing (it only ever wants `pace`), not synchronisation.
-                ahead = self.moved / self.pace - (time.monotonic() - t0)
+                # The application's own pacing (it only ever wants `pace`), not
+                # synchronisation. A late chunk is not caught up with a burst: the
+                # application never asks for more than `pace`.
+                next_at = max(next_at, time.monotonic() - 0.02) + self.chunk / self.pace
+                ahead = next_at - time.monotonic()
                 if ahead > 0:
                     self._stop.wait(ahead)
 

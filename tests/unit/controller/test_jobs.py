@@ -53,7 +53,8 @@ def test_remaining_volume_follows_usage(table: JobTable, clock: Clock) -> None:
     clock.t += 1
     table.usage(s, 4 * int(MiB), 64, 0.9, 1.0, True)
     row = table.view(B, b).jobs["j"]
-    assert row.remaining == 6 * MiB and row.transferred == 4 * MiB
+    assert row.remaining == 6 * MiB and row.moved == 4 * MiB
+    assert row.progress == pytest.approx(0.5)  # 4 MiB at b_i = 8 MiB/s: 0.5 s of I/O done
 
 
 def test_unknown_volume_has_no_remaining(table: JobTable) -> None:
@@ -105,9 +106,11 @@ def test_phases_and_yield_inputs(table: JobTable, clock: Clock) -> None:
     clock.t = 110.0
     table.post(s, 2, OpKind.WRITE, 0)
     row = table.view(B, b).jobs["j"]
-    assert row.work_done == 8.0 and row.transferred == 16 * MiB
-    # y = (8 + 16 MiB / 8 MiB/s) / (110 − 100) = 1.0, eq. (6)
+    # P = W_done + V_transferred / b_i = 8 + 16 MiB / 8 MiB/s; y = P / (110 − 100), eq. (6)
+    assert row.progress == pytest.approx(10.0)
     assert row.yield_at(clock.t) == pytest.approx(1.0)
+    assert row.last_work == 4.0  # 106 → 110 between the two I/O phases
+    assert row.mean_volume == 16 * MiB  # the first op declared no volume: its moved bytes count
 
 
 def test_heartbeat_timeout_then_retention(table: JobTable, clock: Clock) -> None:

@@ -30,7 +30,7 @@ def random_view(seed: int, n_jobs: int | None = None) -> SystemView:
         cap = job_cap(nodes, b, capacity)
         state = rng.random()
         demand = 0.0 if state < 0.2 else cap if state < 0.7 else rng.uniform(0.01, 1.0) * cap
-        volume = rng.choice([0, rng.randint(1, 1 << 34)])
+        volume = float(rng.choice([0, rng.randint(1, 1 << 34)]))
         released = rng.uniform(0, now - 1)
         jobs[f"j{i}"] = JobView(
             job_id=f"j{i}",
@@ -42,10 +42,13 @@ def random_view(seed: int, n_jobs: int | None = None) -> SystemView:
             demand=demand,
             posted_at=rng.uniform(released, now) if demand else None,
             volume=volume,
-            remaining=float(rng.randint(0, volume)) if volume else None,
+            remaining=rng.uniform(0, volume) if volume else None,
             released_at=released,
-            work_done=rng.uniform(0, now - released) / 2,
-            transferred=rng.uniform(0, 1e10),
+            progress=rng.uniform(0, now - released),
+            last_work=rng.uniform(0, 100),
+            mean_volume=rng.choice([0.0, rng.uniform(1, 1 << 34)]),
+            moved=rng.uniform(0, 1 << 30),
+            index=i,
         )
     return SystemView(now=now, capacity=capacity, node_bandwidth=b, jobs=jobs, seed=seed)
 

@@ -122,10 +122,18 @@ def test_water_fill(ceilings, weights, capacity, expected) -> None:
 
 
 def test_yield_eq6() -> None:
-    # y = (W_done + V_transferred / b_i) / (t − τ_i) = (4 + 40 MiB / 8 MiB/s) / 10
-    j = job("a", 1, 8 * MiB, 40 * MiB, released_at=0.0, work_done=4.0, transferred=40 * MiB)
+    # y = (W_done + V_transferred / b_i) / (t − τ_i) = P / (t − τ_i) = 9 / 10
+    j = job("a", 1, 8 * MiB, 40 * MiB, released_at=0.0, progress=9.0)
     assert j.yield_at(10.0) == pytest.approx(0.9)
     assert j.yield_at(0.0) == 0.0  # fresh job: the named constant FRESH_YIELD
+
+
+def test_remaining_estimate_from_past_operations() -> None:
+    known = job("a", 1, 8 * MiB, 40 * MiB, volume=100.0, remaining=30.0, mean_volume=500.0)
+    assert known.remaining_estimate() == 30.0
+    unknown = job("b", 1, 8 * MiB, 40 * MiB, moved=200.0, mean_volume=500.0)
+    assert unknown.remaining_estimate() == 300.0
+    assert job("c", 1, 8 * MiB, 40 * MiB, moved=900.0, mean_volume=500.0).remaining_estimate() == 0
 
 
 def test_registry_rejects_overwrite_and_bad_names() -> None:
