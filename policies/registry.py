@@ -24,6 +24,11 @@ _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 _BUILTIN: dict[str, str] = {
     "fcfs": "burstctl.policies.fcfs:Fcfs",
     "fair-share": "burstctl.policies.fair_share:FairShare",
+    "greedy-yield": "burstctl.policies.greedy:GreedyYield",
+    "greedy-com": "burstctl.policies.greedy:GreedyCom",
+    "periodic-greedy-yield": "burstctl.policies.greedy:PeriodicGreedyYield",
+    "look-ahead-greedy-yield": "burstctl.policies.greedy:LookAheadGreedyYield",
+    "set-10": "burstctl.policies.io_sets:Set10",
 }
 
 ENTRY_POINT_GROUP = "burstctl.policies"

@@ -52,10 +52,15 @@ def water_fill(
         for _, j, c, _ in live:
             rates[j] = c
         return rates
-    # Saturate jobs in order of ceiling/weight: the ones that stop first.
-    live.sort()
     left = capacity
     weight_left = sum(w for *_, w in live)
+    level = left / weight_left
+    if min(live)[0] > level:  # nobody stops below the common level: no sort needed
+        for _, j, _, w in live:
+            rates[j] = level * w
+        return rates
+    # Saturate jobs in order of ceiling/weight: the ones that stop first.
+    live.sort()
     for i, (ratio, j, c, w) in enumerate(live):
         level = left / weight_left
         if ratio <= level:

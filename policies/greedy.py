@@ -1,0 +1,179 @@
+"""The yield- and volume-ordered greedy strategies of the bandwidth-sharing paper (§4.1).
+
+GreedyYield, GreedyCom, PeriodicGreedyYield and LookAheadGreedyYield all end in
+GREEDY_FILL (``sharing.greedy_fill``): they differ only in the order they serve
+S(t) in, in LookAhead's choice of who goes first, and in Periodic's extra
+decision every δ. The semantics are those of the authors' reference simulator
+(``shared/papers/bandwidth-sharing-reference-simulator.md`` §5–§6), which the
+simulator's results are checked against; b_i there is ``demand`` here (equal
+to b_i in the simulator, the controller's estimate live), so a job never gets
+more than it can use and the rest flows on.
+
+Volumes V_i come from ``JobView.remaining_estimate()``: the remaining volume
+when the client said it, otherwise what the job's past operations suggest is
+left. A job that has neither (no volume, no completed operation) is *unknown*.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+
+from pydantic import Field
+
+from burstctl.policies.base import Policy, PolicyParams
+from burstctl.policies.sharing import greedy_fill
+from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
+
+
+def known_remaining(job: JobView) -> float | None:
+    """V_i, or None when nothing is known: no volume given and no past operation."""
+    if job.remaining is None and job.mean_volume <= 0.0:
+        return None
+    return job.remaining_estimate()
+
+
+def by_yield(jobs: Iterable[JobView], now: float) -> list[JobView]:
+    """Non-decreasing y_i(t) (eq. 6), ties by the stable index (reference §6)."""
+    return sorted(jobs, key=lambda j: (j.yield_at(now), j.index, j.job_id))
+
+
+class GreedyYield(Policy):
+    """GREEDY_FILL by non-decreasing yield y_i(t) = P_i/(t − τ_i) (eq. 6), then index.
+
+    The lowest yields catch up first; fresh jobs (t = τ_i) have yield
+    ``FRESH_YIELD`` = 0, so they come before everyone that has progressed.
+    Needs no volumes.
+    """
+
+    name = "greedy-yield"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        return greedy_fill(by_yield(view.active_jobs(), view.now), view.capacity)
+
+
+class PeriodicParams(PolicyParams):
+    delta: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)  # δ, seconds
+
+
+class PeriodicGreedyYield(GreedyYield):
+    """GreedyYield that also decides again δ seconds after every decision (§4.1).
+
+    The reference simulator's fixedWindow restarts the period at every event
+    (reference §3, §6): returning δ from every decision is exactly that. The
+    paper sets δ = (T_end − T_begin)/E(+), with E(+) the number of solo-mode
+    phases; the simulator computes that and passes it as ``delta``.
+    """
+
+    name = "periodic-greedy-yield"
+    Params = PeriodicParams
+    params: PeriodicParams
+
+    def period(self, view: SystemView) -> float:
+        return self.params.delta
+
+
+class GreedyCom(Policy):
+    """GREEDY_FILL by non-decreasing V_i/b_i (time to finish at full speed), then index.
+
+    V_i is ``remaining_estimate()``: live, when the client did not give the
+    volume, it is the job's mean past volume minus what the operation moved
+    (0 once overdue, so an overdue operation is taken as about to finish).
+    A job with no volume and no history is unknown and served after every
+    job with an estimate (the paper needs volumes; notes §2 suggest last).
+    """
+
+    name = "greedy-com"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        def key(job: JobView) -> tuple[float, int, str]:
+            v = known_remaining(job)
+            # d_i = V_i / b_i, the transfer time at full speed (eq. 3)
+            d = math.inf if v is None else v / job.cap
+            return (d, job.index, job.job_id)
+
+        return greedy_fill(sorted(view.active_jobs(), key=key), view.capacity)
+
+
+class LookAheadGreedyYield(Policy):
+    """Give each job priority in turn; keep the choice with the best projected minimum yield.
+
+    Reference §6 (lookAheadGreedyYield), for m ≥ 2 jobs of S(t) in index order:
+    candidate i gets β_i = min(demand_i, B), the others share B − β_i by
+    GreedyYield; the horizon is h = min(T, first completion t + V_k/β_k);
+    Z_i = min(1, min_k y_k(h)) with y_k(h) the yield at h if the allocation
+    holds; the first strictly largest Z_i above 0 wins, else candidate 0.
+    With one job it gets min(demand, B).
+
+    Where the reference cannot be followed (live only):
+    - T is ``view.horizon``; live it is None and only completions bound h.
+    - A job whose V_i is unknown or 0 (overdue estimate) does not bound h:
+      its completion time is unknown.
+    - A candidate with no horizon at all (live, T None, no known completion)
+      cannot be scored and is never chosen over a scored one; when no
+      candidate can be scored the allocation is GreedyYield's.
+    - y_k(h) is ``FRESH_YIELD`` when h ≤ τ_k, as for y_k(t).
+    """
+
+    name = "look-ahead-greedy-yield"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        active = view.active_jobs()
+        capacity = view.capacity
+        if len(active) <= 1:
+            return {j.job_id: min(j.demand, capacity) for j in active}
+        ordered = by_yield(active, view.now)
+        volumes = {j.job_id: known_remaining(j) for j in active}
+
+        best: dict[JobId, float] | None = None
+        best_z = 0.0  # reference: strict `>` from threshold 0
+        first: dict[JobId, float] | None = None
+        scored = False
+        for candidate in active:
+            beta = min(candidate.demand, capacity)
+            rates = greedy_fill((j for j in ordered if j is not candidate), capacity - beta)
+            rates[candidate.job_id] = beta
+            if first is None:
+                first = rates
+            z = _min_projected_yield(view, active, rates, volumes)
+            if z is None:
+                continue
+            scored = True
+            if z > best_z:
+                best_z, best = z, rates
+        if not scored:
+            return greedy_fill(ordered, capacity)
+        if best is None:
+            assert first is not None
+            return first
+        return best
+
+
+def _min_projected_yield(
+    view: SystemView,
+    active: Sequence[JobView],
+    rates: dict[JobId, float],
+    volumes: dict[JobId, float | None],
+) -> float | None:
+    """Z = min(1, min_k y_k(h)) under ``rates`` held until h; None without a horizon."""
+    now = view.now
+    h = view.horizon  # T
+    for job in active:
+        beta = rates[job.job_id]
+        v = volumes[job.job_id]
+        if beta > 0.0 and v is not None and v > 0.0:
+            end = now + v / beta  # completion of V_k at β_k
+            if h is None or end < h:
+                h = end
+    if h is None:
+        return None
+    z = 1.0
+    for job in active:
+        # y_k(h) = (P_k + (h − t)·β_k/b_k)/(h − τ_k): eq. (6) with the
+        # transfer progress V^(transferred)/b_k of rate β_k over (t, h]
+        if h > job.released_at:
+            y = (job.progress + (h - now) * rates[job.job_id] / job.cap) / (h - job.released_at)
+        else:
+            y = FRESH_YIELD
+        z = min(z, y)
+    return z
