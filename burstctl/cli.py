@@ -100,5 +100,191 @@ def list_policies() -> None:
         click.echo(name)
 
 
+@main.group()
+def sim() -> None:
+    """Discrete-event simulator of the bandwidth-sharing policies (docs/simulator.md)."""
+
+
+def _positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
+    if value is not None and not value > 0.0:
+        raise click.BadParameter(f"must be > 0, got {value}")
+    return value
+
+
+def _fraction(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0.0 < value <= 1.0:
+        raise click.BadParameter(f"must be in (0, 1], got {value}")
+    return value
+
+
+@sim.command("generate")
+@click.option(
+    "--pressure", type=float, required=True, callback=_positive, help="W_GOAL, the I/O pressure."
+)
+@click.option("--n-small", type=click.IntRange(0, 40), default=20, show_default=True)
+@click.option("--sigma", type=click.FloatRange(min=0.0), default=0.5, show_default=True)
+@click.option("--nu", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True)
+@click.option("--horizon", type=float, default=2_000_000.0, show_default=True, callback=_positive)
+@click.option("--seed", type=int, required=True, help="Seed of the instance's random.Random.")
+@click.option(
+    "--out", type=click.Path(dir_okay=False, path_type=Path), required=True, help="Instance file."
+)
+def sim_generate(
+    pressure: float, n_small: int, sigma: float, nu: float, horizon: float, seed: int, out: Path
+) -> None:
+    """Write a synthetic 60-application instance (paper §6.2)."""
+    from burstctl.simulator.generate import GeneratorParams, generate
+    from burstctl.simulator.instance import write_instance
+
+    try:
+        params = GeneratorParams(
+            pressure=pressure, n_small=n_small, sigma=sigma, nu=nu, horizon=horizon
+        )
+        write_instance(out, generate(params, seed))
+    except (ValueError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+
+
+@sim.command("run")
+@click.option("--policy", "policy_name", required=True, metavar="NAME", help="A registered policy.")
+@click.option(
+    "--instance",
+    "instance_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+)
+@click.option(
+    "--window",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=_fraction,
+    help="T = window × the shortest solo completion time.",
+)
+@click.option(
+    "--bandwidth",
+    type=float,
+    default=1.0,
+    show_default=True,
+    callback=_positive,
+    help="B, to normalise the instance's volumes and caps.",
+)
+@click.option(
+    "--windows",
+    type=click.Choice(["v1", "v2"]),
+    default="v1",
+    show_default=True,
+    help="v2: FairShare on [0, T/2), then the policy.",
+)
+@click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json")
+def sim_run(
+    policy_name: str,
+    instance_file: Path,
+    window: float,
+    bandwidth: float,
+    windows: str,
+    fmt: str,
+) -> None:
+    """Simulate one policy on one instance; print its metrics."""
+    from burstctl.policies.registry import UnknownPolicyError, default_registry
+    from burstctl.simulator.engine import SimulationError, create_policy, simulate
+    from burstctl.simulator.instance import prepare_window, read_instance
+
+    registry = default_registry()
+    try:
+        registry.get(policy_name)
+    except UnknownPolicyError as exc:
+        raise click.BadParameter(str(exc), param_hint="--policy") from None
+    try:
+        win = prepare_window(read_instance(instance_file), window, bandwidth)
+        policy = create_policy(policy_name, win, registry)
+        result = simulate(
+            win,
+            policy,
+            windows="v2" if windows == "v2" else "v1",
+            registry=registry,
+            instance=str(instance_file),
+        )
+    except ValueError as exc:
+        raise click.ClickException(f"{instance_file}: {exc}") from None
+    except SimulationError as exc:
+        raise click.ClickException(f"simulation failed: {exc}") from None
+    _emit([result.as_dict()], fmt)
+
+
+@sim.command("sweep")
+@click.option("--policy", "policies", multiple=True, required=True, metavar="NAME")
+@click.option("--pressure", "pressures", type=float, multiple=True, required=True, metavar="W")
+@click.option("--seeds", type=click.IntRange(min=1), default=10, show_default=True)
+@click.option("--first-seed", type=int, default=0, show_default=True)
+@click.option("--n-small", type=click.IntRange(0, 40), default=20, show_default=True)
+@click.option("--sigma", type=click.FloatRange(min=0.0), default=0.5, show_default=True)
+@click.option("--nu", type=click.FloatRange(0.0, 1.0), default=0.5, show_default=True)
+@click.option("--horizon", type=float, default=2_000_000.0, show_default=True, callback=_positive)
+@click.option("--window", type=float, default=1.0, show_default=True, callback=_fraction)
+@click.option("--windows", type=click.Choice(["v1", "v2"]), default="v1", show_default=True)
+@click.option("--workers", type=click.IntRange(min=1), help="Processes [default: CPUs].")
+@click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv")
+def sim_sweep(
+    policies: tuple[str, ...],
+    pressures: tuple[float, ...],
+    seeds: int,
+    first_seed: int,
+    n_small: int,
+    sigma: float,
+    nu: float,
+    horizon: float,
+    window: float,
+    windows: str,
+    workers: int | None,
+    fmt: str,
+) -> None:
+    """Run policies × pressures × seeds on synthetic instances; one row per run."""
+    from burstctl.policies.registry import UnknownPolicyError, default_registry
+    from burstctl.simulator.engine import SimulationError
+    from burstctl.simulator.sweep import sweep
+
+    registry = default_registry()
+    for name in policies:
+        try:
+            registry.get(name)
+        except UnknownPolicyError as exc:
+            raise click.BadParameter(str(exc), param_hint="--policy") from None
+    for w in pressures:
+        if not w > 0.0:
+            raise click.BadParameter(f"must be > 0, got {w}", param_hint="--pressure")
+    try:
+        rows = list(
+            sweep(
+                policies,
+                pressures,
+                range(first_seed, first_seed + seeds),
+                n_small=n_small,
+                sigma=sigma,
+                nu=nu,
+                horizon=horizon,
+                window=window,
+                windows="v2" if windows == "v2" else "v1",
+                workers=workers,
+            )
+        )
+    except (ValueError, SimulationError) as exc:
+        raise click.ClickException(str(exc)) from None
+    _emit(rows, fmt)
+
+
+def _emit(rows: list[dict[str, object]], fmt: str) -> None:
+    import csv
+    import json
+
+    if fmt == "json":
+        for row in rows:
+            click.echo(json.dumps(row))
+        return
+    writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
+    writer.writeheader()
+    writer.writerows(rows)
+
+
 if __name__ == "__main__":
     sys.exit(main())

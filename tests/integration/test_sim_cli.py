@@ -1,0 +1,154 @@
+"""``burstctl sim``: generate → run → JSON/CSV through the real command line, and bad input."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.integration
+
+KEYS = {
+    "policy",
+    "instance",
+    "min_yield",
+    "efficiency",
+    "utilization",
+    "pressure",
+    "events",
+    "wall_seconds",
+}
+
+
+def burstctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "burstctl", "sim", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def instance(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("sim") / "w0.8.txt"
+    done = burstctl(
+        "generate", "--pressure", "0.8", "--horizon", "20000", "--seed", "5", "--out", path
+    )
+    assert done.returncode == 0, done.stderr
+    return path
+
+
+def test_generate_is_reproducible(instance: Path, tmp_path: Path) -> None:
+    again = tmp_path / "again.txt"
+    done = burstctl(
+        "generate", "--pressure", "0.8", "--horizon", "20000", "--seed", "5", "--out", again
+    )
+    assert done.returncode == 0, done.stderr
+    assert again.read_text() == instance.read_text()
+    assert len(instance.read_text().splitlines()) == 60
+
+
+def test_run_prints_json(instance: Path) -> None:
+    done = burstctl("run", "--policy", "fair-share", "--instance", instance)
+    assert done.returncode == 0, done.stderr
+    row = json.loads(done.stdout)
+    assert set(row) >= KEYS
+    assert row["policy"] == "fair-share" and row["instance"] == str(instance)
+    assert 0 < row["min_yield"] <= 1 and 0 < row["efficiency"] <= 1
+    assert 0 < row["utilization"] <= 1 and row["events"] > 0
+    assert 0.5 < row["pressure"] < 1.2
+
+
+def test_run_v2_csv_with_window(instance: Path) -> None:
+    done = burstctl(
+        "run",
+        "--policy",
+        "fcfs",
+        "--instance",
+        instance,
+        "--windows",
+        "v2",
+        "--window",
+        "0.5",
+        "--format",
+        "csv",
+    )
+    assert done.returncode == 0, done.stderr
+    (row,) = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert set(row) >= KEYS and row["windows"] == "v2" and row["policy"] == "fcfs"
+
+
+def test_unknown_policy_lists_known(instance: Path) -> None:
+    done = burstctl("run", "--policy", "nope", "--instance", instance)
+    assert done.returncode == 2
+    assert "unknown policy 'nope'" in done.stderr and "fair-share" in done.stderr
+    assert "fcfs" in done.stderr
+
+
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("a 1 0 0 0 2 0 C 1 1\nb 1 0 0 0 2 0 C 1\n", "line 2: n: says 2 values"),
+        ("a 1 0 0 0 2 0 C 1 1\n\nb 1 0 0 0 2 0 C 1 -1\n", "line 3: x_2 (duration): must be >= 0"),
+        ("a 1 0 0 0 2 0 C 1 1\nb 1 0 0 0 2 0 C -4 1\n", "line 2: x_1 (volume): must be >= 0"),
+        ("a 1 0 0 0 2 0 C one 1\n", "line 1: x_1 (volume): not a number"),
+    ],
+)
+def test_malformed_instance(tmp_path: Path, content: str, message: str) -> None:
+    path = tmp_path / "bad.txt"
+    path.write_text(content)
+    done = burstctl("run", "--policy", "fcfs", "--instance", path)
+    assert done.returncode == 1
+    assert message in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("pressure", ["0", "-0.5"])
+def test_pressure_must_be_positive(tmp_path: Path, pressure: str) -> None:
+    done = burstctl("generate", "--pressure", pressure, "--seed", "1", "--out", tmp_path / "x")
+    assert done.returncode == 2 and "--pressure" in done.stderr and "> 0" in done.stderr
+    assert not (tmp_path / "x").exists()
+
+
+@pytest.mark.parametrize("window", ["0", "1.5", "-1"])
+def test_window_must_be_a_fraction(instance: Path, window: str) -> None:
+    done = burstctl("run", "--policy", "fcfs", "--instance", instance, "--window", window)
+    assert done.returncode == 2 and "--window" in done.stderr and "(0, 1]" in done.stderr
+
+
+def test_sweep_rows_in_order() -> None:
+    done = burstctl(
+        "sweep",
+        "--policy",
+        "fcfs",
+        "--policy",
+        "fair-share",
+        "--pressure",
+        "0.5",
+        "--pressure",
+        "1.1",
+        "--seeds",
+        "2",
+        "--horizon",
+        "20000",
+        "--workers",
+        "2",
+    )
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO(done.stdout)))
+    got = [(r["pressure_goal"], r["seed"], r["policy"]) for r in rows]
+    assert got == [
+        (w, s, p) for w in ("0.5", "1.1") for s in ("0", "1") for p in ("fcfs", "fair-share")
+    ]
+    assert set(rows[0]) >= KEYS
+
+
+def test_sweep_rejects_bad_pressure() -> None:
+    done = burstctl("sweep", "--policy", "fcfs", "--pressure", "0", "--seeds", "1")
+    assert done.returncode == 2 and "--pressure" in done.stderr
