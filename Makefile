@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) bench/decision_latency.py
 	$(PY) bench/grpc_ingest_ceiling.py
 	$(PY) bench/controller_events.py
+	$(PY) bench/sim_speed.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

@@ -271,6 +271,11 @@ def sim_sweep(
     except (ValueError, SimulationError) as exc:
         raise click.ClickException(str(exc)) from None
     _emit(rows, fmt)
+    failed = [r for r in rows if r.get("error")]
+    if failed:
+        for r in failed:
+            click.echo(f"failed: {r['policy']} on {r['instance']}: {r['error']}", err=True)
+        raise click.ClickException(f"{len(failed)} of {len(rows)} runs failed (rows kept above)")
 
 
 def _emit(rows: list[dict[str, object]], fmt: str) -> None:
@@ -281,7 +286,8 @@ def _emit(rows: list[dict[str, object]], fmt: str) -> None:
         for row in rows:
             click.echo(json.dumps(row))
         return
-    writer = csv.DictWriter(sys.stdout, fieldnames=list(rows[0]), lineterminator="\n")
+    fields = list(dict.fromkeys(key for row in rows for key in row))  # union, first-seen order
+    writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
 

@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from burstctl.simulator.engine import Windows, simulate
+from burstctl.simulator.engine import SimulationError, Windows, simulate
 from burstctl.simulator.generate import GeneratorParams, generate
 from burstctl.simulator.instance import prepare_window
 
@@ -33,10 +33,16 @@ def run_task(task: SweepTask) -> list[dict[str, Any]]:
     """Generates one instance and runs every policy of ``task`` on it."""
     win = prepare_window(generate(task.params, task.seed), task.window)
     label = f"w{task.params.pressure}-nH{task.params.n_small}-seed{task.seed}"
-    rows = []
+    rows: list[dict[str, Any]] = []
     for name in task.policies:
-        result = simulate(win, name, windows=task.windows, instance=label)
-        rows.append({"pressure_goal": task.params.pressure, "seed": task.seed, **result.as_dict()})
+        head = {"pressure_goal": task.params.pressure, "seed": task.seed}
+        try:
+            result = simulate(win, name, windows=task.windows, instance=label)
+        except SimulationError as exc:
+            # One failed run must not lose the campaign: it becomes a row of its own.
+            rows.append({**head, "policy": name, "instance": label, "error": str(exc)})
+            continue
+        rows.append({**head, **result.as_dict(), "error": ""})
     return rows
 
 
