@@ -323,9 +323,18 @@ class _Run:
             self._credit(i, step_start, length)
         k += 1
         self.phase[i] = k
-        # A missing value reads as 0 (never observed: kept totals reach T).
-        self.remaining[i] = values[k] if k < len(values) else 0.0
         self.posted[i] = now  # R
+        if k >= len(values):
+            # Kept phases sum to T only up to rounding, so an application can run out
+            # of phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference
+            # would read a missing value as 0 and loop on zero-length phases; here the
+            # application computes until T instead, which no metric can tell apart.
+            self.io[i] = False
+            self.remaining[i] = math.inf
+            self.work_began[i] = now
+            self.views[i] = None
+            return
+        self.remaining[i] = values[k]
         self.io[i] = not self.io[i]
         if not self.io[i]:
             self.work_began[i] = now
@@ -360,9 +369,9 @@ class _Run:
         credit = 0
         for i in range(m):
             u = self.credit[i]
-            if not self.io[i]:  # still in work at T: ℓ − Q of it is done
-                k = self.phase[i]
-                length = self.values[i][k] if k < len(self.values[i]) else 0.0
+            k = self.phase[i]
+            if not self.io[i] and k < len(self.values[i]):  # in work at T: ℓ − Q of it done
+                length = self.values[i][k]
                 q = self.remaining[i]
                 u = int(T - s) if T - length + q < s else int(u + length - q)
             credit += u

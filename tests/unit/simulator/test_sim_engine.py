@@ -188,3 +188,20 @@ def test_delta_parameter_comes_from_the_window() -> None:
 def test_bad_windows_value() -> None:
     with pytest.raises(ValueError, match="windows"):
         simulate(window(TWO), "fcfs", windows="v3")  # type: ignore[arg-type]
+
+
+def test_an_application_that_runs_out_of_phases_before_t_computes_until_t() -> None:
+    """Kept phases reach T only up to rounding; one that ends a hair early must not
+    stall the loop on zero-length phases (seen on a generated W = 0.5 instance)."""
+    win = window("a 1 0 0 0 2 0 W 1 1\nb 1 0 0 0 1 0 W 2\n")
+    short = dataclasses.replace(
+        win.apps[0],
+        phases=(
+            win.apps[0].phases[0],
+            dataclasses.replace(win.apps[0].phases[1], value=1.0 - 1e-9),
+        ),
+    )
+    win = dataclasses.replace(win, apps=(short, win.apps[1]))
+    r = simulate(win, "greedy-com")
+    assert r.horizon == 2.0
+    assert r.min_yield == pytest.approx(1.0)  # a: 1 of work, 1 − 1e-9 of I/O at full speed
