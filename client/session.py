@@ -97,6 +97,10 @@ class _SessionBase:
             client_id=client_id,
         )
         self._engine = Engine(options)
+        self._started()
+
+    def _started(self) -> None:
+        """Hook run at the end of construction (the sync session starts its thread)."""
 
     @property
     def job(self) -> JobInfo:
@@ -135,26 +139,8 @@ class Session(_SessionBase):
     are logged, never raised into ``acquire`` or ``operation``.
     """
 
-    def __init__(
-        self,
-        target: str,
-        job: JobInfo | None = None,
-        fallback: str | Fallback = "keep-last",
-        *,
-        report_interval: float = 0.25,
-        quiet_gap: float = 0.1,
-        attach_timeout: float = 2.0,
-        client_id: str | None = None,
-    ) -> None:
-        super().__init__(
-            target,
-            job,
-            fallback,
-            report_interval=report_interval,
-            quiet_gap=quiet_gap,
-            attach_timeout=attach_timeout,
-            client_id=client_id,
-        )
+    def _started(self) -> None:
+        # The engine runs on a private loop in a daemon thread; start both now.
         options = self._engine.options
         self._close_lock = threading.Lock()
         self._loop = asyncio.new_event_loop()
