@@ -278,6 +278,40 @@ def sim_sweep(
         raise click.ClickException(f"{len(failed)} of {len(rows)} runs failed (rows kept above)")
 
 
+@sim.command("plot")
+@click.option(
+    "--csv",
+    "csv_file",
+    type=click.Path(exists=True, dir_okay=False, path_type=Path),
+    required=True,
+    help="Rows written by `burstctl sim sweep --format csv`.",
+)
+@click.option("--out", type=click.Path(dir_okay=False, path_type=Path), required=True)
+@click.option(
+    "--metric",
+    type=click.Choice(["min_yield", "efficiency", "utilization"]),
+    default="min_yield",
+    show_default=True,
+)
+@click.option("--policy", "policies", multiple=True, metavar="NAME", help="Order of the boxes.")
+def sim_plot(csv_file: Path, out: Path, metric: str, policies: tuple[str, ...]) -> None:
+    """Boxplots per policy and pressure, as in the paper's Figure 2 (needs extra [plot])."""
+    import csv
+
+    try:
+        from burstctl.simulator.plots import boxplots
+    except ImportError:
+        raise click.ClickException(
+            "plotting needs matplotlib: pip install 'burstctl[plot]'"
+        ) from None
+    with csv_file.open(newline="") as f:
+        rows = list(csv.DictReader(f))
+    try:
+        boxplots(rows, out, metric, policies or None)
+    except (ValueError, KeyError) as exc:
+        raise click.ClickException(f"{csv_file}: {exc}") from None
+
+
 def _emit(rows: list[dict[str, object]], fmt: str) -> None:
     import csv
     import json
