@@ -81,6 +81,7 @@ class SessionState:
     idle_since: float | None = None  # when its last open operation completed
     hungry: bool = False
     measured_rate: float | None = None
+    signalled_rate: float | None = None  # the measured rate the table last signalled a change for
     closed: bool = False
     # allocation bookkeeping, owned by the scheduler
     rate: float | None = None  # last rate pushed (None: nothing pushed yet)
@@ -307,7 +308,7 @@ class JobTable:
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         if nbytes:
             session.attribute(nbytes)
-        was_hungry, old_rate = session.hungry, session.measured_rate
+        was_hungry = session.hungry
         session.hungry = waiting or (
             interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval
         )
@@ -321,11 +322,14 @@ class JobTable:
             )
         first_report = not session.reported_since_post and bool(session.ops)
         session.reported_since_post = True
+        # Compared with the rate last signalled, not the previous report, so that
+        # an EWMA drifting in small steps still moves the ceiling once it adds up.
         if (
             first_report
             or was_hungry != session.hungry
-            or (not session.hungry and _moved(old_rate, session.measured_rate))
+            or (not session.hungry and _moved(session.signalled_rate, session.measured_rate))
         ):
+            session.signalled_rate = session.measured_rate
             self._changed(job)
 
     # -- housekeeping ---------------------------------------------------------

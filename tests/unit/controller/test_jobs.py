@@ -82,6 +82,28 @@ def test_satisfied_job_demand_is_measured_rate_with_headroom(table: JobTable, cl
     assert table.view(B, b).jobs["j"].demand == b
 
 
+def test_rate_drifting_in_small_steps_still_asks_for_a_decision(clock: Clock) -> None:
+    """Each report moves the EWMA by less than 10 %, but once the drift adds up to
+    more than 10 % of the rate the last decision used, the table asks for a new one."""
+    calls: list[int] = []
+    table = JobTable(
+        clock,
+        heartbeat_timeout=3.0,
+        job_retention=10.0,
+        demand_headroom=1.1,
+        on_change=lambda: calls.append(1),
+    )
+    s = table.open_session(meta(), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 0)
+    table.usage(s, int(6 * MiB), 1, 0.0, 1.0, False)  # first report: 6 MiB/s
+    calls.clear()
+    for _ in range(3):  # 5 MiB/s from now on: the EWMA goes 5.5, 5.25, 5.125 MiB/s
+        clock.t += 1
+        table.usage(s, int(5 * MiB), 1, 0.0, 1.0, False)
+    assert len(calls) == 1  # at 5.25: 12.5 % below the 6 the last decision used
+    assert table.view(B, b).jobs["j"].demand == pytest.approx(1.1 * 5.125 * MiB)
+
+
 def test_demand_summed_over_sessions_and_capped(table: JobTable) -> None:
     s1 = table.open_session(meta(nodes=2), "c1", "h")
     s2 = table.open_session(meta(nodes=2), "c2", "h")
