@@ -38,6 +38,7 @@ class _Learned:
     omega: float = FIRST_OMEGA  # ω_i, mean iteration length, seconds
     count: int = 0  # c: operations counted so far
     posted_at: float | None = None  # R_i of the operation last counted
+    set_index: int = 0  # n of ω (kept with it: a log10 per job and decision is costly)
 
 
 def round_half_away(x: float) -> int:
@@ -53,6 +54,9 @@ def set_index(omega: float) -> int:
         return -N_LIMIT
     x = math.log10(omega)
     return max(-N_LIMIT, min(N_LIMIT, round_half_away(x))) if math.isfinite(x) else N_LIMIT
+
+
+_FIRST_SET = set_index(FIRST_OMEGA)  # n of a job seen for the first time
 
 
 class Set10(Policy):
@@ -99,17 +103,18 @@ class Set10(Policy):
         active = view.active_jobs()
         sets: dict[int, list[JobView]] = {}  # n → members, in order of first appearance
         for job in active:
-            omega = self._observe(job) if self.params.learn else FIRST_OMEGA
-            sets.setdefault(set_index(omega), []).append(job)
+            n = self._observe(job) if self.params.learn else _FIRST_SET
+            sets.setdefault(n, []).append(job)
         return _split(sets, view.capacity, view.now)
 
-    def _observe(self, job: JobView) -> float:
-        """Counts ``job``'s pending operation once, the first time it is seen; returns ω."""
+    def _observe(self, job: JobView) -> int:
+        """Counts ``job``'s pending operation once, the first time it is seen; returns
+        the set index n of its ω."""
         state = self._learned.get(job.job_id)
         if state is None:
             state = self._learned[job.job_id] = _Learned()
         elif state.posted_at == job.posted_at:
-            return state.omega
+            return state.set_index
         state.posted_at = job.posted_at
         if state.count == 0:
             state.omega = FIRST_OMEGA
@@ -120,7 +125,8 @@ class Set10(Policy):
             c = state.count
             state.omega = (state.omega * (c - 1) + job.last_work + volume / job.cap) / c
         state.count += 1
-        return state.omega
+        state.set_index = set_index(state.omega)
+        return state.set_index
 
 
 def _split(sets: dict[int, list[JobView]], capacity: float, now: float) -> dict[JobId, float]:

@@ -8,6 +8,7 @@ want more. The result is work-conserving: Σ rates = min(B, Σ demand).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Mapping
 
 from burstctl.policies.view import JobId, JobView
@@ -23,9 +24,13 @@ def greedy_fill(order: Iterable[JobView], capacity: float) -> dict[JobId, float]
     left = capacity
     rates: dict[JobId, float] = {}
     for job in order:
-        give = min(job.demand, left) if left > 0.0 else 0.0
+        if left > 0.0:
+            demand = job.demand
+            give = left if left < demand else demand  # min(demand, left) without the call
+            left -= give
+        else:
+            give = 0.0
         rates[job.job_id] = give
-        left -= give
     return rates
 
 
@@ -43,19 +48,24 @@ def water_fill(
     # (ceiling/weight, id, ceiling, weight) for jobs that can take something
     live = []
     total_ceiling = 0.0
+    weight_left = 0.0
+    lowest = math.inf  # the smallest ceiling/weight
     for j, c in ceilings.items():
         w = weights.get(j, 0.0)
         if c > 0.0 and w > 0.0:
-            live.append((c / w, j, c, w))
+            ratio = c / w
+            live.append((ratio, j, c, w))
             total_ceiling += c
+            weight_left += w
+            if ratio < lowest:
+                lowest = ratio
     if total_ceiling <= capacity:
         for _, j, c, _ in live:
             rates[j] = c
         return rates
     left = capacity
-    weight_left = sum(w for *_, w in live)
     level = left / weight_left
-    if min(live)[0] > level:  # nobody stops below the common level: no sort needed
+    if lowest > level:  # nobody stops below the common level: no sort needed
         for _, j, _, w in live:
             rates[j] = level * w
         return rates

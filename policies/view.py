@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from types import MappingProxyType
 
 JobId = str
@@ -78,17 +79,63 @@ class SystemView:
     jobs: Mapping[JobId, JobView] = field(default_factory=dict)
     seed: int = 0  # for policies that draw; same seed → same rates
     horizon: float | None = None  # T_end of the simulated window; None when live
+    # S(t) in stable order when the builder vouched for it (``of_fresh``); not a field
+    # a policy reads: ``active_jobs()`` returns it
+    _active: tuple[JobView, ...] | None = field(default=None, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        if not (math.isfinite(self.capacity) and self.capacity >= 0.0):
-            raise ValueError(f"capacity must be finite and >= 0, got {self.capacity!r}")
+        _check_capacity(self.capacity)
         object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
+
+    @classmethod
+    def of_fresh(
+        cls,
+        now: float,
+        capacity: float,
+        node_bandwidth: float,
+        jobs: dict[JobId, JobView],
+        seed: int = 0,
+        horizon: float | None = None,
+        *,
+        all_active_in_order: bool = False,
+    ) -> SystemView:
+        """The view ``SystemView(...)`` builds, faster, for a caller that hands over a
+        ``jobs`` dict made for this view alone and never touches it again (the
+        simulator builds one per decision): no defensive copy, and none of the
+        frozen ``__init__``'s per-field overhead.
+
+        ``all_active_in_order``: the caller vouches that every job is active and
+        that ``jobs`` iterates in the stable order (``index``, then id), so
+        ``active_jobs()`` needs neither filter nor sort.
+        """
+        _check_capacity(capacity)
+        view = object.__new__(cls)
+        set_field = object.__setattr__  # as the frozen dataclass __init__ does
+        set_field(view, "now", now)
+        set_field(view, "capacity", capacity)
+        set_field(view, "node_bandwidth", node_bandwidth)
+        set_field(view, "jobs", MappingProxyType(jobs))
+        set_field(view, "seed", seed)
+        set_field(view, "horizon", horizon)
+        set_field(view, "_active", tuple(jobs.values()) if all_active_in_order else None)
+        return view
 
     def active_jobs(self) -> list[JobView]:
         """S(t), in the jobs' stable order (``index``, then id)."""
-        return sorted(
-            (j for j in self.jobs.values() if j.active), key=lambda j: (j.index, j.job_id)
-        )
+        if self._active is not None:
+            return list(self._active)
+        active = [j for j in self.jobs.values() if j.demand > 0.0]  # JobView.active
+        active.sort(key=_STABLE_ORDER)
+        return active
+
+
+# (index, job_id): a C-level key, cheaper than a lambda on this hot path
+_STABLE_ORDER = attrgetter("index", "job_id")
+
+
+def _check_capacity(capacity: float) -> None:
+    if not (math.isfinite(capacity) and capacity >= 0.0):
+        raise ValueError(f"capacity must be finite and >= 0, got {capacity!r}")
 
 
 def job_cap(nodes: int, node_bandwidth: float, capacity: float) -> float:

@@ -17,7 +17,9 @@ from __future__ import annotations
 
 import math
 import time
+from bisect import insort
 from dataclasses import asdict, dataclass
+from heapq import heapify, heappop, heappush
 from typing import Any, Literal
 
 from burstctl.policies.base import Policy
@@ -128,7 +130,27 @@ def simulate(
 
 
 class _Run:
-    """State of one run; per-application state lives in parallel lists (speed)."""
+    """State of one run; per-application state lives in parallel lists (speed).
+
+    §4 step 4 advances every application at every step. Done literally, that is
+    O(m) Python work per decision, mostly on applications the decision does not
+    touch; here only what can change is touched, with bit for bit the
+    reference's arithmetic (so the metrics and event counts do not move):
+
+    - An application in I/O moves only while it is served (β > 0). The served
+      ones get Q −= Δβ and P += Δβ/b at each step, as in the reference; only
+      they, and those whose phase just began (it may begin below the completion
+      threshold), can complete.
+    - An application in work runs at rate 1 whatever the policy does. Once
+      ``_closed_form_is_exact`` holds (from the start of most phases, or later
+      in early long ones) the phase is kept in closed form from a base time s:
+      Q = Q_s − (t − s) and P = P_s + (t − s) are then exactly what the
+      reference's per-step Q −= Δ, P += Δ give. A heap of ends s + Q_s gives
+      the next work completion (the reference's t + Q), and a heap of the
+      times P reaches its next power of two gives the one step where the
+      reference's P += Δ rounds, where the phase is rebased (``_rebase``).
+      Until the test holds, a work phase is ``stepped`` like the reference.
+    """
 
     def __init__(self, window: Window, policy: Policy, warmup: Policy | None, seed: int) -> None:
         apps = window.apps
@@ -146,10 +168,13 @@ class _Run:
         self.values = [[p.value for p in a.phases] for a in apps]
         self.io = [a.phases[0].io for a in apps]
         self.phase = [0] * m
+        # Q and P; in a closed-form work phase, Q_s and P_s at its base time s
         self.remaining = [v[0] for v in self.values]  # Q
         self.progress = [a.progress for a in apps]  # P
+        self.closed = [False] * m  # the work phase is in closed form
+        self.base = [0.0] * m  # s of a closed-form work phase
+        self.work_end = [math.inf] * m  # s + Q_s of a closed-form work phase
         self.posted = [a.posted_at for a in apps]  # R
-        self.beta = [0.0] * m
         self.work_done = [0.0] * m  # W^(done) of completed work, from t = 0 (or s)
         self.work_began = [0.0] * m  # start of the current work phase (valid in work)
         self.last_work = [0.0] * m
@@ -157,6 +182,20 @@ class _Run:
         self.io_count = [0] * m
         self.credit = [0] * m  # U of the reference (§10), an integer
         self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
+        self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
+        # I/O phases that began below DONE in the last step: they complete at the next
+        # step whether served or not (the reference checks every application)
+        self.tiny_io = [i for i in self.in_io if self.remaining[i] / self.cap[i] < DONE]
+        # demand = b_i > 0 for every job of the views, which list A in index order
+        self.all_active = all(b > 0.0 for b in self.cap)
+        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
+        self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
+        # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
+        # power of two, s, i); crossings of phases ended or rebased are skipped
+        self.work_ends: list[tuple[float, int]] = []
+        self.crossings: list[tuple[float, float, int]] = []
+        # slack for the heaps' rounded keys before the exact tests: ends stay below ~2T
+        self.slack = DONE + math.ulp(2 * self.horizon)
         self.events = 0
         self.t = 0.0
         # v1: s = 0, t_c = 0; v2: t_c = T/2, s = the switch time (§4, §9)
@@ -165,8 +204,20 @@ class _Run:
         self.switched = warmup is None
         self.base_efficiency = self._weighted_progress()  # E₀
 
+    def _progress_now(self, i: int) -> float:
+        """P_i at the current time."""
+        if self.closed[i]:
+            return self.progress[i] + (self.t - self.base[i])
+        return self.progress[i]
+
+    def _remaining_now(self, i: int) -> float:
+        """Q_i at the current time."""
+        if self.closed[i]:
+            return self.remaining[i] - (self.t - self.base[i])
+        return self.remaining[i]
+
     def _weighted_progress(self) -> float:
-        return math.fsum(b * p for b, p in zip(self.cap, self.progress, strict=True))
+        return math.fsum(self.cap[i] * self._progress_now(i) for i in range(len(self.cap)))
 
     def _job_view(self, i: int) -> JobView:
         volume = self.values[i][self.phase[i]] if self.phase[i] < len(self.values[i]) else 0.0
@@ -193,34 +244,39 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy, io_apps: list[int]) -> float:
-        """Allocates β to the applications in I/O; returns t_d (the policy's next tick)."""
+    def _decide(self, policy: Policy) -> float:
+        """Sets ``serving`` from the policy's rates for A; returns t_d, its next tick."""
         t = self.t
         views = self.views
-        io = self.io
         jobs: dict[str, JobView] = {}
-        for i in range(len(views)):
-            if io[i]:
-                v = views[i]
-                if v is None:
-                    v = views[i] = self._job_view(i)
-                jobs[v.job_id] = v
-                io_apps.append(i)
-        view = SystemView(
-            now=t, capacity=1.0, node_bandwidth=1.0, jobs=jobs, seed=self.seed, horizon=self.horizon
+        for i in self.in_io:
+            v = views[i]
+            if v is None:
+                v = views[i] = self._job_view(i)
+            jobs[v.job_id] = v
+        # ``jobs`` is built for this view alone: no defensive copy needed
+        view = SystemView.of_fresh(
+            t, 1.0, 1.0, jobs, self.seed, self.horizon, all_active_in_order=self.all_active
         )
         rates = policy.allocate(view)
         period = policy.period(view)
         self.events += 1
-        beta = self.beta
-        for job_id, v in jobs.items():
-            rate = float(rates.get(job_id, 0.0))
+        # A job without a rate gets β = 0 (stands still), so only positive rates are kept.
+        serving = self.serving = []
+        for job_id, rate in rates.items():
+            if rate == 0.0:  # the common case (NaN is not == 0 and is rejected below)
+                continue
+            v = jobs.get(job_id)
+            if v is None:  # not in A: ignored
+                continue
+            rate = float(rate)
             if not (-EPS <= rate <= v.cap + EPS):  # also rejects NaN
                 raise SimulationError(
                     f"{policy.name} gave application {v.index} rate {rate} outside"
                     f" [0, b_i = {v.cap}] at t = {t}"
                 )
-            beta[v.index] = rate if rate > 0.0 else 0.0
+            if rate > 0.0:
+                serving.append((v.index, rate))
         if period is None:
             return self.horizon
         if not period > 0.0:
@@ -229,16 +285,8 @@ class _Run:
 
     def loop(self) -> None:
         T = self.horizon
-        io = self.io
-        cap = self.cap
         q_left = self.remaining
-        prog = self.progress
-        beta = self.beta
-        views = self.views
-        m = len(io)
-        inf = math.inf
-        # t + Q over work applications, kept up to date by the advance pass below
-        work_next = min((q_left[i] for i in range(m) if not io[i]), default=inf)
+        work_ends = self.work_ends
         counter = 0
         while self.t < T - EPS:
             t = self.t
@@ -246,44 +294,19 @@ class _Run:
                 self._switch()
             policy = self.policy if self.switched else self.warmup
             assert policy is not None
-            io_apps: list[int] = []
-            t_next = min(T, self._decide(policy, io_apps), work_next)
-            for i in io_apps:  # first I/O completion at the new rates; β = 0: never
-                b = beta[i]
-                if b > 0.0:
-                    c = t + q_left[i] / b
-                    if c < t_next:
-                        t_next = c
+            # §4 step 3: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
+            t_next = min(T, self._decide(policy))
+            if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
+                t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
+            if work_ends and work_ends[0][0] < t_next:
+                t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
+            for i, b in self.serving:  # β = 0 never completes: only the served count
+                c = t + q_left[i] / b
+                if c < t_next:
+                    t_next = c
             if not self.switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
                 t_next = self.switch_at  # v2: an event is forced at t_c
-            dt = t_next - t
-            work_next = inf
-            for i in range(m):
-                if io[i]:
-                    b = beta[i]
-                    if b != 0.0:
-                        q_left[i] -= dt * b
-                        prog[i] += dt * b / cap[i]
-                        views[i] = None
-                    q = q_left[i] / cap[i]
-                    if q >= DONE:
-                        continue
-                    self._check_done(i, q, t_next)
-                    self._complete(i, t, t_next)  # now in work: fall through
-                    q = q_left[i]
-                else:
-                    q = q_left[i] - dt
-                    q_left[i] = q
-                    prog[i] += dt
-                    if q < DONE:
-                        self._check_done(i, q, t_next)
-                        self._complete(i, t, t_next)
-                        if io[i]:
-                            continue
-                        q = q_left[i]
-                c = t_next + q  # the next step's t + Q for a work phase
-                if c < work_next:
-                    work_next = c
+            self._advance(t, t_next)
             if t_next == t:
                 counter += 1
                 if t + EPS2 > T:
@@ -296,10 +319,108 @@ class _Run:
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
+    def _advance(self, t: float, now: float) -> None:
+        """§4 step 4 over [t, now]: moves what moves, then completes every phase
+        with q < DONE. A phase that begins here is first checked at the next step."""
+        dt = now - t
+        q_left = self.remaining
+        cap = self.cap
+        serving = self.serving
+        tiny, self.tiny_io = self.tiny_io, []  # (those that begin here wait a step)
+        for i, b in serving:
+            q_left[i] -= dt * b
+            self.progress[i] += dt * b / cap[i]
+            self.views[i] = None
+        if self.stepped:
+            self._advance_stepped(t, now)
+        slack = self.slack
+        if self.crossings and self.crossings[0][0] - now < slack:
+            for _, s, i in _pop_due(self.crossings, now, slack):
+                if self.closed[i] and self.base[i] == s:  # (else stale)
+                    self._rebase(i, t, now)
+        work_ends = self.work_ends
+        if work_ends and work_ends[0][0] - now < slack:
+            for end, i in _pop_due(work_ends, now, slack):
+                q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
+                if q < DONE:
+                    self._check_done(i, q, now)
+                    self._complete(i, t, now)
+                else:
+                    heappush(work_ends, (end, i))
+        # An I/O phase's Q moves only while it is served: the others cannot cross
+        # DONE, unless their phase began below it (``tiny_io``).
+        for i, _ in serving:
+            q = q_left[i] / cap[i]
+            if q < DONE:
+                self._check_done(i, q, now)
+                self._complete(i, t, now)
+        for i in tiny:
+            if self.io[i]:  # (not completed above, served)
+                self._check_done(i, q_left[i] / cap[i], now)
+                self._complete(i, t, now)
+
+    def _advance_stepped(self, t: float, now: float) -> None:
+        """The stepped work phases: Q −= Δ, P += Δ, as the reference does."""
+        dt = now - t
+        q_left = self.remaining
+        prog = self.progress
+        stepped, self.stepped = self.stepped, []
+        for i in stepped:
+            q = q_left[i] - dt
+            q_left[i] = q
+            prog[i] += dt
+            if q < DONE:
+                self._check_done(i, q, now)
+                self._complete(i, t, now)  # into I/O, or computing until T (stepped)
+            elif not (q <= now and self._close(i, now)):  # (q <= now: a cheap pre-test)
+                self.stepped.append(i)
+
     @staticmethod
     def _check_done(i: int, q: float, now: float) -> None:
         if q < -DONE:
             raise SimulationError(f"application {i} overshot its phase by {-q} at t = {now}")
+
+    def _close(self, i: int, now: float) -> bool:
+        """Puts work phase ``i`` (Q and P as of ``now``) in closed form from ``now`` if
+        that is exact; False (left as it is) if not."""
+        q = self.remaining[i]
+        p = self.progress[i]
+        if not _closed_form_is_exact(now, q, p):
+            return False
+        self.closed[i] = True
+        self.base[i] = now
+        self.work_end[i] = end = now + q  # the reference's next candidate t + Q
+        heappush(self.work_ends, (end, i))
+        crossing = now + (_next_power_of_two(p) - p)
+        if crossing < end + self.slack:
+            heappush(self.crossings, (crossing, now, i))
+        return True
+
+    def _rebase(self, i: int, t: float, now: float) -> None:
+        """Closed-form phase ``i``'s P may have reached its next power of two in the
+        step [t, now]. There the reference's P += Δ rounds (to P_s + (now − s), the
+        one rounding the closed form also makes), and the later steps add to that
+        rounded P on the coarser grid: restart the closed form from ``now``, or
+        step the phase like the reference if that is no longer exact."""
+        s = self.base[i]
+        p = self.progress[i]
+        limit = _next_power_of_two(p)
+        if p + (now - s) < limit:  # not yet (the heap key is rounded)
+            heappush(self.crossings, (s + (limit - p), s, i))
+            return
+        self.work_ends.remove((self.work_end[i], i))
+        heapify(self.work_ends)
+        self.closed[i] = False
+        self.progress[i] = p + (now - s)
+        self.remaining[i] -= now - s  # Q at now, exact
+        if self._close(i, now):  # (same end: s + Q_s = now + Q_now)
+            return
+        q = self.remaining[i]
+        if q < DONE:  # (the stepped pass of this step is over)
+            self._check_done(i, q, now)
+            self._complete(i, t, now)
+        else:
+            self.stepped.append(i)
 
     def _switch(self) -> None:
         self.switched = True
@@ -309,21 +430,35 @@ class _Run:
         self.work_done = [0.0] * len(self.work_done)
         self.work_began = [self.t] * len(self.work_began)
 
+    def _begin_work(self, i: int, now: float, length: float) -> None:
+        """A work phase of ``length`` begins at ``now``: closed form if exact, else stepped."""
+        self.io[i] = False
+        self.work_began[i] = now
+        self.remaining[i] = length
+        if not self._close(i, now):
+            self.stepped.append(i)
+
     def _complete(self, i: int, step_start: float, now: float) -> None:
         """Phase completion at ``now`` in the step that began at ``step_start`` (§4 step 4)."""
         k = self.phase[i]
         values = self.values[i]
         length = values[k] if k < len(values) else 0.0  # ℓ, the kept length
-        if self.io[i]:
+        was_io = self.io[i]
+        if was_io:
             self.io_total[i] += length
             self.io_count[i] += 1
+            self.in_io.remove(i)
         else:
             self.last_work[i] = length
             self.work_done[i] += now - self.work_began[i]
+            if self.closed[i]:  # P_s + (now − s), exact
+                self.progress[i] += now - self.base[i]
+                self.closed[i] = False
             self._credit(i, step_start, length)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
+        self.views[i] = None
         if k >= len(values):
             # Kept phases sum to T only up to rounding, so an application can run out
             # of phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference
@@ -332,13 +467,16 @@ class _Run:
             self.io[i] = False
             self.remaining[i] = math.inf
             self.work_began[i] = now
-            self.views[i] = None
+            self.stepped.append(i)
             return
-        self.remaining[i] = values[k]
-        self.io[i] = not self.io[i]
-        if not self.io[i]:
-            self.work_began[i] = now
-        self.views[i] = None
+        if was_io:
+            self._begin_work(i, now, values[k])
+        else:
+            self.io[i] = True
+            self.remaining[i] = values[k]
+            insort(self.in_io, i)
+            if values[k] / self.cap[i] < DONE:
+                self.tiny_io.append(i)
 
     def _credit(self, i: int, step_start: float, length: float) -> None:
         # The reference's U: an integer, credited from the step's start (§10, quirk 1).
@@ -355,9 +493,7 @@ class _Run:
         s = self.start
         m = len(self.cap)
         # eq. (8): y_i(T) = P_i(T)/(T − τ_i), capped at 1 as in the reference
-        min_yield = min(
-            1.0, min(p / (T - tau) for p, tau in zip(self.progress, self.tau, strict=True))
-        )
+        min_yield = min(1.0, min(self._progress_now(i) / (T - self.tau[i]) for i in range(m)))
         span = T - s
         # eq. (10), weighted by b_i (reference quirk 2; = p_i on synthetic traces)
         efficiency = (self._weighted_progress() - self.base_efficiency) / (span * sum(self.cap))
@@ -372,7 +508,41 @@ class _Run:
             k = self.phase[i]
             if not self.io[i] and k < len(self.values[i]):  # in work at T: ℓ − Q of it done
                 length = self.values[i][k]
-                q = self.remaining[i]
+                q = self._remaining_now(i)
                 u = int(T - s) if T - length + q < s else int(u + length - q)
             credit += u
         return min_yield, efficiency, utilization, credit / (span * m)
+
+
+def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:
+    """Pops the entries whose key is within ``slack`` of ``now`` or before it."""
+    due = []
+    while heap and heap[0][0] - now < slack:
+        due.append(heappop(heap))
+    return due
+
+
+def _next_power_of_two(p: float) -> float:
+    """2⁵³·ulp(p): the first value above p ≥ 0 where the grid of doubles coarsens."""
+    return math.ulp(p) * 2.0**53
+
+
+def _closed_form_is_exact(s: float, q: float, p: float) -> bool:
+    """Whether a work phase with Q = ``q`` and P = ``p`` at time ``s`` can be kept in
+    closed form from s: whether Q − (t − s) and P + (t − s), at every later step t
+    of the phase, are bit for bit what the reference's per-step Q −= Δ, P += Δ give
+    (as long as P stays below its next power of two, where ``_rebase`` takes over).
+
+    - q ≤ s: every step [t, t′] of the phase has s ≤ t < t′ ≤ s + q ≤ 2t, so
+      Δ = t′ − t is exact (Sterbenz) and a multiple of ulp(t) ≥ ulp(s); ΣΔ = t − s,
+      itself exact.
+    - ulp(q) ≤ ulp(s) (implied) and q ≥ ulp(s): each Q on the way, down to the
+      completion residue (|r| ≤ ulp(s)), is a multiple of ulp(q) below 2⁵³·ulp(q),
+      so Q −= Δ never rounds.
+    - ulp(p) ≤ ulp(s): each P is a multiple of ulp(p), so P += Δ cannot round
+      before P reaches 2⁵³·ulp(p), its next power of two.
+    Early phases (long against the time elapsed) fail it until they have run
+    down to Q ≤ t; until then they are stepped like the reference.
+    """
+    u = math.ulp(s)
+    return u <= q <= s and math.ulp(p) <= u
