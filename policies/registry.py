@@ -29,6 +29,7 @@ _BUILTIN: dict[str, str] = {
     "periodic-greedy-yield": "burstctl.policies.greedy:PeriodicGreedyYield",
     "look-ahead-greedy-yield": "burstctl.policies.greedy:LookAheadGreedyYield",
     "set-10": "burstctl.policies.io_sets:Set10",
+    "best-next-event": "burstctl.policies.best_next_event:BestNextEvent",
 }
 
 ENTRY_POINT_GROUP = "burstctl.policies"
