@@ -43,7 +43,14 @@ def main() -> None:
 )
 @click.option("--capacity", metavar="RATE", help="B, this replica's bandwidth, e.g. 400MiB/s.")
 @click.option("--node-bandwidth", metavar="RATE", help="b, per-node bandwidth, e.g. 8MiB/s.")
-@click.option("--policy", metavar="NAME", help="Policy name, e.g. fair-share, fcfs.")
+@click.option(
+    "--policy",
+    metavar="NAME",
+    help=(
+        "Policy name (see `burstctl policies`), e.g. fair-share, size-fair, or a"
+        " sharing spec such as group>user>size."
+    ),
+)
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),

@@ -5,6 +5,11 @@ policy; an unknown name that looks like ``"pkg.module:Class"`` is imported as a
 path (uvicorn's alias habit), and third-party policies can register through the
 ``burstctl.policies`` entry-point group. Registering a taken name fails unless
 ``replace=True``: no silent overwrite.
+
+Besides names, ``get`` accepts a ThemisIO sharing spec (``"group>user>size"``, or
+one level such as ``"size"``; ``policies/statistical_tokens.py``): it resolves to
+the class of that spec, whose ``name`` is the canonical spec. An invalid spec is
+an ``UnknownPolicyError`` that names the offending level.
 """
 
 from __future__ import annotations
@@ -30,6 +35,16 @@ _BUILTIN: dict[str, str] = {
     "look-ahead-greedy-yield": "burstctl.policies.greedy:LookAheadGreedyYield",
     "set-10": "burstctl.policies.io_sets:Set10",
     "best-next-event": "burstctl.policies.best_next_event:BestNextEvent",
+    # ThemisIO statistical tokens; the spec each name stands for is in the comment
+    "job-fair": "burstctl.policies.statistical_tokens:JobFair",  # job
+    "user-fair": "burstctl.policies.statistical_tokens:UserFair",  # user>job
+    "group-fair": "burstctl.policies.statistical_tokens:GroupFair",  # group>job
+    "size-fair": "burstctl.policies.statistical_tokens:SizeFair",  # size
+    "priority-fair": "burstctl.policies.statistical_tokens:PriorityFair",  # priority
+    "user-size-fair": "burstctl.policies.statistical_tokens:UserSizeFair",  # user>size
+    "group-size-fair": "burstctl.policies.statistical_tokens:GroupSizeFair",  # group>size
+    "group-user-fair": "burstctl.policies.statistical_tokens:GroupUserFair",  # group>user>job
+    "group-user-size-fair": "burstctl.policies.statistical_tokens:GroupUserSizeFair",
 }
 
 ENTRY_POINT_GROUP = "burstctl.policies"
@@ -66,9 +81,13 @@ class PolicyRegistry:
     def get(self, name: str) -> type[Policy]:
         target = self._entries.get(name)
         if target is None:
+            spec_class = _spec_class(name)
+            if spec_class is not None:
+                return spec_class
             if ":" not in name:
                 raise UnknownPolicyError(
-                    f"unknown policy {name!r}; known: {', '.join(self.names())}"
+                    f"unknown policy {name!r}; known: {', '.join(self.names())}; "
+                    "or a sharing spec such as 'group>user>size'"
                 )
             target = name
         if isinstance(target, str):
@@ -89,6 +108,19 @@ class PolicyRegistry:
                 for e in exc.errors()
             )
             raise ValueError(f"bad parameters for policy {name!r}: {problems}") from None
+
+
+def _spec_class(name: str) -> type[Policy] | None:
+    """The class of a ThemisIO sharing spec (one per canonical spec); None if ``name``
+    is not meant as a spec (no ``>`` and not a single level name)."""
+    from burstctl.policies import statistical_tokens as tokens  # lazy, as every entry
+
+    if not tokens.is_spec(name):
+        return None
+    try:
+        return tokens.policy_class(name)
+    except tokens.SpecError as exc:
+        raise UnknownPolicyError(str(exc)) from None
 
 
 def _import(path: str) -> type[Policy]:
