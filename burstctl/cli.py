@@ -98,6 +98,203 @@ def controller(config_file: Path | None, **flags: str | Path | None) -> None:
         raise click.ClickException(str(exc)) from None
 
 
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    from burstctl.units import parse_size
+
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
+    if not 0.0 <= value < float("inf"):
+        raise click.BadParameter(f"must be a number of seconds >= 0, got {value}")
+    return value
+
+
+@main.command()
+@click.argument("backing", type=click.Path(file_okay=False, path_type=Path))
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "--controller",
+    metavar="HOST:PORT",
+    envvar="BURSTCTL_CONTROLLER",
+    help="Controller replica that allots the jobs' rates [env BURSTCTL_CONTROLLER]."
+    " Without one the mount is a plain passthrough (unthrottled).",
+)
+@click.option(
+    "--fallback",
+    default="keep-last",
+    show_default=True,
+    metavar="MODE",
+    help="Rate when no controller renews a job's allocation: keep-last, fixed:<rate>"
+    " (e.g. fixed:100MiB/s) or unthrottled.",
+)
+@click.option(
+    "--allow-other",
+    is_flag=True,
+    help="Let users other than the one who mounts use the mount (kernel permission checks"
+    " apply; a non-root user needs user_allow_other in /etc/fuse.conf).",
+)
+@click.option(
+    "--max-write",
+    default="128KiB",
+    show_default=True,
+    callback=_size,
+    metavar="SIZE",
+    help="Largest write request the kernel sends (FUSE 2 caps it at 128KiB).",
+)
+@click.option(
+    "--big-writes/--no-big-writes",
+    default=True,
+    show_default=True,
+    help="FUSE 2: writes of up to --max-write per request instead of 4KiB.",
+)
+@click.option(
+    "-f", "--foreground", is_flag=True, help="Stay in the foreground (default: daemonize)."
+)
+@click.option(
+    "--quiet-gap",
+    type=float,
+    default=0.05,
+    show_default=True,
+    callback=_seconds,
+    metavar="SECONDS",
+    help="A job's I/O phase ends after this long without a request (or at its last close).",
+)
+@click.option(
+    "--session-idle",
+    type=float,
+    default=10.0,
+    show_default=True,
+    callback=_seconds,
+    metavar="SECONDS",
+    help="A job's controller session is closed after this long without a request.",
+)
+@click.option(
+    "--metadata-cost",
+    default="0",
+    show_default=True,
+    callback=_size,
+    metavar="SIZE",
+    help="Bytes each metadata operation (stat, open, mkdir, ...) acquires; 0 = not paced.",
+)
+@click.option(
+    "--attach-timeout",
+    type=float,
+    default=2.0,
+    show_default=True,
+    callback=_seconds,
+    metavar="SECONDS",
+    help="How long a new job session waits for its first allocation before the fallback.",
+)
+@click.option(
+    "--attribution-ttl",
+    type=float,
+    default=5.0,
+    show_default=True,
+    callback=_seconds,
+    metavar="SECONDS",
+    help="How long a pid's job is cached.",
+)
+@click.option(
+    "-o",
+    "fuse_options",
+    multiple=True,
+    metavar="OPT[,OPT...]",
+    help="Extra libfuse mount options, e.g. -o nonempty (writeback_cache is refused).",
+)
+@click.option(
+    "--log-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Append logs to this file (a daemonized mount has no terminal).",
+)
+@click.option(
+    "--log-level",
+    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    default="INFO",
+    show_default=True,
+    help="Logging level.",
+)
+def mount(
+    backing: Path,
+    mountpoint: Path,
+    controller: str | None,
+    fallback: str,
+    allow_other: bool,
+    max_write: int,
+    big_writes: bool,
+    foreground: bool,
+    quiet_gap: float,
+    session_idle: float,
+    metadata_cost: int,
+    attach_timeout: float,
+    attribution_ttl: float,
+    fuse_options: tuple[str, ...],
+    log_file: Path | None,
+    log_level: str,
+) -> None:
+    """Mount BACKING on MOUNTPOINT, pacing each job's I/O through the controller.
+
+    Every read and write through MOUNTPOINT is attributed to the caller's job (from its
+    BURSTCTL_JOB_ID / SLURM_JOB_ID environment, else the parent's, else the user's default
+    job) and paced at the rate the controller allots that job. MOUNTPOINT may be BACKING
+    itself. SIGTERM, SIGINT or `burstctl umount MOUNTPOINT` unmount. See docs/fuse.md.
+    """
+    from burstctl.fuse_shim.mount import MountConfig, MountError, run_mount
+
+    handler: logging.Handler = (
+        logging.FileHandler(log_file) if log_file is not None else logging.StreamHandler()
+    )
+    logging.basicConfig(
+        level=log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        handlers=[handler],
+    )
+    if log_level.upper() != "DEBUG":
+        # mfusepy logs every error answer (ENOENT included) with a traceback at DEBUG.
+        logging.getLogger("fuse").setLevel(logging.INFO)
+    config = MountConfig(
+        backing=backing,
+        mountpoint=mountpoint,
+        controller=controller or None,
+        fallback=fallback,
+        allow_other=allow_other,
+        max_write=max_write,
+        big_writes=big_writes,
+        foreground=foreground,
+        quiet_gap=quiet_gap,
+        session_idle=session_idle,
+        metadata_cost=metadata_cost,
+        attach_timeout=attach_timeout,
+        attribution_ttl=attribution_ttl,
+        fuse_options=fuse_options,
+    )
+    try:
+        code = run_mount(config)
+    except (MountError, OSError) as exc:
+        raise click.ClickException(str(exc)) from None
+    sys.exit(code)
+
+
+@main.command()
+@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
+@click.option(
+    "-z", "--lazy", is_flag=True, help="Detach now; the mount goes once its files are closed."
+)
+def umount(mountpoint: Path, lazy: bool) -> None:
+    """Unmount a `burstctl mount` (its daemon then closes its sessions and exits)."""
+    from burstctl.fuse_shim.mount import MountError, run_unmount
+
+    try:
+        run_unmount(mountpoint, lazy=lazy, echo=click.echo)
+    except MountError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @main.command("policies")
 def list_policies() -> None:
     """List the policies this installation knows."""

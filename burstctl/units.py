@@ -1,4 +1,4 @@
-"""Parsing and printing of byte rates such as ``"400MiB/s"``.
+"""Parsing and printing of byte rates such as ``"400MiB/s"`` and sizes such as ``"128KiB"``.
 
 Shared by the controller configuration, the client fallback spec and the CLI.
 Sizes are parsed by pydantic's ``ByteSize`` (``KB`` = 1000, ``KiB`` = 1024);
@@ -36,6 +36,24 @@ def parse_rate(value: str | float | int) -> float:
     if not math.isfinite(rate) or rate < 0:
         raise ValueError(f"a rate must be finite and >= 0, got {value!r}")
     return rate
+
+
+def parse_size(value: str | int) -> int:
+    """Returns a whole number of bytes from ``"128KiB"``, ``"1MB"``, ``"4096"`` or an int."""
+    if isinstance(value, bool):
+        raise ValueError(f"not a size: {value!r}")
+    if isinstance(value, int):
+        size = value
+    else:
+        try:
+            size = int(_BYTE_SIZE.validate_python(value.strip()))
+        except ValidationError:
+            raise ValueError(
+                f"not a size: {value!r} (use a number of bytes or units B, KiB, MiB, GiB, KB, MB)"
+            ) from None
+    if size < 0:
+        raise ValueError(f"a size must be >= 0, got {value!r}")
+    return size
 
 
 def format_rate(rate: float) -> str:

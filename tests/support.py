@@ -194,3 +194,189 @@ def measure(pumps: Sequence[Pump], seconds: float) -> list[float]:
         threading.Event().wait(min(left, 0.05))  # the measurement window itself
     elapsed = time.monotonic() - t0
     return [(p.moved - s) / elapsed for p, s in zip(pumps, starts, strict=True)]
+
+
+def mounted_paths() -> set[str]:
+    """Mount points listed in ``/proc/self/mounts`` (octal escapes decoded).
+
+    Unlike `os.path.ismount`, this also sees a FUSE mount whose daemon died (``ENOTCONN``).
+    """
+    paths = set()
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) >= 2:
+                paths.add(re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[1]))
+    return paths
+
+
+def is_mounted(path: Path | str) -> bool:
+    """True while anything (live or dead) is mounted on ``path``."""
+    return os.path.realpath(path) in mounted_paths()
+
+
+class MountProcess:
+    """``burstctl mount BACKING MOUNTPOINT --foreground [extra args]`` in a child process.
+
+    ``start()`` waits (with a deadline) until the mount answers (`os.path.ismount`); ``stop()``
+    sends SIGTERM to the child *by pid*, waits for it to exit and checks that the mount point is
+    unmounted. Whatever happens, ``stop()`` leaves nothing mounted: a child that does not exit
+    is killed, and a mount left behind is removed with ``fusermount -u -z MOUNTPOINT`` (by path)
+    — and then ``stop(check=True)`` raises, because a clean stop would not have needed that.
+
+    Attributes: ``pid``, ``backing``, ``mountpoint``, ``args`` (the extra arguments), ``log``
+    (the child's stderr lines, collected as they come; ``log_text`` joins them) and
+    ``returncode`` (None while running).
+    """
+
+    def __init__(
+        self,
+        backing: Path,
+        mountpoint: Path,
+        args: Sequence[str] = (),
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.backing = Path(backing)
+        self.mountpoint = Path(mountpoint)
+        self.args = list(args)
+        self.env = env
+        self.log: list[str] = []
+        self.proc: subprocess.Popen[str] | None = None
+        self.returncode: int | None = None
+        self._drainer: threading.Thread | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None, "the mount was never started"
+        return self.proc.pid
+
+    @property
+    def log_text(self) -> str:
+        return "".join(self.log)
+
+    def start(self, timeout: float = 20.0) -> MountProcess:
+        if is_mounted(self.mountpoint):
+            raise AssertionError(f"{self.mountpoint} is already a mount point")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+        env.update(self.env or {})
+        self.proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "burstctl",
+                "mount",
+                str(self.backing),
+                str(self.mountpoint),
+                "--foreground",
+                *self.args,
+            ],
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self._drainer = threading.Thread(target=self._drain, args=(self.proc,), daemon=True)
+        self._drainer.start()
+        proc = self.proc
+        deadline = time.monotonic() + timeout
+        while not (is_mounted(self.mountpoint) and os.path.ismount(self.mountpoint)):
+            if proc.poll() is not None or time.monotonic() > deadline:
+                exited = proc.poll() is not None
+                self.stop(check=False)
+                reason = f"exited with {proc.returncode}" if exited else f"not up in {timeout}s"
+                raise AssertionError(f"burstctl mount {reason}:\n" + "".join(self.log[-40:]))
+            time.sleep(0.01)  # polling the condition, with the deadline above
+        return self
+
+    def _drain(self, proc: subprocess.Popen[str]) -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            self.log.append(line)
+
+    def stop(
+        self, sig: int = signal.SIGTERM, timeout: float = 15.0, check: bool = True
+    ) -> int | None:
+        """Stops the child by pid with ``sig``; returns its exit code; idempotent.
+
+        With ``check`` (the default) raises AssertionError if the child had to be killed, exited
+        with a non-zero code, or left the mount point mounted — after cleaning up.
+        """
+        proc, self.proc = self.proc, None
+        if proc is None:
+            return self.returncode
+        problems = []
+        if proc.poll() is None:
+            proc.send_signal(sig)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                problems.append(f"did not exit within {timeout}s of signal {sig}; killed")
+                proc.kill()
+                proc.wait(timeout)
+        self.returncode = proc.returncode
+        if self._drainer is not None:
+            self._drainer.join(timeout)
+        if proc.stderr is not None:
+            proc.stderr.close()
+        if proc.returncode != 0:
+            problems.append(f"exited with code {proc.returncode}")
+        if is_mounted(self.mountpoint):
+            problems.append("left its mount point mounted; removed with fusermount -u -z")
+            subprocess.run(
+                ["fusermount", "-u", "-z", str(self.mountpoint)],
+                check=False,
+                capture_output=True,
+                timeout=30,
+            )
+        if check and problems:
+            raise AssertionError(
+                f"burstctl mount on {self.mountpoint}: {'; '.join(problems)}\n"
+                + "".join(self.log[-40:])
+            )
+        return self.returncode
+
+    def __enter__(self) -> MountProcess:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+_RUN_AS = """
+import __future__, errno, json, os, sys, typing, collections.abc
+uid, gid, name, source, args = json.loads(sys.stdin.read())
+os.setgroups([])
+os.setgid(gid)
+os.setuid(uid)
+namespace = {"errno": errno, "os": os, "Any": typing.Any, "Callable": collections.abc.Callable}
+flags = __future__.annotations.compiler_flag
+exec(compile(source, "<run_as>", "exec", flags=flags, dont_inherit=True), namespace)
+print(json.dumps(namespace[name](*args)))
+"""
+
+
+def run_as(uid: int, gid: int, fn: Callable[..., object], *args: object) -> object:
+    """Runs the module-level function ``fn(*args)`` in a new Python process that first drops
+    to ``uid``/``gid`` (no supplementary groups) with ``os.setuid``; returns its JSON result.
+
+    Needs root. ``fn`` is sent as source: it may use only ``os``, ``errno`` and what it
+    imports itself (modules must be importable by ``uid``); its arguments and result must be
+    JSON-serialisable. A new process, not a fork: forking a process that runs gRPC threads can
+    crash the child.
+    """
+    import inspect
+    import json
+
+    request = json.dumps([uid, gid, fn.__name__, inspect.getsource(fn), list(args)])
+    result = subprocess.run(
+        [sys.executable, "-I", "-c", _RUN_AS],
+        input=request,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if result.returncode != 0:
+        raise AssertionError(f"the child running as uid {uid} failed:\n{result.stderr}")
+    return json.loads(result.stdout)

@@ -1,0 +1,357 @@
+"""``burstctl mount`` and ``burstctl umount``: options, the mount's lifecycle, signals.
+
+`run_mount` validates a `MountConfig`, daemonizes unless told to stay in the foreground,
+opens the backing directory, starts the pacer (when a controller is given) and runs the FUSE
+loop until the file system is unmounted. SIGTERM, SIGINT and SIGHUP are taken by a watcher
+thread (they are blocked everywhere else, so libfuse's own handlers never run): it lets every
+paced request through, closes the job sessions, and unmounts — lazily if files are still open,
+so applications keep their open files until they close them.
+
+FUSE options the mount always uses: ``default_permissions`` (the kernel checks modes against
+the caller), ``use_ino``, ``hard_remove`` (no ``.fuse_hidden*`` files in the backing
+directory), ``attr_timeout=0``, ``atomic_o_trunc``, multithreaded; never the kernel writeback
+cache, under which buffered writes reach the daemon from flusher threads and cannot be
+attributed to the writer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import ctypes.util
+import dataclasses
+import logging
+import os
+import shutil
+import signal
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from burstctl.client.fallback import Fallback
+from burstctl.fuse_shim.attribution import DEFAULT_TTL, Attributor
+from burstctl.fuse_shim.pacing import (
+    DEFAULT_ATTACH_TIMEOUT,
+    DEFAULT_QUIET_GAP,
+    DEFAULT_SESSION_IDLE,
+    Pacer,
+    PacingOptions,
+)
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries
+_SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+# Options a user may not pass with -o: each would break attribution or our assumptions.
+_REFUSED_OPTIONS = {
+    "writeback_cache": "buffered writes would reach the mount from kernel flusher threads and "
+    "could not be attributed to the writer",
+    "nothreads": "a paced request would hold up every other job's requests",
+}
+
+
+class MountError(Exception):
+    """A mount that cannot start, with a message for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class MountConfig:
+    """Everything ``burstctl mount`` is given (see docs/fuse.md for the defaults' reasons)."""
+
+    backing: Path
+    mountpoint: Path
+    controller: str | None = None
+    fallback: str = "keep-last"
+    allow_other: bool = False
+    max_write: int = DEFAULT_MAX_WRITE
+    big_writes: bool = True
+    foreground: bool = False
+    quiet_gap: float = DEFAULT_QUIET_GAP
+    session_idle: float = DEFAULT_SESSION_IDLE
+    metadata_cost: int = 0
+    attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
+    attribution_ttl: float = DEFAULT_TTL
+    fuse_options: tuple[str, ...] = ()
+
+    def pacing(self) -> PacingOptions | None:
+        """The pacer's options, or None when there is no controller (unthrottled)."""
+        if not self.controller:
+            return None
+        return PacingOptions(
+            controller=self.controller,
+            fallback=Fallback.parse(self.fallback),
+            quiet_gap=self.quiet_gap,
+            session_idle=self.session_idle,
+            metadata_cost=self.metadata_cost,
+            attach_timeout=self.attach_timeout,
+        )
+
+
+def validate(config: MountConfig) -> MountConfig:
+    """Checks the directories and options; returns the config with absolute paths."""
+    backing = Path(os.path.realpath(config.backing))
+    mountpoint = Path(os.path.realpath(config.mountpoint))
+    if not backing.is_dir():
+        raise MountError(f"BACKING {config.backing} is not a directory")
+    if not mountpoint.is_dir():
+        raise MountError(f"MOUNTPOINT {config.mountpoint} is not a directory")
+    if mountpoint != backing and mountpoint.is_relative_to(backing):
+        raise MountError(
+            f"MOUNTPOINT {mountpoint} is inside BACKING {backing}: the mount would contain "
+            "itself (mounting over BACKING itself is fine)"
+        )
+    if not os.access("/dev/fuse", os.R_OK | os.W_OK):
+        raise MountError("/dev/fuse is missing or not accessible (install fuse, load the module)")
+    if config.max_write <= 0:
+        raise MountError(f"--max-write must be > 0 bytes, got {config.max_write}")
+    try:
+        Fallback.parse(config.fallback)
+        config.pacing()
+    except ValueError as err:
+        raise MountError(str(err)) from None
+    fuse_option_dict(config)  # raises MountError on a refused option
+    return dataclasses.replace(config, backing=backing, mountpoint=mountpoint)
+
+
+def fuse_option_dict(config: MountConfig) -> dict[str, str | bool | int]:
+    """The ``-o`` options given to libfuse."""
+    from burstctl.fuse_shim._fuse import LIBFUSE_VERSION
+
+    # libfuse splits options at commas; a backslash escapes one in a value.
+    fsname = f"burstctl:{config.backing}".replace("\\", "\\\\").replace(",", "\\,")
+    options: dict[str, str | bool | int] = {
+        "fsname": fsname,
+        "subtype": "burstctl",
+        "default_permissions": True,
+        "use_ino": True,
+        "hard_remove": True,
+        # The high-level libfuse gives each name its own kernel inode, so hard links would
+        # show each other's writes only once cached attributes expire: never cache them.
+        "attr_timeout": 0,
+        "max_write": config.max_write,
+    }
+    if LIBFUSE_VERSION[0] == 2:
+        options["atomic_o_trunc"] = True  # FUSE 3 always has it
+        if config.big_writes:
+            options["big_writes"] = True  # without it, FUSE 2 writes come 4 KiB at a time
+    if config.allow_other:
+        options["allow_other"] = True
+    if config.mountpoint == config.backing and LIBFUSE_VERSION[0] == 2:
+        options["nonempty"] = True  # in place: the mount point holds the backing files
+    for raw in config.fuse_options:
+        for item in filter(None, (part.strip() for part in raw.split(","))):
+            key, sep, value = item.partition("=")
+            if key in _REFUSED_OPTIONS:
+                raise MountError(f"-o {key} is not allowed: {_REFUSED_OPTIONS[key]}")
+            options[key] = value if sep else True
+    return options
+
+
+def run_mount(config: MountConfig) -> int:
+    """Mounts and serves until unmounted; returns the process exit code.
+
+    Without ``foreground`` the process forks first: the parent returns 0 once the child's
+    mount answers (or the child's exit code if it fails), the child serves in its own session
+    with stdio on /dev/null from then on (so logs go only to a log file, if one is set up).
+    """
+    config = validate(config)
+    ready_fd: int | None = None
+    if not config.foreground:
+        read_end, ready_fd = os.pipe()
+        pid = os.fork()
+        if pid > 0:
+            os.close(ready_fd)
+            return _wait_ready(pid, read_end)
+        os.close(read_end)
+        os.setsid()
+    return _serve(config, ready_fd, daemon=not config.foreground)
+
+
+def _wait_ready(child: int, read_end: int) -> int:
+    with os.fdopen(read_end, "rb") as ready:
+        ok = ready.read(1) == b"1"
+    if ok:
+        return 0
+    _, status = os.waitpid(child, 0)
+    code = os.waitstatus_to_exitcode(status)
+    return code if code > 0 else 1
+
+
+def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
+    from burstctl.fuse_shim._fuse import FUSE
+    from burstctl.fuse_shim.fs import PassthroughFS
+
+    # Blocked before any thread starts: every thread (the pacer's, libfuse's workers, the
+    # sessions') inherits the mask, so only the watcher receives these signals and libfuse's
+    # own handlers never run.
+    signal.pthread_sigmask(signal.SIG_BLOCK, _SHUTDOWN_SIGNALS)
+
+    # The kernel applied the caller's umask to every mode it sends; ours must not apply again.
+    os.umask(0)
+    options = fuse_option_dict(config)
+    pacing = config.pacing()
+    root_fd = os.open(config.backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    pacer: Pacer | None = None
+    if pacing is None:
+        logger.warning(
+            "no --controller: I/O through %s is neither attributed nor paced (unthrottled)",
+            config.mountpoint,
+        )
+    else:
+        pacer = Pacer(pacing, Attributor(config.attribution_ttl))
+    stopper = _Stopper(config.mountpoint, pacer)
+
+    def on_init() -> None:
+        stopper.mounted()
+        logger.info(
+            "mounted %s on %s (controller %s, fallback %s)",
+            config.backing,
+            config.mountpoint,
+            config.controller or "none",
+            config.fallback,
+        )
+        if daemon:
+            _detach_stdio()  # first: the command returns with the terminal's pipes released
+        if ready_fd is not None:
+            with contextlib.suppress(OSError):
+                os.write(ready_fd, b"1")
+                os.close(ready_fd)
+
+    fs = PassthroughFS(root_fd, pacer, on_init=on_init)
+    watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
+    watcher.start()
+    code = 0
+    try:
+        FUSE(fs, str(config.mountpoint), foreground=True, **options)
+    except RuntimeError as err:
+        logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
+        code = 1
+    finally:
+        stopper.finished()
+        if pacer is not None:
+            pacer.close()
+        os.close(root_fd)
+    if code == 0:
+        logger.info("unmounted %s", config.mountpoint)
+    return code
+
+
+class _Stopper:
+    """The signal watcher: on SIGTERM/SIGINT/SIGHUP, release the pacer and unmount.
+
+    A signal that arrives before the mount is up is remembered and acted on once it is.
+    """
+
+    def __init__(self, mountpoint: Path, pacer: Pacer | None) -> None:
+        self._mountpoint = mountpoint
+        self._pacer = pacer
+        self._lock = threading.Lock()
+        self._mounted = False
+        self._requested = False
+        self._done = threading.Event()
+
+    def mounted(self) -> None:
+        """Called from libfuse's init callback (a FUSE thread: must not wait on the mount)."""
+        with self._lock:
+            self._mounted = True
+            act = self._requested
+        if act:
+            threading.Thread(target=self._stop, name="burstctl-stop", daemon=True).start()
+
+    def finished(self) -> None:
+        self._done.set()
+
+    def watch(self) -> None:
+        while True:
+            sig = signal.sigwait(_SHUTDOWN_SIGNALS)
+            if self._done.is_set():
+                return
+            logger.info("%s: unmounting %s", signal.Signals(sig).name, self._mountpoint)
+            with self._lock:
+                self._requested = True
+                act = self._mounted
+            if act:
+                self._stop()
+
+    def _stop(self) -> None:
+        if self._pacer is not None:
+            # Blocked requests go through now; the sessions say Goodbye.
+            self._pacer.close()
+        try:
+            unmount(self._mountpoint)
+        except MountError as err:
+            logger.warning("%s; detaching it lazily: it goes once its files are closed", err)
+            try:
+                unmount(self._mountpoint, lazy=True)
+            except MountError as lazy_err:
+                logger.error("%s", lazy_err)
+
+
+def unmount(mountpoint: Path | str, *, lazy: bool = False, busy_grace: float = 1.0) -> None:
+    """Unmounts a FUSE mount (``fusermount -u``, or umount2 as root); MountError on failure.
+
+    A mount stays busy for a moment after its last file is closed (the kernel holds it until
+    the daemon has answered the close), so "busy" is retried for ``busy_grace`` seconds.
+    """
+    deadline = time.monotonic() + busy_grace
+    while True:
+        try:
+            _unmount_once(mountpoint, lazy)
+            return
+        except MountError as err:
+            if "busy" not in str(err).lower() or time.monotonic() >= deadline:
+                raise
+        time.sleep(0.05)  # the next try, within the grace period above
+
+
+def _unmount_once(mountpoint: Path | str, lazy: bool) -> None:
+    path = os.path.realpath(mountpoint)
+    tool = shutil.which("fusermount") or shutil.which("fusermount3")
+    if tool is not None:
+        cmd = [tool, "-u", *(["-z"] if lazy else []), path]
+        result = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if result.returncode != 0:
+            message = result.stderr.strip() or f"{tool} exited with {result.returncode}"
+            raise MountError(f"cannot unmount {path}: {message}")
+        return
+    libc = ctypes.CDLL(ctypes.util.find_library("c"), use_errno=True)
+    mnt_detach = 2
+    if libc.umount2(os.fsencode(path), mnt_detach if lazy else 0) != 0:
+        err = ctypes.get_errno()
+        raise MountError(f"cannot unmount {path}: {os.strerror(err)}")
+
+
+def _detach_stdio() -> None:
+    """Points stdin, stdout and stderr of a daemonized mount at /dev/null."""
+    devnull = os.open(os.devnull, os.O_RDWR)
+    try:
+        for fd in (0, 1, 2):
+            os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def run_unmount(mountpoint: Path, *, lazy: bool = False, echo: Callable[[str], None]) -> None:
+    """``burstctl umount``: unmounts, or raises MountError with what went wrong."""
+    path = Path(os.path.realpath(mountpoint))
+    if not _is_fuse_mount(path):
+        raise MountError(f"{mountpoint} is not a FUSE mount point")
+    unmount(path, lazy=lazy)
+    echo(f"unmounted {path}" + (" (lazily: it goes once its files are closed)" if lazy else ""))
+
+
+def _is_fuse_mount(path: Path) -> bool:
+    target = str(path)
+    with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) < 3:
+                continue
+            where = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
+            where = where.replace("\\134", "\\")
+            if where == target and fields[2].startswith("fuse"):
+                return True
+    return False

@@ -1,0 +1,108 @@
+"""Fixtures for the FUSE shim's integration tests: real mounts of ``burstctl mount``.
+
+``fuse_mount`` starts ``python -m burstctl mount BACKING MOUNTPOINT --foreground ...`` as a child
+process and returns once the mount answers; every mount it started is stopped by pid (SIGTERM)
+at teardown, which asserts that it exited cleanly and that nothing is left mounted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fake_controller import FakeController
+from support import MountProcess, is_mounted
+
+
+def _require_fuse() -> None:
+    # CI has /dev/fuse and must run these tests: there a missing device is a failure.
+    if not os.path.exists("/dev/fuse"):
+        if os.environ.get("CI"):
+            pytest.fail("/dev/fuse is missing on CI; the FUSE tests must run there")
+        pytest.skip("/dev/fuse is absent on this machine")
+
+
+@pytest.fixture
+def fuse_mount() -> Iterator[Callable[..., MountProcess]]:
+    """A factory of real mounts, all stopped (by pid) and checked at teardown.
+
+    ``fuse_mount(backing: Path, mountpoint: Path, *extra_args: str,
+    env: dict[str, str] | None = None, timeout: float = 20.0) -> MountProcess``
+
+    - creates ``backing`` and ``mountpoint`` if they do not exist;
+    - runs ``python -m burstctl mount BACKING MOUNTPOINT --foreground *extra_args`` with this
+      environment less any ``BURSTCTL_*`` variable, plus ``env``;
+    - waits (deadline ``timeout``) until ``os.path.ismount(mountpoint)``; fails with the child's
+      log if it exits or is not up in time.
+
+    The `MountProcess` has ``.pid``, ``.backing``, ``.mountpoint``, ``.log`` (stderr lines so
+    far), ``.log_text`` and ``.stop(sig=SIGTERM, timeout=15.0, check=True) -> returncode``. A
+    test may stop a mount itself (stop is idempotent); teardown stops the rest and asserts each
+    exited with 0 and unmounted its mount point (a leftover is removed with ``fusermount -u``).
+    """
+    _require_fuse()
+    started: list[MountProcess] = []
+
+    def make(
+        backing: Path,
+        mountpoint: Path,
+        *extra_args: str,
+        env: dict[str, str] | None = None,
+        timeout: float = 20.0,
+    ) -> MountProcess:
+        Path(backing).mkdir(parents=True, exist_ok=True)
+        Path(mountpoint).mkdir(parents=True, exist_ok=True)
+        mount = MountProcess(backing, mountpoint, extra_args, env)
+        started.append(mount)
+        return mount.start(timeout)
+
+    yield make
+    failures = []
+    for mount in reversed(started):
+        try:
+            mount.stop()
+        except AssertionError as err:
+            failures.append(str(err))
+    left = [str(m.mountpoint) for m in started if is_mounted(m.mountpoint)]
+    assert not left, f"mount points left mounted: {left}"
+    assert not failures, "\n".join(failures)
+
+
+@pytest.fixture
+def fuse_dirs(tmp_path: Path) -> tuple[Path, Path]:
+    """``(backing, mountpoint)``: two fresh empty directories under this test's tmp_path."""
+    backing, mountpoint = tmp_path / "backing", tmp_path / "mnt"
+    backing.mkdir()
+    mountpoint.mkdir()
+    return backing, mountpoint
+
+
+@pytest.fixture
+def mounted(fuse_mount: Callable[..., MountProcess], fuse_dirs: tuple[Path, Path]) -> MountProcess:
+    """A mount of ``fuse_dirs`` with the default options and no controller (unthrottled)."""
+    backing, mountpoint = fuse_dirs
+    return fuse_mount(backing, mountpoint)
+
+
+@pytest.fixture
+def fake_controller() -> Iterator[Callable[..., FakeController]]:
+    """Starts scripted controllers (tests/fake_controller.py) that record what mounts say.
+
+    ``fake_controller(**kwargs) -> FakeController`` (e.g. ``initial_rate=1 << 20``); every one
+    is stopped at teardown, after the mounts (fixtures tear down in reverse order of setup, so
+    request this fixture before ``fuse_mount``).
+    """
+    started: list[FakeController] = []
+
+    def make(**kwargs: object) -> FakeController:
+        fake = FakeController(0, **kwargs).start()  # type: ignore[arg-type]
+        started.append(fake)
+        return fake
+
+    yield make
+    for fake in started:
+        fake.stop()
+    broken = [v for fake in started for v in fake.violations]
+    assert not broken, f"the mount broke the protocol: {broken}"

@@ -1,0 +1,423 @@
+"""Attribution and pacing through a real mount, against a scripted controller.
+
+The "applications" are child processes with chosen environments that read and write through
+the mount on command (stdin) and acknowledge each command (stdout), so every step is in a known
+order without sleeping. The `FakeController` records what the mount's job sessions say.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from fake_controller import FakeController
+from support import MountProcess, is_mounted, wait_until
+
+from burstctl.fuse_shim.attribution import Attributor, Caller
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+KiB = 1 << 10
+
+# An application: opens, writes, reads and closes files through the mount on command.
+APP = r"""
+import os, sys
+fds = {}
+for line in sys.stdin:
+    cmd, *args = line.split()
+    if cmd == "open":
+        fds[args[0]] = os.open(args[0], os.O_CREAT | os.O_RDWR, 0o644)
+    elif cmd == "write":
+        os.write(fds[args[0]], b"x" * int(args[1]))
+    elif cmd == "read":
+        fd = fds[args[0]]
+        os.lseek(fd, 0, os.SEEK_SET)
+        left = int(args[1])
+        while left > 0:
+            got = os.read(fd, min(left, 1 << 20))
+            if not got:
+                break
+            left -= len(got)
+    elif cmd == "close":
+        os.close(fds.pop(args[0]))
+    print("ok", flush=True)
+"""
+
+
+class App:
+    """A child process that does I/O on command, with its own environment."""
+
+    def __init__(self, env: dict[str, str], argv: list[str] | None = None) -> None:
+        clean = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+        self.proc = subprocess.Popen(
+            argv or [sys.executable, "-c", APP],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env={**clean, **env},
+        )
+
+    def do(self, *command: object) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(" ".join(map(str, command)) + "\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline() == "ok\n", f"the app failed on {command}"
+
+    def exit(self) -> None:
+        assert self.proc.stdin is not None
+        self.proc.stdin.close()
+        assert self.proc.wait(30) == 0
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def apps() -> Iterator[Callable[..., App]]:
+    started: list[App] = []
+
+    def make(env: dict[str, str] | None = None, argv: list[str] | None = None) -> App:
+        app = App(env or {}, argv)
+        started.append(app)
+        return app
+
+    yield make
+    for app in started:
+        if app.proc.poll() is None:
+            app.proc.kill()  # by pid: only what this test started
+            app.proc.wait(10)
+        for pipe in (app.proc.stdin, app.proc.stdout):
+            if pipe is not None and not pipe.closed:
+                pipe.close()
+
+
+def hellos(fake: FakeController) -> dict[str, object]:
+    """Job id -> its Hello, for every stream the controller saw."""
+    return {h.job_id: h for h in fake.bodies("hello")}
+
+
+def stream_of(fake: FakeController, job_id: str, nth: int = 0) -> int:
+    streams = [r.stream for r in fake.received("hello") if r.message.hello.job_id == job_id]
+    return streams[nth]
+
+
+def default_job_of_this_process() -> str:
+    """The job a child of this process with no job variables lands in (see attribution)."""
+    return Attributor().job_for(Caller(os.getpid(), os.getuid(), os.getgid())).job_id
+
+
+def test_jobs_come_from_the_callers_environment(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=64 * MiB)
+    backing, mnt = fuse_dirs
+    fuse_mount(backing, mnt, "--controller", fake.address)
+
+    alpha = apps({"BURSTCTL_JOB_ID": "alpha", "SLURM_NNODES": "4", "BURSTCTL_PRIORITY": "2.5"})
+    beta = apps({"SLURM_JOB_ID": "beta", "SLURM_JOB_NUM_NODES": "2"})
+    nobody_in_particular = apps({})
+    # A child whose own environment is empty inherits the job of its parent (the shell).
+    orphan_env = apps(
+        {"SLURM_JOBID": "gamma"},
+        ["/bin/sh", "-c", f'env -i {sys.executable} -c "$0"; exit $?', APP],
+    )
+    for i, app in enumerate((alpha, beta, nobody_in_particular, orphan_env)):
+        app.do("open", mnt / f"f{i}")
+        app.do("write", mnt / f"f{i}", 100 * KiB)
+        app.do("close", mnt / f"f{i}")
+
+    default = default_job_of_this_process()
+    fake.wait_for(lambda: {"alpha", "beta", "gamma", default} <= set(hellos(fake)))
+    seen = hellos(fake)
+    assert (seen["alpha"].nodes, seen["alpha"].priority, seen["alpha"].user) == (4, 2.5, "root")
+    assert (seen["beta"].nodes, seen["beta"].priority) == (2, 1.0)
+    assert seen["gamma"].nodes == 1
+    assert set(seen) == {"alpha", "beta", "gamma", default}
+    for app in (alpha, beta, nobody_in_particular, orphan_env):
+        app.exit()
+
+
+def test_reads_and_writes_are_paced_at_the_jobs_allocation(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=1 * MiB, burst=64 * KiB)
+    backing, mnt = fuse_dirs
+    fuse_mount(backing, mnt, "--controller", fake.address)
+    app = apps({"BURSTCTL_JOB_ID": "slow"})
+    app.do("open", mnt / "f")
+
+    started = time.monotonic()
+    app.do("write", mnt / "f", 3 * MiB // 2)
+    write_seconds = time.monotonic() - started
+    app.do("close", mnt / "f")
+    app.do("open", mnt / "f")  # a new open drops the kernel's cached pages: reads reach us
+    started = time.monotonic()
+    app.do("read", mnt / "f", 1 * MiB)
+    read_seconds = time.monotonic() - started
+    app.do("close", mnt / "f")
+    app.exit()
+
+    # 1.5 MiB at 1 MiB/s with a 64 KiB bucket takes ~1.4 s; 1 MiB of reads ~1 s.
+    # Loose lower bounds (the real speed targets live in bench/).
+    assert write_seconds > 1.0, write_seconds
+    assert read_seconds > 0.6, read_seconds
+    assert (backing / "f").stat().st_size == 3 * MiB // 2
+    stream = stream_of(fake, "slow")
+    fake.wait_for(
+        lambda: sum(u.bytes for u in fake.bodies("usage", stream)) >= 5 * MiB // 2,
+        timeout=10,
+    )
+
+
+def test_a_phase_ends_at_the_last_close(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=64 * MiB)
+    backing, mnt = fuse_dirs
+    # A quiet gap far longer than the test: only the last close can end the phase.
+    fuse_mount(backing, mnt, "--controller", fake.address, "--quiet-gap", "60")
+    app = apps({"BURSTCTL_JOB_ID": "closer"})
+    app.do("open", mnt / "a")
+    app.do("open", mnt / "b")
+    for _ in range(3):
+        app.do("write", mnt / "a", 256 * KiB)
+        app.do("write", mnt / "b", 256 * KiB)
+    app.do("close", mnt / "a")
+    stream = stream_of(fake, "closer")
+    fake.wait_for(lambda: len(fake.bodies("op_posted", stream)) >= 1)
+    posted = fake.bodies("op_posted", stream)
+    assert len(posted) == 1 and posted[0].volume == 0  # one phase, volume unknown
+    assert fake.bodies("op_completed", stream) == []  # "b" is still open
+    app.do("close", mnt / "b")
+    fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
+    assert fake.bodies("op_completed", stream)[0].op_id == posted[0].op_id
+    app.exit()
+
+
+def test_a_phase_ends_after_a_quiet_gap_and_the_next_request_starts_another(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=64 * MiB)
+    backing, mnt = fuse_dirs
+    fuse_mount(backing, mnt, "--controller", fake.address, "--quiet-gap", "0.1")
+    app = apps({"BURSTCTL_JOB_ID": "bursty"})
+    app.do("open", mnt / "f")
+    app.do("write", mnt / "f", 512 * KiB)
+    stream = stream_of(fake, "bursty")
+    # The file stays open: the quiet gap alone ends the phase.
+    fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
+    app.do("write", mnt / "f", 512 * KiB)
+    fake.wait_for(lambda: len(fake.bodies("op_posted", stream)) == 2, timeout=10)
+    fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 2, timeout=10)
+    kinds = {p.kind for p in fake.bodies("op_posted", stream)}
+    assert len(kinds) == 1  # both write phases
+    app.do("close", mnt / "f")
+    app.exit()
+
+
+def test_an_idle_session_says_goodbye_and_a_new_request_opens_another(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=64 * MiB)
+    backing, mnt = fuse_dirs
+    mount = fuse_mount(backing, mnt, "--controller", fake.address, "--session-idle", "0.3")
+    app = apps({"BURSTCTL_JOB_ID": "napper"})
+    app.do("open", mnt / "f")
+    app.do("write", mnt / "f", 64 * KiB)
+    fake.wait_for(lambda: len(fake.received("goodbye")) == 1, timeout=10)
+    app.do("write", mnt / "f", 64 * KiB)  # the file stayed open: a new session takes over
+    fake.wait_for(lambda: len(hellos_of(fake, "napper")) == 2, timeout=10)
+    app.do("close", mnt / "f")
+    app.exit()
+    wait_until(lambda: "session closed (quiet)" in mount.log_text, timeout=10)
+
+
+def hellos_of(fake: FakeController, job_id: str) -> list[object]:
+    return [h for h in fake.bodies("hello") if h.job_id == job_id]
+
+
+def test_unmount_ends_phases_and_says_goodbye(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=64 * MiB)
+    backing, mnt = fuse_dirs
+    mount = fuse_mount(backing, mnt, "--controller", fake.address, "--quiet-gap", "60")
+    app = apps({"BURSTCTL_JOB_ID": "leaver"})
+    app.do("open", mnt / "f")
+    app.do("write", mnt / "f", 64 * KiB)
+    app.do("close", mnt / "f")
+    app.exit()
+    assert mount.stop() == 0
+    assert not is_mounted(mnt)
+    stream = stream_of(fake, "leaver")
+    fake.wait_for(lambda: len(fake.received("goodbye", stream)) == 1, timeout=10)
+
+
+def test_a_blocked_request_is_let_through_at_unmount(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=0.0)  # "wait": nothing moves until told otherwise
+    backing, mnt = fuse_dirs
+    mount = fuse_mount(backing, mnt, "--controller", fake.address)
+    app = apps({"BURSTCTL_JOB_ID": "stuck"})
+    app.do("open", mnt / "f")
+    assert app.proc.stdin is not None
+    app.proc.stdin.write(f"write {mnt / 'f'} {64 * KiB}\n")
+    app.proc.stdin.flush()
+    stream = stream_of_when_ready(fake, "stuck")
+    fake.wait_for(lambda: any(u.waiting for u in fake.bodies("usage", stream)), timeout=10)
+    assert app.proc.poll() is None
+    os.kill(mount.pid, signal.SIGTERM)
+    assert app.proc.stdout is not None
+    assert app.proc.stdout.readline() == "ok\n"  # the write went through, unpaced
+    app.do("close", mnt / "f")
+    app.exit()
+    assert mount.stop() == 0
+    assert (backing / "f").stat().st_size == 64 * KiB
+
+
+def stream_of_when_ready(fake: FakeController, job_id: str) -> int:
+    fake.wait_for(lambda: job_id in hellos(fake), timeout=10)
+    return stream_of(fake, job_id)
+
+
+def test_an_unreachable_controller_falls_back(
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    backing, mnt = fuse_dirs
+    mount = fuse_mount(
+        backing,
+        mnt,
+        "--controller",
+        f"127.0.0.1:{port}",
+        "--attach-timeout",
+        "0.2",
+        "--fallback",
+        "unthrottled",
+    )
+    app = apps({"BURSTCTL_JOB_ID": "alone"})
+    app.do("open", mnt / "f")
+    app.do("write", mnt / "f", 4 * MiB)
+    app.do("close", mnt / "f")
+    app.exit()
+    assert (backing / "f").stat().st_size == 4 * MiB
+    wait_until(lambda: "fallback unthrottled" in mount.log_text, timeout=10)
+
+
+def test_another_uid_cannot_claim_a_known_job(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=64 * MiB)
+    world = Path(tempfile.mkdtemp(prefix="burstctl-pacing-"))
+    try:
+        world.chmod(0o755)
+        backing, mnt = world / "backing", world / "mnt"
+        mount = fuse_mount(backing, mnt, "--controller", fake.address, "--allow-other")
+        os.chmod(mnt, 0o777)
+        owner = apps({"BURSTCTL_JOB_ID": "alpha"})
+        owner.do("open", mnt / "mine")
+        owner.do("write", mnt / "mine", 4 * KiB)
+        owner.do("close", mnt / "mine")
+        owner.exit()
+        fake.wait_for(lambda: "alpha" in hellos(fake), timeout=10)
+
+        # nobody's shell names job alpha, which root's process made known first. (setpriv,
+        # not Popen(user=...): that forks this process, whose gRPC threads make the child
+        # crash before exec.)
+        subprocess.run(
+            [
+                "setpriv",
+                "--reuid=65534",
+                "--regid=65534",
+                "--clear-groups",
+                "/bin/sh",
+                "-c",
+                f"head -c 4096 /dev/zero > {mnt}/theirs",
+            ],
+            env={"BURSTCTL_JOB_ID": "alpha", "PATH": "/usr/bin:/bin"},
+            check=True,
+            timeout=30,
+        )
+        fake.wait_for(lambda: "user:nobody" in hellos(fake), timeout=10)
+        assert hellos(fake)["user:nobody"].user == "nobody"
+        assert len(hellos_of(fake, "alpha")) == 1
+        wait_until(lambda: "names job 'alpha', which belongs to uid 0" in mount.log_text)
+        assert os.stat(backing / "theirs").st_uid == 65534
+        mount.stop()
+    finally:
+        if is_mounted(world / "mnt"):
+            subprocess.run(["fusermount", "-u", "-z", str(world / "mnt")], check=False)
+        shutil.rmtree(world)
+
+
+def test_a_held_job_does_not_hold_up_another(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    apps: Callable[..., App],
+) -> None:
+    fake = fake_controller(initial_rate=0.0)  # every job waits until the test says otherwise
+    backing, mnt = fuse_dirs
+    fuse_mount(backing, mnt, "--controller", fake.address)
+    held, free = apps({"BURSTCTL_JOB_ID": "held"}), apps({"BURSTCTL_JOB_ID": "free"})
+    held.do("open", mnt / "h")
+    assert held.proc.stdin is not None and held.proc.stdout is not None
+    held.proc.stdin.write(f"write {mnt / 'h'} {256 * KiB}\n")
+    held.proc.stdin.flush()
+    held_stream = stream_of_when_ready(fake, "held")
+    fake.wait_for(lambda: any(u.waiting for u in fake.bodies("usage", held_stream)), timeout=10)
+
+    free.do("open", mnt / "f")
+    assert free.proc.stdin is not None and free.proc.stdout is not None
+    free.proc.stdin.write(f"write {mnt / 'f'} {256 * KiB}\n")
+    free.proc.stdin.flush()
+    fake.push(64 * MiB, stream=stream_of_when_ready(fake, "free"))
+    assert free.proc.stdout.readline() == "ok\n"
+    for _ in range(8):  # the other job's I/O flows on other FUSE threads meanwhile
+        free.do("write", mnt / "f", 256 * KiB)
+    assert held.proc.poll() is None and (backing / "h").stat().st_size == 0
+
+    fake.push(64 * MiB, stream=held_stream)
+    assert held.proc.stdout.readline() == "ok\n"
+    for app, name in ((held, "h"), (free, "f")):
+        app.do("close", mnt / name)
+        app.exit()
+    assert (backing / "f").stat().st_size == 9 * 256 * KiB
+    assert (backing / "h").stat().st_size == 256 * KiB

@@ -1,0 +1,221 @@
+"""The passthrough operations called directly (no kernel): errno barrier, ownership, pacing."""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import stat
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from burstctl.fuse_shim._fuse import FuseOSError, Operations
+from burstctl.fuse_shim.attribution import Caller
+from burstctl.fuse_shim.fs import _UTIME_NOW, _UTIME_OMIT, PassthroughFS
+
+ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
+NOBODY = Caller(pid=0, uid=65534, gid=65534)
+
+
+class RecordingPacer:
+    """Stands in for `Pacer`: records calls; ``fail`` makes data() raise like a bug would."""
+
+    class options:
+        metadata_cost = 0
+
+    def __init__(self, fail: bool = False) -> None:
+        self.calls: list[tuple[Any, ...]] = []
+        self.fail = fail
+
+    def data(self, caller: Caller, kind: str, nbytes: int) -> None:
+        self.calls.append(("data", caller.uid, kind, nbytes))
+        if self.fail:
+            raise ZeroDivisionError("a pacing bug")
+
+    def metadata(self, caller: Caller) -> None:
+        self.calls.append(("metadata", caller.uid))
+
+    def opened(self, caller: Caller, fh: int) -> None:
+        self.calls.append(("opened", caller.uid))
+
+    def released(self, fh: int) -> None:
+        self.calls.append(("released",))
+
+
+@pytest.fixture
+def backing(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    yield tmp_path, fd
+    os.close(fd)
+
+
+def make_fs(fd: int, pacer: Any = None, caller: Caller = NOBODY) -> PassthroughFS:
+    return PassthroughFS(fd, pacer, caller=lambda: caller)
+
+
+def raises_errno(code: int, fn: Any, *args: Any) -> None:
+    with pytest.raises(FuseOSError) as info:
+        fn(*args)
+    assert info.value.errno == code
+
+
+def test_every_callback_is_behind_the_errno_barrier() -> None:
+    overridden = [
+        name
+        for name, value in vars(PassthroughFS).items()
+        if callable(value) and not name.startswith("_") and hasattr(Operations, name)
+    ]
+    assert len(overridden) >= 25
+    for name in overridden:
+        assert hasattr(getattr(PassthroughFS, name), "__wrapped__"), name
+
+
+def test_os_errors_become_their_errno(backing: tuple[Path, int]) -> None:
+    _, fd = backing
+    fs = make_fs(fd)
+    raises_errno(errno.ENOENT, fs.getattr, "/missing")
+    raises_errno(errno.ENOENT, fs.open, "/missing", os.O_RDONLY)
+    fs.mkdir("/d", 0o755)
+    raises_errno(errno.EEXIST, fs.mkdir, "/d", 0o755)
+    fs.mkdir("/d/e", 0o755)
+    raises_errno(errno.ENOTEMPTY, fs.rmdir, "/d")
+    raises_errno(errno.EISDIR, fs.unlink, "/d")
+    raises_errno(errno.ENOENT, fs.getattr, None)  # a path libfuse could not give
+
+
+def test_a_bug_becomes_eio_and_is_logged(
+    backing: tuple[Path, int], monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"data")
+    fs = make_fs(fd)
+    fh = fs.open("/f", os.O_RDONLY)
+
+    def broken(*args: object) -> bytes:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(os, "pread", broken)
+    with caplog.at_level(logging.ERROR, "burstctl.fuse_shim.fs"):
+        raises_errno(errno.EIO, fs.read, "/f", 4, 0, fh)
+
+    def exits(*args: object) -> bytes:
+        raise SystemExit(3)
+
+    monkeypatch.setattr(os, "pread", exits)
+    raises_errno(errno.EIO, fs.read, "/f", 4, 0, fh)
+
+    def no_errno(*args: object) -> bytes:
+        raise OSError("no errno")
+
+    monkeypatch.setattr(os, "pread", no_errno)
+    raises_errno(errno.EIO, fs.read, "/f", 4, 0, fh)
+    monkeypatch.undo()
+    assert fs.read("/f", 4, 0, fh) == b"data"  # still serving
+    fs.release("/f", fh)
+    assert "read failed on a bug" in caplog.text
+
+
+def test_reads_and_writes_use_the_handle_and_are_paced_first(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    pacer = RecordingPacer()
+    fs = make_fs(fd, pacer)
+    fh = fs.create("/f", 0o644, os.O_CREAT | os.O_RDWR)
+    os.rename(root / "f", root / "renamed")  # the handle, not the path, is used
+    assert fs.write("/f", b"hello", 0, fh) == 5
+    assert fs.read("/f", 100, 0, fh) == b"hello"
+    fs.truncate(None, 2, fh)
+    assert fs.getattr(None, fh)["st_size"] == 2
+    fs.release("/f", fh)
+    assert pacer.calls == [
+        ("opened", 65534),
+        ("data", 65534, "write", 5),
+        ("data", 65534, "read", 100),
+        ("released",),
+    ]
+    assert (root / "renamed").read_bytes() == b"he"
+
+
+def test_a_pacing_failure_never_fails_the_io(
+    backing: tuple[Path, int], caplog: pytest.LogCaptureFixture
+) -> None:
+    _, fd = backing
+    fs = make_fs(fd, RecordingPacer(fail=True))
+    fh = fs.create("/f", 0o644, os.O_CREAT | os.O_RDWR)
+    with caplog.at_level(logging.ERROR, "burstctl.fuse_shim.fs"):
+        assert fs.write("/f", b"x", 0, fh) == 1
+    fs.release("/f", fh)
+    assert "serving it unpaced" in caplog.text
+
+
+@ROOT_ONLY
+def test_what_a_caller_creates_is_the_callers(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    fs = make_fs(fd)
+    fs.release("/f", fs.create("/f", 0o640, os.O_CREAT | os.O_WRONLY))
+    fs.mkdir("/d", 0o755)
+    fs.symlink("/l", "f")
+    fs.mknod("/p", stat.S_IFIFO | 0o600, 0)
+    for name in ("f", "d", "l", "p"):
+        st = os.lstat(root / name)
+        assert (st.st_uid, st.st_gid) == (65534, 65534), name
+    os.chmod(root / "d", 0o2777)
+    os.chown(root / "d", 0, 123)
+    fs.release("/d/g", fs.create("/d/g", 0o600, os.O_CREAT | os.O_WRONLY))
+    assert os.stat(root / "d" / "g").st_gid == 123  # a set-group-id directory's group
+    fs.release("/s", fs.create("/s", 0o6755, os.O_CREAT | os.O_WRONLY))
+    st = os.stat(root / "s")
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (65534, 0o6755)  # not cleared by chown
+    root_fs = make_fs(fd, caller=Caller(0, 0, 0))
+    root_fs.mkdir("/mine", 0o700)
+    assert os.stat(root / "mine").st_uid == 0
+
+
+def test_utimens_handles_now_and_omit(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"x")
+    os.utime(root / "f", ns=(1_000, 2_000))
+    fs = make_fs(fd)
+    fs.utimens("/f", (_UTIME_OMIT, 5_000_000_007))
+    st = os.stat(root / "f")
+    assert (st.st_atime_ns, st.st_mtime_ns) == (1_000, 5_000_000_007)
+    fs.utimens("/f", (_UTIME_NOW, _UTIME_OMIT))
+    st = os.stat(root / "f")
+    assert st.st_atime_ns > 10**18 and st.st_mtime_ns == 5_000_000_007
+    fs.utimens("/f", None)
+    assert os.stat(root / "f").st_mtime_ns > 10**18
+
+
+def test_readdir_gives_names_with_inodes_and_types(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"")
+    (root / "d").mkdir()
+    os.symlink("f", root / "l")
+    entries = {e[0]: e[1] for e in make_fs(fd).readdir("/", 0) if isinstance(e, tuple)}
+    assert set(entries) == {".", "..", "f", "d", "l"}
+    assert entries["f"] == {"st_ino": os.stat(root / "f").st_ino, "st_mode": stat.S_IFREG}
+    assert entries["d"]["st_mode"] == stat.S_IFDIR
+    assert entries["l"]["st_mode"] == stat.S_IFLNK
+
+
+def test_access_checks_the_callers_permissions(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"")
+    os.chmod(root / "f", 0o604)
+    fs = make_fs(fd, caller=Caller(0, 4242, 4242))
+    assert fs.access("/f", os.R_OK) == 0
+    raises_errno(errno.EACCES, fs.access, "/f", os.W_OK)
+    raises_errno(errno.ENOENT, fs.access, "/missing", os.F_OK)
+
+
+def test_fallocate_and_statfs(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    fs = make_fs(fd)
+    fh = fs.create("/f", 0o644, os.O_CREAT | os.O_RDWR)
+    fs.fallocate("/f", 0, 0, 1 << 20, fh)
+    assert os.stat(root / "f").st_size == 1 << 20
+    raises_errno(errno.EOPNOTSUPP, fs.fallocate, "/f", 1, 0, 10, fh)
+    fs.release("/f", fh)
+    assert fs.statfs("/")["f_blocks"] == os.statvfs(root).f_blocks

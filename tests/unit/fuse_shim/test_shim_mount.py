@@ -1,0 +1,77 @@
+"""Mount options and checks, without mounting."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from burstctl.fuse_shim.mount import MountConfig, MountError, fuse_option_dict, validate
+
+
+def test_default_fuse_options(tmp_path: Path) -> None:
+    options = fuse_option_dict(MountConfig(tmp_path, tmp_path / "m"))
+    assert options["default_permissions"] is True
+    assert options["use_ino"] is True
+    assert options["hard_remove"] is True
+    assert options["attr_timeout"] == 0
+    assert options["max_write"] == 128 * 1024
+    assert options["subtype"] == "burstctl"
+    assert "allow_other" not in options
+    assert "writeback_cache" not in options
+    assert "nonempty" not in options
+
+
+def test_option_flags_reach_libfuse(tmp_path: Path) -> None:
+    config = MountConfig(
+        tmp_path,
+        tmp_path,
+        allow_other=True,
+        max_write=65536,
+        big_writes=False,
+        fuse_options=("entry_timeout=5,ro", "fsname=x"),
+    )
+    options = fuse_option_dict(config)
+    assert options["allow_other"] is True
+    assert options["max_write"] == 65536
+    assert "big_writes" not in options
+    assert options["entry_timeout"] == "5" and options["ro"] is True
+    assert options["fsname"] == "x"
+    assert options.get("nonempty") is True  # in place
+
+
+def test_commas_in_the_backing_path_are_escaped(tmp_path: Path) -> None:
+    assert fuse_option_dict(MountConfig(Path("/a,b"), tmp_path))["fsname"] == "burstctl:/a\\,b"
+
+
+@pytest.mark.parametrize("option", ["writeback_cache", "nothreads"])
+def test_options_that_break_attribution_are_refused(tmp_path: Path, option: str) -> None:
+    with pytest.raises(MountError, match=option):
+        fuse_option_dict(MountConfig(tmp_path, tmp_path, fuse_options=(f"ro,{option}",)))
+
+
+def test_validate_checks_the_directories(tmp_path: Path) -> None:
+    backing, mnt = tmp_path / "b", tmp_path / "m"
+    backing.mkdir()
+    mnt.mkdir()
+    (backing / "inner").mkdir()
+    config = validate(MountConfig(tmp_path / "b" / ".." / "b", mnt))
+    assert config.backing == backing and config.mountpoint == mnt
+    assert validate(MountConfig(backing, backing)).mountpoint == backing  # in place
+    with pytest.raises(MountError, match="inside BACKING"):
+        validate(MountConfig(backing, backing / "inner"))
+    with pytest.raises(MountError, match="BACKING"):
+        validate(MountConfig(tmp_path / "missing", mnt))
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(MountError, match="MOUNTPOINT"):
+        validate(MountConfig(backing, tmp_path / "file"))
+    with pytest.raises(MountError, match="fallback"):
+        validate(MountConfig(backing, mnt, controller="x:1", fallback="sometimes"))
+    with pytest.raises(MountError, match="max-write"):
+        validate(MountConfig(backing, mnt, max_write=0))
+
+
+def test_pacing_options_only_with_a_controller(tmp_path: Path) -> None:
+    assert MountConfig(tmp_path, tmp_path).pacing() is None
+    pacing = MountConfig(tmp_path, tmp_path, controller="h:1", quiet_gap=0.2).pacing()
+    assert pacing is not None and pacing.controller == "h:1" and pacing.quiet_gap == 0.2
