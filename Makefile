@@ -41,6 +41,8 @@ bench: $(STAMP)
 	$(PY) bench/grpc_ingest_ceiling.py
 	$(PY) bench/controller_events.py
 	$(PY) bench/sim_speed.py
+	$(PY) bench/fairness.py
+	$(PY) bench/fuse_throughput.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
