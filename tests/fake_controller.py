@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -272,3 +272,21 @@ class FakeController(pb_grpc.ControllerServicer):
                 stream.outbox.put_nowait(
                     self._allocation(stream, last.rate, last.burst, last.lease_seconds)
                 )
+
+
+def fake_controllers(who: str) -> Iterator[Callable[..., FakeController]]:
+    """The body of a fixture that starts fake controllers: yields
+    ``make(port=0, **kwargs) -> FakeController``, stops every one afterwards, and
+    fails the test if ``who`` (the client, the mount) broke the protocol."""
+    started: list[FakeController] = []
+
+    def make(port: int = 0, **kwargs: Any) -> FakeController:
+        fake = FakeController(port, **kwargs).start()
+        started.append(fake)
+        return fake
+
+    yield make
+    for fake in started:
+        fake.stop()
+    broken = [v for fake in started for v in fake.violations]
+    assert not broken, f"{who} broke the protocol: {broken}"

@@ -11,7 +11,7 @@ import threading
 from collections.abc import Callable, Iterator
 
 import pytest
-from fake_controller import FakeController
+from fake_controller import FakeController, fake_controllers
 from support import async_wait_until, wait_until
 
 MiB = 1 << 20
@@ -20,18 +20,7 @@ MiB = 1 << 20
 @pytest.fixture
 def make_controller() -> Iterator[Callable[..., FakeController]]:
     """Starts fake controllers (arguments as `FakeController`); all are stopped at teardown."""
-    started: list[FakeController] = []
-
-    def make(port: int = 0, **kwargs: object) -> FakeController:
-        fake = FakeController(port, **kwargs).start()  # type: ignore[arg-type]
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        fake.stop()
-    broken = [v for fake in started for v in fake.violations]
-    assert not broken, f"the client broke the protocol: {broken}"
+    yield from fake_controllers("the client")
 
 
 @pytest.fixture

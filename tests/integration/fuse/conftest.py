@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from fake_controller import FakeController
+from fake_controller import FakeController, fake_controllers
 from support import MountProcess, is_mounted
 
 
@@ -94,15 +94,4 @@ def fake_controller() -> Iterator[Callable[..., FakeController]]:
     is stopped at teardown, after the mounts (fixtures tear down in reverse order of setup, so
     request this fixture before ``fuse_mount``).
     """
-    started: list[FakeController] = []
-
-    def make(**kwargs: object) -> FakeController:
-        fake = FakeController(0, **kwargs).start()  # type: ignore[arg-type]
-        started.append(fake)
-        return fake
-
-    yield make
-    for fake in started:
-        fake.stop()
-    broken = [v for fake in started for v in fake.violations]
-    assert not broken, f"the mount broke the protocol: {broken}"
+    yield from fake_controllers("the mount")
