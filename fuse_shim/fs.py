@@ -12,6 +12,10 @@ directory's gid when it is set-group-id), as a local filesystem would.
 
 Pacing: when a `Pacer` is given, reads and writes acquire their bytes for the caller's job
 first, and metadata operations go through `Pacer.metadata`.
+
+``security.capability``: with the kernel page cache on, the kernel asks for it before every
+``write(2)`` (to strip it) and almost always hears ENODATA. That answer is remembered per path
+for `CAPABILITY_ABSENT_TTL` seconds (see `_AbsentCapabilities` for why this is safe).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import functools
 import logging
 import os
 import stat
+import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
@@ -40,6 +45,11 @@ _DROPPED_OPEN_FLAGS = os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
 # binding hands over as that many nanoseconds (a real time 1.07 s after the epoch is lost).
 _UTIME_NOW = (1 << 30) - 1
 _UTIME_OMIT = (1 << 30) - 2
+_CAPABILITY = "security.capability"
+# How long "this path has no security.capability" is believed: the bound on how late a
+# capability set on BACKING behind the mount's back is seen through it.
+CAPABILITY_ABSENT_TTL = 1.0
+_ABSENT_MAX = 4096  # entries; past it, expired ones are swept, then all if still full
 
 
 def errno_barrier(method: F) -> F:
@@ -93,6 +103,55 @@ def _dirent_mode(entry: os.DirEntry[str]) -> int:
     return stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
 
 
+class _AbsentCapabilities:
+    """Paths known to have no ``security.capability`` (ENODATA), for at most ``ttl`` seconds.
+
+    Why answering from it is safe:
+
+    - Only absence is remembered, never a value: the cache can hide a capability set behind
+      the mount's back for up to ``ttl`` (an exec then gets fewer privileges, never more), it
+      can never invent one.
+    - Through the mount, a path can only come to carry a capability by ``setxattr`` or by
+      a change of names (``rename``, ``link``, ``unlink``, ``rmdir``): each of them (and
+      ``removexattr``) forgets everything *after* changing BACKING, and bumps a generation,
+      so a lookup that raced with it and read the old state is not remembered.
+    - The kernel asks before a write or truncate in order to strip the capability; a stale
+      "absent" skips that REMOVEXATTR, but the daemon's own ``pwrite``/``ftruncate`` on
+      BACKING makes the backing file system strip it anyway.
+    """
+
+    def __init__(self, ttl: float = CAPABILITY_ABSENT_TTL) -> None:
+        self._ttl = ttl
+        self._lock = threading.Lock()
+        self._absent: dict[str, float] = {}
+        self.generation = 0
+        self.hits = 0  # for tests and benchmarks
+
+    def known_absent(self, path: str) -> bool:
+        expiry = self._absent.get(path)
+        if expiry is not None and expiry > time.monotonic():
+            self.hits += 1
+            return True
+        return False
+
+    def remember(self, path: str, generation: int) -> None:
+        """Records ENODATA for ``path``, unless something was forgotten since ``generation``."""
+        now = time.monotonic()
+        with self._lock:
+            if generation != self.generation:
+                return
+            if len(self._absent) >= _ABSENT_MAX:
+                self._absent = {k: v for k, v in self._absent.items() if v > now}
+                if len(self._absent) >= _ABSENT_MAX:
+                    self._absent.clear()
+            self._absent[path] = now + self._ttl
+
+    def forget_all(self) -> None:
+        with self._lock:
+            self.generation += 1
+            self._absent.clear()
+
+
 def _current_caller() -> Caller:
     uid, gid, pid = fuse_get_context()
     return Caller(pid=pid, uid=uid, gid=gid)
@@ -130,6 +189,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         self._proc_root = f"/proc/self/fd/{root_fd}"
         self._is_root = os.geteuid() == 0
         self._pace_metadata = pacer is not None and pacer.options.metadata_cost > 0
+        self._no_capability = _AbsentCapabilities()
 
     # ------------------------------------------------------------------ helpers
 
@@ -334,7 +394,10 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     @errno_barrier
     def rmdir(self, path: str) -> int:
         self._metadata()
-        os.rmdir(self._rel(path), dir_fd=self._root)
+        try:
+            os.rmdir(self._rel(path), dir_fd=self._root)
+        finally:
+            self._no_capability.forget_all()
         return 0
 
     @errno_barrier
@@ -348,26 +411,35 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     @errno_barrier
     def unlink(self, path: str) -> int:
         self._metadata()
-        os.unlink(self._rel(path), dir_fd=self._root)
+        try:
+            os.unlink(self._rel(path), dir_fd=self._root)
+        finally:
+            self._no_capability.forget_all()
         return 0
 
     @errno_barrier
     def rename(self, old: str, new: str) -> int:
         self._metadata()
-        os.rename(self._rel(old), self._rel(new), src_dir_fd=self._root, dst_dir_fd=self._root)
+        try:
+            os.rename(self._rel(old), self._rel(new), src_dir_fd=self._root, dst_dir_fd=self._root)
+        finally:
+            self._no_capability.forget_all()
         return 0
 
     @errno_barrier
     def link(self, target: str, source: str) -> int:
         # mfusepy's order: ``target`` is the new name, ``source`` the existing file.
         self._metadata()
-        os.link(
-            self._rel(source),
-            self._rel(target),
-            src_dir_fd=self._root,
-            dst_dir_fd=self._root,
-            follow_symlinks=False,
-        )
+        try:
+            os.link(
+                self._rel(source),
+                self._rel(target),
+                src_dir_fd=self._root,
+                dst_dir_fd=self._root,
+                follow_symlinks=False,
+            )
+        finally:
+            self._no_capability.forget_all()
         return 0
 
     @errno_barrier
@@ -468,7 +540,17 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     @errno_barrier
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self._metadata()
-        return os.getxattr(self._proc_path(path), name, follow_symlinks=False)
+        if name != _CAPABILITY or path is None:
+            return os.getxattr(self._proc_path(path), name, follow_symlinks=False)
+        if self._no_capability.known_absent(path):
+            raise FuseOSError(errno.ENODATA)
+        generation = self._no_capability.generation
+        try:
+            return os.getxattr(self._proc_path(path), name, follow_symlinks=False)
+        except OSError as err:
+            if err.errno == errno.ENODATA:
+                self._no_capability.remember(path, generation)
+            raise
 
     @errno_barrier
     def listxattr(self, path: str) -> list[str]:
@@ -478,13 +560,19 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     @errno_barrier
     def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
         self._metadata()
-        os.setxattr(self._proc_path(path), name, value, options, follow_symlinks=False)
+        try:
+            os.setxattr(self._proc_path(path), name, value, options, follow_symlinks=False)
+        finally:
+            self._no_capability.forget_all()
         return 0
 
     @errno_barrier
     def removexattr(self, path: str, name: str) -> int:
         self._metadata()
-        os.removexattr(self._proc_path(path), name, follow_symlinks=False)
+        try:
+            os.removexattr(self._proc_path(path), name, follow_symlinks=False)
+        finally:
+            self._no_capability.forget_all()
         return 0
 
 

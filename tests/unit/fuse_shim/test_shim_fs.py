@@ -6,6 +6,7 @@ import errno
 import logging
 import os
 import stat
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -219,3 +220,121 @@ def test_fallocate_and_statfs(backing: tuple[Path, int]) -> None:
     raises_errno(errno.EOPNOTSUPP, fs.fallocate, "/f", 1, 0, 10, fh)
     fs.release("/f", fh)
     assert fs.statfs("/")["f_blocks"] == os.statvfs(root).f_blocks
+
+
+# ---------------------------------------------------------------- security.capability cache
+
+# A VFS_CAP_REVISION_2 capability (cap_net_bind_service, effective): setting it needs root.
+_CAP_BLOB = bytes.fromhex("0100000200040000000000000000000000000000")
+_CAP = "security.capability"
+
+
+def test_absent_capability_is_answered_from_the_cache(backing: tuple[Path, int]) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"x")
+    fs = make_fs(fd)
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    assert fs._no_capability.hits == 1
+    # Other names, and missing files, always go to BACKING.
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", "user.absent")
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", "user.absent")
+    raises_errno(errno.ENOENT, fs.getxattr, "/missing", _CAP)
+    raises_errno(errno.ENOENT, fs.getxattr, "/missing", _CAP)
+    assert fs._no_capability.hits == 1
+
+
+@ROOT_ONLY
+def test_setxattr_through_the_mount_shows_the_capability_at_once(
+    backing: tuple[Path, int],
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"x")
+    fs = make_fs(fd)
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    fs.setxattr("/f", _CAP, _CAP_BLOB, 0)
+    assert fs.getxattr("/f", _CAP) == _CAP_BLOB
+    fs.removexattr("/f", _CAP)
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    # A failed setxattr forgets too (it may have changed something).
+    raises_errno(errno.ENODATA, fs.setxattr, "/f", "user.none", b"v", os.XATTR_REPLACE)
+    hits = fs._no_capability.hits
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    assert fs._no_capability.hits == hits
+
+
+@ROOT_ONLY
+@pytest.mark.parametrize("how", ["rename", "unlink+link", "rmdir+rename"])
+def test_a_change_of_names_forgets_absent_capabilities(backing: tuple[Path, int], how: str) -> None:
+    root, fd = backing
+    (root / "d").mkdir()
+    (root / "d" / "plain").write_bytes(b"x")
+    (root / "capped").write_bytes(b"y")
+    os.setxattr(root / "capped", _CAP, _CAP_BLOB)
+    fs = make_fs(fd)
+    raises_errno(errno.ENODATA, fs.getxattr, "/d/plain", _CAP)
+    if how == "rename":
+        fs.rename("/capped", "/d/plain")
+    elif how == "unlink+link":
+        fs.unlink("/d/plain")
+        fs.link("/d/plain", "/capped")
+    else:
+        os.unlink(root / "d" / "plain")  # behind the mount's back, then through it:
+        fs.rmdir("/d")
+        os.mkdir(root / "d")
+        fs.rename("/capped", "/d/plain")
+    assert fs.getxattr("/d/plain", _CAP) == _CAP_BLOB
+
+
+@ROOT_ONLY
+def test_a_capability_set_behind_the_mount_is_seen_after_the_ttl(
+    backing: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from burstctl.fuse_shim import fs as fs_module
+
+    root, fd = backing
+    (root / "f").write_bytes(b"x")
+    fs = make_fs(fd)
+    fs._no_capability = fs_module._AbsentCapabilities(ttl=0.2)
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    os.setxattr(root / "f", _CAP, _CAP_BLOB)  # behind the mount's back: the documented limit
+    raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
+    real = time.monotonic
+    monkeypatch.setattr(fs_module.time, "monotonic", lambda: real() + 0.3)
+    assert fs.getxattr("/f", _CAP) == _CAP_BLOB
+
+
+def test_a_lookup_that_raced_with_a_change_is_not_remembered() -> None:
+    from burstctl.fuse_shim.fs import _AbsentCapabilities
+
+    cache = _AbsentCapabilities()
+    before = cache.generation
+    cache.forget_all()  # e.g. a setxattr finished while the lookup was on BACKING
+    cache.remember("/f", before)
+    assert not cache.known_absent("/f")
+    cache.remember("/f", cache.generation)
+    assert cache.known_absent("/f")
+
+
+@ROOT_ONLY
+def test_backing_strips_the_capability_on_the_daemons_own_write(
+    backing: tuple[Path, int],
+) -> None:
+    # What makes a stale "absent" harmless for writes: the kernel skips its REMOVEXATTR, but
+    # BACKING strips the capability when the daemon writes or truncates.
+    root, fd = backing
+    (root / "f").write_bytes(b"abc")
+    fs = make_fs(fd)
+    for change in ("write", "truncate"):
+        os.setxattr(root / "f", _CAP, _CAP_BLOB)
+        fh = fs.open("/f", os.O_WRONLY)
+        try:
+            if change == "write":
+                fs.write("/f", b"z", 1, fh)
+            else:
+                fs.truncate("/f", 1, fh)
+        finally:
+            fs.release("/f", fh)
+        with pytest.raises(OSError) as info:
+            os.getxattr(root / "f", _CAP)
+        assert info.value.errno == errno.ENODATA
