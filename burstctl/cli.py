@@ -58,11 +58,28 @@ def main() -> None:
 )
 @click.option("--replica-id", metavar="ID", help="Name of this replica [default: host name].")
 @click.option(
+    "--peers",
+    metavar="HOST:PORT,HOST:PORT",
+    help="The other replicas' --grpc-listen addresses; digests are exchanged with them.",
+)
+@click.option(
+    "--sync-interval",
+    type=float,
+    metavar="SECONDS",
+    help="λ, seconds between digest exchanges with the peers [default: 0.5].",
+)
+@click.option(
+    "--missed-exchanges",
+    type=int,
+    metavar="K",
+    help="A peer silent for K·λ leaves the global view [default: 3].",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Logging level [default: INFO].",
 )
-def controller(config_file: Path | None, **flags: str | Path | None) -> None:
+def controller(config_file: Path | None, **flags: str | Path | float | None) -> None:
     """Run a controller replica (gRPC; REST comes with the admin API).
 
     Precedence: flags > BURSTCTL_* environment > --config file > embedded defaults.

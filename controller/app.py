@@ -20,7 +20,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.controller.global_view import Digest
 from burstctl.controller.jobs import JobTable
+from burstctl.controller.peers import PeerServicer, PeerSync, build_digest
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.service import SERVICE_NAME, ControllerServicer
 from burstctl.controller.state import PolicyState, ReplicaState, StateError, StateStore
@@ -55,6 +57,29 @@ class Service:
         self.servicer = ControllerServicer(
             self.table, max_op_volume=config.max_op_volume, replica_id=config.replica_id
         )
+        self.policy_spec: tuple[str, dict[str, Any]] = (config.policy, dict(config.policy_params))
+        self.peer_sync: PeerSync | None = None
+        self._incarnation = time.time_ns()
+        self._usage_seen: dict[str, int] = {}
+        if config.peers:
+            self.peer_sync = PeerSync(
+                replica_id=config.replica_id,
+                addresses=list(config.peers),
+                interval=config.sync_interval,
+                missed=config.missed_exchanges,
+                registry=registry,
+                make_digest=self._digest,
+                on_update=self.scheduler.request,
+                clock=clock,
+            )
+            sync = self.peer_sync
+            self.scheduler.global_column = lambda: sync.column
+            self.peer_servicer: PeerServicer | None = PeerServicer(
+                sync.view, config.replica_id, clock
+            )
+        else:
+            self.peer_servicer = None
+        self._clock = clock
         self.health = health_aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.grpc_port: int | None = None
@@ -78,6 +103,7 @@ class Service:
         try:
             self.policy = self.registry.create(saved.name, saved.params)
             self.policy_version = saved.version
+            self.policy_spec = (saved.name, dict(saved.params))
             log.info(
                 "resumed policy %s (version %d) from %s", saved.name, saved.version, self.store.path
             )
@@ -85,6 +111,22 @@ class Service:
             log.error(
                 "saved policy %r is unusable (%s); keeping %s", saved.name, exc, self.policy.name
             )
+
+    def _digest(self, epoch: int) -> Digest:
+        name, params = self.policy_spec
+        return build_digest(
+            self.table,
+            replica_id=self.config.replica_id,
+            incarnation=self._incarnation,
+            epoch=epoch,
+            capacity=self.config.capacity,
+            node_bandwidth=self.config.node_bandwidth,
+            policy=name,
+            policy_params=params,
+            policy_version=self.policy_version,
+            usage_seen=self._usage_seen,
+            now=self._clock(),
+        )
 
     def set_policy(self, name: str, params: dict[str, Any] | None = None) -> Policy:
         """Switches the policy atomically and persists it; raises on unknown name or bad params."""
@@ -94,6 +136,7 @@ class Service:
             ReplicaState(policy=PolicyState(name=name, params=dict(params or {}), version=version))
         )
         self.policy, self.policy_version = policy, version
+        self.policy_spec = (name, dict(params or {}))
         log.info("policy switched to %s (version %d)", name, version)
         self.scheduler.request()
         return policy
@@ -111,6 +154,8 @@ class Service:
             ]
         )
         server.add_generic_rpc_handlers((self.servicer.rpc_handlers(),))
+        if self.peer_servicer is not None:
+            server.add_generic_rpc_handlers((self.peer_servicer.rpc_handlers(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
             self.grpc_port = server.add_insecure_port(self.config.grpc_listen)
@@ -125,6 +170,8 @@ class Service:
         self._spawn(self._reap(), "heartbeat-reaper")
         if self.config.tick > 0:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
+        if self.peer_sync is not None:
+            self._spawn(self.peer_sync.run(), "peer-sync")
         log.info(
             "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",
             self.config.replica_id,
@@ -159,6 +206,8 @@ class Service:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        if self.peer_sync is not None:
+            await self.peer_sync.close()
         self._stopped.set()
         log.info(
             "controller %s stopped; stats: %s",

@@ -10,11 +10,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Annotated, Any, ClassVar
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
     BaseSettings,
+    NoDecode,
     PydanticBaseSettingsSource,
     SettingsConfigDict,
     TomlConfigSettingsSource,
@@ -86,11 +87,40 @@ class ControllerConfig(BaseSettings):
     )
     max_op_volume: int = Field(2**53, gt=0, description="largest accepted operation volume, bytes")
     log_level: str = Field("INFO", description="logging level")
+    peers: Annotated[list[str], NoDecode] = Field(
+        default_factory=list,
+        description="other replicas' grpc_listen addresses (HOST:PORT) to exchange digests with",
+    )
+    sync_interval: float = Field(
+        0.5, gt=0, le=3600, description="λ: s between digest exchanges with the peers"
+    )
+    missed_exchanges: int = Field(
+        3, ge=1, le=1000, description="k: a peer silent for k·λ leaves the global view"
+    )
 
     @field_validator("grpc_listen", "http_listen")
     @classmethod
     def _check_listen(cls, value: str) -> str:
         split_host_port(value)
+        return value
+
+    @field_validator("peers", mode="before")
+    @classmethod
+    def _split_peers(cls, value: object) -> object:
+        # "a:1,b:2" from a flag or BURSTCTL_PEERS; a list from TOML.
+        if isinstance(value, str):
+            return [p.strip() for p in value.split(",") if p.strip()]
+        return value
+
+    @field_validator("peers")
+    @classmethod
+    def _check_peers(cls, value: list[str]) -> list[str]:
+        for peer in value:
+            _, port = split_host_port(peer)
+            if port == 0:
+                raise ValueError(f"a peer needs a fixed port, got {peer!r}")
+        if len(set(value)) != len(value):
+            raise ValueError("a peer is listed twice")
         return value
 
     @field_validator("log_level")

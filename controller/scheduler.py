@@ -81,6 +81,8 @@ class Scheduler:
         self._recheck_pending = False
         self._round = 0  # decision number; sessions served in a decision carry it
         self._period_timer: asyncio.TimerHandle | None = None
+        # With peers: this replica's rate for each job of the global view (PeerSync.column)
+        self.global_column: Callable[[], Mapping[JobId, float] | None] | None = None
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -117,7 +119,9 @@ class Scheduler:
         started = time.perf_counter()
         policy = self._policy()
         view = self.table.view(self.config.capacity, self.config.node_bandwidth)
-        rates, fixed = clamp(view, policy.allocate(view))
+        column = self.global_column() if self.global_column is not None else None
+        proposed = policy.allocate(view) if column is None else self._global(view, policy, column)
+        rates, fixed = clamp(view, proposed)
         if fixed:
             self.stats.clamped += 1
             log.warning("policy %s proposed an infeasible allocation; clamped", policy.name)
@@ -175,6 +179,26 @@ class Scheduler:
             decision_log.debug(
                 "policy=%s rates=%s", policy.name, {j: round(r) for j, r in rates.items()}
             )
+
+    @staticmethod
+    def _global(
+        view: SystemView, policy: Policy, column: Mapping[JobId, float]
+    ) -> dict[JobId, float]:
+        """This replica's column of the global split for the jobs in the global view;
+        the local policy, within the capacity left, for jobs that came after it."""
+        rates = {j: min(column[j], job.cap) for j, job in view.jobs.items() if j in column}
+        newer = {j: job for j, job in view.jobs.items() if j not in column}
+        if newer:
+            left = max(0.0, view.capacity - sum(rates.values()))
+            sub = SystemView(
+                now=view.now,
+                capacity=left,
+                node_bandwidth=view.node_bandwidth,
+                jobs=newer,
+                seed=view.seed,
+            )
+            rates.update(policy.allocate(sub))
+        return rates
 
     def _recheck(self) -> None:
         self._recheck_pending = False

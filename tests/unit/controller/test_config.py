@@ -108,3 +108,36 @@ def test_every_key_is_documented_and_the_example_loads() -> None:
     assert not missing, f"undocumented keys in docs/configuration.md: {missing}"
     example = load_config(root / "deploy" / "examples" / "controller.toml")
     assert example.capacity == 400 * MiB and example.replica_id == "bb01"
+
+
+def test_peer_settings_from_flags_env_and_file(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    defaults = load_config()
+    assert (defaults.peers, defaults.sync_interval, defaults.missed_exchanges) == ([], 0.5, 3)
+    flags = load_config(peers="10.0.0.2:50051,[::1]:7000", sync_interval=0.2, missed_exchanges=5)
+    assert flags.peers == ["10.0.0.2:50051", "[::1]:7000"]
+    assert (flags.sync_interval, flags.missed_exchanges) == (0.2, 5)
+    monkeypatch.setenv("BURSTCTL_PEERS", "a:1, b:2")
+    assert load_config().peers == ["a:1", "b:2"]
+    monkeypatch.delenv("BURSTCTL_PEERS")
+    f = tmp_path / "c.toml"
+    f.write_text('peers = ["h1:50051", "h2:50051"]\nsync_interval = 1.5\nmissed_exchanges = 2\n')
+    cfg = load_config(f)
+    assert cfg.peers == ["h1:50051", "h2:50051"]
+    assert (cfg.sync_interval, cfg.missed_exchanges) == (1.5, 2)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"peers": "nohost"}, "peers"),
+        ({"peers": "h:0"}, "peers"),
+        ({"peers": "h:1,h:1"}, "peers"),
+        ({"sync_interval": 0}, "sync_interval"),
+        ({"missed_exchanges": 0}, "missed_exchanges"),
+    ],
+)
+def test_bad_peer_settings_name_the_field(overrides: dict, field: str) -> None:
+    with pytest.raises(ConfigError, match=field):
+        load_config(**overrides)

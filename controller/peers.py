@@ -1,0 +1,357 @@
+"""Replica-to-replica sync: digests on the wire, the ``Peer`` service and the exchange loop.
+
+Every λ (``sync_interval``) a replica builds its :class:`Digest` from its job
+table and sends it to every configured peer (``burstctl.v1.Peer/Exchange``,
+one grpc.aio channel per peer, a deadline of λ). What it receives goes into its
+:class:`GlobalView`. After each exchange it expires peers silent for k·λ and,
+when at least one peer is live, computes the global split
+(:meth:`GlobalView.targets`) and hands its own column to the scheduler. See
+``docs/replicas.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from collections.abc import Callable
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+
+from burstctl.controller.global_view import (
+    Digest,
+    DigestError,
+    GlobalView,
+    JobDigest,
+    Status,
+    validate,
+)
+from burstctl.controller.jobs import JobStatus, JobTable
+from burstctl.policies.registry import PolicyRegistry
+from burstctl.policies.view import JobId, job_cap
+from burstctl.proto.burstctl.v1 import peer_pb2 as pb
+
+log = logging.getLogger(__name__)
+
+PEER_SERVICE_NAME = "burstctl.v1.Peer"
+_EXCHANGE = f"/{PEER_SERVICE_NAME}/Exchange"
+
+
+# ---------------------------------------------------------------------------
+# Conversion
+
+
+def digest_to_proto(digest: Digest) -> pb.Digest:
+    msg = pb.Digest(
+        replica_id=digest.replica_id,
+        incarnation=digest.incarnation,
+        epoch=digest.epoch,
+        capacity=digest.capacity,
+        node_bandwidth=digest.node_bandwidth,
+        policy=digest.policy,
+        policy_params_json=json.dumps(dict(digest.policy_params), sort_keys=True),
+        policy_version=digest.policy_version,
+    )
+    for j in digest.jobs:
+        job = msg.jobs.add(
+            job_id=j.job_id,
+            user=j.user,
+            group=j.group,
+            nodes=j.nodes,
+            priority=j.priority,
+            demand=j.demand,
+            usage_bytes=j.usage_bytes,
+            progress=j.progress,
+            released_at=j.released_at,
+            open_op=j.open_op,
+        )
+        if j.posted_at is not None:
+            job.posted_at = j.posted_at
+        if j.remaining is not None:
+            job.remaining = j.remaining
+    return msg
+
+
+def digest_from_proto(msg: pb.Digest) -> Digest:
+    """The digest in ``msg``, validated; raises :class:`DigestError` naming the bad field."""
+    params: Any = {}
+    if msg.policy_params_json:
+        try:
+            params = json.loads(msg.policy_params_json)
+        except ValueError as exc:
+            raise DigestError("policy_params_json", f"not JSON: {exc}") from None
+        if not isinstance(params, dict):
+            raise DigestError("policy_params_json", "must be a JSON object")
+    jobs = tuple(
+        JobDigest(
+            job_id=j.job_id,
+            user=j.user,
+            group=j.group,
+            nodes=j.nodes,
+            priority=j.priority,
+            demand=j.demand,
+            usage_bytes=j.usage_bytes,
+            progress=j.progress,
+            released_at=j.released_at,
+            posted_at=j.posted_at if j.HasField("posted_at") else None,
+            remaining=j.remaining if j.HasField("remaining") else None,
+            open_op=j.open_op,
+        )
+        for j in msg.jobs
+    )
+    digest = Digest(
+        replica_id=msg.replica_id,
+        incarnation=msg.incarnation,
+        epoch=msg.epoch,
+        capacity=msg.capacity,
+        node_bandwidth=msg.node_bandwidth,
+        policy=msg.policy,
+        policy_params=params,
+        policy_version=msg.policy_version,
+        jobs=jobs,
+    )
+    validate(digest)
+    return digest
+
+
+class _Malformed:
+    __slots__ = ("error",)
+
+    def __init__(self, error: Exception) -> None:
+        self.error = error
+
+
+def _decode_digest(data: bytes) -> pb.Digest | _Malformed:
+    try:
+        return pb.Digest.FromString(data)
+    except DecodeError as exc:
+        return _Malformed(exc)
+
+
+# ---------------------------------------------------------------------------
+# Digest of the local job table
+
+
+def build_digest(
+    table: JobTable,
+    *,
+    replica_id: str,
+    incarnation: int,
+    epoch: int,
+    capacity: float,
+    node_bandwidth: float,
+    policy: str,
+    policy_params: dict[str, Any],
+    policy_version: int,
+    usage_seen: dict[JobId, int],
+    now: float,
+) -> Digest:
+    """This replica's digest at ``now``; ``usage_seen`` (bytes moved per job at the
+    previous digest) is updated in place."""
+    jobs = []
+    for job_id in sorted(table.jobs):
+        job = table.jobs[job_id]
+        if job.status is not JobStatus.ACTIVE:
+            usage_seen.pop(job_id, None)
+            continue
+        cap = job_cap(job.meta.nodes, node_bandwidth, capacity)
+        ops = list(job.open_ops())
+        open_op = bool(ops)
+        known = open_op and all(o.volume > 0 for o in ops)
+        moved = job.bytes_moved - usage_seen.get(job_id, 0)
+        usage_seen[job_id] = job.bytes_moved
+        jobs.append(
+            JobDigest(
+                job_id=job_id,
+                user=job.meta.user,
+                group=job.meta.group,
+                nodes=job.meta.nodes,
+                priority=float(job.meta.priority),
+                demand=table.job_demand(job, cap) if open_op else 0.0,
+                usage_bytes=float(max(0, moved)),
+                progress=max(0.0, job.progress(now, cap)),
+                released_at=min(0.0, job.first_seen - now),
+                posted_at=min(0.0, min(o.posted_at for o in ops) - now) if open_op else None,
+                remaining=(float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None),
+                open_op=open_op,
+            )
+        )
+    for job_id in [j for j in usage_seen if j not in table.jobs]:
+        del usage_seen[job_id]
+    return Digest(
+        replica_id=replica_id,
+        incarnation=incarnation,
+        epoch=epoch,
+        capacity=float(capacity),
+        node_bandwidth=float(node_bandwidth),
+        policy=policy,
+        policy_params=dict(policy_params),
+        policy_version=policy_version,
+        jobs=tuple(jobs),
+    )
+
+
+# ---------------------------------------------------------------------------
+# Receiving side
+
+
+class PeerServicer:
+    """``burstctl.v1.Peer``: merges received digests into ``view``."""
+
+    def __init__(
+        self,
+        view: GlobalView,
+        replica_id: str,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.view = view
+        self.replica_id = replica_id
+        self._clock = clock
+        self.received = 0
+        self.rejected = 0
+
+    def rpc_handlers(self) -> grpc.GenericRpcHandler:
+        # By hand, like the Controller service: an undecodable digest gets INVALID_ARGUMENT.
+        handler = grpc.unary_unary_rpc_method_handler(
+            self.exchange,
+            request_deserializer=_decode_digest,
+            response_serializer=pb.ExchangeReply.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, {"Exchange": handler})
+
+    async def exchange(
+        self, request: pb.Digest | _Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.ExchangeReply:
+        self.received += 1
+        try:
+            if isinstance(request, _Malformed):
+                raise DigestError("digest", f"not a valid burstctl.v1.Digest ({request.error})")
+            digest = digest_from_proto(request)
+        except DigestError as exc:
+            self.rejected += 1
+            log.warning("malformed digest from %s: %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable") from None  # abort raises
+        outcome = self.view.receive(digest, self._clock())
+        if outcome.status is Status.REJECTED:
+            self.rejected += 1
+        return pb.ExchangeReply(
+            replica_id=self.replica_id,
+            status=outcome.status.value,
+            field=outcome.field or "",
+            reason=outcome.reason,
+        )
+
+
+# ---------------------------------------------------------------------------
+# Sending side
+
+
+class PeerLink:
+    """One configured peer address: its channel and the replica id it answered with."""
+
+    def __init__(self, address: str) -> None:
+        self.address = address
+        self.channel = grpc.aio.insecure_channel(address)
+        self.exchange = self.channel.unary_unary(
+            _EXCHANGE,
+            request_serializer=pb.Digest.SerializeToString,
+            response_deserializer=pb.ExchangeReply.FromString,
+        )
+        self.replica_id: str | None = None
+        self.failures = 0
+
+    async def send(self, msg: pb.Digest, timeout: float) -> pb.ExchangeReply | None:
+        try:
+            reply: pb.ExchangeReply = await self.exchange(msg, timeout=timeout)
+        except grpc.aio.AioRpcError as exc:
+            self.failures += 1
+            log.debug("exchange with %s failed: %s %s", self.address, exc.code(), exc.details())
+            return None
+        if reply.status == Status.REJECTED.value:
+            log.debug("peer %s rejected our digest: %s", self.address, reply.reason)
+        if reply.replica_id and reply.replica_id != self.replica_id:
+            log.info("peer %s is replica %r", self.address, reply.replica_id)
+            self.replica_id = reply.replica_id
+        return reply
+
+    async def close(self) -> None:
+        await self.channel.close(grace=None)
+
+
+class PeerSync:
+    """The exchange loop of one replica.
+
+    ``column`` is this replica's rate for every job of the global view (after
+    the last exchange with at least one live peer), or None: the local policy
+    decides alone. ``on_update`` is called after every exchange.
+    """
+
+    def __init__(
+        self,
+        *,
+        replica_id: str,
+        addresses: list[str],
+        interval: float,
+        missed: int,
+        registry: PolicyRegistry,
+        make_digest: Callable[[int], Digest],
+        on_update: Callable[[], None],
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.replica_id = replica_id
+        self.interval = interval
+        self.missed = missed
+        self.registry = registry
+        self.view = GlobalView(replica_id, peers=(), registry=registry)
+        self.links = [PeerLink(a) for a in addresses]
+        self._make_digest = make_digest
+        self._on_update = on_update
+        self._clock = clock
+        self.epoch = 0
+        self.column: dict[JobId, float] | None = None
+        self.exchanges = 0
+
+    def _allowed(self) -> None:
+        # Only replicas that answered on a configured address may report.
+        self.view.peers = frozenset(
+            link.replica_id for link in self.links if link.replica_id is not None
+        )
+
+    async def run(self) -> None:
+        while True:
+            started = self._clock()
+            try:
+                await self.exchange_once()
+            except Exception:  # a bug here must not stop the controller
+                log.exception("digest exchange failed")
+            await asyncio.sleep(max(0.0, self.interval - (self._clock() - started)))
+
+    async def exchange_once(self) -> None:
+        self.epoch += 1
+        digest = self._make_digest(self.epoch)
+        msg = digest_to_proto(digest)
+        await asyncio.gather(*(link.send(msg, self.interval) for link in self.links))
+        self._allowed()
+        self.view.expire(self._clock(), self.interval, self.missed)
+        self.exchanges += 1
+        if not self.view.live_peers():
+            self.column = None
+        else:
+            matrix = self.view.targets(digest, self.registry)
+            # Jobs in the global view: those that had an open operation here when
+            # the digest was built. Newer ones keep the local decision.
+            covered = {j.job_id for j in digest.jobs if j.open_op}
+            self.column = {
+                j: rate
+                for (j, r), rate in matrix.items()
+                if r == self.replica_id and j in covered and math.isfinite(rate)
+            }
+        self._on_update()
+
+    async def close(self) -> None:
+        await asyncio.gather(*(link.close() for link in self.links), return_exceptions=True)
