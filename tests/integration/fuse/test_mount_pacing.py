@@ -100,6 +100,23 @@ def apps() -> Iterator[Callable[..., App]]:
                 pipe.close()
 
 
+@pytest.fixture
+def paced_mount(
+    fake_controller: Callable[..., FakeController],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+) -> Callable[..., tuple[FakeController, MountProcess, Path]]:
+    """``paced_mount(*mount_args, **controller_kwargs) -> (controller, mount, mountpoint)``:
+    a mount of ``fuse_dirs`` paced by a fresh scripted controller."""
+
+    def make(*args: str, **kwargs: object) -> tuple[FakeController, MountProcess, Path]:
+        fake = fake_controller(**kwargs)
+        backing, mnt = fuse_dirs
+        return fake, fuse_mount(backing, mnt, "--controller", fake.address, *args), mnt
+
+    return make
+
+
 def hellos(fake: FakeController) -> dict[str, object]:
     """Job id -> its Hello, for every stream the controller saw."""
     return {h.job_id: h for h in fake.bodies("hello")}
@@ -116,14 +133,10 @@ def default_job_of_this_process() -> str:
 
 
 def test_jobs_come_from_the_callers_environment(
-    fake_controller: Callable[..., FakeController],
-    fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
 ) -> None:
-    fake = fake_controller(initial_rate=64 * MiB)
-    backing, mnt = fuse_dirs
-    fuse_mount(backing, mnt, "--controller", fake.address)
+    fake, _, mnt = paced_mount(initial_rate=64 * MiB)
 
     alpha = apps({"BURSTCTL_JOB_ID": "alpha", "SLURM_NNODES": "4", "BURSTCTL_PRIORITY": "2.5"})
     beta = apps({"SLURM_JOB_ID": "beta", "SLURM_JOB_NUM_NODES": "2"})
@@ -185,15 +198,11 @@ def test_reads_and_writes_are_paced_at_the_jobs_allocation(
 
 
 def test_a_phase_ends_at_the_last_close(
-    fake_controller: Callable[..., FakeController],
-    fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
 ) -> None:
-    fake = fake_controller(initial_rate=64 * MiB)
-    backing, mnt = fuse_dirs
     # A quiet gap far longer than the test: only the last close can end the phase.
-    fuse_mount(backing, mnt, "--controller", fake.address, "--quiet-gap", "60")
+    fake, _, mnt = paced_mount("--quiet-gap", "60", initial_rate=64 * MiB)
     app = apps({"BURSTCTL_JOB_ID": "closer"})
     app.do("open", mnt / "a")
     app.do("open", mnt / "b")
@@ -213,14 +222,10 @@ def test_a_phase_ends_at_the_last_close(
 
 
 def test_a_phase_ends_after_a_quiet_gap_and_the_next_request_starts_another(
-    fake_controller: Callable[..., FakeController],
-    fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
 ) -> None:
-    fake = fake_controller(initial_rate=64 * MiB)
-    backing, mnt = fuse_dirs
-    fuse_mount(backing, mnt, "--controller", fake.address, "--quiet-gap", "0.1")
+    fake, _, mnt = paced_mount("--quiet-gap", "0.1", initial_rate=64 * MiB)
     app = apps({"BURSTCTL_JOB_ID": "bursty"})
     app.do("open", mnt / "f")
     app.do("write", mnt / "f", 512 * KiB)
@@ -237,14 +242,10 @@ def test_a_phase_ends_after_a_quiet_gap_and_the_next_request_starts_another(
 
 
 def test_an_idle_session_says_goodbye_and_a_new_request_opens_another(
-    fake_controller: Callable[..., FakeController],
-    fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
 ) -> None:
-    fake = fake_controller(initial_rate=64 * MiB)
-    backing, mnt = fuse_dirs
-    mount = fuse_mount(backing, mnt, "--controller", fake.address, "--session-idle", "0.3")
+    fake, mount, mnt = paced_mount("--session-idle", "0.3", initial_rate=64 * MiB)
     app = apps({"BURSTCTL_JOB_ID": "napper"})
     app.do("open", mnt / "f")
     app.do("write", mnt / "f", 64 * KiB)
@@ -261,14 +262,10 @@ def hellos_of(fake: FakeController, job_id: str) -> list[object]:
 
 
 def test_unmount_ends_phases_and_says_goodbye(
-    fake_controller: Callable[..., FakeController],
-    fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
 ) -> None:
-    fake = fake_controller(initial_rate=64 * MiB)
-    backing, mnt = fuse_dirs
-    mount = fuse_mount(backing, mnt, "--controller", fake.address, "--quiet-gap", "60")
+    fake, mount, mnt = paced_mount("--quiet-gap", "60", initial_rate=64 * MiB)
     app = apps({"BURSTCTL_JOB_ID": "leaver"})
     app.do("open", mnt / "f")
     app.do("write", mnt / "f", 64 * KiB)
