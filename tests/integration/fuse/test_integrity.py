@@ -76,18 +76,13 @@ class Worker:
     next_name: int = 0
 
     def both(self, op: str, fn: Callable[[Path], Any]) -> tuple[str, Any]:
-        got, expected = outcome(fn, self.mount_dir), outcome(fn, self.shadow_dir)
-        self.log.append(op)
-        self.counts[op.split()[0]] = self.counts.get(op.split()[0], 0) + 1
-        if got != expected:
-            raise AssertionError(
-                f"worker {self.index}, op #{len(self.log)} {op}: mount {got} != shadow {expected}"
-                f"\nlast ops: {self.log[-10:]}"
-            )
-        return got
+        return self._same(op, outcome(fn, self.mount_dir), outcome(fn, self.shadow_dir))
 
     def both_fds(self, op: str, twin: Twin, fn: Callable[[int], Any]) -> tuple[str, Any]:
-        got, expected = outcome(fn, twin.mount_fd), outcome(fn, twin.shadow_fd)
+        return self._same(op, outcome(fn, twin.mount_fd), outcome(fn, twin.shadow_fd))
+
+    def _same(self, op: str, got: tuple[str, Any], expected: tuple[str, Any]) -> tuple[str, Any]:
+        """Logs ``op`` and fails unless the mount and the shadow had the same outcome."""
         self.log.append(op)
         self.counts[op.split()[0]] = self.counts.get(op.split()[0], 0) + 1
         if got != expected:
