@@ -48,6 +48,8 @@ def start_controller(
             "controller",
             "--grpc-listen",
             "127.0.0.1:0",
+            "--http-listen",
+            "127.0.0.1:0",
             "--state-dir",
             state_dir,
             "--log-level",

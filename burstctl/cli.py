@@ -15,7 +15,7 @@ from pathlib import Path
 
 import click
 
-from burstctl import __version__
+from burstctl import __version__, admin_cli
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -75,12 +75,17 @@ def main() -> None:
     help="A peer silent for K·λ leaves the global view [default: 3].",
 )
 @click.option(
+    "--admin-token-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="File with the REST bearer token [default: <state-dir>/admin-token, created 0600].",
+)
+@click.option(
     "--log-level",
     type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
     help="Logging level [default: INFO].",
 )
 def controller(config_file: Path | None, **flags: str | Path | float | None) -> None:
-    """Run a controller replica (gRPC; REST comes with the admin API).
+    """Run a controller replica: gRPC for clients and peers, REST for admins.
 
     Precedence: flags > BURSTCTL_* environment > --config file > embedded defaults.
     """
@@ -546,6 +551,8 @@ def _emit(rows: list[dict[str, object]], fmt: str) -> None:
     writer.writeheader()
     writer.writerows(rows)
 
+
+main.add_command(admin_cli.policy)
 
 if __name__ == "__main__":
     sys.exit(main())

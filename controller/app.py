@@ -23,6 +23,7 @@ from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.global_view import Digest
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.peers import PeerServicer, PeerSync, build_digest
+from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.service import SERVICE_NAME, ControllerServicer
 from burstctl.controller.state import PolicyState, ReplicaState, StateError, StateStore
@@ -46,6 +47,7 @@ class Service:
         self.store = StateStore(config.state_dir)
         self.policy: Policy = registry.create(config.policy, config.policy_params)
         self.policy_version = 0
+        self.policy_since = time.time()  # wall clock of the last switch, for the admin views
         self.table = JobTable(
             clock,
             heartbeat_timeout=config.heartbeat_timeout,
@@ -75,11 +77,13 @@ class Service:
             sync = self.peer_sync
             self.scheduler.global_column = lambda: sync.column
             self.peer_servicer: PeerServicer | None = PeerServicer(
-                sync.view, config.replica_id, clock
+                sync.view, config.replica_id, clock, on_accept=self._adopt
             )
         else:
             self.peer_servicer = None
         self._clock = clock
+        self.http: HttpServer | None = None
+        self.ready = False  # gRPC serving and state loaded (GET /readyz)
         self.health = health_aio.HealthServicer()
         self.server: grpc.aio.Server | None = None
         self.grpc_port: int | None = None
@@ -91,6 +95,12 @@ class Service:
     def grpc_address(self) -> str:
         host, _ = split_host_port(self.config.grpc_listen)
         return f"{host}:{self.grpc_port}"
+
+    @property
+    def http_url(self) -> str:
+        host, _ = split_host_port(self.config.http_listen)
+        assert self.http is not None and self.http.port is not None, "REST not started"
+        return f"http://{host}:{self.http.port}"
 
     def _resume_state(self) -> None:
         try:
@@ -129,23 +139,61 @@ class Service:
         )
 
     def set_policy(self, name: str, params: dict[str, Any] | None = None) -> Policy:
-        """Switches the policy atomically and persists it; raises on unknown name or bad params."""
+        """Switches the policy atomically and persists it; raises on unknown name or bad params.
+
+        The new version is one above any this replica or its peers have used, so
+        the switch wins over every replica's current policy (docs/replicas.md).
+        """
         policy = self.registry.create(name, params)
-        version = self.policy_version + 1
-        self.store.save(
-            ReplicaState(policy=PolicyState(name=name, params=dict(params or {}), version=version))
-        )
-        self.policy, self.policy_version = policy, version
-        self.policy_spec = (name, dict(params or {}))
+        seen = self.peer_sync.view.highest_policy_version() if self.peer_sync else 0
+        version = max(self.policy_version, seen) + 1
+        self._install(policy, name, dict(params or {}), version)
         log.info("policy switched to %s (version %d)", name, version)
-        self.scheduler.request()
         return policy
+
+    def _install(self, policy: Policy, name: str, params: dict[str, Any], version: int) -> None:
+        # Persist first: a restart must never resume an older policy than the one applied.
+        self.store.save(ReplicaState(policy=PolicyState(name=name, params=params, version=version)))
+        self.policy, self.policy_version = policy, version
+        self.policy_spec = (name, params)
+        self.policy_since = time.time()
+        self.scheduler.request()
+
+    def _adopt(self, digest: Digest) -> None:
+        """A peer's policy with a higher ``(version, replica id)`` becomes this replica's,
+        with the peer's version, as soon as its digest is accepted."""
+        if (digest.policy_version, digest.replica_id) <= (
+            self.policy_version,
+            self.config.replica_id,
+        ):
+            return
+        spec = (digest.policy, dict(digest.policy_params))
+        if spec == self.policy_spec:
+            if digest.policy_version != self.policy_version:
+                name, params = spec
+                self._install(self.policy, name, params, digest.policy_version)
+            return
+        policy = self.registry.create(*spec)  # the view checked it can be built
+        self._install(policy, *spec, digest.policy_version)
+        log.info(
+            "policy %s (version %d) adopted from replica %r",
+            digest.policy,
+            digest.policy_version,
+            digest.replica_id,
+        )
 
     async def start(self) -> None:
         if self._started:
             return
         self._started = True
         self._resume_state()
+        try:
+            token = admin_token(self.config)
+        except (OSError, TokenError) as exc:
+            raise OSError(f"REST admin token: {exc}") from None
+        http = HttpServer(build_app(self, token), self.config.http_listen, self.config.log_level)
+        await http.start()  # first: a taken port fails before anything else runs
+        self.http = http
         server = grpc.aio.server(
             options=[
                 ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
@@ -160,6 +208,7 @@ class Service:
         try:
             self.grpc_port = server.add_insecure_port(self.config.grpc_listen)
         except RuntimeError as exc:
+            await http.stop()
             raise OSError(f"cannot listen on {self.config.grpc_listen}: {exc}") from None
         await server.start()
         self.server = server
@@ -172,6 +221,7 @@ class Service:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
         if self.peer_sync is not None:
             self._spawn(self.peer_sync.run(), "peer-sync")
+        self.ready = True
         log.info(
             "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",
             self.config.replica_id,
@@ -179,6 +229,7 @@ class Service:
             self.policy.name,
             self.config.capacity,
         )
+        log.info("controller %s serving REST on %s", self.config.replica_id, self.http_url)
 
     def _spawn(self, coro: Any, name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"controller-{name}"))
@@ -199,9 +250,12 @@ class Service:
     async def stop(self, grace: float = 1.0) -> None:
         if not self._started or self._stopped.is_set():
             return
+        self.ready = False
         await self.health.enter_graceful_shutdown()
         if self.server is not None:
             await self.server.stop(grace)
+        if self.http is not None:
+            await self.http.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -236,6 +290,17 @@ class Service:
             "decision_p99_s": pct(0.99),
             "jobs": len(self.table.jobs),
             "sessions": len(self.table.sessions),
+            "policy": self.policy.name,
+            "policy_version": self.policy_version,
+            **({"sync": self._sync_stats()} if self.peer_sync is not None else {}),
+        }
+
+    def _sync_stats(self) -> dict[str, Any]:
+        assert self.peer_sync is not None and self.peer_servicer is not None
+        return {
+            **self.peer_sync.stats(),
+            "digests_received": self.peer_servicer.received,
+            "digests_rejected": self.peer_servicer.rejected,
         }
 
     async def serve(self, should_exit: asyncio.Event) -> None:

@@ -97,6 +97,13 @@ class ControllerConfig(BaseSettings):
     missed_exchanges: int = Field(
         3, ge=1, le=1000, description="k: a peer silent for k·λ leaves the global view"
     )
+    admin_token_file: Path | None = Field(
+        None,
+        description="file holding the REST bearer token; default <state_dir>/admin-token",
+    )
+    protect_reads: bool = Field(
+        False, description="REST reads need the bearer token too (mutations always do)"
+    )
 
     @field_validator("grpc_listen", "http_listen")
     @classmethod

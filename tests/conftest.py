@@ -13,6 +13,7 @@ from burstctl.controller.config import load_config
 
 SERVICE_DEFAULTS = {
     "grpc_listen": "127.0.0.1:0",
+    "http_listen": "127.0.0.1:0",
     "capacity": "40MiB/s",
     "node_bandwidth": "8MiB/s",
     "heartbeat_timeout": 1.0,

@@ -50,6 +50,7 @@ async def async_wait_until(
 
 
 _SERVING = re.compile(r"serving gRPC on (\S+)")
+_SERVING_REST = re.compile(r"serving REST on (\S+)")
 
 
 class ControllerProcess:
@@ -70,6 +71,7 @@ class ControllerProcess:
         self.requested_address = address
         self.env = env
         self.address: str | None = None
+        self.url: str | None = None  # REST base URL
         self.log: list[str] = []
         self.proc: subprocess.Popen[str] | None = None
         self._ready = threading.Event()
@@ -86,6 +88,8 @@ class ControllerProcess:
                 "controller",
                 "--grpc-listen",
                 self.requested_address,
+                "--http-listen",
+                "127.0.0.1:0",
                 "--state-dir",
                 str(self.state_dir),
                 *self.args,
@@ -109,6 +113,9 @@ class ControllerProcess:
             m = _SERVING.search(line)
             if m:
                 self.address = m.group(1)
+            m = _SERVING_REST.search(line)
+            if m:  # logged after the gRPC line: both are up
+                self.url = m.group(1)
                 self._ready.set()
         self._ready.set()  # exited: unblock start()
 

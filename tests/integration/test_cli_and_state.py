@@ -50,7 +50,15 @@ def test_unknown_policy_is_a_clear_error(tmp_path: Path) -> None:
 
 def test_busy_port_is_a_clear_error(tmp_path: Path) -> None:
     with ControllerProcess(tmp_path / "a") as first:
-        r = burstctl("controller", "--grpc-listen", first.address, "--state-dir", str(tmp_path))
+        r = burstctl(
+            "controller",
+            "--grpc-listen",
+            first.address,
+            "--http-listen",
+            "127.0.0.1:0",
+            "--state-dir",
+            str(tmp_path),
+        )
     assert r.returncode != 0 and "cannot listen" in r.stderr
 
 
@@ -71,7 +79,7 @@ def test_policies_command() -> None:
 
 
 async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path) -> None:
-    config = load_config(grpc_listen="127.0.0.1:0", state_dir=tmp_path)
+    config = load_config(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0", state_dir=tmp_path)
     svc = build_service(config)
     await svc.start()
     try:
@@ -92,7 +100,12 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path) -> None:
         await again.stop(grace=0)
     # an explicitly configured policy wins over the saved one
     explicit = build_service(
-        load_config(grpc_listen="127.0.0.1:0", state_dir=tmp_path, policy="fair-share")
+        load_config(
+            grpc_listen="127.0.0.1:0",
+            http_listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            policy="fair-share",
+        )
     )
     await explicit.start()
     try:
@@ -103,7 +116,9 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path) -> None:
 
 async def test_corrupt_state_file_is_reported_and_kept(tmp_path: Path, caplog) -> None:
     (tmp_path / "state.json").write_text("{not json")
-    svc = build_service(load_config(grpc_listen="127.0.0.1:0", state_dir=tmp_path))
+    svc = build_service(
+        load_config(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0", state_dir=tmp_path)
+    )
     await svc.start()
     try:
         assert svc.policy.name == "fair-share"

@@ -1,0 +1,153 @@
+"""``burstctl policy ...``: the admin commands, over the controller's REST API (docs/rest.md).
+
+Every command takes ``--url`` (``BURSTCTL_URL``, default the controller's
+default ``--http-listen``) and, for mutations, a bearer token: ``--token``
+(``BURSTCTL_ADMIN_TOKEN``) or ``--token-file`` (``BURSTCTL_ADMIN_TOKEN_FILE``;
+the controller writes ``<state-dir>/admin-token`` on first start).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+DEFAULT_URL = "http://127.0.0.1:8080"
+
+
+def _connection_options(f: F) -> F:
+    f = click.option(
+        "--token-file",
+        type=click.Path(dir_okay=False, path_type=Path),
+        envvar="BURSTCTL_ADMIN_TOKEN_FILE",
+        help="File holding the bearer token, e.g. <state-dir>/admin-token.",
+    )(f)
+    f = click.option(
+        "--token",
+        envvar="BURSTCTL_ADMIN_TOKEN",
+        metavar="TOKEN",
+        help="Bearer token for changes [env BURSTCTL_ADMIN_TOKEN].",
+    )(f)
+    f = click.option(
+        "--url",
+        envvar="BURSTCTL_URL",
+        default=DEFAULT_URL,
+        show_default=True,
+        help="The controller's REST address [env BURSTCTL_URL].",
+    )(f)
+    return f
+
+
+class Api:
+    """A thin client of ``/v1``; every failure becomes a ClickException with the reason."""
+
+    def __init__(self, url: str, token: str | None, token_file: Path | None) -> None:
+        self.url = url.rstrip("/")
+        if token is None and token_file is not None:
+            try:
+                token = token_file.read_text().strip()
+            except OSError as exc:
+                raise click.ClickException(f"cannot read token file: {exc}") from None
+        self.token = token or None
+
+    def request(self, method: str, path: str, body: Any = None) -> Any:
+        import httpx
+
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        try:
+            r = httpx.request(method, self.url + path, json=body, headers=headers, timeout=10)
+        except httpx.HTTPError as exc:
+            raise click.ClickException(
+                f"cannot reach the controller at {self.url}: {exc}"
+            ) from None
+        if r.status_code == 401:
+            raise click.ClickException(
+                "the controller wants a bearer token: --token, BURSTCTL_ADMIN_TOKEN or"
+                " --token-file (the controller writes <state-dir>/admin-token)"
+            )
+        if r.status_code == 403:
+            raise click.ClickException("the controller rejected the token")
+        if r.status_code == 422:
+            raise click.ClickException(_validation_message(r.json()))
+        if r.status_code >= 400:
+            raise click.ClickException(f"{method} {path}: HTTP {r.status_code}: {r.text}")
+        return r.json()
+
+
+def _validation_message(body: Any) -> str:
+    detail = body.get("detail") if isinstance(body, dict) else None
+    if isinstance(detail, list):
+        return "; ".join(
+            f"{'.'.join(str(p) for p in d.get('loc', []) if p != 'body')}: {d.get('msg')}"
+            for d in detail
+        )
+    return str(detail)
+
+
+def _parse_param(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise click.BadParameter(f"expected KEY=VALUE, got {text!r}", param_hint="--param")
+    try:
+        value = json.loads(raw)  # numbers, booleans, lists; anything else stays a string
+    except json.JSONDecodeError:
+        value = raw
+    return key, value
+
+
+@click.group()
+def policy() -> None:
+    """See and switch the controller's policy (REST API, docs/rest.md)."""
+
+
+@policy.command("list")
+@_connection_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def policy_list(url: str, token: str | None, token_file: Path | None, as_json: bool) -> None:
+    """The policies the controller accepts."""
+    rows = Api(url, token, token_file).request("GET", "/v1/policies")
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    width = max((len(r["name"]) for r in rows), default=0)
+    for r in rows:
+        params = ", ".join(r["params_schema"].get("properties", {})) or "-"
+        click.echo(f"{r['name']:<{width}}  {r['family']:<18}  params: {params}")
+
+
+@policy.command("get")
+@_connection_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def policy_get(url: str, token: str | None, token_file: Path | None, as_json: bool) -> None:
+    """The active policy."""
+    p = Api(url, token, token_file).request("GET", "/v1/policy")
+    if as_json:
+        click.echo(json.dumps(p, indent=2))
+        return
+    params = json.dumps(p["params"], sort_keys=True) if p["params"] else ""
+    click.echo(f"{p['name']} {params}".rstrip())
+    click.echo(f"version {p['version']} on replica {p['replica_id']} since {p['since']}")
+
+
+@policy.command("set")
+@click.argument("name")
+@click.option(
+    "--param",
+    "params",
+    multiple=True,
+    metavar="KEY=VALUE",
+    help="A policy parameter; VALUE is read as JSON when it parses, else as a string.",
+)
+@_connection_options
+def policy_set(
+    name: str, params: tuple[str, ...], url: str, token: str | None, token_file: Path | None
+) -> None:
+    """Switch to policy NAME (a registered name or a sharing spec such as group>user>size)."""
+    body = {"name": name, "params": dict(_parse_param(p) for p in params)}
+    p = Api(url, token, token_file).request("PUT", "/v1/policy", body)
+    click.echo(f"policy {p['name']} active (version {p['version']})")

@@ -1,0 +1,312 @@
+"""The REST admin API: FastAPI on the controller's own event loop (docs/rest.md).
+
+``build_app(service)`` returns the app; ``HttpServer`` runs it with uvicorn on
+a socket the controller binds itself, so ``127.0.0.1:0`` works and a taken port
+fails at start with a clear error. No globals: every route reaches the replica
+through the ``Service`` it was built with, and a policy switch is one
+synchronous call on the loop the scheduler runs on, so no decision ever sees
+half of it.
+
+Mutations need ``Authorization: Bearer <token>`` (401 without, 403 with a wrong
+one); reads too when ``protect_reads`` is set. The token comes from
+``BURSTCTL_ADMIN_TOKEN``, else ``admin_token_file``, else
+``<state_dir>/admin-token``, created with mode 0600 on first start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import logging
+import os
+import secrets
+import socket
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import uvicorn
+from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.policies.registry import UnknownPolicyError
+
+if TYPE_CHECKING:
+    from burstctl.controller.app import Service
+
+log = logging.getLogger(__name__)
+
+TOKEN_ENV = "BURSTCTL_ADMIN_TOKEN"
+TOKEN_FILE = "admin-token"
+
+# Which paper a built-in policy comes from, by module (GET /v1/policies).
+_FAMILIES = {
+    "fcfs": "bandwidth-sharing",
+    "fair_share": "bandwidth-sharing",
+    "greedy": "bandwidth-sharing",
+    "io_sets": "bandwidth-sharing",
+    "best_next_event": "bandwidth-sharing",
+    "statistical_tokens": "statistical-tokens",
+}
+
+
+# Module level: FastAPI resolves the (string) annotations of the routes' dependencies here.
+_BEARER = HTTPBearer(auto_error=False)
+Credentials = Annotated[HTTPAuthorizationCredentials | None, Depends(_BEARER)]
+
+
+class TokenError(RuntimeError):
+    pass
+
+
+def admin_token(config: ControllerConfig) -> str:
+    """The bearer token for mutations (module docstring); creates the default file."""
+    env = os.environ.get(TOKEN_ENV, "").strip()
+    if env:
+        return env
+    if config.admin_token_file is not None:
+        try:
+            token = config.admin_token_file.read_text().strip()
+        except OSError as exc:
+            raise TokenError(f"cannot read admin token file: {exc}") from None
+        if not token:
+            raise TokenError(f"admin token file {config.admin_token_file} is empty")
+        return token
+    path = config.state_dir / TOKEN_FILE
+    config.state_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        token = path.read_text().strip()
+        if not token:
+            raise TokenError(f"admin token file {path} is empty") from None
+        return token
+    token = secrets.token_urlsafe(32)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
+    log.info("created admin token %s (mode 0600)", path)
+    return token
+
+
+# ---------------------------------------------------------------------------
+# Bodies
+
+
+class PolicyInfo(BaseModel):
+    name: str
+    family: str
+    description: str
+    params_schema: dict[str, Any] = Field(description="JSON schema of the parameters")
+
+
+class ActivePolicyOut(BaseModel):
+    name: str
+    params: dict[str, Any]
+    version: int = Field(description="higher wins across replicas; ties go to the higher id")
+    since: datetime = Field(description="when this replica applied it")
+    replica_id: str
+
+
+class PolicyIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(min_length=1, description="a registered name or a sharing spec")
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class PeerOut(BaseModel):
+    replica_id: str
+    live: bool
+    last_exchange_age_s: float
+    capacity: float
+    policy: str
+    policy_version: int
+    jobs: int
+
+
+class ReplicasOut(BaseModel):
+    replica_id: str
+    capacity: float
+    policy: str
+    policy_version: int
+    sync_interval_s: float | None
+    peers: list[PeerOut]
+
+
+def _invalid(loc: list[str | int], msg: str, value: Any) -> RequestValidationError:
+    return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg, "input": value}])
+
+
+def build_app(service: Service, token: str) -> FastAPI:
+    """The admin app of one replica."""
+    app = FastAPI(
+        title="burstctl controller",
+        version="1",
+        summary="Switch policies, see jobs and replicas of one burstctl controller replica.",
+    )
+
+    def require_token(creds: Credentials) -> None:
+        if creds is None or creds.scheme.lower() != "bearer":
+            raise HTTPException(401, "missing bearer token", headers={"WWW-Authenticate": "Bearer"})
+        if not secrets.compare_digest(creds.credentials.encode(), token.encode()):
+            raise HTTPException(403, "wrong bearer token")
+
+    def read_guard(creds: Credentials) -> None:
+        if service.config.protect_reads:
+            require_token(creds)
+
+    reads = [Depends(read_guard)]
+
+    @app.get("/healthz", tags=["health"])
+    async def healthz() -> dict[str, str]:
+        """The process is alive."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["health"])
+    async def readyz() -> dict[str, Any]:
+        """gRPC is serving and the state is loaded (503 otherwise)."""
+        if not service.ready:
+            raise HTTPException(503, "not ready")
+        return {"status": "ready", "grpc": service.grpc_address}
+
+    @app.get("/v1/policies", dependencies=reads, tags=["policy"])
+    async def list_policies() -> list[PolicyInfo]:
+        """The registry: every name a switch accepts (sharing specs are also accepted)."""
+        out = []
+        for name in service.registry.names():
+            cls = service.registry.get(name)
+            module = cls.__module__.rsplit(".", 1)[-1]
+            # Its own docstring, else its module's: inherited ones describe the base class.
+            own = cls.__dict__.get("__doc__") or sys.modules[cls.__module__].__doc__ or name
+            doc = inspect.cleandoc(own).splitlines()[0]
+            if cls.name != name:  # a ThemisIO alias: say which sharing spec it stands for
+                doc = f"{doc} Spec: {cls.name}."
+            out.append(
+                PolicyInfo(
+                    name=name,
+                    family=_FAMILIES.get(module, "external"),
+                    description=doc,
+                    params_schema=cls.Params.model_json_schema(),
+                )
+            )
+        return out
+
+    def active() -> ActivePolicyOut:
+        name, params = service.policy_spec
+        return ActivePolicyOut(
+            name=name,
+            params=params,
+            version=service.policy_version,
+            since=datetime.fromtimestamp(service.policy_since, UTC),
+            replica_id=service.config.replica_id,
+        )
+
+    @app.get("/v1/policy", dependencies=reads, tags=["policy"])
+    async def get_policy() -> ActivePolicyOut:
+        """The active policy of this replica."""
+        return active()
+
+    @app.put("/v1/policy", dependencies=[Depends(require_token)], tags=["policy"])
+    async def put_policy(body: PolicyIn) -> ActivePolicyOut:
+        """Switch the policy: validated, applied at once, persisted, sent to the peers
+        with the next exchange."""
+        try:
+            cls = service.registry.get(body.name)
+        except UnknownPolicyError as exc:
+            raise _invalid(["body", "name"], str(exc), body.name) from None
+        try:
+            cls.Params.model_validate(body.params)
+        except ValidationError as exc:
+            raise RequestValidationError(
+                [{**e, "loc": ["body", "params", *e["loc"]]} for e in exc.errors(include_url=False)]
+            ) from None
+        service.set_policy(body.name, body.params)
+        return active()
+
+    @app.get("/v1/replicas", dependencies=reads, tags=["replicas"])
+    async def replicas() -> ReplicasOut:
+        """This replica and the peers it has heard from."""
+        sync = service.peer_sync
+        stats = sync.stats() if sync is not None else {"peers": [], "sync_interval_s": None}
+        return ReplicasOut(
+            replica_id=service.config.replica_id,
+            capacity=service.config.capacity,
+            policy=service.policy.name,
+            policy_version=service.policy_version,
+            sync_interval_s=stats["sync_interval_s"],
+            peers=[PeerOut(**p) for p in stats["peers"]],
+        )
+
+    @app.exception_handler(ValueError)
+    async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
+        # A check deeper down (set_policy) that the body validation did not catch.
+        return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    return app
+
+
+class _Server(uvicorn.Server):
+    # The controller's CLI owns SIGINT/SIGTERM; uvicorn must not capture them.
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        yield
+
+
+class HttpServer:
+    """uvicorn serving ``app`` on ``listen`` in the running loop; ``port`` once started."""
+
+    def __init__(self, app: FastAPI, listen: str, log_level: str) -> None:
+        self.listen = listen
+        # log_config=None: uvicorn's records go through the controller's logging setup.
+        self._config = uvicorn.Config(
+            app,
+            lifespan="off",
+            log_config=None,
+            log_level=log_level.lower(),
+            access_log=log_level.upper() == "DEBUG",
+            timeout_graceful_shutdown=1,
+        )
+        self._server = _Server(self._config)
+        self._sock: socket.socket | None = None
+        self._task: asyncio.Task[None] | None = None
+        self.port: int | None = None
+
+    async def start(self) -> None:
+        host, port = split_host_port(self.listen)
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.socket(family, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host.strip("[]"), port))
+        except OSError as exc:
+            sock.close()
+            raise OSError(f"cannot listen on {self.listen} (REST): {exc.strerror}") from None
+        sock.listen(128)
+        sock.setblocking(False)
+        self._sock = sock
+        self.port = int(sock.getsockname()[1])
+        # Connections wait in the backlog until uvicorn accepts them: ready as of now.
+        self._task = asyncio.create_task(self._server.serve([sock]), name="controller-http")
+
+    async def stop(self) -> None:
+        if self._task is None:
+            return
+        self._server.should_exit = True
+        try:
+            await self._task
+        except Exception:
+            log.exception("REST server failed")
+        self._task = None
+        if self._sock is not None:
+            self._sock.close()
+
+
+def token_path(config: ControllerConfig) -> Path:
+    """Where the token is read from when the environment does not give it."""
+    return config.admin_token_file or config.state_dir / TOKEN_FILE
