@@ -217,6 +217,21 @@ def _number(name: str, value: object, *, low: float, high: float, strict: bool =
 # The view
 
 
+@dataclass(frozen=True, slots=True)
+class PeerState:
+    """One peer as this replica holds it (``GlobalView.peer_states``)."""
+
+    replica_id: ReplicaId
+    live: bool
+    heard_age: float  # seconds since its last accepted digest, receiver's clock
+    incarnation: int
+    epoch: int
+    capacity: float
+    policy: str
+    policy_version: int
+    jobs: int  # jobs in its last digest
+
+
 @dataclass(slots=True)
 class _Peer:
     digest: Digest
@@ -320,6 +335,27 @@ class GlobalView:
 
     def live_peers(self) -> list[ReplicaId]:
         return sorted(rid for rid, p in self._held.items() if p.live)
+
+    def peer_states(self, now: float) -> list[PeerState]:
+        """Every peer ever heard from, in id order: what the admin views report."""
+        return [
+            PeerState(
+                replica_id=rid,
+                live=p.live,
+                heard_age=max(0.0, now - p.heard_at),
+                incarnation=p.digest.incarnation,
+                epoch=p.digest.epoch,
+                capacity=p.digest.capacity,
+                policy=p.digest.policy,
+                policy_version=p.digest.policy_version,
+                jobs=len(p.digest.jobs),
+            )
+            for rid, p in sorted(self._held.items())
+        ]
+
+    def highest_policy_version(self) -> int:
+        """The highest policy version any peer has reported, live or not (0: none)."""
+        return max((p.digest.policy_version for p in self._held.values()), default=0)
 
     def digests(self, self_digest: Digest | None = None) -> list[Digest]:
         """The live digests (plus ``self_digest``) in replica id order."""

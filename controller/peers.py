@@ -207,10 +207,13 @@ class PeerServicer:
         view: GlobalView,
         replica_id: str,
         clock: Callable[[], float] = time.monotonic,
+        on_accept: Callable[[Digest], None] | None = None,
     ) -> None:
         self.view = view
         self.replica_id = replica_id
         self._clock = clock
+        # Called with every accepted digest: the replica adopts a newer policy at once.
+        self._on_accept = on_accept
         self.received = 0
         self.rejected = 0
 
@@ -239,6 +242,11 @@ class PeerServicer:
         outcome = self.view.receive(digest, self._clock())
         if outcome.status is Status.REJECTED:
             self.rejected += 1
+        elif outcome.accepted and self._on_accept is not None:
+            try:
+                self._on_accept(digest)
+            except Exception:  # the digest is held; a failed adoption is retried next time
+                log.exception("could not apply digest from replica %r", digest.replica_id)
         return pb.ExchangeReply(
             replica_id=self.replica_id,
             status=outcome.status.value,
@@ -352,6 +360,32 @@ class PeerSync:
                 if r == self.replica_id and j in covered and math.isfinite(rate)
             }
         self._on_update()
+
+    def stats(self) -> dict[str, Any]:
+        """The exchange as this replica sees it: what stats() and the admin views report."""
+        now = self._clock()
+        return {
+            "sync_interval_s": self.interval,
+            "exchanges": self.exchanges,
+            "epoch": self.epoch,
+            "in_global_view": self.column is not None,
+            "peers": [
+                {
+                    "replica_id": p.replica_id,
+                    "live": p.live,
+                    "last_exchange_age_s": round(p.heard_age, 3),
+                    "capacity": p.capacity,
+                    "policy": p.policy,
+                    "policy_version": p.policy_version,
+                    "jobs": p.jobs,
+                }
+                for p in self.view.peer_states(now)
+            ],
+            "links": [
+                {"address": link.address, "replica_id": link.replica_id, "failures": link.failures}
+                for link in self.links
+            ],
+        }
 
     async def close(self) -> None:
         await asyncio.gather(*(link.close() for link in self.links), return_exceptions=True)

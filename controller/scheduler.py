@@ -184,20 +184,37 @@ class Scheduler:
     def _global(
         view: SystemView, policy: Policy, column: Mapping[JobId, float]
     ) -> dict[JobId, float]:
-        """This replica's column of the global split for the jobs in the global view;
-        the local policy, within the capacity left, for jobs that came after it."""
+        """This replica's rates when it holds a column of the global split.
+
+        Jobs in the global view get their column rate (at most b_i). Jobs that
+        started an operation here since the last exchange get their local fair
+        share, what the local policy gives them on the whole local view, until
+        the next exchange puts them in the global view; the column rates shrink
+        in proportion to make room. Capacity still left (a job's local demand fell
+        since the exchange) is water-filled over unmet local demand, so the
+        replica stays work-conserving between exchanges.
+        """
         rates = {j: min(column[j], job.cap) for j, job in view.jobs.items() if j in column}
-        newer = {j: job for j, job in view.jobs.items() if j not in column}
+        newer = [j for j in view.jobs if j not in column]
         if newer:
-            left = max(0.0, view.capacity - sum(rates.values()))
-            sub = SystemView(
-                now=view.now,
-                capacity=left,
-                node_bandwidth=view.node_bandwidth,
-                jobs=newer,
-                seed=view.seed,
-            )
-            rates.update(policy.allocate(sub))
+            local = policy.allocate(view)
+            fresh = {j: local.get(j, 0.0) for j in newer}
+            room = max(0.0, view.capacity - sum(fresh.values()))
+            held = sum(rates.values())
+            if held > room:
+                rates = {j: r * (room / held) for j, r in rates.items()}
+            rates.update(fresh)
+        left = view.capacity - sum(rates.values())
+        if left > 0.0:
+            unmet = {}
+            for j, job in view.jobs.items():
+                want = min(job.demand, job.cap) - rates.get(j, 0.0)
+                if want > 0.0:
+                    unmet[j] = want
+            if unmet:
+                extra = water_fill(unmet, dict.fromkeys(unmet, 1.0), left)
+                for j, r in extra.items():
+                    rates[j] = rates.get(j, 0.0) + r
         return rates
 
     def _recheck(self) -> None:

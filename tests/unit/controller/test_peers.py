@@ -90,18 +90,42 @@ def test_digest_of_the_job_table() -> None:
     assert d2.jobs[1].usage_bytes == 0  # only what moved since the previous digest
 
 
-def test_global_column_for_known_jobs_local_policy_for_newer_ones() -> None:
-    def row(j: str, nodes: int, index: int) -> JobView:
-        return JobView(j, "u", "g", nodes, 1.0, cap=100.0, demand=100.0, index=index)
+def _rows(capacity: float = 100.0, **jobs: tuple[int, float]) -> SystemView:
+    """A local view: job id -> (nodes, demand), cap 100, index in keyword order."""
+    rows = {
+        j: JobView(j, "u", "g", nodes, 1.0, cap=100.0, demand=demand, index=i)
+        for i, (j, (nodes, demand)) in enumerate(jobs.items())
+    }
+    return SystemView(now=0.0, capacity=capacity, node_bandwidth=100.0, jobs=rows)
 
-    view = SystemView(
-        now=0.0,
-        capacity=100.0,
-        node_bandwidth=100.0,
-        jobs={"a": row("a", 1, 0), "b": row("b", 1, 1), "c": row("c", 3, 2)},
-    )
-    policy = default_registry().create("size-fair", {})
-    rates = Scheduler._global(view, policy, {"a": 40.0, "gone": 10.0})
-    assert rates["a"] == 40.0 and "gone" not in rates
-    # b and c arrived after the exchange: size-fair over what is left (60), 1:3
-    assert rates["b"] == pytest.approx(15.0) and rates["c"] == pytest.approx(45.0)
+
+SIZE_FAIR = default_registry().create("size-fair", {})
+
+
+def test_newer_jobs_get_their_local_fair_share_and_the_column_makes_room() -> None:
+    view = _rows(a=(1, 100.0), b=(1, 100.0), c=(3, 100.0))
+    rates = Scheduler._global(view, SIZE_FAIR, {"a": 40.0, "gone": 10.0})
+    assert "gone" not in rates
+    # b and c arrived after the exchange: size-fair on the whole local view gives
+    # 1:1:3 of 100 = 20/20/60; a's column (40) shrinks to the 20 left.
+    assert rates == pytest.approx({"a": 20.0, "b": 20.0, "c": 60.0})
+
+
+def test_column_is_kept_when_the_newer_jobs_fit_beside_it() -> None:
+    view = _rows(a=(1, 100.0), b=(3, 100.0), c=(1, 100.0))
+    # local size-fair gives c 20; the column (a 30, b 50) fits in the 80 left
+    rates = Scheduler._global(view, SIZE_FAIR, {"a": 30.0, "b": 50.0})
+    assert rates == pytest.approx({"a": 30.0, "b": 50.0, "c": 20.0})
+
+
+def test_capacity_the_column_leaves_goes_to_unmet_demand() -> None:
+    # a's demand fell to 10 since the exchange; b can use the rest at once
+    view = _rows(a=(1, 10.0), b=(1, 100.0))
+    rates = Scheduler._global(view, SIZE_FAIR, {"a": 10.0, "b": 50.0})
+    assert rates == pytest.approx({"a": 10.0, "b": 90.0})
+    assert sum(rates.values()) == pytest.approx(view.capacity)
+
+
+def test_column_rates_never_exceed_the_job_cap() -> None:
+    view = _rows(a=(1, 100.0))
+    assert Scheduler._global(view, SIZE_FAIR, {"a": 250.0}) == {"a": 100.0}
