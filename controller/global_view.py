@@ -77,6 +77,7 @@ class JobDigest:
     posted_at: float | None = None  # R_i − t_send ≤ 0 of the open operation here; None: none
     remaining: float | None = None  # V_i of the open operation here, bytes; None: unknown
     open_op: bool = False  # the job has an open operation on this replica
+    transferred: float = 0.0  # bytes this job moved on this replica in all (P_i's V part)
 
 
 @dataclass(frozen=True, slots=True)
@@ -172,6 +173,7 @@ def _validate_job(at: str, job: JobDigest) -> None:
     _number(f"{at}.demand", job.demand, low=0.0, high=MAX_RATE)
     _number(f"{at}.usage_bytes", job.usage_bytes, low=0.0, high=math.inf)
     _number(f"{at}.progress", job.progress, low=0.0, high=math.inf)
+    _number(f"{at}.transferred", job.transferred, low=0.0, high=math.inf)
     _number(f"{at}.released_at", job.released_at, low=-math.inf, high=0.0)
     if job.posted_at is not None:
         _number(f"{at}.posted_at", job.posted_at, low=-math.inf, high=0.0)
@@ -396,13 +398,17 @@ class GlobalView:
 
         Per job: metadata (user, group, nodes, priority) from the first replica
         in id order that has it (conflicts are logged once and ignored);
-        demand Σ_r d_jr capped at b_i; τ_i and R_i the earliest; P_i the largest;
-        V_i the sum when every replica knows it. Only jobs with an open
+        demand Σ_r d_jr capped at b_i; τ_i and R_i the earliest; V_i the sum
+        when every replica knows it; P_i = W_i^(done) + V_i^(transferred)/b_i
+        (eq. 6) with the transferred bytes summed over the replicas and the work
+        time the largest any replica saw (each replica reports P_i and its
+        bytes, so W_i^(done) = P_i − V/b_i with that replica's own b_i). Only jobs with an open
         operation somewhere are in the view (S(t)); ``index`` is the job id order.
         """
         digests = self.digests(self_digest)
         capacity = math.fsum(d.capacity for d in digests)
         b = min(d.node_bandwidth for d in digests)
+        by_id = {d.replica_id: d for d in digests}
         per_job: dict[JobId, list[tuple[ReplicaId, JobDigest]]] = {}
         for d in digests:
             for job in d.jobs:
@@ -432,10 +438,24 @@ class GlobalView:
                     else None
                 ),
                 released_at=min(j.released_at for _, j in seen),
-                progress=max(j.progress for _, j in seen),
+                progress=self._progress(seen, by_id, cap),
                 index=index,
             )
         return SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs=rows)
+
+    @staticmethod
+    def _progress(
+        seen: list[tuple[ReplicaId, JobDigest]], by_id: dict[ReplicaId, Digest], cap: float
+    ) -> float:
+        """Global P_i (eq. 6): the largest work time any replica saw plus every
+        replica's transferred bytes at the global b_i."""
+        work = 0.0
+        for rid, j in seen:
+            d = by_id[rid]
+            local_cap = job_cap(j.nodes, d.node_bandwidth, d.capacity)
+            work = max(work, j.progress - (j.transferred / local_cap if local_cap > 0 else 0.0))
+        moved = math.fsum(j.transferred for _, j in seen)
+        return work + (moved / cap if cap > 0 else 0.0)
 
     def _log_conflicts(self, first: JobDigest, others: list[tuple[ReplicaId, JobDigest]]) -> None:
         for rid, job in others:

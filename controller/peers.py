@@ -68,6 +68,7 @@ def digest_to_proto(digest: Digest) -> pb.Digest:
             progress=j.progress,
             released_at=j.released_at,
             open_op=j.open_op,
+            transferred=j.transferred,
         )
         if j.posted_at is not None:
             job.posted_at = j.posted_at
@@ -100,6 +101,7 @@ def digest_from_proto(msg: pb.Digest) -> Digest:
             posted_at=j.posted_at if j.HasField("posted_at") else None,
             remaining=j.remaining if j.HasField("remaining") else None,
             open_op=j.open_op,
+            transferred=j.transferred,
         )
         for j in msg.jobs
     )
@@ -178,6 +180,7 @@ def build_digest(
                 posted_at=min(0.0, min(o.posted_at for o in ops) - now) if open_op else None,
                 remaining=(float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None),
                 open_op=open_op,
+                transferred=float(job.transferred),
             )
         )
     for job_id in [j for j in usage_seen if j not in table.jobs]:

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class JobDigest(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -20,6 +20,7 @@ class JobDigest(_message.Message):
     POSTED_AT_FIELD_NUMBER: _ClassVar[int]
     REMAINING_FIELD_NUMBER: _ClassVar[int]
     OPEN_OP_FIELD_NUMBER: _ClassVar[int]
+    TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user: str
     group: str
@@ -32,7 +33,8 @@ class JobDigest(_message.Message):
     posted_at: float
     remaining: float
     open_op: bool
-    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., demand: _Optional[float] = ..., usage_bytes: _Optional[float] = ..., progress: _Optional[float] = ..., released_at: _Optional[float] = ..., posted_at: _Optional[float] = ..., remaining: _Optional[float] = ..., open_op: _Optional[bool] = ...) -> None: ...
+    transferred: float
+    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., demand: _Optional[float] = ..., usage_bytes: _Optional[float] = ..., progress: _Optional[float] = ..., released_at: _Optional[float] = ..., posted_at: _Optional[float] = ..., remaining: _Optional[float] = ..., open_op: _Optional[bool] = ..., transferred: _Optional[float] = ...) -> None: ...
 
 class Digest(_message.Message):
     __slots__ = ("replica_id", "incarnation", "epoch", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "jobs")

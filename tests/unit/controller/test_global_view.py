@@ -456,3 +456,28 @@ def test_relative_times_merge_to_the_earliest() -> None:
     row = gv.system_view(r1).jobs["J1"]
     assert (row.released_at, row.posted_at, row.progress) == (-31.0, -2.0, 5.0)
     assert row.yield_at(0.0) == pytest.approx(5.0 / 31.0)
+
+
+def test_progress_sums_bytes_over_replicas_and_keeps_the_largest_work_time() -> None:
+    # J on R1 (B = 100, b_i = min(2·30, 100) = 60): 2 s of work + 120 B -> P = 4;
+    # on R2 (B = 50, b_i = 50): 3 s of work + 100 B -> P = 5. Globally b_i = 60
+    # (B = 150): P = max(2, 3) + (120 + 100) / 60.
+    r1 = digest("R1", (job("J", nodes=2, progress=4.0, transferred=120.0),), node_bandwidth=30.0)
+    r2 = digest(
+        "R2",
+        (job("J", nodes=2, progress=5.0, transferred=100.0),),
+        capacity=50.0,
+        node_bandwidth=30.0,
+    )
+    view = GlobalView("R1")
+    assert view.receive(r2, now=0.0).accepted
+    merged = view.system_view(r1).jobs["J"]
+    assert merged.cap == 60.0
+    assert merged.progress == pytest.approx(3.0 + 220.0 / 60.0)
+
+
+def test_negative_transferred_is_rejected_by_name() -> None:
+    bad = digest("R2", (job("J", transferred=-1.0),))
+    with pytest.raises(DigestError) as err:
+        validate(bad)
+    assert err.value.field == "jobs[0].transferred"
