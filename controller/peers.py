@@ -265,20 +265,32 @@ class PeerServicer:
 class PeerLink:
     """One configured peer address: its channel and the replica id it answered with."""
 
-    def __init__(self, address: str) -> None:
+    def __init__(self, address: str, interval: float = 0.5) -> None:
         self.address = address
-        self.channel = grpc.aio.insecure_channel(address)
-        self.exchange = self.channel.unary_unary(
-            _EXCHANGE,
-            request_serializer=pb.Digest.SerializeToString,
-            response_deserializer=pb.ExchangeReply.FromString,
-        )
+        # gRPC backs off up to 120 s between connection attempts by default; a peer
+        # restarted after a crash must be reached again within about one λ.
+        backoff_ms = max(50, int(interval * 1000))
+        self._options = [
+            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
+            ("grpc.min_reconnect_backoff_ms", backoff_ms),
+            ("grpc.max_reconnect_backoff_ms", backoff_ms),
+        ]
+        # Opened on first use: a grpc.aio channel belongs to the loop it was created in,
+        # and the service is built before the CLI starts its loop.
+        self.channel: grpc.aio.Channel | None = None
         self.replica_id: str | None = None
         self.failures = 0
 
     async def send(self, msg: pb.Digest, timeout: float) -> pb.ExchangeReply | None:
+        if self.channel is None:
+            self.channel = grpc.aio.insecure_channel(self.address, options=self._options)
+        exchange = self.channel.unary_unary(
+            _EXCHANGE,
+            request_serializer=pb.Digest.SerializeToString,
+            response_deserializer=pb.ExchangeReply.FromString,
+        )
         try:
-            reply: pb.ExchangeReply = await self.exchange(msg, timeout=timeout)
+            reply: pb.ExchangeReply = await exchange(msg, timeout=timeout)
         except grpc.aio.AioRpcError as exc:
             self.failures += 1
             log.debug("exchange with %s failed: %s %s", self.address, exc.code(), exc.details())
@@ -291,7 +303,8 @@ class PeerLink:
         return reply
 
     async def close(self) -> None:
-        await self.channel.close(grace=None)
+        if self.channel is not None:
+            await self.channel.close(grace=None)
 
 
 class PeerSync:
@@ -319,7 +332,7 @@ class PeerSync:
         self.missed = missed
         self.registry = registry
         self.view = GlobalView(replica_id, peers=(), registry=registry)
-        self.links = [PeerLink(a) for a in addresses]
+        self.links = [PeerLink(a, interval) for a in addresses]
         self._make_digest = make_digest
         self._on_update = on_update
         self._clock = clock

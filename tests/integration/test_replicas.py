@@ -1,9 +1,10 @@
-"""Several controller replicas on loopback enforce one policy globally (docs/replicas.md).
+"""Several in-process controller replicas on loopback enforce one policy globally.
 
-ThemisIO's Figure 5: J1 (16 nodes) is present on both replicas, J2 (8) only on
-R1, J3 (8) only on R2; size-fair, B = 40 MiB/s each. Deciding locally gives J1
-2/3 of each replica; with the digest exchange every λ the replicas split the
-global targets (J1 1/2, J2 1/4, J3 1/4 of 80 MiB/s).
+ThemisIO's Figure 5 (J1 with 16 nodes on both replicas, J2 and J3 with 8 on one
+each, size-fair) at λ = 50, 200 and 500 ms, three replicas of unequal capacity,
+and group>user>size and GreedyYield against one controller with the total
+capacity (docs/replicas.md). Replicas as separate processes (kill, restart,
+policy switch): test_replica_processes.py.
 """
 
 from __future__ import annotations
@@ -27,42 +28,70 @@ from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 MiB = 1 << 20
 pytestmark = pytest.mark.integration
 LAMBDA = 0.2
-POLICY = {"policy": "size-fair", "capacity": "40MiB/s", "node_bandwidth": "8MiB/s"}
+B_NODE = "8MiB/s"
+Make = Callable[..., Awaitable[Service]]
 
 
 def free_port() -> int:
+    # Peers need fixed ports; bind-and-close leaves a tiny window for another process.
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
 
 
-def job(job_id: str, nodes: int) -> JobInfo:
-    return JobInfo(job_id, "tester", "testers", nodes=nodes)
+def job(job_id: str, nodes: int, user: str = "tester", group: str = "testers") -> JobInfo:
+    return JobInfo(job_id, user, group, nodes=nodes)
 
 
-async def two_replicas(make: Callable[..., Awaitable[Service]], sync: bool) -> list[Service]:
-    ports = [free_port(), free_port()]
+async def cluster(
+    make: Make,
+    capacities: list[int],
+    *,
+    sync: bool = True,
+    lam: float = LAMBDA,
+    policy: str = "size-fair",
+    **settings: object,
+) -> list[Service]:
+    """One in-process replica per capacity (MiB/s), ``r1``, ``r2``, ..., each the others' peer."""
+    ports = [free_port() for _ in capacities]
     out = []
-    for i, (mine, theirs) in enumerate([ports, ports[::-1]]):
-        peers = {"peers": [f"127.0.0.1:{theirs}"], "sync_interval": LAMBDA} if sync else {}
+    for i, cap in enumerate(capacities):
+        others = [f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i]
+        peers = {"peers": others, "sync_interval": lam} if sync else {}
         out.append(
-            await make(**POLICY, grpc_listen=f"127.0.0.1:{mine}", replica_id=f"r{i + 1}", **peers)
+            await make(
+                policy=policy,
+                capacity=f"{cap}MiB/s",
+                node_bandwidth=B_NODE,
+                grpc_listen=f"127.0.0.1:{ports[i]}",
+                replica_id=f"r{i + 1}",
+                **peers,
+                **settings,
+            )
         )
     return out
 
 
-async def run_figure5(
-    make: Callable[..., Awaitable[Service]], sync: bool, expected: dict[str, float]
+Placement = list[tuple[str, Service, JobInfo]]  # (session name, replica, job)
+
+
+def active_everywhere(placed: Placement) -> bool:
+    """Every placed job has an open operation on its replica (all of S(t) is known)."""
+    for _, svc, info in placed:
+        state = svc.table.jobs.get(info.job_id)
+        if state is None or not any(True for _ in state.open_ops()):
+            return False
+    return True
+
+
+async def run(
+    placed: Placement, expected: dict[str, float] | None, total: float, window: float = 2.0
 ) -> tuple[dict[str, float], float]:
-    r1, r2 = await two_replicas(make, sync)
-    t0 = time.monotonic()
+    """Opens a flat-out session per placement; waits until every session's rate is
+    ``expected`` (fractions of ``total``) if given; measures every session over
+    ``window`` s. Returns bytes/s per session and the time from the moment every
+    job had an open operation on its replica to convergence."""
     with ExitStack() as stack:
-        placed = [
-            ("J1@r1", r1, job("J1", 16)),
-            ("J1@r2", r2, job("J1", 16)),
-            ("J2", r1, job("J2", 8)),
-            ("J3", r2, job("J3", 8)),
-        ]
         sessions = {}
         for name, svc, info in placed:
             s = await asyncio.to_thread(Session, svc.grpc_address, info)
@@ -70,21 +99,25 @@ async def run_figure5(
             sessions[name] = s
         pumps = {name: Pump(s).start() for name, s in sessions.items()}
         try:
+            await async_wait_until(lambda: active_everywhere(placed), 10, message="jobs active")
+            t_active = time.monotonic()
+            took = 0.0
+            if expected is not None:
 
-            def converged() -> bool:
-                return all(
-                    s.attached and s.rate == pytest.approx(expected[n] * 80 * MiB, rel=0.02)
-                    for n, s in sessions.items()
-                )
+                def converged() -> bool:
+                    return all(
+                        s.attached
+                        and abs(s.rate - expected[n] * total) <= 0.02 * expected[n] * total + 1
+                        for n, s in sessions.items()
+                    )
 
-            try:
-                await async_wait_until(converged, 15, interval=0.02, message="rates converged")
-            except AssertionError:
-                state = {n: (s.attached, s.rate / MiB) for n, s in sessions.items()}
-                cols = [svc.peer_sync and svc.peer_sync.column for svc in (r1, r2)]
-                raise AssertionError(f"not converged: {state}; columns {cols}") from None
-            took = time.monotonic() - t0
-            rates = await asyncio.to_thread(measure, list(pumps.values()), 3.0)
+                try:
+                    await async_wait_until(converged, 15, interval=0.005, message="convergence")
+                except AssertionError:
+                    state = {n: (s.attached, round(s.rate / MiB, 2)) for n, s in sessions.items()}
+                    raise AssertionError(f"not converged: {state}") from None
+                took = time.monotonic() - t_active
+            rates = await asyncio.to_thread(measure, list(pumps.values()), window)
         finally:
             await asyncio.to_thread(lambda: [p.stop() for p in pumps.values()])
         assert not any(p.errors for p in pumps.values())
@@ -92,37 +125,142 @@ async def run_figure5(
     return dict(zip(pumps, rates, strict=True)), took
 
 
-def report(label: str, got: dict[str, float], took: float) -> None:
-    per_job = {"J1": got["J1@r1"] + got["J1@r2"], "J2": got["J2"], "J3": got["J3"]}
-    shares = {j: f"{r / (80 * MiB):.3f}" for j, r in per_job.items()}
-    print(f"{label}: converged in {took:.2f}s; shares of 80 MiB/s {shares}")
+def per_job(got: dict[str, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for name, rate in got.items():
+        j = name.split("@")[0]
+        out[j] = out.get(j, 0.0) + rate
+    return out
 
 
-async def test_two_replicas_split_the_global_targets(service_factory) -> None:
+def figure5(r1: Service, r2: Service) -> Placement:
+    return [
+        ("J1@r1", r1, job("J1", 16)),
+        ("J1@r2", r2, job("J1", 16)),
+        ("J2", r1, job("J2", 8)),
+        ("J3", r2, job("J3", 8)),
+    ]
+
+
+@pytest.mark.parametrize("lam", [0.05, 0.2, 0.5])
+async def test_figure5_two_replicas_split_the_global_targets(
+    service_factory: Make, lam: float
+) -> None:
+    r1, r2 = await cluster(service_factory, [40, 40], lam=lam)
     expected = {"J1@r1": 0.25, "J1@r2": 0.25, "J2": 0.25, "J3": 0.25}
-    got, took = await run_figure5(service_factory, True, expected)
-    report("synced", got, took)
     total = 80 * MiB
-    assert (got["J1@r1"] + got["J1@r2"]) / total == pytest.approx(0.50, abs=0.03)
-    assert got["J2"] / total == pytest.approx(0.25, abs=0.03)
-    assert got["J3"] / total == pytest.approx(0.25, abs=0.03)
+    got, took = await run(figure5(r1, r2), expected, total)
+    shares = {j: round(r / total, 3) for j, r in per_job(got).items()}
+    print(f"lambda={lam}s: converged {took:.3f}s after all jobs were active; shares {shares}")
+    assert shares["J1"] == pytest.approx(0.50, abs=0.03)
+    assert shares["J2"] == pytest.approx(0.25, abs=0.03)
+    assert shares["J3"] == pytest.approx(0.25, abs=0.03)
     assert got["J1@r1"] + got["J2"] <= 40 * MiB * 1.03  # R1 within its capacity
     assert got["J1@r2"] + got["J3"] <= 40 * MiB * 1.03  # R2 within its capacity
+    # ≤ 2λ in the issue; the slack covers pushing the rates to the clients on a busy
+    # 2-core machine. bench/replica_sync.py measures it precisely.
+    assert took <= 2 * lam + 0.3
 
 
-async def test_without_peers_each_replica_decides_alone(service_factory) -> None:
+async def test_without_peers_each_replica_decides_alone(service_factory: Make) -> None:
     # J1 has 16 of the 24 nodes on each replica: 2/3 of each (ThemisIO Figure 5, local).
+    r1, r2 = await cluster(service_factory, [40, 40], sync=False)
     expected = {"J1@r1": 1 / 3, "J1@r2": 1 / 3, "J2": 1 / 6, "J3": 1 / 6}
-    got, took = await run_figure5(service_factory, False, expected)
-    report("local", got, took)
+    got, _ = await run(figure5(r1, r2), expected, 80 * MiB)
     for name in ("J1@r1", "J1@r2"):
         assert got[name] / (40 * MiB) == pytest.approx(2 / 3, abs=0.03)
     assert got["J2"] / (40 * MiB) == pytest.approx(1 / 3, abs=0.03)
     assert got["J3"] / (40 * MiB) == pytest.approx(1 / 3, abs=0.03)
 
 
-async def test_malformed_digest_is_invalid_argument_and_ignored(service_factory) -> None:
-    r1, _ = await two_replicas(service_factory, True)
+async def test_three_replicas_with_different_capacities(service_factory: Make) -> None:
+    # R1 40, R2 20, R3 20 MiB/s. J1 (16 nodes) everywhere, J2 (8) on R1, J3 (8) on R3.
+    # Size-fair over 80 MiB/s: J1 40, J2 20, J3 20. J2 and J3 can only be served
+    # where they are, which fills R3; J1 takes the rest of R1 (20) and all of R2.
+    # Alone, each replica would give J1 2/3 of R1, all of R2 and 2/3 of R3 (60 in all).
+    r1, r2, r3 = await cluster(service_factory, [40, 20, 20])
+    placed = [
+        ("J1@r1", r1, job("J1", 16)),
+        ("J1@r2", r2, job("J1", 16)),
+        ("J1@r3", r3, job("J1", 16)),
+        ("J2", r1, job("J2", 8)),
+        ("J3", r3, job("J3", 8)),
+    ]
+    expected = {"J1@r1": 0.25, "J1@r2": 0.25, "J1@r3": 0.0, "J2": 0.25, "J3": 0.25}
+    got, took = await run(placed, expected, 80 * MiB)
+    shares = {j: round(r / (80 * MiB), 3) for j, r in per_job(got).items()}
+    print(f"3 replicas: converged {took:.3f}s; shares {shares}")
+    assert shares == pytest.approx({"J1": 0.5, "J2": 0.25, "J3": 0.25}, abs=0.03)
+    assert got["J1@r1"] + got["J2"] <= 40 * MiB * 1.03
+    assert got["J1@r2"] <= 20 * MiB * 1.03
+    assert got["J1@r3"] + got["J3"] <= 20 * MiB * 1.03
+
+
+def hierarchy(r1: Service, r2: Service) -> Placement:
+    """Two groups, three users; J1 on both replicas (one and the same when r1 is r2)."""
+    placed = [
+        ("J1@r1", r1, job("J1", 16, "u1", "g1")),
+        ("J1@r2", r2, job("J1", 16, "u1", "g1")),
+        ("J2", r1, job("J2", 8, "u2", "g1")),
+        ("J3", r2, job("J3", 8, "u3", "g2")),
+        ("J4", r1, job("J4", 4, "u3", "g2")),
+    ]
+    return placed if r1 is not r2 else [("J1", r1, placed[0][2]), *placed[2:]]
+
+
+async def test_group_user_size_equals_one_controller_with_the_total_capacity(
+    service_factory: Make,
+) -> None:
+    # group>user>size over 80 MiB/s: g1 and g2 get 40 each; in g1, u1 (J1) and u2
+    # (J2) 20 each; in g2, u3's J3:J4 = 8:4 -> 26.67 / 13.33. Split: R1 carries J2,
+    # J4 and 6.67 of J1; R2 J3 and 13.33 of J1.
+    total = 80 * MiB
+    jobs = {"J1": 1 / 4, "J2": 1 / 4, "J3": 1 / 3, "J4": 1 / 6}
+    one = await service_factory(policy="group>user>size", capacity="80MiB/s", node_bandwidth=B_NODE)
+    single, _ = await run(hierarchy(one, one), jobs, total)
+    r1, r2 = await cluster(service_factory, [40, 40], policy="group>user>size")
+    sessions = {"J1@r1": 1 / 12, "J1@r2": 1 / 6, "J2": 1 / 4, "J3": 1 / 3, "J4": 1 / 6}
+    got, took = await run(hierarchy(r1, r2), sessions, total)
+    print(f"group>user>size: converged {took:.3f}s")
+    for j, share in per_job(got).items():
+        assert share / total == pytest.approx(jobs[j], abs=0.03)
+        assert share / total == pytest.approx(single[j] / total, abs=0.03)
+
+
+async def test_greedy_yield_equals_one_controller_with_the_total_capacity(
+    service_factory: Make,
+) -> None:
+    # GreedyYield serves the smallest yields first, at their cap b_i; deciding again
+    # every 0.1 s (tick) the yields of flat-out jobs that started together even out,
+    # so over a window each job's share tends to b_i / Σ b_j: J1 (4 nodes, 32 MiB/s)
+    # 1/2, J2 and J3 (2 nodes, 16 MiB/s) 1/4 each, of 40 MiB/s, with one controller
+    # and with two replicas of 20 MiB/s each.
+    total = 40 * MiB
+    settings = {"policy": "greedy-yield", "tick": 0.1}
+
+    def placed(r1: Service, r2: Service) -> Placement:
+        rows = [
+            ("J1@r1", r1, job("J1", 4)),
+            ("J1@r2", r2, job("J1", 4)),
+            ("J2", r1, job("J2", 2)),
+            ("J3", r2, job("J3", 2)),
+        ]
+        return rows if r1 is not r2 else [("J1", r1, rows[0][2]), *rows[2:]]
+
+    one = await service_factory(capacity="40MiB/s", node_bandwidth=B_NODE, **settings)
+    single, _ = await run(placed(one, one), None, total, window=4.0)
+    r1, r2 = await cluster(service_factory, [20, 20], lam=0.1, **settings)
+    got, _ = await run(placed(r1, r2), None, total, window=4.0)
+    shares = {j: round(r / total, 3) for j, r in per_job(got).items()}
+    alone = {j: round(r / total, 3) for j, r in single.items()}
+    print(f"greedy-yield: one controller {alone}; two replicas {shares}")
+    for j in ("J1", "J2", "J3"):
+        assert shares[j] == pytest.approx(alone[j], abs=0.05)
+    assert sum(shares.values()) == pytest.approx(1.0, abs=0.03)
+
+
+async def test_malformed_digest_is_invalid_argument_and_ignored(service_factory: Make) -> None:
+    r1, _ = await cluster(service_factory, [40, 40])
     sync = r1.peer_sync
     assert sync is not None
     await async_wait_until(lambda: sync.view.live_peers() == ["r2"], 5, message="r2 live")
