@@ -237,7 +237,7 @@ def build_app(service: Service, token: str) -> FastAPI:
         return ReplicasOut(
             replica_id=service.config.replica_id,
             capacity=service.config.capacity,
-            policy=service.policy.name,
+            policy=service.policy_spec[0],
             policy_version=service.policy_version,
             sync_interval_s=stats["sync_interval_s"],
             peers=[PeerOut(**p) for p in stats["peers"]],

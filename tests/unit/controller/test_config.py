@@ -141,3 +141,18 @@ def test_peer_settings_from_flags_env_and_file(
 def test_bad_peer_settings_name_the_field(overrides: dict, field: str) -> None:
     with pytest.raises(ConfigError, match=field):
         load_config(**overrides)
+
+
+@pytest.mark.parametrize("setup", ["two", "three"])
+def test_replica_examples_load_and_name_each_other_as_peers(setup: str) -> None:
+    root = Path(__file__).resolve().parents[3] / "deploy" / "replicas" / setup
+    configs = [load_config(path) for path in sorted(root.glob("r*.toml"))]
+    assert len(configs) == {"two": 2, "three": 3}[setup]
+    listen = {c.grpc_listen for c in configs}
+    assert len(listen) == len(configs)  # distinct ports
+    assert len({c.http_listen for c in configs}) == len(configs)
+    assert len({c.replica_id for c in configs}) == len(configs)
+    assert len({c.state_dir for c in configs}) == len(configs)
+    assert len({c.capacity for c in configs}) == len(configs)  # different capacities
+    for c in configs:
+        assert set(c.peers) == listen - {c.grpc_listen}
