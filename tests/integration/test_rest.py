@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
+import os
 import stat
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -174,3 +178,38 @@ async def test_busy_rest_port_fails_start_clearly(service_factory: Make, service
         await service_factory(http_listen=f"127.0.0.1:{port}")
     async with httpx.AsyncClient(base_url=service.http_url) as http:
         assert (await http.get("/healthz")).status_code == 200  # the first one is unharmed
+
+
+def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+    return subprocess.run(
+        [sys.executable, "-m", "burstctl", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env,
+    )
+
+
+async def test_cli_lists_gets_and_sets(service: Service) -> None:
+    url = ["--url", service.http_url]
+    listed = await asyncio.to_thread(burstctl, "policy", "list", *url)
+    assert listed.returncode == 0, listed.stderr
+    rows = {line.split()[0]: line for line in listed.stdout.splitlines()}
+    assert set(rows) == set(service.registry.names())
+    assert "params: delta" in rows["periodic-greedy-yield"]
+    got = await asyncio.to_thread(burstctl, "policy", "get", *url)
+    assert got.stdout.splitlines()[0] == "fair-share"
+    assert f"version 0 on replica {service.config.replica_id}" in got.stdout
+    token = ["--token", token_of(service)]
+    bad = await asyncio.to_thread(
+        burstctl, "policy", "set", "set-10", "--param", "learn=maybe", *url, *token
+    )
+    assert bad.returncode != 0 and "params.learn" in bad.stderr
+    ok = await asyncio.to_thread(
+        burstctl, "policy", "set", "set-10", "--param", "learn=false", *url, *token
+    )
+    assert ok.returncode == 0 and "set-10 active (version 1)" in ok.stdout
+    assert service.policy.name == "set-10" and service.policy.params.learn is False
+    down = await asyncio.to_thread(burstctl, "policy", "get", "--url", "http://127.0.0.1:9")
+    assert down.returncode != 0 and "cannot reach the controller" in down.stderr
