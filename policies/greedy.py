@@ -51,6 +51,41 @@ class GreedyYield(Policy):
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         return greedy_fill(by_yield(view.active_jobs(), view.now), view.capacity)
 
+    def allocate_columns(
+        self,
+        now: float,
+        capacity: float,
+        active: Sequence[int],
+        progress: Sequence[float],
+        released_at: Sequence[float],
+        demand: Sequence[float],
+    ) -> list[tuple[int, float]]:
+        """``allocate`` for the simulator, without building a view: the same decision,
+        bit for bit (``tests/unit/policies/test_greedy_columns.py``).
+
+        The view is given in columns indexed by ``JobView.index``: its jobs are the
+        rows ``active``, every one active, with distinct indices in increasing order
+        (the stable order), ``progress`` P_i, ``released_at`` τ_i and ``demand``.
+        Returns ``(index, rate)`` for the positive rates, in ``allocate``'s order.
+        """
+        ranked = []
+        for i in active:
+            # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
+            elapsed = now - released_at[i]
+            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
+        ranked.sort()
+        # GREEDY_FILL (sharing.greedy_fill): the jobs after the budget runs out get 0
+        left = capacity
+        rates = []
+        for _, i in ranked:
+            if not left > 0.0:
+                break
+            d = demand[i]
+            give = left if left < d else d
+            left -= give
+            rates.append((i, give))
+        return rates
+
 
 class PeriodicParams(PolicyParams):
     delta: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)  # δ, seconds

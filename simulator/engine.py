@@ -7,6 +7,8 @@ constant, so the next event is the first phase completion, the policy's own
 period (PeriodicGreedyYield's δ) or T. At each decision the engine builds a
 ``SystemView`` of the applications in I/O and calls the very policy objects
 the controller uses (``burstctl.policies``); it never imports the controller.
+A policy that also has ``allocate_columns`` (GreedyYield) decides without the
+views, bit for bit as ``allocate`` would (``_columns_path``).
 
 Units are normalised: B = 1, b_i = min(bw, B)/B, I/O volumes are volume/B and
 a phase's full-speed duration is volume/b_i. Progress P grows at rate 1 in
@@ -18,9 +20,10 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry, default_registry
@@ -57,6 +60,13 @@ JOB_VIEW_FIELDS = (
 )
 
 Windows = Literal["v1", "v2"]
+
+# ``allocate_columns(now, capacity, active, progress, released_at, demand)`` of a
+# policy: (index, rate) for the positive rates (see ``GreedyYield.allocate_columns``)
+AllocateColumns: TypeAlias = Callable[
+    [float, float, Sequence[int], Sequence[float], Sequence[float], Sequence[float]],
+    list[tuple[int, float]],
+]
 
 
 class SimulationError(RuntimeError):
@@ -188,6 +198,9 @@ class _Run:
         self.tiny_io = [i for i in self.in_io if self.remaining[i] / self.cap[i] < DONE]
         # demand = b_i > 0 for every job of the views, which list A in index order
         self.all_active = all(b > 0.0 for b in self.cap)
+        # the policies' fast paths, where they decide exactly as their views would
+        self.columns = _columns_path(policy) if self.all_active else None
+        self.warmup_columns = _columns_path(warmup) if self.all_active else None
         self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
@@ -244,8 +257,10 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy) -> float:
+    def _decide(self, policy: Policy, columns: AllocateColumns | None) -> float:
         """Sets ``serving`` from the policy's rates for A; returns t_d, its next tick."""
+        if columns is not None:
+            return self._decide_in_columns(policy, columns)
         t = self.t
         views = self.views
         jobs: dict[str, JobView] = {}
@@ -271,10 +286,7 @@ class _Run:
                 continue
             rate = float(rate)
             if not (-EPS <= rate <= v.cap + EPS):  # also rejects NaN
-                raise SimulationError(
-                    f"{policy.name} gave application {v.index} rate {rate} outside"
-                    f" [0, b_i = {v.cap}] at t = {t}"
-                )
+                raise self._out_of_bounds(policy, v.index, rate)
             if rate > 0.0:
                 serving.append((v.index, rate))
         if period is None:
@@ -282,6 +294,28 @@ class _Run:
         if not period > 0.0:
             raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
         return t + period
+
+    def _decide_in_columns(self, policy: Policy, columns: AllocateColumns) -> float:
+        """``_decide`` through the policy's ``allocate_columns``: the rates its
+        ``allocate`` gives the view ``_decide`` builds, without building it. Only for
+        policies whose ``period`` is None (``_columns_path``)."""
+        cap = self.cap
+        # A is in index order and every b_i > 0 (all_active): the stable order, all active
+        rates = columns(self.t, 1.0, self.in_io, self.progress, self.tau, cap)
+        self.events += 1
+        serving = self.serving = []
+        for i, rate in rates:
+            if not (-EPS <= rate <= cap[i] + EPS):  # also rejects NaN
+                raise self._out_of_bounds(policy, i, rate)
+            if rate > 0.0:
+                serving.append((i, rate))
+        return self.horizon
+
+    def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
+        return SimulationError(
+            f"{policy.name} gave application {i} rate {rate} outside"
+            f" [0, b_i = {self.cap[i]}] at t = {self.t}"
+        )
 
     def loop(self) -> None:
         T = self.horizon
@@ -292,10 +326,13 @@ class _Run:
             t = self.t
             if not self.switched and t > self.switch_at - EPS:
                 self._switch()
-            policy = self.policy if self.switched else self.warmup
-            assert policy is not None
+            if self.switched:
+                policy, columns = self.policy, self.columns
+            else:
+                assert self.warmup is not None
+                policy, columns = self.warmup, self.warmup_columns
             # §4 step 3: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            t_next = min(T, self._decide(policy))
+            t_next = min(T, self._decide(policy, columns))
             if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
             if work_ends and work_ends[0][0] < t_next:
@@ -512,6 +549,28 @@ class _Run:
                 u = int(T - s) if T - length + q < s else int(u + length - q)
             credit += u
         return min_yield, efficiency, utilization, credit / (span * m)
+
+
+def _columns_path(policy: Policy | None) -> AllocateColumns | None:
+    """The policy's ``allocate_columns`` if it stands for the policy's whole decision:
+    defined by the class that defines its ``allocate`` (a subclass that overrides
+    ``allocate`` alone must be called through it) and with no ``period`` of its own
+    (the engine calls ``period(view)`` only with a view)."""
+    if policy is None:
+        return None
+    cls = type(policy)
+    owner = _defined_by(cls, "allocate_columns")
+    if owner is None or _defined_by(cls, "allocate") is not owner:
+        return None
+    if _defined_by(cls, "period") is not Policy:
+        return None
+    columns: AllocateColumns = policy.allocate_columns  # type: ignore[attr-defined]
+    return columns
+
+
+def _defined_by(cls: type, name: str) -> type | None:
+    """The class in ``cls``'s MRO whose body defines attribute ``name``."""
+    return next((c for c in cls.__mro__ if name in vars(c)), None)
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:

@@ -11,14 +11,22 @@ from __future__ import annotations
 
 import math
 import random
+from typing import Any, Literal
 
 import pytest
 from reference import simu
 from test_reference_agreement import POLICIES, heterogeneous
 
 from burstctl.policies import JobId, SystemView
-from burstctl.policies.greedy import GreedyYield
-from burstctl.simulator.engine import _closed_form_is_exact, _next_power_of_two, simulate
+from burstctl.policies.fair_share import FairShare
+from burstctl.policies.greedy import GreedyYield, PeriodicGreedyYield
+from burstctl.simulator.engine import (
+    SimResult,
+    _closed_form_is_exact,
+    _columns_path,
+    _next_power_of_two,
+    simulate,
+)
 from burstctl.simulator.generate import GeneratorParams, generate
 from burstctl.simulator.instance import format_instance, parse_instance, prepare_window
 
@@ -137,3 +145,79 @@ def test_the_engines_views_are_what_the_constructor_builds() -> None:
     text = heterogeneous(3, m=8)
     win = prepare_window(parse_instance(text), window=0.6, bandwidth=4.0)
     assert simulate(win, _Checking()).events == simulate(win, "greedy-yield").events
+
+
+class _ViewsOnly(GreedyYield):
+    """GreedyYield through its views: ``allocate`` of its own hides ``allocate_columns``."""
+
+    name = "views-only"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        return super().allocate(view)
+
+
+class _CountingColumns(GreedyYield):
+    """GreedyYield that counts the decisions taken through ``allocate_columns``."""
+
+    name = "counting-columns"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls = 0
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        return super().allocate(view)
+
+    def allocate_columns(self, *columns: Any) -> list[tuple[int, float]]:
+        self.calls += 1
+        return super().allocate_columns(*columns)
+
+
+class _ColumnsOnly(GreedyYield):
+    name = "columns-only"
+
+    def allocate_columns(self, *columns: Any) -> list[tuple[int, float]]:
+        return super().allocate_columns(*columns)
+
+
+def test_the_columns_path_is_taken_only_where_it_is_the_whole_decision() -> None:
+    assert _columns_path(GreedyYield()) is not None
+    assert _columns_path(_CountingColumns()) is not None
+    assert _columns_path(_ViewsOnly()) is None  # its allocate would be bypassed
+    assert _columns_path(_ColumnsOnly()) is None  # (allocate from another class)
+    assert _columns_path(_Checking()) is None
+    assert _columns_path(PeriodicGreedyYield()) is None  # period(view) needs the view
+    assert _columns_path(FairShare()) is None
+    assert _columns_path(None) is None
+
+
+def _same_run(fast: SimResult, plain: SimResult) -> None:
+    """Every metric equal, not merely close (the wall time aside)."""
+    ours = fast.as_dict() | {"policy": None, "wall_seconds": None}
+    assert ours == plain.as_dict() | {"policy": None, "wall_seconds": None}
+
+
+def _windows() -> list[Any]:
+    synthetic = [
+        prepare_window(generate(GeneratorParams(pressure=pressure, horizon=horizon), seed))
+        for seed, (pressure, horizon) in enumerate([(0.5, 2_000.0), (1.1, 20_000.0), (1.4, 1e5)])
+    ]
+    # b_i ≠ B (some above B, clipped), pre-window age and progress, I/O-first, cut windows
+    heterogeneous_ = [
+        prepare_window(parse_instance(heterogeneous(seed, m=2 + seed)), window=cut, bandwidth=4.0)
+        for seed, cut in enumerate([1.0, 0.6, 0.3, 1.0, 0.6, 0.3, 1.0, 0.6])
+    ]
+    return synthetic + heterogeneous_
+
+
+@pytest.mark.parametrize("windows", ["v1", "v2"])
+def test_the_columns_path_gives_the_views_results(windows: Literal["v1", "v2"]) -> None:
+    for window in _windows():
+        counting = _CountingColumns()
+        fast = simulate(window, counting, windows=windows)
+        plain = simulate(window, _ViewsOnly(), windows=windows)
+        _same_run(fast, plain)
+        _same_run(simulate(window, "greedy-yield", windows=windows), plain)
+        assert counting.calls > 0  # the fast path was taken
+        if windows == "v1":
+            assert counting.calls == fast.events
