@@ -1,4 +1,4 @@
-"""``burstctl policy ...``: the admin commands, over the controller's REST API (docs/rest.md).
+"""``burstctl policy|jobs|job ...``: admin commands over the REST API (docs/rest.md).
 
 Every command takes ``--url`` (``BURSTCTL_URL``, default the controller's
 default ``--http-listen``) and, for mutations, a bearer token: ``--token``
@@ -12,6 +12,7 @@ import json
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import quote
 
 import click
 
@@ -74,9 +75,11 @@ class Api:
             raise click.ClickException("the controller rejected the token")
         if r.status_code == 422:
             raise click.ClickException(_validation_message(r.json()))
+        if r.status_code == 404:
+            raise click.ClickException(str(r.json().get("detail", "not found")))
         if r.status_code >= 400:
             raise click.ClickException(f"{method} {path}: HTTP {r.status_code}: {r.text}")
-        return r.json()
+        return r.json() if r.content else None
 
 
 def _validation_message(body: Any) -> str:
@@ -151,3 +154,88 @@ def policy_set(
     body = {"name": name, "params": dict(_parse_param(p) for p in params)}
     p = Api(url, token, token_file).request("PUT", "/v1/policy", body)
     click.echo(f"policy {p['name']} active (version {p['version']})")
+
+
+def _rate(bps: float) -> str:
+    return f"{bps / (1 << 20):.1f} MiB/s"
+
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(n) < 1024 or unit == "TiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    raise AssertionError("unreachable")
+
+
+JOB_COLUMNS = ("job", "user", "group", "nodes", "state", "rate", "read", "written", "yield")
+
+
+def job_row(j: dict[str, Any]) -> tuple[str, ...]:
+    state = "io" if j["in_io"] else "active" if j["active"] else "inactive"
+    if j["registered"]:
+        state += "*"
+    y = j.get("yield")
+    return (
+        j["job_id"],
+        j["user"],
+        j["group"],
+        str(j["nodes"]),
+        state,
+        _rate(j["rate"]),
+        _size(j["bytes_read"]),
+        _size(j["bytes_written"]),
+        "-" if y is None else f"{y:.3f}",
+    )
+
+
+@click.command()
+@_connection_options
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def jobs(url: str, token: str | None, token_file: Path | None, as_json: bool) -> None:
+    """The jobs the controller knows (state * = registered metadata)."""
+    rows = Api(url, token, token_file).request("GET", "/v1/jobs")
+    if as_json:
+        click.echo(json.dumps(rows, indent=2))
+        return
+    table = [JOB_COLUMNS, *(job_row(j) for j in rows)]
+    widths = [max(len(r[i]) for r in table) for i in range(len(JOB_COLUMNS))]
+    for r in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
+
+
+@click.group()
+def job() -> None:
+    """Register and retire jobs with authoritative metadata (Slurm prolog/epilog)."""
+
+
+@job.command("register")
+@click.argument("job_id")
+@click.option("--user", required=True, help="Owner user name.")
+@click.option("--group", required=True, help="Owner group (or account) name.")
+@click.option("--nodes", type=int, required=True, help="p_i, compute nodes of the job.")
+@click.option("--priority", type=float, default=1.0, show_default=True)
+@_connection_options
+def job_register(
+    job_id: str,
+    user: str,
+    group: str,
+    nodes: int,
+    priority: float,
+    url: str,
+    token: str | None,
+    token_file: Path | None,
+) -> None:
+    """Register JOB_ID; its metadata wins over what its clients claim."""
+    body = {"job_id": job_id, "user": user, "group": group, "nodes": nodes, "priority": priority}
+    j = Api(url, token, token_file).request("POST", "/v1/jobs", body)
+    click.echo(f"job {j['job_id']} registered ({j['user']}/{j['group']}, {j['nodes']} nodes)")
+
+
+@job.command("retire")
+@click.argument("job_id")
+@_connection_options
+def job_retire(job_id: str, url: str, token: str | None, token_file: Path | None) -> None:
+    """Retire JOB_ID's registration (its open sessions keep going until they close)."""
+    Api(url, token, token_file).request("DELETE", f"/v1/jobs/{quote(job_id, safe='')}")
+    click.echo(f"job {job_id} retired")

@@ -553,6 +553,8 @@ def _emit(rows: list[dict[str, object]], fmt: str) -> None:
 
 
 main.add_command(admin_cli.policy)
+main.add_command(admin_cli.jobs)
+main.add_command(admin_cli.job)
 
 if __name__ == "__main__":
     sys.exit(main())

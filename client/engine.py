@@ -603,6 +603,9 @@ class Engine:
         if self._stopping:
             return
         if self._open_ops.pop(op_id, None) is not None:
+            # Usage first: the controller attributes bytes to the operations open when
+            # they arrive, so the operation's own bytes must reach it before it closes.
+            self._send_usage(False)
             self._send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
 
     async def _complete_when_quiet(self, op_id: int) -> None:

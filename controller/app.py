@@ -21,12 +21,18 @@ from grpc_health.v1.health import aio as health_aio
 
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.global_view import Digest
-from burstctl.controller.jobs import JobTable
+from burstctl.controller.jobs import JobMeta, JobTable
 from burstctl.controller.peers import PeerServicer, PeerSync, build_digest
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.service import SERVICE_NAME, ControllerServicer
-from burstctl.controller.state import PolicyState, ReplicaState, StateError, StateStore
+from burstctl.controller.state import (
+    PolicyState,
+    RegisteredJob,
+    ReplicaState,
+    StateError,
+    StateStore,
+)
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
@@ -82,6 +88,7 @@ class Service:
         else:
             self.peer_servicer = None
         self._clock = clock
+        self.clock = clock  # the job table's clock (monotonic), for the admin views
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
         self.health = health_aio.HealthServicer()
@@ -104,10 +111,15 @@ class Service:
 
     def _resume_state(self) -> None:
         try:
-            saved = self.store.load().policy
+            state = self.store.load()
         except StateError as exc:
-            log.error("%s; starting with the configured policy", exc)
+            log.error("%s; starting with the configured policy and no registered jobs", exc)
             return
+        for job in state.jobs:
+            self.table.register(JobMeta(job.job_id, job.user, job.group, job.nodes, job.priority))
+        if state.jobs:
+            log.info("resumed %d registered jobs from %s", len(state.jobs), self.store.path)
+        saved = state.policy
         if saved is None or "policy" in self.config.model_fields_set:
             return  # an explicitly configured policy wins over the saved one
         try:
@@ -153,11 +165,58 @@ class Service:
 
     def _install(self, policy: Policy, name: str, params: dict[str, Any], version: int) -> None:
         # Persist first: a restart must never resume an older policy than the one applied.
-        self.store.save(ReplicaState(policy=PolicyState(name=name, params=params, version=version)))
+        self._save_state(PolicyState(name=name, params=params, version=version))
         self.policy, self.policy_version = policy, version
         self.policy_spec = (name, params)
         self.policy_since = time.time()
         self.scheduler.request()
+
+    def _save_state(self, policy: PolicyState | None = None) -> None:
+        name, params = self.policy_spec
+        self.store.save(
+            ReplicaState(
+                policy=policy or PolicyState(name=name, params=params, version=self.policy_version),
+                jobs=[
+                    RegisteredJob(
+                        job_id=m.job_id,
+                        user=m.user,
+                        group=m.group,
+                        nodes=m.nodes,
+                        priority=m.priority,
+                    )
+                    for m in sorted(self.table.registered.values(), key=lambda m: m.job_id)
+                ],
+            )
+        )
+
+    def register_job(self, meta: JobMeta) -> bool:
+        """Registers (or updates) a job's authoritative metadata, persisted; True if new."""
+        new = meta.job_id not in self.table.registered
+        previous = self.table.registered.get(meta.job_id)
+        self.table.register(meta)
+        try:
+            self._save_state()
+        except OSError:
+            self.table.registered.pop(meta.job_id, None)  # not durable: not accepted
+            if previous is not None:
+                self.table.register(previous)
+            raise
+        log.info("job %s registered: %s", meta.job_id, meta)
+        return new
+
+    def retire_job(self, job_id: str) -> bool:
+        """Forgets a registration, persisted; False if the job was not registered."""
+        meta = self.table.registered.get(job_id)
+        if meta is None:
+            return False
+        self.table.retire(job_id)
+        try:
+            self._save_state()
+        except OSError:
+            self.table.register(meta)
+            raise
+        log.info("job %s retired", job_id)
+        return True
 
     def _adopt(self, digest: Digest) -> None:
         """A peer's policy with a higher ``(version, replica id)`` becomes this replica's,

@@ -97,19 +97,25 @@ class SessionState:
             return cap
         return min(cap, self.measured_rate * headroom)
 
-    def attribute(self, nbytes: int) -> None:
-        """Assigns moved bytes to open operations, oldest first, up to their volume.
+    def attribute(self, nbytes: int) -> dict[OpKind, int]:
+        """Assigns moved bytes to open operations, oldest first, up to their volume;
+        returns the bytes per operation kind.
 
         ``ops`` is in post order (dicts keep insertion order); what is left over
         goes to the newest operation.
         """
         ops = list(self.ops.values())
+        by_kind: dict[OpKind, int] = {}
         for op in ops[:-1]:
             take = min(max(0, op.volume - op.moved) if op.volume > 0 else nbytes, nbytes)
             op.moved += take
             nbytes -= take
+            if take:
+                by_kind[op.kind] = by_kind.get(op.kind, 0) + take
         if ops:
             ops[-1].moved += nbytes
+            by_kind[ops[-1].kind] = by_kind.get(ops[-1].kind, 0) + nbytes
+        return by_kind
 
 
 class JobStatus(enum.Enum):
@@ -128,6 +134,11 @@ class JobState:
     bytes_moved: int = 0
     ops_moved: int = 0
     wait_seconds: float = 0.0
+    # bytes by the kind of the operation they were attributed to; acquire calls of
+    # metadata operations (admin views and metrics only)
+    bytes_read: int = 0
+    bytes_written: int = 0
+    metadata_ops: int = 0
     # phase accounting: in I/O while any session has an open operation
     io_since: float | None = None
     io_time: float = 0.0
@@ -209,6 +220,8 @@ class JobTable:
         self._dirty: set[str] = set()
         self._row_params: tuple[float, float] | None = None
         self.new_sessions: list[SessionState] = []  # not yet given a first allocation
+        # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
+        self.registered: dict[str, JobMeta] = {}
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
@@ -217,6 +230,12 @@ class JobTable:
     # -- sessions -------------------------------------------------------------
     def open_session(self, meta: JobMeta, client_id: str, host: str) -> SessionState:
         now = self._clock()
+        registered = self.registered.get(meta.job_id)
+        if registered is not None and registered != meta:
+            log.info(
+                "session of job %s claims %s; the registered %s wins", meta.job_id, meta, registered
+            )
+            meta = registered
         job = self.jobs.get(meta.job_id)
         if job is None:
             job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
@@ -259,6 +278,20 @@ class JobTable:
             job.status = JobStatus.INACTIVE
             job.inactive_since = now
         self._changed(job)
+
+    def register(self, meta: JobMeta) -> None:
+        """Makes ``meta`` the job's authoritative metadata, for its present and future
+        sessions."""
+        self.registered[meta.job_id] = meta
+        job = self.jobs.get(meta.job_id)
+        if job is not None and job.meta != meta:
+            job.meta = meta
+            self._changed(job)
+
+    def retire(self, job_id: str) -> bool:
+        """Forgets a registration (False if there was none). Sessions still open keep
+        the job's metadata until they close."""
+        return self.registered.pop(job_id, None) is not None
 
     # -- client events --------------------------------------------------------
     def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:
@@ -307,7 +340,11 @@ class JobTable:
             job.transferred += nbytes
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         if nbytes:
-            session.attribute(nbytes)
+            by_kind = session.attribute(nbytes)
+            job.bytes_read += by_kind.get(OpKind.READ, 0)
+            job.bytes_written += by_kind.get(OpKind.WRITE, 0)
+        if ops and session.ops and next(reversed(session.ops.values())).kind is OpKind.METADATA:
+            job.metadata_ops += ops
         was_hungry = session.hungry
         session.hungry = waiting or (
             interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval

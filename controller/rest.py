@@ -29,14 +29,17 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Request
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.controller.jobs import JobMeta, JobState, JobStatus
+from burstctl.controller.service import MAX_NODES, MAX_PRIORITY, MAX_TEXT
 from burstctl.policies.registry import UnknownPolicyError
+from burstctl.policies.view import job_cap
 
 if TYPE_CHECKING:
     from burstctl.controller.app import Service
@@ -137,6 +140,42 @@ class ReplicasOut(BaseModel):
     policy_version: int
     sync_interval_s: float | None
     peers: list[PeerOut]
+
+
+class JobIn(BaseModel):
+    """A job's authoritative metadata, as a Slurm prolog registers it."""
+
+    model_config = ConfigDict(extra="forbid")
+    # the limits a client's Hello has (controller/service.py: validate_hello)
+    job_id: str = Field(min_length=1, max_length=MAX_TEXT)
+    user: str = Field(min_length=1, max_length=MAX_TEXT)
+    group: str = Field(min_length=1, max_length=MAX_TEXT)
+    nodes: int = Field(ge=1, le=MAX_NODES, description="p_i, compute nodes")
+    priority: float = Field(1.0, gt=0, le=MAX_PRIORITY, allow_inf_nan=False)
+
+
+class JobOut(BaseModel):
+    job_id: str
+    user: str
+    group: str
+    nodes: int
+    priority: float
+    registered: bool = Field(description="metadata from POST /v1/jobs, not from clients")
+    active: bool = Field(description="at least one live client session")
+    in_io: bool = Field(description="an operation is open (the job is in S(t))")
+    rate: float = Field(description="bytes/s allotted right now, all sessions")
+    bytes_read: int
+    bytes_written: int
+    bytes_moved: int = Field(description="all bytes, whatever the operation kind")
+    metadata_ops: int
+    yield_: float | None = Field(
+        serialization_alias="yield",
+        description="y_i = P_i / (t − τ_i), eq. (6); null before any time passed",
+    )
+    wait_seconds: float = Field(description="time the job's acquire calls waited for tokens")
+    sessions: int
+    replicas: list[str] = Field(description="replicas this job is present on (self and peers)")
+    age_s: float = Field(description="seconds since this replica first saw the job")
 
 
 def _invalid(loc: list[str | int], msg: str, value: Any) -> RequestValidationError:
@@ -242,6 +281,97 @@ def build_app(service: Service, token: str) -> FastAPI:
             sync_interval_s=stats["sync_interval_s"],
             peers=[PeerOut(**p) for p in stats["peers"]],
         )
+
+    def job_out(job_id: str, now: float) -> JobOut | None:
+        state: JobState | None = service.table.jobs.get(job_id)
+        registered = service.table.registered.get(job_id)
+        meta = state.meta if state is not None else registered
+        if meta is None:
+            return None
+        replicas = [service.config.replica_id] if state is not None else []
+        if service.peer_sync is not None:
+            replicas += [
+                d.replica_id
+                for d in service.peer_sync.view.digests()
+                if any(j.job_id == job_id for j in d.jobs)
+            ]
+        if state is None:
+            return JobOut(
+                job_id=job_id,
+                user=meta.user,
+                group=meta.group,
+                nodes=meta.nodes,
+                priority=meta.priority,
+                registered=True,
+                active=False,
+                in_io=False,
+                rate=0.0,
+                bytes_read=0,
+                bytes_written=0,
+                bytes_moved=0,
+                metadata_ops=0,
+                yield_=None,
+                wait_seconds=0.0,
+                sessions=0,
+                replicas=sorted(replicas),
+                age_s=0.0,
+            )
+        cap = job_cap(meta.nodes, service.config.node_bandwidth, service.config.capacity)
+        elapsed = now - state.first_seen
+        return JobOut(
+            job_id=job_id,
+            user=meta.user,
+            group=meta.group,
+            nodes=meta.nodes,
+            priority=meta.priority,
+            registered=registered is not None,
+            active=state.status is JobStatus.ACTIVE,
+            in_io=state.in_io(),
+            rate=sum(s.rate or 0.0 for s in state.sessions.values()),
+            bytes_read=state.bytes_read,
+            bytes_written=state.bytes_written,
+            bytes_moved=state.bytes_moved,
+            metadata_ops=state.metadata_ops,
+            yield_=state.progress(now, cap) / elapsed if elapsed > 0 else None,
+            wait_seconds=state.wait_seconds,
+            sessions=len(state.sessions),
+            replicas=sorted(replicas),
+            age_s=max(0.0, elapsed),
+        )
+
+    @app.get("/v1/jobs", dependencies=reads, tags=["jobs"])
+    async def list_jobs() -> list[JobOut]:
+        """Every job this replica knows: from client sessions, and registered ones."""
+        now = service.clock()
+        ids = sorted(set(service.table.jobs) | set(service.table.registered))
+        return [j for j in (job_out(i, now) for i in ids) if j is not None]
+
+    @app.get("/v1/jobs/{job_id}", dependencies=reads, tags=["jobs"])
+    async def get_job(job_id: str) -> JobOut:
+        out = job_out(job_id, service.clock())
+        if out is None:
+            raise HTTPException(404, f"unknown job {job_id!r}")
+        return out
+
+    @app.post("/v1/jobs", dependencies=[Depends(require_token)], tags=["jobs"], status_code=201)
+    async def register_job(body: JobIn, response: Response) -> JobOut:
+        """Register a job with authoritative metadata (a Slurm prolog does this); it
+        wins over what clients claim. 201 when new, 200 when it updates one."""
+        meta = JobMeta(body.job_id, body.user, body.group, body.nodes, body.priority)
+        if not service.register_job(meta):
+            response.status_code = 200
+        out = job_out(body.job_id, service.clock())
+        assert out is not None
+        return out
+
+    @app.delete(
+        "/v1/jobs/{job_id}", dependencies=[Depends(require_token)], tags=["jobs"], status_code=204
+    )
+    async def retire_job(job_id: str) -> Response:
+        """Retire a registered job (a Slurm epilog does this); 404 if it is not registered."""
+        if not service.retire_job(job_id):
+            raise HTTPException(404, f"job {job_id!r} is not registered")
+        return Response(status_code=204)
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:

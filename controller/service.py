@@ -25,10 +25,10 @@ from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "burstctl.v1.Controller"
-_MAX_TEXT = 256
+MAX_TEXT = 256
 MAX_BATCH = 1024
-_MAX_NODES = 1 << 20
-_MAX_PRIORITY = 1e9
+MAX_NODES = 1 << 20
+MAX_PRIORITY = 1e9
 _KINDS = {
     pb.OP_KIND_READ: OpKind.READ,
     pb.OP_KIND_WRITE: OpKind.WRITE,
@@ -122,16 +122,16 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
         value = getattr(h, name)
         if not value:
             raise ProtocolError(f"hello.{name}", "must not be empty")
-        if len(value) > _MAX_TEXT:
-            raise ProtocolError(f"hello.{name}", f"longer than {_MAX_TEXT} characters")
+        if len(value) > MAX_TEXT:
+            raise ProtocolError(f"hello.{name}", f"longer than {MAX_TEXT} characters")
     for name in ("client_id", "host"):
-        if len(getattr(h, name)) > _MAX_TEXT:
-            raise ProtocolError(f"hello.{name}", f"longer than {_MAX_TEXT} characters")
-    if not 1 <= h.nodes <= _MAX_NODES:
-        raise ProtocolError("hello.nodes", f"must be in [1, {_MAX_NODES}], got {h.nodes}")
+        if len(getattr(h, name)) > MAX_TEXT:
+            raise ProtocolError(f"hello.{name}", f"longer than {MAX_TEXT} characters")
+    if not 1 <= h.nodes <= MAX_NODES:
+        raise ProtocolError("hello.nodes", f"must be in [1, {MAX_NODES}], got {h.nodes}")
     priority = h.priority or 1.0
-    if not (math.isfinite(priority) and 0 < priority <= _MAX_PRIORITY):
-        raise ProtocolError("hello.priority", f"must be in (0, {_MAX_PRIORITY:g}], got {priority}")
+    if not (math.isfinite(priority) and 0 < priority <= MAX_PRIORITY):
+        raise ProtocolError("hello.priority", f"must be in (0, {MAX_PRIORITY:g}], got {priority}")
     meta = JobMeta(job_id=h.job_id, user=h.user, group=h.group, nodes=h.nodes, priority=priority)
     return meta, h.client_id, h.host
 

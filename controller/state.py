@@ -1,4 +1,4 @@
-"""The only durable state of a replica: the active policy (and, later, registered jobs).
+"""The only durable state of a replica: the active policy and the registered jobs.
 
 Kept as JSON in ``<state_dir>/state.json``, written atomically (temp file,
 fsync, rename, fsync of the directory) so a crash leaves the old or the new
@@ -26,9 +26,21 @@ class PolicyState(BaseModel):
     version: int = 0
 
 
+class RegisteredJob(BaseModel):
+    """A job registered through the admin API (a Slurm prolog): authoritative metadata."""
+
+    model_config = ConfigDict(extra="forbid")
+    job_id: str
+    user: str
+    group: str
+    nodes: int
+    priority: float = 1.0
+
+
 class ReplicaState(BaseModel):
     model_config = ConfigDict(extra="ignore")
     policy: PolicyState | None = None
+    jobs: list[RegisteredJob] = Field(default_factory=list)
 
 
 class StateError(RuntimeError):

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import httpx
 import pytest
+from support import async_wait_until
 
+from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Service
 
 pytestmark = pytest.mark.integration
@@ -213,3 +215,112 @@ async def test_cli_lists_gets_and_sets(service: Service) -> None:
     assert service.policy.name == "set-10" and service.policy.params.learn is False
     down = await asyncio.to_thread(burstctl, "policy", "get", "--url", "http://127.0.0.1:9")
     assert down.returncode != 0 and "cannot reach the controller" in down.stderr
+
+
+def move(session: Session, kind: str, nbytes: int, chunks: int = 4) -> None:
+    with session.operation(kind):
+        for _ in range(chunks):
+            session.acquire(nbytes // chunks, kind)
+
+
+async def test_jobs_report_metadata_bytes_by_kind_and_sessions(service: Service) -> None:
+    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("7", "ann", "bio", nodes=2))
+    try:
+        await asyncio.to_thread(move, s, "write", 3 << 20)
+        await asyncio.to_thread(move, s, "read", 1 << 20)
+        async with httpx.AsyncClient(base_url=service.http_url) as http:
+
+            async def reported() -> dict[str, object] | None:
+                j = (await http.get("/v1/jobs/7")).json()
+                return j if j["bytes_moved"] == 4 << 20 else None
+
+            j = await async_wait_until(reported, 5, message="usage reported")
+            assert isinstance(j, dict)
+            assert (j["bytes_written"], j["bytes_read"]) == (3 << 20, 1 << 20)
+            assert (j["user"], j["group"], j["nodes"], j["registered"]) == ("ann", "bio", 2, False)
+            assert j["active"] and j["sessions"] == 1
+            assert j["replicas"] == [service.config.replica_id]
+            assert 0 < j["yield"] <= 1.0 + 1e-9
+            assert [x["job_id"] for x in (await http.get("/v1/jobs")).json()] == ["7"]
+            assert (await http.get("/v1/jobs/8")).status_code == 404
+    finally:
+        await asyncio.to_thread(s.close)
+
+
+async def test_registered_metadata_wins_and_survives_a_restart(
+    service_factory: Make, tmp_path: Path
+) -> None:
+    state = tmp_path / "st"
+    svc = await service_factory(state_dir=state)
+    body = {"job_id": "42", "user": "alice", "group": "phys", "nodes": 4, "priority": 2.0}
+    async with httpx.AsyncClient(base_url=svc.http_url, headers=auth(svc)) as http:
+        r = await http.post("/v1/jobs", json=body)
+        assert r.status_code == 201 and r.json()["registered"] and not r.json()["active"]
+        r = await http.post("/v1/jobs", json={**body, "nodes": 8})
+        assert r.status_code == 200 and r.json()["nodes"] == 8  # an update
+    # a client claiming other metadata for job 42 gets the registered one
+    claim = JobInfo("42", "mallory", "evil", nodes=64)
+    s = await asyncio.to_thread(Session, svc.grpc_address, claim)
+    try:
+        await async_wait_until(lambda: "42" in svc.table.jobs, 5, message="session open")
+        meta = svc.table.jobs["42"].meta
+        assert (meta.user, meta.group, meta.nodes, meta.priority) == ("alice", "phys", 8, 2.0)
+    finally:
+        await asyncio.to_thread(s.close)
+    await svc.stop(grace=0)
+    again = await service_factory(state_dir=state)
+    async with httpx.AsyncClient(base_url=again.http_url, headers=auth(again)) as http:
+        j = (await http.get("/v1/jobs/42")).json()
+        assert (j["user"], j["nodes"], j["registered"]) == ("alice", 8, True)
+        assert (await http.delete("/v1/jobs/42")).status_code == 204
+        r = await http.delete("/v1/jobs/42")
+        assert r.status_code == 404 and "not registered" in r.json()["detail"]
+        assert (await http.get("/v1/jobs")).json() == []
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({"user": "a", "group": "g", "nodes": 1}, "job_id"),
+        ({"job_id": "", "user": "a", "group": "g", "nodes": 1}, "job_id"),
+        ({"job_id": "1", "user": "a", "group": "g", "nodes": 0}, "nodes"),
+        ({"job_id": "1", "user": "a", "group": "g", "nodes": "four"}, "nodes"),
+        ({"job_id": "1", "user": "a", "group": "g", "nodes": 1, "priority": -1}, "priority"),
+        ({"job_id": "1", "user": "a", "nodes": 1}, "group"),
+        ({"job_id": "1", "user": "a", "group": "g", "nodes": 1, "queue": "x"}, "queue"),
+    ],
+)
+async def test_bad_registration_is_422_naming_the_field(
+    service: Service, body: dict[str, object], field: str
+) -> None:
+    async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+        r = await http.post("/v1/jobs", json=body)
+        assert r.status_code == 422
+        assert field in [d["loc"][-1] for d in r.json()["detail"]], r.json()
+        assert (await http.get("/v1/jobs")).json() == []
+
+
+async def test_job_mutations_need_the_token(service: Service) -> None:
+    body = {"job_id": "1", "user": "a", "group": "g", "nodes": 1}
+    async with httpx.AsyncClient(base_url=service.http_url) as http:
+        assert (await http.post("/v1/jobs", json=body)).status_code == 401
+        assert (await http.delete("/v1/jobs/1")).status_code == 401
+        wrong = {"Authorization": "Bearer x"}
+        assert (await http.post("/v1/jobs", json=body, headers=wrong)).status_code == 403
+    assert service.table.registered == {}
+
+
+async def test_cli_registers_lists_and_retires_jobs(service: Service) -> None:
+    url = ["--url", service.http_url, "--token", token_of(service)]
+    reg = await asyncio.to_thread(
+        burstctl, "job", "register", "99", "--user", "bob", "--group", "chem", "--nodes", "3", *url
+    )
+    assert reg.returncode == 0 and "job 99 registered (bob/chem, 3 nodes)" in reg.stdout
+    listed = await asyncio.to_thread(burstctl, "jobs", *url)
+    header, row = listed.stdout.splitlines()
+    assert header.split()[:5] == ["job", "user", "group", "nodes", "state"]
+    assert row.split()[:5] == ["99", "bob", "chem", "3", "inactive*"]
+    gone = await asyncio.to_thread(burstctl, "job", "retire", "99", *url)
+    assert gone.returncode == 0 and "job 99 retired" in gone.stdout
+    again = await asyncio.to_thread(burstctl, "job", "retire", "99", *url)
+    assert again.returncode != 0 and "not registered" in again.stderr
