@@ -41,6 +41,7 @@ bench: $(STAMP)
 	$(PY) bench/grpc_ingest_ceiling.py
 	$(PY) bench/controller_events.py
 	$(PY) bench/sim_speed.py
+	$(PY) bench/split_speed.py
 	$(PY) bench/fairness.py
 	$(PY) bench/fuse_throughput.py
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+import time
 from collections import deque
 from typing import Any
 
@@ -99,6 +100,73 @@ def reference_max_flow(inst: Instance) -> float:
         total += push
 
 
+def brute_force_loads(inst: Instance) -> dict[str, float]:
+    """The lexicographically optimal base by subset enumeration, O(3^R): an oracle for R ≤ 6.
+
+    g(S) = min over T ⊆ S of B(S \\ T) + Σ_j min(t_j, d_j(T)) (max-flow/min-cut on the
+    bipartite graph); Fujishige: λ = min g(F ∪ S) − g(F) over B(S), the largest
+    minimiser gets λ·B_r, contract, repeat.
+    """
+    targets, capacity, demand = inst
+    live = [r for r in sorted(capacity) if capacity[r] > 0.0]
+    full = (1 << len(live)) - 1
+    jobs = sorted({j for j, _ in demand})
+
+    def b_of(mask: int) -> float:
+        return sum(capacity[r] for i, r in enumerate(live) if mask >> i & 1)
+
+    def h(mask: int) -> float:
+        return sum(
+            min(
+                targets.get(j, 0.0),
+                sum(demand.get((j, r), 0.0) for i, r in enumerate(live) if mask >> i & 1),
+            )
+            for j in jobs
+        )
+
+    hs = [h(m) for m in range(full + 1)]
+    g = [0.0] * (full + 1)
+    for s in range(1, full + 1):
+        best, sub = b_of(s), s
+        while sub:
+            best = min(best, b_of(s ^ sub) + hs[sub])
+            sub = (sub - 1) & s
+        g[s] = best
+    loads = dict.fromkeys(capacity, 0.0)
+    fixed = 0
+    while fixed != full:
+        rest = full & ~fixed
+        chosen, key = rest, (math.inf, 0)
+        sub = rest
+        while sub:
+            candidate = ((g[sub | fixed] - g[fixed]) / b_of(sub), -bin(sub).count("1"))
+            if candidate <= key:
+                chosen, key = sub, candidate
+            sub = (sub - 1) & rest
+        for i, r in enumerate(live):
+            if chosen >> i & 1:
+                loads[r] = min(1.0, max(0.0, key[0])) * capacity[r]
+        fixed |= chosen
+    return loads
+
+
+def wide_instance(rng: random.Random, replicas: int, jobs: int) -> Instance:
+    """``jobs`` jobs on 1–4 of ``replicas`` replicas each, real-valued, a few zeros."""
+    names = [f"r{i:02d}" for i in range(replicas)]
+    capacity = {r: rng.uniform(5.0, 40.0) if rng.random() < 0.95 else 0.0 for r in names}
+    targets = {f"j{i:04d}": rng.uniform(0.0, 15.0) for i in range(jobs)}
+    demand = {
+        (j, r): rng.uniform(0.0, 12.0) if rng.random() < 0.95 else 0.0
+        for j in targets
+        for r in rng.sample(names, rng.randint(1, min(4, replicas)))
+    }
+    return targets, capacity, demand
+
+
+ORACLE = INSTANCES + [wide_instance(random.Random(seed), 1 + seed % 6, 12) for seed in range(200)]
+WIDE = [wide_instance(random.Random(1000 + seed), 16, 40) for seed in range(20)]
+
+
 # --- Figure 5 (ThemisIO notes §4) ---------------------------------------------------------
 
 
@@ -188,7 +256,7 @@ def test_rejects_bad_input(
 # --- Properties on random bipartite instances ---------------------------------------------
 
 
-@pytest.mark.parametrize("inst", INSTANCES)
+@pytest.mark.parametrize("inst", INSTANCES + WIDE)
 def test_feasibility(inst: Instance) -> None:
     targets, capacity, demand = inst
     eps = tol(inst)
@@ -202,7 +270,7 @@ def test_feasibility(inst: Instance) -> None:
         assert got <= targets.get(j, 0.0) + eps
 
 
-@pytest.mark.parametrize("inst", INSTANCES)
+@pytest.mark.parametrize("inst", INSTANCES + WIDE)
 def test_targets_met_as_far_as_max_flow_allows(inst: Instance) -> None:
     targets = inst[0]
     best = reference_max_flow(inst)
@@ -211,7 +279,7 @@ def test_targets_met_as_far_as_max_flow_allows(inst: Instance) -> None:
     assert toward_targets == pytest.approx(best, abs=tol(inst) * 10)
 
 
-@pytest.mark.parametrize("inst", INSTANCES)
+@pytest.mark.parametrize("inst", INSTANCES + WIDE)
 def test_work_conserving_on_every_replica(inst: Instance) -> None:
     _, capacity, demand = inst
     eps = tol(inst) * 10
@@ -225,7 +293,7 @@ def test_work_conserving_on_every_replica(inst: Instance) -> None:
         assert load == pytest.approx(min(capacity[r], local), abs=eps)
 
 
-@pytest.mark.parametrize("inst", INSTANCES)
+@pytest.mark.parametrize("inst", INSTANCES + WIDE)
 def test_surplus_only_with_capacity_nobody_below_target_can_use(inst: Instance) -> None:
     targets, capacity, demand = inst
     eps = tol(inst) * 10
@@ -248,7 +316,7 @@ def test_surplus_only_with_capacity_nobody_below_target_can_use(inst: Instance) 
         assert got <= bound[j] + eps  # the documented bound on Σ_r x_jr
 
 
-@pytest.mark.parametrize("inst", INSTANCES)
+@pytest.mark.parametrize("inst", INSTANCES + WIDE)
 def test_balance_no_exchange_lowers_a_busier_replica(inst: Instance) -> None:
     """Lexicographic optimality (Fujishige): if load can move from r to s, u_s ≥ u_r.
 
@@ -287,6 +355,15 @@ def test_balance_no_exchange_lowers_a_busier_replica(inst: Instance) -> None:
                 assert util[s] >= util[r] - 1e-9, (r, s)
 
 
+@pytest.mark.parametrize("inst", ORACLE)
+def test_loads_are_the_lexicographic_optimum(inst: Instance) -> None:
+    """Pass-1 loads equal the subset-enumeration oracle (exact arithmetic), to 1e-9."""
+    got = per_replica(split_targets(*inst))
+    expected = brute_force_loads(inst)
+    for r in inst[1]:
+        assert got.get(r, 0.0) == pytest.approx(expected[r], abs=tol(inst)), r
+
+
 @pytest.mark.parametrize("seed", range(50))
 def test_deterministic_in_any_dict_order(seed: int) -> None:
     targets, capacity, demand = INSTANCES[seed]
@@ -301,6 +378,27 @@ def test_deterministic_in_any_dict_order(seed: int) -> None:
     for _ in range(3):
         again = split(shuffled(targets), shuffled(capacity), shuffled(demand))
         assert list(again.items()) == list(first.items())
+
+
+@pytest.mark.parametrize("replicas", [16, 32])
+def test_many_replicas_stay_polynomial(replicas: int) -> None:
+    # Subset enumeration would need 3^R steps here; the sanity bound is loose on purpose
+    # (bench/split_speed.py measures the speed).
+    rng = random.Random(replicas)
+    inst = wide_instance(rng, replicas, 1000)
+    start = time.perf_counter()
+    base, rates = split_targets(*inst), split(*inst)
+    assert time.perf_counter() - start < 5.0
+    targets, capacity, demand = inst
+    eps = 1e-9 * max([1.0, *capacity.values(), *targets.values()])
+    for j, got in per_job(base).items():
+        assert got <= targets[j] + eps
+    loads = per_replica(rates)
+    for r in capacity:
+        local = sum(d for (_, rr), d in demand.items() if rr == r)
+        assert loads.get(r, 0.0) <= capacity[r] + eps
+        assert loads.get(r, 0.0) == pytest.approx(min(capacity[r], local), abs=eps)
+    assert all(0.0 <= x <= demand[e] + eps for e, x in rates.items())
 
 
 def test_thousand_jobs_on_eight_replicas_stay_feasible_and_work_conserving() -> None:
