@@ -22,6 +22,7 @@ from grpc_health.v1.health import aio as health_aio
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.global_view import Digest
 from burstctl.controller.jobs import JobMeta, JobTable
+from burstctl.controller.metrics import Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync, build_digest
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
@@ -54,6 +55,7 @@ class Service:
         self.policy: Policy = registry.create(config.policy, config.policy_params)
         self.policy_version = 0
         self.policy_since = time.time()  # wall clock of the last switch, for the admin views
+        self.policy_switches = 0
         self.table = JobTable(
             clock,
             heartbeat_timeout=config.heartbeat_timeout,
@@ -87,6 +89,8 @@ class Service:
             )
         else:
             self.peer_servicer = None
+        self.metrics = Metrics(self)
+        self.scheduler.observe_latency = self.metrics.decision_latency.observe
         self._clock = clock
         self.clock = clock  # the job table's clock (monotonic), for the admin views
         self.http: HttpServer | None = None
@@ -166,6 +170,8 @@ class Service:
     def _install(self, policy: Policy, name: str, params: dict[str, Any], version: int) -> None:
         # Persist first: a restart must never resume an older policy than the one applied.
         self._save_state(PolicyState(name=name, params=params, version=version))
+        if (name, params) != self.policy_spec:
+            self.policy_switches += 1
         self.policy, self.policy_version = policy, version
         self.policy_spec = (name, params)
         self.policy_since = time.time()

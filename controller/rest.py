@@ -31,8 +31,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 import uvicorn
 from fastapi import Depends, FastAPI, HTTPException, Request, Response
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from burstctl.controller.config import ControllerConfig, split_host_port
@@ -372,6 +373,13 @@ def build_app(service: Service, token: str) -> FastAPI:
         if not service.retire_job(job_id):
             raise HTTPException(404, f"job {job_id!r} is not registered")
         return Response(status_code=204)
+
+    @app.get("/metrics", dependencies=reads, tags=["metrics"], response_class=PlainTextResponse)
+    async def metrics() -> PlainTextResponse:
+        """Prometheus text format (controller/metrics.py lists the series)."""
+        return PlainTextResponse(
+            generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST
+        )
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:

@@ -12,6 +12,7 @@ Leases are renewed at half their length.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
 from collections import deque
@@ -83,6 +84,8 @@ class Scheduler:
         self._period_timer: asyncio.TimerHandle | None = None
         # With peers: this replica's rate for each job of the global view (PeerSync.column)
         self.global_column: Callable[[], Mapping[JobId, float] | None] | None = None
+        # Called with each decision's latency in seconds (the metrics histogram).
+        self.observe_latency: Callable[[float], None] | None = None
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -174,10 +177,33 @@ class Scheduler:
                 self._period_timer.cancel()
             self._period_timer = asyncio.get_running_loop().call_later(period, self.request)
         self.stats.decisions += 1
-        self.stats.latencies.append(time.perf_counter() - started)
+        latency = time.perf_counter() - started
+        self.stats.latencies.append(latency)
+        if self.observe_latency is not None:
+            self.observe_latency(latency)
         if decision_log.isEnabledFor(logging.DEBUG):
+            # One JSON object per decision: the contending jobs of S(t) and what they got.
             decision_log.debug(
-                "policy=%s rates=%s", policy.name, {j: round(r) for j, r in rates.items()}
+                "%s",
+                json.dumps(
+                    {
+                        "decision": stamp,
+                        "policy": policy.name,
+                        "capacity": view.capacity,
+                        "global": column is not None,
+                        "jobs": [
+                            {
+                                "job": j,
+                                "nodes": v.nodes,
+                                "cap": round(v.cap),
+                                "demand": round(v.demand),
+                                "rate": round(rates.get(j, 0.0)),
+                            }
+                            for j, v in view.jobs.items()
+                        ],
+                    },
+                    sort_keys=True,
+                ),
             )
 
     @staticmethod

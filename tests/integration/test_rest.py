@@ -12,6 +12,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from support import async_wait_until
 
 from burstctl.client import JobInfo, Session
@@ -324,3 +325,65 @@ async def test_cli_registers_lists_and_retires_jobs(service: Service) -> None:
     assert gone.returncode == 0 and "job 99 retired" in gone.stdout
     again = await asyncio.to_thread(burstctl, "job", "retire", "99", *url)
     assert again.returncode != 0 and "not registered" in again.stderr
+
+
+async def test_metrics_parse_and_carry_the_series(service: Service) -> None:
+    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("m1", "ann", "bio", nodes=2))
+    try:
+        await asyncio.to_thread(move, s, "write", 2 << 20)
+        async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+            r = await http.put("/v1/policy", json={"name": "fcfs"})
+            assert r.status_code == 200
+            await async_wait_until(
+                lambda: service.table.jobs["m1"].bytes_moved == 2 << 20, 5, message="usage"
+            )
+            r = await http.get("/metrics")
+        assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+        families = {f.name: f for f in text_string_to_metric_families(r.text)}
+        replica = service.config.replica_id
+
+        def value(name: str, **labels: str) -> float:
+            samples = [
+                s
+                for s in families[name].samples
+                if all(s.labels.get(k) == v for k, v in labels.items())
+            ]
+            assert len(samples) == 1, (name, labels, families[name].samples)
+            return samples[0].value
+
+        job = {"job": "m1", "user": "ann", "group": "bio"}
+        assert value("burstctl_job_written_bytes", **job) == 2 << 20
+        assert value("burstctl_job_read_bytes", **job) == 0
+        assert value("burstctl_job_moved_bytes", **job) == 2 << 20
+        assert value("burstctl_job_ops", **job) >= 4
+        assert value("burstctl_job_active", **job) == 1
+        assert 0 < value("burstctl_job_yield", **job) <= 1 + 1e-9
+        assert "burstctl_job_rate_bytes_per_second" in families
+        assert "burstctl_job_token_wait_seconds" in families
+        assert "burstctl_job_metadata_ops" in families
+        assert value("burstctl_capacity_bytes_per_second", replica=replica) == 40 * 2**20
+        assert 0 <= value("burstctl_utilisation", replica=replica) <= 1
+        assert value("burstctl_decisions", replica=replica) >= 1
+        assert value("burstctl_sessions", replica=replica) == 1
+        assert value("burstctl_policy_switches", replica=replica) == 1
+        assert value("burstctl_policy_info", replica=replica, policy="fcfs", version="1") == 1
+        latency = families["burstctl_decision_latency_seconds"]
+        count = [s.value for s in latency.samples if s.name.endswith("_count")]
+        assert count == [value("burstctl_decisions", replica=replica)]
+    finally:
+        await asyncio.to_thread(s.close)
+
+
+async def test_peer_series_in_metrics(service_factory: Make) -> None:
+    from test_replicas import cluster
+
+    r1, _ = await cluster(service_factory, [40, 40])
+    assert r1.peer_sync is not None
+    await async_wait_until(lambda: r1.peer_sync.view.live_peers() == ["r2"], 5, message="r2 live")
+    async with httpx.AsyncClient(base_url=r1.http_url) as http:
+        text = (await http.get("/metrics")).text
+    families = {f.name: f for f in text_string_to_metric_families(text)}
+    (live,) = families["burstctl_peer_live"].samples
+    assert (live.labels, live.value) == ({"replica": "r1", "peer": "r2"}, 1.0)
+    (age,) = families["burstctl_peer_exchange_age_seconds"].samples
+    assert 0 <= age.value < 5
