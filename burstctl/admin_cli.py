@@ -239,3 +239,57 @@ def job_retire(job_id: str, url: str, token: str | None, token_file: Path | None
     """Retire JOB_ID's registration (its open sessions keep going until they close)."""
     Api(url, token, token_file).request("DELETE", f"/v1/jobs/{quote(job_id, safe='')}")
     click.echo(f"job {job_id} retired")
+
+
+@click.command()
+@_connection_options
+@click.option("--interval", type=float, default=1.0, show_default=True, help="Seconds per refresh.")
+@click.option(
+    "--iterations", type=int, default=0, help="Stop after N refreshes [default: 0, run until ^C]."
+)
+def top(
+    url: str, token: str | None, token_file: Path | None, interval: float, iterations: int
+) -> None:
+    """A live table of the jobs: measured throughput, allotted rate, bytes, yield."""
+    import time
+
+    from rich.console import Console
+    from rich.live import Live
+    from rich.table import Table
+
+    if not interval > 0:
+        raise click.BadParameter("must be > 0", param_hint="--interval")
+    api = Api(url, token, token_file)
+    console = Console()
+    previous: dict[str, int] = {}
+    last = time.monotonic()
+
+    def render() -> Table:
+        nonlocal previous, last
+        rows = api.request("GET", "/v1/jobs")
+        policy = api.request("GET", "/v1/policy")
+        now = time.monotonic()
+        elapsed = max(now - last, 1e-9)
+        title = f"burstctl {url} — policy {policy['name']} (version {policy['version']})"
+        table = Table(title=title, title_justify="left")
+        for name in ("job", "user", "group", "nodes", "state", "throughput", "rate", "moved"):
+            table.add_column(name, justify="right" if name in {"nodes", "throughput"} else "left")
+        table.add_column("yield", justify="right")
+        seen: dict[str, int] = {}
+        for j in sorted(rows, key=lambda j: -j["rate"]):
+            job_id, moved = j["job_id"], j["bytes_moved"]
+            seen[job_id] = moved
+            rate = (moved - previous[job_id]) / elapsed if job_id in previous else 0.0
+            cells = job_row(j)
+            table.add_row(*cells[:5], _rate(rate), cells[5], _size(moved), cells[-1])
+        previous, last = seen, now
+        return table
+
+    done = 0
+    with Live(render(), console=console, auto_refresh=False) as live:
+        try:
+            while iterations <= 0 or (done := done + 1) < iterations:
+                time.sleep(interval)  # the refresh period of a terminal display
+                live.update(render(), refresh=True)
+        except KeyboardInterrupt:
+            pass

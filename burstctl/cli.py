@@ -555,6 +555,7 @@ def _emit(rows: list[dict[str, object]], fmt: str) -> None:
 main.add_command(admin_cli.policy)
 main.add_command(admin_cli.jobs)
 main.add_command(admin_cli.job)
+main.add_command(admin_cli.top)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -13,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import async_wait_until
+from support import Pump, async_wait_until
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Service
@@ -387,3 +388,25 @@ async def test_peer_series_in_metrics(service_factory: Make) -> None:
     assert (live.labels, live.value) == ({"replica": "r1", "peer": "r2"}, 1.0)
     (age,) = families["burstctl_peer_exchange_age_seconds"].samples
     assert 0 <= age.value < 5
+
+
+async def test_top_shows_jobs_and_their_throughput(
+    service: Service, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("COLUMNS", "160")  # rich wraps cells at 80 columns without a terminal
+    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("t1", "ann", "bio", nodes=2))
+    pump = Pump(s).start()
+    try:
+        out = await asyncio.to_thread(
+            burstctl, "top", "--url", service.http_url, "--iterations", "3", "--interval", "0.3"
+        )
+    finally:
+        await asyncio.to_thread(pump.stop)
+        await asyncio.to_thread(s.close)
+    assert out.returncode == 0, out.stderr
+    assert "policy fair-share (version 0)" in out.stdout
+    rows = [line for line in out.stdout.splitlines() if " t1 " in f" {line} "]
+    assert rows, out.stdout
+    # the last refresh measured the job moving: a non-zero throughput in MiB/s
+    assert any(float(x) > 0 for x in re.findall(r"([\d.]+) MiB/s", rows[-1])), rows[-1]
+    assert not pump.errors
