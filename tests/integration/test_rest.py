@@ -8,6 +8,7 @@ import re
 import stat
 import subprocess
 import sys
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
@@ -410,3 +411,41 @@ async def test_top_shows_jobs_and_their_throughput(
     # the last refresh measured the job moving: a non-zero throughput in MiB/s
     assert any(float(x) > 0 for x in re.findall(r"([\d.]+) MiB/s", rows[-1])), rows[-1]
     assert not pump.errors
+
+
+async def test_switch_under_load_keeps_bytes_moving_within_capacity(service: Service) -> None:
+    jobs = [JobInfo(f"L{i}", f"u{i % 2}", "g", nodes=i + 1) for i in range(3)]
+    sessions = [await asyncio.to_thread(Session, service.grpc_address, j) for j in jobs]
+    pumps = [Pump(s).start() for s in sessions]
+    bound = service.config.capacity * (1 + service.config.push_tolerance)
+    worst = 0.0
+
+    def after_decision(latency: float) -> None:
+        # the rates in force once the decision has pushed: never above B (+ push tolerance)
+        nonlocal worst
+        worst = max(worst, sum(s.rate or 0.0 for s in service.table.sessions.values()))
+
+    service.scheduler.observe_latency = after_decision
+    policies = ["fcfs", "size-fair", "greedy-yield", "group>user>size", "fair-share"] * 4
+    try:
+        await async_wait_until(lambda: all(s.rate > 0 for s in sessions), 5, message="rates")
+        before = [p.moved for p in pumps]
+        t0 = time.monotonic()
+        async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+            for name in policies:
+                r = await http.put("/v1/policy", json={"name": name})
+                assert r.status_code == 200
+                # let the clients run under each policy for a moment (load, not sync)
+                await asyncio.sleep(0.05)
+        elapsed = time.monotonic() - t0
+        moved = [p.moved - b for p, b in zip(pumps, before, strict=True)]
+    finally:
+        await asyncio.to_thread(lambda: [p.stop() for p in pumps])
+        await asyncio.to_thread(lambda: [s.close() for s in sessions])
+    assert not any(p.errors for p in pumps)
+    assert service.policy_version == len(policies)
+    assert service.scheduler.stats.clamped == 0
+    print(f"20 switches in {elapsed:.2f}s: {sum(moved) / elapsed / 2**20:.1f} MiB/s moved")
+    assert 0 < worst <= bound, (worst, bound)
+    # bytes kept moving through 20 switches: the aggregate stays near B
+    assert sum(moved) / elapsed >= 0.8 * service.config.capacity, (sum(moved) / elapsed, moved)
