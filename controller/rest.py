@@ -37,6 +37,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.controller.dashboard import mount_dashboard
 from burstctl.controller.jobs import JobMeta, JobState, JobStatus
 from burstctl.controller.service import MAX_NODES, MAX_PRIORITY, MAX_TEXT
 from burstctl.policies.registry import UnknownPolicyError
@@ -386,6 +387,7 @@ def build_app(service: Service, token: str) -> FastAPI:
         # A check deeper down (set_policy) that the body validation did not catch.
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
+    mount_dashboard(app)
     return app
 
 

@@ -1,0 +1,407 @@
+// burstctl dashboard (docs/dashboard.md): polls the REST API once a second, draws
+// the stacked throughput per job with uPlot, shows the job table and switches the
+// policy. Plain JavaScript, no build step. Throughput is computed here, from the
+// change of each job's bytes_moved between two polls, and kept for WINDOW_S.
+"use strict";
+
+(() => {
+  const POLL_MS = 1000;
+  const WINDOW_S = 300;
+  const MIB = 1024 * 1024;
+  const TOKEN_KEY = "burstctl.adminToken";
+  // Colour-blind-safe first (Okabe–Ito), then more distinct hues.
+  const PALETTE = [
+    "#0072b2", "#e69f00", "#009e73", "#cc79a7", "#56b4e9", "#d55e00", "#f0e442",
+    "#332288", "#44aa99", "#882255", "#999933", "#aa4499",
+  ];
+
+  const $ = (id) => document.getElementById(id);
+  const el = {
+    status: $("status"),
+    replica: $("replica"),
+    policyName: $("policy-name"),
+    policyParams: $("policy-params"),
+    policyMeta: $("policy-meta"),
+    policyForm: $("policy-form"),
+    select: $("policy-select"),
+    paramsInput: $("policy-params-input"),
+    apply: $("policy-apply"),
+    description: $("policy-description"),
+    tokenForm: $("token-form"),
+    tokenInput: $("token-input"),
+    tokenCancel: $("token-cancel"),
+    error: $("policy-error"),
+    ok: $("policy-ok"),
+    chart: $("chart"),
+    tbody: document.querySelector("#jobs-table tbody"),
+    jobsCount: $("jobs-count"),
+  };
+
+  const state = {
+    samples: [], // {t: seconds, moved: Map(job_id -> bytes_moved)}, oldest first
+    colors: new Map(), // job_id -> colour, stable for the page's life
+    policies: [],
+    policy: null,
+    chart: null,
+    chartKey: null, // the job ids the chart was built for
+    series: [], // [{job_id, color, values}] of the last render (raw, not stacked)
+    polls: 0,
+    selectDirty: false, // the user picked something: polling must not reset the select
+    applyAfterToken: false,
+  };
+
+  class ApiError extends Error {
+    constructor(status, body) {
+      super(`${status}: ${formatDetail(body)}`);
+      this.status = status;
+    }
+  }
+
+  function formatDetail(body) {
+    const detail = body && body.detail !== undefined ? body.detail : body;
+    if (Array.isArray(detail)) {
+      return detail
+        .map((d) => {
+          const loc = (d.loc || []).filter((p) => p !== "body").join(".");
+          return loc ? `${loc}: ${d.msg}` : d.msg;
+        })
+        .join("\n");
+    }
+    return typeof detail === "string" ? detail : JSON.stringify(detail);
+  }
+
+  async function api(method, path, body) {
+    const headers = { Accept: "application/json" };
+    const token = sessionStorage.getItem(TOKEN_KEY);
+    if (token) headers.Authorization = `Bearer ${token}`;
+    const init = { method, headers, cache: "no-store" };
+    if (body !== undefined) {
+      headers["Content-Type"] = "application/json";
+      init.body = JSON.stringify(body);
+    }
+    const response = await fetch(path, init);
+    let data = null;
+    try {
+      data = await response.json();
+    } catch (_) {
+      data = response.statusText;
+    }
+    if (!response.ok) throw new ApiError(response.status, data);
+    return data;
+  }
+
+  // ---- formatting -------------------------------------------------------------
+
+  function bytes(n) {
+    const units = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let i = 0;
+    while (Math.abs(n) >= 1024 && i < units.length - 1) {
+      n /= 1024;
+      i += 1;
+    }
+    return i === 0 ? `${n} B` : `${n.toFixed(1)} ${units[i]}`;
+  }
+
+  const mibs = (v) => (v == null ? "–" : (v / MIB).toFixed(2));
+
+  function colorOf(jobId) {
+    if (!state.colors.has(jobId)) {
+      state.colors.set(jobId, PALETTE[state.colors.size % PALETTE.length]);
+    }
+    return state.colors.get(jobId);
+  }
+
+  function cell(row, text, cls) {
+    const td = document.createElement("td");
+    td.textContent = text;
+    if (cls) td.className = cls;
+    row.appendChild(td);
+    return td;
+  }
+
+  // ---- throughput ring and chart ------------------------------------------------
+
+  function record(jobs) {
+    const t = Date.now() / 1000;
+    state.samples.push({ t, moved: new Map(jobs.map((j) => [j.job_id, j.bytes_moved])) });
+    // one extra sample before the window: the first point inside it needs a predecessor
+    while (state.samples.length > 2 && state.samples[1].t < t - WINDOW_S) state.samples.shift();
+  }
+
+  // Bytes/s of every job seen in the window, per interval between two polls.
+  function throughput() {
+    const s = state.samples;
+    const ids = new Set();
+    s.forEach((x) => x.moved.forEach((_, id) => ids.add(id)));
+    const jobIds = [...ids].sort((a, b) => a.localeCompare(b, undefined, { numeric: true }));
+    const times = [];
+    const values = jobIds.map(() => []);
+    for (let k = 1; k < s.length; k += 1) {
+      const dt = s[k].t - s[k - 1].t;
+      if (dt <= 0) continue;
+      times.push(s[k].t);
+      jobIds.forEach((id, i) => {
+        const now = s[k].moved.get(id);
+        const before = s[k - 1].moved.get(id);
+        // absent on either side (new or gone) or a reset counter: nothing moved that we know of
+        const delta = now === undefined || before === undefined ? 0 : Math.max(0, now - before);
+        values[i].push(delta / dt);
+      });
+    }
+    return { times, jobIds, values };
+  }
+
+  function chartSize() {
+    return { width: Math.max(320, el.chart.clientWidth), height: 320 };
+  }
+
+  function alpha(hex, a) {
+    const n = parseInt(hex.slice(1), 16);
+    return `rgba(${(n >> 16) & 255}, ${(n >> 8) & 255}, ${n & 255}, ${a})`;
+  }
+
+  function buildChart(jobIds) {
+    if (state.chart) state.chart.destroy();
+    const series = [
+      {
+        label: "time",
+        value: (u, v, sidx, idx) =>
+          idx == null ? "latest" : new Date(v * 1000).toLocaleTimeString(),
+      },
+    ];
+    const bands = [];
+    jobIds.forEach((id, i) => {
+      const color = colorOf(id);
+      series.push({
+        label: id,
+        stroke: color,
+        fill: alpha(color, 0.35),
+        width: 1.5,
+        points: { show: false },
+        // the legend shows the job's own throughput, not the stacked sum; the latest
+        // one while the cursor is not over the chart
+        value: (u, v, sidx, idx) => {
+          const values = state.series[sidx - 1] ? state.series[sidx - 1].values : [];
+          return mibs(values[idx == null ? values.length - 1 : idx]);
+        },
+      });
+      // fill each job's area down to the job below it, not to zero
+      if (i > 0) bands.push({ series: [i + 1, i] });
+    });
+    const opts = {
+      ...chartSize(),
+      series,
+      bands,
+      scales: { x: { time: true }, y: { range: (u, min, max) => [0, Math.max(1, max * 1.1)] } },
+      axes: [{}, { label: "MiB/s", size: 60 }],
+      legend: { live: true },
+      cursor: { drag: { x: false, y: false } },
+    };
+    state.chart = new uPlot(opts, [[], ...jobIds.map(() => [])], el.chart);
+    state.chartKey = jobIds.join("\u0000");
+  }
+
+  function renderChart() {
+    const { times, jobIds, values } = throughput();
+    state.series = jobIds.map((id, i) => ({ job_id: id, color: colorOf(id), values: values[i] }));
+    if (state.chart === null || state.chartKey !== jobIds.join("\u0000")) buildChart(jobIds);
+    // stack: each series holds the sum of itself and the ones below it (in MiB/s)
+    const acc = times.map(() => 0);
+    const stacked = values.map((v) => v.map((x, k) => (acc[k] += x / MIB)));
+    state.chart.setData([times, ...stacked]);
+  }
+
+  // ---- job table -----------------------------------------------------------------
+
+  function renderJobs(jobs) {
+    const latest = new Map(state.series.map((s) => [s.job_id, s.values[s.values.length - 1]]));
+    const rows = jobs.map((j) => {
+      const tr = document.createElement("tr");
+      tr.dataset.jobId = j.job_id;
+      const stateText = j.in_io ? "in I/O" : j.active ? "active" : j.registered ? "registered" : "idle";
+      if (!j.active) tr.className = "idle";
+      const first = cell(tr, "");
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = colorOf(j.job_id);
+      first.append(swatch, document.createTextNode(j.job_id));
+      first.className = "job-id";
+      cell(tr, j.user);
+      cell(tr, j.group);
+      cell(tr, String(j.nodes), "num");
+      cell(tr, stateText, "state");
+      cell(tr, mibs(j.rate), "num");
+      cell(tr, mibs(latest.get(j.job_id)), "num");
+      cell(tr, bytes(j.bytes_read), "num");
+      cell(tr, bytes(j.bytes_written), "num");
+      cell(tr, j.yield == null ? "–" : j.yield.toFixed(3), "num");
+      return tr;
+    });
+    el.tbody.replaceChildren(...rows);
+    const active = jobs.filter((j) => j.active).length;
+    el.jobsCount.textContent = `(${jobs.length}, ${active} active)`;
+  }
+
+  // ---- policy --------------------------------------------------------------------
+
+  function ensureOption(name) {
+    if (![...el.select.options].some((o) => o.value === name)) {
+      // a sharing spec such as group>user>size: valid, but not a registry name
+      el.select.add(new Option(name, name));
+    }
+  }
+
+  function showPolicy(policy) {
+    state.policy = policy;
+    el.policyName.textContent = policy.name;
+    el.policyParams.textContent = JSON.stringify(policy.params);
+    el.policyMeta.textContent =
+      `version ${policy.version}, since ${new Date(policy.since).toLocaleString()}`;
+    el.replica.textContent = `replica ${policy.replica_id}`;
+    if (!state.selectDirty && el.select.options.length) {
+      ensureOption(policy.name);
+      el.select.value = policy.name;
+      describeSelected();
+    }
+  }
+
+  async function loadPolicies() {
+    const policies = await api("GET", "/v1/policies");
+    state.policies = policies;
+    el.select.replaceChildren(...policies.map((p) => new Option(`${p.name} (${p.family})`, p.name)));
+    if (state.policy) {
+      ensureOption(state.policy.name);
+      el.select.value = state.policy.name;
+    }
+    describeSelected();
+  }
+
+  function describeSelected() {
+    const p = state.policies.find((x) => x.name === el.select.value);
+    el.description.textContent = p ? p.description : "";
+  }
+
+  function showMessage(target, text) {
+    for (const m of [el.error, el.ok]) {
+      m.hidden = m !== target || !text;
+      m.textContent = m === target ? text : "";
+    }
+  }
+
+  function askToken(thenApply, reason) {
+    state.applyAfterToken = thenApply;
+    el.tokenForm.hidden = false;
+    el.tokenInput.value = "";
+    el.tokenInput.focus();
+    if (reason) showMessage(el.error, reason);
+  }
+
+  async function applyPolicy() {
+    showMessage(null, "");
+    const name = el.select.value;
+    let params = {};
+    const raw = el.paramsInput.value.trim();
+    if (raw) {
+      try {
+        params = JSON.parse(raw);
+      } catch (e) {
+        showMessage(el.error, `params: not JSON (${e.message})`);
+        return;
+      }
+      if (params === null || typeof params !== "object" || Array.isArray(params)) {
+        showMessage(el.error, "params: must be a JSON object such as {\"delta\": 0.5}");
+        return;
+      }
+    }
+    if (!sessionStorage.getItem(TOKEN_KEY)) {
+      askToken(true);
+      return;
+    }
+    el.apply.disabled = true;
+    try {
+      const policy = await api("PUT", "/v1/policy", { name, params });
+      state.selectDirty = false;
+      showPolicy(policy);
+      showMessage(el.ok, `switched to ${policy.name} (version ${policy.version})`);
+    } catch (e) {
+      if (e.status === 401 || e.status === 403) {
+        sessionStorage.removeItem(TOKEN_KEY);
+        askToken(true, `${e.message}: enter the admin token`);
+      } else {
+        showMessage(el.error, e.message);
+      }
+    } finally {
+      el.apply.disabled = false;
+    }
+  }
+
+  el.select.addEventListener("change", () => {
+    state.selectDirty = true;
+    describeSelected();
+  });
+  el.policyForm.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    applyPolicy();
+  });
+  el.tokenForm.addEventListener("submit", (ev) => {
+    ev.preventDefault();
+    const token = el.tokenInput.value.trim();
+    if (!token) return;
+    sessionStorage.setItem(TOKEN_KEY, token);
+    el.tokenForm.hidden = true;
+    el.tokenInput.value = "";
+    showMessage(null, "");
+    if (state.applyAfterToken) applyPolicy();
+  });
+  el.tokenCancel.addEventListener("click", () => {
+    el.tokenForm.hidden = true;
+    state.applyAfterToken = false;
+  });
+  window.addEventListener("resize", () => state.chart && state.chart.setSize(chartSize()));
+
+  // ---- polling -------------------------------------------------------------------
+
+  function setStatus(text, stale) {
+    el.status.textContent = text;
+    el.status.classList.toggle("stale", Boolean(stale));
+  }
+
+  async function poll() {
+    const started = performance.now();
+    try {
+      if (!state.policies.length) await loadPolicies();
+      const [jobs, policy] = await Promise.all([api("GET", "/v1/jobs"), api("GET", "/v1/policy")]);
+      record(jobs);
+      renderChart();
+      renderJobs(jobs);
+      showPolicy(policy);
+      setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
+    } catch (e) {
+      if ((e.status === 401 || e.status === 403) && el.tokenForm.hidden) {
+        // protect_reads is on: reads need the token too
+        sessionStorage.removeItem(TOKEN_KEY);
+        askToken(false, `${e.message}: reads need the admin token`);
+      }
+      setStatus(`not updated: ${e.message}`, true);
+    }
+    state.polls += 1;
+    setTimeout(poll, Math.max(0, POLL_MS - (performance.now() - started)));
+  }
+
+  // For tests and the curious: what the chart shows right now.
+  window.dashboard = {
+    polls: () => state.polls,
+    samples: () => state.samples.length,
+    policy: () => state.policy,
+    series: () =>
+      state.series.map((s) => ({
+        job_id: s.job_id,
+        color: s.color,
+        points: s.values.length,
+        last: s.values.length ? s.values[s.values.length - 1] : null,
+        max: s.values.length ? Math.max(...s.values) : null,
+      })),
+  };
+
+  poll();
+})();
