@@ -335,7 +335,7 @@ class Service:
         )
 
     def stats(self) -> dict[str, Any]:
-        """Counters since start: what the benchmark and (later) /metrics report."""
+        """Counters since start, logged at stop and read by benchmarks (/metrics: metrics.py)."""
         st = self.scheduler.stats
         lat = sorted(st.latencies)
 
