@@ -2,20 +2,22 @@
 
 A direct, loop-by-loop rendering of ``shared/papers/bandwidth-sharing-reference-simulator.md``
 §2–§7 and §9–§10 (the authors' simu.cc) for the eight simple heuristics, in
-float64. It shares no code with ``burstctl.simulator`` or ``burstctl.policies``
-(it parses the line format itself, truncates, loops and allocates on its own),
-so comparing the two per instance checks our engine *and* our policy objects
-against the reference semantics. It is deliberately slow and literal; it is
-not part of the product.
+float64, plus nextEvLexMin (§8, in ``next_ev_lexmin.py``). It shares no code
+with ``burstctl.simulator`` or ``burstctl.policies`` (it parses the line format
+itself, truncates, loops and allocates on its own), so comparing the two per
+instance checks our engine *and* our policy objects against the reference
+semantics. It is deliberately slow and literal; it is not part of the product.
 
-Left out: nextEvLexMin (§8) and the integer-truncated Utilization (§10, which
-our simulator reports separately as ``utilization_reference``).
+Left out: the integer-truncated Utilization (§10, which our simulator reports
+separately as ``utilization_reference``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from . import next_ev_lexmin
 
 EPS = 1e-10  # ε
 EPS2 = 1e-9  # ε₂
@@ -29,6 +31,7 @@ HEURISTICS = (
     "Set10Learn",
     "fixedWindow",
     "lookAheadGreedyYield",
+    "nextEvLexMin",
 )
 
 
@@ -253,6 +256,12 @@ def _allocate(h: str, apps: list[App], A: list[int], t: float, T: float, delta: 
         _set10(apps, A)
     elif h == "lookAheadGreedyYield":
         _look_ahead(apps, A, t, T)
+    elif h == "nextEvLexMin":
+        rates = next_ev_lexmin.allocate(
+            t, T, *([getattr(apps[k], f) for k in A] for f in ("b", "tau", "P", "Q"))
+        )
+        for k, beta in zip(A, rates, strict=True):
+            apps[k].beta = beta
     return T
 
 
