@@ -163,21 +163,24 @@ class JobOut(BaseModel):
     nodes: int
     priority: float
     registered: bool = Field(description="metadata from POST /v1/jobs, not from clients")
-    active: bool = Field(description="at least one live client session")
-    in_io: bool = Field(description="an operation is open (the job is in S(t))")
-    rate: float = Field(description="bytes/s allotted right now, all sessions")
-    bytes_read: int
-    bytes_written: int
-    bytes_moved: int = Field(description="all bytes, whatever the operation kind")
-    metadata_ops: int
+    active: bool = Field(default=False, description="at least one live client session")
+    in_io: bool = Field(default=False, description="an operation is open (the job is in S(t))")
+    rate: float = Field(default=0.0, description="bytes/s allotted right now, all sessions")
+    bytes_read: int = 0
+    bytes_written: int = 0
+    bytes_moved: int = Field(default=0, description="all bytes, whatever the operation kind")
+    metadata_ops: int = 0
     yield_: float | None = Field(
+        default=None,
         serialization_alias="yield",
         description="y_i = P_i / (t − τ_i), eq. (6); null before any time passed",
     )
-    wait_seconds: float = Field(description="time the job's acquire calls waited for tokens")
-    sessions: int
+    wait_seconds: float = Field(
+        default=0.0, description="time the job's acquire calls waited for tokens"
+    )
+    sessions: int = 0
     replicas: list[str] = Field(description="replicas this job is present on (self and peers)")
-    age_s: float = Field(description="seconds since this replica first saw the job")
+    age_s: float = Field(default=0.0, description="seconds since this replica first saw the job")
 
 
 def _invalid(loc: list[str | int], msg: str, value: Any) -> RequestValidationError:
@@ -297,7 +300,7 @@ def build_app(service: Service, token: str) -> FastAPI:
                 for d in service.peer_sync.view.digests()
                 if any(j.job_id == job_id for j in d.jobs)
             ]
-        if state is None:
+        if state is None:  # registered, no session yet: the counters' defaults
             return JobOut(
                 job_id=job_id,
                 user=meta.user,
@@ -305,18 +308,7 @@ def build_app(service: Service, token: str) -> FastAPI:
                 nodes=meta.nodes,
                 priority=meta.priority,
                 registered=True,
-                active=False,
-                in_io=False,
-                rate=0.0,
-                bytes_read=0,
-                bytes_written=0,
-                bytes_moved=0,
-                metadata_ops=0,
-                yield_=None,
-                wait_seconds=0.0,
-                sessions=0,
                 replicas=sorted(replicas),
-                age_s=0.0,
             )
         cap = job_cap(meta.nodes, service.config.node_bandwidth, service.config.capacity)
         elapsed = now - state.first_seen
