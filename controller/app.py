@@ -84,6 +84,7 @@ class Service:
             )
             sync = self.peer_sync
             self.scheduler.global_column = lambda: sync.column
+            self.table.on_io_change = sync.poke
             self.peer_servicer: PeerServicer | None = PeerServicer(
                 sync.view, config.replica_id, clock, on_accept=self._adopt
             )

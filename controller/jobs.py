@@ -211,6 +211,9 @@ class JobTable:
         self.job_retention = job_retention
         self.demand_headroom = demand_headroom
         self.on_change = on_change
+        # Called when a job enters or leaves its I/O phase (S(t) changes): replicas
+        # send their digest early then (controller/peers.py).
+        self.on_io_change: Callable[[], None] = lambda: None
         self.jobs: dict[str, JobState] = {}
         self.sessions: dict[int, SessionState] = {}
         self._next_sid = 1
@@ -273,7 +276,7 @@ class JobTable:
         self.sessions.pop(session.sid, None)
         job = session.job
         job.sessions.pop(session.sid, None)
-        job.update_phase(now)
+        self._update_phase(job, now)
         if not job.sessions:
             job.status = JobStatus.INACTIVE
             job.inactive_since = now
@@ -293,6 +296,12 @@ class JobTable:
         the job's metadata until they close."""
         return self.registered.pop(job_id, None) is not None
 
+    def _update_phase(self, job: JobState, now: float) -> None:
+        was = job.in_io()
+        job.update_phase(now)
+        if job.in_io() != was:
+            self.on_io_change()
+
     # -- client events --------------------------------------------------------
     def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:
         if op_id <= 0:
@@ -303,7 +312,7 @@ class JobTable:
         session.last_heard = now
         session.ops[op_id] = Operation(op_id, kind, volume, now)
         session.reported_since_post = False
-        session.job.update_phase(now)
+        self._update_phase(session.job, now)
         self._changed(session.job)
 
     def complete(self, session: SessionState, op_id: int) -> bool:
@@ -317,7 +326,7 @@ class JobTable:
         session.job.volume_sum += op.volume if op.volume > 0 else op.moved
         if not session.ops:
             session.idle_since = now
-        session.job.update_phase(now)
+        self._update_phase(session.job, now)
         self._changed(session.job)
         return True
 

@@ -1,17 +1,20 @@
 """Replica-to-replica sync: digests on the wire, the ``Peer`` service and the exchange loop.
 
-Every λ (``sync_interval``) a replica builds its :class:`Digest` from its job
-table and sends it to every configured peer (``burstctl.v1.Peer/Exchange``,
-one grpc.aio channel per peer, a deadline of λ). What it receives goes into its
-:class:`GlobalView`. After each exchange it expires peers silent for k·λ and,
-when at least one peer is live, computes the global split
-(:meth:`GlobalView.targets`) and hands its own column to the scheduler. See
+Every λ (``sync_interval``), and early (at least λ/4 after the previous one)
+when a local job starts or ends an I/O phase, a replica builds its
+:class:`Digest` from its job table and sends it to every configured peer
+(``burstctl.v1.Peer/Exchange``, one grpc.aio channel per peer, a deadline of λ).
+What it receives goes into its :class:`GlobalView`. After each exchange it
+expires peers silent for k·λ and, when at least one peer is live, computes the
+global split (:meth:`GlobalView.targets`) and hands its own column to the
+scheduler. See
 ``docs/replicas.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
@@ -39,6 +42,8 @@ log = logging.getLogger(__name__)
 
 PEER_SERVICE_NAME = "burstctl.v1.Peer"
 _EXCHANGE = f"/{PEER_SERVICE_NAME}/Exchange"
+# An early exchange (poke) comes at least this fraction of λ after the previous one.
+EARLY_GAP = 0.25
 
 
 # ---------------------------------------------------------------------------
@@ -242,7 +247,7 @@ class PeerServicer:
             log.warning("malformed digest from %s: %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
             raise AssertionError("unreachable") from None  # abort raises
-        outcome = self.view.receive(digest, self._clock())
+        outcome = self.view.receive(digest, self._clock(), validated=True)
         if outcome.status is Status.REJECTED:
             self.rejected += 1
         elif outcome.accepted and self._on_accept is not None:
@@ -339,6 +344,7 @@ class PeerSync:
         self.epoch = 0
         self.column: dict[JobId, float] | None = None
         self.exchanges = 0
+        self._wake: asyncio.Event | None = None  # set by poke(); made in run()'s loop
 
     def _allowed(self) -> None:
         # Only replicas that answered on a configured address may report.
@@ -346,14 +352,30 @@ class PeerSync:
             link.replica_id for link in self.links if link.replica_id is not None
         )
 
+    def poke(self) -> None:
+        """The local S(t) changed (a job started or ended an I/O phase): exchange soon,
+        not at the end of the interval, so peers learn of it within about λ/4."""
+        if self._wake is not None:
+            self._wake.set()
+
     async def run(self) -> None:
+        self._wake = asyncio.Event()
         while True:
             started = self._clock()
+            self._wake.clear()  # what changes from now on goes into a later digest
             try:
                 await self.exchange_once()
             except Exception:  # a bug here must not stop the controller
                 log.exception("digest exchange failed")
-            await asyncio.sleep(max(0.0, self.interval - (self._clock() - started)))
+            # Every λ, or earlier after a poke, but never within EARLY_GAP·λ of the
+            # previous exchange: job churn costs at most 1/EARLY_GAP exchanges per λ.
+            gap = EARLY_GAP * self.interval - (self._clock() - started)
+            if gap > 0:
+                await asyncio.sleep(gap)
+            left = self.interval - (self._clock() - started)
+            if left > 0 and not self._wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), left)
 
     async def exchange_once(self) -> None:
         self.epoch += 1

@@ -481,3 +481,42 @@ def test_negative_transferred_is_rejected_by_name() -> None:
     with pytest.raises(DigestError) as err:
         validate(bad)
     assert err.value.field == "jobs[0].transferred"
+
+
+BAD_VALUES: list[Any] = [
+    math.nan,
+    math.inf,
+    -math.inf,
+    -1.0,
+    0.0,
+    1e30,
+    True,
+    "1",
+    None,
+    2**70,
+    3,
+    1.5,
+    -0.5,
+]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_fast_job_check_agrees_with_the_field_by_field_one(seed: int) -> None:
+    # _valid_job (the shortcut) must accept exactly what _validate_job accepts.
+    from burstctl.controller.global_view import _valid_job, _validate_job
+
+    rng = random.Random(seed)
+    fields = [f.name for f in dataclasses.fields(JobDigest)]
+    for _ in range(200):
+        base = job("J", nodes=rng.choice([1, 8]), demand=rng.choice([0.0, 5.0]))
+        changes = {
+            name: rng.choice([*BAD_VALUES, "", "x" * 300, "ok", "a\x00b", False])
+            for name in rng.sample(fields, rng.randint(0, 2))
+        }
+        candidate = dataclasses.replace(base, **changes)
+        try:
+            _validate_job("jobs[0]", candidate)
+            slow = True
+        except DigestError:
+            slow = False
+        assert _valid_job(candidate) == slow, changes

@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import time
+
 import pytest
 
 from burstctl.controller.global_view import Digest, DigestError, JobDigest
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
-from burstctl.controller.peers import build_digest, digest_from_proto, digest_to_proto
+from burstctl.controller.peers import (
+    EARLY_GAP,
+    PeerSync,
+    build_digest,
+    digest_from_proto,
+    digest_to_proto,
+)
 from burstctl.controller.scheduler import Scheduler
 from burstctl.policies.registry import default_registry
 from burstctl.policies.view import JobView, SystemView
@@ -129,3 +139,54 @@ def test_capacity_the_column_leaves_goes_to_unmet_demand() -> None:
 def test_column_rates_never_exceed_the_job_cap() -> None:
     view = _rows(a=(1, 100.0))
     assert Scheduler._global(view, SIZE_FAIR, {"a": 250.0}) == {"a": 100.0}
+
+
+def test_table_signals_only_when_a_job_enters_or_leaves_io() -> None:
+    table = JobTable(lambda: 0.0, heartbeat_timeout=3.0, job_retention=60.0, demand_headroom=1.1)
+    flips: list[int] = []
+    table.on_io_change = lambda: flips.append(1)
+    s = table.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
+    assert flips == []
+    table.post(s, 1, OpKind.WRITE, 0)
+    assert len(flips) == 1  # j entered S(t)
+    table.post(s, 2, OpKind.READ, 0)
+    table.usage(s, 4096, 1, 0.0, 0.25, False)
+    assert table.complete(s, 1)
+    assert len(flips) == 1  # still in I/O: no signal
+    assert table.complete(s, 2)
+    assert len(flips) == 2  # left S(t)
+    table.post(s, 3, OpKind.WRITE, 0)
+    table.close_session(s)
+    assert len(flips) == 4  # in, then out with the session
+
+
+async def test_a_poke_brings_the_next_exchange_forward() -> None:
+    from support import async_wait_until
+
+    sync = PeerSync(
+        replica_id="r1",
+        addresses=[],
+        interval=1.0,
+        missed=3,
+        registry=default_registry(),
+        make_digest=lambda epoch: Digest("r1", 1, epoch, 100.0, 10.0, "size-fair"),
+        on_update=lambda: None,
+    )
+    task = asyncio.create_task(sync.run())
+    try:
+        await async_wait_until(lambda: sync.exchanges == 1, 1.0, message="first exchange")
+        sync.poke()
+        # well before λ = 1 s (at EARLY_GAP·λ = 0.25 s after the first exchange)
+        await async_wait_until(lambda: sync.exchanges == 2, 0.8, message="early exchange")
+        sync.poke()
+        sync.poke()  # pokes coalesce into one early exchange ...
+        await async_wait_until(lambda: sync.exchanges == 3, 0.8, message="second early exchange")
+        t0 = time.monotonic()
+        # ... so the next one comes at the end of the interval, not EARLY_GAP·λ later
+        await async_wait_until(lambda: sync.exchanges == 4, 2.0, message="periodic exchange")
+        assert time.monotonic() - t0 > 1.0 * (1 - EARLY_GAP)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        await sync.close()
