@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/controller_events.py
 	$(PY) bench/sim_speed.py
 	$(PY) bench/split_speed.py
+	$(PY) bench/replica_sync.py
 	$(PY) bench/fairness.py
 	$(PY) bench/fuse_throughput.py
 
