@@ -309,6 +309,7 @@ class GlobalView:
         self._policy: tuple[tuple[str, str], Policy] | None = None
         self._conflicts: set[tuple[JobId, str, ReplicaId]] = set()
         self._self_checked: Digest | None = None
+        self._buildable: set[tuple[str, str]] = set()  # (policy, params JSON) known good
 
     # -- exchange ---------------------------------------------------------------
     def receive(self, digest: Digest, now: float, *, validated: bool = False) -> Outcome:
@@ -361,10 +362,18 @@ class GlobalView:
     def _check_policy(self, digest: Digest) -> None:
         if self._registry is None:
             return
+        # Every digest carries the policy; building it (pydantic validation) once per
+        # distinct (name, params) is enough. The key is valid JSON: validate() checked.
+        key = (digest.policy, json.dumps(dict(digest.policy_params), sort_keys=True))
+        if key in self._buildable:
+            return
         try:
             self._registry.create(digest.policy, digest.policy_params)
         except (KeyError, ValueError, TypeError) as exc:
             raise DigestError("policy", f"cannot build {digest.policy!r}: {exc}") from None
+        if len(self._buildable) >= 64:  # a bound, should peers cycle through many
+            self._buildable.clear()
+        self._buildable.add(key)
 
     def expire(self, now: float, interval: float, missed: int) -> list[ReplicaId]:
         """Drop peers silent for more than ``missed`` · ``interval``; the dropped ids.

@@ -32,7 +32,7 @@ DIGEST = Digest(
     policy_params={"x": [1, 2]},
     policy_version=2,
     jobs=(
-        JobDigest("a", "u", "g", 4, 1.5, 40.0, 10.0, 2.0, -3.0, -1.0, 500.0, True),
+        JobDigest("a", "u", "g", 4, 1.5, 40.0, 10.0, 2.0, -3.0, -1.0, 500.0, True, 77.0),
         JobDigest("b", "u", "g", 1, 1.0, 0.0, 0.0, 0.0, -1.0),
     ),
 )
