@@ -449,3 +449,26 @@ async def test_switch_under_load_keeps_bytes_moving_within_capacity(service: Ser
     assert 0 < worst <= bound, (worst, bound)
     # bytes kept moving through 20 switches: the aggregate stays near B
     assert sum(moved) / elapsed >= 0.8 * service.config.capacity, (sum(moved) / elapsed, moved)
+
+
+async def test_replicas_lists_live_peers_with_their_policy(service_factory: Make) -> None:
+    from test_replicas import cluster
+
+    r1, r2 = await cluster(service_factory, [40, 20])
+    assert r1.peer_sync is not None
+    await async_wait_until(lambda: r1.peer_sync.view.live_peers() == ["r2"], 5, message="r2 live")
+    async with httpx.AsyncClient(base_url=r1.http_url) as http:
+        got = (await http.get("/v1/replicas")).json()
+    assert (got["replica_id"], got["capacity"], got["sync_interval_s"]) == ("r1", 40 * 2**20, 0.2)
+    (peer,) = got["peers"]
+    assert (peer["replica_id"], peer["live"], peer["capacity"]) == ("r2", True, 20 * 2**20)
+    assert (peer["policy"], peer["policy_version"], peer["jobs"]) == ("size-fair", 0, 0)
+    assert 0 <= peer["last_exchange_age_s"] < 5
+    await r2.stop(grace=0)  # r2 goes away: after k·λ it is listed as not live
+    async with httpx.AsyncClient(base_url=r1.http_url) as http:
+
+        async def dropped() -> bool:
+            peers = (await http.get("/v1/replicas")).json()["peers"]
+            return peers[0]["live"] is False
+
+        await async_wait_until(dropped, 5, interval=0.02, message="r2 dropped")
