@@ -482,25 +482,21 @@ class GlobalView:
                 continue
             first = seen[0][1]
             cap = job_cap(first.nodes, b, capacity)
-            if len(seen) == 1:  # the common case, the same values as below without the sums
-                rows[job_id] = JobView(
-                    job_id=job_id,
-                    user=first.user,
-                    group=first.group,
-                    nodes=first.nodes,
-                    priority=first.priority,
-                    cap=cap,
-                    demand=min(cap, first.demand),
-                    posted_at=first.posted_at,
-                    remaining=first.remaining,
-                    released_at=first.released_at,
-                    progress=self._progress(seen, by_id, cap),
-                    index=index,
+            if len(seen) == 1:  # the common case: the values below without the sums
+                demand, posted_at = min(cap, first.demand), first.posted_at
+                remaining, released_at = first.remaining, first.released_at
+            else:
+                self._log_conflicts(first, seen[1:])
+                demand = min(cap, math.fsum(j.demand for _, j in seen))
+                posted = [j.posted_at for _, j in seen if j.posted_at is not None]
+                posted_at = min(posted) if posted else None
+                open_remaining = [j.remaining for _, j in seen if j.open_op]
+                remaining = (
+                    math.fsum(r for r in open_remaining if r is not None)
+                    if None not in open_remaining
+                    else None
                 )
-                continue
-            self._log_conflicts(first, seen[1:])
-            posted = [j.posted_at for _, j in seen if j.posted_at is not None]
-            remaining = [j.remaining for _, j in seen if j.open_op]
+                released_at = min(j.released_at for _, j in seen)
             rows[job_id] = JobView(
                 job_id=job_id,
                 user=first.user,
@@ -508,14 +504,10 @@ class GlobalView:
                 nodes=first.nodes,
                 priority=first.priority,
                 cap=cap,
-                demand=min(cap, math.fsum(j.demand for _, j in seen)),
-                posted_at=min(posted) if posted else None,
-                remaining=(
-                    math.fsum(r for r in remaining if r is not None)
-                    if None not in remaining
-                    else None
-                ),
-                released_at=min(j.released_at for _, j in seen),
+                demand=demand,
+                posted_at=posted_at,
+                remaining=remaining,
+                released_at=released_at,
                 progress=self._progress(seen, by_id, cap),
                 index=index,
             )
