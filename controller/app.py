@@ -197,19 +197,26 @@ class Service:
         )
 
     def register_job(self, meta: JobMeta) -> bool:
-        """Registers (or updates) a job's authoritative metadata, persisted; True if new."""
-        new = meta.job_id not in self.table.registered
+        """Registers (or updates) a job's authoritative metadata, persisted; True if new.
+
+        If the state cannot be written the registration is not accepted: the
+        table is left as it was and the ``OSError`` propagates.
+        """
         previous = self.table.registered.get(meta.job_id)
+        live = self.table.jobs.get(meta.job_id)
+        live_meta = live.meta if live is not None else None
         self.table.register(meta)
         try:
             self._save_state()
         except OSError:
-            self.table.registered.pop(meta.job_id, None)  # not durable: not accepted
+            self.table.registered.pop(meta.job_id, None)
             if previous is not None:
-                self.table.register(previous)
+                self.table.registered[meta.job_id] = previous
+            if live_meta is not None:
+                self.table.set_meta(live_meta)
             raise
         log.info("job %s registered: %s", meta.job_id, meta)
-        return new
+        return previous is None
 
     def retire_job(self, job_id: str) -> bool:
         """Forgets a registration, persisted; False if the job was not registered."""

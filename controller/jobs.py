@@ -286,6 +286,10 @@ class JobTable:
         """Makes ``meta`` the job's authoritative metadata, for its present and future
         sessions."""
         self.registered[meta.job_id] = meta
+        self.set_meta(meta)
+
+    def set_meta(self, meta: JobMeta) -> None:
+        """Replaces a known job's metadata (its weight for the policies) at once."""
         job = self.jobs.get(meta.job_id)
         if job is not None and job.meta != meta:
             job.meta = meta

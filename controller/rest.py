@@ -374,6 +374,14 @@ def build_app(service: Service, token: str) -> FastAPI:
             generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
+    @app.exception_handler(OSError)
+    async def not_durable(request: Request, exc: OSError) -> JSONResponse:
+        # The state directory could not be written: the change was not applied.
+        log.error("%s %s: cannot persist state: %s", request.method, request.url.path, exc)
+        return JSONResponse(
+            {"detail": f"cannot persist the state, nothing changed: {exc}"}, status_code=503
+        )
+
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
         # A check deeper down (set_policy) that the body validation did not catch.

@@ -472,3 +472,28 @@ async def test_replicas_lists_live_peers_with_their_policy(service_factory: Make
             return peers[0]["live"] is False
 
         await async_wait_until(dropped, 5, interval=0.02, message="r2 dropped")
+
+
+async def test_unwritable_state_is_503_and_changes_nothing(
+    service: Service, tmp_path: Path
+) -> None:
+    from burstctl.controller.state import StateStore
+
+    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("5", "ann", "bio", nodes=2))
+    try:
+        await async_wait_until(lambda: "5" in service.table.jobs, 5, message="session open")
+        blocker = tmp_path / "not-a-dir"
+        blocker.write_text("")
+        service.store = StateStore(blocker / "state")  # mkdir fails: NotADirectoryError
+        async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+            r = await http.put("/v1/policy", json={"name": "fcfs"})
+            assert r.status_code == 503 and "nothing changed" in r.json()["detail"]
+            body = {"job_id": "5", "user": "boss", "group": "ops", "nodes": 9}
+            r = await http.post("/v1/jobs", json=body)
+            assert r.status_code == 503
+            j = (await http.get("/v1/jobs/5")).json()
+        assert (service.policy.name, service.policy_version) == ("fair-share", 0)
+        assert service.table.registered == {}
+        assert (j["user"], j["nodes"], j["registered"]) == ("ann", 2, False)
+    finally:
+        await asyncio.to_thread(s.close)
