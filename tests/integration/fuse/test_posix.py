@@ -259,10 +259,13 @@ def sc_times(d: Path) -> list[Outcome]:
     before = os.stat(p).st_mtime_ns
     os.utime(p)  # now
     out.append(attempt(lambda: os.stat(p).st_mtime_ns > before))
-    before = os.stat(p).st_mtime_ns
+    # A write moves mtime forward. From an old explicit mtime, not from "now": the
+    # mount's attribute cache and the clocks' granularity (coarse vs fine-grained
+    # timestamps) can order two "now"s within one tick differently (seen once in CI).
+    os.utime(p, ns=(7_000_000_000, 7_000_000_000))
     with open(p, "ab") as f:
         f.write(b"more")
-    out.append(attempt(lambda: os.stat(p).st_mtime_ns >= before))
+    out.append(attempt(lambda: os.stat(p).st_mtime_ns > 7_000_000_000))
     out.append(attempt(os.utime, d / "missing", ns=(1, 1)))  # ENOENT
     return out
 
