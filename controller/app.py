@@ -92,8 +92,7 @@ class Service:
             self.peer_servicer = None
         self.metrics = Metrics(self)
         self.scheduler.observe_latency = self.metrics.decision_latency.observe
-        self._clock = clock
-        self.clock = clock  # the job table's clock (monotonic), for the admin views
+        self.clock = clock  # the job table's clock (monotonic); the admin views read it too
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
         self.health = health_aio.HealthServicer()
@@ -152,7 +151,7 @@ class Service:
             policy_params=params,
             policy_version=self.policy_version,
             usage_seen=self._usage_seen,
-            now=self._clock(),
+            now=self.clock(),
         )
 
     def set_policy(self, name: str, params: dict[str, Any] | None = None) -> Policy:

@@ -25,7 +25,6 @@ import socket
 import sys
 from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import uvicorn
@@ -446,7 +445,3 @@ class HttpServer:
         if self._sock is not None:
             self._sock.close()
 
-
-def token_path(config: ControllerConfig) -> Path:
-    """Where the token is read from when the environment does not give it."""
-    return config.admin_token_file or config.state_dir / TOKEN_FILE
