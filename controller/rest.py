@@ -286,19 +286,24 @@ def build_app(service: Service, token: str) -> FastAPI:
             peers=[PeerOut(**p) for p in stats["peers"]],
         )
 
-    def job_out(job_id: str, now: float) -> JobOut | None:
+    def on_peers() -> dict[str, list[str]]:
+        """Job id -> the live peers whose last digest lists it; one pass over the digests
+        per request, not one per job (the dashboard asks for every job each second)."""
+        where: dict[str, list[str]] = {}
+        if service.peer_sync is not None:
+            for d in service.peer_sync.view.digests():
+                for j in d.jobs:
+                    where.setdefault(j.job_id, []).append(d.replica_id)
+        return where
+
+    def job_out(job_id: str, now: float, peers: dict[str, list[str]]) -> JobOut | None:
         state: JobState | None = service.table.jobs.get(job_id)
         registered = service.table.registered.get(job_id)
         meta = state.meta if state is not None else registered
         if meta is None:
             return None
         replicas = [service.config.replica_id] if state is not None else []
-        if service.peer_sync is not None:
-            replicas += [
-                d.replica_id
-                for d in service.peer_sync.view.digests()
-                if any(j.job_id == job_id for j in d.jobs)
-            ]
+        replicas += peers.get(job_id, [])
         if state is None:  # registered, no session yet: the counters' defaults
             return JobOut(
                 job_id=job_id,
@@ -337,11 +342,12 @@ def build_app(service: Service, token: str) -> FastAPI:
         """Every job this replica knows: from client sessions, and registered ones."""
         now = service.clock()
         ids = sorted(set(service.table.jobs) | set(service.table.registered))
-        return [j for j in (job_out(i, now) for i in ids) if j is not None]
+        peers = on_peers()
+        return [j for j in (job_out(i, now, peers) for i in ids) if j is not None]
 
     @app.get("/v1/jobs/{job_id}", dependencies=reads, tags=["jobs"])
     async def get_job(job_id: str) -> JobOut:
-        out = job_out(job_id, service.clock())
+        out = job_out(job_id, service.clock(), on_peers())
         if out is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
         return out
@@ -353,7 +359,7 @@ def build_app(service: Service, token: str) -> FastAPI:
         meta = JobMeta(body.job_id, body.user, body.group, body.nodes, body.priority)
         if not service.register_job(meta):
             response.status_code = 200
-        out = job_out(body.job_id, service.clock())
+        out = job_out(body.job_id, service.clock(), on_peers())
         assert out is not None
         return out
 
@@ -444,4 +450,3 @@ class HttpServer:
         self._task = None
         if self._sock is not None:
             self._sock.close()
-

@@ -497,3 +497,27 @@ async def test_unwritable_state_is_503_and_changes_nothing(
         assert (j["user"], j["nodes"], j["registered"]) == ("ann", 2, False)
     finally:
         await asyncio.to_thread(s.close)
+
+
+async def test_jobs_list_the_replicas_holding_them(service_factory: Make) -> None:
+    from test_replicas import cluster
+
+    r1, r2 = await cluster(service_factory, [40, 40])
+    info = JobInfo("both", "ann", "bio", nodes=2)
+    sessions = [await asyncio.to_thread(Session, r.grpc_address, info) for r in (r1, r2)]
+    sessions.append(
+        await asyncio.to_thread(Session, r2.grpc_address, JobInfo("there", "bob", "bio"))
+    )
+    try:
+        async with httpx.AsyncClient(base_url=r1.http_url) as http:
+
+            async def listed() -> bool:
+                jobs = {j["job_id"]: j["replicas"] for j in (await http.get("/v1/jobs")).json()}
+                return jobs.get("both") == ["r1", "r2"]
+
+            await async_wait_until(listed, 5, interval=0.02, message="r2's digest seen")
+            # a job only on the peer is not in this replica's table
+            assert (await http.get("/v1/jobs/there")).status_code == 404
+            assert (await http.get("/v1/jobs/both")).json()["replicas"] == ["r1", "r2"]
+    finally:
+        await asyncio.to_thread(lambda: [s.close() for s in sessions])
