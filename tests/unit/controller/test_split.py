@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from burstctl.controller.split import Edge, split, split_targets
+from burstctl.policies.sharing import water_fill
 
 Instance = tuple[dict[str, float], dict[str, float], dict[Edge, float]]
 
@@ -314,6 +315,23 @@ def test_surplus_only_with_capacity_nobody_below_target_can_use(inst: Instance) 
         bound[j] += min(demand[(j, r)] - base[(j, r)], capacity[r] - base_load[r])
     for j, got in per_job(rates).items():
         assert got <= bound[j] + eps  # the documented bound on Σ_r x_jr
+
+
+@pytest.mark.parametrize("inst", INSTANCES + WIDE)
+def test_surplus_is_the_shared_equal_weight_water_fill(inst: Instance) -> None:
+    # Pass 2 is vectorised over all replicas in split.py; it must stay the rule of
+    # policies.sharing.water_fill (unit weights) applied replica by replica.
+    _, capacity, demand = inst
+    eps = tol(inst) * 10
+    base, rates = split_targets(*inst), split(*inst)
+    load = per_replica(base)
+    for r, cap in capacity.items():
+        edges = [(j, rr) for (j, rr) in demand if rr == r]
+        unmet = {j: max(0.0, demand[(j, r)] - base[(j, r)]) for j, _ in edges}
+        left = cap - load.get(r, 0.0)
+        expected = water_fill(unmet, dict.fromkeys(unmet, 1.0), left) if left > 0 else {}
+        for j, _ in edges:
+            assert rates[(j, r)] - base[(j, r)] == pytest.approx(expected.get(j, 0.0), abs=eps)
 
 
 @pytest.mark.parametrize("inst", INSTANCES + WIDE)
