@@ -227,8 +227,21 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     try:
         FUSE(fs, str(config.mountpoint), foreground=True, **options)
     except RuntimeError as err:
-        logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
-        code = 1
+        if stopper.was_mounted and not _is_fuse_mount(config.mountpoint):
+            # libfuse ends its loop with an error when the kernel tears the connection down
+            # while a worker is taking a request off /dev/fuse ("reading device: Software
+            # caused connection abort"): the unmount completing as the last file closes races
+            # the read of that file's RELEASE. The file system served until it was unmounted;
+            # what was written had been answered, so this is a normal end.
+            logger.warning(
+                "the kernel closed the FUSE connection of %s while a request was being read "
+                "(libfuse: %s); it had been unmounted",
+                config.mountpoint,
+                err,
+            )
+        else:
+            logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
+            code = 1
     finally:
         stopper.finished()
         if pacer is not None:
@@ -260,6 +273,12 @@ class _Stopper:
             act = self._requested
         if act:
             threading.Thread(target=self._stop, name="burstctl-stop", daemon=True).start()
+
+    @property
+    def was_mounted(self) -> bool:
+        """Whether libfuse's init ran: the file system served requests."""
+        with self._lock:
+            return self._mounted
 
     def finished(self) -> None:
         self._done.set()

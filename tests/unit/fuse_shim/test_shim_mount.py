@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -75,3 +77,49 @@ def test_pacing_options_only_with_a_controller(tmp_path: Path) -> None:
     assert MountConfig(tmp_path, tmp_path).pacing() is None
     pacing = MountConfig(tmp_path, tmp_path, controller="h:1", quiet_gap=0.2).pacing()
     assert pacing is not None and pacing.controller == "h:1" and pacing.quiet_gap == 0.2
+
+
+# libfuse's loop ending with an error cannot be provoked on demand (the kernel must close the
+# connection while a worker is reading a request off /dev/fuse), so a child process runs the
+# real mount lifecycle with the binding's FUSE replaced by one that fails that way.
+_FAILING_LOOP = """
+import sys
+from pathlib import Path
+import burstctl.fuse_shim._fuse as binding
+from burstctl.fuse_shim import mount
+
+backing, mountpoint, case = sys.argv[1:]
+
+def loop(fs, path, **options):
+    if case != "never-served":
+        fs.init("/")
+    raise RuntimeError(1)
+
+binding.FUSE = loop
+if case == "still-mounted":
+    mount._is_fuse_mount = lambda path: True
+sys.exit(mount.run_mount(mount.MountConfig(Path(backing), Path(mountpoint), foreground=True)))
+"""
+
+
+@pytest.mark.parametrize(
+    ("case", "code", "says"),
+    [
+        ("unmounted", 0, "it had been unmounted"),
+        ("never-served", 1, "failed"),
+        ("still-mounted", 1, "failed"),
+    ],
+)
+def test_a_loop_error_is_a_normal_end_only_once_served_and_unmounted(
+    tmp_path: Path, case: str, code: int, says: str
+) -> None:
+    (tmp_path / "b").mkdir()
+    (tmp_path / "m").mkdir()
+    child = subprocess.run(
+        [sys.executable, "-c", _FAILING_LOOP, str(tmp_path / "b"), str(tmp_path / "m"), case],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert child.returncode == code, child.stderr
+    assert says in child.stderr
