@@ -228,11 +228,13 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         FUSE(fs, str(config.mountpoint), foreground=True, **options)
     except RuntimeError as err:
         if stopper.was_mounted and not _is_fuse_mount(config.mountpoint):
-            # libfuse ends its loop with an error when the kernel tears the connection down
-            # while a worker is taking a request off /dev/fuse ("reading device: Software
-            # caused connection abort"): the unmount completing as the last file closes races
-            # the read of that file's RELEASE. The file system served until it was unmounted;
-            # what was written had been answered, so this is a normal end.
+            # Once init has run, libfuse 2 ends its loop with an error only when reading
+            # /dev/fuse fails with something other than ENODEV: the kernel closing the
+            # connection while a worker takes a request off it ("reading device: Software
+            # caused connection abort"). An unmount that completes as the last file closes
+            # races the read of that file's RELEASE; so does an abort through fusectl. The
+            # file system served until then and every write had been answered: a normal
+            # end. (Still mounted would mean something else failed: reported as an error.)
             logger.warning(
                 "the kernel closed the FUSE connection of %s while a request was being read "
                 "(libfuse: %s); it had been unmounted",
