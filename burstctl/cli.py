@@ -163,11 +163,20 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
 )
 @click.option(
     "--max-write",
-    default="128KiB",
-    show_default=True,
+    default=None,
     callback=_size,
     metavar="SIZE",
-    help="Largest write request the kernel sends (FUSE 2 caps it at 128KiB).",
+    help="Largest write request the kernel sends  [default: 128KiB on libfuse 2, its"
+    " ceiling; 1MiB on libfuse 3]",
+)
+@click.option(
+    "--libfuse",
+    type=click.Choice(["auto", "2", "3"]),
+    default="auto",
+    show_default=True,
+    envvar="BURSTCTL_LIBFUSE",
+    help="Which libfuse to use; auto: 2 where installed, else 3. libfuse 3 sends reads and"
+    " writes of up to 1MiB per request (2: 128KiB). FUSE_LIBRARY_PATH, when set, wins.",
 )
 @click.option(
     "--big-writes/--no-big-writes",
@@ -247,7 +256,8 @@ def mount(
     controller: str | None,
     fallback: str,
     allow_other: bool,
-    max_write: int,
+    max_write: int | None,
+    libfuse: str,
     big_writes: bool,
     foreground: bool,
     quiet_gap: float,
@@ -294,6 +304,7 @@ def mount(
         attach_timeout=attach_timeout,
         attribution_ttl=attribution_ttl,
         fuse_options=fuse_options,
+        libfuse=libfuse,
     )
     try:
         code = run_mount(config)

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Installs the system packages burstctl's tests need (FUSE 2, fio, and Chromium with its
+# Installs the system packages burstctl's tests need (libfuse 2 and 3, fio, and Chromium with its
 # WebDriver for the dashboard test, shellcheck for the deploy scripts' test) when missing.
 # Runs apt-get only as root (CI runs as root on a fresh machine); otherwise says what to install.
 set -euo pipefail
@@ -8,6 +8,8 @@ missing=()
 command -v fio >/dev/null 2>&1 || missing+=(fio)
 command -v fusermount >/dev/null 2>&1 || missing+=(fuse)
 ldconfig -p 2>/dev/null | grep -q 'libfuse\.so\.2' || missing+=(libfuse2)
+# The library only: the fuse3 package (fusermount3) would replace fuse; the tests mount as root.
+ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so\.3' || missing+=(libfuse3-3)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
@@ -16,10 +18,10 @@ if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "missing system packages: ${missing[*]} (run: sudo apt-get install -y fuse libfuse2 fio chromium chromium-driver shellcheck)" >&2
+  echo "missing system packages: ${missing[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck)" >&2
   exit 0
 fi
-echo "installing system packages: fuse libfuse2 fio chromium chromium-driver shellcheck"
+echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq fuse libfuse2 fio chromium chromium-driver shellcheck >/dev/null
+apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck >/dev/null

@@ -180,12 +180,14 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         caller: Callable[[], Caller] = _current_caller,
         on_init: Callable[[], None] | None = None,
         on_destroy: Callable[[], None] | None = None,
+        max_write: int | None = None,
     ) -> None:
         self._root = root_fd
         self._pacer = pacer
         self._caller = caller
         self._on_init = on_init
         self._on_destroy = on_destroy
+        self._max_write = max_write
         self._proc_root = f"/proc/self/fd/{root_fd}"
         self._is_root = os.geteuid() == 0
         self._pace_metadata = pacer is not None and pacer.options.metadata_cost > 0
@@ -257,7 +259,11 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     # ------------------------------------------------------------------ lifecycle
 
     @errno_barrier
-    def init(self, path: str) -> None:
+    def init_with_config(self, conn: Any, config: Any) -> None:
+        # ``config`` is libfuse 3's struct fuse_config (None on libfuse 2, where the same
+        # settings are mount options).
+        if config is not None and conn is not None and self._max_write is not None:
+            conn.max_write = min(conn.max_write, self._max_write)
         if self._on_init is not None:
             self._on_init()
 
@@ -495,10 +501,21 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         return os.pread(fh, size, offset)
 
     @errno_barrier
+    def read_into(self, path: str | None, buf: memoryview, offset: int, fh: int) -> int:
+        """``read`` into the caller's buffer (the binding passes libfuse's own): no copy."""
+        if self._pacer is not None:
+            self._pace(self._caller(), "read", len(buf))
+        return os.preadv(fh, [buf], offset)
+
+    @errno_barrier
     def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
         if self._pacer is not None:
             self._pace(self._caller(), "write", len(data))
         return os.pwrite(fh, data, offset)
+
+    # The same as `write` for a buffer that is not copied first (the binding passes
+    # libfuse's own); `read_into` likewise. Both are what the mount uses.
+    write_from = write
 
     @errno_barrier
     def flush(self, path: str | None, fh: int) -> int:

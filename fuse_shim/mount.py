@@ -25,6 +25,7 @@ import os
 import shutil
 import signal
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -43,7 +44,8 @@ from burstctl.fuse_shim.pacing import (
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries
+FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its default here)
+LIBFUSE_CHOICES = ("auto", "2", "3")
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Options a user may not pass with -o: each would break attribution or our assumptions.
 _REFUSED_OPTIONS = {
@@ -66,7 +68,7 @@ class MountConfig:
     controller: str | None = None
     fallback: str = "keep-last"
     allow_other: bool = False
-    max_write: int = DEFAULT_MAX_WRITE
+    max_write: int | None = None  # None: 128 KiB on libfuse 2, libfuse 3's own (1 MiB)
     big_writes: bool = True
     foreground: bool = False
     quiet_gap: float = DEFAULT_QUIET_GAP
@@ -75,6 +77,7 @@ class MountConfig:
     attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
     attribution_ttl: float = DEFAULT_TTL
     fuse_options: tuple[str, ...] = ()
+    libfuse: str = "auto"
 
     def pacing(self) -> PacingOptions | None:
         """The pacer's options, or None when there is no controller (unthrottled)."""
@@ -91,7 +94,9 @@ class MountConfig:
 
 
 def validate(config: MountConfig) -> MountConfig:
-    """Checks the directories and options; returns the config with absolute paths."""
+    """Checks the directories and options (loading the libfuse chosen, see
+    `choose_libfuse`); returns the config with absolute paths."""
+    choose_libfuse(config.libfuse)
     backing = Path(os.path.realpath(config.backing))
     mountpoint = Path(os.path.realpath(config.mountpoint))
     if not backing.is_dir():
@@ -105,7 +110,7 @@ def validate(config: MountConfig) -> MountConfig:
         )
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise MountError("/dev/fuse is missing or not accessible (install fuse, load the module)")
-    if config.max_write <= 0:
+    if config.max_write is not None and config.max_write <= 0:
         raise MountError(f"--max-write must be > 0 bytes, got {config.max_write}")
     try:
         Fallback.parse(config.fallback)
@@ -114,6 +119,42 @@ def validate(config: MountConfig) -> MountConfig:
         raise MountError(str(err)) from None
     fuse_option_dict(config)  # raises MountError on a refused option
     return dataclasses.replace(config, backing=backing, mountpoint=mountpoint)
+
+
+_chosen: str | None = None  # what choose_libfuse set FUSE_LIBRARY_PATH to in this process
+
+
+def choose_libfuse(choice: str) -> str | None:
+    """Points the binding at libfuse 2 or 3 (``choice``: auto, 2 or 3) before it is loaded.
+
+    Returns the library chosen, or None when the user set ``FUSE_LIBRARY_PATH`` (the binding
+    then loads that, whatever ``choice`` says). ``auto`` keeps libfuse 2 where it is installed (the
+    library the shim was first measured on) and takes libfuse 3 where it is the only one.
+    Only one libfuse can be loaded per process: a second, different choice is an error.
+    """
+    global _chosen
+    if choice not in LIBFUSE_CHOICES:
+        raise MountError(f"--libfuse must be one of {', '.join(LIBFUSE_CHOICES)}, got {choice!r}")
+    current = os.environ.get("FUSE_LIBRARY_PATH")
+    if current and current != _chosen:
+        return None  # the user's
+    found = {"2": ctypes.util.find_library("fuse"), "3": ctypes.util.find_library("fuse3")}
+    if choice == "auto":
+        choice = "2" if found["2"] else "3"
+    library = found[choice]
+    if library is None:
+        package = "libfuse2" if choice == "2" else "libfuse3-3"
+        raise MountError(
+            f"libfuse {choice} is not installed (Debian/Ubuntu: apt-get install {package})"
+        )
+    loaded = sys.modules.get("burstctl.fuse_shim._fuse")
+    if loaded is not None and str(loaded.LIBFUSE_VERSION[0]) != choice:
+        raise MountError(
+            f"libfuse {loaded.LIBFUSE_VERSION[0]} is already loaded in this process; "
+            f"cannot switch to libfuse {choice}"
+        )
+    os.environ["FUSE_LIBRARY_PATH"] = _chosen = library
+    return library
 
 
 def fuse_option_dict(config: MountConfig) -> dict[str, str | bool | int]:
@@ -131,9 +172,10 @@ def fuse_option_dict(config: MountConfig) -> dict[str, str | bool | int]:
         # The high-level libfuse gives each name its own kernel inode, so hard links would
         # show each other's writes only once cached attributes expire: never cache them.
         "attr_timeout": 0,
-        "max_write": config.max_write,
     }
     if LIBFUSE_VERSION[0] == 2:
+        # libfuse 3 refuses the option: the limit is set in init (PassthroughFS) there.
+        options["max_write"] = config.max_write or FUSE2_MAX_WRITE
         options["atomic_o_trunc"] = True  # FUSE 3 always has it
         if config.big_writes:
             options["big_writes"] = True  # without it, FUSE 2 writes come 4 KiB at a time
@@ -181,7 +223,7 @@ def _wait_ready(child: int, read_end: int) -> int:
 
 
 def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
-    from burstctl.fuse_shim._fuse import FUSE
+    from burstctl.fuse_shim._fuse import FUSE, LIBFUSE_VERSION
     from burstctl.fuse_shim.fs import PassthroughFS
 
     # Blocked before any thread starts: every thread (the pacer's, libfuse's workers, the
@@ -207,11 +249,12 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     def on_init() -> None:
         stopper.mounted()
         logger.info(
-            "mounted %s on %s (controller %s, fallback %s)",
+            "mounted %s on %s (controller %s, fallback %s, libfuse %d.%d)",
             config.backing,
             config.mountpoint,
             config.controller or "none",
             config.fallback,
+            *LIBFUSE_VERSION,
         )
         if daemon:
             _detach_stdio()  # first: the command returns with the terminal's pipes released
@@ -220,7 +263,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
                 os.write(ready_fd, b"1")
                 os.close(ready_fd)
 
-    fs = PassthroughFS(root_fd, pacer, on_init=on_init)
+    fs = PassthroughFS(root_fd, pacer, on_init=on_init, max_write=config.max_write)
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
     watcher.start()
     code = 0

@@ -326,4 +326,4 @@ def test_compose_two_peer_replicas_and_a_privileged_mount() -> None:
     assert set(mount["depends_on"]) == {"r1", "r2"}
     assert mount["environment"]["BURSTCTL_CONTROLLER"] == f"r1:{grpc_port['r1']}"
     dockerfile = (CONTAINER / "Dockerfile").read_text()
-    assert "apt-get install" in dockerfile and "fuse libfuse2 fio" in dockerfile
+    assert "apt-get install" in dockerfile and "fuse libfuse2 libfuse3-3 fio" in dockerfile

@@ -3,17 +3,22 @@
 ``fuse_mount`` starts ``python -m burstctl mount BACKING MOUNTPOINT --foreground ...`` as a child
 process and returns once the mount answers; every mount it started is stopped by pid (SIGTERM)
 at teardown, which asserts that it exited cleanly and that nothing is left mounted.
+
+Every test that mounts through ``fuse_mount`` runs twice, on libfuse 2 and on libfuse 3
+(``--libfuse``; ids ``libfuse2`` / ``libfuse3``): the two differ in their loops, options and
+callback signatures. CI installs both; elsewhere a missing one skips its half.
 """
 
 from __future__ import annotations
 
+import ctypes.util
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 from fake_controller import FakeController, fake_controllers
-from support import MountProcess, is_mounted
+from support import MountProcess, is_mounted, wait_until
 
 
 def _require_fuse() -> None:
@@ -24,18 +29,31 @@ def _require_fuse() -> None:
         pytest.skip("/dev/fuse is absent on this machine")
 
 
+@pytest.fixture(params=["2", "3"], ids=["libfuse2", "libfuse3"])
+def libfuse(request: pytest.FixtureRequest) -> str:
+    """The libfuse major version this test's mounts use (``--libfuse``)."""
+    major = str(request.param)
+    if ctypes.util.find_library("fuse" if major == "2" else "fuse3") is None:
+        if os.environ.get("CI"):
+            pytest.fail(f"libfuse {major} is missing on CI (deploy/system-deps.sh installs it)")
+        pytest.skip(f"libfuse {major} is not installed on this machine")
+    return major
+
+
 @pytest.fixture
-def fuse_mount() -> Iterator[Callable[..., MountProcess]]:
+def fuse_mount(libfuse: str) -> Iterator[Callable[..., MountProcess]]:
     """A factory of real mounts, all stopped (by pid) and checked at teardown.
 
     ``fuse_mount(backing: Path, mountpoint: Path, *extra_args: str,
     env: dict[str, str] | None = None, timeout: float = 20.0) -> MountProcess``
 
     - creates ``backing`` and ``mountpoint`` if they do not exist;
-    - runs ``python -m burstctl mount BACKING MOUNTPOINT --foreground *extra_args`` with this
-      environment less any ``BURSTCTL_*`` variable, plus ``env``;
-    - waits (deadline ``timeout``) until ``os.path.ismount(mountpoint)``; fails with the child's
-      log if it exits or is not up in time.
+    - runs ``python -m burstctl mount BACKING MOUNTPOINT --foreground --libfuse N *extra_args``
+      (N from the ``libfuse`` fixture) with this environment less any ``BURSTCTL_*`` variable
+      and ``FUSE_LIBRARY_PATH``, plus ``env``;
+    - waits (deadline ``timeout``) until ``os.path.ismount(mountpoint)`` and the mount has
+      logged which libfuse it loaded (it must be N); fails with the child's log if it exits or
+      is not up in time.
 
     The `MountProcess` has ``.pid``, ``.backing``, ``.mountpoint``, ``.log`` (stderr lines so
     far), ``.log_text`` and ``.stop(sig=SIGTERM, timeout=15.0, check=True) -> returncode``. A
@@ -54,9 +72,21 @@ def fuse_mount() -> Iterator[Callable[..., MountProcess]]:
     ) -> MountProcess:
         Path(backing).mkdir(parents=True, exist_ok=True)
         Path(mountpoint).mkdir(parents=True, exist_ok=True)
-        mount = MountProcess(backing, mountpoint, extra_args, env)
+        mount = MountProcess(
+            backing,
+            mountpoint,
+            ("--libfuse", libfuse, *extra_args),
+            {"FUSE_LIBRARY_PATH": "", **(env or {})},
+        )
         started.append(mount)
-        return mount.start(timeout)
+        mount.start(timeout)
+        wait_until(
+            lambda: ", libfuse " in mount.log_text,
+            timeout,
+            message=f"the mount on {mountpoint} to log its libfuse",
+        )
+        assert f", libfuse {libfuse}." in mount.log_text, mount.log_text
+        return mount
 
     yield make
     failures = []

@@ -139,6 +139,73 @@ def test_reads_and_writes_use_the_handle_and_are_paced_first(backing: tuple[Path
     assert (root / "renamed").read_bytes() == b"he"
 
 
+def test_reads_and_writes_in_place_use_the_handle_and_are_paced_first(
+    backing: tuple[Path, int],
+) -> None:
+    root, fd = backing
+    pacer = RecordingPacer()
+    fs = make_fs(fd, pacer)
+    fh = fs.create("/f", 0o644, os.O_CREAT | os.O_RDWR)
+    os.rename(root / "f", root / "renamed")
+    assert fs.write_from("/f", memoryview(b"hello world"), 0, fh) == 11
+    buf = bytearray(8)
+    assert fs.read_into(None, memoryview(buf), 6, fh) == 5  # short: the end of the file
+    assert bytes(buf) == b"world\0\0\0"
+    assert fs.read_into("/f", memoryview(buf)[:0], 0, fh) == 0
+    fs.release("/f", fh)
+    assert pacer.calls == [
+        ("opened", 65534),
+        ("data", 65534, "write", 11),
+        ("data", 65534, "read", 8),
+        ("data", 65534, "read", 0),
+        ("released",),
+    ]
+    assert (root / "renamed").read_bytes() == b"hello world"
+
+
+def test_in_place_reads_and_writes_are_behind_the_errno_barrier(
+    backing: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"data")
+    fs = make_fs(fd)
+    fh = fs.open("/f", os.O_RDONLY)
+    raises_errno(errno.EBADF, fs.write_from, "/f", memoryview(b"x"), 0, fh)
+
+    def broken(*args: object) -> int:
+        raise TypeError("a bug")
+
+    monkeypatch.setattr(os, "preadv", broken)
+    raises_errno(errno.EIO, fs.read_into, "/f", memoryview(bytearray(4)), 0, fh)
+    monkeypatch.undo()
+    fs.release("/f", fh)
+    raises_errno(errno.EBADF, fs.read_into, "/f", memoryview(bytearray(4)), 0, fh)
+    assert (root / "f").read_bytes() == b"data"
+
+
+def test_init_sets_libfuse_3s_write_limit_and_reports_the_mount(backing: tuple[Path, int]) -> None:
+    _, fd = backing
+    inits: list[bool] = []
+
+    class Conn:
+        max_write = 1 << 20  # what libfuse 3 computed from its buffer
+
+    config = object()  # libfuse 3's struct fuse_config (None on libfuse 2)
+    fs = PassthroughFS(fd, on_init=lambda: inits.append(True), max_write=256 << 10)
+    conn = Conn()
+    fs.init_with_config(conn, config)
+    assert conn.max_write == 256 << 10 and inits == [True]
+    conn = Conn()
+    PassthroughFS(fd, max_write=4 << 20).init_with_config(conn, config)
+    assert conn.max_write == 1 << 20  # never above what libfuse can take
+    conn = Conn()
+    PassthroughFS(fd).init_with_config(conn, config)
+    assert conn.max_write == 1 << 20  # no --max-write: libfuse's own
+    conn = Conn()
+    PassthroughFS(fd, max_write=4096).init_with_config(conn, None)
+    assert conn.max_write == 1 << 20  # libfuse 2: a mount option, not set here
+
+
 def test_a_pacing_failure_never_fails_the_io(
     backing: tuple[Path, int], caplog: pytest.LogCaptureFixture
 ) -> None:

@@ -2,13 +2,28 @@
 
 from __future__ import annotations
 
+import ctypes.util
+import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from burstctl.fuse_shim.mount import MountConfig, MountError, fuse_option_dict, validate
+from burstctl.fuse_shim import mount
+from burstctl.fuse_shim.mount import (
+    MountConfig,
+    MountError,
+    choose_libfuse,
+    fuse_option_dict,
+    validate,
+)
+
+
+@pytest.fixture(autouse=True)
+def _restore_library_choice(monkeypatch: pytest.MonkeyPatch) -> None:
+    # validate() records its libfuse choice in FUSE_LIBRARY_PATH; put it back afterwards.
+    monkeypatch.setenv("FUSE_LIBRARY_PATH", "")
 
 
 def test_default_fuse_options(tmp_path: Path) -> None:
@@ -17,7 +32,7 @@ def test_default_fuse_options(tmp_path: Path) -> None:
     assert options["use_ino"] is True
     assert options["hard_remove"] is True
     assert options["attr_timeout"] == 0
-    assert options["max_write"] == 128 * 1024
+    assert options["max_write"] == 128 * 1024  # libfuse 2 (what the tests load) caps it there
     assert options["subtype"] == "burstctl"
     assert "allow_other" not in options
     assert "writeback_cache" not in options
@@ -92,7 +107,7 @@ backing, mountpoint, case = sys.argv[1:]
 
 def loop(fs, path, **options):
     if case != "never-served":
-        fs.init("/")
+        fs.init_with_config(None, None)  # as the binding calls it on libfuse 2
     raise RuntimeError(1)
 
 binding.FUSE = loop
@@ -123,3 +138,57 @@ def test_a_loop_error_is_a_normal_end_only_once_served_and_unmounted(
     )
     assert child.returncode == code, child.stderr
     assert says in child.stderr
+
+
+class _Loaded:
+    """Stands in for the binding module once loaded, with its libfuse version."""
+
+    def __init__(self, major: int) -> None:
+        self.LIBFUSE_VERSION = (major, 9 if major == 2 else 14)
+
+
+@pytest.fixture
+def libraries(monkeypatch: pytest.MonkeyPatch) -> dict[str, str | None]:
+    """Which libfuse "is installed" (find_library), none loaded yet; edit to change."""
+    found: dict[str, str | None] = {"fuse": "libfuse.so.2", "fuse3": "libfuse3.so.3"}
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: found.get(name))
+    monkeypatch.delitem(sys.modules, "burstctl.fuse_shim._fuse", raising=False)
+    monkeypatch.setattr(mount, "_chosen", None)
+    return found
+
+
+def test_auto_prefers_libfuse_2_and_takes_3_when_alone(libraries: dict[str, str | None]) -> None:
+    assert choose_libfuse("auto") == "libfuse.so.2"
+    assert os.environ["FUSE_LIBRARY_PATH"] == "libfuse.so.2"
+    assert choose_libfuse("3") == "libfuse3.so.3"
+    assert os.environ["FUSE_LIBRARY_PATH"] == "libfuse3.so.3"
+    libraries["fuse"] = None
+    assert choose_libfuse("auto") == "libfuse3.so.3"
+
+
+def test_a_missing_or_unknown_library_is_an_error(libraries: dict[str, str | None]) -> None:
+    libraries["fuse3"] = None
+    with pytest.raises(MountError, match=r"libfuse 3 is not installed.*libfuse3-3"):
+        choose_libfuse("3")
+    with pytest.raises(MountError, match="--libfuse must be one of auto, 2, 3"):
+        choose_libfuse("4")
+    assert os.environ["FUSE_LIBRARY_PATH"] == ""  # nothing chosen
+
+
+def test_the_users_library_path_wins(
+    libraries: dict[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("FUSE_LIBRARY_PATH", "/opt/fuse/libfuse3.so.3")
+    assert choose_libfuse("2") is None
+    assert os.environ["FUSE_LIBRARY_PATH"] == "/opt/fuse/libfuse3.so.3"
+
+
+def test_a_process_cannot_switch_library_once_one_is_loaded(
+    libraries: dict[str, str | None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setitem(sys.modules, "burstctl.fuse_shim._fuse", _Loaded(2))
+    assert choose_libfuse("2") == "libfuse.so.2"
+    with pytest.raises(MountError, match="libfuse 2 is already loaded"):
+        choose_libfuse("3")
+    with pytest.raises(MountError, match="libfuse 2 is already loaded"):
+        validate(MountConfig(Path("/"), Path("/"), libfuse="3"))
