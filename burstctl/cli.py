@@ -413,6 +413,12 @@ def sim_generate(
     show_default=True,
     help="v2: FairShare on [0, T/2), then the policy.",
 )
+@click.option(
+    "--known-omega",
+    is_flag=True,
+    help="set-10 takes each application's wIter (> 0) from the instance as its known ω"
+    " (the reference's Set10) instead of learning it (its Set10Learn).",
+)
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json")
 def sim_run(
     policy_name: str,
@@ -420,6 +426,7 @@ def sim_run(
     window: float,
     bandwidth: float,
     windows: str,
+    known_omega: bool,
     fmt: str,
 ) -> None:
     """Simulate one policy on one instance; print its metrics."""
@@ -434,7 +441,7 @@ def sim_run(
         raise click.BadParameter(str(exc), param_hint="--policy") from None
     try:
         win = prepare_window(read_instance(instance_file), window, bandwidth)
-        policy = create_policy(policy_name, win, registry)
+        policy = create_policy(policy_name, win, registry, known_omega=known_omega)
         result = simulate(
             win,
             policy,
@@ -461,6 +468,12 @@ def sim_run(
 @click.option("--window", type=float, default=1.0, show_default=True, callback=_fraction)
 @click.option("--windows", type=click.Choice(["v1", "v2"]), default="v1", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), help="Processes [default: CPUs].")
+@click.option(
+    "--known-omega",
+    is_flag=True,
+    help="set-10 takes each application's wIter (> 0) from the instance as its known ω"
+    " (the reference's Set10) instead of learning it (its Set10Learn).",
+)
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv")
 def sim_sweep(
     policies: tuple[str, ...],
@@ -474,6 +487,7 @@ def sim_sweep(
     window: float,
     windows: str,
     workers: int | None,
+    known_omega: bool,
     fmt: str,
 ) -> None:
     """Run policies × pressures × seeds on synthetic instances; one row per run."""
@@ -503,6 +517,7 @@ def sim_sweep(
                 window=window,
                 windows="v2" if windows == "v2" else "v1",
                 workers=workers,
+                known_omega=known_omega,
             )
         )
     except (ValueError, SimulationError) as exc:

@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Annotated
+
+from pydantic import Field
 
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
@@ -28,9 +31,15 @@ N_LIMIT = 30
 class Set10Params(PolicyParams):
     # True: learn ω online (reference Set10Learn). False: no job is ever
     # classified, so every job stays in the one new-job set and the split is
-    # FCFS by (R_i, index). The reference's Set10 with a known ω per job
-    # (its wIter) needs ω in the view, which JobView does not carry.
+    # FCFS by (R_i, index).
     learn: bool = True
+    # ω_i known beforehand, seconds, by job id (the reference's Set10 with the
+    # instance's wIter: `burstctl sim run --known-omega`; live, an operator who
+    # knows a job's iteration length). A listed job is in set ⌊log10 ω_i⌉ from
+    # its first operation on and is never learned; the others follow ``learn``.
+    known_omega: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = Field(
+        default_factory=dict
+    )
 
 
 @dataclass(slots=True)
@@ -60,7 +69,8 @@ _FIRST_SET = set_index(FIRST_OMEGA)  # n of a job seen for the first time
 
 
 class Set10(Policy):
-    """I/O-Sets with ω learned online; sets split B by weight q_n = 10^(−n), FCFS inside.
+    """I/O-Sets with ω learned online (or known); sets split B by weight q_n = 10^(−n),
+    FCFS inside.
 
     Learning (reference §7, Set10Learn): each time a job of S(t) shows a new
     post (its ``posted_at`` differs from the one last counted), ω ← 0.01 on
@@ -69,6 +79,8 @@ class Set10(Policy):
     full volume (``volume``; when unknown, ``remaining_estimate() + moved``).
     The first operation seen is not averaged in, as the paper ignores v^(0).
     Learning happens only for jobs in S(t) and only from the views shown.
+    Jobs in ``known_omega`` are not learned: their set is ⌊log10 ω_i⌉ of the
+    given ω (reference §7, Set10 with wIter > 0).
 
     Allocation (the paper's extended algorithm for b_i < B, as the reference
     implements it): sets in order of first appearance in index order; set g
@@ -93,17 +105,23 @@ class Set10(Policy):
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
+        self._known_sets = {j: set_index(w) for j, w in self.params.known_omega.items()}
 
     def omega(self, job_id: JobId) -> float | None:
-        """The ω learned for ``job_id`` so far (None: never seen in S(t))."""
+        """ω of ``job_id``: known, or learned so far (None: neither known nor seen in S(t))."""
+        if job_id in self.params.known_omega:
+            return self.params.known_omega[job_id]
         state = self._learned.get(job_id)
         return None if state is None else state.omega
 
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         active = view.active_jobs()
         sets: dict[int, list[JobView]] = {}  # n → members, in order of first appearance
+        known = self._known_sets
         for job in active:
-            n = self._observe(job) if self.params.learn else _FIRST_SET
+            n = known.get(job.job_id)
+            if n is None:
+                n = self._observe(job) if self.params.learn else _FIRST_SET
             sets.setdefault(n, []).append(job)
         return _split(sets, view.capacity, view.now)
 

@@ -90,16 +90,41 @@ class SimResult:
     pressure: float  # load L (eq. 11)
     events: int  # decisions taken (policy calls)
     wall_seconds: float
+    known_omega: bool = False  # set-10 ran with known ω (the instance's wIter), not learned
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def create_policy(name: str, window: Window, registry: PolicyRegistry | None = None) -> Policy:
-    """``registry.create(name)``; a policy whose ``Params`` has ``delta`` gets the window's δ."""
+def app_ids(m: int) -> list[str]:
+    """The job ids of a window's m applications, in index order: zero-padded indices, so
+    that policies, which break ties by job id, break them as the reference does, by index."""
+    width = len(str(max(m - 1, 0)))
+    return [f"{i:0{width}d}" for i in range(m)]
+
+
+def create_policy(
+    name: str,
+    window: Window,
+    registry: PolicyRegistry | None = None,
+    *,
+    known_omega: bool = False,
+) -> Policy:
+    """``registry.create(name)``; a policy whose ``Params`` has ``delta`` gets the window's δ.
+
+    ``known_omega``: a policy whose ``Params`` has ``known_omega`` (set-10) gets each
+    application's wIter from the instance as its known ω (applications with wIter > 0; the
+    reference's Set10); without it, ω is learned (its Set10Learn).
+    """
     reg = registry if registry is not None else default_registry()
     cls = reg.get(name)
-    params = {"delta": window.delta} if "delta" in cls.Params.model_fields else {}
+    fields = cls.Params.model_fields
+    params: dict[str, Any] = {"delta": window.delta} if "delta" in fields else {}
+    if known_omega and "known_omega" in fields:
+        ids = app_ids(len(window.apps))
+        params["known_omega"] = {
+            ids[i]: app.w_iter for i, app in enumerate(window.apps) if app.w_iter > 0.0
+        }
     return reg.create(name, params)
 
 
@@ -136,6 +161,7 @@ def simulate(
         pressure=window.load,
         events=run.events,
         wall_seconds=wall,
+        known_omega=bool(getattr(strategy.params, "known_omega", None)),
     )
 
 
@@ -170,9 +196,7 @@ class _Run:
         self.policy = policy
         self.warmup = warmup  # v2: FairShare until t_c
         self.seed = seed
-        width = len(str(max(m - 1, 0)))
-        # Zero-padded indices: policies break ties by job id, the reference by index.
-        self.ids = [f"{i:0{width}d}" for i in range(m)]
+        self.ids = app_ids(m)
         self.cap = [a.cap for a in apps]  # b_i
         self.tau = [a.released_at for a in apps]  # τ_i
         self.values = [[p.value for p in a.phases] for a in apps]

@@ -15,7 +15,7 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from typing import Any
 
-from burstctl.simulator.engine import SimulationError, Windows, simulate
+from burstctl.simulator.engine import SimulationError, Windows, create_policy, simulate
 from burstctl.simulator.generate import GeneratorParams, generate
 from burstctl.simulator.instance import prepare_window
 
@@ -27,6 +27,7 @@ class SweepTask:
     policies: tuple[str, ...]
     window: float = 1.0
     windows: Windows = "v1"
+    known_omega: bool = False
 
 
 def run_task(task: SweepTask) -> list[dict[str, Any]]:
@@ -37,7 +38,8 @@ def run_task(task: SweepTask) -> list[dict[str, Any]]:
     for name in task.policies:
         head = {"pressure_goal": task.params.pressure, "seed": task.seed}
         try:
-            result = simulate(win, name, windows=task.windows, instance=label)
+            policy = create_policy(name, win, known_omega=task.known_omega)
+            result = simulate(win, policy, windows=task.windows, instance=label)
         except SimulationError as exc:
             # One failed run must not lose the campaign: it becomes a row of its own.
             rows.append({**head, "policy": name, "instance": label, "error": str(exc)})
@@ -58,8 +60,10 @@ def sweep(
     window: float = 1.0,
     windows: Windows = "v1",
     workers: int | None = None,
+    known_omega: bool = False,
 ) -> Iterator[dict[str, Any]]:
-    """Yields one row per (pressure, seed, policy), in that order."""
+    """Yields one row per (pressure, seed, policy), in that order. ``known_omega``: as
+    `create_policy`'s."""
     tasks = [
         SweepTask(
             GeneratorParams(pressure=w, n_small=n_small, sigma=sigma, nu=nu, horizon=horizon),
@@ -67,6 +71,7 @@ def sweep(
             tuple(policies),
             window,
             windows,
+            known_omega,
         )
         for w in pressures
         for seed in seeds

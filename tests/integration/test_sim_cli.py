@@ -84,6 +84,21 @@ def test_run_v2_csv_with_window(instance: Path) -> None:
     assert set(row) >= KEYS and row["windows"] == "v2" and row["policy"] == "fcfs"
 
 
+def test_run_set10_with_known_omega_takes_it_from_the_instance(instance: Path) -> None:
+    rows = {}
+    for flag in ((), ("--known-omega",)):
+        done = burstctl("run", "--policy", "set-10", "--instance", instance, *flag)
+        assert done.returncode == 0, done.stderr
+        rows[bool(flag)] = json.loads(done.stdout)
+    assert rows[True]["known_omega"] is True and rows[False]["known_omega"] is False
+    assert rows[True]["policy"] == rows[False]["policy"] == "set-10"
+    assert rows[True]["min_yield"] != rows[False]["min_yield"]  # ω known, not learned
+    # a policy without ω ignores the flag
+    done = burstctl("run", "--policy", "fcfs", "--instance", instance, "--known-omega")
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["known_omega"] is False
+
+
 def test_unknown_policy_lists_known(instance: Path) -> None:
     done = burstctl("run", "--policy", "nope", "--instance", instance)
     assert done.returncode == 2
@@ -147,6 +162,22 @@ def test_sweep_rows_in_order() -> None:
         (w, s, p) for w in ("0.5", "1.1") for s in ("0", "1") for p in ("fcfs", "fair-share")
     ]
     assert set(rows[0]) >= KEYS
+
+
+def test_sweep_with_known_omega_matches_single_runs(tmp_path: Path) -> None:
+    common = ("--pressure", "0.8", "--seeds", "1", "--first-seed", "3", "--horizon", "20000")
+    done = burstctl("sweep", "--policy", "set-10", *common, "--known-omega", "--workers", "1")
+    assert done.returncode == 0, done.stderr
+    (row,) = list(csv.DictReader(io.StringIO(done.stdout)))
+    assert row["known_omega"] == "True"
+    path = tmp_path / "w0.8-3.txt"
+    made = burstctl(
+        "generate", "--pressure", "0.8", "--horizon", "20000", "--seed", "3", "--out", path
+    )
+    assert made.returncode == 0, made.stderr
+    single = burstctl("run", "--policy", "set-10", "--instance", path, "--known-omega")
+    assert single.returncode == 0, single.stderr
+    assert float(row["min_yield"]) == json.loads(single.stdout)["min_yield"]
 
 
 def test_sweep_rejects_bad_pressure() -> None:

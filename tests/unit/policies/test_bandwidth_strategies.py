@@ -415,6 +415,39 @@ def test_set10_without_learning_is_one_fcfs_set() -> None:
     assert rates == {"b": 4.0, "a": 6.0}
 
 
+def test_set10_known_omega_sets_the_class_from_the_first_operation() -> None:
+    # a: ω = 5 s → n = 1 (q = 0.1); b: ω = 500 s → n = 3 (q = 0.001); c unknown, first
+    # seen: ω = 0.01 → n = −2 (q = 100). Q = 100.101; none saturates at B = 1 with caps 1.
+    policy = REGISTRY.create("set-10", {"known_omega": {"a": 5.0, "b": 500.0}})
+    assert isinstance(policy, Set10)
+    v = view(
+        post("a", 1, index=0, at=0.0),
+        post("b", 1, index=1, at=0.0),
+        post("c", 1, index=2, at=0.0),
+        B=1.0,
+    )
+    rates = policy.allocate(v)
+    q = 100.101
+    assert rates == pytest.approx({"a": 0.1 / q, "b": 0.001 / q, "c": 100 / q})
+    assert (policy.omega("a"), policy.omega("b"), policy.omega("c")) == (5.0, 500.0, 0.01)
+    # a known job is never learned: a long work phase leaves a in set 1
+    rates = policy.allocate(
+        view(
+            post("a", 1, index=0, at=9.0, work=1e6, volume=1.0),
+            post("b", 1, index=1, at=0.0),
+            B=1.0,
+        )
+    )
+    assert rates == pytest.approx({"a": 0.1 / 0.101, "b": 0.001 / 0.101})
+    assert policy.omega("a") == 5.0
+
+
+@pytest.mark.parametrize("bad", [0.0, -1.0, float("nan"), float("inf"), "x"])
+def test_set10_known_omega_must_be_a_positive_finite_number(bad: object) -> None:
+    with pytest.raises(ValueError, match="known_omega"):
+        REGISTRY.create("set-10", {"known_omega": {"a": bad}})
+
+
 # --- invariants with state the conformance suite does not build -----------------------
 
 
