@@ -127,10 +127,12 @@ _chosen: str | None = None  # what choose_libfuse set FUSE_LIBRARY_PATH to in th
 def choose_libfuse(choice: str) -> str | None:
     """Points the binding at libfuse 2 or 3 (``choice``: auto, 2 or 3) before it is loaded.
 
-    Returns the library chosen, or None when the user set ``FUSE_LIBRARY_PATH`` (the binding
-    then loads that, whatever ``choice`` says). ``auto`` keeps libfuse 2 where it is installed (the
-    library the shim was first measured on) and takes libfuse 3 where it is the only one.
-    Only one libfuse can be loaded per process: a second, different choice is an error.
+    Returns the library chosen; None when the user set ``FUSE_LIBRARY_PATH`` (the binding then
+    loads that, whatever ``choice`` says) or, for ``auto``, when one is already loaded.
+    ``auto`` takes libfuse 3 where it can mount (as root, which mounts with mount(2) itself,
+    or with ``fusermount3`` installed): up to 1 MiB per request instead of 128 KiB, and less
+    CPU per byte (benchmarks.md); otherwise libfuse 2. Only one libfuse can be loaded per
+    process: a second, different explicit choice is an error.
     """
     global _chosen
     if choice not in LIBFUSE_CHOICES:
@@ -138,16 +140,19 @@ def choose_libfuse(choice: str) -> str | None:
     current = os.environ.get("FUSE_LIBRARY_PATH")
     if current and current != _chosen:
         return None  # the user's
+    loaded = sys.modules.get("burstctl.fuse_shim._fuse")
+    if choice == "auto" and loaded is not None:
+        return None  # already loaded (auto has no preference to defend)
     found = {"2": ctypes.util.find_library("fuse"), "3": ctypes.util.find_library("fuse3")}
     if choice == "auto":
-        choice = "2" if found["2"] else "3"
+        can_mount_3 = os.geteuid() == 0 or shutil.which("fusermount3") is not None
+        choice = "3" if found["3"] and (can_mount_3 or not found["2"]) else "2"
     library = found[choice]
     if library is None:
         package = "libfuse2" if choice == "2" else "libfuse3-3"
         raise MountError(
             f"libfuse {choice} is not installed (Debian/Ubuntu: apt-get install {package})"
         )
-    loaded = sys.modules.get("burstctl.fuse_shim._fuse")
     if loaded is not None and str(loaded.LIBFUSE_VERSION[0]) != choice:
         raise MountError(
             f"libfuse {loaded.LIBFUSE_VERSION[0]} is already loaded in this process; "

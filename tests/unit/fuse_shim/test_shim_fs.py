@@ -183,18 +183,21 @@ def test_in_place_reads_and_writes_are_behind_the_errno_barrier(
     assert (root / "f").read_bytes() == b"data"
 
 
-def test_init_sets_libfuse_3s_write_limit_and_reports_the_mount(backing: tuple[Path, int]) -> None:
+def test_init_on_libfuse_3_sets_write_limit_and_cache_checks(backing: tuple[Path, int]) -> None:
     _, fd = backing
     inits: list[bool] = []
+    auto_inval_data = 1 << 12  # FUSE_CAP_AUTO_INVAL_DATA
 
     class Conn:
         max_write = 1 << 20  # what libfuse 3 computed from its buffer
+        want = 0xFFFF
 
     config = object()  # libfuse 3's struct fuse_config (None on libfuse 2)
     fs = PassthroughFS(fd, on_init=lambda: inits.append(True), max_write=256 << 10)
     conn = Conn()
     fs.init_with_config(conn, config)
     assert conn.max_write == 256 << 10 and inits == [True]
+    assert conn.want == 0xFFFF & ~auto_inval_data  # no GETATTR before every read, as on 2
     conn = Conn()
     PassthroughFS(fd, max_write=4 << 20).init_with_config(conn, config)
     assert conn.max_write == 1 << 20  # never above what libfuse can take
@@ -204,6 +207,7 @@ def test_init_sets_libfuse_3s_write_limit_and_reports_the_mount(backing: tuple[P
     conn = Conn()
     PassthroughFS(fd, max_write=4096).init_with_config(conn, None)
     assert conn.max_write == 1 << 20  # libfuse 2: a mount option, not set here
+    assert conn.want == 0xFFFF
 
 
 def test_a_pacing_failure_never_fails_the_io(

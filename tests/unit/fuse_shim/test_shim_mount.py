@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -157,13 +158,40 @@ def libraries(monkeypatch: pytest.MonkeyPatch) -> dict[str, str | None]:
     return found
 
 
-def test_auto_prefers_libfuse_2_and_takes_3_when_alone(libraries: dict[str, str | None]) -> None:
-    assert choose_libfuse("auto") == "libfuse.so.2"
+@pytest.mark.parametrize(
+    ("root", "fusermount3", "installed", "chosen"),
+    [
+        (True, False, ("fuse", "fuse3"), "libfuse3.so.3"),  # root mounts with mount(2)
+        (False, True, ("fuse", "fuse3"), "libfuse3.so.3"),
+        (False, False, ("fuse", "fuse3"), "libfuse.so.2"),  # 3 could not mount
+        (False, False, ("fuse3",), "libfuse3.so.3"),  # the only one: its error says why
+        (True, False, ("fuse",), "libfuse.so.2"),
+    ],
+)
+def test_auto_takes_libfuse_3_where_it_can_mount(
+    libraries: dict[str, str | None],
+    monkeypatch: pytest.MonkeyPatch,
+    root: bool,
+    fusermount3: bool,
+    installed: tuple[str, ...],
+    chosen: str,
+) -> None:
+    for name in list(libraries):
+        if name not in installed:
+            libraries[name] = None
+    monkeypatch.setattr(os, "geteuid", lambda: 0 if root else 1000)
+    monkeypatch.setattr(
+        shutil, "which", lambda tool: "/usr/bin/fusermount3" if fusermount3 else None
+    )
+    assert choose_libfuse("auto") == chosen
+    assert os.environ["FUSE_LIBRARY_PATH"] == chosen
+
+
+def test_an_explicit_choice_is_loaded(libraries: dict[str, str | None]) -> None:
+    assert choose_libfuse("2") == "libfuse.so.2"
     assert os.environ["FUSE_LIBRARY_PATH"] == "libfuse.so.2"
-    assert choose_libfuse("3") == "libfuse3.so.3"
+    assert choose_libfuse("3") == "libfuse3.so.3"  # nothing loaded yet: may change its mind
     assert os.environ["FUSE_LIBRARY_PATH"] == "libfuse3.so.3"
-    libraries["fuse"] = None
-    assert choose_libfuse("auto") == "libfuse3.so.3"
 
 
 def test_a_missing_or_unknown_library_is_an_error(libraries: dict[str, str | None]) -> None:
@@ -188,6 +216,7 @@ def test_a_process_cannot_switch_library_once_one_is_loaded(
 ) -> None:
     monkeypatch.setitem(sys.modules, "burstctl.fuse_shim._fuse", _Loaded(2))
     assert choose_libfuse("2") == "libfuse.so.2"
+    assert choose_libfuse("auto") is None  # whatever is loaded
     with pytest.raises(MountError, match="libfuse 2 is already loaded"):
         choose_libfuse("3")
     with pytest.raises(MountError, match="libfuse 2 is already loaded"):
