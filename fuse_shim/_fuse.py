@@ -4,7 +4,7 @@ Everything else in `burstctl.fuse_shim` imports FUSE names from here, so the bin
 swapped (e.g. for fusepy) in one place. Importing this module loads libfuse and raises
 `OSError` when it is missing; callers import it lazily.
 
-Two things differ from mfusepy as shipped, both on the per-request path:
+Three things differ from mfusepy as shipped:
 
 - `FUSE` hands an operations object that has ``read_into`` / ``write_from`` libfuse's own
   request buffer as a `memoryview`, so data is read straight into it with ``preadv`` and
@@ -15,6 +15,7 @@ Two things differ from mfusepy as shipped, both on the per-request path:
   libfuse function: the lookup is a thread-local read, and the `ctypes.CDLL` call mfusepy makes
   drops and retakes the GIL around it, which costs a GIL hand-over per request when other
   threads are busy.
+- On libfuse 3, `truncate` gets the file handle libfuse passes (see `FUSE.truncate_fuse_3`).
 """
 
 from __future__ import annotations
@@ -65,20 +66,23 @@ class FUSE(mfusepy.FUSE):  # type: ignore[misc]
     """
 
     def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        into = getattr(self.operations, "read_into", None)
-        if into is None or self.raw_fi:
-            return int(super().read(path, buf, size, offset, fip))
-        name = None if path is None else path.decode(self.encoding, self.errors)
-        with _request_buffer(buf, size) as view:
-            return int(into(name, view, offset, fip.contents.fh))
+        done = self._in_place("read_into", path, buf, size, offset, fip)
+        return int(super().read(path, buf, size, offset, fip)) if done is None else done
 
     def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        write_from = getattr(self.operations, "write_from", None)
-        if write_from is None or self.raw_fi:
-            return int(super().write(path, buf, size, offset, fip))
+        done = self._in_place("write_from", path, buf, size, offset, fip)
+        return int(super().write(path, buf, size, offset, fip)) if done is None else done
+
+    def _in_place(
+        self, operation: str, path: bytes | None, buf: Any, size: int, offset: int, fip: Any
+    ) -> int | None:
+        """Calls ``operation`` with libfuse's buffer; None when the operations lack it."""
+        call = getattr(self.operations, operation, None)
+        if call is None or self.raw_fi:
+            return None
         name = None if path is None else path.decode(self.encoding, self.errors)
         with _request_buffer(buf, size) as view:
-            return int(write_from(name, view, offset, fip.contents.fh))
+            return int(call(name, view, offset, fip.contents.fh))
 
     # libfuse 3 passes the file handle (or NULL) to truncate, where libfuse 2 called a separate
     # ftruncate; mfusepy drops it, so truncating a file that was unlinked while open (no
