@@ -392,6 +392,15 @@ def sim_generate(
         raise click.ClickException(str(exc)) from None
 
 
+# `sim run` and `sim sweep`: one flag, one meaning.
+_KNOWN_OMEGA = click.option(
+    "--known-omega",
+    is_flag=True,
+    help="set-10 takes each application's wIter (> 0) from the instance as its known ω"
+    " (the reference's Set10) instead of learning it (its Set10Learn).",
+)
+
+
 @sim.command("run")
 @click.option("--policy", "policy_name", required=True, metavar="NAME", help="A registered policy.")
 @click.option(
@@ -423,12 +432,7 @@ def sim_generate(
     show_default=True,
     help="v2: FairShare on [0, T/2), then the policy.",
 )
-@click.option(
-    "--known-omega",
-    is_flag=True,
-    help="set-10 takes each application's wIter (> 0) from the instance as its known ω"
-    " (the reference's Set10) instead of learning it (its Set10Learn).",
-)
+@_KNOWN_OMEGA
 @click.option("--format", "fmt", type=click.Choice(["json", "csv"]), default="json")
 def sim_run(
     policy_name: str,
@@ -478,12 +482,7 @@ def sim_run(
 @click.option("--window", type=float, default=1.0, show_default=True, callback=_fraction)
 @click.option("--windows", type=click.Choice(["v1", "v2"]), default="v1", show_default=True)
 @click.option("--workers", type=click.IntRange(min=1), help="Processes [default: CPUs].")
-@click.option(
-    "--known-omega",
-    is_flag=True,
-    help="set-10 takes each application's wIter (> 0) from the instance as its known ω"
-    " (the reference's Set10) instead of learning it (its Set10Learn).",
-)
+@_KNOWN_OMEGA
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv")
 def sim_sweep(
     policies: tuple[str, ...],
