@@ -33,14 +33,16 @@ import enum
 import json
 import logging
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from burstctl.controller.split import Edge, ReplicaId, split
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry
-from burstctl.policies.view import JobId, JobView, SystemView, job_cap
+from burstctl.policies.view import JobId, JobView, SystemView
 
 log = logging.getLogger(__name__)
 
@@ -85,9 +87,168 @@ class JobDigest:
     transferred: float = 0.0  # bytes this job moved on this replica in all (P_i's V part)
 
 
+_FLOAT_FIELDS = (
+    "priority",
+    "demand",
+    "usage_bytes",
+    "progress",
+    "released_at",
+    "posted_at",
+    "remaining",
+    "transferred",
+)
+
+
+class JobColumns:
+    """The jobs of one digest as columns: entry i of every column is job i.
+
+    The form a digest takes on the wire (``peer.proto``, ``JobColumns``) and
+    the form the merge reads: one numpy array per numeric field and one tuple
+    per text field, so checking and merging the ~2J entries a replica receives
+    per exchange costs a few array operations instead of a Python object per
+    job. ``posted_at`` and ``remaining`` are NaN where a :class:`JobDigest` has
+    None. Rows come back as :class:`JobDigest` (indexing, iteration), so the
+    two forms are interchangeable; equality compares contents (NaN equals NaN).
+    Read-only: the arrays are not writeable.
+    """
+
+    __slots__ = ("job_id", "user", "group", "nodes", "open_op", *_FLOAT_FIELDS)
+
+    job_id: tuple[str, ...]
+    user: tuple[str, ...]
+    group: tuple[str, ...]
+    nodes: np.ndarray  # int64
+    priority: np.ndarray  # float64, like every field of _FLOAT_FIELDS
+    demand: np.ndarray
+    usage_bytes: np.ndarray
+    progress: np.ndarray
+    released_at: np.ndarray
+    posted_at: np.ndarray  # NaN: no open operation
+    remaining: np.ndarray  # NaN: unknown
+    open_op: np.ndarray  # bool
+    transferred: np.ndarray
+
+    def __init__(self, **columns: Any) -> None:
+        """One keyword per :class:`JobDigest` field, each a sequence (or array);
+        the lengths are checked by :func:`validate`, not here."""
+        missing = {f for f in self.__slots__ if f not in columns}
+        extra = set(columns) - set(self.__slots__)
+        if missing or extra:
+            raise TypeError(f"JobColumns: missing {sorted(missing)}, unknown {sorted(extra)}")
+        for name in ("job_id", "user", "group"):
+            object.__setattr__(self, name, tuple(columns[name]))
+        arrays: dict[str, tuple[Any, type[np.generic]]] = {
+            name: (columns[name], np.float64) for name in _FLOAT_FIELDS
+        }
+        arrays["nodes"] = (columns["nodes"], np.int64)
+        arrays["open_op"] = (columns["open_op"], np.bool_)
+        for name, (values, dtype) in arrays.items():
+            array = np.array(values, dtype=dtype)  # a copy: the caller's list may change
+            array.flags.writeable = False
+            object.__setattr__(self, name, array)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("JobColumns is read-only")
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[JobDigest]) -> JobColumns:
+        """Columns of ``rows`` (valid ones: a bad type fails the conversion)."""
+        rows = tuple(rows)
+        nan = math.nan
+        return cls(
+            job_id=[r.job_id for r in rows],
+            user=[r.user for r in rows],
+            group=[r.group for r in rows],
+            nodes=[r.nodes for r in rows],
+            priority=[r.priority for r in rows],
+            demand=[r.demand for r in rows],
+            usage_bytes=[r.usage_bytes for r in rows],
+            progress=[r.progress for r in rows],
+            released_at=[r.released_at for r in rows],
+            posted_at=[nan if r.posted_at is None else r.posted_at for r in rows],
+            remaining=[nan if r.remaining is None else r.remaining for r in rows],
+            open_op=[r.open_op for r in rows],
+            transferred=[r.transferred for r in rows],
+        )
+
+    def __len__(self) -> int:
+        return len(self.job_id)
+
+    def __getitem__(self, i: int) -> JobDigest:
+        posted, remaining = self.posted_at[i].item(), self.remaining[i].item()
+        return JobDigest(
+            self.job_id[i],
+            self.user[i],
+            self.group[i],
+            self.nodes[i].item(),
+            self.priority[i].item(),
+            self.demand[i].item(),
+            self.usage_bytes[i].item(),
+            self.progress[i].item(),
+            self.released_at[i].item(),
+            None if posted != posted else posted,
+            None if remaining != remaining else remaining,
+            self.open_op[i].item(),
+            self.transferred[i].item(),
+        )
+
+    def __iter__(self) -> Iterator[JobDigest]:
+        return iter(self.rows())
+
+    def rows(self) -> tuple[JobDigest, ...]:
+        """Every job as a :class:`JobDigest` with plain Python values."""
+        posted = [None if p != p else p for p in self.posted_at.tolist()]
+        remaining = [None if r != r else r for r in self.remaining.tolist()]
+        return tuple(
+            JobDigest(*row)
+            for row in zip(
+                self.job_id,
+                self.user,
+                self.group,
+                self.nodes.tolist(),
+                self.priority.tolist(),
+                self.demand.tolist(),
+                self.usage_bytes.tolist(),
+                self.progress.tolist(),
+                self.released_at.tolist(),
+                posted,
+                remaining,
+                self.open_op.tolist(),
+                self.transferred.tolist(),
+                strict=False,
+            )
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, tuple):
+            return self.rows() == other
+        if not isinstance(other, JobColumns):
+            return NotImplemented
+        return (
+            (self.job_id, self.user, self.group) == (other.job_id, other.user, other.group)
+            and np.array_equal(self.nodes, other.nodes)
+            and np.array_equal(self.open_op, other.open_op)
+            and all(
+                np.array_equal(getattr(self, f), getattr(other, f), equal_nan=True)
+                for f in _FLOAT_FIELDS
+            )
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        more = ", …" if len(self) > 5 else ""
+        return f"JobColumns({len(self)} jobs: {', '.join(self.job_id[:5])}{more})"
+
+
 @dataclass(frozen=True, slots=True)
 class Digest:
-    """What one replica tells its peers every λ."""
+    """What one replica tells its peers every λ.
+
+    ``jobs``: a tuple of :class:`JobDigest` (built in process) or a
+    :class:`JobColumns` (decoded from the wire); :meth:`columns` gives the
+    columns either way.
+    """
 
     replica_id: ReplicaId
     incarnation: int  # start token; grows with every restart (module docstring)
@@ -97,7 +258,17 @@ class Digest:
     policy: str  # registry name or sharing spec
     policy_params: Mapping[str, Any] = field(default_factory=dict)  # read-only
     policy_version: int = 0  # a switch sets max version seen + 1
-    jobs: tuple[JobDigest, ...] = ()
+    jobs: tuple[JobDigest, ...] | JobColumns = ()
+    _columns: JobColumns | None = field(default=None, init=False, repr=False, compare=False)
+
+    def columns(self) -> JobColumns:
+        """``jobs`` as columns (converted once, for a digest built from rows)."""
+        if isinstance(self.jobs, JobColumns):
+            return self.jobs
+        if self._columns is None:
+            object.__setattr__(self, "_columns", JobColumns.from_rows(self.jobs))
+        assert self._columns is not None
+        return self._columns
 
 
 class Status(enum.Enum):
@@ -152,8 +323,13 @@ def validate(digest: Digest) -> None:
     except (TypeError, ValueError) as exc:
         raise DigestError("policy_params", f"must be plain JSON values: {exc}") from None
     _counter("policy_version", digest.policy_version)
+    if isinstance(digest.jobs, JobColumns):
+        _validate_columns(digest.jobs)
+        return
     if not isinstance(digest.jobs, tuple):
-        raise DigestError("jobs", f"must be a tuple, got {type(digest.jobs).__name__}")
+        raise DigestError(
+            "jobs", f"must be a tuple or a JobColumns, got {type(digest.jobs).__name__}"
+        )
     if len(digest.jobs) > MAX_JOBS:
         raise DigestError("jobs", f"{len(digest.jobs)} jobs, more than {MAX_JOBS}")
     seen: set[str] = set()
@@ -163,6 +339,66 @@ def validate(digest: Digest) -> None:
         if job.job_id in seen:
             raise DigestError(f"jobs[{i}].job_id", f"duplicate job id {job.job_id!r}")
         seen.add(job.job_id)
+
+
+def _validate_columns(cols: JobColumns) -> None:
+    """:func:`validate` for columns: the same checks, as array operations.
+
+    Raises the very error the row-by-row check gives for the first bad job
+    (its row is checked by :func:`_validate_job` to name the field)."""
+    n = len(cols.job_id)
+    if n > MAX_JOBS:
+        raise DigestError("jobs", f"{n} jobs, more than {MAX_JOBS}")
+    for name in JobColumns.__slots__:
+        if len(getattr(cols, name)) != n:
+            raise DigestError(f"jobs.{name}", f"{len(getattr(cols, name))} entries for {n} job ids")
+    first_bad = n
+    for name in ("job_id", "user", "group"):
+        column = getattr(cols, name)
+        if not _valid_ids(column):
+            first_bad = min(first_bad, next(i for i, v in enumerate(column) if not _valid_id(v)))
+    inf = math.inf
+    with np.errstate(invalid="ignore"):  # NaN compares False: it fails every range below
+        good = (cols.nodes >= 1) & (cols.nodes <= MAX_NODES)
+        good &= (cols.priority > 0.0) & (cols.priority <= MAX_RATE)
+        good &= (cols.demand >= 0.0) & (cols.demand <= MAX_RATE)
+        for name in ("usage_bytes", "progress", "transferred"):
+            column = getattr(cols, name)
+            good &= (column >= 0.0) & (column < inf)
+        good &= (cols.released_at > -inf) & (cols.released_at <= 0.0)
+        posted, remaining = cols.posted_at, cols.remaining
+        good &= np.isnan(posted) | ((posted > -inf) & (posted <= 0.0))
+        good &= np.isnan(remaining) | ((remaining >= 0.0) & (remaining < inf))
+        good &= cols.open_op | (cols.demand <= 0.0)
+    if not good.all():
+        first_bad = min(first_bad, int(np.argmin(good)))
+    first_dup = n
+    if len(set(cols.job_id)) != n:
+        seen: set[str] = set()
+        for i, job_id in enumerate(cols.job_id):
+            if job_id in seen:
+                first_dup = i
+                break
+            seen.add(job_id)
+    if first_bad < n and first_bad <= first_dup:
+        at = f"jobs[{first_bad}]"
+        _validate_job(at, cols[first_bad])
+        raise DigestError(at, "invalid job")  # the two checks disagree: a bug, still refused
+    if first_dup < n:
+        job_id = cols.job_id[first_dup]
+        raise DigestError(f"jobs[{first_dup}].job_id", f"duplicate job id {job_id!r}")
+
+
+def _valid_ids(column: tuple[str, ...]) -> bool:
+    """Every entry 1..MAX_ID_LENGTH printable characters, in three C-level passes."""
+    if not column:
+        return True
+    try:
+        printable = "".join(column).isprintable()  # a non-string fails the join
+    except TypeError:
+        return False
+    lengths = list(map(len, column))
+    return printable and min(lengths) > 0 and max(lengths) <= MAX_ID_LENGTH
 
 
 _NUMBER = (float, int)
@@ -471,89 +707,142 @@ class GlobalView:
         bytes, so W_i^(done) = P_i − V/b_i with that replica's own b_i). Only jobs
         with an open operation somewhere are in the view (S(t)); ``index`` is the
         job id order.
+
+        Computed on the digests' columns: every entry of every digest is
+        concatenated in replica id order, grouped by job (a stable sort keeps
+        that order within a job) and reduced per group; sums add in replica id
+        order, so every replica gets the same bits from the same digests.
         """
         digests = self.digests(self_digest)
         capacity = math.fsum(d.capacity for d in digests)
         b = min(d.node_bandwidth for d in digests)
-        by_id = {d.replica_id: d for d in digests}
-        per_job: dict[JobId, list[tuple[ReplicaId, JobDigest]]] = {}
-        for d in digests:
-            for job in d.jobs:
-                per_job.setdefault(job.job_id, []).append((d.replica_id, job))
+        columns = [d.columns() for d in digests]
+        ids = [job_id for c in columns for job_id in c.job_id]
+        if not ids:
+            return SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs={})
+        names = sorted(set(ids))  # the view's job order
+        position = {job_id: k for k, job_id in enumerate(names)}
+        job_of = np.fromiter(map(position.__getitem__, ids), dtype=np.intp, count=len(ids))
+        order = np.argsort(job_of, kind="stable")  # entries grouped by job, replica id order
+        starts = np.searchsorted(job_of[order], np.arange(len(names)))
+        first = order[starts]  # per job: its entry on the lowest replica id
+
+        def column(name: str) -> np.ndarray:
+            return np.concatenate([getattr(c, name) for c in columns])
+
+        nodes, open_op = column("nodes"), column("open_op")
+        transferred = column("transferred")
+        sizes = [len(c) for c in columns]
+        local_cap = np.minimum(  # job_cap on each entry's own replica
+            nodes * np.repeat([d.node_bandwidth for d in digests], sizes),
+            np.repeat([d.capacity for d in digests], sizes),
+        )
+        cap = np.minimum(nodes[first] * b, capacity)  # job_cap, eq. (1)
+        demand = np.minimum(cap, np.add.reduceat(column("demand")[order], starts))
+        posted_at = np.fmin.reduceat(column("posted_at")[order], starts)  # NaN: none open
+        remaining = column("remaining")
+        unknown = np.logical_or.reduceat((open_op & np.isnan(remaining))[order], starts)
+        remaining = np.add.reduceat(np.where(open_op, remaining, 0.0)[order], starts)
+        remaining[unknown] = math.nan
+        released_at = np.minimum.reduceat(column("released_at")[order], starts)
+        work = column("progress") - np.divide(
+            transferred, local_cap, out=np.zeros_like(transferred), where=local_cap > 0
+        )
+        work = np.maximum(0.0, np.maximum.reduceat(work[order], starts))
+        moved = np.add.reduceat(transferred[order], starts)
+        progress = work + np.divide(moved, cap, out=np.zeros_like(moved), where=cap > 0)
+
+        if len(ids) > len(names):
+            self._log_conflicts(digests, columns, job_of, first)
+        in_view = np.flatnonzero(np.logical_or.reduceat(open_op[order], starts))
+        at = first[in_view]
+        users = [u for c in columns for u in c.user]
+        groups = [g for c in columns for g in c.group]
         rows: dict[JobId, JobView] = {}
-        for index, job_id in enumerate(sorted(per_job)):
-            seen = per_job[job_id]
-            if not any(j.open_op for _, j in seen):
-                continue
-            first = seen[0][1]
-            cap = job_cap(first.nodes, b, capacity)
-            if len(seen) == 1:  # the common case: the values below without the sums
-                demand, posted_at = min(cap, first.demand), first.posted_at
-                remaining, released_at = first.remaining, first.released_at
-            else:
-                self._log_conflicts(first, seen[1:])
-                demand = min(cap, math.fsum(j.demand for _, j in seen))
-                posted = [j.posted_at for _, j in seen if j.posted_at is not None]
-                posted_at = min(posted) if posted else None
-                open_remaining = [j.remaining for _, j in seen if j.open_op]
-                remaining = (
-                    math.fsum(r for r in open_remaining if r is not None)
-                    if None not in open_remaining
-                    else None
-                )
-                released_at = min(j.released_at for _, j in seen)
+        for (
+            k,
+            e,
+            nodes_k,
+            priority_k,
+            cap_k,
+            demand_k,
+            posted_k,
+            remaining_k,
+            released_k,
+            progress_k,
+        ) in zip(
+            in_view.tolist(),
+            at.tolist(),
+            nodes[at].tolist(),
+            column("priority")[at].tolist(),
+            cap[in_view].tolist(),
+            demand[in_view].tolist(),
+            posted_at[in_view].tolist(),
+            remaining[in_view].tolist(),
+            released_at[in_view].tolist(),
+            progress[in_view].tolist(),
+            strict=True,
+        ):
+            job_id = names[k]
             # Positional (twice as fast as keywords, ~1,000 rows per exchange), in
             # JobView's field order (pinned by tests/unit/simulator/test_sim_engine.py).
             rows[job_id] = JobView(
                 job_id,
-                first.user,
-                first.group,
-                first.nodes,
-                first.priority,
-                cap,
-                demand,
-                posted_at,
+                users[e],
+                groups[e],
+                nodes_k,
+                priority_k,
+                cap_k,
+                demand_k,
+                None if posted_k != posted_k else posted_k,
                 0.0,  # volume: not exchanged (remaining is)
-                remaining,
+                None if remaining_k != remaining_k else remaining_k,
                 0.0,  # moved
-                released_at,
-                self._progress(seen, by_id, cap),
+                released_k,
+                progress_k,
                 0.0,  # last_work
                 0.0,  # mean_volume
-                index,
+                k,
             )
         return SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs=rows)
 
-    @staticmethod
-    def _progress(
-        seen: list[tuple[ReplicaId, JobDigest]], by_id: dict[ReplicaId, Digest], cap: float
-    ) -> float:
-        """Global P_i (eq. 6): the largest work time any replica saw plus every
-        replica's transferred bytes at the global b_i."""
-        work = 0.0
-        for rid, j in seen:
-            d = by_id[rid]
-            local_cap = job_cap(j.nodes, d.node_bandwidth, d.capacity)
-            work = max(work, j.progress - (j.transferred / local_cap if local_cap > 0 else 0.0))
-        moved = math.fsum(j.transferred for _, j in seen)
-        return work + (moved / cap if cap > 0 else 0.0)
-
-    def _log_conflicts(self, first: JobDigest, others: list[tuple[ReplicaId, JobDigest]]) -> None:
-        mine = (first.user, first.group, first.nodes, first.priority)
-        for rid, job in others:
-            if (job.user, job.group, job.nodes, job.priority) == mine:
-                continue
-            for name in ("user", "group", "nodes", "priority"):
-                key = (job.job_id, name, rid)
-                if getattr(job, name) != getattr(first, name) and key not in self._conflicts:
+    def _log_conflicts(
+        self,
+        digests: list[Digest],
+        columns: list[JobColumns],
+        job_of: np.ndarray,
+        first: np.ndarray,
+    ) -> None:
+        """Warn once per (job, field, replica) whose metadata differs from the first
+        replica's (the one the view uses)."""
+        ref = first[job_of]  # per entry: its job's entry on the lowest replica id
+        nodes = np.concatenate([c.nodes for c in columns])
+        priority = np.concatenate([c.priority for c in columns])
+        users = [u for c in columns for u in c.user]
+        groups = [g for c in columns for g in c.group]
+        differs = (nodes != nodes[ref]) | (priority != priority[ref])
+        ref_list = ref.tolist()
+        text = [users[e] != users[f] or groups[e] != groups[f] for e, f in enumerate(ref_list)]
+        suspects = np.flatnonzero(differs | np.array(text, dtype=bool)).tolist()
+        if not suspects:
+            return
+        rids = [d.replica_id for d, c in zip(digests, columns, strict=True) for _ in c.job_id]
+        ids = [job_id for c in columns for job_id in c.job_id]
+        fields = {"user": users, "group": groups, "nodes": nodes.tolist()}
+        fields["priority"] = priority.tolist()
+        for e in suspects:
+            f = ref_list[e]
+            for name, values in fields.items():
+                key = (ids[e], name, rids[e])
+                if values[e] != values[f] and key not in self._conflicts:
                     self._conflicts.add(key)
                     log.warning(
                         "job %r: replica %r reports %s=%r, using %r",
-                        job.job_id,
-                        rid,
+                        ids[e],
+                        rids[e],
                         name,
-                        getattr(job, name),
-                        getattr(first, name),
+                        values[e],
+                        values[f],
                     )
 
     def global_targets(self, self_digest: Digest, registry: PolicyRegistry) -> dict[JobId, float]:
@@ -575,5 +864,9 @@ class GlobalView:
         t = self.global_targets(self_digest, registry)
         digests = self.digests(self_digest)
         capacity = {d.replica_id: float(d.capacity) for d in digests}
-        demand = {(j.job_id, d.replica_id): float(j.demand) for d in digests for j in d.jobs}
+        demand: dict[Edge, float] = {}
+        for d in digests:
+            c = d.columns()
+            rid = d.replica_id
+            demand.update(zip([(j, rid) for j in c.job_id], c.demand.tolist(), strict=True))
         return split(t, capacity, demand)

@@ -6,7 +6,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class JobDigest(_message.Message):
+class JobColumns(_message.Message):
     __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -21,20 +21,20 @@ class JobDigest(_message.Message):
     REMAINING_FIELD_NUMBER: _ClassVar[int]
     OPEN_OP_FIELD_NUMBER: _ClassVar[int]
     TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
-    job_id: str
-    user: str
-    group: str
-    nodes: int
-    priority: float
-    demand: float
-    usage_bytes: float
-    progress: float
-    released_at: float
-    posted_at: float
-    remaining: float
-    open_op: bool
-    transferred: float
-    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., demand: _Optional[float] = ..., usage_bytes: _Optional[float] = ..., progress: _Optional[float] = ..., released_at: _Optional[float] = ..., posted_at: _Optional[float] = ..., remaining: _Optional[float] = ..., open_op: _Optional[bool] = ..., transferred: _Optional[float] = ...) -> None: ...
+    job_id: _containers.RepeatedScalarFieldContainer[str]
+    user: _containers.RepeatedScalarFieldContainer[str]
+    group: _containers.RepeatedScalarFieldContainer[str]
+    nodes: _containers.RepeatedScalarFieldContainer[int]
+    priority: _containers.RepeatedScalarFieldContainer[float]
+    demand: _containers.RepeatedScalarFieldContainer[float]
+    usage_bytes: _containers.RepeatedScalarFieldContainer[float]
+    progress: _containers.RepeatedScalarFieldContainer[float]
+    released_at: _containers.RepeatedScalarFieldContainer[float]
+    posted_at: _containers.RepeatedScalarFieldContainer[float]
+    remaining: _containers.RepeatedScalarFieldContainer[float]
+    open_op: _containers.RepeatedScalarFieldContainer[bool]
+    transferred: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Digest(_message.Message):
     __slots__ = ("replica_id", "incarnation", "epoch", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "jobs")
@@ -55,8 +55,8 @@ class Digest(_message.Message):
     policy: str
     policy_params_json: str
     policy_version: int
-    jobs: _containers.RepeatedCompositeFieldContainer[JobDigest]
-    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., jobs: _Optional[_Iterable[_Union[JobDigest, _Mapping]]] = ...) -> None: ...
+    jobs: JobColumns
+    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., jobs: _Optional[_Union[JobColumns, _Mapping]] = ...) -> None: ...
 
 class ExchangeReply(_message.Message):
     __slots__ = ("replica_id", "status", "field", "reason")

@@ -15,6 +15,7 @@ from burstctl.controller.global_view import (
     Digest,
     DigestError,
     GlobalView,
+    JobColumns,
     JobDigest,
     Status,
     validate,
@@ -520,3 +521,170 @@ def test_fast_job_check_agrees_with_the_field_by_field_one(seed: int) -> None:
         except DigestError:
             slow = False
         assert _valid_job(candidate) == slow, changes
+
+
+# -- columns ------------------------------------------------------------------------
+
+# Values each field can hold as a column (what can come off the wire): numbers of
+# any sign and size, NaN and infinities, odd strings. posted_at and remaining have
+# no NaN here: as a column NaN is their "absent" (None in a row).
+COLUMN_VALUES: dict[str, list[Any]] = {
+    "job_id": ["", "x" * 300, "ok", "a\x00b", "J0", "J3"],
+    "user": ["", "x" * 257, "bob", "a\nb"],
+    "group": ["", "g2", "\x7f"],
+    "nodes": [0, 1, 8, -3, 10**9, 2**40],
+    "open_op": [True, False],
+    **{
+        name: [math.nan, math.inf, -math.inf, -1.0, 0.0, 1e30, 1.5, -0.5, 3.0]
+        for name in ("priority", "demand", "usage_bytes", "progress", "transferred")
+    },
+    "released_at": [math.nan, math.inf, -math.inf, -1.0, 0.0, 2.0],
+    "posted_at": [None, math.inf, -math.inf, -1.0, 0.0, 2.0],
+    "remaining": [None, math.inf, -math.inf, -1.0, 0.0, 7.0],
+}
+
+
+def error_of(d: Digest) -> str | None:
+    try:
+        validate(d)
+    except DigestError as exc:
+        return str(exc)
+    return None
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_column_check_gives_the_row_checks_verdict_and_message(seed: int) -> None:
+    # The array check of a JobColumns digest must accept exactly what the row-by-row
+    # check accepts and name the same first bad job and field.
+    rng = random.Random(seed)
+    failed = 0
+    for _ in range(100):
+        rows = [
+            job(f"J{i}", nodes=rng.choice([1, 8]), demand=rng.choice([0.0, 5.0])) for i in range(5)
+        ]
+        for _ in range(rng.randint(0, 3)):
+            i, name = rng.randrange(5), rng.choice(sorted(COLUMN_VALUES))
+            rows[i] = dataclasses.replace(rows[i], **{name: rng.choice(COLUMN_VALUES[name])})
+        as_rows = digest("R2", tuple(rows))
+        as_columns = digest("R2", JobColumns.from_rows(rows))
+        assert error_of(as_columns) == error_of(as_rows), rows
+        failed += error_of(as_rows) is not None
+    assert 10 < failed < 100  # both verdicts were exercised
+
+
+def test_columns_of_different_lengths_are_rejected_by_name() -> None:
+    good = JobColumns.from_rows([job("J1"), job("J2")])
+    fields = {name: getattr(good, name) for name in JobColumns.__slots__}
+    bad = digest("R2", JobColumns(**{**fields, "remaining": good.remaining[:1]}))
+    with pytest.raises(DigestError) as err:
+        validate(bad)
+    assert err.value.field == "jobs.remaining"
+    gv = GlobalView("R1")
+    assert gv.receive(bad, 0.0).status is Status.REJECTED
+    assert gv.live_peers() == []
+
+
+def test_columns_and_rows_of_one_digest_are_equal_and_read_only() -> None:
+    rows = (job("J1", remaining=5.0), job("J2", demand=0.0, transferred=3.0))
+    cols = JobColumns.from_rows(rows)
+    assert digest("R2", cols) == digest("R2", rows) and cols == rows
+    assert tuple(cols) == rows and cols[1] == rows[1] and len(cols) == 2
+    assert cols != JobColumns.from_rows((rows[0], job("J2", demand=0.0)))
+    with pytest.raises(ValueError, match="read-only"):
+        cols.demand[0] = 1.0
+    with pytest.raises(AttributeError):
+        cols.demand = cols.progress  # type: ignore[misc]
+
+
+def reference_view(digests: list[Digest]) -> dict[str, JobView]:
+    """The merge of GlobalView.system_view's docstring, job by job on rows (what
+    system_view computed before it worked on columns)."""
+    capacity = math.fsum(d.capacity for d in digests)
+    b = min(d.node_bandwidth for d in digests)
+    names = sorted({j.job_id for d in digests for j in d.jobs})
+    out = {}
+    for index, job_id in enumerate(names):
+        seen = [(d, j) for d in digests for j in d.jobs if j.job_id == job_id]
+        if not any(j.open_op for _, j in seen):
+            continue
+        first = seen[0][1]
+        cap = min(first.nodes * b, capacity)
+        posted = [j.posted_at for _, j in seen if j.posted_at is not None]
+        open_remaining = [j.remaining for _, j in seen if j.open_op]
+        work = 0.0
+        for d, j in seen:
+            local_cap = min(j.nodes * d.node_bandwidth, d.capacity)
+            work = max(work, j.progress - (j.transferred / local_cap if local_cap > 0 else 0.0))
+        moved = math.fsum(j.transferred for _, j in seen)
+        out[job_id] = JobView(
+            job_id,
+            first.user,
+            first.group,
+            first.nodes,
+            first.priority,
+            cap,
+            min(cap, math.fsum(j.demand for _, j in seen)),
+            min(posted) if posted else None,
+            0.0,
+            None if None in open_remaining else math.fsum(open_remaining),
+            0.0,
+            min(j.released_at for _, j in seen),
+            work + (moved / cap if cap > 0 else 0.0),
+            0.0,
+            0.0,
+            index,
+        )
+    return out
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_system_view_on_columns_equals_the_job_by_job_merge(seed: int) -> None:
+    rng = random.Random(5000 + seed)
+    replicas = [f"r{i}" for i in range(rng.randint(1, 5))]
+    placed: dict[str, list[JobDigest]] = {r: [] for r in replicas}
+    for i in range(rng.randint(0, 30)):
+        nodes = rng.choice([1, 2, 8, 64])
+        for r in rng.sample(replicas, rng.randint(1, len(replicas))):
+            open_op = rng.random() < 0.7
+            placed[r].append(
+                job(
+                    f"j{i:02d}",
+                    nodes=nodes if rng.random() < 0.9 else nodes + 1,  # a metadata conflict
+                    demand=rng.choice([rng.uniform(1.0, 90.0), BIG]) if open_op else 0.0,
+                    open_op=open_op,
+                    posted_at=-rng.uniform(0.0, 9.0) if open_op else None,
+                    remaining=rng.choice([None, rng.uniform(0.0, 1e4)]) if open_op else None,
+                    progress=rng.uniform(0.0, 20.0),
+                    transferred=rng.choice([0.0, rng.uniform(0.0, 5e3)]),
+                    released_at=-rng.uniform(20.0, 60.0),
+                    user=rng.choice(["u1", "u2"]),
+                )
+            )
+    cluster = [
+        digest(
+            r,
+            tuple(placed[r]),
+            capacity=rng.choice([0.0, 50.0, 120.0]),
+            node_bandwidth=rng.choice([10.0, 40.0]),
+        )
+        for r in replicas
+    ]
+    me, peers = cluster[0], cluster[1:]
+    gv = GlobalView(me.replica_id)
+    for d in peers:
+        wire = dataclasses.replace(d, jobs=JobColumns.from_rows(d.jobs))  # as decoded
+        assert gv.receive(wire, 0.0).accepted
+    got = gv.system_view(me)
+    expected = reference_view(cluster)
+    assert list(got.jobs) == list(expected)
+    assert got.capacity == math.fsum(d.capacity for d in cluster)
+    for job_id, want in expected.items():
+        row = got.jobs[job_id]
+        for name in ("job_id", "user", "group", "nodes", "priority", "cap", "index"):
+            assert getattr(row, name) == getattr(want, name), (job_id, name)
+        for name in ("demand", "posted_at", "remaining", "released_at", "progress"):
+            a, b = getattr(row, name), getattr(want, name)
+            assert (a is None) == (b is None), (job_id, name)
+            if a is not None:
+                assert a == pytest.approx(b, rel=1e-12, abs=1e-12), (job_id, name)
+        assert type(row.nodes) is int and type(row.demand) is float

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import time
 
 import pytest
 
-from burstctl.controller.global_view import Digest, DigestError, JobDigest
+from burstctl.controller.global_view import Digest, DigestError, JobColumns, JobDigest
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.controller.peers import (
     EARLY_GAP,
@@ -46,14 +47,20 @@ def test_round_trip_keeps_every_field_including_absent_optionals() -> None:
 @pytest.mark.parametrize(
     ("edit", "field"),
     [
-        (lambda m: setattr(m.jobs[1], "nodes", 0), "jobs[1].nodes"),
+        (lambda m: m.jobs.nodes.__setitem__(1, 0), "jobs[1].nodes"),
+        (lambda m: m.jobs.user.__setitem__(1, "a\x00b"), "jobs[1].user"),
+        (lambda m: m.jobs.job_id.__setitem__(1, "a"), "jobs[1].job_id"),  # a duplicate
+        (lambda m: m.jobs.posted_at.__setitem__(0, float("inf")), "jobs[0].posted_at"),
+        (lambda m: m.jobs.progress.__setitem__(1, float("nan")), "jobs[1].progress"),
+        (lambda m: m.jobs.demand.pop(), "jobs.demand"),  # columns of different lengths
+        (lambda m: m.jobs.job_id.append("c"), "jobs.user"),
         (lambda m: setattr(m, "capacity", float("nan")), "capacity"),
         (lambda m: setattr(m, "policy_params_json", "{"), "policy_params_json"),
         (lambda m: setattr(m, "policy_params_json", "[1]"), "policy_params_json"),
         (lambda m: setattr(m, "epoch", -1), "epoch"),
         (
-            lambda m: setattr(m.jobs[0], "demand", 5.0) or setattr(m.jobs[0], "open_op", False),
-            "jobs[0].demand",
+            lambda m: m.jobs.demand.__setitem__(1, 5.0),  # demand without an open operation
+            "jobs[1].demand",
         ),
     ],
 )
@@ -63,6 +70,18 @@ def test_malformed_proto_names_the_field(edit, field: str) -> None:
     with pytest.raises(DigestError) as err:
         digest_from_proto(msg)
     assert err.value.field == field
+
+
+def test_jobs_travel_as_columns_and_absent_values_as_nan() -> None:
+    msg = digest_to_proto(DIGEST)
+    assert list(msg.jobs.job_id) == ["a", "b"]
+    assert list(msg.jobs.nodes) == [4, 1]
+    assert msg.jobs.posted_at[0] == -1.0 and math.isnan(msg.jobs.posted_at[1])
+    assert msg.jobs.remaining[0] == 500.0 and math.isnan(msg.jobs.remaining[1])
+    got = digest_from_proto(pb.Digest.FromString(msg.SerializeToString()))
+    assert isinstance(got.jobs, JobColumns)
+    assert got.jobs[1] == DIGEST.jobs[1]  # NaN comes back as None
+    assert tuple(got.jobs) == DIGEST.jobs
 
 
 def test_digest_of_the_job_table() -> None:
