@@ -3,7 +3,8 @@
 Every λ (``sync_interval``), and early (at least λ/4 after the previous one)
 when a local job starts or ends an I/O phase, a replica builds its
 :class:`Digest` from its job table and sends it to every configured peer
-(``burstctl.v1.Peer/Exchange``, one grpc.aio channel per peer, a deadline of λ).
+(``burstctl.v1.Peer/Stream``: one grpc.aio channel and one long-lived stream per
+peer, a reply per digest awaited for at most λ).
 What it receives goes into its :class:`GlobalView`. After each exchange it
 expires peers silent for k·λ and, when at least one peer is live, computes the
 global split (:meth:`GlobalView.targets`) and hands its own column to the
@@ -19,7 +20,7 @@ import json
 import logging
 import math
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import grpc
@@ -42,7 +43,7 @@ from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 log = logging.getLogger(__name__)
 
 PEER_SERVICE_NAME = "burstctl.v1.Peer"
-_EXCHANGE = f"/{PEER_SERVICE_NAME}/Exchange"
+_STREAM = f"/{PEER_SERVICE_NAME}/Stream"
 # An early exchange (poke) comes at least this fraction of λ after the previous one.
 EARLY_GAP = 0.25
 
@@ -216,17 +217,53 @@ class PeerServicer:
         self.rejected = 0
 
     def rpc_handlers(self) -> grpc.GenericRpcHandler:
-        # By hand, like the Controller service: an undecodable digest gets INVALID_ARGUMENT.
-        handler = grpc.unary_unary_rpc_method_handler(
+        # By hand, like the Controller service: an undecodable digest reaches the
+        # handler (INVALID_ARGUMENT for Exchange, a rejected reply on a Stream).
+        exchange = grpc.unary_unary_rpc_method_handler(
             self.exchange,
             request_deserializer=_decode_digest,
             response_serializer=pb.ExchangeReply.SerializeToString,
         )
-        return grpc.method_handlers_generic_handler(PEER_SERVICE_NAME, {"Exchange": handler})
+        stream = grpc.stream_stream_rpc_method_handler(
+            self.stream,
+            request_deserializer=_decode_digest,
+            response_serializer=pb.ExchangeReply.SerializeToString,
+        )
+        return grpc.method_handlers_generic_handler(
+            PEER_SERVICE_NAME, {"Exchange": exchange, "Stream": stream}
+        )
 
     async def exchange(
         self, request: pb.Digest | _Malformed, context: grpc.aio.ServicerContext
     ) -> pb.ExchangeReply:
+        try:
+            return self._receive(request, context)
+        except DigestError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            raise AssertionError("unreachable") from None  # abort raises
+
+    async def stream(
+        self,
+        requests: AsyncIterator[pb.Digest | _Malformed],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[pb.ExchangeReply]:
+        """One reply per digest, in order, for as long as the peer keeps the stream."""
+        async for request in requests:
+            try:
+                yield self._receive(request, context)
+            except DigestError as exc:
+                yield pb.ExchangeReply(
+                    replica_id=self.replica_id,
+                    status=Status.REJECTED.value,
+                    field=exc.field,
+                    reason=str(exc),
+                )
+
+    def _receive(
+        self, request: pb.Digest | _Malformed, context: grpc.aio.ServicerContext
+    ) -> pb.ExchangeReply:
+        """Merges one digest into the view; raises :class:`DigestError` for a malformed
+        one (logged and counted here)."""
         self.received += 1
         try:
             if isinstance(request, _Malformed):
@@ -235,8 +272,7 @@ class PeerServicer:
         except DigestError as exc:
             self.rejected += 1
             log.warning("malformed digest from %s: %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-            raise AssertionError("unreachable") from None  # abort raises
+            raise
         outcome = self.view.receive(digest, self._clock(), validated=True)
         if outcome.status is Status.REJECTED:
             self.rejected += 1
@@ -273,24 +309,42 @@ class PeerLink:
         # Opened on first use: a grpc.aio channel belongs to the loop it was created in,
         # and the service is built before the CLI starts its loop.
         self.channel: grpc.aio.Channel | None = None
-        self._exchange: grpc.aio.UnaryUnaryMultiCallable | None = None
+        self._open_stream: Callable[[], grpc.aio.StreamStreamCall] | None = None
+        self._call: grpc.aio.StreamStreamCall | None = None
         self.replica_id: str | None = None
         self.failures = 0
+        self.streams_opened = 0
 
     async def send(self, wire: bytes, timeout: float) -> pb.ExchangeReply | None:
-        """Sends one encoded ``Digest`` (encoded once for every peer: ~1 ms at 1,000 jobs)."""
-        if self._exchange is None:
+        """Sends one encoded ``Digest`` (encoded once for every peer) on this link's
+        stream and waits up to ``timeout`` for its reply; None when that fails.
+
+        One ``Peer/Stream`` call per peer, kept open: a digest on an open stream
+        costs the receiver about half of what a unary call does. A failure or a
+        late reply closes the stream (a late reply must not be taken for the
+        next digest's); the next send opens a new one.
+        """
+        if self._open_stream is None:
             self.channel = grpc.aio.insecure_channel(self.address, options=self._options)
-            self._exchange = self.channel.unary_unary(
-                _EXCHANGE,
+            self._open_stream = self.channel.stream_stream(
+                _STREAM,
                 request_serializer=None,  # bytes as they are
                 response_deserializer=pb.ExchangeReply.FromString,
             )
+        if self._call is None or self._call.done():
+            self._call = self._open_stream()
+            self.streams_opened += 1
         try:
-            reply: pb.ExchangeReply = await self._exchange(wire, timeout=timeout)
-        except grpc.aio.AioRpcError as exc:
+            reply = await asyncio.wait_for(self._round_trip(self._call, wire), timeout)
+        except (grpc.RpcError, TimeoutError, _StreamEnded) as exc:
             self.failures += 1
-            log.debug("exchange with %s failed: %s %s", self.address, exc.code(), exc.details())
+            detail = (
+                f"{exc.code()} {exc.details()}"
+                if isinstance(exc, grpc.aio.AioRpcError)
+                else type(exc).__name__
+            )
+            log.debug("exchange with %s failed: %s", self.address, detail)
+            self._drop_stream()
             return None
         if reply.status == Status.REJECTED.value:
             log.debug("peer %s rejected our digest: %s", self.address, reply.reason)
@@ -299,9 +353,28 @@ class PeerLink:
             self.replica_id = reply.replica_id
         return reply
 
+    @staticmethod
+    async def _round_trip(call: grpc.aio.StreamStreamCall, wire: bytes) -> pb.ExchangeReply:
+        await call.write(wire)
+        reply = await call.read()
+        if reply is grpc.aio.EOF:
+            raise _StreamEnded
+        assert isinstance(reply, pb.ExchangeReply)
+        return reply
+
+    def _drop_stream(self) -> None:
+        if self._call is not None:
+            self._call.cancel()
+            self._call = None
+
     async def close(self) -> None:
+        self._drop_stream()
         if self.channel is not None:
             await self.channel.close(grace=None)
+
+
+class _StreamEnded(Exception):
+    """The peer ended the stream without a reply (it is stopping)."""
 
 
 class PeerSync:

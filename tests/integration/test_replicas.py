@@ -10,6 +10,7 @@ policy switch): test_replica_processes.py.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import socket
 import time
 from collections.abc import Awaitable, Callable
@@ -289,8 +290,32 @@ async def test_malformed_digest_is_invalid_argument_and_ignored(service_factory:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await channel.unary_unary("/burstctl.v1.Peer/Exchange")(b"\xff\xff", timeout=5)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
+        # On a stream a bad digest gets a rejected reply and the stream goes on.
+        stream = channel.stream_stream(
+            "/burstctl.v1.Peer/Stream",
+            request_serializer=None,
+            response_deserializer=pb.ExchangeReply.FromString,
+        )()
+        for wire in (digest_to_proto(bad).SerializeToString(), b"\xff\xff"):
+            await stream.write(wire)
+            reply = await asyncio.wait_for(stream.read(), 5)
+            assert reply.status == "rejected" and reply.replica_id == "r1"
+            assert reply.field == ("jobs[1].nodes" if wire != b"\xff\xff" else "digest")
+        stale = dataclasses.replace(bad, incarnation=1, jobs=bad.jobs[:1])  # well-formed
+        await stream.write(digest_to_proto(stale).SerializeToString())
+        reply = await asyncio.wait_for(stream.read(), 5)
+        assert (reply.status, reply.field) == ("rejected", "incarnation")  # r2's is higher
+        await stream.done_writing()
+        assert await asyncio.wait_for(stream.read(), 5) is grpc.aio.EOF
+        assert await stream.code() is grpc.StatusCode.OK
     # the view still holds r2's real digest, not the impostor's incarnation
     held = sync.view.digests()
     assert [d.replica_id for d in held] == ["r2"]
     assert held[0].incarnation != 2**62
     assert all(j.job_id != "J9" for j in held[0].jobs)
+    # r1's link to r2 sends every digest on one stream, not a call per digest
+    link = sync.links[0]
+    opened, failures, done = link.streams_opened, link.failures, sync.exchanges
+    await async_wait_until(lambda: sync.exchanges >= done + 3, 10, message="3 exchanges")
+    assert (link.streams_opened, link.failures) == (opened, failures)
+    assert opened <= failures + 1  # a new stream only after a failed send

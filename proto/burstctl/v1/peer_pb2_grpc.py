@@ -39,13 +39,27 @@ class PeerStub:
                 request_serializer=burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
                 response_deserializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
                 _registered_method=True)
+        self.Stream = channel.stream_stream(
+                '/burstctl.v1.Peer/Stream',
+                request_serializer=burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
+                response_deserializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
+                _registered_method=True)
 
 
 class PeerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def Exchange(self, request, context):
-        """Missing associated documentation comment in .proto file."""
+        """One digest, one reply; a malformed digest ends the call with INVALID_ARGUMENT.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Stream(self, request_iterator, context):
+        """What replicas use: one long-lived stream per peer, one reply per digest in
+        order; a malformed digest gets a "rejected" reply and the stream goes on.
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -55,6 +69,11 @@ def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Exchange': grpc.unary_unary_rpc_method_handler(
                     servicer.Exchange,
+                    request_deserializer=burstctl_dot_v1_dot_peer__pb2.Digest.FromString,
+                    response_serializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.SerializeToString,
+            ),
+            'Stream': grpc.stream_stream_rpc_method_handler(
+                    servicer.Stream,
                     request_deserializer=burstctl_dot_v1_dot_peer__pb2.Digest.FromString,
                     response_serializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.SerializeToString,
             ),
@@ -84,6 +103,33 @@ class Peer:
             request,
             target,
             '/burstctl.v1.Peer/Exchange',
+            burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
+            burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Stream(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/burstctl.v1.Peer/Stream',
             burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
             burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
             options,

@@ -7,12 +7,14 @@ import contextlib
 import math
 import time
 
+import grpc
 import pytest
 
 from burstctl.controller.global_view import Digest, DigestError, JobColumns, JobDigest
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.controller.peers import (
     EARLY_GAP,
+    PeerLink,
     PeerSync,
     build_digest,
     digest_from_proto,
@@ -209,3 +211,45 @@ async def test_a_poke_brings_the_next_exchange_forward() -> None:
         with contextlib.suppress(asyncio.CancelledError):
             await task
         await sync.close()
+
+
+async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another() -> None:
+    # A peer (a real gRPC server on loopback) that answers the first digest of each
+    # stream only after 0.4 s, longer than the link waits.
+    opened: list[int] = []
+
+    async def slow(requests, context):  # type: ignore[no-untyped-def]
+        opened.append(1)
+        async for _ in requests:
+            await asyncio.sleep(0.4)  # the peer's slowness, not synchronisation
+            yield pb.ExchangeReply(replica_id="slow", status="accepted")
+
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (
+            grpc.method_handlers_generic_handler(
+                "burstctl.v1.Peer",
+                {
+                    "Stream": grpc.stream_stream_rpc_method_handler(
+                        slow,
+                        request_deserializer=bytes,
+                        response_serializer=pb.ExchangeReply.SerializeToString,
+                    )
+                },
+            ),
+        )
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    link = PeerLink(f"127.0.0.1:{port}", interval=0.1)
+    try:
+        wire = digest_to_proto(DIGEST).SerializeToString()
+        assert await link.send(wire, timeout=0.1) is None
+        assert (link.failures, link.streams_opened) == (1, 1)
+        reply = await link.send(wire, timeout=2.0)  # a new stream: not the late reply
+        assert reply is not None and reply.replica_id == "slow"
+        assert (link.failures, link.streams_opened) == (1, 2)
+        assert len(opened) == 2
+    finally:
+        await link.close()
+        await server.stop(None)

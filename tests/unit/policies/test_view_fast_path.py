@@ -48,3 +48,20 @@ def test_the_cache_is_not_part_of_the_views_value() -> None:
     # replace() builds through the constructor: no stale cache carried over
     other = dataclasses.replace(view, jobs={"b": row("b", 0)})
     assert [j.job_id for j in other.active_jobs()] == ["b"]
+
+
+def test_job_row_builds_the_constructors_row() -> None:
+    from burstctl.policies.view import job_row
+
+    values = ("j", "u", "g", 4, 2.0, 10.0, 5.0, -1.0, 8.0, 3.0, 5.0, -9.0, 1.5, 0.5, 7.0, 3)
+    fast, built = job_row(*values), JobView(*values)
+    assert type(fast) is JobView and isinstance(fast, JobView)
+    assert fast == built and hash(fast) == hash(built) and repr(fast) == repr(built)
+    assert dataclasses.astuple(fast) == values
+    assert fast.yield_at(1.0) == built.yield_at(1.0)
+    assert dataclasses.replace(fast, demand=1.0) == dataclasses.replace(built, demand=1.0)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast.demand = 1.0  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        job_row(*values[:-1])  # every field, no defaults
+    assert job_row is not JobView  # this interpreter takes the fast path
