@@ -31,7 +31,6 @@ from burstctl.controller.global_view import (
     DigestError,
     GlobalView,
     JobColumns,
-    JobDigest,
     Status,
     validate,
 )
@@ -149,36 +148,50 @@ def build_digest(
     now: float,
 ) -> Digest:
     """This replica's digest at ``now``; ``usage_seen`` (bytes moved per job at the
-    previous digest) is updated in place."""
-    jobs = []
+    previous digest) is updated in place. The jobs are built as columns."""
+    job_ids: list[str] = []
+    users: list[str] = []
+    groups: list[str] = []
+    nodes: list[int] = []
+    priorities: list[float] = []
+    demands: list[float] = []
+    usages: list[int] = []
+    progresses: list[float] = []
+    released: list[float] = []
+    posted: list[float] = []
+    remainings: list[float] = []
+    opens: list[bool] = []
+    transferred: list[float] = []
+    nan = math.nan
     for job_id in sorted(table.jobs):
         job = table.jobs[job_id]
         if job.status is not JobStatus.ACTIVE:
             usage_seen.pop(job_id, None)
             continue
-        cap = job_cap(job.meta.nodes, node_bandwidth, capacity)
+        meta = job.meta
+        cap = job_cap(meta.nodes, node_bandwidth, capacity)
         ops = list(job.open_ops())
-        open_op = bool(ops)
-        known = open_op and all(o.volume > 0 for o in ops)
         moved = job.bytes_moved - usage_seen.get(job_id, 0)
         usage_seen[job_id] = job.bytes_moved
-        jobs.append(
-            JobDigest(
-                job_id=job_id,
-                user=job.meta.user,
-                group=job.meta.group,
-                nodes=job.meta.nodes,
-                priority=float(job.meta.priority),
-                demand=table.job_demand(job, cap) if open_op else 0.0,
-                usage_bytes=float(max(0, moved)),
-                progress=max(0.0, job.progress(now, cap)),
-                released_at=min(0.0, job.first_seen - now),
-                posted_at=min(0.0, min(o.posted_at for o in ops) - now) if open_op else None,
-                remaining=(float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None),
-                open_op=open_op,
-                transferred=float(job.transferred),
-            )
-        )
+        job_ids.append(job_id)
+        users.append(meta.user)
+        groups.append(meta.group)
+        nodes.append(meta.nodes)
+        priorities.append(meta.priority)
+        usages.append(max(0, moved))
+        progresses.append(max(0.0, job.progress(now, cap)))
+        released.append(min(0.0, job.first_seen - now))
+        opens.append(bool(ops))
+        transferred.append(job.transferred)
+        if ops:
+            demands.append(table.job_demand(job, cap))
+            posted.append(min(0.0, min(o.posted_at for o in ops) - now))
+            known = all(o.volume > 0 for o in ops)
+            remainings.append(sum(max(0, o.volume - o.moved) for o in ops) if known else nan)
+        else:
+            demands.append(0.0)
+            posted.append(nan)
+            remainings.append(nan)
     for job_id in [j for j in usage_seen if j not in table.jobs]:
         del usage_seen[job_id]
     return Digest(
@@ -190,7 +203,21 @@ def build_digest(
         policy=policy,
         policy_params=dict(policy_params),
         policy_version=policy_version,
-        jobs=tuple(jobs),
+        jobs=JobColumns(
+            job_id=job_ids,
+            user=users,
+            group=groups,
+            nodes=nodes,
+            priority=priorities,
+            demand=demands,
+            usage_bytes=usages,
+            progress=progresses,
+            released_at=released,
+            posted_at=posted,
+            remaining=remainings,
+            open_op=opens,
+            transferred=transferred,
+        ),
     )
 
 
@@ -336,7 +363,8 @@ class PeerLink:
             self.streams_opened += 1
         try:
             reply = await asyncio.wait_for(self._round_trip(self._call, wire), timeout)
-        except (grpc.RpcError, TimeoutError, _StreamEnded) as exc:
+        except (grpc.RpcError, TimeoutError, asyncio.InvalidStateError, _StreamEnded) as exc:
+            # InvalidStateError: the stream ended between done() and write()
             self.failures += 1
             detail = (
                 f"{exc.code()} {exc.details()}"
@@ -446,7 +474,13 @@ class PeerSync:
         self.epoch += 1
         digest = self._make_digest(self.epoch)
         wire = digest_to_proto(digest).SerializeToString()
-        await asyncio.gather(*(link.send(wire, self.interval) for link in self.links))
+        sent = await asyncio.gather(
+            *(link.send(wire, self.interval) for link in self.links), return_exceptions=True
+        )
+        for link, outcome in zip(self.links, sent, strict=True):
+            if isinstance(outcome, Exception):  # a bug in one link must not cost the others
+                link.failures += 1
+                log.error("exchange with %s failed", link.address, exc_info=outcome)
         self._allowed()
         self.view.expire(self._clock(), self.interval, self.missed)
         self.exchanges += 1

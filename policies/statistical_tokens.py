@@ -176,10 +176,30 @@ def _split(node: _Node, bandwidth: float) -> dict[str, float]:
     children = node.children
     ceilings = {key: child.demand for key, child in children.items()}
     weights = {key: child.weight for key, child in children.items()}
+    return _capped_split(ceilings, weights, bandwidth)
+
+
+def _flat(level: str, jobs: list[JobView], bandwidth: float) -> dict[JobId, float]:
+    """``_fill(_tree((level,), jobs), bandwidth, out)`` for a one-level spec, without
+    the tree: the root's split among the jobs is the whole allocation."""
+    weight_of = _JOB_WEIGHT[level]
+    ceilings = {job.job_id: job.demand for job in jobs}
+    weights = {}
+    for job in jobs:
+        weight = weight_of(job)
+        weights[job.job_id] = weight if weight > 0.0 and math.isfinite(weight) else 0.0
+    return _capped_split(ceilings, weights, bandwidth)
+
+
+def _capped_split(
+    ceilings: dict[str, float], weights: dict[str, float], bandwidth: float
+) -> dict[str, float]:
+    """Water-filling of ``bandwidth`` by weight under the ceilings; zero weights only
+    share what the weighted ones leave."""
     rates = water_fill(ceilings, weights, bandwidth)
-    scavengers = [key for key, child in children.items() if child.weight == 0.0]
+    scavengers = [key for key, weight in weights.items() if weight == 0.0]
     if scavengers:  # zero weights: only what the weighted siblings leave, evenly
-        weighted_demand = sum(c.demand for c in children.values() if c.weight > 0.0)
+        weighted_demand = sum(ceilings[key] for key, w in weights.items() if w > 0.0)
         if weighted_demand < bandwidth:
             rates.update(
                 water_fill(
@@ -248,8 +268,11 @@ class StatisticalTokens(Policy):
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         rates: dict[JobId, float] = {}
         active = view.active_jobs()
-        if active:
-            _fill(_tree(self.levels, active), view.capacity, rates)
+        if not active:
+            return rates
+        if len(self.levels) == 1:  # job-, size- or priority-fair: no tree needed
+            return _flat(self.levels[0], active, view.capacity)
+        _fill(_tree(self.levels, active), view.capacity, rates)
         return rates
 
     def shares(self, view: SystemView) -> dict[JobId, float]:

@@ -213,17 +213,8 @@ async def test_a_poke_brings_the_next_exchange_forward() -> None:
         await sync.close()
 
 
-async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another() -> None:
-    # A peer (a real gRPC server on loopback) that answers the first digest of each
-    # stream only after 0.4 s, longer than the link waits.
-    opened: list[int] = []
-
-    async def slow(requests, context):  # type: ignore[no-untyped-def]
-        opened.append(1)
-        async for _ in requests:
-            await asyncio.sleep(0.4)  # the peer's slowness, not synchronisation
-            yield pb.ExchangeReply(replica_id="slow", status="accepted")
-
+async def _peer_server(handler) -> tuple[grpc.aio.Server, int]:  # type: ignore[no-untyped-def]
+    """A real gRPC server on loopback whose Peer/Stream is ``handler``."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (
@@ -231,7 +222,7 @@ async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another(
                 "burstctl.v1.Peer",
                 {
                     "Stream": grpc.stream_stream_rpc_method_handler(
-                        slow,
+                        handler,
                         request_deserializer=bytes,
                         response_serializer=pb.ExchangeReply.SerializeToString,
                     )
@@ -241,6 +232,20 @@ async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another(
     )
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
+    return server, port
+
+
+async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another() -> None:
+    # A peer that answers each digest only after 0.4 s, longer than the link waits.
+    opened: list[int] = []
+
+    async def slow(requests, context):  # type: ignore[no-untyped-def]
+        opened.append(1)
+        async for _ in requests:
+            await asyncio.sleep(0.4)  # the peer's slowness, not synchronisation
+            yield pb.ExchangeReply(replica_id="slow", status="accepted")
+
+    server, port = await _peer_server(slow)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.1)
     try:
         wire = digest_to_proto(DIGEST).SerializeToString()
@@ -253,3 +258,24 @@ async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another(
     finally:
         await link.close()
         await server.stop(None)
+
+
+async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception() -> None:
+    # A peer (stopping, restarting) that ends each stream after one reply: the
+    # link's next write may find the call finished (InvalidStateError) or read EOF.
+    async def once(requests, context):  # type: ignore[no-untyped-def]
+        async for _ in requests:
+            yield pb.ExchangeReply(replica_id="brief", status="accepted")
+            return
+
+    server, port = await _peer_server(once)
+    link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
+    wire = digest_to_proto(DIGEST).SerializeToString()
+    try:
+        replies = [await link.send(wire, timeout=2.0) for _ in range(6)]
+    finally:
+        await link.close()
+        await server.stop(None)
+    answered = [r for r in replies if r is not None]
+    assert answered and all(r.replica_id == "brief" for r in answered)
+    assert link.failures == 6 - len(answered)  # every send answered or counted as failed

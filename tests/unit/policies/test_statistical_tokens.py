@@ -483,3 +483,36 @@ def test_segments_cover_zero_to_one() -> None:
     assert segments.pick(0.9999999999999999) == "b"  # a zero-length segment is never hit
     thirds = Segments.of(dict.fromkeys("xyz", 1 / 3))
     assert thirds.ends[-1] == 1.0  # the last end is exactly 1 despite rounding
+
+
+@pytest.mark.parametrize("level", ["job", "size", "priority"])
+@pytest.mark.parametrize("seed", range(20))
+def test_one_level_shortcut_equals_the_tree(level: str, seed: int) -> None:
+    # allocate() skips the tree for one-level specs: same rates, same order.
+    from burstctl.policies.statistical_tokens import _fill, _flat, _tree
+
+    rng = random.Random(seed)
+    jobs = [
+        JobView(
+            f"j{i}",
+            "u",
+            "g",
+            rng.choice([1, 2, 8]),
+            rng.choice([0.0, 1.0, 3.0, float("inf")]),  # zero or odd priorities scavenge
+            100.0,
+            rng.choice([0.0, 1.0, rng.uniform(0.0, 100.0), 100.0]),
+            index=i,
+        )
+        for i in range(rng.randint(1, 12))
+    ]
+    capacity = rng.choice([0.0, 10.0, 100.0, 1e4])
+    tree: dict[str, float] = {}
+    _fill(_tree((level,), jobs), capacity, tree)
+    flat = _flat(level, jobs, capacity)
+    assert list(flat.items()) == list(tree.items())
+    view = SystemView(
+        now=0.0, capacity=capacity, node_bandwidth=100.0, jobs={j.job_id: j for j in jobs}
+    )
+    assert default_registry().create(level).allocate(view) == {
+        j: r for j, r in tree.items() if view.jobs[j].demand > 0.0
+    }
