@@ -485,16 +485,23 @@ def reference_ms() -> float:
 
 def exchange_of(shadow: Service, peer_wires: list[bytes]) -> Callable[[], None]:
     """Replica r0's share of one exchange without gRPC: build and encode its digest,
-    decode, validate and merge every peer's, then the global split."""
+    decode, validate and merge every peer's, then its column of the global split.
+    One GlobalView for every call, as a replica keeps one (its policy instance
+    and the registry's check of each peer's policy are built once)."""
     registry = shadow.registry
+    view = GlobalView(shadow.config.replica_id, registry=registry)
+    epoch = 0
 
     def once() -> None:
+        nonlocal epoch
+        epoch += 1
         own = digest_of(shadow)
         digest_to_proto(own).SerializeToString()
-        view = GlobalView(own.replica_id, registry=registry)
         for data in peer_wires:
-            view.receive(decode(data), 0.0, validated=True)
-        view.targets(own, registry)
+            peer = decode(data)
+            # a new epoch each time: accepted and merged, as in steady state
+            view.receive(dataclasses.replace(peer, epoch=epoch), 0.0, validated=True)
+        view.column(own, registry)
 
     return once
 

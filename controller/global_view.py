@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from burstctl.controller.split import Edge, ReplicaId, split
+from burstctl.controller.split import Edge, ReplicaId, split_entries
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry
 from burstctl.policies.view import JobId, JobView, SystemView, job_row
@@ -696,6 +696,11 @@ class GlobalView:
 
     # -- targets ------------------------------------------------------------------
     def system_view(self, self_digest: Digest) -> SystemView:
+        """One view of the union of the live replicas' jobs with capacity Σ_r B_r
+        (:meth:`_merge`, which says how each job is merged)."""
+        return self._merge(self_digest).view
+
+    def _merge(self, self_digest: Digest) -> _Merged:
         """One view of the union of the live replicas' jobs with capacity Σ_r B_r.
 
         Per job: metadata (user, group, nodes, priority) from the first replica
@@ -717,9 +722,14 @@ class GlobalView:
         capacity = math.fsum(d.capacity for d in digests)
         b = min(d.node_bandwidth for d in digests)
         columns = [d.columns() for d in digests]
+        sizes = [len(c) for c in columns]
+        replicas = [d.replica_id for d in digests]
+        capacities = np.array([d.capacity for d in digests], dtype=np.float64)
         ids = [job_id for c in columns for job_id in c.job_id]
         if not ids:
-            return SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs={})
+            view = SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs={})
+            none = np.zeros(0, dtype=np.intp)
+            return _Merged(view, [], replicas, capacities, none, none, np.zeros(0))
         names = sorted(set(ids))  # the view's job order
         position = {job_id: k for k, job_id in enumerate(names)}
         job_of = np.fromiter(map(position.__getitem__, ids), dtype=np.intp, count=len(ids))
@@ -731,14 +741,13 @@ class GlobalView:
             return np.concatenate([getattr(c, name) for c in columns])
 
         nodes, open_op = column("nodes"), column("open_op")
-        transferred = column("transferred")
-        sizes = [len(c) for c in columns]
+        transferred, entry_demand = column("transferred"), column("demand")
         local_cap = np.minimum(  # job_cap on each entry's own replica
             nodes * np.repeat([d.node_bandwidth for d in digests], sizes),
             np.repeat([d.capacity for d in digests], sizes),
         )
         cap = np.minimum(nodes[first] * b, capacity)  # job_cap, eq. (1)
-        demand = np.minimum(cap, np.add.reduceat(column("demand")[order], starts))
+        demand = np.minimum(cap, np.add.reduceat(entry_demand[order], starts))
         posted_at = np.fmin.reduceat(column("posted_at")[order], starts)  # NaN: none open
         remaining = column("remaining")
         unknown = np.logical_or.reduceat((open_op & np.isnan(remaining))[order], starts)
@@ -804,7 +813,9 @@ class GlobalView:
                 0.0,  # mean_volume
                 k,
             )
-        return SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs=rows)
+        view = SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs=rows)
+        replica_of = np.repeat(np.arange(len(digests), dtype=np.intp), sizes)
+        return _Merged(view, names, replicas, capacities, job_of, replica_of, entry_demand)
 
     def _log_conflicts(
         self,
@@ -847,26 +858,70 @@ class GlobalView:
 
     def global_targets(self, self_digest: Digest, registry: PolicyRegistry) -> dict[JobId, float]:
         """t_j: the active policy on :meth:`system_view`, in job id order."""
+        return self._targets_of(self._merge(self_digest), self_digest, registry)
+
+    def _targets_of(
+        self, merged: _Merged, self_digest: Digest, registry: PolicyRegistry
+    ) -> dict[JobId, float]:
         active = self.active_policy(self_digest)
         assert active is not None  # self_digest is always there
-        view = self.system_view(self_digest)
-        rates = self._policy_for(active, registry).allocate(view)
-        return {j: float(rates.get(j, 0.0)) for j in sorted(view.jobs)}
+        rates = self._policy_for(active, registry).allocate(merged.view)
+        return {j: float(rates.get(j, 0.0)) for j in sorted(merged.view.jobs)}
+
+    def _split(self, self_digest: Digest, registry: PolicyRegistry) -> tuple[_Merged, np.ndarray]:
+        """The merge and x for each of its entries (``split_entries``)."""
+        merged = self._merge(self_digest)
+        t = self._targets_of(merged, self_digest, registry)
+        target = np.array([t.get(j, 0.0) for j in merged.names], dtype=np.float64)
+        x = split_entries(
+            merged.names,
+            merged.replicas,
+            target,
+            merged.capacity,
+            merged.job_of,
+            merged.replica_of,
+            merged.demand,
+        )
+        return merged, x
 
     def targets(self, self_digest: Digest, registry: PolicyRegistry) -> dict[Edge, float]:
-        """x_jr for every job on every live replica it is present on.
+        """x_jr for every job on every live replica it is present on, in (job, replica)
+        order: the global targets split over the replicas (``controller/split.py``).
 
         Every replica holding the same digests gets bit-identical results,
         whatever order they arrived in: everything iterates in sorted ids.
         ``self_digest`` must be the digest this replica sent in the same
         exchange, not a fresher one, or its peers compute with different input.
         """
-        t = self.global_targets(self_digest, registry)
-        digests = self.digests(self_digest)
-        capacity = {d.replica_id: float(d.capacity) for d in digests}
-        demand: dict[Edge, float] = {}
-        for d in digests:
-            c = d.columns()
-            rid = d.replica_id
-            demand.update(zip([(j, rid) for j in c.job_id], c.demand.tolist(), strict=True))
-        return split(t, capacity, demand)
+        merged, x = self._split(self_digest, registry)
+        order = np.lexsort((merged.replica_of, merged.job_of))
+        names, replicas = merged.names, merged.replicas
+        edges = [
+            (names[j], replicas[r])
+            for j, r in zip(
+                merged.job_of[order].tolist(), merged.replica_of[order].tolist(), strict=True
+            )
+        ]
+        return dict(zip(edges, x[order].tolist(), strict=True))
+
+    def column(self, self_digest: Digest, registry: PolicyRegistry) -> dict[JobId, float]:
+        """This replica's column of :meth:`targets` (x_j,self for its own jobs), without
+        building the other replicas' entries."""
+        merged, x = self._split(self_digest, registry)
+        own = merged.replica_of == merged.replicas.index(self.self_id)
+        names = merged.names
+        jobs = [names[j] for j in merged.job_of[own].tolist()]
+        return dict(zip(jobs, x[own].tolist(), strict=True))
+
+
+@dataclass(frozen=True, slots=True)
+class _Merged:
+    """The global view and the digests' entries it merged, as split_entries takes them."""
+
+    view: SystemView
+    names: list[JobId]  # every job id of every digest, sorted
+    replicas: list[ReplicaId]  # the digests' replica ids, sorted
+    capacity: np.ndarray  # B_r by replica index
+    job_of: np.ndarray  # per entry (digests concatenated in replica order): index in names
+    replica_of: np.ndarray  # per entry: index in replicas
+    demand: np.ndarray  # per entry: the job's local demand there

@@ -487,15 +487,13 @@ class PeerSync:
         if not self.view.live_peers():
             self.column = None
         else:
-            matrix = self.view.targets(digest, self.registry)
+            column = self.view.column(digest, self.registry)
             # Jobs in the global view: those that had an open operation here when
             # the digest was built. Newer ones keep the local decision.
             cols = digest.columns()
             covered = {j for j, o in zip(cols.job_id, cols.open_op.tolist(), strict=True) if o}
             self.column = {
-                j: rate
-                for (j, r), rate in matrix.items()
-                if r == self.replica_id and j in covered and math.isfinite(rate)
+                j: rate for j, rate in column.items() if j in covered and math.isfinite(rate)
             }
         self._on_update()
 

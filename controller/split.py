@@ -91,6 +91,29 @@ def split(
     return problem.as_dict(_with_surplus(problem, _balanced_flow(problem)))
 
 
+def split_entries(
+    jobs: Sequence[JobId],
+    replicas: Sequence[ReplicaId],
+    target: Vector,
+    capacity: Vector,
+    job_of: npt.NDArray[np.intp],
+    replica_of: npt.NDArray[np.intp],
+    demand: Vector,
+) -> Vector:
+    """:func:`split` for a caller that holds arrays already (the global view).
+
+    ``jobs`` and ``replicas`` sorted; ``target[j]`` and ``capacity[r]`` by those
+    indices; one entry k per job present on a replica (no pair twice): its job
+    index ``job_of[k]``, replica index ``replica_of[k]`` and local demand
+    ``demand[k]``. Returns x_k for every entry, the rates :func:`split` gives
+    the same inputs, bit for bit, without building or reading a dict per edge.
+    """
+    problem = _Problem.of_arrays(jobs, replicas, target, capacity, job_of, replica_of, demand)
+    rates = _with_surplus(problem, _balanced_flow(problem))
+    row, col = problem.row, problem.col
+    return np.clip(rates[row, col], 0.0, problem.demand[row, col])
+
+
 def split_targets(
     targets: Mapping[JobId, float],
     capacity: Mapping[ReplicaId, float],
@@ -138,6 +161,55 @@ class _Problem:
         # Output in sorted (job, replica) order, whatever the order of ``demand``.
         self.order = np.lexsort((self.row, self.col))
         self.scale = max(1.0, *(float(np.max(a, initial=0.0)) for a in (t_all, b_all, d)))
+
+    @classmethod
+    def of_arrays(
+        cls,
+        jobs: Sequence[JobId],
+        replicas: Sequence[ReplicaId],
+        target: Vector,
+        capacity: Vector,
+        job_of: npt.NDArray[np.intp],
+        replica_of: npt.NDArray[np.intp],
+        demand: Vector,
+    ) -> _Problem:
+        """The problem ``__init__`` builds from dicts, from arrays (``split_entries``)."""
+        n, jobs_n, replicas_n = len(demand), len(jobs), len(replicas)
+        if not (len(job_of) == len(replica_of) == n):
+            raise ValueError(
+                f"{len(job_of)} job and {len(replica_of)} replica indices, {n} demands"
+            )
+        if len(target) != jobs_n or len(capacity) != replicas_n:
+            raise ValueError(
+                f"{len(target)} targets for {jobs_n} jobs or "
+                f"{len(capacity)} capacities for {replicas_n} replicas"
+            )
+        for what, values in (("target", target), ("capacity", capacity), ("demand", demand)):
+            bad = ~(np.isfinite(values) & (values >= 0.0))
+            if bad.any():
+                k = int(np.argmax(bad))
+                raise ValueError(f"{what} [{k}] must be finite and >= 0, got {values[k]!r}")
+        if n and not (job_of.min() >= 0 and job_of.max() < jobs_n):
+            raise ValueError("a job index is out of range")
+        if n and not (replica_of.min() >= 0 and replica_of.max() < replicas_n):
+            raise ValueError("a replica index is out of range")
+        if len(np.unique(replica_of * jobs_n + job_of)) != n:
+            raise ValueError("a (job, replica) pair appears twice")
+        problem = object.__new__(cls)
+        problem.edges = []  # as_dict is not used on this path
+        problem.jobs = list(jobs)
+        problem.replicas = list(replicas)
+        problem.col = np.asarray(job_of, dtype=np.intp)
+        problem.row = np.asarray(replica_of, dtype=np.intp)
+        problem.capacity = np.asarray(capacity, dtype=np.float64)
+        problem.target = np.asarray(target, dtype=np.float64)
+        problem.demand = np.zeros((replicas_n, jobs_n))
+        problem.demand[problem.row, problem.col] = demand
+        problem.order = np.lexsort((problem.row, problem.col))
+        problem.scale = max(
+            1.0, *(float(np.max(a, initial=0.0)) for a in (target, capacity, demand))
+        )
+        return problem
 
     def as_dict(self, rates: Matrix) -> dict[Edge, float]:
         """x_jr for every edge, clamped to [0, d_jr], in sorted edge order."""

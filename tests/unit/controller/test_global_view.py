@@ -688,3 +688,19 @@ def test_system_view_on_columns_equals_the_job_by_job_merge(seed: int) -> None:
             if a is not None:
                 assert a == pytest.approx(b, rel=1e-12, abs=1e-12), (job_id, name)
         assert type(row.nodes) is int and type(row.demand) is float
+
+
+@pytest.mark.parametrize("seed", range(30))
+def test_each_replicas_column_is_its_part_of_the_matrix(seed: int) -> None:
+    rng = random.Random(7000 + seed)
+    cluster = random_cluster(rng, rng.choice(["group>user>size", "size-fair", "greedy-yield"]))
+    for me in cluster:
+        gv = GlobalView(me.replica_id)
+        for d in cluster:
+            if d is not me:
+                assert gv.receive(d, now=0.0).accepted
+        matrix = gv.targets(me, REGISTRY)
+        assert list(matrix) == sorted(matrix)  # (job, replica) order
+        mine = {j: x for (j, r), x in matrix.items() if r == me.replica_id}
+        assert gv.column(me, REGISTRY) == mine
+        assert list(mine) == [j.job_id for j in me.jobs]

@@ -8,9 +8,10 @@ import time
 from collections import deque
 from typing import Any
 
+import numpy as np
 import pytest
 
-from burstctl.controller.split import Edge, split, split_targets
+from burstctl.controller.split import Edge, split, split_entries, split_targets
 from burstctl.policies.sharing import water_fill
 
 Instance = tuple[dict[str, float], dict[str, float], dict[Edge, float]]
@@ -439,3 +440,59 @@ def test_thousand_jobs_on_eight_replicas_stay_feasible_and_work_conserving() -> 
         assert load <= capacity[r] * (1 + 1e-9)
         assert load == pytest.approx(min(capacity[r], local), rel=1e-9)
     assert all(0.0 <= x <= demand[key] * (1 + 1e-12) for key, x in rates.items())
+
+
+# --- The array entry point --------------------------------------------------------------
+
+
+def as_entries(inst: Instance) -> tuple[Any, ...]:
+    """``inst`` as split_entries takes it, the edges in a shuffled order."""
+    targets, capacity, demand = inst
+    edges = list(demand)
+    random.Random(len(edges)).shuffle(edges)
+    jobs = sorted({j for j, _ in edges})
+    replicas = sorted(capacity)
+    return (
+        edges,
+        jobs,
+        replicas,
+        np.array([targets.get(j, 0.0) for j in jobs]),
+        np.array([capacity[r] for r in replicas]),
+        np.array([jobs.index(j) for j, _ in edges], dtype=np.intp),
+        np.array([replicas.index(r) for _, r in edges], dtype=np.intp),
+        np.array([demand[e] for e in edges]),
+    )
+
+
+@pytest.mark.parametrize("inst", INSTANCES[:200] + WIDE)
+def test_split_entries_gives_splits_rates_bit_for_bit(inst: Instance) -> None:
+    edges, *arrays = as_entries(inst)
+    x = split_entries(*arrays)
+    assert dict(zip(edges, x.tolist(), strict=True)) == split(*inst)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"demand": np.array([1.0, -1.0, 1.0])}, "demand"),
+        ({"target": np.array([math.nan, 1.0])}, "target"),
+        ({"capacity": np.array([math.inf, 1.0])}, "capacity"),
+        ({"job_of": np.array([0, 2, 1], dtype=np.intp)}, "job index"),
+        ({"replica_of": np.array([0, 0, -1], dtype=np.intp)}, "replica index"),
+        ({"job_of": np.array([0, 0, 1], dtype=np.intp)}, "twice"),
+        ({"demand": np.array([1.0, 1.0])}, "indices"),
+    ],
+)
+def test_split_entries_rejects_bad_input(change: dict[str, Any], message: str) -> None:
+    good = {
+        "jobs": ["a", "b"],
+        "replicas": ["r1", "r2"],
+        "target": np.array([1.0, 2.0]),
+        "capacity": np.array([3.0, 4.0]),
+        "job_of": np.array([0, 1, 1], dtype=np.intp),
+        "replica_of": np.array([0, 0, 1], dtype=np.intp),
+        "demand": np.array([1.0, 1.0, 1.0]),
+    }
+    split_entries(**good)
+    with pytest.raises(ValueError, match=message):
+        split_entries(**{**good, **change})
