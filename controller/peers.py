@@ -43,6 +43,8 @@ log = logging.getLogger(__name__)
 
 PEER_SERVICE_NAME = "burstctl.v1.Peer"
 _STREAM = f"/{PEER_SERVICE_NAME}/Stream"
+# The initial metadata key of a Peer/Stream that carries the receiver's replica id.
+REPLICA_ID_KEY = "burstctl-replica-id"
 # An early exchange (poke) comes at least this fraction of λ after the previous one.
 EARLY_GAP = 0.25
 
@@ -274,17 +276,25 @@ class PeerServicer:
         requests: AsyncIterator[pb.Digest | _Malformed],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[pb.ExchangeReply]:
-        """One reply per digest, in order, for as long as the peer keeps the stream."""
+        """The digests of one peer for as long as it keeps the stream.
+
+        This replica's id goes out once, in the initial metadata; an accepted
+        digest gets no reply (a reply per digest would double the gRPC events
+        of an exchange), any other outcome (rejected, stale, duplicate) a reply.
+        """
+        await context.send_initial_metadata(((REPLICA_ID_KEY, self.replica_id),))
         async for request in requests:
             try:
-                yield self._receive(request, context)
+                reply = self._receive(request, context)
             except DigestError as exc:
-                yield pb.ExchangeReply(
+                reply = pb.ExchangeReply(
                     replica_id=self.replica_id,
                     status=Status.REJECTED.value,
                     field=exc.field,
                     reason=str(exc),
                 )
+            if reply.status != Status.ACCEPTED.value:
+                yield reply
 
     def _receive(
         self, request: pb.Digest | _Malformed, context: grpc.aio.ServicerContext
@@ -338,32 +348,29 @@ class PeerLink:
         self.channel: grpc.aio.Channel | None = None
         self._open_stream: Callable[[], grpc.aio.StreamStreamCall] | None = None
         self._call: grpc.aio.StreamStreamCall | None = None
+        self._reader: asyncio.Task[None] | None = None
         self.replica_id: str | None = None
         self.failures = 0
         self.streams_opened = 0
+        self.refused = 0  # digests the peer answered as not accepted
 
-    async def send(self, wire: bytes, timeout: float) -> pb.ExchangeReply | None:
+    async def send(self, wire: bytes, timeout: float) -> bool:
         """Sends one encoded ``Digest`` (encoded once for every peer) on this link's
-        stream and waits up to ``timeout`` for its reply; None when that fails.
+        stream within ``timeout``; False when that fails.
 
-        One ``Peer/Stream`` call per peer, kept open: a digest on an open stream
-        costs the receiver about half of what a unary call does. A failure or a
-        late reply closes the stream (a late reply must not be taken for the
-        next digest's); the next send opens a new one.
+        One ``Peer/Stream`` call per peer, kept open. The peer names itself in
+        the stream's initial metadata and answers only digests it does not
+        accept (logged here by a reader task), so a digest costs one write and
+        one read of gRPC events, not two of each. A failure closes the stream;
+        the next send opens a new one.
         """
-        if self._open_stream is None:
-            self.channel = grpc.aio.insecure_channel(self.address, options=self._options)
-            self._open_stream = self.channel.stream_stream(
-                _STREAM,
-                request_serializer=None,  # bytes as they are
-                response_deserializer=pb.ExchangeReply.FromString,
-            )
-        if self._call is None or self._call.done():
-            self._call = self._open_stream()
-            self.streams_opened += 1
         try:
-            reply = await asyncio.wait_for(self._round_trip(self._call, wire), timeout)
-        except (grpc.RpcError, TimeoutError, asyncio.InvalidStateError, _StreamEnded) as exc:
+            async with asyncio.timeout(timeout):
+                call = self._call
+                if call is None or call.done():
+                    call = await self._open()
+                await call.write(wire)
+        except (grpc.RpcError, TimeoutError, asyncio.InvalidStateError) as exc:
             # InvalidStateError: the stream ended between done() and write()
             self.failures += 1
             detail = (
@@ -373,24 +380,50 @@ class PeerLink:
             )
             log.debug("exchange with %s failed: %s", self.address, detail)
             self._drop_stream()
-            return None
-        if reply.status == Status.REJECTED.value:
-            log.debug("peer %s rejected our digest: %s", self.address, reply.reason)
-        if reply.replica_id and reply.replica_id != self.replica_id:
-            log.info("peer %s is replica %r", self.address, reply.replica_id)
-            self.replica_id = reply.replica_id
-        return reply
+            return False
+        return True
 
-    @staticmethod
-    async def _round_trip(call: grpc.aio.StreamStreamCall, wire: bytes) -> pb.ExchangeReply:
-        await call.write(wire)
-        reply = await call.read()
-        if reply is grpc.aio.EOF:
-            raise _StreamEnded
-        assert isinstance(reply, pb.ExchangeReply)
-        return reply
+    async def _open(self) -> grpc.aio.StreamStreamCall:
+        """A new stream, once the peer has said who it is."""
+        self._drop_stream()
+        if self._open_stream is None:
+            self.channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            self._open_stream = self.channel.stream_stream(
+                _STREAM,
+                request_serializer=None,  # bytes as they are
+                response_deserializer=pb.ExchangeReply.FromString,
+            )
+        call = self._call = self._open_stream()
+        self.streams_opened += 1
+        metadata = dict(await call.initial_metadata() or ())
+        replica_id = metadata.get(REPLICA_ID_KEY)
+        if not isinstance(replica_id, str) or not replica_id:
+            raise _NotAPeer(f"{self.address} did not name its replica ({REPLICA_ID_KEY})")
+        if replica_id != self.replica_id:
+            log.info("peer %s is replica %r", self.address, replica_id)
+            self.replica_id = replica_id
+        self._reader = asyncio.create_task(self._read(call), name=f"peer-{self.address}-replies")
+        return call
+
+    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
+        """Logs the peer's replies: each one is a digest it did not accept."""
+        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
+            async for reply in call:
+                assert isinstance(reply, pb.ExchangeReply)
+                self.refused += 1
+                log.log(
+                    logging.WARNING if reply.status == Status.REJECTED.value else logging.DEBUG,
+                    "peer %s (%s) did not accept our digest: %s %s",
+                    self.address,
+                    reply.replica_id,
+                    reply.status,
+                    reply.reason,
+                )
 
     def _drop_stream(self) -> None:
+        if self._reader is not None:
+            self._reader.cancel()
+            self._reader = None
         if self._call is not None:
             self._call.cancel()
             self._call = None
@@ -401,8 +434,8 @@ class PeerLink:
             await self.channel.close(grace=None)
 
 
-class _StreamEnded(Exception):
-    """The peer ended the stream without a reply (it is stopping)."""
+class _NotAPeer(grpc.RpcError):
+    """The address answered the stream without naming a replica: not a burstctl peer."""
 
 
 class PeerSync:

@@ -290,12 +290,14 @@ async def test_malformed_digest_is_invalid_argument_and_ignored(service_factory:
         with pytest.raises(grpc.aio.AioRpcError) as err:
             await channel.unary_unary("/burstctl.v1.Peer/Exchange")(b"\xff\xff", timeout=5)
         assert err.value.code() is grpc.StatusCode.INVALID_ARGUMENT
-        # On a stream a bad digest gets a rejected reply and the stream goes on.
+        # On a stream a bad digest gets a rejected reply and the stream goes on
+        # (an accepted one would get none).
         stream = channel.stream_stream(
             "/burstctl.v1.Peer/Stream",
             request_serializer=None,
             response_deserializer=pb.ExchangeReply.FromString,
         )()
+        assert dict(await stream.initial_metadata())["burstctl-replica-id"] == "r1"
         for wire in (digest_to_proto(bad).SerializeToString(), b"\xff\xff"):
             await stream.write(wire)
             reply = await asyncio.wait_for(stream.read(), 5)

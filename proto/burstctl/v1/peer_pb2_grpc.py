@@ -57,8 +57,9 @@ class PeerServicer:
         raise NotImplementedError('Method not implemented!')
 
     def Stream(self, request_iterator, context):
-        """What replicas use: one long-lived stream per peer, one reply per digest in
-        order; a malformed digest gets a "rejected" reply and the stream goes on.
+        """What replicas use: one long-lived stream per peer. The receiver names itself
+        in the initial metadata (burstctl-replica-id) and replies only to a digest it
+        does not accept (rejected, stale, duplicate); the stream goes on after it.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -10,12 +10,20 @@ import time
 import grpc
 import pytest
 
-from burstctl.controller.global_view import Digest, DigestError, JobColumns, JobDigest
+from burstctl.controller.global_view import (
+    Digest,
+    DigestError,
+    GlobalView,
+    JobColumns,
+    JobDigest,
+)
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.controller.peers import (
     EARLY_GAP,
     PeerLink,
+    PeerServicer,
     PeerSync,
+    _decode_digest,
     build_digest,
     digest_from_proto,
     digest_to_proto,
@@ -223,7 +231,7 @@ async def _peer_server(handler) -> tuple[grpc.aio.Server, int]:  # type: ignore[
                 {
                     "Stream": grpc.stream_stream_rpc_method_handler(
                         handler,
-                        request_deserializer=bytes,
+                        request_deserializer=_decode_digest,
                         response_serializer=pb.ExchangeReply.SerializeToString,
                     )
                 },
@@ -235,25 +243,42 @@ async def _peer_server(handler) -> tuple[grpc.aio.Server, int]:  # type: ignore[
     return server, port
 
 
-async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another() -> None:
-    # A peer that answers each digest only after 0.4 s, longer than the link waits.
+async def test_the_peer_names_itself_once_and_answers_only_what_it_does_not_accept() -> None:
+    from support import async_wait_until
+
+    peer = PeerServicer(GlobalView("r2"), "r2")
+    server, port = await _peer_server(peer.stream)
+    link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
+    good = digest_to_proto(DIGEST).SerializeToString()
+    try:
+        assert await link.send(good, timeout=2.0)  # accepted: no reply
+        assert link.replica_id == "r2"  # from the stream's initial metadata
+        assert await link.send(b"\xff\xff", timeout=2.0)  # malformed: a rejected reply
+        assert await link.send(good, timeout=2.0)  # the same epoch again: a duplicate
+        await async_wait_until(lambda: link.refused == 2, 2.0, message="two replies")
+        assert (peer.received, peer.rejected) == (3, 1)
+        assert peer.view.live_peers() == ["r1"]
+        assert (link.streams_opened, link.failures) == (1, 0)
+    finally:
+        await link.close()
+        await server.stop(None)
+
+
+async def test_a_peer_that_does_not_name_itself_costs_a_failure_and_a_new_stream() -> None:
     opened: list[int] = []
 
-    async def slow(requests, context):  # type: ignore[no-untyped-def]
+    async def mute(requests, context):  # type: ignore[no-untyped-def]
         opened.append(1)
-        async for _ in requests:
-            await asyncio.sleep(0.4)  # the peer's slowness, not synchronisation
-            yield pb.ExchangeReply(replica_id="slow", status="accepted")
+        await asyncio.sleep(30)  # never names itself; ended by server.stop below
+        yield pb.ExchangeReply()
 
-    server, port = await _peer_server(slow)
+    server, port = await _peer_server(mute)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.1)
+    wire = digest_to_proto(DIGEST).SerializeToString()
     try:
-        wire = digest_to_proto(DIGEST).SerializeToString()
-        assert await link.send(wire, timeout=0.1) is None
-        assert (link.failures, link.streams_opened) == (1, 1)
-        reply = await link.send(wire, timeout=2.0)  # a new stream: not the late reply
-        assert reply is not None and reply.replica_id == "slow"
-        assert (link.failures, link.streams_opened) == (1, 2)
+        assert not await link.send(wire, timeout=0.2)
+        assert not await link.send(wire, timeout=0.2)
+        assert (link.failures, link.streams_opened, link.replica_id) == (2, 2, None)
         assert len(opened) == 2
     finally:
         await link.close()
@@ -261,21 +286,23 @@ async def test_a_late_reply_closes_the_stream_and_the_next_digest_opens_another(
 
 
 async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception() -> None:
-    # A peer (stopping, restarting) that ends each stream after one reply: the
-    # link's next write may find the call finished (InvalidStateError) or read EOF.
+    # A peer (stopping, restarting) that ends each stream after one digest: the
+    # link's next write may find the call finished (InvalidStateError), fail, or
+    # see it done and open a new stream.
     async def once(requests, context):  # type: ignore[no-untyped-def]
+        await context.send_initial_metadata((("burstctl-replica-id", "brief"),))
         async for _ in requests:
-            yield pb.ExchangeReply(replica_id="brief", status="accepted")
             return
+        yield pb.ExchangeReply()  # an async generator, like PeerServicer.stream
 
     server, port = await _peer_server(once)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
     wire = digest_to_proto(DIGEST).SerializeToString()
     try:
-        replies = [await link.send(wire, timeout=2.0) for _ in range(6)]
+        sent = [await link.send(wire, timeout=2.0) for _ in range(8)]
     finally:
         await link.close()
         await server.stop(None)
-    answered = [r for r in replies if r is not None]
-    assert answered and all(r.replica_id == "brief" for r in answered)
-    assert link.failures == 6 - len(answered)  # every send answered or counted as failed
+    assert link.replica_id == "brief"
+    assert link.failures == sent.count(False)  # every send written or counted as failed
+    assert link.streams_opened >= 2  # an ended stream is replaced by a later send
