@@ -2,10 +2,12 @@
 
 Builds seeded instances with B_r ∈ [500, 1500], d_jr ∈ [0, 5] and
 t_j ∈ [0, 10], each job on 1–3 random replicas ("spread", at most R) or on every replica
-("everywhere"), and times ``controller.split.split`` on each: milliseconds per
-call, best of --repeat. Target of the replica issue: the exchange of 1,000
-jobs among 8 replicas costs under 10 % of one core at λ = 500 ms with all 8
-replicas on one 2-core machine, i.e. ≤ 5 ms per call. Prints JSON.
+("everywhere"), and times ``controller.split.split`` on each (dicts in and out)
+and ``split_entries`` (the arrays a replica's merge already holds; what an
+exchange calls): milliseconds per call, best of --repeat. Target of the
+replica issue: the exchange of 1,000 jobs among 8 replicas costs under 10 %
+of one core at λ = 500 ms with all 8 replicas on one 2-core machine, i.e.
+≤ 5 ms per call. Prints JSON.
 
     python bench/split_speed.py [--jobs 10 100 1000] [--replicas 2 4 8] [--repeat 5]
 """
@@ -17,8 +19,13 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
+from functools import partial
+from typing import Any
 
-from burstctl.controller.split import Edge, split
+import numpy as np
+
+from burstctl.controller.split import Edge, split, split_entries
 
 Instance = tuple[dict[str, float], dict[str, float], dict[Edge, float]]
 PLACEMENTS = ("spread", "everywhere")
@@ -37,13 +44,31 @@ def instance(jobs: int, replicas: int, placement: str, seed: int) -> Instance:
     return targets, capacity, demand
 
 
-def best_ms(inst: Instance, repeat: int) -> float:
+def best_ms(call: Callable[[], object], repeat: int) -> float:
     best = float("inf")
     for _ in range(repeat):
         t0 = time.perf_counter()
-        split(*inst)
+        call()
         best = min(best, time.perf_counter() - t0)
     return best * 1e3
+
+
+def entries(inst: Instance) -> tuple[Any, ...]:
+    """``inst`` as ``split_entries`` takes it (built outside the timing)."""
+    targets, capacity, demand = inst
+    jobs = sorted({j for j, _ in demand})
+    replicas = sorted(capacity)
+    job_index = {j: i for i, j in enumerate(jobs)}
+    replica_index = {r: i for i, r in enumerate(replicas)}
+    return (
+        jobs,
+        replicas,
+        np.array([targets.get(j, 0.0) for j in jobs]),
+        np.array([capacity[r] for r in replicas]),
+        np.array([job_index[j] for j, _ in demand], dtype=np.intp),
+        np.array([replica_index[r] for _, r in demand], dtype=np.intp),
+        np.array(list(demand.values())),
+    )
 
 
 def main() -> None:
@@ -58,13 +83,17 @@ def main() -> None:
         for replicas in args.replicas:
             for jobs in args.jobs:
                 inst = instance(jobs, replicas, placement, args.seed)
+                arrays = entries(inst)
                 runs.append(
                     {
                         "placement": placement,
                         "jobs": jobs,
                         "replicas": replicas,
                         "edges": len(inst[2]),
-                        "ms_per_call": round(best_ms(inst, args.repeat), 3),
+                        "ms_per_call": round(best_ms(partial(split, *inst), args.repeat), 3),
+                        "entries_ms_per_call": round(
+                            best_ms(partial(split_entries, *arrays), args.repeat), 3
+                        ),
                     }
                 )
     json.dump(

@@ -551,7 +551,13 @@ class PeerSync:
                 for p in self.view.peer_states(now)
             ],
             "links": [
-                {"address": link.address, "replica_id": link.replica_id, "failures": link.failures}
+                {
+                    "address": link.address,
+                    "replica_id": link.replica_id,
+                    "failures": link.failures,
+                    "streams_opened": link.streams_opened,
+                    "refused": link.refused,
+                }
                 for link in self.links
             ],
         }

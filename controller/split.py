@@ -51,7 +51,7 @@ most R² + 2R pushes, each O(R) vector operations over J jobs. So O(R⁵·J)
 arithmetic in the worst case and no subset enumeration; in practice one max
 flow per level or two. 1,000 jobs × 8 replicas: about 5 ms per call, more
 than half of it converting the dicts (``bench/split_speed.py``,
-``docs/replicas.md``).
+``docs/replicas.md``); :func:`split_entries` takes arrays instead.
 """
 
 from __future__ import annotations
