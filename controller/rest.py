@@ -292,8 +292,8 @@ def build_app(service: Service, token: str) -> FastAPI:
         where: dict[str, list[str]] = {}
         if service.peer_sync is not None:
             for d in service.peer_sync.view.digests():
-                for j in d.jobs:
-                    where.setdefault(j.job_id, []).append(d.replica_id)
+                for job_id in d.columns().job_id:
+                    where.setdefault(job_id, []).append(d.replica_id)
         return where
 
     def job_out(job_id: str, now: float, peers: dict[str, list[str]]) -> JobOut | None:
