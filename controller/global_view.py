@@ -97,6 +97,10 @@ _FLOAT_FIELDS = (
     "remaining",
     "transferred",
 )
+# JobColumns' fields by kind (in any order: every field has a column of its own name
+# on the wire, peer.proto's JobColumns).
+JOB_TEXT_FIELDS = ("job_id", "user", "group")
+JOB_ARRAY_FIELDS = ("nodes", "open_op", *_FLOAT_FIELDS)
 
 
 class JobColumns:
@@ -112,7 +116,7 @@ class JobColumns:
     Read-only: the arrays are not writeable.
     """
 
-    __slots__ = ("job_id", "user", "group", "nodes", "open_op", *_FLOAT_FIELDS)
+    __slots__ = JOB_TEXT_FIELDS + JOB_ARRAY_FIELDS
 
     job_id: tuple[str, ...]
     user: tuple[str, ...]
@@ -135,7 +139,7 @@ class JobColumns:
         extra = set(columns) - set(self.__slots__)
         if missing or extra:
             raise TypeError(f"JobColumns: missing {sorted(missing)}, unknown {sorted(extra)}")
-        for name in ("job_id", "user", "group"):
+        for name in JOB_TEXT_FIELDS:
             object.__setattr__(self, name, tuple(columns[name]))
         arrays: dict[str, tuple[Any, type[np.generic]]] = {
             name: (columns[name], np.float64) for name in _FLOAT_FIELDS

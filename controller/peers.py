@@ -27,6 +27,8 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from burstctl.controller.global_view import (
+    JOB_ARRAY_FIELDS,
+    JOB_TEXT_FIELDS,
     Digest,
     DigestError,
     GlobalView,
@@ -66,26 +68,11 @@ def digest_to_proto(digest: Digest) -> pb.Digest:
     )
     cols = digest.columns()
     out = msg.jobs
-    for name in _TEXT_COLUMNS:
+    for name in JOB_TEXT_FIELDS:
         getattr(out, name).extend(getattr(cols, name))
-    for name in _ARRAY_COLUMNS:
+    for name in JOB_ARRAY_FIELDS:
         getattr(out, name).extend(getattr(cols, name).tolist())
     return msg
-
-
-_TEXT_COLUMNS = ("job_id", "user", "group")
-_ARRAY_COLUMNS = (
-    "nodes",
-    "priority",
-    "demand",
-    "usage_bytes",
-    "progress",
-    "released_at",
-    "posted_at",
-    "remaining",
-    "open_op",
-    "transferred",
-)
 
 
 def digest_from_proto(msg: pb.Digest) -> Digest:
@@ -101,7 +88,7 @@ def digest_from_proto(msg: pb.Digest) -> Digest:
         if not isinstance(params, dict):
             raise DigestError("policy_params_json", "must be a JSON object")
     wire = msg.jobs
-    jobs = JobColumns(**{name: getattr(wire, name) for name in _TEXT_COLUMNS + _ARRAY_COLUMNS})
+    jobs = JobColumns(**{name: getattr(wire, name) for name in JOB_TEXT_FIELDS + JOB_ARRAY_FIELDS})
     digest = Digest(
         replica_id=msg.replica_id,
         incarnation=msg.incarnation,
