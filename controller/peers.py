@@ -4,7 +4,8 @@ Every λ (``sync_interval``), and early (at least λ/4 after the previous one)
 when a local job starts or ends an I/O phase, a replica builds its
 :class:`Digest` from its job table and sends it to every configured peer
 (``burstctl.v1.Peer/Stream``: one grpc.aio channel and one long-lived stream per
-peer, a reply per digest awaited for at most λ).
+peer, each digest written within λ; the peer replies only to a digest it does
+not accept).
 What it receives goes into its :class:`GlobalView`. After each exchange it
 expires peers silent for k·λ and, when at least one peer is live, computes the
 global split (:meth:`GlobalView.targets`) and hands its own column to the
@@ -398,8 +399,7 @@ class PeerLink:
             async for reply in call:
                 assert isinstance(reply, pb.ExchangeReply)
                 self.refused += 1
-                log.log(
-                    logging.WARNING if reply.status == Status.REJECTED.value else logging.DEBUG,
+                log.debug(  # the peer logs rejections as warnings; no need to say it twice
                     "peer %s (%s) did not accept our digest: %s %s",
                     self.address,
                     reply.replica_id,
