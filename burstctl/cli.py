@@ -171,6 +171,15 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     " ceiling; 1MiB on libfuse 3]",
 )
 @click.option(
+    "--read-ahead",
+    default="1MiB",
+    show_default=True,
+    callback=_size,
+    metavar="SIZE",
+    help="The kernel's read-ahead window for the mount (its read_ahead_kb; needs root, else"
+    " a warning and the kernel's 128KiB). 0: leave the kernel's default.",
+)
+@click.option(
     "--libfuse",
     type=click.Choice(["auto", "2", "3"]),
     default="auto",
@@ -259,6 +268,7 @@ def mount(
     fallback: str,
     allow_other: bool,
     max_write: int | None,
+    read_ahead: int,
     libfuse: str,
     big_writes: bool,
     foreground: bool,
@@ -307,6 +317,7 @@ def mount(
         attribution_ttl=attribution_ttl,
         fuse_options=fuse_options,
         libfuse=libfuse,
+        read_ahead=read_ahead,
     )
     try:
         code = run_mount(config)

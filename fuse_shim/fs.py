@@ -182,6 +182,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         on_init: Callable[[], None] | None = None,
         on_destroy: Callable[[], None] | None = None,
         max_write: int | None = None,
+        read_ahead: int = 0,
     ) -> None:
         self._root = root_fd
         self._pacer = pacer
@@ -189,6 +190,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         self._on_init = on_init
         self._on_destroy = on_destroy
         self._max_write = max_write
+        self._read_ahead = read_ahead
         self._proc_root = f"/proc/self/fd/{root_fd}"
         self._is_root = os.geteuid() == 0
         self._pace_metadata = pacer is not None and pacer.options.metadata_cost > 0
@@ -270,6 +272,10 @@ class PassthroughFS(Operations):  # type: ignore[misc]
             # kernel then asks GETATTR before every read(2) to check whether the page cache
             # is still valid, which halved 4 KiB random-read IOPS (benchmarks.md).
             conn.want &= ~_FUSE_CAP_AUTO_INVAL_DATA
+        if self._read_ahead and conn is not None and self._read_ahead > conn.max_readahead:
+            # The kernel keeps min(its window, this) once init returns; the window itself
+            # is raised by on_init (mount.set_read_ahead), so both must say it.
+            conn.max_readahead = self._read_ahead
         if self._on_init is not None:
             self._on_init()
 

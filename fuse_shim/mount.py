@@ -45,6 +45,9 @@ from burstctl.fuse_shim.pacing import (
 logger = logging.getLogger(__name__)
 
 FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its default here)
+# The kernel's read-ahead for the mount (set_read_ahead): libfuse 3's largest request.
+DEFAULT_READ_AHEAD = 1 << 20
+MAX_READ_AHEAD = 64 << 20
 LIBFUSE_CHOICES = ("auto", "2", "3")
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Options a user may not pass with -o: each would break attribution or our assumptions.
@@ -78,6 +81,7 @@ class MountConfig:
     attribution_ttl: float = DEFAULT_TTL
     fuse_options: tuple[str, ...] = ()
     libfuse: str = "auto"
+    read_ahead: int = DEFAULT_READ_AHEAD  # bytes; 0: the kernel's default (128 KiB)
 
     def pacing(self) -> PacingOptions | None:
         """The pacer's options, or None when there is no controller (unthrottled)."""
@@ -112,6 +116,11 @@ def validate(config: MountConfig) -> MountConfig:
         raise MountError("/dev/fuse is missing or not accessible (install fuse, load the module)")
     if config.max_write is not None and config.max_write <= 0:
         raise MountError(f"--max-write must be > 0 bytes, got {config.max_write}")
+    if not 0 <= config.read_ahead <= MAX_READ_AHEAD or config.read_ahead % 4096:
+        raise MountError(
+            f"--read-ahead must be a multiple of 4KiB in [0, {MAX_READ_AHEAD >> 20}MiB], "
+            f"got {config.read_ahead} bytes"
+        )
     try:
         Fallback.parse(config.fallback)
         config.pacing()
@@ -253,6 +262,16 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
 
     def on_init() -> None:
         stopper.mounted()
+        if config.read_ahead:
+            try:
+                set_read_ahead(config.mountpoint, config.read_ahead)
+            except OSError as err:
+                logger.warning(
+                    "read-ahead of %s left at the kernel's 128KiB (setting it needs root; "
+                    "--read-ahead 0 does not try): %s",
+                    config.mountpoint,
+                    err,
+                )
         logger.info(
             "mounted %s on %s (controller %s, fallback %s, libfuse %d.%d)",
             config.backing,
@@ -268,7 +287,13 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
                 os.write(ready_fd, b"1")
                 os.close(ready_fd)
 
-    fs = PassthroughFS(root_fd, pacer, on_init=on_init, max_write=config.max_write)
+    fs = PassthroughFS(
+        root_fd,
+        pacer,
+        on_init=on_init,
+        max_write=config.max_write,
+        read_ahead=config.read_ahead,
+    )
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
     watcher.start()
     code = 0
@@ -412,6 +437,41 @@ def run_unmount(mountpoint: Path, *, lazy: bool = False, echo: Callable[[str], N
     echo(f"unmounted {path}" + (" (lazily: it goes once its files are closed)" if lazy else ""))
 
 
+def set_read_ahead(
+    mountpoint: Path,
+    nbytes: int,
+    *,
+    mountinfo: Path = Path("/proc/self/mountinfo"),
+    bdi: Path = Path("/sys/class/bdi"),
+) -> None:
+    """Sets the kernel's read-ahead window for the FUSE mount on ``mountpoint``: the
+    ``read_ahead_kb`` of its backing device info, which lives and dies with the mount.
+
+    The kernel starts a FUSE mount at 128 KiB whatever libfuse asks for. With 1 MiB,
+    sequential reads through libfuse 3's page cache path come in 1 MiB requests
+    instead of 128 KiB ones (docs/benchmarks.md). Needs root (sysfs); raises OSError.
+    The device is looked up in mountinfo, never by touching the mount (this runs
+    inside the file system's own init). The last mount on ``mountpoint`` wins.
+    """
+    target = str(mountpoint)
+    device = None
+    with open(mountinfo, encoding="utf-8", errors="surrogateescape") as f:
+        for line in f:
+            fields = line.split()
+            if len(fields) > 4 and _unescape(fields[4]) == target:
+                device = fields[2]
+    if device is None:
+        raise FileNotFoundError(f"{mountpoint} is not in {mountinfo}")
+    (bdi / device / "read_ahead_kb").write_text(f"{nbytes // 1024}\n", encoding="ascii")
+
+
+def _unescape(field: str) -> str:
+    """A path as /proc/self/mounts and mountinfo write it (octal escapes)."""
+    for code, char in (("\\040", " "), ("\\011", "\t"), ("\\012", "\n"), ("\\134", "\\")):
+        field = field.replace(code, char)
+    return field
+
+
 def _is_fuse_mount(path: Path) -> bool:
     target = str(path)
     with open("/proc/self/mounts", encoding="utf-8", errors="surrogateescape") as f:
@@ -419,8 +479,6 @@ def _is_fuse_mount(path: Path) -> bool:
             fields = line.split()
             if len(fields) < 3:
                 continue
-            where = fields[1].replace("\\040", " ").replace("\\011", "\t").replace("\\012", "\n")
-            where = where.replace("\\134", "\\")
-            if where == target and fields[2].startswith("fuse"):
+            if _unescape(fields[1]) == target and fields[2].startswith("fuse"):
                 return True
     return False

@@ -169,3 +169,23 @@ def test_errors_are_reported_before_mounting(tmp_path: Path) -> None:
             subprocess.run(["fusermount", "-u", "-z", str(tmp_path / "m")], check=False)
     not_mounted = burstctl("umount", str(tmp_path))
     assert not_mounted.returncode != 0 and "not a FUSE mount" in not_mounted.stderr
+
+
+def _read_ahead_kb(mountpoint: Path) -> int:
+    device = os.stat(mountpoint).st_dev
+    return int(
+        Path(f"/sys/class/bdi/{os.major(device)}:{os.minor(device)}/read_ahead_kb").read_text()
+    )
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the read-ahead window is set through sysfs (root)")
+def test_the_mount_reads_ahead_1mib_unless_told_otherwise(
+    fuse_mount: Callable[..., MountProcess], tmp_path: Path
+) -> None:
+    default = fuse_mount(tmp_path / "b1", tmp_path / "m1")
+    assert _read_ahead_kb(default.mountpoint) == 1024
+    larger = fuse_mount(tmp_path / "b2", tmp_path / "m2", "--read-ahead", "4MiB")
+    assert _read_ahead_kb(larger.mountpoint) == 4096
+    kernel = fuse_mount(tmp_path / "b3", tmp_path / "m3", "--read-ahead", "0")
+    assert _read_ahead_kb(kernel.mountpoint) == 128  # the kernel's own, untouched
+    assert "read-ahead" not in default.log_text + larger.log_text  # no warning

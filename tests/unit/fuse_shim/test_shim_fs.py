@@ -210,6 +210,27 @@ def test_init_on_libfuse_3_sets_write_limit_and_cache_checks(backing: tuple[Path
     assert conn.want == 0xFFFF
 
 
+@pytest.mark.parametrize("config", [object(), None], ids=["libfuse3", "libfuse2"])
+def test_init_asks_for_the_read_ahead_window(backing: tuple[Path, int], config: object) -> None:
+    # The kernel keeps min(its window, max_readahead) after init: both must be raised.
+    _, fd = backing
+
+    class Conn:
+        max_write = 1 << 20
+        want = 0
+        max_readahead = 128 << 10  # what the kernel proposed
+
+    conn = Conn()
+    PassthroughFS(fd, read_ahead=1 << 20).init_with_config(conn, config)
+    assert conn.max_readahead == 1 << 20
+    conn = Conn()
+    PassthroughFS(fd, read_ahead=64 << 10).init_with_config(conn, config)
+    assert conn.max_readahead == 128 << 10  # never lowered
+    conn = Conn()
+    PassthroughFS(fd).init_with_config(conn, config)
+    assert conn.max_readahead == 128 << 10  # 0: the kernel's default
+
+
 def test_a_pacing_failure_never_fails_the_io(
     backing: tuple[Path, int], caplog: pytest.LogCaptureFixture
 ) -> None:

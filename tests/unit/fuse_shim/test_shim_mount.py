@@ -87,6 +87,35 @@ def test_validate_checks_the_directories(tmp_path: Path) -> None:
         validate(MountConfig(backing, mnt, controller="x:1", fallback="sometimes"))
     with pytest.raises(MountError, match="max-write"):
         validate(MountConfig(backing, mnt, max_write=0))
+    for bad in (-4096, 1000, 128 << 20):
+        with pytest.raises(MountError, match="read-ahead"):
+            validate(MountConfig(backing, mnt, read_ahead=bad))
+    assert validate(MountConfig(backing, mnt, read_ahead=0)).read_ahead == 0
+
+
+def test_read_ahead_goes_to_the_mounts_own_device(tmp_path: Path) -> None:
+    # mountinfo and /sys/class/bdi as the kernel lays them out, in a temporary directory
+    mountinfo = tmp_path / "mountinfo"
+    mountinfo.write_text(
+        "22 1 252:1 / / rw,relatime - ext4 /dev/vda rw\n"
+        "40 22 0:38 / /mnt/bb\\040one rw - fuse.burstctl burstctl:/b rw\n"
+        "41 22 0:39 / /mnt/bb rw - fuse.burstctl burstctl:/b rw\n"
+        "42 41 0:40 / /mnt/bb rw - fuse.burstctl burstctl:/c rw\n"  # stacked: the last wins
+    )
+    bdi = tmp_path / "bdi"
+    for device in ("0:38", "0:39", "0:40"):
+        (bdi / device).mkdir(parents=True)
+        (bdi / device / "read_ahead_kb").write_text("128\n")
+
+    def window(device: str) -> str:
+        return (bdi / device / "read_ahead_kb").read_text()
+
+    mount.set_read_ahead(Path("/mnt/bb"), 1 << 20, mountinfo=mountinfo, bdi=bdi)
+    assert (window("0:40"), window("0:39")) == ("1024\n", "128\n")
+    mount.set_read_ahead(Path("/mnt/bb one"), 4 << 20, mountinfo=mountinfo, bdi=bdi)
+    assert window("0:38") == "4096\n"  # the escaped space of mountinfo
+    with pytest.raises(FileNotFoundError, match="/mnt/other"):
+        mount.set_read_ahead(Path("/mnt/other"), 1 << 20, mountinfo=mountinfo, bdi=bdi)
 
 
 def test_pacing_options_only_with_a_controller(tmp_path: Path) -> None:
