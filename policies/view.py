@@ -143,8 +143,8 @@ def _row_builder() -> Callable[..., JobView]:
     """``job_row``: builds a :class:`JobView` from all 16 field values, positionally.
 
     The frozen dataclass ``__init__`` sets each field through ``object.__setattr__``:
-    ~4.4 µs for a row here, and a replica merges ~1,000 rows per exchange, the
-    simulator one per job per decision. This builds the row as an unfrozen twin
+    ~4.4 µs for a row here, and a replica merges ~1,000 rows per exchange
+    (``GlobalView``). This builds the row as an unfrozen twin
     with the same slots in the same order (~0.6 µs) and then makes it a
     ``JobView`` by assigning ``__class__``, which CPython allows between classes
     of identical layout. The result is a plain ``JobView``: equal, hashable,
