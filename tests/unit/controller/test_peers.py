@@ -298,8 +298,15 @@ async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception()
     server, port = await _peer_server(once)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
     wire = digest_to_proto(DIGEST).SerializeToString()
+    from support import async_wait_until
+
     try:
-        sent = [await link.send(wire, timeout=2.0) for _ in range(8)]
+        sent = [await link.send(wire, timeout=2.0)]
+        # once the peer has ended the first stream, the next send opens another
+        call = link._call
+        assert call is not None
+        await async_wait_until(call.done, 2.0, message="the peer to end the stream")
+        sent += [await link.send(wire, timeout=2.0) for _ in range(7)]  # fast: races
     finally:
         await link.close()
         await server.stop(None)
