@@ -765,12 +765,15 @@ class GlobalView:
         moved = np.add.reduceat(transferred[order], starts)
         progress = work + np.divide(moved, cap, out=np.zeros_like(moved), where=cap > 0)
 
-        if len(ids) > len(names):
-            self._log_conflicts(digests, columns, job_of, first)
-        in_view = np.flatnonzero(np.logical_or.reduceat(open_op[order], starts))
-        at = first[in_view]
         users = [u for c in columns for u in c.user]
         groups = [g for c in columns for g in c.group]
+        priority = column("priority")
+        replica_of = np.repeat(np.arange(len(digests), dtype=np.intp), sizes)
+        if len(ids) > len(names):
+            metadata = {"user": users, "group": groups, "nodes": nodes, "priority": priority}
+            self._log_conflicts(ids, [replicas[r] for r in replica_of], first[job_of], metadata)
+        in_view = np.flatnonzero(np.logical_or.reduceat(open_op[order], starts))
+        at = first[in_view]
         rows: dict[JobId, JobView] = {}
         for (
             k,
@@ -787,7 +790,7 @@ class GlobalView:
             in_view.tolist(),
             at.tolist(),
             nodes[at].tolist(),
-            column("priority")[at].tolist(),
+            priority[at].tolist(),
             cap[in_view].tolist(),
             demand[in_view].tolist(),
             posted_at[in_view].tolist(),
@@ -818,31 +821,27 @@ class GlobalView:
                 k,
             )
         view = SystemView(now=0.0, capacity=capacity, node_bandwidth=b, jobs=rows)
-        replica_of = np.repeat(np.arange(len(digests), dtype=np.intp), sizes)
         return _Merged(view, names, replicas, capacities, job_of, replica_of, entry_demand)
 
     def _log_conflicts(
         self,
-        digests: list[Digest],
-        columns: list[JobColumns],
-        job_of: np.ndarray,
-        first: np.ndarray,
+        ids: list[JobId],
+        rids: list[ReplicaId],
+        ref: np.ndarray,
+        metadata: dict[str, Any],
     ) -> None:
         """Warn once per (job, field, replica) whose metadata differs from the first
-        replica's (the one the view uses)."""
-        ref = first[job_of]  # per entry: its job's entry on the lowest replica id
-        nodes = np.concatenate([c.nodes for c in columns])
-        priority = np.concatenate([c.priority for c in columns])
-        users = [u for c in columns for u in c.user]
-        groups = [g for c in columns for g in c.group]
+        replica's (the one the view uses). Per entry (digests concatenated): its job id,
+        replica id, ``ref`` the entry of its job on the lowest replica id, and the
+        merge's columns of user, group (lists), nodes and priority (arrays)."""
+        users, groups = metadata["user"], metadata["group"]
+        nodes, priority = metadata["nodes"], metadata["priority"]
         differs = (nodes != nodes[ref]) | (priority != priority[ref])
         ref_list = ref.tolist()
         text = [users[e] != users[f] or groups[e] != groups[f] for e, f in enumerate(ref_list)]
         suspects = np.flatnonzero(differs | np.array(text, dtype=bool)).tolist()
         if not suspects:
             return
-        rids = [d.replica_id for d, c in zip(digests, columns, strict=True) for _ in c.job_id]
-        ids = [job_id for c in columns for job_id in c.job_id]
         fields = {"user": users, "group": groups, "nodes": nodes.tolist()}
         fields["priority"] = priority.tolist()
         for e in suspects:
