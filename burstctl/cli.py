@@ -180,6 +180,16 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     " a warning and the kernel's 128KiB). 0: leave the kernel's default.",
 )
 @click.option(
+    "--direct-io",
+    type=click.Choice(["writes", "all", "none"]),
+    default="writes",
+    show_default=True,
+    help="Which files bypass the kernel's page cache, so every byte goes to the daemon"
+    " once: writes: files opened for writing; all: every file; none: no file. A file open"
+    " for reading (and writing, for writes) goes direct only where shared mmap of it still"
+    " works (libfuse 3.14 on Linux >= 6.6); -o direct_io forces every file.",
+)
+@click.option(
     "--libfuse",
     type=click.Choice(["auto", "2", "3"]),
     default="auto",
@@ -269,6 +279,7 @@ def mount(
     allow_other: bool,
     max_write: int | None,
     read_ahead: int,
+    direct_io: str,
     libfuse: str,
     big_writes: bool,
     foreground: bool,
@@ -318,6 +329,7 @@ def mount(
         fuse_options=fuse_options,
         libfuse=libfuse,
         read_ahead=read_ahead,
+        direct_io=direct_io,
     )
     try:
         code = run_mount(config)

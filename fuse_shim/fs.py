@@ -13,6 +13,13 @@ directory's gid when it is set-group-id), as a local filesystem would.
 Pacing: when a `Pacer` is given, reads and writes acquire their bytes for the caller's job
 first, and metadata operations go through `Pacer.metadata`.
 
+Page cache (``direct_io``), chosen per open by `PassthroughFS.direct_io_for` from the mount's
+``direct_io`` mode: ``writes`` (the default) sends every byte of a file opened for writing
+straight to the daemon, ``all`` every file, ``none`` none. A file open for reading and writing
+goes direct only where the kernel was asked to allow shared ``mmap`` of such files
+(``direct_io_mmap``, set by the binding at init): elsewhere that mapping would fail with ENODEV.
+A write-only file cannot be mapped at all.
+
 ``security.capability``: with the kernel page cache on, the kernel asks for it before every
 ``write(2)`` (to strip it) and almost always hears ENODATA. That answer is remembered per path
 for `CAPABILITY_ABSENT_TTL` seconds (see `_AbsentCapabilities` for why this is safe).
@@ -32,6 +39,7 @@ from typing import Any, TypeVar, cast
 
 from burstctl.fuse_shim._fuse import FuseOSError, Operations, fuse_get_context
 from burstctl.fuse_shim.attribution import Caller
+from burstctl.fuse_shim.mount import DIRECT_IO_MODES
 from burstctl.fuse_shim.pacing import Pacer
 
 logger = logging.getLogger(__name__)
@@ -183,8 +191,15 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         on_destroy: Callable[[], None] | None = None,
         max_write: int | None = None,
         read_ahead: int = 0,
+        direct_io: str = "writes",
     ) -> None:
+        if direct_io not in DIRECT_IO_MODES:
+            raise ValueError(f"direct_io must be one of {', '.join(DIRECT_IO_MODES)}")
         self._root = root_fd
+        self._direct_io = direct_io
+        # Whether the kernel allows shared mmap of direct_io files: set by the binding
+        # (burstctl.fuse_shim._fuse.FUSE) during init, before any open.
+        self.direct_io_mmap = False
         self._pacer = pacer
         self._caller = caller
         self._on_init = on_init
@@ -497,6 +512,17 @@ class PassthroughFS(Operations):  # type: ignore[misc]
             raise
         self._opened(fd, caller)
         return fd
+
+    def direct_io_for(self, flags: int) -> bool:
+        """Whether the file opened with ``flags`` bypasses the kernel's page cache."""
+        if self._direct_io == "none":
+            return False
+        access = flags & os.O_ACCMODE
+        if access == os.O_WRONLY:
+            return True  # cannot be mapped: direct whatever the kernel allows
+        if self._direct_io == "writes" and access != os.O_RDWR:
+            return False
+        return self.direct_io_mmap
 
     def _opened(self, fd: int, caller: Caller | None) -> None:
         if self._pacer is None:

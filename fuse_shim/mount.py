@@ -49,6 +49,8 @@ FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its def
 DEFAULT_READ_AHEAD = 1 << 20
 MAX_READ_AHEAD = 64 << 20
 LIBFUSE_CHOICES = ("auto", "2", "3")
+# Which opens bypass the kernel's page cache (docs/fuse.md, fs.PassthroughFS.direct_io_for).
+DIRECT_IO_MODES = ("writes", "all", "none")
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 # Options a user may not pass with -o: each would break attribution or our assumptions.
 _REFUSED_OPTIONS = {
@@ -82,6 +84,7 @@ class MountConfig:
     fuse_options: tuple[str, ...] = ()
     libfuse: str = "auto"
     read_ahead: int = DEFAULT_READ_AHEAD  # bytes; 0: the kernel's default (128 KiB)
+    direct_io: str = "writes"  # which opens bypass the page cache (fs.DIRECT_IO_MODES)
 
     def pacing(self) -> PacingOptions | None:
         """The pacer's options, or None when there is no controller (unthrottled)."""
@@ -120,6 +123,10 @@ def validate(config: MountConfig) -> MountConfig:
         raise MountError(
             f"--read-ahead must be a multiple of 4KiB in [0, {MAX_READ_AHEAD >> 20}MiB], "
             f"got {config.read_ahead} bytes"
+        )
+    if config.direct_io not in DIRECT_IO_MODES:
+        raise MountError(
+            f"--direct-io must be one of {', '.join(DIRECT_IO_MODES)}, got {config.direct_io!r}"
         )
     try:
         Fallback.parse(config.fallback)
@@ -273,12 +280,13 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
                     err,
                 )
         logger.info(
-            "mounted %s on %s (controller %s, fallback %s, libfuse %d.%d)",
+            "mounted %s on %s (controller %s, fallback %s, libfuse %d.%d, direct I/O for %s)",
             config.backing,
             config.mountpoint,
             config.controller or "none",
             config.fallback,
             *LIBFUSE_VERSION,
+            config.direct_io,
         )
         if daemon:
             _detach_stdio()  # first: the command returns with the terminal's pipes released
@@ -293,6 +301,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         on_init=on_init,
         max_write=config.max_write,
         read_ahead=config.read_ahead,
+        direct_io=config.direct_io,
     )
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
     watcher.start()

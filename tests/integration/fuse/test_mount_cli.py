@@ -35,6 +35,8 @@ def test_help_lists_the_options() -> None:
         "--fallback",
         "--allow-other",
         "--max-write",
+        "--read-ahead",
+        "--direct-io",
         "--libfuse",
         "--big-writes",
         "--foreground",

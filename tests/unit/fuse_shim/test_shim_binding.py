@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import mfusepy
+import pytest
 
 from burstctl.fuse_shim import _fuse
 from burstctl.fuse_shim.fs import PassthroughFS
@@ -108,3 +109,137 @@ def test_truncate_on_libfuse_3_uses_the_handle(tmp_path: Path) -> None:
         fs.release(None, fh)
     finally:
         os.close(root)
+
+
+def file_info_with_flags(flags: int) -> Any:
+    info = mfusepy.fuse_file_info()
+    info.flags = flags
+    return ctypes.pointer(info)
+
+
+@pytest.mark.parametrize("granted", [False, True], ids=["no-mmap-grant", "mmap-granted"])
+def test_open_and_create_set_direct_io_as_the_operations_choose(
+    tmp_path: Path, granted: bool
+) -> None:
+    (tmp_path / "f").write_bytes(b"x")
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fs = PassthroughFS(root, direct_io="writes")
+        fs.direct_io_mmap = granted
+        fuse = unmounted(fs)
+        seen = {}
+        for name, flags in (("ro", os.O_RDONLY), ("wo", os.O_WRONLY), ("rw", os.O_RDWR)):
+            fip = file_info_with_flags(flags)
+            assert fuse.open(b"/f", fip) == 0
+            seen[name] = fip.contents.direct_io
+            fs.release("/f", fip.contents.fh)
+        fip = file_info_with_flags(os.O_CREAT | os.O_RDWR)
+        assert fuse.create(b"/g", 0o644, fip) == 0
+        seen["create-rw"] = fip.contents.direct_io
+        fs.release("/g", fip.contents.fh)
+    finally:
+        os.close(root)
+    assert seen == {"ro": 0, "wo": 1, "rw": int(granted), "create-rw": int(granted)}
+
+
+def test_a_failed_open_sets_nothing(tmp_path: Path) -> None:
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fuse = unmounted(PassthroughFS(root, direct_io="all"))
+        fip = file_info_with_flags(os.O_WRONLY)
+        with pytest.raises(_fuse.FuseOSError):
+            fuse.open(b"/missing", fip)
+        assert fip.contents.direct_io == 0
+    finally:
+        os.close(root)
+
+
+def init_reply(flags: int, *, major: int = 7, body_size: int = 64) -> tuple[Any, Any]:
+    """An INIT reply as libfuse hands it to its writer: header, then fuse_init_out."""
+    header = ctypes.create_string_buffer(16)
+    body = ctypes.create_string_buffer(body_size)
+    ctypes.c_uint32.from_buffer(body, 0).value = major
+    ctypes.c_uint32.from_buffer(body, 4).value = 38
+    if body_size >= 16:
+        ctypes.c_uint32.from_buffer(body, 12).value = flags
+    iov = (_fuse._IoVec * 2)()
+    iov[0].iov_base, iov[0].iov_len = ctypes.addressof(header), 16
+    iov[1].iov_base, iov[1].iov_len = ctypes.addressof(body), body_size
+    return iov, body
+
+
+FUSE_INIT_EXT = 1 << 30
+
+
+def test_the_init_reply_gets_the_direct_io_mmap_flag() -> None:
+    iov, body = init_reply(FUSE_INIT_EXT | 0x1234)
+    before = body.raw
+    assert _fuse.grant_direct_io_mmap(iov, 2)
+    after = body.raw
+    assert int.from_bytes(after[32:36], "little") == 1 << 4  # bit 36 of the 64-bit flags
+    assert after[:32] == before[:32] and after[36:] == before[36:]  # nothing else touched
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        {"flags": 0x1234},  # the kernel offered no 64-bit flags: no flags2 to set
+        {"flags": FUSE_INIT_EXT, "major": 8},  # not protocol 7
+        {"flags": FUSE_INIT_EXT, "body_size": 24},  # an old, short reply
+    ],
+    ids=["no-init-ext", "other-major", "short-reply"],
+)
+def test_other_replies_are_left_alone(reply: dict[str, int]) -> None:
+    iov, body = init_reply(**reply)
+    before = body.raw
+    assert not _fuse.grant_direct_io_mmap(iov, 2)
+    assert body.raw == before
+    assert not _fuse.grant_direct_io_mmap(init_reply(FUSE_INIT_EXT)[0], 1)  # one part only
+
+
+def test_the_hook_writes_the_patched_reply_then_hands_writing_to_libc(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    replies: list[bool] = []
+    hook = _fuse.DirectIoMmap(replies.append)
+    installed: list[int] = []
+
+    def custom_io(session: Any, io: Any, fd: int) -> int:
+        installed.append(ctypes.cast(io, ctypes.POINTER(_fuse._CustomIo)).contents.writev)
+        return 0
+
+    monkeypatch.setattr(hook, "_custom_io", custom_io)
+    read_end, write_end = os.pipe()
+    try:
+        hook._fd = write_end
+        iov, _body = init_reply(FUSE_INIT_EXT)  # _body: keeps the buffer alive
+        written = hook._hook(write_end, iov, 2, None)  # called through ctypes, as libfuse does
+        assert written == 16 + 64
+        sent = os.read(read_end, 1024)
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    assert replies == [True]
+    assert int.from_bytes(sent[16 + 32 : 16 + 36], "little") == 1 << 4
+    assert installed == [ctypes.cast(_fuse._libc.writev, ctypes.c_void_p).value]
+
+
+@pytest.mark.parametrize(
+    ("release", "expected"),
+    [
+        ("6.18.44-fc-v595", (6, 18)),
+        ("5.15.0-91-generic", (5, 15)),
+        ("6.6", (6, 6)),
+        ("6.10rc1", (6, 10)),
+        ("weird", (0, 0)),
+    ],
+)
+def test_kernel_release(release: str, expected: tuple[int, int]) -> None:
+    assert _fuse._kernel_release(release) == expected
+
+
+def test_the_hook_is_used_only_where_it_was_checked() -> None:
+    assert _fuse.DirectIoMmap.unavailable((3, 14), (6, 18)) is None
+    assert "needs 6.6" in str(_fuse.DirectIoMmap.unavailable((3, 14), (6, 5)))
+    for other in ((2, 9), (3, 16), (3, 17)):
+        assert "only on 3.14" in str(_fuse.DirectIoMmap.unavailable(other, (6, 18)))

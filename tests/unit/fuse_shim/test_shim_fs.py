@@ -430,3 +430,31 @@ def test_backing_strips_the_capability_on_the_daemons_own_write(
         with pytest.raises(OSError) as info:
             os.getxattr(root / "f", _CAP)
         assert info.value.errno == errno.ENODATA
+
+
+@pytest.mark.parametrize("granted", [False, True], ids=["no-mmap-grant", "mmap-granted"])
+def test_which_opens_bypass_the_page_cache(backing: tuple[Path, int], granted: bool) -> None:
+    # A file that could be mapped shared goes direct only where the kernel allows mapping it;
+    # a write-only one cannot be mapped, so it always may.
+    _, fd = backing
+    extra = os.O_CREAT | os.O_APPEND | os.O_TRUNC | os.O_CLOEXEC
+    chosen = {}
+    for mode in ("writes", "all", "none"):
+        fs = PassthroughFS(fd, direct_io=mode)
+        fs.direct_io_mmap = granted
+        for name, access in (("ro", os.O_RDONLY), ("wo", os.O_WRONLY), ("rw", os.O_RDWR)):
+            chosen[mode, name] = fs.direct_io_for(access), fs.direct_io_for(access | extra)
+    assert all(plain == with_extra for plain, with_extra in chosen.values())
+    assert {key: plain for key, (plain, _) in chosen.items()} == {
+        ("writes", "ro"): False,
+        ("writes", "wo"): True,
+        ("writes", "rw"): granted,
+        ("all", "ro"): granted,
+        ("all", "wo"): True,
+        ("all", "rw"): granted,
+        ("none", "ro"): False,
+        ("none", "wo"): False,
+        ("none", "rw"): False,
+    }
+    with pytest.raises(ValueError, match="direct_io"):
+        PassthroughFS(fd, direct_io="sometimes")

@@ -91,6 +91,9 @@ def test_validate_checks_the_directories(tmp_path: Path) -> None:
         with pytest.raises(MountError, match="read-ahead"):
             validate(MountConfig(backing, mnt, read_ahead=bad))
     assert validate(MountConfig(backing, mnt, read_ahead=0)).read_ahead == 0
+    with pytest.raises(MountError, match="--direct-io must be one of writes, all, none"):
+        validate(MountConfig(backing, mnt, direct_io="sometimes"))
+    assert validate(MountConfig(backing, mnt)).direct_io == "writes"
 
 
 def test_read_ahead_goes_to_the_mounts_own_device(tmp_path: Path) -> None:
