@@ -28,6 +28,7 @@ import errno
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -149,6 +150,8 @@ class DirectIoMmap:
 
     def __init__(self, on_reply: Callable[[bool], None]) -> None:
         self._on_reply = on_reply
+        self._lock = threading.Lock()
+        self._written = False
         self._session: int | None = None
         self._fd = -1
         self._plain = _CustomIo(
@@ -190,20 +193,24 @@ class DirectIoMmap:
             raise OSError(errno.EINVAL, "fuse_session_custom_io refused the writer")
 
     def _write_first_message(self, fd: int, iov: Any, count: int, userdata: Any) -> int:
+        # The first message libfuse writes is its INIT reply (nothing is sent before it).
         # A Python exception here would make ctypes return 0 ("wrote nothing"): none escapes.
-        try:
-            granted = False
+        with self._lock:
+            first, self._written = not self._written, True
+        if first:
             try:
-                granted = grant_direct_io_mmap(iov, count)
-            finally:
-                self._on_reply(granted)
-        except Exception:
-            logger.exception("asking for shared mmap of direct_io files failed")
+                granted = False
+                try:
+                    granted = grant_direct_io_mmap(iov, count)
+                finally:
+                    self._on_reply(granted)
+            except Exception:
+                logger.exception("asking for shared mmap of direct_io files failed")
         try:
             return int(_libc_writev(fd, iov, count))
         finally:
-            # Whatever this message was, every later one goes straight to libc.
-            self._custom_io(self._session, ctypes.byref(self._plain), self._fd)
+            if first:  # every later message goes straight to libc
+                self._custom_io(self._session, ctypes.byref(self._plain), self._fd)
 
 
 class FUSE(mfusepy.FUSE):  # type: ignore[misc]

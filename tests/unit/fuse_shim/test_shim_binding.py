@@ -216,6 +216,10 @@ def test_the_hook_writes_the_patched_reply_then_hands_writing_to_libc(
         written = hook._hook(write_end, iov, 2, None)  # called through ctypes, as libfuse does
         assert written == 16 + 64
         sent = os.read(read_end, 1024)
+        # Only the first message is the INIT reply: a later one passes untouched.
+        again, _again = init_reply(FUSE_INIT_EXT)
+        assert hook._hook(write_end, again, 2, None) == 16 + 64
+        assert int.from_bytes(os.read(read_end, 1024)[16 + 32 : 16 + 36], "little") == 0
     finally:
         os.close(read_end)
         os.close(write_end)
