@@ -7,7 +7,10 @@ back (interleaved per workload, so a slow spell of the machine hits every target
 - ``fuse``: fio on a mount of BACKING with no controller (every job unthrottled);
 - ``fuse-controller``: fio on a mount at a real controller whose capacity is far above
   anything this machine can move (1 TiB/s), so the allocation never binds but every I/O still
-  goes through the job's session and token bucket.
+  goes through the job's session and token bucket;
+- ``fuse-null`` (``cached`` regime only): fio on a mount with the same options whose reads
+  and writes move no data (bench/fuse_null_mount.py): the kernel's FUSE transport and the
+  shim's request path alone, the ceiling for ``fuse`` on this machine.
 
 Workloads (psync, one process, buffered ``direct=0``): sequential 1 MiB write and read of a
 ``--size`` file, and 4 KiB random read and write on a ``--rand-size`` file for ``--seconds``.
@@ -60,7 +63,8 @@ import psutil
 from controller_events import start_controller
 from fio_tools import FioRun, GiB, MiB, job_file, run_fio
 
-TARGETS = ("direct", "fuse", "fuse-controller")
+TARGETS = ("direct", "fuse", "fuse-controller", "fuse-null")
+NULL_MOUNT = Path(__file__).with_name("fuse_null_mount.py")
 PROFILE_SECONDS = 8
 REGIMES = ("cached", "device")
 WORKLOADS = {
@@ -320,6 +324,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         mounts = {}
         if "fuse" in args.targets:
             mounts["fuse"] = Mount(backing, root / "mnt-fuse", extra, env, args.launcher)
+        if "fuse-null" in args.targets:
+            mounts["fuse-null"] = Mount(backing, root / "mnt-null", extra, env, NULL_MOUNT)
         if "fuse-controller" in args.targets:
             controller, address, _ = start_controller(
                 str(root / "state"),
@@ -335,6 +341,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     _, _, ddir, random_io = WORKLOADS[name]
                     data = backing / ("rand.dat" if random_io else "seq.dat")
                     for target in args.targets:
+                        if target == "fuse-null" and regime != "cached":
+                            continue  # its writes never reach the device
                         if ddir == "read":
                             _warm(data) if regime == "cached" else _evict(data)
                         mount = mounts.get(target)
@@ -363,6 +371,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             for name in args.workloads:
                 _, _, ddir, random_io = WORKLOADS[name]
                 for target, mount in mounts.items():
+                    if target == "fuse-null":
+                        continue
                     if ddir == "read":
                         _warm(backing / ("rand.dat" if random_io else "seq.dat"))
                     tag = f"{name}-cached-{target}"
