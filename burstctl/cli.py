@@ -185,9 +185,10 @@ def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
     default="writes",
     show_default=True,
     help="Which files bypass the kernel's page cache, so every byte goes to the daemon"
-    " once: writes: files opened for writing; all: every file; none: no file. A file open"
-    " for reading (and writing, for writes) goes direct only where shared mmap of it still"
-    " works (libfuse 3.14 on Linux >= 6.6); -o direct_io forces every file.",
+    " once: writes: files opened for writing; all: every file; none: no file. Write-only"
+    " files go direct everywhere; a file opened for reading could be mapped shared, so it"
+    " goes direct only where the kernel allows that (libfuse 3.14 on Linux >= 6.6)."
+    " -o direct_io forces every file.",
 )
 @click.option(
     "--libfuse",
