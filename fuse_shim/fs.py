@@ -15,10 +15,10 @@ first, and metadata operations go through `Pacer.metadata`.
 
 Page cache (``direct_io``), chosen per open by `PassthroughFS.direct_io_for` from the mount's
 ``direct_io`` mode: ``writes`` (the default) sends every byte of a file opened for writing
-straight to the daemon, ``all`` every file, ``none`` none. A file open for reading and writing
-goes direct only where the kernel was asked to allow shared ``mmap`` of such files
-(``direct_io_mmap``, set by the binding at init): elsewhere that mapping would fail with ENODEV.
-A write-only file cannot be mapped at all.
+straight to the daemon, ``all`` every file, ``none`` none. A file that can be mapped (opened
+for reading, or reading and writing) goes direct only where the kernel was asked to allow shared
+``mmap`` of such files (``direct_io_mmap``, set by the binding at init): elsewhere that mapping
+would fail with ENODEV. A write-only file cannot be mapped at all.
 
 ``security.capability``: with the kernel page cache on, the kernel asks for it before every
 ``write(2)`` (to strip it) and almost always hears ENODATA. That answer is remembered per path

@@ -84,7 +84,7 @@ class MountConfig:
     fuse_options: tuple[str, ...] = ()
     libfuse: str = "auto"
     read_ahead: int = DEFAULT_READ_AHEAD  # bytes; 0: the kernel's default (128 KiB)
-    direct_io: str = "writes"  # which opens bypass the page cache (fs.DIRECT_IO_MODES)
+    direct_io: str = "writes"  # which opens bypass the page cache (DIRECT_IO_MODES)
 
     def pacing(self) -> PacingOptions | None:
         """The pacer's options, or None when there is no controller (unthrottled)."""
