@@ -245,8 +245,11 @@ class FUSE(mfusepy.FUSE):  # type: ignore[misc]
             else:
                 logger.warning("the INIT reply had no room to allow mmap of direct_io files")
 
+        # Kept for the life of the mount: libfuse calls into the hook's ctypes thunk, which
+        # would be freed with the object (a segfault at the INIT reply).
+        self._direct_io_mmap = DirectIoMmap(on_reply)
         try:
-            DirectIoMmap(on_reply).install(_get_context().contents.fuse)
+            self._direct_io_mmap.install(_get_context().contents.fuse)
         except (OSError, AttributeError) as err:
             logger.warning("could not ask the kernel to allow mmap of direct_io files: %s", err)
 

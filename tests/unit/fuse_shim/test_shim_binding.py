@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ctypes
+import gc
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -247,3 +249,30 @@ def test_the_hook_is_used_only_where_it_was_checked() -> None:
     assert "needs 6.6" in str(_fuse.DirectIoMmap.unavailable((3, 14), (6, 5)))
     for other in ((2, 9), (3, 16), (3, 17)):
         assert "only on 3.14" in str(_fuse.DirectIoMmap.unavailable(other, (6, 18)))
+
+
+def test_the_mount_keeps_the_hook_alive(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # libfuse calls the hook's ctypes thunk after init returns: were the hook collected, that
+    # call would jump into freed memory (seen as a segfault at the INIT reply).
+    installed: list[weakref.ref[_fuse.DirectIoMmap]] = []
+    monkeypatch.setattr(_fuse.DirectIoMmap, "unavailable", classmethod(lambda cls, *a: None))
+    monkeypatch.setattr(
+        _fuse.DirectIoMmap, "install", lambda self, handle: installed.append(weakref.ref(self))
+    )
+
+    class Context(ctypes.Structure):
+        _fields_ = [("fuse", ctypes.c_void_p)]
+
+    context = Context()
+    monkeypatch.setattr(_fuse, "_get_context", lambda: ctypes.pointer(context))
+    root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        fuse = unmounted(PassthroughFS(root))
+        fuse._ask_direct_io_mmap()
+        gc.collect()
+        assert len(installed) == 1 and installed[0]() is not None
+        del fuse
+        gc.collect()
+        assert installed[0]() is None  # lives exactly as long as the mount
+    finally:
+        os.close(root)
