@@ -133,13 +133,14 @@ class DirectIoMmap:
     Without FUSE_DIRECT_IO_ALLOW_MMAP the kernel refuses every ``MAP_SHARED`` mapping of a
     file opened with ``direct_io`` (ENODEV); with it (Linux >= 6.6) such a mapping goes
     through the page cache, which the kernel keeps coherent with the file's direct reads and
-    writes. libfuse learned to ask for it in 3.16, so on 3.14 (Debian 12) the mount adds the
-    bit to libfuse's INIT reply on its way to the kernel: from ``init``, which libfuse calls
-    before it sends that reply, the session gets a custom writer (``fuse_session_custom_io``)
-    that patches the reply, writes it, and puts libc's ``writev``/``read`` in its place, so
-    no later message passes through Python. libc's functions ignore the extra ``userdata``
-    argument libfuse passes (a trailing register argument). libfuse frees the last writer
-    with the session; the first one (32 bytes) is left behind.
+    writes. libfuse 3.14 (Debian 12) cannot ask for it (later releases can), so there the
+    mount adds the bit to libfuse's INIT reply on its way to the kernel: from ``init``, which
+    libfuse calls before it sends that reply, the session gets a custom writer
+    (``fuse_session_custom_io``) that patches the reply, writes it, and puts libc's
+    ``writev``/``read`` in its place, so no later message passes through Python. libc's
+    functions ignore the extra ``userdata`` argument libfuse passes (a trailing register
+    argument). libfuse frees the last writer with the session; the first one (32 bytes) is
+    left behind.
 
     ``on_reply(granted)`` runs once the reply is patched (True) or found without room for
     the flag (False), before it is written: before the kernel can send any open.
