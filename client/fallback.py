@@ -35,8 +35,10 @@ class Fallback:
         if not isinstance(spec, str):
             raise ValueError(f"fallback must be a string, got {spec!r}")
         text = spec.strip()
-        if text in ("keep-last", "unthrottled"):
-            return cls(mode=text)
+        if text == "keep-last":
+            return cls(mode="keep-last")
+        if text == "unthrottled":
+            return cls(mode="unthrottled")
         if text.startswith("fixed:"):
             try:
                 rate = parse_rate(text.removeprefix("fixed:").strip())

@@ -12,10 +12,11 @@ import contextlib
 import threading
 from types import TracebackType
 
-from burstctl.client.engine import Engine, SessionOptions
+from burstctl.client.engine import Engine
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
 from burstctl.client.kinds import check_volume, op_kind
+from burstctl.client.options import SessionOptions
 
 # close() gives the engine this long to say Goodbye and stop before it abandons the thread.
 _CLOSE_TIMEOUT = 10.0

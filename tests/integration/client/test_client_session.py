@@ -214,7 +214,7 @@ def test_many_threads_share_the_rate(make_controller: Callable[..., Any]) -> Non
 def test_stale_allocation_epoch_is_ignored(
     controller: Any, caplog: pytest.LogCaptureFixture, wait_until: Callable[..., None]
 ) -> None:
-    caplog.set_level(logging.DEBUG, logger="burstctl.client.engine")
+    caplog.set_level(logging.DEBUG, logger="burstctl.client.stream")
     with open_session(controller) as session:
         controller.push(2 * MiB, epoch=5)
         wait_until(lambda: session.rate == 2 * MiB)

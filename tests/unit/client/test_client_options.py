@@ -8,8 +8,9 @@ import random
 import pytest
 
 from burstctl.client import Fallback, JobInfo
-from burstctl.client.engine import Backoff, SessionOptions
 from burstctl.client.kinds import check_nbytes, check_volume, op_kind
+from burstctl.client.options import SessionOptions
+from burstctl.client.stream import Backoff
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 MiB = 1 << 20

@@ -1,0 +1,85 @@
+"""A session's configuration: its defaults, their checks, and the client id.
+
+The defaults of the public `Session` / `AsyncSession` arguments live here and only here; the
+FUSE mount reads `DEFAULT_ATTACH_TIMEOUT` from here too. `SessionOptions.build` validates the
+arguments once, so a bad one raises `ValueError` where the session is constructed.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import uuid
+from dataclasses import dataclass
+
+from burstctl.client.fallback import Fallback
+from burstctl.client.job import JobInfo
+
+DEFAULT_FALLBACK = "keep-last"
+# Seconds between two Usage reports (the heartbeat).
+DEFAULT_REPORT_INTERVAL = 0.25
+# Seconds without an acquire after which an implicit operation completes.
+DEFAULT_QUIET_GAP = 0.1
+# Seconds a new session waits for its first allocation before the fallback applies.
+DEFAULT_ATTACH_TIMEOUT = 2.0
+
+
+def default_client_id() -> str:
+    """``host:pid:random`` — unique per session object, readable in controller logs."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+@dataclass(frozen=True, slots=True)
+class SessionOptions:
+    """Everything a session is configured with, validated once."""
+
+    target: str
+    job: JobInfo
+    fallback: Fallback
+    report_interval: float
+    quiet_gap: float
+    attach_timeout: float
+    client_id: str
+    host: str
+
+    @classmethod
+    def build(
+        cls,
+        target: str,
+        job: JobInfo | None,
+        fallback: str | Fallback,
+        *,
+        report_interval: float,
+        quiet_gap: float,
+        attach_timeout: float,
+        client_id: str | None,
+    ) -> SessionOptions:
+        if not isinstance(target, str) or not target:
+            raise ValueError(f"target must be a non-empty 'host:port' string, got {target!r}")
+        if job is None:
+            job = JobInfo.from_env()
+        elif not isinstance(job, JobInfo):
+            raise ValueError(f"job must be a JobInfo, got {type(job).__name__}")
+        _check_seconds("report_interval", report_interval, allow_zero=False, allow_inf=False)
+        _check_seconds("quiet_gap", quiet_gap, allow_zero=True, allow_inf=False)
+        _check_seconds("attach_timeout", attach_timeout, allow_zero=True, allow_inf=True)
+        if client_id is not None and (not isinstance(client_id, str) or not client_id):
+            raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
+        return cls(
+            target=target,
+            job=job,
+            fallback=Fallback.parse(fallback),
+            report_interval=float(report_interval),
+            quiet_gap=float(quiet_gap),
+            attach_timeout=float(attach_timeout),
+            client_id=client_id or default_client_id(),
+            host=socket.gethostname(),
+        )
+
+
+def _check_seconds(name: str, value: float, *, allow_zero: bool, allow_inf: bool) -> None:
+    if isinstance(value, bool) or not isinstance(value, int | float) or math.isnan(value):
+        raise ValueError(f"{name} must be a number of seconds, got {value!r}")
+    if value < 0 or (value == 0 and not allow_zero) or (math.isinf(value) and not allow_inf):
+        raise ValueError(f"{name} is out of range: {value!r}")

@@ -1,0 +1,458 @@
+"""One session's stream to its controller replica, and all the protocol on it.
+
+Owns what the client says and when (Hello, OpPosted/OpCompleted, Usage, Goodbye), what it does
+with what the controller says (Allocation, Error), reconnection, the lease and the fallback,
+and whether the session is attached. It sets the rate of the session's `Throttle` and reads its
+counters for the usage reports; the hot path (``acquire``) never touches it.
+
+Everything here runs on the loop the session was started on, so it needs no lock; only the
+attached flag is also read (and waited on) by other threads, through a condition.
+The channel is given to `SessionStream.start` and never closed here: it may be shared by
+every session of a `ClientRuntime`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import threading
+from collections.abc import Callable, Coroutine
+from typing import Any
+
+import grpc
+
+from burstctl.client.bucket import Throttle, ThrottleStats
+from burstctl.client.options import SessionOptions
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
+from burstctl.units import format_rate
+
+logger = logging.getLogger(__name__)
+
+# Most messages sent as one Batch (the controller accepts up to 1024).
+MAX_BATCH = 64
+# Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
+DEFAULT_BURST_SECONDS = 0.1
+# How long close() waits for the Goodbye and the half-close to reach the wire.
+GOODBYE_TIMEOUT = 2.0
+# gRPC reconnects the channel itself with these: start at 50 ms, cap at 2 s (with gRPC's own
+# jitter); a connection attempt may take up to 1 s before it counts as failed.
+CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
+    ("grpc.initial_reconnect_backoff_ms", 50),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+    ("grpc.min_reconnect_backoff_ms", 1000),
+)
+
+
+def open_channel(target: str) -> grpc.aio.Channel:
+    """A channel to ``target`` with the client's reconnect settings (on the running loop)."""
+    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+
+
+class Backoff:
+    """Exponential backoff with jitter between two stream attempts on a connected channel.
+
+    The channel's own reconnect backoff covers an unreachable controller; this one covers a
+    controller that is reachable but ends the stream (e.g. INVALID_ARGUMENT), so the client never
+    retries in a hot loop. Delays are drawn in ``[d/2, d]`` with ``d`` doubling up to ``maximum``.
+    """
+
+    def __init__(
+        self, initial: float = 0.05, maximum: float = 2.0, rng: random.Random | None = None
+    ) -> None:
+        if not 0 < initial <= maximum:
+            raise ValueError("backoff needs 0 < initial <= maximum")
+        self._initial = initial
+        self._maximum = maximum
+        self._rng = rng or random.Random()
+        self._attempt = 0
+
+    def next_delay(self) -> float:
+        ceiling = min(self._maximum, self._initial * 2.0 ** min(self._attempt, 60))
+        self._attempt += 1
+        return self._rng.uniform(ceiling / 2, ceiling)
+
+    def reset(self) -> None:
+        self._attempt = 0
+
+
+class SessionStream:
+    """The stream of one session: kept open, fed, and obeyed, for the life of the session."""
+
+    def __init__(self, options: SessionOptions, throttle: Throttle, clock: Callable[[], float]):
+        self._options = options
+        self._throttle = throttle
+        self._clock = clock
+
+        # Attachment is read by any thread and waited on by threads or coroutines.
+        self._attached = False
+        self._attached_cond = threading.Condition()
+        self._attached_event = asyncio.Event()
+
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stopping = False
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self._stub: pb_grpc.ControllerStub | None = None
+        self._call: grpc.aio.StreamStreamCall | None = None
+        self._outbox: asyncio.Queue[pb.ClientMessage | None] | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._stream_task: asyncio.Task[None] | None = None
+        self._open_ops: dict[int, pb.OpPosted] = {}
+        self._stream_epoch: int | None = None
+        self._stream_had_allocation = False
+        self._lease_deadline = math.inf
+        self._lease_changed = asyncio.Event()
+        self._in_fallback = False
+        self._last_nonzero_rate: float | None = None
+        self._last_burst: float | None = None
+        self._last_report = ThrottleStats(bytes=0, acquires=0, wait_seconds=0.0, waiting=False)
+        self._last_report_at = 0.0
+        self._detached_logged = False
+
+    # ------------------------------------------------------------------ attachment (any thread)
+
+    @property
+    def attached(self) -> bool:
+        return self._attached
+
+    def wait_attached(self, timeout: float | None) -> bool:
+        """Blocks a thread until an allocation from a live controller is in force."""
+        with self._attached_cond:
+            return self._attached_cond.wait_for(lambda: self._attached, timeout)
+
+    async def wait_attached_async(self, timeout: float | None) -> bool:
+        """Suspends a coroutine on the session's loop until the session is attached."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                await self._attached_event.wait()
+        return self._attached
+
+    def _set_attached(self, attached: bool) -> None:
+        with self._attached_cond:
+            self._attached = attached
+            self._attached_cond.notify_all()
+        if attached:
+            self._attached_event.set()
+        else:
+            self._attached_event.clear()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self, channel: grpc.aio.Channel) -> None:
+        """Starts the stream, the usage reports and the lease watch on the running loop."""
+        self._loop = asyncio.get_running_loop()
+        now = self._clock()
+        self._lease_deadline = now + self._options.attach_timeout
+        self._last_report_at = now
+        self._stub = pb_grpc.ControllerStub(channel)
+        self._stream_task = self._spawn(self._run_streams(channel), "stream")
+        self._spawn(self._report_usage(), "usage")
+        self._spawn(self._watch_lease(), "lease")
+
+    async def close(self) -> None:
+        """Says Goodbye, ends the stream and stops every task (the channel stays open)."""
+        self._stopping = True
+        try:
+            await self._say_goodbye()
+            tasks = list(self._tasks)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+        finally:
+            self._set_attached(False)
+
+    async def _say_goodbye(self) -> None:
+        outbox, writer = self._outbox, self._writer
+        if outbox is None or writer is None:
+            return
+        outbox.put_nowait(pb.ClientMessage(goodbye=pb.Goodbye()))
+        outbox.put_nowait(None)  # half-close once everything queued before is written
+        # asyncio.wait neither raises nor cancels: a dead controller only costs the timeout.
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GOODBYE_TIMEOUT
+        await asyncio.wait({writer}, timeout=GOODBYE_TIMEOUT)
+        # Then let the controller end the stream itself once it has read everything:
+        # cancelling right after the half-close could cut what is still in flight.
+        if self._stream_task is not None:
+            await asyncio.wait({self._stream_task}, timeout=max(0.0, deadline - loop.time()))
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any], role: str) -> asyncio.Task[Any]:
+        assert self._loop is not None
+        task = self._loop.create_task(coro, name=f"burstctl-{role}-{self._options.client_id}")
+        self._tasks.add(task)
+        task.add_done_callback(self._task_done)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("task %s failed", task.get_name(), exc_info=task.exception())
+
+    # ------------------------------------------------------------------ operations and usage
+
+    def post(self, op_id: int, kind: pb.OpKind.ValueType, volume: int) -> bool:
+        """Posts an operation (kept, and re-posted on every new stream, until completed)."""
+        if self._stopping:
+            return False
+        posted = pb.OpPosted(op_id=op_id, kind=kind, volume=volume)
+        self._open_ops[op_id] = posted
+        self._send(pb.ClientMessage(op_posted=posted))
+        return True
+
+    def complete(self, op_id: int) -> None:
+        if self._stopping:
+            return
+        if self._open_ops.pop(op_id, None) is not None:
+            # Usage first: the controller attributes bytes to the operations open when
+            # they arrive, so the operation's own bytes must reach it before it closes.
+            self.send_usage(False)
+            self._send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
+
+    async def _report_usage(self) -> None:
+        """The heartbeat: a Usage every ``report_interval``, idle or not."""
+        interval = self._options.report_interval
+        next_at = self._clock() + interval
+        while True:
+            await asyncio.sleep(max(0.0, next_at - self._clock()))
+            self.send_usage(False)
+            next_at += interval
+            # After a stall, skip the missed ticks instead of sending a burst of reports.
+            next_at = max(next_at, self._clock() + interval / 2)
+
+    def send_usage(self, force_waiting: bool) -> None:
+        """Reports the throttle's counters since the last report (if a stream is open)."""
+        if self._outbox is None or self._stopping:
+            return
+        now = self._clock()
+        # The immediate report says "waiting" even if that acquire has been served since.
+        stats = self._throttle.snapshot(reported=True, assume_waiting=force_waiting)
+        previous = self._last_report
+        usage = pb.Usage(
+            bytes=stats.bytes - previous.bytes,
+            ops=stats.acquires - previous.acquires,
+            wait_seconds=max(0.0, stats.wait_seconds - previous.wait_seconds),
+            interval_seconds=max(0.0, now - self._last_report_at),
+            waiting=stats.waiting,
+        )
+        self._last_report, self._last_report_at = stats, now
+        self._send(pb.ClientMessage(usage=usage))
+
+    # ------------------------------------------------------------------ the stream
+
+    async def _run_streams(self, channel: grpc.aio.Channel) -> None:
+        """Keeps one stream open for the life of the session, reconnecting with backoff."""
+        backoff = Backoff()
+        while not self._stopping:
+            code: grpc.StatusCode | None = None
+            try:
+                # Waits through the channel's own reconnect backoff while the controller is away.
+                await channel.channel_ready()
+                code = await self._run_stream()
+            except grpc.aio.AioRpcError as err:
+                code = err.code()
+                self._log_stream_end(code, err.details())
+            except asyncio.CancelledError:
+                current = asyncio.current_task()
+                if self._stopping or (current is not None and current.cancelling()):
+                    raise
+                # gRPC raises CancelledError in read() after we cancelled the call ourselves
+                # (lease expired on a silent stream); that is a restart, not our task ending.
+                logger.info("restarting the session stream to %s", self._options.target)
+            except Exception:
+                logger.exception("session stream to %s failed", self._options.target)
+            if self._stopping:
+                return
+            if self._stream_had_allocation and code != grpc.StatusCode.INVALID_ARGUMENT:
+                backoff.reset()
+            await asyncio.sleep(backoff.next_delay())
+
+    async def _run_stream(self) -> grpc.StatusCode:
+        """Runs one stream until it ends; returns its status (non-OK ones raise)."""
+        assert self._stub is not None
+        call = self._stub.Session()
+        outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
+        outbox.put_nowait(self._hello())
+        # A new stream knows nothing: re-post every operation still open, with its old id.
+        for posted in self._open_ops.values():
+            outbox.put_nowait(pb.ClientMessage(op_posted=posted))
+        self._call, self._outbox = call, outbox
+        self._stream_epoch = None
+        self._stream_had_allocation = False
+        writer = self._writer = self._spawn(self._write(call, outbox), "writer")
+        try:
+            while True:
+                message = await call.read()
+                if message is grpc.aio.EOF:
+                    break
+                self._on_server_message(message)
+            code = await call.code()
+            self._log_stream_end(code, await call.details())
+            return code
+        finally:
+            self._call = self._outbox = self._writer = None
+            self._stream_epoch = None
+            self._set_attached(False)
+            call.cancel()
+            writer.cancel()
+            # Let the call finish on this loop before anything closes it (gRPC delivers its
+            # completion through the loop that started it).
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await call.code()
+            with contextlib.suppress(asyncio.CancelledError):
+                await writer
+
+    async def _write(
+        self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.ClientMessage | None]
+    ) -> None:
+        try:
+            while True:
+                # What queued up while the previous write was in flight goes as one Batch:
+                # each gRPC message has a fixed cost on both ends.
+                # Hello opens the stream on its own (the controller reads it alone).
+                pending = [await outbox.get()]
+                if pending[0] is not None and pending[0].WhichOneof("body") != "hello":
+                    while (
+                        pending[-1] is not None and len(pending) < MAX_BATCH and not outbox.empty()
+                    ):
+                        pending.append(outbox.get_nowait())
+                done = pending[-1] is None
+                messages = [m for m in pending if m is not None]
+                if len(messages) == 1:
+                    await call.write(messages[0])
+                elif messages:
+                    await call.write(pb.ClientMessage(batch=pb.Batch(messages=messages)))
+                if done:
+                    await call.done_writing()
+                    return
+        except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
+            # The call is over; the reader learns why and reconnects.
+            logger.debug("stopped writing to the session stream: %r", err)
+
+    def _send(self, message: pb.ClientMessage) -> None:
+        # While no stream is open the message is dropped: a new stream starts from the state
+        # (Hello + open operations), not from a replay.
+        if self._outbox is not None:
+            self._outbox.put_nowait(message)
+
+    def _hello(self) -> pb.ClientMessage:
+        job, options = self._options.job, self._options
+        return pb.ClientMessage(
+            hello=pb.Hello(
+                job_id=job.job_id,
+                user=job.user,
+                group=job.group,
+                nodes=job.nodes,
+                priority=job.priority,
+                client_id=options.client_id,
+                host=options.host,
+            )
+        )
+
+    def _log_stream_end(self, code: grpc.StatusCode, details: str | None) -> None:
+        target = self._options.target
+        if self._stopping:
+            logger.debug("session stream to %s closed: %s", target, code.name)
+            return
+        if code == grpc.StatusCode.INVALID_ARGUMENT:
+            # The controller rejected what we sent: a bug on one side; retried with backoff.
+            logger.error("controller %s rejected the session: %s", target, details)
+        elif not self._detached_logged:
+            logger.warning("session stream to %s ended: %s %s", target, code.name, details or "")
+        else:
+            logger.debug("session stream to %s ended: %s %s", target, code.name, details or "")
+        self._detached_logged = True
+
+    # ------------------------------------------------------------------ controller messages
+
+    def _on_server_message(self, message: pb.ServerMessage) -> None:
+        body = message.WhichOneof("body")
+        if body == "allocation":
+            self._on_allocation(message.allocation)
+        elif body == "error":
+            error = message.error
+            logger.warning(
+                "controller %s reports %s (field %r): %s",
+                self._options.target,
+                error.code,
+                error.field,
+                error.message,
+            )
+        else:
+            logger.debug("ignoring a server message without a known body: %r", body)
+
+    def _on_allocation(self, allocation: pb.Allocation) -> None:
+        if self._stream_epoch is not None and allocation.epoch <= self._stream_epoch:
+            logger.debug("ignoring stale allocation epoch %d", allocation.epoch)
+            return
+        rate, burst, lease = allocation.rate, allocation.burst, allocation.lease_seconds
+        if not (rate >= 0 and 0 <= burst < math.inf and lease > 0):  # also rejects NaN
+            logger.error(
+                "ignoring invalid allocation from %s: rate=%r burst=%r lease_seconds=%r",
+                self._options.target,
+                rate,
+                burst,
+                lease,
+            )
+            return
+        self._stream_epoch = allocation.epoch
+        self._lease_deadline = self._clock() + lease
+        self._lease_changed.set()
+        self._throttle.set_rate(rate, burst)
+        if rate > 0:
+            self._last_nonzero_rate = rate
+        self._last_burst = burst
+        self._stream_had_allocation = True
+        if self._in_fallback or self._detached_logged:
+            logger.info(
+                "attached to %s (%s): rate %s",
+                self._options.target,
+                allocation.replica_id or "?",
+                format_rate(rate),
+            )
+        self._in_fallback = False
+        self._detached_logged = False
+        self._set_attached(True)
+
+    # ------------------------------------------------------------------ lease and fallback
+
+    async def _watch_lease(self) -> None:
+        """Applies the fallback when the lease (or the first attach) runs out unrenewed."""
+        while True:
+            remaining = None if self._in_fallback else self._lease_deadline - self._clock()
+            if remaining is not None and math.isinf(remaining):
+                remaining = None
+            self._lease_changed.clear()
+            try:
+                async with asyncio.timeout(None if remaining is None else max(0.0, remaining)):
+                    await self._lease_changed.wait()
+            except TimeoutError:
+                # An allocation may have been handled between the timer and this task resuming.
+                if self._clock() >= self._lease_deadline:
+                    self._lease_expired()
+
+    def _lease_expired(self) -> None:
+        fallback = self._options.fallback
+        rate = fallback.rate(self._last_nonzero_rate)
+        burst = self._last_burst
+        if burst is None:
+            burst = rate * DEFAULT_BURST_SECONDS if math.isfinite(rate) else 0.0
+        self._throttle.set_rate(rate, burst)
+        self._in_fallback = True
+        self._set_attached(False)
+        if self._last_burst is not None:
+            reason = "allocation lease expired without renewal"
+        else:
+            reason = f"no allocation within {self._options.attach_timeout:g}s"
+        logger.warning(
+            "%s from %s; fallback %s: rate %s",
+            reason,
+            self._options.target,
+            fallback,
+            format_rate(rate) if math.isfinite(rate) else "unthrottled",
+        )
+        if self._stream_had_allocation and self._call is not None:
+            # The controller on this stream stopped renewing: treat the stream as dead.
+            self._call.cancel()
