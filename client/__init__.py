@@ -1,5 +1,8 @@
 """burstctl client runtime: job identity, the paced sessions (sync and asyncio), throttled files.
 
+Many blocking sessions can share one `ClientRuntime` (one loop thread, one channel per
+controller): ``Session(..., runtime=runtime)``.
+
 ```python
 from burstctl.client import Session
 
@@ -14,11 +17,13 @@ from burstctl.client.bucket import Throttle, TokenBucket
 from burstctl.client.fallback import Fallback
 from burstctl.client.files import ThrottledFile, throttled_open
 from burstctl.client.job import JobInfo
+from burstctl.client.runtime import ClientRuntime
 from burstctl.client.session import AsyncOperation, AsyncSession, Operation, Session
 
 __all__ = [
     "AsyncOperation",
     "AsyncSession",
+    "ClientRuntime",
     "Fallback",
     "JobInfo",
     "Operation",

@@ -1,25 +1,27 @@
 """The public session API: `Session` (blocking, for threads) and `AsyncSession` (asyncio).
 
-Both are thin shells around one `Engine`. `Session` runs the engine on a private event loop in a
-daemon thread and calls into it without hopping threads on the hot path; `AsyncSession` runs it
-on the caller's loop.
+Both are thin shells around one `Engine`. `Session` runs the engine on the event loop of a
+`ClientRuntime` — its own, or one shared with other sessions — and calls into it without
+hopping threads on the hot path; `AsyncSession` runs it on the caller's loop.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import threading
+import concurrent.futures
 from types import TracebackType
 
 from burstctl.client.engine import Engine
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
 from burstctl.client.kinds import check_volume, op_kind
-from burstctl.client.options import SessionOptions
-
-# close() gives the engine this long to say Goodbye and stop before it abandons the thread.
-_CLOSE_TIMEOUT = 10.0
+from burstctl.client.options import (
+    DEFAULT_ATTACH_TIMEOUT,
+    DEFAULT_FALLBACK,
+    DEFAULT_QUIET_GAP,
+    DEFAULT_REPORT_INTERVAL,
+    SessionOptions,
+)
+from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
 
 
 class _OperationBase:
@@ -81,11 +83,11 @@ class _SessionBase:
         self,
         target: str,
         job: JobInfo | None = None,
-        fallback: str | Fallback = "keep-last",
+        fallback: str | Fallback = DEFAULT_FALLBACK,
         *,
-        report_interval: float = 0.25,
-        quiet_gap: float = 0.1,
-        attach_timeout: float = 2.0,
+        report_interval: float = DEFAULT_REPORT_INTERVAL,
+        quiet_gap: float = DEFAULT_QUIET_GAP,
+        attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
         client_id: str | None = None,
     ) -> None:
         options = SessionOptions.build(
@@ -98,10 +100,6 @@ class _SessionBase:
             client_id=client_id,
         )
         self._engine = Engine(options)
-        self._started()
-
-    def _started(self) -> None:
-        """Hook run at the end of construction (the sync session starts its thread)."""
 
     @property
     def job(self) -> JobInfo:
@@ -130,6 +128,14 @@ class _SessionBase:
         """Seconds acquire calls have spent waiting for tokens, in total."""
         return self._engine.total_wait_seconds
 
+    def end_phase(self) -> None:
+        """Completes the implicit operation now, instead of after ``quiet_gap`` without I/O.
+
+        For a caller that knows its burst of I/O is over; the next ``acquire`` posts a new
+        implicit operation. A no-op when none is open (explicit operations are not touched).
+        """
+        self._engine.end_phase()
+
 
 class Session(_SessionBase):
     """A blocking client session of one job with one controller replica.
@@ -138,38 +144,46 @@ class Session(_SessionBase):
     session connects in the background; until the first allocation arrives (or
     ``attach_timeout`` passes and the fallback applies) ``acquire`` waits. Controller problems
     are logged, never raised into ``acquire`` or ``operation``.
+
+    ``runtime``: the `ClientRuntime` to run on, shared with other sessions (its loop thread
+    and its channel to ``target``); closing the session leaves it open. Without one the session
+    runs on a runtime of its own, closed with it.
     """
 
-    def _started(self) -> None:
-        # The engine runs on a private loop in a daemon thread; start both now.
-        options = self._engine.options
-        self._close_lock = threading.Lock()
-        self._loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(
-            target=self._run_loop, name=f"burstctl-session-{options.client_id}", daemon=True
+    def __init__(
+        self,
+        target: str,
+        job: JobInfo | None = None,
+        fallback: str | Fallback = DEFAULT_FALLBACK,
+        *,
+        report_interval: float = DEFAULT_REPORT_INTERVAL,
+        quiet_gap: float = DEFAULT_QUIET_GAP,
+        attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
+        client_id: str | None = None,
+        runtime: ClientRuntime | None = None,
+    ) -> None:
+        super().__init__(
+            target,
+            job,
+            fallback,
+            report_interval=report_interval,
+            quiet_gap=quiet_gap,
+            attach_timeout=attach_timeout,
+            client_id=client_id,
         )
-        self._thread.start()
+        self._owns_runtime = runtime is None
+        self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")
         try:
-            asyncio.run_coroutine_threadsafe(self._engine.start(), self._loop).result()
+            self._runtime.start_engine(self._engine)
         except BaseException:
-            self._stop_thread()
+            if self._owns_runtime:
+                self._runtime.close()
             raise
 
-    def _run_loop(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_forever()
-        finally:
-            try:
-                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
-                self._loop.run_until_complete(self._loop.shutdown_default_executor())
-            finally:
-                self._loop.close()
-
-    def _stop_thread(self) -> None:
-        with contextlib.suppress(RuntimeError):  # the loop is already closed
-            self._loop.call_soon_threadsafe(self._loop.stop)
-        self._thread.join()
+    @property
+    def runtime(self) -> ClientRuntime:
+        """The runtime the session runs on (its own, or the one it was given)."""
+        return self._runtime
 
     def wait_attached(self, timeout: float | None = None) -> bool:
         """Waits until the session is attached; returns whether it is."""
@@ -184,17 +198,23 @@ class Session(_SessionBase):
         return Operation(self._engine, kind, volume)
 
     def close(self) -> None:
-        """Says Goodbye, ends the stream and joins the background thread; idempotent."""
-        if threading.current_thread() is self._thread:
+        """Says Goodbye and ends the stream (and its own runtime's thread); idempotent."""
+        if self._runtime.in_loop_thread():
             raise RuntimeError("Session.close() cannot be called from the session's own thread")
-        with self._close_lock:
-            if not self._thread.is_alive():
-                return
-            try:
-                future = asyncio.run_coroutine_threadsafe(self._engine.close(), self._loop)
-                future.result(_CLOSE_TIMEOUT)
-            finally:
-                self._stop_thread()
+        if self._owns_runtime:
+            self._runtime.close(CLOSE_TIMEOUT)
+        else:
+            self._runtime.close_engine(self._engine).result(CLOSE_TIMEOUT)
+
+    def close_soon(self) -> concurrent.futures.Future[None]:
+        """Starts closing without waiting; the future is done once the session said Goodbye.
+
+        Callable from any thread, the runtime's own included (where `close` would wait on
+        itself).
+        """
+        if self._owns_runtime:
+            return self._runtime.close_soon()
+        return self._runtime.close_engine(self._engine)
 
     def __enter__(self) -> Session:
         return self

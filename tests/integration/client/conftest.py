@@ -50,5 +50,9 @@ def async_wait_until_fixture() -> Callable[..., object]:
 @pytest.fixture(autouse=True)
 def _no_leaked_session_threads() -> Iterator[None]:
     yield
-    leaked = [t.name for t in threading.enumerate() if t.name.startswith("burstctl-session")]
+    leaked = [
+        t.name
+        for t in threading.enumerate()
+        if t.name.startswith(("burstctl-session", "burstctl-client"))
+    ]
     assert not leaked, f"session threads still running after the test: {leaked}"

@@ -95,6 +95,30 @@ def test_implicit_operation_is_completed_after_the_quiet_gap(controller: Any) ->
         assert controller.bodies("op_posted")[1].op_id == 2
 
 
+def test_end_phase_completes_the_implicit_operation_at_once(controller: Any) -> None:
+    # A quiet gap far longer than the test: only end_phase can complete the operations.
+    with open_session(controller, quiet_gap=60) as session:
+        session.end_phase()  # none open: nothing to complete
+        session.acquire(KiB, "write")
+        controller.wait_for(lambda: controller.bodies("op_posted"))
+        asked = time.monotonic()
+        session.end_phase()
+        controller.wait_for(lambda: controller.bodies("op_completed"))
+        assert controller.received("op_completed")[0].at - asked < 2
+        session.acquire(KiB, "read")  # the next burst is a new implicit operation
+        controller.wait_for(lambda: len(controller.bodies("op_posted")) == 2)
+        session.end_phase()
+        controller.wait_for(lambda: len(controller.bodies("op_completed")) == 2)
+        with session.operation("write", volume=KiB) as op:
+            session.end_phase()  # explicit operations are the caller's to complete
+            heartbeats = len(controller.bodies("usage"))
+            controller.wait_for(lambda: len(controller.bodies("usage")) >= heartbeats + 2)
+            assert len(controller.bodies("op_completed")) == 2
+    posted = [(p.op_id, p.kind) for p in controller.bodies("op_posted")]
+    assert posted == [(1, pb.OP_KIND_WRITE), (2, pb.OP_KIND_READ), (op.op_id, pb.OP_KIND_WRITE)]
+    assert [c.op_id for c in controller.bodies("op_completed")] == [1, 2, op.op_id]
+
+
 def test_a_blocked_acquire_keeps_the_implicit_operation_open(
     controller: Any, wait_until: Callable[..., None]
 ) -> None:
@@ -229,7 +253,7 @@ def test_close_says_goodbye_and_stops_the_thread(
     controller: Any, wait_until: Callable[..., None]
 ) -> None:
     session = open_session(controller)
-    thread = session._thread
+    thread = session.runtime.thread
     session.acquire(KiB)
     session.close()
     assert not thread.is_alive()

@@ -1,0 +1,197 @@
+"""`ClientRuntime`: one event loop thread and one gRPC channel per controller, for many sessions.
+
+A blocking `Session` needs an asyncio loop to run its stream on. A runtime owns one such loop in
+one daemon thread and, on it, one ``grpc.aio`` channel per controller target; every session
+built on the runtime runs there and streams over that channel (gRPC multiplexes the streams on
+one connection). A process that speaks for many jobs at once (the FUSE mount) builds all their
+sessions on one runtime, so its threads and connections do not grow with the number of jobs.
+
+Ownership: a session closed on its own says Goodbye and leaves the runtime and its channels
+open for the others. `ClientRuntime.close` closes every session still open on it (they say
+Goodbye in parallel), then the channels, then stops the loop and joins the thread. A `Session`
+built without a runtime gets one of its own, closed with it.
+
+Channels are made and looked up only on the runtime's loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import threading
+from collections.abc import Coroutine, Mapping
+from types import MappingProxyType, TracebackType
+from typing import Any, TypeVar
+
+import grpc
+
+from burstctl.client.engine import Engine
+from burstctl.client.stream import open_channel
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# How long `close` waits for the sessions, the channels and the loop thread to stop.
+CLOSE_TIMEOUT = 10.0
+
+
+class ClientRuntime:
+    """An event loop in a daemon thread, and the channels and sessions that run on it.
+
+    Thread-safe: sessions may be started and closed from any thread but the runtime's own.
+    """
+
+    def __init__(self, name: str = "burstctl-client") -> None:
+        self._lock = threading.Lock()
+        self._closed = False
+        self._closing: concurrent.futures.Future[None] | None = None
+        self._channels: dict[str, grpc.aio.Channel] = {}  # loop only
+        self._engines: set[Engine] = set()  # loop only
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._run_loop, name=name, daemon=True)
+        self._thread.start()
+
+    # ------------------------------------------------------------------ state
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The runtime's loop (to schedule callbacks with ``call_soon_threadsafe``)."""
+        return self._loop
+
+    @property
+    def thread(self) -> threading.Thread:
+        return self._thread
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def channels(self) -> Mapping[str, grpc.aio.Channel]:
+        """The open channels by target (read-only; changed only on the loop)."""
+        return MappingProxyType(self._channels)
+
+    @property
+    def session_count(self) -> int:
+        """How many sessions are open on the runtime."""
+        return len(self._engines)
+
+    def in_loop_thread(self) -> bool:
+        return threading.current_thread() is self._thread
+
+    # ------------------------------------------------------------------ running coroutines
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Schedules ``coro`` on the runtime's loop; RuntimeError once the runtime is closed."""
+        with self._lock:
+            if self._closed:
+                coro.close()
+                raise RuntimeError("client runtime is closed")
+            return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
+        """Runs ``coro`` on the runtime's loop and waits for its result (not from the loop)."""
+        if self.in_loop_thread():
+            coro.close()
+            raise RuntimeError("ClientRuntime.run() would wait on its own loop")
+        return self.submit(coro).result(timeout)
+
+    # ------------------------------------------------------------------ sessions
+
+    def start_engine(self, engine: Engine) -> None:
+        """Starts ``engine`` on the loop, on the runtime's channel to its target."""
+        self.run(self._start_engine(engine))
+
+    def close_engine(self, engine: Engine) -> concurrent.futures.Future[None]:
+        """Closes ``engine`` on the loop; the future is done once it has said Goodbye.
+
+        Does not wait, so any thread may call it, the runtime's own included. Once the
+        runtime is closed, the engine is closed too and the future is already done.
+        """
+        try:
+            return self.submit(self._close_engine(engine))
+        except RuntimeError:
+            done: concurrent.futures.Future[None] = concurrent.futures.Future()
+            done.set_result(None)
+            return done
+
+    async def _start_engine(self, engine: Engine) -> None:
+        target = engine.options.target
+        channel = self._channels.get(target)
+        if channel is None:
+            channel = self._channels[target] = open_channel(target)
+        await engine.start(channel)
+        self._engines.add(engine)
+
+    async def _close_engine(self, engine: Engine) -> None:
+        try:
+            await engine.close()
+        finally:
+            self._engines.discard(engine)
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def close(self, timeout: float = CLOSE_TIMEOUT) -> None:
+        """Closes every session still open, then every channel, then the loop; idempotent."""
+        if self.in_loop_thread():
+            raise RuntimeError("ClientRuntime.close() cannot be called from its own thread")
+        try:
+            self.close_soon().result(timeout)
+        except concurrent.futures.TimeoutError:
+            logger.warning("the client runtime did not close within %gs", timeout)
+            self._stop_loop()
+        self._thread.join(timeout)
+
+    def close_soon(self) -> concurrent.futures.Future[None]:
+        """`close` without waiting: the future is done once sessions and channels are closed,
+        and the loop thread ends right after. Callable from any thread, the loop's included."""
+        with self._lock:
+            if self._closing is None:
+                self._closed = True
+                self._closing = asyncio.run_coroutine_threadsafe(self._shutdown(), self._loop)
+                self._closing.add_done_callback(lambda _: self._stop_loop())
+            return self._closing
+
+    def _stop_loop(self) -> None:
+        with contextlib.suppress(RuntimeError):  # the loop is already closed
+            self._loop.call_soon_threadsafe(self._loop.stop)
+
+    async def _shutdown(self) -> None:
+        engines = list(self._engines)
+        results = await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
+        for engine, result in zip(engines, results, strict=True):
+            if isinstance(result, BaseException):
+                logger.error(
+                    "closing the session of job %s failed",
+                    engine.options.job.job_id,
+                    exc_info=result,
+                )
+        self._engines.clear()
+        channels = list(self._channels.values())
+        self._channels.clear()
+        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+
+    def _run_loop(self) -> None:
+        asyncio.set_event_loop(self._loop)
+        try:
+            self._loop.run_forever()
+        finally:
+            try:
+                self._loop.run_until_complete(self._loop.shutdown_asyncgens())
+                self._loop.run_until_complete(self._loop.shutdown_default_executor())
+            finally:
+                self._loop.close()
+
+    def __enter__(self) -> ClientRuntime:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
