@@ -114,7 +114,7 @@ class Engine:
         finally:
             self._end_acquire()
 
-    def open_operation(self, kind: pb.OpKind.ValueType, volume: int) -> int:
+    def open_operation(self, kind: pb.OpKind, volume: int) -> int:
         """Posts an explicit operation; it replaces the implicit one while it is open."""
         with self._lock:
             loop = self._running_loop()
@@ -156,7 +156,7 @@ class Engine:
         self._last_op_id += 1
         return self._last_op_id
 
-    def _begin_acquire(self, kind: pb.OpKind.ValueType) -> None:
+    def _begin_acquire(self, kind: pb.OpKind) -> None:
         with self._lock:
             loop = self._running_loop()
             self._acquiring += 1
@@ -218,7 +218,7 @@ class Engine:
 
     # ------------------------------------------------------------------ operations (on the loop)
 
-    def _post_op(self, op_id: int, kind: pb.OpKind.ValueType, volume: int, implicit: bool) -> None:
+    def _post_op(self, op_id: int, kind: pb.OpKind, volume: int, implicit: bool) -> None:
         if self._stream.post(op_id, kind, volume) and implicit:
             self._arm_quiet_timer(op_id, self._options.quiet_gap)
 

@@ -10,7 +10,7 @@ import operator
 
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
-KINDS: dict[str, pb.OpKind.ValueType] = {
+KINDS: dict[str, pb.OpKind] = {
     "read": pb.OP_KIND_READ,
     "write": pb.OP_KIND_WRITE,
     "metadata": pb.OP_KIND_METADATA,
@@ -18,7 +18,7 @@ KINDS: dict[str, pb.OpKind.ValueType] = {
 MAX_VOLUME = 2**53  # OpPosted.volume above this is rejected by the controller
 
 
-def op_kind(kind: str) -> pb.OpKind.ValueType:
+def op_kind(kind: str) -> pb.OpKind:
     """Maps ``"read" | "write" | "metadata"`` to its wire enum."""
     try:
         return KINDS[kind]

@@ -193,7 +193,7 @@ class SessionStream:
 
     # ------------------------------------------------------------------ operations and usage
 
-    def post(self, op_id: int, kind: pb.OpKind.ValueType, volume: int) -> bool:
+    def post(self, op_id: int, kind: pb.OpKind, volume: int) -> bool:
         """Posts an operation (kept, and re-posted on every new stream, until completed)."""
         if self._stopping:
             return False
