@@ -13,6 +13,7 @@ import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import click
 
@@ -132,167 +133,66 @@ def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int 
         raise click.BadParameter(str(exc)) from None
 
 
-def _seconds(ctx: click.Context, param: click.Parameter, value: float) -> float:
-    if not 0.0 <= value < float("inf"):
-        raise click.BadParameter(f"must be a number of seconds >= 0, got {value}")
-    return value
+def config_params(config_class: type) -> list[click.Parameter]:
+    """The arguments and options of a command, generated from the fields of a config dataclass
+    whose metadata spells them (`burstctl.fuse_shim.config.Cli`): names, defaults, help."""
+    import dataclasses
+
+    from burstctl.fuse_shim.config import cli_of, format_size
+
+    params: list[click.Parameter] = []
+    for field in dataclasses.fields(config_class):
+        spec = cli_of(field)
+        if spec.kind == "argument":
+            path = click.Path(file_okay=False, path_type=Path)
+            params.append(click.Argument([field.name], type=path))
+            continue
+        default = None if field.default is dataclasses.MISSING else field.default
+        options: dict[str, Any] = {}
+        if spec.kind == "seconds":
+            options["type"] = float
+        elif spec.kind == "size":
+            options["callback"] = _size  # given as text, such as the default "1MiB"
+            default = None if default is None else format_size(default)
+        elif spec.kind == "choice":
+            options["type"] = click.Choice(spec.choices, case_sensitive=False)
+        elif spec.kind == "file":
+            options["type"] = click.Path(dir_okay=False, path_type=Path)
+        elif spec.kind == "flag":
+            options["is_flag"] = True
+        elif spec.kind == "multiple":
+            options["multiple"] = True
+        help_text, show_default = spec.help, spec.show_default
+        if isinstance(show_default, str):  # a default in words, not a value
+            help_text, show_default = f"{help_text}  [default: {show_default}]", False
+        params.append(
+            click.Option(
+                [*spec.flags, field.name],
+                default=default,
+                show_default=show_default,
+                help=help_text,
+                metavar=spec.metavar,
+                envvar=spec.envvar,
+                **options,
+            )
+        )
+    return params
 
 
-@main.command()
-@click.argument("backing", type=click.Path(file_okay=False, path_type=Path))
-@click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
-@click.option(
-    "--controller",
-    metavar="HOST:PORT",
-    envvar="BURSTCTL_CONTROLLER",
-    help="Controller replica that allots the jobs' rates [env BURSTCTL_CONTROLLER]."
-    " Without one the mount is a plain passthrough (unthrottled).",
-)
-@click.option(
-    "--fallback",
-    default="keep-last",
-    show_default=True,
-    metavar="MODE",
-    help="Rate when no controller renews a job's allocation: keep-last, fixed:<rate>"
-    " (e.g. fixed:100MiB/s) or unthrottled.",
-)
-@click.option(
-    "--allow-other",
-    is_flag=True,
-    help="Let users other than the one who mounts use the mount (kernel permission checks"
-    " apply; a non-root user needs user_allow_other in /etc/fuse.conf).",
-)
-@click.option(
-    "--max-write",
-    default=None,
-    callback=_size,
-    metavar="SIZE",
-    help="Largest write request the kernel sends  [default: 128KiB on libfuse 2, its"
-    " ceiling; 1MiB on libfuse 3]",
-)
-@click.option(
-    "--read-ahead",
-    default="1MiB",
-    show_default=True,
-    callback=_size,
-    metavar="SIZE",
-    help="The kernel's read-ahead window for the mount (its read_ahead_kb; needs root, else"
-    " a warning and the kernel's 128KiB). 0: leave the kernel's default.",
-)
-@click.option(
-    "--direct-io",
-    type=click.Choice(["writes", "all", "none"]),
-    default="writes",
-    show_default=True,
-    help="Which files bypass the kernel's page cache, so every byte goes to the daemon"
-    " once: writes: files opened for writing; all: every file; none: no file. Write-only"
-    " files go direct everywhere; a file opened for reading could be mapped shared, so it"
-    " goes direct only where the kernel allows that (libfuse 3.14 on Linux >= 6.6)."
-    " -o direct_io forces every file.",
-)
-@click.option(
-    "--libfuse",
-    type=click.Choice(["auto", "2", "3"]),
-    default="auto",
-    show_default=True,
-    envvar="BURSTCTL_LIBFUSE",
-    help="Which libfuse to use; auto: 3 where it can mount (root, or fusermount3 installed),"
-    " else 2. libfuse 3 sends reads and writes of up to 1MiB per request (2: 128KiB)."
-    " FUSE_LIBRARY_PATH, when set, wins.",
-)
-@click.option(
-    "--big-writes/--no-big-writes",
-    default=True,
-    show_default=True,
-    help="FUSE 2: writes of up to --max-write per request instead of 4KiB.",
-)
-@click.option(
-    "-f", "--foreground", is_flag=True, help="Stay in the foreground (default: daemonize)."
-)
-@click.option(
-    "--quiet-gap",
-    type=float,
-    default=0.05,
-    show_default=True,
-    callback=_seconds,
-    metavar="SECONDS",
-    help="A job's I/O phase ends after this long without a request (or at its last close).",
-)
-@click.option(
-    "--session-idle",
-    type=float,
-    default=10.0,
-    show_default=True,
-    callback=_seconds,
-    metavar="SECONDS",
-    help="A job's controller session is closed after this long without a request.",
-)
-@click.option(
-    "--metadata-cost",
-    default="0",
-    show_default=True,
-    callback=_size,
-    metavar="SIZE",
-    help="Bytes each metadata operation (stat, open, mkdir, ...) acquires; 0 = not paced.",
-)
-@click.option(
-    "--attach-timeout",
-    type=float,
-    default=2.0,
-    show_default=True,
-    callback=_seconds,
-    metavar="SECONDS",
-    help="How long a new job session waits for its first allocation before the fallback.",
-)
-@click.option(
-    "--attribution-ttl",
-    type=float,
-    default=5.0,
-    show_default=True,
-    callback=_seconds,
-    metavar="SECONDS",
-    help="How long a pid's job is cached.",
-)
-@click.option(
-    "-o",
-    "fuse_options",
-    multiple=True,
-    metavar="OPT[,OPT...]",
-    help="Extra libfuse mount options, e.g. -o nonempty (writeback_cache is refused).",
-)
-@click.option(
-    "--log-file",
-    type=click.Path(dir_okay=False, path_type=Path),
-    help="Append logs to this file (a daemonized mount has no terminal).",
-)
-@click.option(
-    "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
-    default="INFO",
-    show_default=True,
-    help="Logging level.",
-)
-def mount(
-    backing: Path,
-    mountpoint: Path,
-    controller: str | None,
-    fallback: str,
-    allow_other: bool,
-    max_write: int | None,
-    read_ahead: int,
-    direct_io: str,
-    libfuse: str,
-    big_writes: bool,
-    foreground: bool,
-    quiet_gap: float,
-    session_idle: float,
-    metadata_cost: int,
-    attach_timeout: float,
-    attribution_ttl: float,
-    fuse_options: tuple[str, ...],
-    log_file: Path | None,
-    log_level: str,
-) -> None:
+class _MountCommand(click.Command):
+    """`burstctl mount`: its parameters are `MountConfig`'s fields, read when first needed
+    (so that other commands and ``burstctl --help`` do not import the mount)."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self.params:
+            from burstctl.fuse_shim.config import MountConfig
+
+            self.params = config_params(MountConfig)
+        return super().get_params(ctx)
+
+
+@main.command(cls=_MountCommand)
+def mount(**values: Any) -> None:
     """Mount BACKING on MOUNTPOINT, pacing each job's I/O through the controller.
 
     Every read and write through MOUNTPOINT is attributed to the caller's job (from its
@@ -302,36 +202,23 @@ def mount(
     """
     from burstctl.fuse_shim.mount import MountConfig, MountError, run_mount
 
+    try:
+        config = MountConfig(**values)
+    except MountError as exc:
+        raise click.ClickException(str(exc)) from None
     handler: logging.Handler = (
-        logging.FileHandler(log_file) if log_file is not None else logging.StreamHandler()
+        logging.FileHandler(config.log_file)
+        if config.log_file is not None
+        else logging.StreamHandler()
     )
     logging.basicConfig(
-        level=log_level.upper(),
+        level=config.log_level,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         handlers=[handler],
     )
-    if log_level.upper() != "DEBUG":
+    if config.log_level != "DEBUG":
         # mfusepy logs every error answer (ENOENT included) with a traceback at DEBUG.
         logging.getLogger("fuse").setLevel(logging.INFO)
-    config = MountConfig(
-        backing=backing,
-        mountpoint=mountpoint,
-        controller=controller or None,
-        fallback=fallback,
-        allow_other=allow_other,
-        max_write=max_write,
-        big_writes=big_writes,
-        foreground=foreground,
-        quiet_gap=quiet_gap,
-        session_idle=session_idle,
-        metadata_cost=metadata_cost,
-        attach_timeout=attach_timeout,
-        attribution_ttl=attribution_ttl,
-        fuse_options=fuse_options,
-        libfuse=libfuse,
-        read_ahead=read_ahead,
-        direct_io=direct_io,
-    )
     try:
         code = run_mount(config)
     except (MountError, OSError) as exc:

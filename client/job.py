@@ -16,7 +16,8 @@ from dataclasses import dataclass
 MAX_JOB_ID_LENGTH = 256
 _MAX_NODES = 2**31 - 1  # Hello.nodes is an int32
 
-_JOB_ID_VARS = ("BURSTCTL_JOB_ID", "SLURM_JOB_ID", "SLURM_JOBID")
+# The variables that name the job, first set wins (the FUSE shim looks for them too).
+JOB_ID_VARS = ("BURSTCTL_JOB_ID", "SLURM_JOB_ID", "SLURM_JOBID")
 _NODES_VARS = ("SLURM_JOB_NUM_NODES", "SLURM_NNODES")
 _PRIORITY_VAR = "BURSTCTL_PRIORITY"
 
@@ -67,7 +68,7 @@ class JobInfo:
         env = os.environ if environ is None else environ
         user = user_name(os.geteuid() if uid is None else uid)
         group = group_name(os.getegid() if gid is None else gid)
-        job_var = _first_var(env, _JOB_ID_VARS)
+        job_var = _first_var(env, JOB_ID_VARS)
         if job_var is None:
             job_id = f"user:{user}"
         else:

@@ -25,12 +25,11 @@ from dataclasses import dataclass
 
 import psutil
 
-from burstctl.client.job import JobInfo, group_name, user_name
+from burstctl.client.job import JOB_ID_VARS, JobInfo, group_name, user_name
+from burstctl.fuse_shim.config import DEFAULT_ATTRIBUTION_TTL
 
 logger = logging.getLogger(__name__)
 
-_JOB_VARS = ("BURSTCTL_JOB_ID", "SLURM_JOB_ID", "SLURM_JOBID")
-DEFAULT_TTL = 5.0
 # How many ancestors are asked before the per-uid default job applies.
 DEFAULT_MAX_ANCESTORS = 8
 # Past this many cache entries, expired ones are swept out on the next miss.
@@ -78,7 +77,7 @@ class Attributor:
 
     def __init__(
         self,
-        ttl: float = DEFAULT_TTL,
+        ttl: float = DEFAULT_ATTRIBUTION_TTL,
         *,
         max_ancestors: int = DEFAULT_MAX_ANCESTORS,
         clock: Callable[[], float] = time.monotonic,
@@ -143,7 +142,7 @@ class Attributor:
                 return None
             seen.add(pid)
             environ, parent = self._read_process(pid)
-            if environ is not None and any(environ.get(v, "").strip() for v in _JOB_VARS):
+            if environ is not None and any(environ.get(v, "").strip() for v in JOB_ID_VARS):
                 try:
                     return JobInfo.from_env(environ, caller.uid, caller.gid)
                 except ValueError as err:

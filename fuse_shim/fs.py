@@ -39,7 +39,7 @@ from typing import Any, TypeVar, cast
 
 from burstctl.fuse_shim._fuse import FuseOSError, Operations, fuse_get_context
 from burstctl.fuse_shim.attribution import Caller
-from burstctl.fuse_shim.mount import DIRECT_IO_MODES
+from burstctl.fuse_shim.config import DIRECT_IO_MODES
 from burstctl.fuse_shim.pacing import Pacer
 
 logger = logging.getLogger(__name__)

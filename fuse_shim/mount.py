@@ -1,11 +1,11 @@
-"""``burstctl mount`` and ``burstctl umount``: options, the mount's lifecycle, signals.
+"""``burstctl mount`` and ``burstctl umount``: the mount's lifecycle, libfuse options, signals.
 
-`run_mount` validates a `MountConfig`, daemonizes unless told to stay in the foreground,
-opens the backing directory, starts the pacer (when a controller is given) and runs the FUSE
-loop until the file system is unmounted. SIGTERM, SIGINT and SIGHUP are taken by a watcher
-thread (they are blocked everywhere else, so libfuse's own handlers never run): it lets every
-paced request through, closes the job sessions, and unmounts — lazily if files are still open,
-so applications keep their open files until they close them.
+`run_mount` checks a `MountConfig` against the system, daemonizes unless told to stay in the
+foreground, opens the backing directory, starts the pacer (when a controller is given) and
+runs the FUSE loop until the file system is unmounted. SIGTERM, SIGINT and SIGHUP are taken by
+a watcher thread (they are blocked everywhere else, so libfuse's own handlers never run): it lets every paced request through, closes the job sessions, and
+unmounts — lazily if files are still open, so applications keep their open files until they
+close them.
 
 FUSE options the mount always uses: ``default_permissions`` (the kernel checks modes against
 the caller), ``use_ino``, ``hard_remove`` (no ``.fuse_hidden*`` files in the backing
@@ -29,80 +29,29 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 
 from burstctl.client.fallback import Fallback
-from burstctl.fuse_shim.attribution import DEFAULT_TTL, Attributor
-from burstctl.fuse_shim.pacing import (
-    DEFAULT_ATTACH_TIMEOUT,
-    DEFAULT_QUIET_GAP,
-    DEFAULT_SESSION_IDLE,
-    Pacer,
-    PacingOptions,
+from burstctl.fuse_shim.attribution import Attributor
+from burstctl.fuse_shim.config import (
+    FUSE2_MAX_WRITE,
+    LIBFUSE_CHOICES,
+    MountConfig,
+    MountError,
 )
+from burstctl.fuse_shim.pacing import Pacer, PacingOptions
 
 logger = logging.getLogger(__name__)
 
-FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its default here)
-# The kernel's read-ahead for the mount (set_read_ahead): libfuse 3's largest request.
-DEFAULT_READ_AHEAD = 1 << 20
-MAX_READ_AHEAD = 64 << 20
-LIBFUSE_CHOICES = ("auto", "2", "3")
-# Which opens bypass the kernel's page cache (docs/fuse.md, fs.PassthroughFS.direct_io_for).
-DIRECT_IO_MODES = ("writes", "all", "none")
 _SHUTDOWN_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
-# Options a user may not pass with -o: each would break attribution or our assumptions.
-_REFUSED_OPTIONS = {
-    "writeback_cache": "buffered writes would reach the mount from kernel flusher threads and "
-    "could not be attributed to the writer",
-    "nothreads": "a paced request would hold up every other job's requests",
-}
-
-
-class MountError(Exception):
-    """A mount that cannot start, with a message for the user."""
-
-
-@dataclass(frozen=True, slots=True)
-class MountConfig:
-    """Everything ``burstctl mount`` is given (see docs/fuse.md for the defaults' reasons)."""
-
-    backing: Path
-    mountpoint: Path
-    controller: str | None = None
-    fallback: str = "keep-last"
-    allow_other: bool = False
-    max_write: int | None = None  # None: 128 KiB on libfuse 2, libfuse 3's own (1 MiB)
-    big_writes: bool = True
-    foreground: bool = False
-    quiet_gap: float = DEFAULT_QUIET_GAP
-    session_idle: float = DEFAULT_SESSION_IDLE
-    metadata_cost: int = 0
-    attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
-    attribution_ttl: float = DEFAULT_TTL
-    fuse_options: tuple[str, ...] = ()
-    libfuse: str = "auto"
-    read_ahead: int = DEFAULT_READ_AHEAD  # bytes; 0: the kernel's default (128 KiB)
-    direct_io: str = "writes"  # which opens bypass the page cache (DIRECT_IO_MODES)
-
-    def pacing(self) -> PacingOptions | None:
-        """The pacer's options, or None when there is no controller (unthrottled)."""
-        if not self.controller:
-            return None
-        return PacingOptions(
-            controller=self.controller,
-            fallback=Fallback.parse(self.fallback),
-            quiet_gap=self.quiet_gap,
-            session_idle=self.session_idle,
-            metadata_cost=self.metadata_cost,
-            attach_timeout=self.attach_timeout,
-        )
 
 
 def validate(config: MountConfig) -> MountConfig:
-    """Checks the directories and options (loading the libfuse chosen, see
-    `choose_libfuse`); returns the config with absolute paths."""
+    """Checks what the options need of the system: the directories, /dev/fuse and the libfuse
+    chosen (loading it, see `choose_libfuse`); returns the config with absolute paths.
+
+    The options themselves were checked when the `MountConfig` was built.
+    """
     choose_libfuse(config.libfuse)
     backing = Path(os.path.realpath(config.backing))
     mountpoint = Path(os.path.realpath(config.mountpoint))
@@ -117,23 +66,6 @@ def validate(config: MountConfig) -> MountConfig:
         )
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise MountError("/dev/fuse is missing or not accessible (install fuse, load the module)")
-    if config.max_write is not None and config.max_write <= 0:
-        raise MountError(f"--max-write must be > 0 bytes, got {config.max_write}")
-    if not 0 <= config.read_ahead <= MAX_READ_AHEAD or config.read_ahead % 4096:
-        raise MountError(
-            f"--read-ahead must be a multiple of 4KiB in [0, {MAX_READ_AHEAD >> 20}MiB], "
-            f"got {config.read_ahead} bytes"
-        )
-    if config.direct_io not in DIRECT_IO_MODES:
-        raise MountError(
-            f"--direct-io must be one of {', '.join(DIRECT_IO_MODES)}, got {config.direct_io!r}"
-        )
-    try:
-        Fallback.parse(config.fallback)
-        config.pacing()
-    except ValueError as err:
-        raise MountError(str(err)) from None
-    fuse_option_dict(config)  # raises MountError on a refused option
     return dataclasses.replace(config, backing=backing, mountpoint=mountpoint)
 
 
@@ -204,12 +136,8 @@ def fuse_option_dict(config: MountConfig) -> dict[str, str | bool | int]:
         options["allow_other"] = True
     if config.mountpoint == config.backing and LIBFUSE_VERSION[0] == 2:
         options["nonempty"] = True  # in place: the mount point holds the backing files
-    for raw in config.fuse_options:
-        for item in filter(None, (part.strip() for part in raw.split(","))):
-            key, sep, value = item.partition("=")
-            if key in _REFUSED_OPTIONS:
-                raise MountError(f"-o {key} is not allowed: {_REFUSED_OPTIONS[key]}")
-            options[key] = value if sep else True
+    # The user's last (refused ones never get this far: MountConfig checks them).
+    options.update(config.fuse_option_items())
     return options
 
 
@@ -255,15 +183,22 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     # The kernel applied the caller's umask to every mode it sends; ours must not apply again.
     os.umask(0)
     options = fuse_option_dict(config)
-    pacing = config.pacing()
     root_fd = os.open(config.backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     pacer: Pacer | None = None
-    if pacing is None:
+    if not config.controller:
         logger.warning(
             "no --controller: I/O through %s is neither attributed nor paced (unthrottled)",
             config.mountpoint,
         )
     else:
+        pacing = PacingOptions(
+            controller=config.controller,
+            fallback=Fallback.parse(config.fallback),
+            quiet_gap=config.quiet_gap,
+            session_idle=config.session_idle,
+            metadata_cost=config.metadata_cost,
+            attach_timeout=config.attach_timeout,
+        )
         pacer = Pacer(pacing, Attributor(config.attribution_ttl))
     stopper = _Stopper(config.mountpoint, pacer)
 

@@ -121,12 +121,6 @@ def test_read_ahead_goes_to_the_mounts_own_device(tmp_path: Path) -> None:
         mount.set_read_ahead(Path("/mnt/other"), 1 << 20, mountinfo=mountinfo, bdi=bdi)
 
 
-def test_pacing_options_only_with_a_controller(tmp_path: Path) -> None:
-    assert MountConfig(tmp_path, tmp_path).pacing() is None
-    pacing = MountConfig(tmp_path, tmp_path, controller="h:1", quiet_gap=0.2).pacing()
-    assert pacing is not None and pacing.controller == "h:1" and pacing.quiet_gap == 0.2
-
-
 # libfuse's loop ending with an error cannot be provoked on demand (the kernel must close the
 # connection while a worker is reading a request off /dev/fuse), so a child process runs the
 # real mount lifecycle with the binding's FUSE replaced by one that fails that way.

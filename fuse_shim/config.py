@@ -1,0 +1,293 @@
+"""The mount's configuration: `MountConfig`, the one owner of every ``burstctl mount`` option.
+
+Each field carries its default and, in its metadata, how the command line spells it: its
+flags, its help text and how ``--help`` shows its default (`Cli`). ``burstctl mount`` generates
+its arguments and options from these fields, so a default or a help text is written once, here.
+`MountConfig` checks its values when it is built (`MountError`, worded for the command line);
+what needs the system (the directories, libfuse) is checked by `burstctl.fuse_shim.mount`.
+
+The constants the mount's modules share live here too, so imports go one way: `config` is
+imported by `attribution`, `pacing`, `fs` and `mount`, and imports none of them.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from burstctl.client.fallback import Fallback
+from burstctl.client.options import DEFAULT_ATTACH_TIMEOUT, DEFAULT_FALLBACK
+
+# Which opens bypass the kernel's page cache (`fs.PassthroughFS.direct_io_for`).
+DIRECT_IO_MODES = ("writes", "all", "none")
+LIBFUSE_CHOICES = ("auto", "2", "3")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its default there)
+MAX_READ_AHEAD = 64 << 20
+# How long a pid's job is cached by the `attribution.Attributor`.
+DEFAULT_ATTRIBUTION_TTL = 5.0
+# Options a user may not pass with -o: each would break attribution or our assumptions.
+REFUSED_FUSE_OPTIONS = {
+    "writeback_cache": "buffered writes would reach the mount from kernel flusher threads and "
+    "could not be attributed to the writer",
+    "nothreads": "a paced request would hold up every other job's requests",
+}
+
+CliKind = Literal[
+    "argument", "text", "file", "choice", "flag", "switch", "seconds", "size", "multiple"
+]
+
+
+class MountError(Exception):
+    """A mount that cannot start, with a message for the user."""
+
+
+@dataclass(frozen=True, slots=True)
+class Cli:
+    """How one `MountConfig` field is given on the command line.
+
+    ``kind``: ``argument`` (a directory, positional), ``text``, ``file`` (a path), ``choice``
+    (one of ``choices``), ``flag`` (on when given), ``switch`` (``--x/--no-x``), ``seconds``
+    (a float >= 0), ``size`` (bytes, with units such as ``128KiB``) or ``multiple``
+    (repeatable). ``show_default``: True shows the field's default, a string says it in words,
+    False shows nothing.
+    """
+
+    flags: tuple[str, ...] = ()
+    help: str = ""
+    kind: CliKind = "text"
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    envvar: str | None = None
+    show_default: bool | str = True
+
+
+def _cli(flags: tuple[str, ...] = (), help: str = "", **spelling: Any) -> dict[str, Cli]:
+    """The metadata of a `MountConfig` field: its command-line spelling."""
+    return {"cli": Cli(flags, help, **spelling)}
+
+
+def cli_of(f: dataclasses.Field[Any]) -> Cli:
+    """The command-line spelling of a `MountConfig` field."""
+    spec = f.metadata.get("cli")
+    if not isinstance(spec, Cli):
+        raise TypeError(f"MountConfig.{f.name} has no command-line spelling")
+    return spec
+
+
+def format_size(nbytes: int) -> str:
+    """A size in the largest binary unit that divides it exactly (``1MiB``, ``0``)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
+
+
+@dataclass(frozen=True, slots=True)
+class MountConfig:
+    """Everything ``burstctl mount`` is given; docs/fuse.md says why the defaults are these."""
+
+    backing: Path = field(metadata=_cli(kind="argument"))
+    mountpoint: Path = field(metadata=_cli(kind="argument"))
+    controller: str | None = field(
+        default=None,
+        metadata=_cli(
+            ("--controller",),
+            "Controller replica that allots the jobs' rates [env BURSTCTL_CONTROLLER]."
+            " Without one the mount is a plain passthrough (unthrottled).",
+            metavar="HOST:PORT",
+            envvar="BURSTCTL_CONTROLLER",
+            show_default=False,
+        ),
+    )
+    fallback: str = field(
+        default=DEFAULT_FALLBACK,
+        metadata=_cli(
+            ("--fallback",),
+            "Rate when no controller renews a job's allocation: keep-last, fixed:<rate>"
+            " (e.g. fixed:100MiB/s) or unthrottled.",
+            metavar="MODE",
+        ),
+    )
+    allow_other: bool = field(
+        default=False,
+        metadata=_cli(
+            ("--allow-other",),
+            "Let users other than the one who mounts use the mount (kernel permission checks"
+            " apply; a non-root user needs user_allow_other in /etc/fuse.conf).",
+            kind="flag",
+            show_default=False,
+        ),
+    )
+    max_write: int | None = field(
+        default=None,
+        metadata=_cli(
+            ("--max-write",),
+            "Largest write request the kernel sends.",
+            kind="size",
+            metavar="SIZE",
+            show_default=f"{format_size(FUSE2_MAX_WRITE)} on libfuse 2, its ceiling;"
+            " 1MiB on libfuse 3",
+        ),
+    )
+    read_ahead: int = field(
+        default=1 << 20,  # libfuse 3's largest request
+        metadata=_cli(
+            ("--read-ahead",),
+            "The kernel's read-ahead window for the mount (its read_ahead_kb; needs root, else"
+            " a warning and the kernel's 128KiB). 0: leave the kernel's default.",
+            kind="size",
+            metavar="SIZE",
+        ),
+    )
+    direct_io: str = field(
+        default="writes",
+        metadata=_cli(
+            ("--direct-io",),
+            "Which files bypass the kernel's page cache, so every byte goes to the daemon"
+            " once: writes: files opened for writing; all: every file; none: no file."
+            " Write-only files go direct everywhere; a file opened for reading could be mapped"
+            " shared, so it goes direct only where the kernel allows that (libfuse 3.14 on"
+            " Linux >= 6.6). -o direct_io forces every file.",
+            kind="choice",
+            choices=DIRECT_IO_MODES,
+        ),
+    )
+    libfuse: str = field(
+        default="auto",
+        metadata=_cli(
+            ("--libfuse",),
+            "Which libfuse to use; auto: 3 where it can mount (root, or fusermount3 installed),"
+            " else 2. libfuse 3 sends reads and writes of up to 1MiB per request (2: 128KiB)."
+            " FUSE_LIBRARY_PATH, when set, wins.",
+            kind="choice",
+            choices=LIBFUSE_CHOICES,
+            envvar="BURSTCTL_LIBFUSE",
+        ),
+    )
+    big_writes: bool = field(
+        default=True,
+        metadata=_cli(
+            ("--big-writes/--no-big-writes",),
+            "FUSE 2: writes of up to --max-write per request instead of 4KiB.",
+            kind="switch",
+        ),
+    )
+    foreground: bool = field(
+        default=False,
+        metadata=_cli(
+            ("-f", "--foreground"),
+            "Stay in the foreground (default: daemonize).",
+            kind="flag",
+            show_default=False,
+        ),
+    )
+    quiet_gap: float = field(
+        default=0.05,
+        metadata=_cli(
+            ("--quiet-gap",),
+            "A job's I/O phase ends after this long without a request (or at its last close).",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    session_idle: float = field(
+        default=10.0,
+        metadata=_cli(
+            ("--session-idle",),
+            "A job's controller session is closed after this long without a request.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    metadata_cost: int = field(
+        default=0,
+        metadata=_cli(
+            ("--metadata-cost",),
+            "Bytes each metadata operation (stat, open, mkdir, ...) acquires; 0 = not paced.",
+            kind="size",
+            metavar="SIZE",
+        ),
+    )
+    attach_timeout: float = field(
+        default=DEFAULT_ATTACH_TIMEOUT,
+        metadata=_cli(
+            ("--attach-timeout",),
+            "How long a new job session waits for its first allocation before the fallback.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    attribution_ttl: float = field(
+        default=DEFAULT_ATTRIBUTION_TTL,
+        metadata=_cli(
+            ("--attribution-ttl",),
+            "How long a pid's job is cached.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    fuse_options: tuple[str, ...] = field(
+        default=(),
+        metadata=_cli(
+            ("-o",),
+            "Extra libfuse mount options, e.g. -o nonempty (writeback_cache is refused).",
+            kind="multiple",
+            metavar="OPT[,OPT...]",
+            show_default=False,
+        ),
+    )
+    log_file: Path | None = field(
+        default=None,
+        metadata=_cli(
+            ("--log-file",),
+            "Append logs to this file (a daemonized mount has no terminal).",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    )
+    log_level: str = field(
+        default="INFO",
+        metadata=_cli(("--log-level",), "Logging level.", kind="choice", choices=LOG_LEVELS),
+    )
+
+    def __post_init__(self) -> None:
+        for f in dataclasses.fields(self):
+            spec = cli_of(f)
+            value = getattr(self, f.name)
+            flag = spec.flags[-1] if spec.flags else f.name.upper()
+            if spec.kind == "seconds" and not (
+                isinstance(value, int | float) and math.isfinite(value) and value >= 0
+            ):
+                raise MountError(f"{flag} must be a finite number of seconds >= 0, got {value!r}")
+            if spec.kind == "choice" and value not in spec.choices:
+                raise MountError(f"{flag} must be one of {', '.join(spec.choices)}, got {value!r}")
+        if self.max_write is not None and self.max_write <= 0:
+            raise MountError(f"--max-write must be > 0 bytes, got {self.max_write}")
+        if not 0 <= self.read_ahead <= MAX_READ_AHEAD or self.read_ahead % 4096:
+            raise MountError(
+                f"--read-ahead must be a multiple of 4KiB in [0, {format_size(MAX_READ_AHEAD)}], "
+                f"got {self.read_ahead} bytes"
+            )
+        if self.metadata_cost < 0:
+            raise MountError(f"--metadata-cost must be >= 0 bytes, got {self.metadata_cost}")
+        try:
+            Fallback.parse(self.fallback)
+        except ValueError as err:
+            raise MountError(str(err)) from None
+        for key, _ in self.fuse_option_items():
+            if key in REFUSED_FUSE_OPTIONS:
+                raise MountError(f"-o {key} is not allowed: {REFUSED_FUSE_OPTIONS[key]}")
+
+    def fuse_option_items(self) -> list[tuple[str, str | bool]]:
+        """The ``-o`` options as (key, value) pairs; a bare key has the value True."""
+        items: list[tuple[str, str | bool]] = []
+        for raw in self.fuse_options:
+            for item in filter(None, (part.strip() for part in raw.split(","))):
+                key, sep, value = item.partition("=")
+                items.append((key, value if sep else True))
+        return items

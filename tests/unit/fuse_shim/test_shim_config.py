@@ -1,0 +1,243 @@
+"""`MountConfig` is the one owner of the mount's options: the CLI reads names, defaults, help."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from burstctl.cli import config_params, main
+from burstctl.fuse_shim.config import (
+    DIRECT_IO_MODES,
+    Cli,
+    MountConfig,
+    MountError,
+    cli_of,
+    format_size,
+)
+
+
+def mount_command_params() -> dict[str, click.Parameter]:
+    command = main.get_command(click.Context(main), "mount")
+    assert command is not None
+    params = command.get_params(click.Context(command))
+    return {p.name: p for p in params if "--help" not in p.opts and p.name is not None}
+
+
+def shown_default(f: dataclasses.Field[Any]) -> str:
+    """How --help must show the default of ``f``."""
+    spec = cli_of(f)
+    if isinstance(spec.show_default, str):
+        return spec.show_default
+    if spec.kind == "size":
+        return format_size(f.default)
+    if spec.kind == "switch":
+        return spec.flags[0].split("/")[0 if f.default else 1].removeprefix("--")
+    return str(f.default)
+
+
+def test_every_option_of_the_mount_command_is_a_field_with_its_default_and_help() -> None:
+    params = mount_command_params()
+    fields = dataclasses.fields(MountConfig)
+    assert list(params) == [f.name for f in fields]
+    for f in fields:
+        spec, param = cli_of(f), params[f.name]
+        if spec.kind == "argument":
+            assert isinstance(param, click.Argument)
+            continue
+        assert isinstance(param, click.Option)
+        assert param.help is not None and param.help.startswith(spec.help), f.name
+        assert set(spec.flags[0].split("/")) <= set(param.opts + param.secondary_opts)
+        assert param.envvar == spec.envvar
+        default = param.default
+        if spec.kind == "size" and default is not None:
+            default = param.process_value(click.Context(main), default)
+        assert default == f.default, f.name
+
+
+def test_help_shows_every_option_with_its_default() -> None:
+    result = CliRunner().invoke(
+        main, ["mount", "--help"], terminal_width=1000, max_content_width=1000
+    )
+    assert result.exit_code == 0, result.output
+    lines: dict[str, str] = {}  # first flag -> its entry (a long one continues on a new line)
+    flag = ""
+    for row in result.output.split("Options:")[1].splitlines():
+        if row.strip().startswith("-"):
+            flag = row.split()[0].rstrip(",")
+            lines[flag] = row
+        elif flag:
+            lines[flag] += row
+    for f in dataclasses.fields(MountConfig):
+        spec = cli_of(f)
+        if spec.kind == "argument":
+            assert f.name.upper() in result.output
+            continue
+        line = lines[spec.flags[0].split("/")[0]]
+        assert " ".join(spec.help.split()) in line, f.name
+        if spec.show_default:
+            assert f"[default: {shown_default(f)}]" in line, line
+
+
+def test_the_options_are_generated_from_the_config_class_they_are_given() -> None:
+    @dataclass(frozen=True)
+    class Other:
+        gap: float = field(
+            default=0.25,
+            metadata={"cli": Cli(("--gap",), "A gap.", kind="seconds", metavar="S")},
+        )
+        mode: str = field(
+            default="b",
+            metadata={"cli": Cli(("--mode",), "A mode.", kind="choice", choices=("a", "b"))},
+        )
+        size: int = field(
+            default=3 << 20, metadata={"cli": Cli(("--size",), "A size.", kind="size")}
+        )
+
+    @click.command()
+    def show(**values: Any) -> None:
+        click.echo(json.dumps(values))
+
+    show.params = config_params(Other)
+    runner = CliRunner()
+    assert json.loads(runner.invoke(show, []).output) == {
+        "gap": 0.25,
+        "mode": "b",
+        "size": 3 << 20,
+    }
+    help_text = runner.invoke(show, ["--help"]).output
+    assert "A gap.  [default: 0.25]" in help_text and "[default: 3MiB]" in help_text
+    assert json.loads(runner.invoke(show, ["--size", "1KiB", "--mode", "A"]).output)["size"] == 1024
+
+
+# The mount command with run_mount replaced: prints the MountConfig it was given.
+_PRINT_CONFIG = """
+import dataclasses, json, sys
+from burstctl.fuse_shim import mount
+
+def run_mount(config):
+    print(json.dumps(dataclasses.asdict(config), default=str))
+    return 0
+
+mount.run_mount = run_mount
+from burstctl.cli import main
+sys.argv[0] = "burstctl"
+main()
+"""
+
+
+def run_mount_command(
+    *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+    return subprocess.run(
+        [sys.executable, "-c", _PRINT_CONFIG, "mount", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**clean, **(env or {})},
+        check=False,
+    )
+
+
+def as_json(config: MountConfig) -> dict[str, Any]:
+    return json.loads(json.dumps(dataclasses.asdict(config), default=str))
+
+
+def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
+    b, m = tmp_path / "b", tmp_path / "m"
+    plain = run_mount_command(str(b), str(m))
+    assert plain.returncode == 0, plain.stderr
+    assert json.loads(plain.stdout) == as_json(MountConfig(b, m))
+
+    given = run_mount_command(
+        str(b),
+        str(m),
+        "--quiet-gap",
+        "0.5",
+        "--read-ahead",
+        "2MiB",
+        "--max-write",
+        "64KiB",
+        "--direct-io",
+        "all",
+        "--no-big-writes",
+        "-f",
+        "-o",
+        "ro",
+        "-o",
+        "entry_timeout=5",
+        "--log-level",
+        "debug",
+        env={"BURSTCTL_CONTROLLER": "127.0.0.1:1"},
+    )
+    assert given.returncode == 0, given.stderr
+    assert json.loads(given.stdout) == as_json(
+        MountConfig(
+            b,
+            m,
+            controller="127.0.0.1:1",
+            quiet_gap=0.5,
+            read_ahead=2 << 20,
+            max_write=64 << 10,
+            direct_io="all",
+            big_writes=False,
+            foreground=True,
+            fuse_options=("ro", "entry_timeout=5"),
+            log_level="DEBUG",
+        )
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "says"),
+    [
+        (("--quiet-gap", "-1"), "--quiet-gap must be a finite number of seconds >= 0"),
+        (("--session-idle", "nan"), "--session-idle must be a finite number of seconds"),
+        (("--read-ahead", "1000"), "--read-ahead must be a multiple of 4KiB"),
+        (("--metadata-cost", "lots"), "not a size"),
+        (("--fallback", "sometimes"), "invalid fallback 'sometimes'"),
+        (("-o", "ro,writeback_cache"), "-o writeback_cache is not allowed"),
+    ],
+)
+def test_bad_values_are_refused_before_mounting(
+    tmp_path: Path, args: tuple[str, ...], says: str
+) -> None:
+    result = run_mount_command(str(tmp_path), str(tmp_path), *args)
+    assert result.returncode != 0 and says in result.stderr, result.stderr
+    assert result.stdout == ""  # run_mount was never reached
+
+
+def test_the_config_checks_its_values_itself(tmp_path: Path) -> None:
+    for bad in (
+        {"attach_timeout": -0.1},
+        {"attribution_ttl": float("inf")},
+        {"direct_io": "sometimes"},
+        {"libfuse": "4"},
+        {"max_write": 0},
+        {"metadata_cost": -5},
+        {"log_level": "LOUD"},
+    ):
+        with pytest.raises(MountError, match="--" + next(iter(bad)).replace("_", "-")):
+            MountConfig(tmp_path, tmp_path, **bad)
+    assert MountConfig(tmp_path, tmp_path).direct_io in DIRECT_IO_MODES
+
+
+def test_format_size_is_exact() -> None:
+    assert [format_size(n) for n in (0, 1000, 4096, 1 << 20, 3 << 30, (1 << 20) + 1024)] == [
+        "0",
+        "1000",
+        "4KiB",
+        "1MiB",
+        "3GiB",
+        "1025KiB",
+    ]
