@@ -208,7 +208,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         self._read_ahead = read_ahead
         self._proc_root = f"/proc/self/fd/{root_fd}"
         self._is_root = os.geteuid() == 0
-        self._pace_metadata = pacer is not None and pacer.options.metadata_cost > 0
+        self._pace_metadata = pacer is not None and pacer.paces_metadata
         self._no_capability = _AbsentCapabilities()
 
     # ------------------------------------------------------------------ helpers

@@ -1,9 +1,10 @@
 """``burstctl mount`` and ``burstctl umount``: the mount's lifecycle, libfuse options, signals.
 
 `run_mount` checks a `MountConfig` against the system, daemonizes unless told to stay in the
-foreground, opens the backing directory, starts the pacer (when a controller is given) and
-runs the FUSE loop until the file system is unmounted. SIGTERM, SIGINT and SIGHUP are taken by
-a watcher thread (they are blocked everywhere else, so libfuse's own handlers never run): it lets every paced request through, closes the job sessions, and
+foreground, opens the backing directory, starts the pacer on one `ClientRuntime` (when a
+controller is given) and runs the FUSE loop until the file system is unmounted. SIGTERM, SIGINT
+and SIGHUP are taken by a watcher thread (they are blocked everywhere else, so libfuse's own
+handlers never run): it lets every paced request through, closes the job sessions, and
 unmounts — lazily if files are still open, so applications keep their open files until they
 close them.
 
@@ -31,7 +32,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from burstctl.client.fallback import Fallback
+from burstctl.client.runtime import ClientRuntime
 from burstctl.fuse_shim.attribution import Attributor
 from burstctl.fuse_shim.config import (
     FUSE2_MAX_WRITE,
@@ -39,7 +40,7 @@ from burstctl.fuse_shim.config import (
     MountConfig,
     MountError,
 )
-from burstctl.fuse_shim.pacing import Pacer, PacingOptions
+from burstctl.fuse_shim.pacing import Pacer
 
 logger = logging.getLogger(__name__)
 
@@ -175,8 +176,8 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     from burstctl.fuse_shim._fuse import FUSE, LIBFUSE_VERSION
     from burstctl.fuse_shim.fs import PassthroughFS
 
-    # Blocked before any thread starts: every thread (the pacer's, libfuse's workers, the
-    # sessions') inherits the mask, so only the watcher receives these signals and libfuse's
+    # Blocked before any thread starts: every thread (the client runtime's, libfuse's workers)
+    # inherits the mask, so only the watcher receives these signals and libfuse's
     # own handlers never run.
     signal.pthread_sigmask(signal.SIG_BLOCK, _SHUTDOWN_SIGNALS)
 
@@ -184,6 +185,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     os.umask(0)
     options = fuse_option_dict(config)
     root_fd = os.open(config.backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    runtime: ClientRuntime | None = None
     pacer: Pacer | None = None
     if not config.controller:
         logger.warning(
@@ -191,15 +193,9 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             config.mountpoint,
         )
     else:
-        pacing = PacingOptions(
-            controller=config.controller,
-            fallback=Fallback.parse(config.fallback),
-            quiet_gap=config.quiet_gap,
-            session_idle=config.session_idle,
-            metadata_cost=config.metadata_cost,
-            attach_timeout=config.attach_timeout,
-        )
-        pacer = Pacer(pacing, Attributor(config.attribution_ttl))
+        # One loop thread and one channel for the sessions of every job.
+        runtime = ClientRuntime()
+        pacer = Pacer(config, Attributor(config.attribution_ttl), runtime=runtime)
     stopper = _Stopper(config.mountpoint, pacer)
 
     def on_init() -> None:
@@ -265,6 +261,8 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         stopper.finished()
         if pacer is not None:
             pacer.close()
+        if runtime is not None:
+            runtime.close()
         os.close(root_fd)
     if code == 0:
         logger.info("unmounted %s", config.mountpoint)

@@ -1,50 +1,49 @@
-"""Pacing for the mount: one client session per job, I/O phases, and their lifecycles.
+"""Pacing for the mount: one client session per job, all on one client runtime.
 
-For each job that does I/O through the mount, a `Pacer` keeps a `JobState`: a
-`burstctl.client.Session` (created lazily on the job's first paced request), the job's current
-I/O phase, its in-flight requests and its open files.
+For each job that does I/O through the mount, a `Pacer` keeps a `PacedJob`: its
+`burstctl.client.Session` (created lazily on the job's first paced request, on the mount's
+`ClientRuntime`, so every job shares one loop thread and one channel), its requests in flight
+and its open files.
 
 - Every read and write acquires its bytes from the job's session before it touches the backing
   file. Metadata operations acquire ``metadata_cost`` bytes of kind ``metadata``; with the
   default cost of 0 they are neither paced nor posted.
-- Phases: the first paced request after a quiet gap posts an operation of unknown volume
-  (``Session.operation(kind, 0)``); it completes once the job has been quiet for
-  ``quiet_gap`` seconds, or at once when the job's last open file is closed.
-- A session is closed (Goodbye) once its job has been quiet for ``session_idle`` seconds; the
-  next request opens a new one.
+- I/O phases are the session's implicit operations: the first paced request after a quiet gap
+  posts one (volume unknown), and the session completes it after ``quiet_gap`` seconds without
+  a request. The pacer adds one rule: a job's last close ends its phase at once
+  (`Session.end_phase`).
+- A session is closed (Goodbye) once its job has had no request for ``session_idle`` seconds;
+  the next request opens a new one. The idle sweep (`Pacer.sweep`) runs as a timer on the
+  runtime's loop, armed when a session opens. A request thread may hold a job's lock while it
+  waits for that loop (starting the job's session), so the sweep never waits for a job's lock:
+  a busy job is looked at again shortly.
 
-A background thread (``burstctl-pacer``) runs `Pacer.sweep` at the next deadline. Controller
-trouble never fails a request: the session falls back as configured, and a session closed under
-a request (shutdown, idle race) lets the request through unpaced.
+Controller trouble never fails a request: the session falls back as configured, and a session
+closed under a request (unmount, idle race) lets the request through unpaced.
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import contextlib
 import logging
 import math
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Protocol
 
-from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
+from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
+from burstctl.client.session import Session
 from burstctl.fuse_shim.attribution import Attributor, Caller
+from burstctl.fuse_shim.config import MountConfig
 
 logger = logging.getLogger(__name__)
 
-DEFAULT_QUIET_GAP = 0.05
-DEFAULT_SESSION_IDLE = 10.0
-DEFAULT_ATTACH_TIMEOUT = 2.0
-
-
-class PhaseHandle(Protocol):
-    """What `Session.operation` returns (entered now, exited when the phase ends)."""
-
-    def __enter__(self) -> object: ...
-
-    def __exit__(self, *exc: object) -> object: ...
+# When a job's lock is taken during a sweep, how soon the sweep looks at that job again.
+_BUSY_RECHECK = 0.05
 
 
 class SessionLike(Protocol):
@@ -52,127 +51,123 @@ class SessionLike(Protocol):
 
     def acquire(self, nbytes: int, kind: str = "write") -> None: ...
 
-    def operation(self, kind: str, volume: int = 0) -> PhaseHandle: ...
+    def end_phase(self) -> None: ...
 
-    def close(self) -> None: ...
+    def close_soon(self) -> concurrent.futures.Future[None]: ...
 
 
 SessionFactory = Callable[[JobInfo], SessionLike]
 
 
-@dataclass(frozen=True, slots=True)
-class PacingOptions:
-    """How the mount paces: the controller, the fallback and the timing parameters."""
-
-    controller: str
-    fallback: Fallback = field(default_factory=lambda: Fallback.parse("keep-last"))
-    quiet_gap: float = DEFAULT_QUIET_GAP
-    session_idle: float = DEFAULT_SESSION_IDLE
-    metadata_cost: int = 0
-    attach_timeout: float = DEFAULT_ATTACH_TIMEOUT
-
-    def __post_init__(self) -> None:
-        for name in ("quiet_gap", "session_idle", "attach_timeout"):
-            value = getattr(self, name)
-            if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
-                raise ValueError(f"{name} must be a finite number of seconds >= 0, got {value!r}")
-        if self.metadata_cost < 0:
-            raise ValueError(f"metadata_cost must be >= 0 bytes, got {self.metadata_cost!r}")
-
-
-def client_session_factory(options: PacingOptions) -> SessionFactory:
-    """Sessions of the client runtime, one per job, with the mount's options."""
+def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> SessionFactory:
+    """Sessions of the client runtime, one per job, with the mount's options, on ``runtime``."""
+    if not config.controller:
+        raise ValueError("pacing needs a controller")
+    controller = config.controller
 
     def make(job: JobInfo) -> SessionLike:
-        from burstctl.client.session import Session
-
         return Session(
-            options.controller,
+            controller,
             job,
-            options.fallback,
-            quiet_gap=options.quiet_gap,
-            attach_timeout=options.attach_timeout,
+            config.fallback,
+            quiet_gap=config.quiet_gap,
+            attach_timeout=config.attach_timeout,
+            runtime=runtime,
         )
 
     return make
 
 
-class JobState:
-    """One job's session, phase and counters; guarded by its own lock."""
+class PacedJob:
+    """One job's session and counters, as the pacer sees them; guarded by its own lock."""
 
-    __slots__ = (
-        "inflight",
-        "job",
-        "last_active",
-        "lock",
-        "open_files",
-        "phase",
-        "phases",
-        "session",
-    )
+    __slots__ = ("forgotten", "inflight", "job", "last_active", "lock", "open_files", "session")
 
     def __init__(self, job: JobInfo, now: float) -> None:
         self.job = job
         self.lock = threading.Lock()
         self.session: SessionLike | None = None
-        self.phase: PhaseHandle | None = None
         self.inflight = 0
         self.open_files = 0
         self.last_active = now
-        self.phases = 0  # phases posted so far, for tests and logs
+        self.forgotten = False  # dropped from the pacer by a sweep: look the job up again
 
 
 class Pacer:
-    """Attributes requests to jobs and paces them through per-job client sessions."""
+    """Attributes requests to jobs and paces them through per-job client sessions.
+
+    Sessions come from ``session_factory``, by default sessions of the client runtime on
+    ``runtime``. With a ``runtime`` the idle sweep runs on its loop; without one (tests) the
+    caller runs `sweep` itself.
+    """
 
     def __init__(
         self,
-        options: PacingOptions,
+        config: MountConfig,
         attributor: Attributor,
         *,
+        runtime: ClientRuntime | None = None,
         session_factory: SessionFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
-        start_thread: bool = True,
     ) -> None:
-        self.options = options
+        if session_factory is None:
+            if runtime is None:
+                raise ValueError("a Pacer needs a client runtime or a session factory")
+            session_factory = client_session_factory(config, runtime)
         self.attributor = attributor
-        self._make_session = session_factory or client_session_factory(options)
+        self._config = config
+        self._runtime = runtime
+        self._make_session = session_factory
         self._clock = clock
         self._lock = threading.Lock()
-        self._wakeup = threading.Condition(self._lock)
-        self._jobs: dict[str, JobState] = {}
-        self._files: dict[int, JobState] = {}  # open file handle -> the job that opened it
+        self._jobs: dict[str, PacedJob] = {}
+        self._files: dict[int, PacedJob] = {}  # open file handle -> the job that opened it
         self._closing = False
-        self._thread: threading.Thread | None = None
-        if start_thread:
-            self._thread = threading.Thread(target=self._run, name="burstctl-pacer", daemon=True)
-            self._thread.start()
+        # The sweep's timer, on the runtime's loop only.
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+
+    @property
+    def paces_metadata(self) -> bool:
+        """Whether metadata operations acquire anything (a metadata cost above 0)."""
+        return self._config.metadata_cost > 0
 
     # ------------------------------------------------------------------ the request path
 
-    def job_state(self, caller: Caller) -> JobState:
+    def job_state(self, caller: Caller) -> PacedJob:
         """The state of the caller's job, created on first sight."""
         job = self.attributor.job_for(caller)
         with self._lock:
             state = self._jobs.get(job.job_id)
             if state is None:
-                state = self._jobs[job.job_id] = JobState(job, self._clock())
+                state = self._jobs[job.job_id] = PacedJob(job, self._clock())
             return state
+
+    def _locked_state(self, caller: Caller) -> PacedJob:
+        """`job_state`, returned with its lock held, never one a sweep has dropped."""
+        while True:
+            state = self.job_state(caller)
+            state.lock.acquire()
+            if not state.forgotten:
+                return state
+            state.lock.release()
 
     def data(self, caller: Caller, kind: str, nbytes: int) -> None:
         """Paces a read or write of ``nbytes`` before it is done."""
-        self._pace(self.job_state(caller), kind, nbytes)
+        self._pace(caller, kind, nbytes)
 
     def metadata(self, caller: Caller) -> None:
         """Paces one metadata operation (a no-op while the metadata cost is 0)."""
-        if self.options.metadata_cost > 0:
-            self._pace(self.job_state(caller), "metadata", self.options.metadata_cost)
+        if self.paces_metadata:
+            self._pace(caller, "metadata", self._config.metadata_cost)
 
     def opened(self, caller: Caller, fh: int) -> None:
         """Records that ``caller``'s job opened the backing file handle ``fh``."""
-        state = self.job_state(caller)
-        with state.lock:
+        state = self._locked_state(caller)
+        try:
             state.open_files += 1
+        finally:
+            state.lock.release()
         with self._lock:
             self._files[fh] = state
 
@@ -182,162 +177,172 @@ class Pacer:
             state = self._files.pop(fh, None)
         if state is None:
             return
-        phase = None
         with state.lock:
             state.open_files -= 1
-            if state.open_files == 0 and state.inflight == 0:
-                phase, state.phase = state.phase, None
-        if phase is not None:
-            _end_phase(state.job, phase)
+            if state.open_files == 0 and state.inflight == 0 and state.session is not None:
+                # Under the job's lock, so no request of the job starts in between.
+                state.session.end_phase()
 
-    def _pace(self, state: JobState, kind: str, nbytes: int) -> None:
-        session = self._begin(state, kind)
+    def _pace(self, caller: Caller, kind: str, nbytes: int) -> None:
+        state = self._locked_state(caller)
+        try:
+            session, opened = self._begin(state)
+        finally:
+            state.lock.release()
         if session is None:
             return
+        if opened:
+            self._sweep_by(self._clock() + self._config.session_idle)
         try:
             session.acquire(nbytes, kind)
         except RuntimeError:
-            pass  # the session was closed under us (shutdown or idle close): let the I/O go
+            pass  # the session was closed under us (unmount or idle close): let the I/O go
         finally:
             with state.lock:
                 state.inflight -= 1
                 state.last_active = self._clock()
 
-    def _begin(self, state: JobState, kind: str) -> SessionLike | None:
-        """Counts a request in flight, with a session and an open phase; None when closing."""
-        new_phase = False
-        with state.lock:
-            if self._closing:
-                return None
-            if state.session is None:
-                state.session = self._make_session(state.job)
-                logger.info("job %s: session opened", state.job.job_id)
-            session = state.session
-            state.inflight += 1
-            state.last_active = self._clock()
-            if state.phase is None:
-                try:
-                    phase = session.operation(kind, 0)
-                    phase.__enter__()
-                except (RuntimeError, ValueError) as err:
-                    logger.debug("job %s: no phase posted: %s", state.job.job_id, err)
-                else:
-                    state.phase = phase
-                    state.phases += 1
-                    new_phase = True
-        if new_phase:
-            with self._wakeup:
-                self._wakeup.notify()
-        return session
+    def _begin(self, state: PacedJob) -> tuple[SessionLike | None, bool]:
+        """Counts a request in flight on the job's session, opening one if needed (its lock is
+        held); returns the session (None once closing) and whether it is new."""
+        if self._closing:
+            return None, False
+        opened = state.session is None
+        if state.session is None:
+            state.session = self._make_session(state.job)
+            logger.info("job %s: session opened", state.job.job_id)
+        state.inflight += 1
+        state.last_active = self._clock()
+        return state.session, opened
 
-    # ------------------------------------------------------------------ quiet gaps and idling
+    # ------------------------------------------------------------------ idle sessions
 
     def sweep(self, now: float | None = None) -> float:
-        """Ends quiet phases and closes idle sessions; returns the next deadline (or inf)."""
+        """Closes idle sessions and forgets jobs with nothing open; returns the next deadline.
+
+        Never waits for a job's lock (see the module docstring); never waits for a session to
+        close.
+        """
         now = self._clock() if now is None else now
-        gap, idle = self.options.quiet_gap, self.options.session_idle
-        ended: list[tuple[JobInfo, PhaseHandle]] = []
-        to_close: list[tuple[JobInfo, SessionLike]] = []
+        idle = self._config.session_idle
         next_at = math.inf
+        to_close: list[tuple[JobInfo, SessionLike]] = []
         with self._lock:
             states = list(self._jobs.values())
         for state in states:
-            with state.lock:
-                if state.inflight:
-                    next_at = min(next_at, now + max(gap, 0.01))
-                    continue
-                if state.phase is not None:
-                    if now - state.last_active >= gap:
-                        ended.append((state.job, state.phase))
-                        state.phase = None
-                    else:
-                        next_at = min(next_at, state.last_active + gap)
-                        continue
-                if state.session is not None:
-                    if now - state.last_active >= idle:
-                        to_close.append((state.job, state.session))
+            if not state.lock.acquire(blocking=False):
+                next_at = min(next_at, now + _BUSY_RECHECK)
+                continue
+            try:
+                session = state.session
+                if session is not None:
+                    if state.inflight == 0 and now - state.last_active >= idle:
+                        to_close.append((state.job, session))
                         state.session = None
                     else:
-                        next_at = min(next_at, state.last_active + idle)
-            if state.session is None and state.phase is None:
-                with self._lock, state.lock:
-                    if (
-                        state.session is None
-                        and state.open_files == 0
-                        and state.inflight == 0
-                        and self._jobs.get(state.job.job_id) is state
-                    ):
-                        del self._jobs[state.job.job_id]
-        for job, phase in ended:
-            _end_phase(job, phase)
+                        # In flight: idle at the earliest ``idle`` after it ends.
+                        since = now if state.inflight else state.last_active
+                        next_at = min(next_at, since + idle)
+                idle_job = state.session is None and state.open_files == 0 and state.inflight == 0
+            finally:
+                state.lock.release()
+            if idle_job:
+                self._forget(state)
         for job, session in to_close:
             _close_session(job, session, "quiet")
         return next_at
 
-    def _run(self) -> None:
-        next_at = math.inf
-        while True:
-            with self._wakeup:
-                if self._closing:
-                    return
-                timeout = next_at - self._clock()
-                if timeout > 0:
-                    # Waits for the next deadline, or for a new phase to look after.
-                    self._wakeup.wait(None if math.isinf(timeout) else timeout)
-                if self._closing:
-                    return
+    def _forget(self, state: PacedJob) -> None:
+        with self._lock:
+            if self._jobs.get(state.job.job_id) is not state:
+                return
+            if not state.lock.acquire(blocking=False):
+                return  # busy again: not idle
             try:
-                next_at = self.sweep()
-            except Exception:  # never let the sweeper die: phases would never end
-                logger.exception("pacer sweep failed")
-                next_at = self._clock() + 1.0
+                if state.session is None and state.open_files == 0 and state.inflight == 0:
+                    state.forgotten = True
+                    del self._jobs[state.job.job_id]
+            finally:
+                state.lock.release()
+
+    def _sweep_by(self, at: float) -> None:
+        """Makes sure a sweep runs on the runtime's loop by ``at`` (any thread)."""
+        if self._runtime is not None:
+            with contextlib.suppress(RuntimeError):  # the runtime is closed: nothing to sweep
+                self._runtime.loop.call_soon_threadsafe(self._arm, at)
+
+    def _arm(self, at: float) -> None:
+        """On the loop: (re)sets the sweep's timer to ``at`` unless it fires sooner already."""
+        if self._closing or (self._timer is not None and self._timer_at <= at):
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        assert self._runtime is not None
+        self._timer_at = at
+        delay = max(0.0, at - self._clock())
+        self._timer = self._runtime.loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        try:
+            next_at = self.sweep()
+        except Exception:  # never let the sweep die: idle sessions would never close
+            logger.exception("pacer sweep failed")
+            next_at = self._clock() + 1.0
+        if math.isfinite(next_at):
+            self._arm(next_at)
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_at = None, math.inf
 
     # ------------------------------------------------------------------ inspection and close
 
-    def jobs(self) -> dict[str, JobState]:
+    def jobs(self) -> dict[str, PacedJob]:
         """A snapshot of the known jobs by id."""
         with self._lock:
             return dict(self._jobs)
 
     def close(self) -> None:
-        """Ends every phase and closes every session (blocked acquires are let through)."""
-        with self._wakeup:
+        """Ends every phase and closes every session (blocked acquires are let through).
+
+        Waits until each session has said Goodbye (in parallel on the runtime's loop); not to be
+        called on that loop. Idempotent.
+        """
+        with self._lock:
             self._closing = True
-            self._wakeup.notify_all()
             states = list(self._jobs.values())
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(5.0)
-        closers = []
+        if self._runtime is not None:
+            with contextlib.suppress(RuntimeError):
+                self._runtime.loop.call_soon_threadsafe(self._cancel_timer)
+        closing = []
         for state in states:
             with state.lock:
-                phase, state.phase = state.phase, None
                 session, state.session = state.session, None
-            if phase is not None:
-                _end_phase(state.job, phase)
             if session is not None:
-                # In parallel: each says Goodbye, which a dead controller makes wait.
-                closer = threading.Thread(
-                    target=_close_session,
-                    args=(state.job, session, "unmount"),
-                    name=f"burstctl-close-{state.job.job_id}",
-                )
-                closer.start()
-                closers.append(closer)
-        for closer in closers:
-            closer.join()
+                closing.append(_close_session(state.job, session, "unmount"))
+        concurrent.futures.wait(closing, CLOSE_TIMEOUT)
 
 
-def _end_phase(job: JobInfo, phase: PhaseHandle) -> None:
+def _close_session(job: JobInfo, session: SessionLike, why: str) -> concurrent.futures.Future[None]:
+    """Completes the job's phase and starts closing its session; logs when it is closed."""
+
+    def closed(future: concurrent.futures.Future[None]) -> None:
+        if future.cancelled() or future.exception() is not None:
+            logger.error(
+                "job %s: closing its session failed", job.job_id, exc_info=future.exception()
+            )
+        else:
+            logger.info("job %s: session closed (%s)", job.job_id, why)
+
     try:
-        phase.__exit__(None, None, None)
-    except Exception:
-        logger.exception("job %s: could not complete its I/O phase", job.job_id)
-
-
-def _close_session(job: JobInfo, session: SessionLike, why: str) -> None:
-    try:
-        session.close()
-    except Exception:
+        session.end_phase()
+        future = session.close_soon()
+    except Exception as err:
         logger.exception("job %s: closing its session failed", job.job_id)
-    else:
-        logger.info("job %s: session closed (%s)", job.job_id, why)
+        future = concurrent.futures.Future()
+        future.set_exception(err)
+        return future
+    future.add_done_callback(closed)
+    return future

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from fake_controller import FakeController
 from support import MountProcess, is_mounted, wait_until
@@ -215,8 +216,10 @@ def test_a_phase_ends_at_the_last_close(
     posted = fake.bodies("op_posted", stream)
     assert len(posted) == 1 and posted[0].volume == 0  # one phase, volume unknown
     assert fake.bodies("op_completed", stream) == []  # "b" is still open
+    closed = time.monotonic()
     app.do("close", mnt / "b")
     fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
+    assert fake.received("op_completed", stream)[0].at - closed < 5  # at once, not in 60 s
     assert fake.bodies("op_completed", stream)[0].op_id == posted[0].op_id
     app.exit()
 
@@ -229,9 +232,11 @@ def test_a_phase_ends_after_a_quiet_gap_and_the_next_request_starts_another(
     app = apps({"BURSTCTL_JOB_ID": "bursty"})
     app.do("open", mnt / "f")
     app.do("write", mnt / "f", 512 * KiB)
+    written = time.monotonic()
     stream = stream_of(fake, "bursty")
-    # The file stays open: the quiet gap alone ends the phase.
+    # The file stays open: the quiet gap alone ends the phase, not before it has passed.
     fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
+    assert fake.received("op_completed", stream)[0].at - written >= 0.1 - 0.02
     app.do("write", mnt / "f", 512 * KiB)
     fake.wait_for(lambda: len(fake.bodies("op_posted", stream)) == 2, timeout=10)
     fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 2, timeout=10)
@@ -418,3 +423,35 @@ def test_a_held_job_does_not_hold_up_another(
         app.exit()
     assert (backing / "f").stat().st_size == 9 * 256 * KiB
     assert (backing / "h").stat().st_size == 256 * KiB
+
+
+def test_jobs_share_the_mounts_loop_thread_and_connection(
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
+    apps: Callable[..., App],
+) -> None:
+    # Sessions stay open for the whole test: each job keeps its session.
+    fake, mount, mnt = paced_mount("--session-idle", "120", initial_rate=64 * MiB)
+    daemon = psutil.Process(mount.pid)
+
+    def run_job(name: str) -> None:
+        app = apps({"BURSTCTL_JOB_ID": name})
+        app.do("open", mnt / name)
+        app.do("write", mnt / name, 64 * KiB)
+        app.do("close", mnt / name)
+        app.exit()
+
+    run_job("first")
+    fake.wait_for(lambda: "first" in hellos(fake), timeout=10)
+    threads = daemon.num_threads()
+    for i in range(12):
+        run_job(f"job{i}")
+    fake.wait_for(lambda: len(hellos(fake)) == 13, timeout=10)
+    assert fake.received("goodbye") == []  # all 13 sessions are open
+    # A thread per job would be 12 more; libfuse may start a worker of its own.
+    assert daemon.num_threads() <= threads + 2
+    to_controller = [
+        c
+        for c in daemon.net_connections("tcp")
+        if c.raddr and c.raddr.port == fake.port and c.status == psutil.CONN_ESTABLISHED
+    ]
+    assert len(to_controller) == 1

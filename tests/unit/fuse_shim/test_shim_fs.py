@@ -24,8 +24,7 @@ NOBODY = Caller(pid=0, uid=65534, gid=65534)
 class RecordingPacer:
     """Stands in for `Pacer`: records calls; ``fail`` makes data() raise like a bug would."""
 
-    class options:
-        metadata_cost = 0
+    paces_metadata = False
 
     def __init__(self, fail: bool = False) -> None:
         self.calls: list[tuple[Any, ...]] = []

@@ -1,31 +1,21 @@
-"""The mount's pacer: lazy sessions per job, phases, quiet gaps, last close, idle sessions."""
+"""The mount's pacer: lazy sessions per job, the last close, idle sessions, unmount."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import threading
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import pytest
 from support import wait_until
 
+from burstctl.client import ClientRuntime
 from burstctl.client.job import JobInfo
 from burstctl.fuse_shim.attribution import Attributor, Caller
-from burstctl.fuse_shim.pacing import Pacer, PacingOptions
-
-
-class FakeOperation:
-    def __init__(self, session: FakeSession, kind: str, volume: int) -> None:
-        self.session, self.kind, self.volume = session, kind, volume
-
-    def __enter__(self) -> FakeOperation:
-        if self.session.closed:
-            raise RuntimeError("session is closed")
-        self.session.events.append(("posted", self.kind, self.volume))
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.session.events.append(("completed", self.kind, self.volume))
+from burstctl.fuse_shim.config import MountConfig
+from burstctl.fuse_shim.pacing import Pacer
 
 
 class FakeSession:
@@ -37,6 +27,7 @@ class FakeSession:
         self.closed = False
         self.gate: threading.Event | None = None
         self.cond = threading.Condition()
+        self.closed_on: threading.Thread | None = None
 
     def acquire(self, nbytes: int, kind: str = "write") -> None:
         if self.closed:
@@ -54,14 +45,18 @@ class FakeSession:
             self.gate.set()
             self.cond.notify_all()
 
-    def operation(self, kind: str, volume: int = 0) -> FakeOperation:
-        return FakeOperation(self, kind, volume)
+    def end_phase(self) -> None:
+        self.events.append(("end_phase",))
 
-    def close(self) -> None:
+    def close_soon(self) -> concurrent.futures.Future[None]:
         with self.cond:
             self.closed = True
+            self.closed_on = threading.current_thread()
             self.cond.notify_all()
         self.events.append(("closed",))
+        done: concurrent.futures.Future[None] = concurrent.futures.Future()
+        done.set_result(None)
+        return done
 
 
 ENVS: dict[int, Mapping[str, str]] = {
@@ -72,17 +67,22 @@ ENVS: dict[int, Mapping[str, str]] = {
 A, A2, B = Caller(100, 5000, 5000), Caller(101, 5000, 5000), Caller(200, 5000, 5000)
 
 
+def config(**options: Any) -> MountConfig:
+    return MountConfig(Path("/backing"), Path("/mnt"), controller="fake:1", **options)
+
+
+def attributor() -> Attributor:
+    return Attributor(read_process=lambda pid: (ENVS.get(pid), None))
+
+
 class Rig:
+    """A pacer on fake sessions and a fake clock; the test runs its sweeps."""
+
     def __init__(self, **options: Any) -> None:
         self.now = 0.0
         self.sessions: list[FakeSession] = []
-        attributor = Attributor(read_process=lambda pid: (ENVS.get(pid), None))
         self.pacer = Pacer(
-            PacingOptions(controller="fake:1", **options),
-            attributor,
-            session_factory=self._make,
-            clock=lambda: self.now,
-            start_thread=False,
+            config(**options), attributor(), session_factory=self._make, clock=lambda: self.now
         )
 
     def _make(self, job: JobInfo) -> FakeSession:
@@ -102,29 +102,8 @@ def test_a_session_per_job_is_opened_on_its_first_paced_request() -> None:
     rig.pacer.data(B, "read", 10)
     assert [s.job.job_id for s in rig.sessions] == ["a", "b"]
     (a,) = rig.of("a")
-    assert a.events == [
-        ("posted", "write", 0),
-        ("acquire", 4096, "write"),
-        ("acquire", 100, "read"),
-    ]
-
-
-def test_a_phase_ends_after_the_quiet_gap_and_the_next_request_opens_another() -> None:
-    rig = Rig(quiet_gap=0.05)
-    rig.pacer.data(A, "write", 1)
-    rig.now = 0.04
-    rig.pacer.data(A, "write", 1)
-    rig.now = 0.08
-    assert rig.pacer.sweep() == pytest.approx(0.09)  # 0.04 + 0.05
-    (a,) = rig.of("a")
-    assert [e[0] for e in a.events] == ["posted", "acquire", "acquire"]
-    rig.now = 0.1
-    rig.pacer.sweep()
-    assert a.events[-1] == ("completed", "write", 0)
-    rig.now = 0.5
-    rig.pacer.data(A, "read", 1)
-    assert a.events[-2:] == [("posted", "read", 0), ("acquire", 1, "read")]
-    assert rig.pacer.jobs()["a"].phases == 2
+    # The phases are the session's own (its implicit operations): the pacer only acquires.
+    assert a.events == [("acquire", 4096, "write"), ("acquire", 100, "read")]
 
 
 def test_the_last_close_ends_the_phase_at_once() -> None:
@@ -134,51 +113,51 @@ def test_the_last_close_ends_the_phase_at_once() -> None:
     rig.pacer.data(A, "write", 1)
     rig.pacer.released(10)
     (a,) = rig.of("a")
-    assert ("completed", "write", 0) not in a.events
+    assert ("end_phase",) not in a.events
     rig.pacer.released(11)
-    assert a.events[-1] == ("completed", "write", 0)
+    assert a.events[-1] == ("end_phase",)
     rig.pacer.released(11)  # unknown handles are ignored
+    assert a.events.count(("end_phase",)) == 1
 
 
-def test_a_request_in_flight_keeps_its_phase_open() -> None:
-    rig = Rig(quiet_gap=0.05)
+def test_a_request_in_flight_at_the_last_close_leaves_the_phase_to_the_quiet_gap() -> None:
+    rig = Rig()
+    rig.pacer.opened(A, 10)
     rig.pacer.data(A, "write", 1)
     (a,) = rig.of("a")
     a.gate = threading.Event()
-    blocked = threading.Thread(target=rig.pacer.data, args=(A, "write", 2))
+    blocked = threading.Thread(target=rig.pacer.data, args=(A2, "write", 2))
     blocked.start()
-    wait_until(lambda: len(a.events) == 3)
-    rig.now = 10.0
-    assert rig.pacer.sweep() == pytest.approx(10.05)
-    assert a.events[-1][0] == "acquire"  # not completed while a request waits
+    wait_until(lambda: len(a.events) == 2)
+    rig.pacer.released(10)
+    assert ("end_phase",) not in a.events
     a.open_gate()
     blocked.join(10)
-    rig.now = 10.1
-    rig.pacer.sweep()
-    assert a.events[-1] == ("completed", "write", 0)
 
 
 def test_metadata_is_free_by_default_and_paced_when_it_has_a_cost() -> None:
     rig = Rig()
+    assert not rig.pacer.paces_metadata
     rig.pacer.metadata(A)
     assert rig.sessions == []
     rig = Rig(metadata_cost=512)
+    assert rig.pacer.paces_metadata
     rig.pacer.metadata(A)
     (a,) = rig.of("a")
-    assert a.events == [("posted", "metadata", 0), ("acquire", 512, "metadata")]
+    assert a.events == [("acquire", 512, "metadata")]
 
 
 def test_an_idle_session_is_closed_and_a_new_request_opens_another() -> None:
-    rig = Rig(quiet_gap=0.05, session_idle=1.0)
+    rig = Rig(session_idle=1.0)
     rig.pacer.opened(A, 10)
     rig.pacer.data(A, "write", 1)
     rig.now = 0.5
-    rig.pacer.sweep()
+    assert rig.pacer.sweep() == pytest.approx(1.0)
     (first,) = rig.of("a")
     assert not first.closed
     rig.now = 1.01
     assert rig.pacer.sweep() == float("inf")
-    assert first.closed and first.events[-2:] == [("completed", "write", 0), ("closed",)]
+    assert first.closed and first.events[-2:] == [("end_phase",), ("closed",)]
     assert "a" in rig.pacer.jobs()  # its file is still open
     rig.pacer.data(A, "write", 1)
     assert len(rig.of("a")) == 2 and not rig.of("a")[1].closed
@@ -186,6 +165,44 @@ def test_an_idle_session_is_closed_and_a_new_request_opens_another() -> None:
     rig.now = 5.0
     rig.pacer.sweep()
     assert rig.pacer.jobs() == {}  # nothing open, no session: forgotten
+    rig.pacer.data(A, "read", 1)  # known again
+    assert len(rig.of("a")) == 3 and "a" in rig.pacer.jobs()
+
+
+def test_a_request_in_flight_keeps_its_session() -> None:
+    rig = Rig(session_idle=1.0)
+    rig.pacer.data(A, "write", 1)
+    (a,) = rig.of("a")
+    a.gate = threading.Event()
+    blocked = threading.Thread(target=rig.pacer.data, args=(A, "write", 2))
+    blocked.start()
+    wait_until(lambda: len(a.events) == 2)
+    rig.now = 10.0
+    assert rig.pacer.sweep() == pytest.approx(11.0)
+    assert not a.closed
+    a.open_gate()
+    blocked.join(10)
+
+
+def test_the_sweep_never_waits_for_a_busy_job() -> None:
+    # A request thread holds its job's lock while its session starts on the runtime's loop,
+    # where the sweep runs: waiting for that lock there would deadlock the mount.
+    rig = Rig(session_idle=1.0)
+    rig.pacer.data(A, "write", 1)
+    rig.pacer.data(B, "write", 1)
+    rig.now = 5.0
+    state = rig.pacer.jobs()["a"]
+    with state.lock:
+        swept: list[float] = []
+        sweeper = threading.Thread(target=lambda: swept.append(rig.pacer.sweep()))
+        sweeper.start()
+        sweeper.join(5)
+        assert not sweeper.is_alive(), "the sweep waited for the job's lock"
+    assert swept == [pytest.approx(5.05)]  # the busy job is looked at again soon
+    (a,), (b,) = rig.of("a"), rig.of("b")
+    assert b.closed and not a.closed
+    rig.pacer.sweep()
+    assert a.closed
 
 
 def test_close_ends_phases_closes_sessions_and_lets_requests_through() -> None:
@@ -196,36 +213,40 @@ def test_close_ends_phases_closes_sessions_and_lets_requests_through() -> None:
     a.gate = threading.Event()
     blocked = threading.Thread(target=rig.pacer.data, args=(A, "write", 2))
     blocked.start()
-    wait_until(lambda: len(a.events) == 3)
+    wait_until(lambda: len(a.events) == 2)
     rig.pacer.close()
     blocked.join(10)
     assert not blocked.is_alive()  # released by the close, without an exception
     assert all(s.closed for s in rig.sessions)
-    assert ("completed", "write", 0) in a.events
+    assert a.events[-2:] == [("end_phase",), ("closed",)]
     rig.pacer.data(A, "write", 1)  # after close: unpaced, no new session
     assert len(rig.sessions) == 2
     rig.pacer.close()  # idempotent
 
 
-def test_the_sweeper_thread_ends_phases_on_its_own() -> None:
+def test_idle_sessions_are_closed_on_the_runtimes_loop_without_a_thread_of_their_own() -> None:
     sessions: list[FakeSession] = []
-    pacer = Pacer(
-        PacingOptions(controller="fake:1", quiet_gap=0.02, session_idle=0.2),
-        Attributor(read_process=lambda pid: (ENVS.get(pid), None)),
-        session_factory=lambda job: sessions.append(FakeSession(job)) or sessions[-1],
-    )
-    try:
-        pacer.data(A, "write", 1)
-        wait_until(lambda: ("completed", "write", 0) in sessions[0].events, timeout=5)
-        wait_until(lambda: sessions[0].closed, timeout=5)
-        pacer.data(A, "read", 1)
-        wait_until(lambda: len(sessions) == 2 and sessions[1].closed, timeout=5)
-    finally:
-        pacer.close()
+
+    def make(job: JobInfo) -> FakeSession:
+        sessions.append(FakeSession(job))
+        return sessions[-1]
+
+    with ClientRuntime() as runtime:
+        threads = threading.active_count()
+        pacer = Pacer(config(session_idle=0.2), attributor(), runtime=runtime, session_factory=make)
+        try:
+            pacer.data(A, "write", 1)
+            pacer.data(B, "write", 1)
+            assert threading.active_count() == threads
+            wait_until(lambda: all(s.closed for s in sessions), timeout=5)
+            assert {s.closed_on for s in sessions} == {runtime.thread}
+            pacer.data(A, "read", 1)  # a new session, swept again
+            wait_until(lambda: len(sessions) == 3 and sessions[2].closed, timeout=5)
+            wait_until(lambda: pacer.jobs() == {}, timeout=5)
+        finally:
+            pacer.close()
 
 
-def test_options_are_checked() -> None:
-    with pytest.raises(ValueError, match="quiet_gap"):
-        PacingOptions(controller="x:1", quiet_gap=-1)
-    with pytest.raises(ValueError, match="metadata_cost"):
-        PacingOptions(controller="x:1", metadata_cost=-5)
+def test_a_pacer_needs_sessions_from_somewhere() -> None:
+    with pytest.raises(ValueError, match="runtime"):
+        Pacer(config(), attributor())
