@@ -7,8 +7,7 @@ the path. Every callback runs behind `errno_barrier`: an `OSError` becomes its `
 anything else is logged and becomes ``-EIO``, so a bug never takes the mount down.
 
 Ownership: the kernel checks permissions (the mount uses ``default_permissions``); when the
-daemon runs as root, what a caller creates is given to the caller's uid and gid (the parent
-directory's gid when it is set-group-id), as a local filesystem would.
+daemon runs as root, what a caller creates is given to the caller (`ownership`).
 
 Pacing: when a `Pacer` is given, reads and writes acquire their bytes for the caller's job
 first, and metadata operations go through `Pacer.metadata`.
@@ -20,9 +19,8 @@ for reading, or reading and writing) goes direct only where the kernel was asked
 ``mmap`` of such files (``direct_io_mmap``, set by the binding at init): elsewhere that mapping
 would fail with ENODEV. A write-only file cannot be mapped at all.
 
-``security.capability``: with the kernel page cache on, the kernel asks for it before every
-``write(2)`` (to strip it) and almost always hears ENODATA. That answer is remembered per path
-for `CAPABILITY_ABSENT_TTL` seconds (see `_AbsentCapabilities` for why this is safe).
+``security.capability``: answered from `capabilities.AbsentCapabilities` when known absent;
+every call that could give a path a capability forgets what it knows.
 """
 
 from __future__ import annotations
@@ -32,14 +30,15 @@ import functools
 import logging
 import os
 import stat
-import threading
 import time
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from burstctl.fuse_shim._fuse import FuseOSError, Operations, fuse_get_context
 from burstctl.fuse_shim.attribution import Caller
+from burstctl.fuse_shim.capabilities import CAPABILITY, AbsentCapabilities
 from burstctl.fuse_shim.config import DIRECT_IO_MODES
+from burstctl.fuse_shim.ownership import give_to_caller, may_access
 from burstctl.fuse_shim.pacing import Pacer
 
 logger = logging.getLogger(__name__)
@@ -53,12 +52,7 @@ _DROPPED_OPEN_FLAGS = os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
 # binding hands over as that many nanoseconds (a real time 1.07 s after the epoch is lost).
 _UTIME_NOW = (1 << 30) - 1
 _UTIME_OMIT = (1 << 30) - 2
-_CAPABILITY = "security.capability"
-# How long "this path has no security.capability" is believed: the bound on how late a
-# capability set on BACKING behind the mount's back is seen through it.
-CAPABILITY_ABSENT_TTL = 1.0
 _FUSE_CAP_AUTO_INVAL_DATA = 1 << 12  # fuse_common.h (libfuse 3)
-_ABSENT_MAX = 4096  # entries; past it, expired ones are swept, then all if still full
 
 
 def errno_barrier(method: F) -> F:
@@ -112,55 +106,6 @@ def _dirent_mode(entry: os.DirEntry[str]) -> int:
     return stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
 
 
-class _AbsentCapabilities:
-    """Paths known to have no ``security.capability`` (ENODATA), for at most ``ttl`` seconds.
-
-    Why answering from it is safe:
-
-    - Only absence is remembered, never a value: the cache can hide a capability set behind
-      the mount's back for up to ``ttl`` (an exec then gets fewer privileges, never more), it
-      can never invent one.
-    - Through the mount, a path can only come to carry a capability by ``setxattr`` or by
-      a change of names (``rename``, ``link``, ``unlink``, ``rmdir``): each of them (and
-      ``removexattr``) forgets everything *after* changing BACKING, and bumps a generation,
-      so a lookup that raced with it and read the old state is not remembered.
-    - The kernel asks before a write or truncate in order to strip the capability; a stale
-      "absent" skips that REMOVEXATTR, but the daemon's own ``pwrite``/``ftruncate`` on
-      BACKING makes the backing file system strip it anyway.
-    """
-
-    def __init__(self, ttl: float = CAPABILITY_ABSENT_TTL) -> None:
-        self._ttl = ttl
-        self._lock = threading.Lock()
-        self._absent: dict[str, float] = {}
-        self.generation = 0
-        self.hits = 0  # for tests and benchmarks
-
-    def known_absent(self, path: str) -> bool:
-        expiry = self._absent.get(path)
-        if expiry is not None and expiry > time.monotonic():
-            self.hits += 1
-            return True
-        return False
-
-    def remember(self, path: str, generation: int) -> None:
-        """Records ENODATA for ``path``, unless something was forgotten since ``generation``."""
-        now = time.monotonic()
-        with self._lock:
-            if generation != self.generation:
-                return
-            if len(self._absent) >= _ABSENT_MAX:
-                self._absent = {k: v for k, v in self._absent.items() if v > now}
-                if len(self._absent) >= _ABSENT_MAX:
-                    self._absent.clear()
-            self._absent[path] = now + self._ttl
-
-    def forget_all(self) -> None:
-        with self._lock:
-            self.generation += 1
-            self._absent.clear()
-
-
 def _current_caller() -> Caller:
     uid, gid, pid = fuse_get_context()
     return Caller(pid=pid, uid=uid, gid=gid)
@@ -209,7 +154,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         self._proc_root = f"/proc/self/fd/{root_fd}"
         self._is_root = os.geteuid() == 0
         self._pace_metadata = pacer is not None and pacer.paces_metadata
-        self._no_capability = _AbsentCapabilities()
+        self._no_capability = AbsentCapabilities()
 
     # ------------------------------------------------------------------ helpers
 
@@ -248,31 +193,9 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     def _give_to_caller(
         self, rel: str, caller: Caller | None, fd: int | None = None, mode: int = 0
     ) -> None:
-        """Makes a new node belong to its creator, when the daemon is root.
-
-        ``mode``: what the node was created with; set-user/group-id bits that the change of
-        owner cleared are put back, as if the caller had created it.
-        """
-        if not self._is_root:
-            return
-        if caller is None:
-            caller = self._caller()
-        if caller.uid == 0 and caller.gid == 0:
-            return
-        gid = caller.gid
-        parent = os.path.dirname(rel) or "."
-        parent_st = os.stat(parent, dir_fd=self._root, follow_symlinks=False)
-        if parent_st.st_mode & stat.S_ISGID:
-            gid = parent_st.st_gid
-        if fd is not None:
-            os.fchown(fd, caller.uid, gid)
-        else:
-            os.chown(rel, caller.uid, gid, dir_fd=self._root, follow_symlinks=False)
-        if mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(mode):
-            if fd is not None:
-                os.fchmod(fd, stat.S_IMODE(mode))
-            else:
-                os.chmod(rel, stat.S_IMODE(mode), dir_fd=self._root)
+        """Makes a new node belong to its creator, when the daemon is root (`give_to_caller`)."""
+        if self._is_root:
+            give_to_caller(self._root, rel, caller or self._caller(), fd, mode)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -313,19 +236,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         # Only reached without default_permissions; checks the caller's uid, not the daemon's.
         caller = self._metadata() or self._caller()
         st = os.stat(self._rel(path), dir_fd=self._root, follow_symlinks=False)
-        if amode == os.F_OK:
-            return 0
-        if caller.uid == 0:
-            if amode & os.X_OK and not st.st_mode & 0o111 and not stat.S_ISDIR(st.st_mode):
-                raise FuseOSError(errno.EACCES)
-            return 0
-        if caller.uid == st.st_uid:
-            bits = (st.st_mode >> 6) & 7
-        elif caller.gid == st.st_gid or st.st_gid in _groups_of(caller):
-            bits = (st.st_mode >> 3) & 7
-        else:
-            bits = st.st_mode & 7
-        if amode & ~bits & 7:
+        if not may_access(caller, st, amode):
             raise FuseOSError(errno.EACCES)
         return 0
 
@@ -595,7 +506,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
     @errno_barrier
     def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
         self._metadata()
-        if name != _CAPABILITY or path is None:
+        if name != CAPABILITY or path is None:
             return os.getxattr(self._proc_path(path), name, follow_symlinks=False)
         if self._no_capability.known_absent(path):
             raise FuseOSError(errno.ENODATA)
@@ -629,15 +540,3 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         finally:
             self._no_capability.forget_all()
         return 0
-
-
-def _groups_of(caller: Caller) -> set[int]:
-    """The supplementary groups of the calling process (empty when it cannot be read)."""
-    try:
-        with open(f"/proc/{caller.pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("Groups:"):
-                    return {int(g) for g in line.split()[1:]}
-    except (OSError, ValueError):
-        pass
-    return set()

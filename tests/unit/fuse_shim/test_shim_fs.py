@@ -381,24 +381,24 @@ def test_a_change_of_names_forgets_absent_capabilities(backing: tuple[Path, int]
 def test_a_capability_set_behind_the_mount_is_seen_after_the_ttl(
     backing: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from burstctl.fuse_shim import fs as fs_module
+    from burstctl.fuse_shim import capabilities
 
     root, fd = backing
     (root / "f").write_bytes(b"x")
     fs = make_fs(fd)
-    fs._no_capability = fs_module._AbsentCapabilities(ttl=0.2)
+    fs._no_capability = capabilities.AbsentCapabilities(ttl=0.2)
     raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
     os.setxattr(root / "f", _CAP, _CAP_BLOB)  # behind the mount's back: the documented limit
     raises_errno(errno.ENODATA, fs.getxattr, "/f", _CAP)
     real = time.monotonic
-    monkeypatch.setattr(fs_module.time, "monotonic", lambda: real() + 0.3)
+    monkeypatch.setattr(capabilities.time, "monotonic", lambda: real() + 0.3)
     assert fs.getxattr("/f", _CAP) == _CAP_BLOB
 
 
 def test_a_lookup_that_raced_with_a_change_is_not_remembered() -> None:
-    from burstctl.fuse_shim.fs import _AbsentCapabilities
+    from burstctl.fuse_shim.capabilities import AbsentCapabilities
 
-    cache = _AbsentCapabilities()
+    cache = AbsentCapabilities()
     before = cache.generation
     cache.forget_all()  # e.g. a setxattr finished while the lookup was on BACKING
     cache.remember("/f", before)
