@@ -208,7 +208,7 @@ class PassthroughFS(Operations):  # type: ignore[misc]
                 conn.max_write = min(conn.max_write, self._max_write)
             # As on libfuse 2 (where it is an option, off): libfuse 3 turns it on, and the
             # kernel then asks GETATTR before every read(2) to check whether the page cache
-            # is still valid, which halved 4 KiB random-read IOPS (benchmarks.md).
+            # is still valid: a request more per small read (docs/benchmarks.md has figures).
             conn.want &= ~_FUSE_CAP_AUTO_INVAL_DATA
         if self._read_ahead and conn is not None and self._read_ahead > conn.max_readahead:
             # The kernel keeps min(its window, this) once init returns; the window itself
