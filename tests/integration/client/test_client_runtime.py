@@ -67,7 +67,7 @@ def test_sessions_on_one_runtime_share_its_thread_and_its_channel(
 
 
 def test_closing_one_session_leaves_the_runtime_to_the_others(
-    controller: Any, runtime: ClientRuntime
+    controller: Any, runtime: ClientRuntime, wait_until: Callable[..., None]
 ) -> None:
     leaving = Session(controller.address, job("leaving"), runtime=runtime)
     staying = Session(controller.address, job("staying"), runtime=runtime)
@@ -81,6 +81,7 @@ def test_closing_one_session_leaves_the_runtime_to_the_others(
     assert channel.get_state() != grpc.ChannelConnectivity.SHUTDOWN
     assert runtime.session_count == 1
     controller.push(2 * MiB, stream=hello_stream(controller, "staying"))
+    wait_until(lambda: staying.rate == 2 * MiB)  # its stream on the shared channel still works
     start = time.monotonic()
     staying.acquire(MiB)  # paced on the shared channel's stream: ~0.5 s at 2 MiB/s
     assert time.monotonic() - start > 0.3

@@ -231,12 +231,12 @@ def test_a_phase_ends_after_a_quiet_gap_and_the_next_request_starts_another(
     fake, _, mnt = paced_mount("--quiet-gap", "0.1", initial_rate=64 * MiB)
     app = apps({"BURSTCTL_JOB_ID": "bursty"})
     app.do("open", mnt / "f")
+    asked = time.monotonic()  # before the write's last request is paced
     app.do("write", mnt / "f", 512 * KiB)
-    written = time.monotonic()
     stream = stream_of(fake, "bursty")
     # The file stays open: the quiet gap alone ends the phase, not before it has passed.
     fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
-    assert fake.received("op_completed", stream)[0].at - written >= 0.1 - 0.02
+    assert fake.received("op_completed", stream)[0].at - asked >= 0.1
     app.do("write", mnt / "f", 512 * KiB)
     fake.wait_for(lambda: len(fake.bodies("op_posted", stream)) == 2, timeout=10)
     fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 2, timeout=10)
@@ -447,8 +447,8 @@ def test_jobs_share_the_mounts_loop_thread_and_connection(
         run_job(f"job{i}")
     fake.wait_for(lambda: len(hellos(fake)) == 13, timeout=10)
     assert fake.received("goodbye") == []  # all 13 sessions are open
-    # A thread per job would be 12 more; libfuse may start a worker of its own.
-    assert daemon.num_threads() <= threads + 2
+    # A thread per job would be 12 more; libfuse starts a few workers as it sees fit.
+    assert daemon.num_threads() - threads <= 12 // 2
     to_controller = [
         c
         for c in daemon.net_connections("tcp")
