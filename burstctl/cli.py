@@ -200,7 +200,8 @@ def mount(**values: Any) -> None:
     job) and paced at the rate the controller allots that job. MOUNTPOINT may be BACKING
     itself. SIGTERM, SIGINT or `burstctl umount MOUNTPOINT` unmount. See docs/fuse.md.
     """
-    from burstctl.fuse_shim.mount import MountConfig, MountError, run_mount
+    from burstctl.fuse_shim.config import MountConfig, MountError
+    from burstctl.fuse_shim.mount import run_mount
 
     try:
         config = MountConfig(**values)
@@ -241,7 +242,8 @@ def mount(**values: Any) -> None:
 )
 def umount(mountpoint: Path, lazy: bool) -> None:
     """Unmount a `burstctl mount` (its daemon then closes its sessions and exits)."""
-    from burstctl.fuse_shim.mount import MountError, run_unmount
+    from burstctl.fuse_shim.config import MountError
+    from burstctl.fuse_shim.mount import run_unmount
 
     try:
         run_unmount(mountpoint, lazy=lazy, echo=click.echo)

@@ -134,7 +134,7 @@ class Pacer:
 
     # ------------------------------------------------------------------ the request path
 
-    def job_state(self, caller: Caller) -> PacedJob:
+    def _job_state(self, caller: Caller) -> PacedJob:
         """The state of the caller's job, created on first sight."""
         job = self.attributor.job_for(caller)
         with self._lock:
@@ -144,9 +144,9 @@ class Pacer:
             return state
 
     def _locked_state(self, caller: Caller) -> PacedJob:
-        """`job_state`, returned with its lock held, never one a sweep has dropped."""
+        """`_job_state`, returned with its lock held, never one a sweep has dropped."""
         while True:
-            state = self.job_state(caller)
+            state = self._job_state(caller)
             state.lock.acquire()
             if not state.forgotten:
                 return state
