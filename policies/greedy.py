@@ -21,7 +21,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
-from burstctl.policies.base import Policy, PolicyParams
+from burstctl.policies.base import ArrayAllocator, Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
 
@@ -51,7 +51,10 @@ class GreedyYield(Policy):
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         return greedy_fill(by_yield(view.active_jobs(), view.now), view.capacity)
 
-    def allocate_columns(
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(
         self,
         now: float,
         capacity: float,
@@ -60,14 +63,8 @@ class GreedyYield(Policy):
         released_at: Sequence[float],
         demand: Sequence[float],
     ) -> list[tuple[int, float]]:
-        """``allocate`` for the simulator, without building a view: the same decision,
-        bit for bit (``tests/unit/policies/test_greedy_columns.py``).
-
-        The view is given in columns indexed by ``JobView.index``: its jobs are the
-        rows ``active``, every one active, with distinct indices in increasing order
-        (the stable order), ``progress`` P_i, ``released_at`` τ_i and ``demand``.
-        Returns ``(index, rate)`` for the positive rates, in ``allocate``'s order.
-        """
+        """``allocate`` over arrays (:class:`ArrayAllocator`): the same decision, bit
+        for bit, without building a view."""
         ranked = []
         for i in active:
             # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
@@ -106,6 +103,9 @@ class PeriodicGreedyYield(GreedyYield):
 
     def period(self, view: SystemView) -> float:
         return self.params.delta
+
+    def array_allocator(self) -> ArrayAllocator | None:
+        return None  # it has a period, which the simulator asks for with a view
 
 
 class GreedyCom(Policy):

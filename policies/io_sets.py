@@ -78,7 +78,9 @@ class Set10(Policy):
     where w = ``last_work`` (the work phase before the operation) and v its
     full volume (``volume``; when unknown, ``remaining_estimate() + moved``).
     The first operation seen is not averaged in, as the paper ignores v^(0).
-    Learning happens only for jobs in S(t) and only from the views shown.
+    Learning happens only for jobs in S(t) and only from the views shown that
+    were observed (``SystemView.observed``); an unobserved view (the merge of
+    several replicas' digests) is decided with what was learned so far.
     Jobs in ``known_omega`` are not learned: their set is ⌊log10 ω_i⌉ of the
     given ω (reference §7, Set10 with wIter > 0).
 
@@ -118,12 +120,19 @@ class Set10(Policy):
         active = view.active_jobs()
         sets: dict[int, list[JobView]] = {}  # n → members, in order of first appearance
         known = self._known_sets
+        learn = self.params.learn and view.observed
         for job in active:
             n = known.get(job.job_id)
             if n is None:
-                n = self._observe(job) if self.params.learn else _FIRST_SET
+                n = self._observe(job) if learn else self._classified(job.job_id)
             sets.setdefault(n, []).append(job)
         return _split(sets, view.capacity, view.now)
+
+    def _classified(self, job_id: JobId) -> int:
+        """n of what is learned of ``job_id`` so far, without learning (a view that was
+        not observed here, e.g. merged from several replicas' digests)."""
+        state = self._learned.get(job_id) if self.params.learn else None
+        return _FIRST_SET if state is None or state.count == 0 else state.set_index
 
     def _observe(self, job: JobView) -> int:
         """Counts ``job``'s pending operation once, the first time it is seen; returns
