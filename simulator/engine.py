@@ -1,14 +1,14 @@
 """The fluid discrete-event loop: runs one policy on one prepared window.
 
-Owns the event loop of the reference simulator
-(``shared/papers/bandwidth-sharing-reference-simulator.md`` §4, §9) and the
-metrics at T (§10; paper eqs. 8–10). Between two decisions every rate is
-constant, so the next event is the first phase completion, the policy's own
-period (PeriodicGreedyYield's δ) or T. At each decision the engine builds a
-``SystemView`` of the applications in I/O and calls the very policy objects
-the controller uses (``burstctl.policies``); it never imports the controller.
-A policy that also has ``allocate_columns`` (GreedyYield) decides without the
-views, bit for bit as ``allocate`` would (``_columns_path``).
+Owns the event loop of the authors' reference simulator ([BWS-SIM], its main
+loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10). Between two
+decisions every rate is constant, so the next event is the first phase
+completion, the policy's own period (PeriodicGreedyYield's δ) or T. At each
+decision the engine builds a ``SystemView`` of the applications in I/O and takes
+the controller's decision path, ``policies.decision.decide``, with the very
+policy objects the controller uses; it never imports the controller. A policy
+that declares an array entry point (``Policy.array_allocator``, GreedyYield)
+decides without the views, with the same rates (the conformance suite checks it).
 
 Units are normalised: B = 1, b_i = min(bw, B)/B, I/O volumes are volume/B and
 a phase's full-speed duration is volume/b_i. Progress P grows at rate 1 in
@@ -20,12 +20,12 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
-from burstctl.policies.base import Policy
+from burstctl.policies.base import ArrayAllocator, Policy
+from burstctl.policies.decision import decide
 from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import JobView, SystemView
 from burstctl.simulator.instance import Window
@@ -60,13 +60,6 @@ JOB_VIEW_FIELDS = (
 )
 
 Windows = Literal["v1", "v2"]
-
-# ``allocate_columns(now, capacity, active, progress, released_at, demand)`` of a
-# policy: (index, rate) for the positive rates (see ``GreedyYield.allocate_columns``)
-AllocateColumns: TypeAlias = Callable[
-    [float, float, Sequence[int], Sequence[float], Sequence[float], Sequence[float]],
-    list[tuple[int, float]],
-]
 
 
 class SimulationError(RuntimeError):
@@ -223,8 +216,8 @@ class _Run:
         # demand = b_i > 0 for every job of the views, which list A in index order
         self.all_active = all(b > 0.0 for b in self.cap)
         # the policies' fast paths, where they decide exactly as their views would
-        self.columns = _columns_path(policy) if self.all_active else None
-        self.warmup_columns = _columns_path(warmup) if self.all_active else None
+        self.arrays = _array_path(policy) if self.all_active else None
+        self.warmup_arrays = _array_path(warmup) if self.all_active else None
         self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
@@ -281,10 +274,10 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy, columns: AllocateColumns | None) -> float:
-        """Sets ``serving`` from the policy's rates for A; returns t_d, its next tick."""
-        if columns is not None:
-            return self._decide_in_columns(policy, columns)
+    def _decide(self, policy: Policy, arrays: ArrayAllocator | None) -> float:
+        """Sets ``serving`` from the decision's rates for A; returns t_d, its next tick."""
+        if arrays is not None:
+            return self._decide_in_arrays(policy, arrays)
         t = self.t
         views = self.views
         jobs: dict[str, JobView] = {}
@@ -293,46 +286,28 @@ class _Run:
             if v is None:
                 v = views[i] = self._job_view(i)
             jobs[v.job_id] = v
-        # ``jobs`` is built for this view alone: no defensive copy needed
-        view = SystemView.of_fresh(
-            t, 1.0, 1.0, jobs, self.seed, self.horizon, all_active_in_order=self.all_active
-        )
-        rates = policy.allocate(view)
-        period = policy.period(view)
+        decision = decide(policy, SystemView(t, 1.0, 1.0, jobs, self.seed, self.horizon))
         self.events += 1
-        # A job without a rate gets β = 0 (stands still), so only positive rates are kept.
-        serving = self.serving = []
-        for job_id, rate in rates.items():
-            if rate == 0.0:  # the common case (NaN is not == 0 and is rejected below)
-                continue
-            v = jobs.get(job_id)
-            if v is None:  # not in A: ignored
-                continue
-            rate = float(rate)
-            if not (-EPS <= rate <= v.cap + EPS):  # also rejects NaN
-                raise self._out_of_bounds(policy, v.index, rate)
-            if rate > 0.0:
-                serving.append((v.index, rate))
+        for job_id, proposed in decision.fixes:  # beyond rounding, a policy bug: stop
+            v = jobs[job_id]
+            if not (-EPS <= proposed <= v.cap + EPS):  # also rejects NaN
+                raise self._out_of_bounds(policy, v.index, proposed)
+        # A job without a rate gets β = 0 (stands still): only positive rates are listed.
+        self.serving = [(jobs[j].index, r) for j, r in decision.rates.items()]
+        period = decision.period
         if period is None:
             return self.horizon
         if not period > 0.0:
             raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
         return t + period
 
-    def _decide_in_columns(self, policy: Policy, columns: AllocateColumns) -> float:
-        """``_decide`` through the policy's ``allocate_columns``: the rates its
-        ``allocate`` gives the view ``_decide`` builds, without building it. Only for
-        policies whose ``period`` is None (``_columns_path``)."""
-        cap = self.cap
+    def _decide_in_arrays(self, policy: Policy, arrays: ArrayAllocator) -> float:
+        """``_decide`` through the policy's array entry point: the rates ``decide``
+        gives the view ``_decide`` builds, without building it (the policy's promise,
+        checked by the conformance suite). Such a policy has no period."""
         # A is in index order and every b_i > 0 (all_active): the stable order, all active
-        rates = columns(self.t, 1.0, self.in_io, self.progress, self.tau, cap)
+        self.serving = arrays(self.t, 1.0, self.in_io, self.progress, self.tau, self.cap)
         self.events += 1
-        serving = self.serving = []
-        for i, rate in rates:
-            if not (-EPS <= rate <= cap[i] + EPS):  # also rejects NaN
-                raise self._out_of_bounds(policy, i, rate)
-            if rate > 0.0:
-                serving.append((i, rate))
         return self.horizon
 
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
@@ -351,12 +326,12 @@ class _Run:
             if not self.switched and t > self.switch_at - EPS:
                 self._switch()
             if self.switched:
-                policy, columns = self.policy, self.columns
+                policy, arrays = self.policy, self.arrays
             else:
                 assert self.warmup is not None
-                policy, columns = self.warmup, self.warmup_columns
+                policy, arrays = self.warmup, self.warmup_arrays
             # §4 step 3: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            t_next = min(T, self._decide(policy, columns))
+            t_next = min(T, self._decide(policy, arrays))
             if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
             if work_ends and work_ends[0][0] < t_next:
@@ -575,26 +550,8 @@ class _Run:
         return min_yield, efficiency, utilization, credit / (span * m)
 
 
-def _columns_path(policy: Policy | None) -> AllocateColumns | None:
-    """The policy's ``allocate_columns`` if it stands for the policy's whole decision:
-    defined by the class that defines its ``allocate`` (a subclass that overrides
-    ``allocate`` alone must be called through it) and with no ``period`` of its own
-    (the engine calls ``period(view)`` only with a view)."""
-    if policy is None:
-        return None
-    cls = type(policy)
-    owner = _defined_by(cls, "allocate_columns")
-    if owner is None or _defined_by(cls, "allocate") is not owner:
-        return None
-    if _defined_by(cls, "period") is not Policy:
-        return None
-    columns: AllocateColumns = policy.allocate_columns  # type: ignore[attr-defined]
-    return columns
-
-
-def _defined_by(cls: type, name: str) -> type | None:
-    """The class in ``cls``'s MRO whose body defines attribute ``name``."""
-    return next((c for c in cls.__mro__ if name in vars(c)), None)
+def _array_path(policy: Policy | None) -> ArrayAllocator | None:
+    return None if policy is None else policy.array_allocator()
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:
