@@ -90,12 +90,12 @@ def controller(config_file: Path | None, **flags: str | Path | float | None) -> 
 
     Precedence: flags > BURSTCTL_* environment > --config file > embedded defaults.
     """
-    from burstctl.controller.app import build_service
+    from burstctl.controller.app import build_replica
     from burstctl.controller.config import ConfigError, load_config
 
     try:
         config = load_config(config_file, **flags)
-        service = build_service(config)
+        replica = build_replica(config)
     except (ConfigError, KeyError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(
@@ -113,7 +113,7 @@ def controller(config_file: Path | None, **flags: str | Path | float | None) -> 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, should_exit.set)
-        await service.serve(should_exit)
+        await replica.serve(should_exit)
 
     try:
         asyncio.run(run())
