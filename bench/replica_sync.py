@@ -154,7 +154,7 @@ def digest_of(svc: app.Replica) -> Digest:
         sequence=1,
         capacity=svc.config.capacity,
         node_bandwidth=svc.config.node_bandwidth,
-        policy=(slot.name, slot.params, slot.version),
+        policy=(slot.name, slot.params, slot.version, slot.origin),
         usage_seen={},
         now=time.monotonic(),
     )

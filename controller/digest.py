@@ -86,6 +86,7 @@ JOB_TEXT_FIELDS = ("job_id", "user", "group")
 JOB_ARRAY_FIELDS = ("nodes", "open_op", *_FLOAT_FIELDS)
 _ROW_FIELDS = tuple(JobDigest.__dataclass_fields__)
 _KINDS = {"nodes": ("i", "u"), "open_op": ("b",)}  # the float fields take "f", "i", "u"
+_TYPES = {"nodes": {int}, "open_op": {bool}}  # of a list's entries; the float fields int, float
 
 
 class DigestJobs:
@@ -123,9 +124,14 @@ class DigestJobs:
         for name in JOB_TEXT_FIELDS:
             object.__setattr__(self, name, tuple(columns[name]))
         for name in JOB_ARRAY_FIELDS:
-            raw = np.array(columns[name])  # a copy: the caller's list may change
+            values = columns[name]
+            raw = np.array(values)  # a copy: the caller's list may change
             kinds = _KINDS.get(name, ("f", "i", "u"))
-            if raw.size and (raw.ndim != 1 or raw.dtype.kind not in kinds):
+            # numpy turns [8, True] into integers: a Python list's own types count too
+            types = set(map(type, values)) if isinstance(values, list | tuple) else set()
+            if (raw.size and (raw.ndim != 1 or raw.dtype.kind not in kinds)) or not (
+                types <= _TYPES.get(name, {int, float})
+            ):
                 expected = {"nodes": "integers", "open_op": "booleans"}.get(name, "numbers")
                 raise DigestError(f"jobs.{name}", f"must be {expected}")
             dtype = {"nodes": np.int64, "open_op": np.bool_}.get(name, np.float64)
@@ -200,10 +206,18 @@ class Digest:
     policy_params: Mapping[str, Any] = field(default_factory=dict)
     policy_version: int = 0  # a switch sets max version seen + 1
     jobs: DigestJobs = field(default_factory=lambda: DigestJobs.from_rows(()))
+    policy_origin: ReplicaId = ""  # where the version was switched; "" (or absent): the sender
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, DigestJobs):
             object.__setattr__(self, "jobs", DigestJobs.from_rows(self.jobs))
+        if not self.policy_origin:
+            object.__setattr__(self, "policy_origin", self.replica_id)
+
+    @property
+    def election_key(self) -> tuple[int, ReplicaId]:
+        """What the policy election compares: the highest wins (membership.py)."""
+        return self.policy_version, self.policy_origin
 
 
 # ---------------------------------------------------------------------------
@@ -287,6 +301,7 @@ def validate(digest: Digest) -> None:
     except (TypeError, ValueError) as exc:
         raise DigestError("policy_params", f"must be plain JSON values: {exc}") from None
     _counter("policy_version", digest.policy_version)
+    _identifier("policy_origin", digest.policy_origin)
     _validate_jobs(digest.jobs)
 
 
@@ -379,6 +394,7 @@ def to_proto(digest: Digest) -> pb.Digest:
         policy=digest.policy,
         policy_params_json=json.dumps(dict(digest.policy_params), sort_keys=True),
         policy_version=digest.policy_version,
+        policy_origin=digest.policy_origin,
     )
     jobs, out = digest.jobs, msg.jobs
     for name in JOB_TEXT_FIELDS:
@@ -408,6 +424,7 @@ def from_proto(msg: pb.Digest) -> Digest:
         policy=msg.policy,
         policy_params=params,
         policy_version=msg.policy_version,
+        policy_origin=msg.policy_origin,
         jobs=DigestJobs(**{name: getattr(wire, name) for name in DigestJobs.__slots__}),
     )
     validate(digest)
@@ -426,11 +443,11 @@ def build_digest(
     sequence: int,
     capacity: float,
     node_bandwidth: float,
-    policy: tuple[str, Mapping[str, Any], int],
+    policy: tuple[str, Mapping[str, Any], int, str],
     usage_seen: dict[JobId, int],
     now: float,
 ) -> Digest:
-    """This replica's digest at ``now``, with ``policy`` = (name, params, version);
+    """This replica's digest at ``now``, with ``policy`` = (name, params, version, origin);
     ``usage_seen`` (bytes moved per job at the previous digest) is updated in place."""
     columns: dict[str, list[Any]] = {name: [] for name in _ROW_FIELDS}
     nan = math.nan
@@ -470,7 +487,7 @@ def build_digest(
             columns[name].append(value)
     for job_id in [j for j in usage_seen if j not in table.jobs]:
         del usage_seen[job_id]
-    name, params, version = policy
+    name, params, version, origin = policy
     return Digest(
         replica_id=replica_id,
         incarnation=incarnation,
@@ -480,5 +497,6 @@ def build_digest(
         policy=name,
         policy_params=dict(params),
         policy_version=version,
+        policy_origin=origin,
         jobs=DigestJobs(**columns),
     )

@@ -6,7 +6,7 @@ impostors (a lower incarnation for a known id, a different digest for a held
 sequence, an id that is not a configured peer) and digests whose policy this
 replica could not build, and drops a peer silent for k·λ (:meth:`expire`); a
 newer digest brings it back. It also says which policy wins the election
-(:meth:`elected`): the highest ``(policy_version, replica_id)`` among the live
+(:meth:`elected`): the highest ``(policy_version, policy_origin)`` among the live
 digests and this replica's own.
 
 Pure: no networking and no clock; the caller passes ``now``, a monotonic clock
@@ -220,5 +220,5 @@ class Membership:
 
     def elected(self, self_digest: Digest) -> Digest:
         """The digest whose policy every replica enforces: the highest
-        ``(policy_version, replica_id)`` among the live digests and ``self_digest``."""
-        return max(self.digests(self_digest), key=lambda d: (d.policy_version, d.replica_id))
+        ``(policy_version, policy_origin)`` among the live digests and ``self_digest``."""
+        return max(self.digests(self_digest), key=lambda d: d.election_key)

@@ -152,7 +152,7 @@ class PeerServicer:
         elif outcome.accepted and self._slot is not None:
             try:
                 self._slot.adopt(
-                    digest.policy, digest.policy_params, digest.policy_version, digest.replica_id
+                    digest.policy, digest.policy_params, digest.policy_version, digest.policy_origin
                 )
             except Exception:  # the digest is held; the exchange retries the election
                 log.exception("could not adopt the policy of replica %r", digest.replica_id)
@@ -347,7 +347,7 @@ class PeerSync:
             sequence=self.sequence,
             capacity=self.capacity,
             node_bandwidth=self.node_bandwidth,
-            policy=(slot.name, slot.params, slot.version),
+            policy=(slot.name, slot.params, slot.version, slot.origin),
             usage_seen=self._usage_seen,
             now=self._clock(),
         )
@@ -395,9 +395,9 @@ class PeerSync:
         """This replica's part of the global split computed from ``digest`` (the one it
         sent in this exchange, so that its peers compute with the same input)."""
         elected = self.membership.elected(digest)
-        if elected.replica_id != self.replica_id:  # normally adopted when it arrived
+        if elected is not digest:  # normally adopted when it arrived
             self.slot.adopt(
-                elected.policy, elected.policy_params, elected.policy_version, elected.replica_id
+                elected.policy, elected.policy_params, elected.policy_version, elected.policy_origin
             )
         merged = merge(self.membership.digests(digest))
         self._log(merged.conflicts)

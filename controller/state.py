@@ -49,6 +49,7 @@ class PolicyState(BaseModel):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
     version: int = 0
+    origin: str | None = None  # the replica that switched it (None: this one)
 
 
 class ConfiguredPolicy(BaseModel):
@@ -135,14 +136,20 @@ class ActivePolicy(BaseModel):
 
     name: str
     params: dict[str, Any]
-    version: int = Field(description="higher wins across replicas; ties go to the higher id")
+    version: int = Field(description="higher wins across replicas; ties go to the higher origin")
+    origin: str = Field(description="the replica where this version was switched")
     since: datetime = Field(description="when this replica applied it")
     replica_id: str
 
 
 class PolicySlot:
     """The active policy of one replica: the only holder of its name, parameters,
-    version and live instance (module docstring)."""
+    version and live instance (module docstring).
+
+    ``(version, origin)`` orders policies across replicas: ``origin`` is the replica
+    where the version was switched, so every replica that holds it elects the
+    same one whichever replicas are live.
+    """
 
     def __init__(
         self,
@@ -164,6 +171,7 @@ class PolicySlot:
         self.name = name
         self.params: dict[str, Any] = dict(params)
         self.version = 0
+        self.origin = replica_id
         self.since = wall_clock()  # wall clock of the last change, for the admin views
         self.switches = 0  # changes of name or parameters applied here
         self._highest_seen = 0  # the highest version any peer has reported
@@ -178,6 +186,7 @@ class PolicySlot:
             name=self.name,
             params=self.params,
             version=self.version,
+            origin=self.origin,
             since=datetime.fromtimestamp(self.since, UTC),
             replica_id=self.replica_id,
         )
@@ -199,7 +208,8 @@ class PolicySlot:
                 saved.policy.name,
                 saved.policy.version,
             )
-            self._install(self.policy, configured.name, configured.params, saved.policy.version + 1)
+            version = saved.policy.version + 1
+            self._install(self.policy, configured.name, configured.params, version, self.replica_id)
             return
         try:
             policy = self.registry.create(saved.policy.name, saved.policy.params)
@@ -211,8 +221,14 @@ class PolicySlot:
                 self.name,
             )
             return
+        origin = saved.policy.origin or self.replica_id
         self._apply(
-            policy, saved.policy.name, saved.policy.params, saved.policy.version, counted=False
+            policy,
+            saved.policy.name,
+            saved.policy.params,
+            saved.policy.version,
+            origin,
+            counted=False,
         )
         log.info(
             "resumed policy %s (version %d) from %s",
@@ -231,34 +247,35 @@ class PolicySlot:
         """
         policy = self.registry.create(name, params)
         version = max(self.version, self._highest_seen) + 1
-        self._install(policy, name, dict(params or {}), version)
+        self._install(policy, name, dict(params or {}), version, self.replica_id)
         log.info("policy switched to %s (version %d)", name, version)
         return self.active()
 
-    def adopt(self, name: str, params: Mapping[str, Any], version: int, replica_id: str) -> bool:
+    def adopt(self, name: str, params: Mapping[str, Any], version: int, origin: str) -> bool:
         """A peer's policy, from an accepted digest; it becomes this replica's when its
-        ``(version, replica id)`` is higher. True if anything changed. The registry
-        must be able to build it (peers' digests are checked before they get here)."""
+        ``(version, origin)`` is higher. True if anything changed. The registry must be
+        able to build it (peers' digests are checked before they get here)."""
         self._highest_seen = max(self._highest_seen, version)
-        if (version, replica_id) <= (self.version, self.replica_id):
+        if (version, origin) <= (self.version, self.origin):
             return False
         params = dict(params)
-        if (name, params) == self.spec:
-            if version == self.version:  # the same policy at the same version: nothing new
-                return False
-            self._install(self.policy, name, params, version)
-            return True
-        self._install(self.registry.create(name, params), name, params, version)
-        log.info("policy %s (version %d) adopted from replica %r", name, version, replica_id)
+        if (name, params) == self.spec and version == self.version:
+            self.origin = origin  # the same policy, credited to another replica: nothing to apply
+            return False
+        policy = self.policy if (name, params) == self.spec else self.registry.create(name, params)
+        self._install(policy, name, params, version, origin)
+        log.info("policy %s (version %d, from %r) adopted", name, version, origin)
         return True
 
-    def _install(self, policy: Policy, name: str, params: dict[str, Any], version: int) -> None:
+    def _install(
+        self, policy: Policy, name: str, params: dict[str, Any], version: int, origin: str
+    ) -> None:
         # Persist first: a restart must never resume an older policy than the one applied.
         self._store.update(
-            policy=PolicyState(name=name, params=params, version=version),
+            policy=PolicyState(name=name, params=params, version=version, origin=origin),
             configured=self._configured,
         )
-        self._apply(policy, name, params, version)
+        self._apply(policy, name, params, version, origin)
 
     def _apply(
         self,
@@ -266,11 +283,13 @@ class PolicySlot:
         name: str,
         params: dict[str, Any],
         version: int,
+        origin: str,
         *,
         counted: bool = True,
     ) -> None:
         if (name, params) != self.spec:
             self.switches += counted
             self.since = self._wall_clock()
-        self.policy, self.name, self.params, self.version = policy, name, dict(params), version
+        self.policy, self.name, self.params = policy, name, dict(params)
+        self.version, self.origin = version, origin
         self.changed()

@@ -91,7 +91,12 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path, caplog) ->
     finally:
         await svc.stop(grace=0)
     saved = json.loads((tmp_path / "state.json").read_text())
-    assert saved["policy"] == {"name": "fcfs", "params": {}, "version": 1}
+    assert saved["policy"] == {
+        "name": "fcfs",
+        "params": {},
+        "version": 1,
+        "origin": config.replica_id,
+    }
     assert saved["configured"] == {"name": "fair-share", "params": {}}
 
     again = build_replica(config)

@@ -381,7 +381,9 @@ async def test_peer_series_in_metrics(replica_factory: Make) -> None:
 
     r1, _ = await cluster(replica_factory, [40, 40])
     assert r1.peer_sync is not None
-    await async_wait_until(lambda: r1.peer_sync.membership.live_peers() == ["r2"], 5, message="r2 live")
+    await async_wait_until(
+        lambda: r1.peer_sync.membership.live_peers() == ["r2"], 5, message="r2 live"
+    )
     async with httpx.AsyncClient(base_url=r1.http_url) as http:
         text = (await http.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -456,7 +458,9 @@ async def test_replicas_lists_live_peers_with_their_policy(replica_factory: Make
 
     r1, r2 = await cluster(replica_factory, [40, 20])
     assert r1.peer_sync is not None
-    await async_wait_until(lambda: r1.peer_sync.membership.live_peers() == ["r2"], 5, message="r2 live")
+    await async_wait_until(
+        lambda: r1.peer_sync.membership.live_peers() == ["r2"], 5, message="r2 live"
+    )
     async with httpx.AsyncClient(base_url=r1.http_url) as http:
         got = (await http.get("/v1/replicas")).json()
     assert (got["replica_id"], got["capacity"], got["sync_interval_s"]) == ("r1", 40 * 2**20, 0.2)

@@ -42,6 +42,7 @@ def test_a_switch_is_validated_persisted_applied_and_announced(tmp_path: Path) -
         "name": "periodic-greedy-yield",
         "params": {"delta": 2.0},
         "version": 1,
+        "origin": "r1",
     }
     assert saved["configured"] == {"name": "fair-share", "params": {}}
     for bad, error in (("nope", UnknownPolicyError), ("fcfs", PolicyParamsError)):
@@ -160,3 +161,15 @@ def test_an_unusable_saved_policy_keeps_the_configured_one(
 def test_a_bad_configured_policy_is_a_configuration_error(tmp_path: Path) -> None:
     with pytest.raises(UnknownPolicyError):
         slot_in(tmp_path, "no-such-policy")
+
+
+def test_the_origin_of_a_version_decides_ties_and_survives_a_restart(tmp_path: Path) -> None:
+    slot = slot_in(tmp_path, replica_id="r1")
+    assert slot.adopt("job-fair", {}, 4, "r3")
+    assert slot.active().origin == "r3"
+    assert not slot.adopt("user-fair", {}, 4, "r2")  # (4, r2) < (4, r3): r3's is elected
+    assert slot.name == "job-fair"
+    again = slot_in(tmp_path, replica_id="r1")
+    again.resume(StateStore(tmp_path).load())
+    assert (again.name, again.version, again.origin) == ("job-fair", 4, "r3")
+    assert not again.adopt("user-fair", {}, 4, "r2")
