@@ -403,7 +403,7 @@ def _fraction(ctx: click.Context, param: click.Parameter, value: float) -> float
 def sim_generate(
     pressure: float, n_small: int, sigma: float, nu: float, horizon: float, seed: int, out: Path
 ) -> None:
-    """Write a synthetic 60-application instance (paper §6.2)."""
+    """Write a synthetic 60-application instance ([BWS] §6.2)."""
     from burstctl.simulator.generate import GeneratorParams, generate
     from burstctl.simulator.instance import write_instance
 
@@ -580,7 +580,7 @@ def sim_sweep(
 )
 @click.option("--policy", "policies", multiple=True, metavar="NAME", help="Order of the boxes.")
 def sim_plot(csv_file: Path, out: Path, metric: str, policies: tuple[str, ...]) -> None:
-    """Boxplots per policy and pressure, as in the paper's Figure 2 (needs extra [plot])."""
+    """Boxplots per policy and pressure, as in [BWS] Figure 2 (needs extra [plot])."""
     import csv
 
     try:

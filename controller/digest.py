@@ -1,6 +1,6 @@
 """A replica's digest: what it tells its peers every λ, and the one check of it.
 
-Every λ each replica sends its :class:`Digest` to every peer ([THEMIS] §3,
+Every λ each replica sends its :class:`Digest` to every peer ([THEMIS] §3.1,
 λ-delayed fairness): its capacity and node bandwidth, its active policy with
 that policy's version, and its jobs as :class:`DigestJobs`, one array per field.
 :func:`validate` is the only check a digest gets, whether it was decoded from

@@ -1,7 +1,7 @@
 """Split each job's global target rate over the controller replicas it is present on.
 
 Several replicas (one per storage server) share one global view after each
-λ all-gather ([THEMIS] §3). Every replica runs :func:`split` on that view
+λ all-gather ([THEMIS] §3.1, Figure 5). Every replica runs :func:`split` on that view
 and applies its own share, so the code is pure and deterministic: jobs and
 replicas are indexed in sorted id order, never dict order, and every float
 operation (numpy included) runs in that fixed order.

@@ -30,14 +30,14 @@ from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import JobView, SystemView
 from burstctl.simulator.instance import Window
 
-# Constants of the reference (§ "Constants").
+# Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
 EPS = 1e-10  # ε: rate tolerance, loop end
 EPS2 = 1e-9  # ε₂: same-time steps at T, forced switch in v2
 DONE = 1e-7  # a phase with q < 1e-7 completes; q < −1e-7 is an error
 MAX_REPEATS = 10  # decisions allowed at one instant before giving up
 END_TOLERANCE = 1e-8
 
-SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (§9)
+SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (simulate's v2 switch)
 SIM_USER = "sim"
 # The order _job_view passes JobView's fields in (a unit test pins it).
 JOB_VIEW_FIELDS = (
@@ -68,7 +68,7 @@ class SimulationError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Metrics of one run at T (§10), plus what identifies the run."""
+    """Metrics of one run at T (as the reference's ``simulate`` computes them), and the run."""
 
     policy: str
     instance: str | None
@@ -79,7 +79,7 @@ class SimResult:
     min_yield: float  # eq. (8), capped at 1, whole history
     efficiency: float  # eq. (10), weighted by b_i
     utilization: float  # eq. (9), p_i = 1
-    utilization_reference: float  # the reference's integer-truncated Utilization (§10)
+    utilization_reference: float  # the reference's integer-truncated Utilization (setUtilGopi)
     pressure: float  # load L (eq. 11)
     events: int  # decisions taken (policy calls)
     wall_seconds: float
@@ -161,7 +161,8 @@ def simulate(
 class _Run:
     """State of one run; per-application state lives in parallel lists (speed).
 
-    §4 step 4 advances every application at every step. Done literally, that is
+    The reference's ``simulate`` (its STEP C) advances every application at every
+    step. Done literally, that is
     O(m) Python work per decision, mostly on applications the decision does not
     touch; here only what can change is touched, with bit for bit the
     reference's arithmetic (so the metrics and event counts do not move):
@@ -207,7 +208,7 @@ class _Run:
         self.last_work = [0.0] * m
         self.io_total = [0.0] * m  # completed I/O volumes (for the mean)
         self.io_count = [0] * m
-        self.credit = [0] * m  # U of the reference (§10), an integer
+        self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
         self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
@@ -228,7 +229,7 @@ class _Run:
         self.slack = DONE + math.ulp(2 * self.horizon)
         self.events = 0
         self.t = 0.0
-        # v1: s = 0, t_c = 0; v2: t_c = T/2, s = the switch time (§4, §9)
+        # v1: s = 0, t_c = 0; v2: t_c = T/2, s = the switch time (simulate)
         self.switch_at = self.horizon / 2 if warmup is not None else 0.0  # t_c
         self.start = 0.0  # s
         self.switched = warmup is None
@@ -330,7 +331,7 @@ class _Run:
             else:
                 assert self.warmup is not None
                 policy, arrays = self.warmup, self.warmup_arrays
-            # §4 step 3: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
+            # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
             t_next = min(T, self._decide(policy, arrays))
             if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
@@ -356,7 +357,7 @@ class _Run:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
     def _advance(self, t: float, now: float) -> None:
-        """§4 step 4 over [t, now]: moves what moves, then completes every phase
+        """``simulate`` STEP C over [t, now]: moves what moves, then completes every phase
         with q < DONE. A phase that begins here is first checked at the next step."""
         dt = now - t
         q_left = self.remaining
@@ -475,7 +476,7 @@ class _Run:
             self.stepped.append(i)
 
     def _complete(self, i: int, step_start: float, now: float) -> None:
-        """Phase completion at ``now`` in the step that began at ``step_start`` (§4 step 4)."""
+        """Phase completion at ``now`` in the step that began at ``step_start`` (STEP C)."""
         k = self.phase[i]
         values = self.values[i]
         length = values[k] if k < len(values) else 0.0  # ℓ, the kept length
@@ -515,7 +516,8 @@ class _Run:
                 self.tiny_io.append(i)
 
     def _credit(self, i: int, step_start: float, length: float) -> None:
-        # The reference's U: an integer, credited from the step's start (§10, quirk 1).
+        # The reference's U (setUtilGopi): an integer, credited from the step's start
+        # (docs/simulator.md, deviation 1).
         t_c = self.switch_at
         if step_start > t_c:
             if step_start - length > t_c:
@@ -524,14 +526,15 @@ class _Run:
                 self.credit[i] = int(self.credit[i] + step_start - t_c)
 
     def metrics(self) -> tuple[float, float, float, float]:
-        """(MinYield, Efficiency, Utilization, reference Utilization) at T (§10)."""
+        """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
+        reference's ``simulate`` computes them."""
         T = self.horizon
         s = self.start
         m = len(self.cap)
         # eq. (8): y_i(T) = P_i(T)/(T − τ_i), capped at 1 as in the reference
         min_yield = min(1.0, min(self._progress_now(i) / (T - self.tau[i]) for i in range(m)))
         span = T - s
-        # eq. (10), weighted by b_i (reference quirk 2; = p_i on synthetic traces)
+        # eq. (10), weighted by b_i (as the reference does; = p_i on synthetic traces)
         efficiency = (self._weighted_progress() - self.base_efficiency) / (span * sum(self.cap))
         # eq. (9) with p_i = 1: work done in [s, T] over (T − s)·m
         work = math.fsum(

@@ -157,7 +157,7 @@ async def test_figure5_two_replicas_split_the_global_targets(
     assert shares["J3"] == pytest.approx(0.25, abs=0.03)
     assert got["J1@r1"] + got["J2"] <= 40 * MiB * 1.03  # R1 within its capacity
     assert got["J1@r2"] + got["J3"] <= 40 * MiB * 1.03  # R2 within its capacity
-    # ≤ 2λ in the issue; the slack covers pushing the rates to the clients on a busy
+    # the target is ≤ 2λ; the slack covers pushing the rates to the clients on a busy
     # 2-core machine. bench/replica_sync.py measures it precisely.
     assert took <= 2 * lam + 0.3
 

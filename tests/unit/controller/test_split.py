@@ -199,7 +199,7 @@ ORACLE = INSTANCES + [wide_instance(random.Random(seed), 1 + seed % 6, 12) for s
 WIDE = [wide_instance(random.Random(1000 + seed), 16, 40) for seed in range(20)]
 
 
-# --- Figure 5 (ThemisIO notes §4) ---------------------------------------------------------
+# --- [THEMIS] §3.1, Figure 5 ---------------------------------------------------------
 
 
 def test_figure5_equal_capacities_splits_50_50_on_each_server() -> None:
@@ -451,7 +451,7 @@ def test_many_replicas_stay_polynomial(replicas: int) -> None:
 
 
 def test_thousand_jobs_on_eight_replicas_stay_feasible_and_work_conserving() -> None:
-    # The deployment size of the replica issue; its speed is measured in docs/replicas.md,
+    # The target deployment size (1,000 jobs x 8 replicas); its speed is in docs/benchmarks.md,
     # not asserted here.
     rng = random.Random(7)
     replicas = [f"r{i}" for i in range(8)]
