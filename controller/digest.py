@@ -86,14 +86,15 @@ JOB_TEXT_FIELDS = ("job_id", "user", "group")
 JOB_ARRAY_FIELDS = ("nodes", "open_op", *_FLOAT_FIELDS)
 _ROW_FIELDS = tuple(JobDigest.__dataclass_fields__)
 _KINDS = {"nodes": ("i", "u"), "open_op": ("b",)}  # the float fields take "f", "i", "u"
-_TYPES = {"nodes": {int}, "open_op": {bool}}  # of a list's entries; the float fields int, float
+# the types a list's entries may have; the float fields take int and float
+_TYPES: dict[str, set[type]] = {"nodes": {int}, "open_op": {bool}}
 
 
 class DigestJobs:
     """The jobs of one digest as columns: entry i of every column is job i.
 
     One numpy array per numeric field and one tuple per text field, the form
-    the wire carries (``peer.proto``, ``JobColumns``) and the merge reads.
+    the wire carries (``peer.proto``, ``DigestJobs``) and the merge reads.
     ``posted_at`` and ``remaining`` are NaN where a row has None. Rows come back
     as :class:`JobDigest` (indexing, iteration); equality compares contents
     (NaN equals NaN). Read-only. A column of the wrong type (text for a number,
@@ -128,7 +129,7 @@ class DigestJobs:
             raw = np.array(values)  # a copy: the caller's list may change
             kinds = _KINDS.get(name, ("f", "i", "u"))
             # numpy turns [8, True] into integers: a Python list's own types count too
-            types = set(map(type, values)) if isinstance(values, list | tuple) else set()
+            types: set[type] = set(map(type, values)) if isinstance(values, list | tuple) else set()
             if (raw.size and (raw.ndim != 1 or raw.dtype.kind not in kinds)) or not (
                 types <= _TYPES.get(name, {int, float})
             ):
