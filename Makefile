@@ -28,6 +28,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/mypy
+	$(PY) tests/layering.py
 
 format: $(STAMP)
 	$(VENV)/bin/ruff check --fix .

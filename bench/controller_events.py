@@ -1,4 +1,4 @@
-"""Controller event throughput and allocation push latency (issue: core spine).
+"""Controller event throughput and allocation push latency.
 
 Starts ``burstctl controller`` as a child process on a loopback port, then N
 concurrent sessions (each its own job) in a load-generator process. Each load

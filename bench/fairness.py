@@ -12,7 +12,7 @@ target, and the aggregate throughput as a fraction of B. With ``--plot-dir`` it
 writes a per-job throughput plot per scenario (PNG, like the paper's
 Figures 8–10; needs the ``plot`` extra).
 
-Targets of the issue: max error <= 1 %, converged within 1 s, aggregate >= 99 % of B.
+Targets: max error <= 1 %, converged within 1 s, aggregate >= 99 % of B.
 
     python bench/fairness.py [--scenario NAME ...] [--scale 1.0] [--plot-dir DIR]
 """
@@ -42,7 +42,7 @@ SAMPLE = 0.05  # seconds between samples
 WITHIN = 0.03  # "within 3 %"
 WINDOW = 0.5  # seconds: the sliding window the convergence time is judged on
 SETTLE = 1.0  # seconds after contention starts before steady shares are measured
-TARGET_ERROR = 0.01  # the issue's targets: max relative error of a share,
+TARGET_ERROR = 0.01  # the targets: max relative error of a share,
 TARGET_CONVERGENCE = 1.0  # seconds to be within 3 %,
 TARGET_AGGREGATE = 0.99  # and aggregate throughput as a fraction of B
 

@@ -34,7 +34,7 @@ and the top innermost frames in the JSON). ``--mount-args`` passes options to bo
 (``--mount-args="-o direct_io"``); ``--launcher SCRIPT`` runs a script in place of
 ``python -m burstctl`` to measure an experimental variant of the shim without changing it.
 
-Target of the issue: >= 80 % of direct for 1 MiB sequential. docs/benchmarks.md has figures.
+Target: >= 80 % of direct for 1 MiB sequential. docs/benchmarks.md has figures.
 
     python bench/fuse_throughput.py [--size 1G] [--rand-size 256M] [--seconds 3]
         [--repeats 1] [--dir DIR] [--mount-args="..."] [--launcher SCRIPT] [--profile DIR]

@@ -1,7 +1,7 @@
-"""Replica sync: digest size, CPU per exchange and convergence time (issue: replica sync).
+"""Replica sync: digest size, CPU per exchange and convergence time.
 
 Starts R controller replicas, each in its own process (this script with
-``--worker``: ``build_service`` + ``start``, each the others' peer on a fixed
+``--worker``: ``app.build_replica`` + ``start``, each the others' peer on a fixed
 loopback port, size-fair, B = 1 GiB/s, b = 256 MiB/s, λ = ``--interval``, each
 started at a random phase of λ), as in production where every replica is its
 own process on its own storage server. J jobs are placed on them, each on 1–3
@@ -12,7 +12,7 @@ not from client sessions: every job has one open operation on each of its
 replicas and wants b_i there. The parent drives the workers over their
 stdin/stdout (one JSON object a line). Then, per case:
 
-- digest bytes: ``len(digest_to_proto(d).SerializeToString())`` of every
+- digest bytes: ``len(to_proto(d).SerializeToString())`` of every
   replica's digest (mean, max);
 - CPU per exchange: each worker's own process CPU time (every thread: asyncio
   loop and gRPC core) over ``--exchanges`` λ with the replicas idle but for the
@@ -24,13 +24,13 @@ stdin/stdout (one JSON object a line). Then, per case:
 - the pure parts timed alone in this process once the workers have stopped
   (median CPU time of 5), on replica r0's data (a copy of its job table, never
   started, and the digests fetched from the workers): ``build_digest``,
-  encode, decode with validation, ``GlobalView.targets`` (global policy +
+  encode, decode with validation, the targets (merge, global decision and
   split), and all of them as in one exchange without gRPC;
 - convergence: at a random instant one new job (8 nodes) posts an operation on
-  one replica; the time until every replica's ``peer_sync.column`` equals the
-  column the new steady state gives (computed beforehand from the workers'
-  digests with the same ``GlobalView.targets``). Each worker checks its own
-  column every 1 ms and stamps the first match with ``time.monotonic()`` (one
+  one replica; the time until every replica's ``peer_sync.local_targets`` equals
+  the share the new steady state gives (computed beforehand from the workers'
+  digests with the same merge and split). Each worker checks its own
+  share every 1 ms and stamps the first match with ``time.monotonic()`` (one
   clock for all processes on Linux). Target: ≤ λ + one client heartbeat
   (0.25 s, ``client/session.py``).
 
@@ -67,11 +67,14 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from burstctl.controller.app import Service, build_service
+from burstctl.controller import app
 from burstctl.controller.config import load_config
-from burstctl.controller.global_view import Digest, GlobalView, JobDigest
+from burstctl.controller.digest import Digest, JobDigest, build_digest, from_proto, to_proto
 from burstctl.controller.jobs import JobMeta, OpKind
-from burstctl.controller.peers import build_digest, digest_from_proto, digest_to_proto
+from burstctl.controller.membership import Membership
+from burstctl.controller.merge import Merged, merge, split_targets
+from burstctl.policies.base import Policy
+from burstctl.policies.decision import decide
 from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import JobId, job_cap
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
@@ -112,7 +115,7 @@ def plan(
 
 def build_replica(
     index: int, ports: list[int], interval: float, state: Path, placed: list[Placed]
-) -> Service:
+) -> app.Replica:
     """Replica ``index`` with its share of the jobs injected; not started."""
     config = load_config(
         grpc_listen=f"127.0.0.1:{ports[index]}",
@@ -128,32 +131,30 @@ def build_replica(
         job_retention=1e6,
         log_level="WARNING",
     )
-    svc = build_service(config)
+    svc = app.build_replica(config)
     for p in placed:
         if index in p.replicas:
             inject(svc, p.job_id, p.nodes, p.user)
     return svc
 
 
-def inject(svc: Service, job_id: str, nodes: int, user: str) -> None:
+def inject(svc: app.Replica, job_id: str, nodes: int, user: str) -> None:
     """One session of ``job_id`` with one open operation, as the servicer makes them."""
     session = svc.table.open_session(JobMeta(job_id, user, "bench", nodes, 1.0), "bench", "local")
     svc.table.post(session, 1, OpKind.WRITE, VOLUME)
 
 
-def digest_of(svc: Service) -> Digest:
+def digest_of(svc: app.Replica) -> Digest:
     """What ``svc`` would send now, without touching its own bookkeeping."""
-    name, params = svc.policy_spec
+    slot = svc.policy
     return build_digest(
         svc.table,
         replica_id=svc.config.replica_id,
         incarnation=1,
-        epoch=1,
+        sequence=1,
         capacity=svc.config.capacity,
         node_bandwidth=svc.config.node_bandwidth,
-        policy=name,
-        policy_params=params,
-        policy_version=svc.policy_version,
+        policy=(slot.name, slot.params, slot.version, slot.origin),
         usage_seen={},
         now=time.monotonic(),
     )
@@ -172,7 +173,7 @@ def same(column: dict[JobId, float] | None, want: dict[JobId, float]) -> bool:
 class Worker:
     """Serves the parent's commands, one JSON object a line, until ``quit`` or stdin EOF."""
 
-    def __init__(self, svc: Service, out: int) -> None:
+    def __init__(self, svc: app.Replica, out: int) -> None:
         self.svc = svc
         self.out = out
         self.since: float | None = None  # when the column first equalled the expected one
@@ -211,11 +212,11 @@ class Worker:
                 "time": time.monotonic(),
                 "cpu": time.process_time(),  # user + sys of every thread of this process
                 "exchanges": sync.exchanges,
-                "live": len(sync.view.live_peers()),
+                "live": len(sync.membership.live_peers()),
                 "failures": sum(link.failures for link in sync.links),
             }
         if cmd == "digest":
-            wire = digest_to_proto(digest_of(self.svc)).SerializeToString()
+            wire = to_proto(digest_of(self.svc)).SerializeToString()
             return {"digest": base64.b64encode(wire).decode()}
         if cmd == "expect":
             self.expect(msg["want"])
@@ -250,7 +251,7 @@ class Worker:
         assert sync is not None
         seen: object = object()
         while True:
-            column = sync.column
+            column = sync.local_targets
             if column is not seen:  # a new column after each exchange; compare only those
                 seen = column
                 if not same(column, want):
@@ -404,19 +405,19 @@ async def fetch_wires(workers: list[Replica]) -> list[bytes]:
 
 
 def decode(wire: bytes) -> Digest:
-    return digest_from_proto(pb.Digest.FromString(wire))
+    return from_proto(pb.Digest.FromString(wire))
 
 
-def view_of(digests: list[Digest], registry: PolicyRegistry) -> GlobalView:
-    view = GlobalView(digests[0].replica_id, registry=registry)
-    for d in digests[1:]:
-        view.receive(d, 0.0, validated=True)
-    return view
+def targets_of(merged: Merged, policy: Policy) -> Any:
+    """x per entry: the global decision on the merged view, split (PeerSync._share)."""
+    return split_targets(merged, decide(policy, merged.view).rates)
 
 
 def expected_columns(digests: list[Digest], registry: PolicyRegistry) -> Columns:
-    """Every replica's column once all of them hold ``digests`` (PeerSync.exchange_once)."""
-    matrix = view_of(digests, registry).targets(digests[0], registry)
+    """Every replica's share once all of them hold ``digests`` (PeerSync._share)."""
+    merged = merge(sorted(digests, key=lambda d: d.replica_id))
+    policy = registry.create(digests[0].policy, digests[0].policy_params)
+    matrix = merged.by_edge(targets_of(merged, policy))
     out = []
     for d in digests:
         covered = {j.job_id for j in d.jobs if j.open_op}
@@ -483,43 +484,45 @@ def reference_ms() -> float:
     return median_ms(loop, repeat=3)
 
 
-def exchange_of(shadow: Service, peer_wires: list[bytes]) -> Callable[[], None]:
+def exchange_of(shadow: app.Replica, peer_wires: list[bytes]) -> Callable[[], None]:
     """Replica r0's share of one exchange without gRPC: build and encode its digest,
-    decode, validate and merge every peer's, then its column of the global split.
-    One GlobalView for every call, as a replica keeps one (its policy instance
-    and the registry's check of each peer's policy are built once)."""
-    registry = shadow.registry
-    view = GlobalView(shadow.config.replica_id, registry=registry)
-    epoch = 0
+    decode, validate and take in every peer's, merge, decide and split, keep its
+    share. One Membership and one policy instance for every call, as a replica
+    keeps them (the check of each peer's policy is made once)."""
+    slot = shadow.policy
+    members = Membership(shadow.config.replica_id, registry=slot.registry)
+    sequence = 0
 
     def once() -> None:
-        nonlocal epoch
-        epoch += 1
+        nonlocal sequence
+        sequence += 1
         own = digest_of(shadow)
-        digest_to_proto(own).SerializeToString()
+        to_proto(own).SerializeToString()
         for data in peer_wires:
             peer = decode(data)
-            # a new epoch each time: accepted and merged, as in steady state
-            view.receive(dataclasses.replace(peer, epoch=epoch), 0.0, validated=True)
-        view.column(own, registry)
+            # a new sequence number each time: accepted, as in steady state
+            members.receive(dataclasses.replace(peer, sequence=sequence), 0.0, validated=True)
+        merged = merge(members.digests(own))
+        merged.share(targets_of(merged, slot.policy), shadow.config.replica_id)
 
     return once
 
 
-def pure_parts(shadow: Service, wires: list[bytes]) -> dict[str, float]:
+def pure_parts(shadow: app.Replica, wires: list[bytes]) -> dict[str, float]:
     """The exchange's pure steps, timed alone on replica r0's data."""
     digests = [decode(w) for w in wires]
-    view = view_of(digests, shadow.registry)
+    ordered = sorted(digests, key=lambda d: d.replica_id)
+    policy = shadow.policy.policy
     return {
         "digest_build_ms": median_ms(lambda: digest_of(shadow)),
-        "digest_encode_ms": median_ms(lambda: digest_to_proto(digests[0]).SerializeToString()),
+        "digest_encode_ms": median_ms(lambda: to_proto(digests[0]).SerializeToString()),
         "digest_decode_ms": median_ms(lambda: decode(wires[0])),
-        "targets_ms": median_ms(lambda: view.targets(digests[0], shadow.registry)),
+        "targets_ms": median_ms(lambda: targets_of(merge(ordered), policy)),
         "exchange_pure_ms": median_ms(exchange_of(shadow, wires[1:])),
     }
 
 
-def print_profile(shadow: Service, wires: list[bytes], repeat: int = 20) -> None:
+def print_profile(shadow: app.Replica, wires: list[bytes], repeat: int = 20) -> None:
     once = exchange_of(shadow, wires[1:])
     profiler = cProfile.Profile()
     profiler.enable()

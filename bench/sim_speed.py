@@ -1,8 +1,8 @@
 """Simulator speed: one W = 1.1 window (60 applications, h = 2e6) per policy.
 
-Generates one synthetic instance (paper §6.2) with a fixed seed, then times
+Generates one synthetic instance ([BWS] §6.2) with a fixed seed, then times
 ``simulate`` for each registered policy: wall seconds and decisions per
-second. Targets of the simulator issue: GreedyYield under 1 s, LookAhead
+second. Targets: GreedyYield under 1 s, LookAhead
 under 10 s on this machine. Prints JSON.
 
     python bench/sim_speed.py [--pressure 1.1] [--seed 1] [--policy NAME ...]

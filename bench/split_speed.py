@@ -1,13 +1,12 @@
-"""Split speed: one ``split`` call over J jobs × R replicas (issue: replica exchange).
+"""Split speed: one ``split`` call over J jobs × R replicas.
 
 Builds seeded instances with B_r ∈ [500, 1500], d_jr ∈ [0, 5] and
 t_j ∈ [0, 10], each job on 1–3 random replicas ("spread", at most R) or on every replica
-("everywhere"), and times ``controller.split.split`` on each (dicts in and out)
-and ``split_entries`` (the arrays a replica's merge already holds; what an
-exchange calls): milliseconds per call, best of --repeat. Target of the
-replica issue: the exchange of 1,000 jobs among 8 replicas costs under 10 %
-of one core at λ = 500 ms with all 8 replicas on one 2-core machine, i.e.
-≤ 5 ms per call. Prints JSON.
+("everywhere"), and times ``controller.split.split`` on each (on a ``SplitProblem``
+built outside the timing from the arrays a replica's merge holds, as an exchange
+calls it): milliseconds per call, best of --repeat. Target: the exchange of 1,000
+jobs among 8 replicas costs under 10 % of one core at λ = 500 ms with all 8
+replicas on one 2-core machine, i.e. ≤ 5 ms per call. Prints JSON.
 
     python bench/split_speed.py [--jobs 10 100 1000] [--replicas 2 4 8] [--repeat 5]
 """
@@ -21,11 +20,10 @@ import sys
 import time
 from collections.abc import Callable
 from functools import partial
-from typing import Any
 
 import numpy as np
 
-from burstctl.controller.split import Edge, split, split_entries
+from burstctl.controller.split import Edge, SplitProblem, split
 
 Instance = tuple[dict[str, float], dict[str, float], dict[Edge, float]]
 PLACEMENTS = ("spread", "everywhere")
@@ -53,14 +51,14 @@ def best_ms(call: Callable[[], object], repeat: int) -> float:
     return best * 1e3
 
 
-def entries(inst: Instance) -> tuple[Any, ...]:
-    """``inst`` as ``split_entries`` takes it (built outside the timing)."""
+def problem(inst: Instance) -> SplitProblem:
+    """``inst`` as ``split`` takes it."""
     targets, capacity, demand = inst
     jobs = sorted({j for j, _ in demand})
     replicas = sorted(capacity)
     job_index = {j: i for i, j in enumerate(jobs)}
     replica_index = {r: i for i, r in enumerate(replicas)}
-    return (
+    return SplitProblem(
         jobs,
         replicas,
         np.array([targets.get(j, 0.0) for j in jobs]),
@@ -83,17 +81,14 @@ def main() -> None:
         for replicas in args.replicas:
             for jobs in args.jobs:
                 inst = instance(jobs, replicas, placement, args.seed)
-                arrays = entries(inst)
+                checked = problem(inst)
                 runs.append(
                     {
                         "placement": placement,
                         "jobs": jobs,
                         "replicas": replicas,
                         "edges": len(inst[2]),
-                        "ms_per_call": round(best_ms(partial(split, *inst), args.repeat), 3),
-                        "entries_ms_per_call": round(
-                            best_ms(partial(split_entries, *arrays), args.repeat), 3
-                        ),
+                        "ms_per_call": round(best_ms(partial(split, checked), args.repeat), 3),
                     }
                 )
     json.dump(

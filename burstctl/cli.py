@@ -91,12 +91,12 @@ def controller(config_file: Path | None, **flags: str | Path | float | None) -> 
 
     Precedence: flags > BURSTCTL_* environment > --config file > embedded defaults.
     """
-    from burstctl.controller.app import build_service
+    from burstctl.controller.app import build_replica
     from burstctl.controller.config import ConfigError, load_config
 
     try:
         config = load_config(config_file, **flags)
-        service = build_service(config)
+        replica = build_replica(config)
     except (ConfigError, KeyError, ValueError) as exc:
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(
@@ -114,7 +114,7 @@ def controller(config_file: Path | None, **flags: str | Path | float | None) -> 
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, should_exit.set)
-        await service.serve(should_exit)
+        await replica.serve(should_exit)
 
     try:
         asyncio.run(run())
@@ -292,7 +292,7 @@ def _fraction(ctx: click.Context, param: click.Parameter, value: float) -> float
 def sim_generate(
     pressure: float, n_small: int, sigma: float, nu: float, horizon: float, seed: int, out: Path
 ) -> None:
-    """Write a synthetic 60-application instance (paper §6.2)."""
+    """Write a synthetic 60-application instance ([BWS] §6.2)."""
     from burstctl.simulator.generate import GeneratorParams, generate
     from burstctl.simulator.instance import write_instance
 
@@ -469,7 +469,7 @@ def sim_sweep(
 )
 @click.option("--policy", "policies", multiple=True, metavar="NAME", help="Order of the boxes.")
 def sim_plot(csv_file: Path, out: Path, metric: str, policies: tuple[str, ...]) -> None:
-    """Boxplots per policy and pressure, as in the paper's Figure 2 (needs extra [plot])."""
+    """Boxplots per policy and pressure, as in [BWS] Figure 2 (needs extra [plot])."""
     import csv
 
     try:

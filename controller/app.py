@@ -1,7 +1,9 @@
-"""Composition root: ``build_service(config)`` wires one controller replica.
+"""Composition root: ``build_replica(config)`` wires one controller replica.
 
-The ``Service`` owns the job table, the scheduler, the gRPC server (controller
-and standard health services) and the background tasks. ``start()`` and
+The ``Replica`` owns the state store, the policy slot, the job table, the
+scheduler, the gRPC server (controller, peer and standard health services), the
+REST server and the background tasks. Each part is given what it needs when it
+is built, and connects itself to the signals it must act on. ``start()`` and
 ``stop()`` are idempotent; ``serve()`` runs start → wait for the exit flag →
 graceful stop. Only the CLI installs signal handlers.
 """
@@ -20,27 +22,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.global_view import Digest
 from burstctl.controller.jobs import JobMeta, JobTable
 from burstctl.controller.metrics import Metrics
-from burstctl.controller.peers import PeerServicer, PeerSync, build_digest
+from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
-from burstctl.controller.service import SERVICE_NAME, ControllerServicer
-from burstctl.controller.state import (
-    PolicyState,
-    RegisteredJob,
-    ReplicaState,
-    StateError,
-    StateStore,
-)
-from burstctl.policies.base import Policy
+from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
+from burstctl.controller.state import PolicySlot, RegisteredJob, StateError, StateStore
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
 log = logging.getLogger(__name__)
 
 
-class Service:
+class Replica:
     """One controller replica."""
 
     def __init__(
@@ -50,49 +44,49 @@ class Service:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
-        self.registry = registry
+        self.clock = clock  # the job table's clock (monotonic); the admin views read it too
         self.store = StateStore(config.state_dir)
-        self.policy: Policy = registry.create(config.policy, config.policy_params)
-        self.policy_version = 0
-        self.policy_since = time.time()  # wall clock of the last switch, for the admin views
-        self.policy_switches = 0
+        self.policy = PolicySlot(
+            registry,
+            self.store,
+            (config.policy, config.policy_params),
+            replica_id=config.replica_id,
+        )
         self.table = JobTable(
             clock,
             heartbeat_timeout=config.heartbeat_timeout,
             job_retention=config.job_retention,
             demand_headroom=config.demand_headroom,
         )
-        self.scheduler = Scheduler(self.table, config, lambda: self.policy, clock)
-        self.table.on_change = self.scheduler.request
-        self.servicer = ControllerServicer(
-            self.table, max_op_volume=config.max_op_volume, replica_id=config.replica_id
-        )
-        self.policy_spec: tuple[str, dict[str, Any]] = (config.policy, dict(config.policy_params))
         self.peer_sync: PeerSync | None = None
-        self._incarnation = time.time_ns()
-        self._usage_seen: dict[str, int] = {}
+        self.peer_servicer: PeerServicer | None = None
         if config.peers:
             self.peer_sync = PeerSync(
+                self.table,
+                self.policy,
                 replica_id=config.replica_id,
                 addresses=list(config.peers),
                 interval=config.sync_interval,
                 missed=config.missed_exchanges,
-                registry=registry,
-                make_digest=self._digest,
-                on_update=self.scheduler.request,
+                capacity=config.capacity,
+                node_bandwidth=config.node_bandwidth,
                 clock=clock,
             )
-            sync = self.peer_sync
-            self.scheduler.global_column = lambda: sync.column
-            self.table.on_io_change = sync.poke
-            self.peer_servicer: PeerServicer | None = PeerServicer(
-                sync.view, config.replica_id, clock, on_accept=self._adopt
+            self.peer_servicer = PeerServicer(
+                self.peer_sync.membership, self.policy, config.replica_id, clock
             )
-        else:
-            self.peer_servicer = None
         self.metrics = Metrics(self)
-        self.scheduler.observe_latency = self.metrics.decision_latency.observe
-        self.clock = clock  # the job table's clock (monotonic); the admin views read it too
+        self.scheduler = Scheduler(
+            self.table,
+            self.policy,
+            config,
+            peers=self.peer_sync,
+            clock=clock,
+            observe_latency=self.metrics.decision_latency.observe,
+        )
+        self.servicer = ControllerServicer(
+            self.table, max_op_volume=config.max_op_volume, replica_id=config.replica_id
+        )
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
         self.health = health_aio.HealthServicer()
@@ -123,76 +117,20 @@ class Service:
             self.table.register(JobMeta(job.job_id, job.user, job.group, job.nodes, job.priority))
         if state.jobs:
             log.info("resumed %d registered jobs from %s", len(state.jobs), self.store.path)
-        saved = state.policy
-        if saved is None or "policy" in self.config.model_fields_set:
-            return  # an explicitly configured policy wins over the saved one
-        try:
-            self.policy = self.registry.create(saved.name, saved.params)
-            self.policy_version = saved.version
-            self.policy_spec = (saved.name, dict(saved.params))
-            log.info(
-                "resumed policy %s (version %d) from %s", saved.name, saved.version, self.store.path
-            )
-        except (KeyError, ValueError) as exc:
-            log.error(
-                "saved policy %r is unusable (%s); keeping %s", saved.name, exc, self.policy.name
-            )
+        self.policy.resume(state)
 
-    def _digest(self, epoch: int) -> Digest:
-        name, params = self.policy_spec
-        return build_digest(
-            self.table,
-            replica_id=self.config.replica_id,
-            incarnation=self._incarnation,
-            epoch=epoch,
-            capacity=self.config.capacity,
-            node_bandwidth=self.config.node_bandwidth,
-            policy=name,
-            policy_params=params,
-            policy_version=self.policy_version,
-            usage_seen=self._usage_seen,
-            now=self.clock(),
-        )
-
-    def set_policy(self, name: str, params: dict[str, Any] | None = None) -> Policy:
-        """Switches the policy atomically and persists it; raises on unknown name or bad params.
-
-        The new version is one above any this replica or its peers have used, so
-        the switch wins over every replica's current policy (docs/replicas.md).
-        """
-        policy = self.registry.create(name, params)
-        seen = self.peer_sync.view.highest_policy_version() if self.peer_sync else 0
-        version = max(self.policy_version, seen) + 1
-        self._install(policy, name, dict(params or {}), version)
-        log.info("policy switched to %s (version %d)", name, version)
-        return policy
-
-    def _install(self, policy: Policy, name: str, params: dict[str, Any], version: int) -> None:
-        # Persist first: a restart must never resume an older policy than the one applied.
-        self._save_state(PolicyState(name=name, params=params, version=version))
-        if (name, params) != self.policy_spec:
-            self.policy_switches += 1
-        self.policy, self.policy_version = policy, version
-        self.policy_spec = (name, params)
-        self.policy_since = time.time()
-        self.scheduler.request()
-
-    def _save_state(self, policy: PolicyState | None = None) -> None:
-        name, params = self.policy_spec
-        self.store.save(
-            ReplicaState(
-                policy=policy or PolicyState(name=name, params=params, version=self.policy_version),
-                jobs=[
-                    RegisteredJob(
-                        job_id=m.job_id,
-                        user=m.user,
-                        group=m.group,
-                        nodes=m.nodes,
-                        priority=m.priority,
-                    )
-                    for m in sorted(self.table.registered.values(), key=lambda m: m.job_id)
-                ],
-            )
+    def _save_jobs(self) -> None:
+        self.store.update(
+            jobs=[
+                RegisteredJob(
+                    job_id=m.job_id,
+                    user=m.user,
+                    group=m.group,
+                    nodes=m.nodes,
+                    priority=m.priority,
+                )
+                for m in sorted(self.table.registered.values(), key=lambda m: m.job_id)
+            ]
         )
 
     def register_job(self, meta: JobMeta) -> bool:
@@ -206,7 +144,7 @@ class Service:
         live_meta = live.meta if live is not None else None
         self.table.register(meta)
         try:
-            self._save_state()
+            self._save_jobs()
         except OSError:
             self.table.registered.pop(meta.job_id, None)
             if previous is not None:
@@ -224,35 +162,12 @@ class Service:
             return False
         self.table.retire(job_id)
         try:
-            self._save_state()
+            self._save_jobs()
         except OSError:
             self.table.register(meta)
             raise
         log.info("job %s retired", job_id)
         return True
-
-    def _adopt(self, digest: Digest) -> None:
-        """A peer's policy with a higher ``(version, replica id)`` becomes this replica's,
-        with the peer's version, as soon as its digest is accepted."""
-        if (digest.policy_version, digest.replica_id) <= (
-            self.policy_version,
-            self.config.replica_id,
-        ):
-            return
-        spec = (digest.policy, dict(digest.policy_params))
-        if spec == self.policy_spec:
-            if digest.policy_version != self.policy_version:
-                name, params = spec
-                self._install(self.policy, name, params, digest.policy_version)
-            return
-        policy = self.registry.create(*spec)  # the view checked it can be built
-        self._install(policy, *spec, digest.policy_version)
-        log.info(
-            "policy %s (version %d) adopted from replica %r",
-            digest.policy,
-            digest.policy_version,
-            digest.replica_id,
-        )
 
     async def start(self) -> None:
         if self._started:
@@ -363,7 +278,7 @@ class Service:
             "jobs": len(self.table.jobs),
             "sessions": len(self.table.sessions),
             "policy": self.policy.name,
-            "policy_version": self.policy_version,
+            "policy_version": self.policy.version,
             **({"sync": self._sync_stats()} if self.peer_sync is not None else {}),
         }
 
@@ -383,5 +298,5 @@ class Service:
             await self.stop()
 
 
-def build_service(config: ControllerConfig, registry: PolicyRegistry | None = None) -> Service:
-    return Service(config, registry if registry is not None else default_registry())
+def build_replica(config: ControllerConfig, registry: PolicyRegistry | None = None) -> Replica:
+    return Replica(config, registry if registry is not None else default_registry())

@@ -26,6 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from burstctl.controller.signal import Signal
+from burstctl.policies.accounting import JobAccount, job_view
 from burstctl.policies.view import JobView, SystemView, job_cap
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,9 @@ class OpKind(enum.Enum):
 
 
 @dataclass(slots=True)
-class Operation:
+class PostedOp:
+    """An operation a session posted and has not completed."""
+
     op_id: int
     kind: OpKind
     volume: int  # 0 = unknown
@@ -76,7 +80,7 @@ class SessionState:
     host: str
     opened_at: float
     last_heard: float
-    ops: dict[int, Operation] = field(default_factory=dict)
+    ops: dict[int, PostedOp] = field(default_factory=dict)
     reported_since_post: bool = False
     idle_since: float | None = None  # when its last open operation completed
     hungry: bool = False
@@ -123,11 +127,12 @@ class JobStatus(enum.Enum):
     INACTIVE = "inactive"  # no live session; removed after the retention time
 
 
-@dataclass(eq=False, slots=True)
-class JobState:
+@dataclass(eq=False, slots=True, kw_only=True)
+class JobState(JobAccount):
+    """One job of the table: its metadata, sessions and counters, and the accounting
+    policies read (``JobAccount``: τ_i, phases, W_i^(done), V_i^(transferred))."""
+
     meta: JobMeta
-    first_seen: float  # τ_i
-    index: int  # creation order on this replica: the stable tie-break of policies
     status: JobStatus = JobStatus.ACTIVE
     inactive_since: float | None = None
     sessions: dict[int, SessionState] = field(default_factory=dict)
@@ -139,50 +144,18 @@ class JobState:
     bytes_read: int = 0
     bytes_written: int = 0
     metadata_ops: int = 0
-    # phase accounting: in I/O while any session has an open operation
-    io_since: float | None = None
-    io_time: float = 0.0
-    transferred: int = 0  # bytes moved while in I/O, V_i^(transferred)
-    completed_ops: int = 0
-    io_ended_at: float | None = None  # end of the previous I/O phase
-    last_work: float = 0.0  # length of the work phase before the current I/O phase
-    volume_sum: float = 0.0  # of completed operations (declared, else moved)
 
     @property
     def job_id(self) -> str:
         return self.meta.job_id
 
-    def open_ops(self) -> Iterator[Operation]:
+    def open_ops(self) -> Iterator[PostedOp]:
         for s in self.sessions.values():
             yield from s.ops.values()
 
-    def in_io(self) -> bool:
-        return self.io_since is not None
-
-    def io_seconds(self, now: float) -> float:
-        return self.io_time + (now - self.io_since if self.io_since is not None else 0.0)
-
-    def work_done(self, now: float) -> float:
-        """W_i^(done): time since τ_i spent outside I/O phases."""
-        return max(0.0, now - self.first_seen - self.io_seconds(now))
-
-    def progress(self, now: float, cap: float) -> float:
-        """P_i = W_i^(done) + V_i^(transferred) / b_i, the numerator of eq. (6)."""
-        return self.work_done(now) + (self.transferred / cap if cap > 0 else 0.0)
-
-    def mean_volume(self) -> float:
-        return self.volume_sum / self.completed_ops if self.completed_ops else 0.0
-
-    def update_phase(self, now: float) -> None:
-        has_ops = any(s.ops for s in self.sessions.values())
-        if has_ops and self.io_since is None:
-            self.io_since = now
-            start = self.io_ended_at if self.io_ended_at is not None else self.first_seen
-            self.last_work = now - start
-        elif not has_ops and self.io_since is not None:
-            self.io_time += now - self.io_since
-            self.io_since = None
-            self.io_ended_at = now
+    def update_phase(self, now: float) -> bool:
+        """In I/O while any session has an open operation; True when that changed."""
+        return self.set_phase(any(s.ops for s in self.sessions.values()), now)
 
 
 class ProtocolError(ValueError):
@@ -195,7 +168,11 @@ class ProtocolError(ValueError):
 
 
 class JobTable:
-    """Jobs and sessions of one replica; every mutation calls ``on_change``."""
+    """Jobs and sessions of one replica.
+
+    ``changed`` fires at every mutation that may change a decision;
+    ``io_changed`` when a job enters or leaves its I/O phase (S(t) changes).
+    """
 
     def __init__(
         self,
@@ -204,16 +181,13 @@ class JobTable:
         heartbeat_timeout: float,
         job_retention: float,
         demand_headroom: float,
-        on_change: Callable[[], None] = lambda: None,
     ) -> None:
         self._clock = clock
         self.heartbeat_timeout = heartbeat_timeout
         self.job_retention = job_retention
         self.demand_headroom = demand_headroom
-        self.on_change = on_change
-        # Called when a job enters or leaves its I/O phase (S(t) changes): replicas
-        # send their digest early then (controller/peers.py).
-        self.on_io_change: Callable[[], None] = lambda: None
+        self.changed = Signal()
+        self.io_changed = Signal()
         self.jobs: dict[str, JobState] = {}
         self.sessions: dict[int, SessionState] = {}
         self._next_sid = 1
@@ -228,7 +202,7 @@ class JobTable:
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
-        self.on_change()
+        self.changed()
 
     # -- sessions -------------------------------------------------------------
     def open_session(self, meta: JobMeta, client_id: str, host: str) -> SessionState:
@@ -244,8 +218,8 @@ class JobTable:
             job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
             self._next_job += 1
         else:
-            # The job's identity is fixed by its first session; later sessions
-            # may not change its weight (a registered job's metadata will win, issue 7).
+            # The job's identity is fixed by its first session; later sessions may not
+            # change its weight (only a registration may: register, set_meta).
             if meta != job.meta:
                 log.warning(
                     "session of job %s claims %s; keeping the job's %s", meta.job_id, meta, job.meta
@@ -301,10 +275,8 @@ class JobTable:
         return self.registered.pop(job_id, None) is not None
 
     def _update_phase(self, job: JobState, now: float) -> None:
-        was = job.in_io()
-        job.update_phase(now)
-        if job.in_io() != was:
-            self.on_io_change()
+        if job.update_phase(now):
+            self.io_changed()
 
     # -- client events --------------------------------------------------------
     def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:
@@ -314,7 +286,7 @@ class JobTable:
             raise ProtocolError("op_posted.op_id", f"operation {op_id} is already open")
         now = self._clock()
         session.last_heard = now
-        session.ops[op_id] = Operation(op_id, kind, volume, now)
+        session.ops[op_id] = PostedOp(op_id, kind, volume, now)
         session.reported_since_post = False
         self._update_phase(session.job, now)
         self._changed(session.job)
@@ -326,8 +298,7 @@ class JobTable:
         op = session.ops.pop(op_id, None)
         if op is None:
             return False
-        session.job.completed_ops += 1
-        session.job.volume_sum += op.volume if op.volume > 0 else op.moved
+        session.job.op_completed(op.volume, op.moved)
         if not session.ops:
             session.idle_since = now
         self._update_phase(session.job, now)
@@ -350,7 +321,7 @@ class JobTable:
         job.ops_moved += ops
         job.wait_seconds += wait_seconds
         if job.in_io() and nbytes:
-            job.transferred += nbytes
+            job.transfer(nbytes)
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         if nbytes:
             by_kind = session.attribute(nbytes)
@@ -431,25 +402,18 @@ class JobTable:
         )
 
     def _row(self, job: JobState, now: float, cap: float) -> JobView:
-        ops = list(job.open_ops())
-        known = all(o.volume > 0 for o in ops)
-        return JobView(
-            job_id=job.job_id,
-            user=job.meta.user,
-            group=job.meta.group,
-            nodes=job.meta.nodes,
-            priority=job.meta.priority,
+        meta = job.meta
+        return job_view(
+            job,
+            job.open_ops(),
+            job_id=meta.job_id,
+            user=meta.user,
+            group=meta.group,
+            nodes=meta.nodes,
+            priority=meta.priority,
             cap=cap,
             demand=self.job_demand(job, cap),
-            posted_at=min(o.posted_at for o in ops),
-            volume=float(sum(o.volume for o in ops)) if known else 0.0,
-            remaining=float(sum(max(0, o.volume - o.moved) for o in ops)) if known else None,
-            moved=float(sum(o.moved for o in ops)),
-            released_at=job.first_seen,
-            progress=job.progress(now, cap),
-            last_work=job.last_work,
-            mean_volume=job.mean_volume(),
-            index=job.index,
+            now=now,
         )
 
 

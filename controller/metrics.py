@@ -1,6 +1,6 @@
 """Prometheus metrics of one replica (``GET /metrics``), read from its state at scrape time.
 
-One ``CollectorRegistry`` per ``Service`` (no process-global registry, so several
+One ``CollectorRegistry`` per ``Replica`` (no process-global registry, so several
 replicas in one process, as in the tests, never mix their series). Everything
 but the decision-latency histogram is derived from the job table, the
 scheduler's counters and the peer view when Prometheus scrapes, so the hot
@@ -35,9 +35,9 @@ from burstctl.controller.jobs import JobStatus
 from burstctl.policies.view import job_cap
 
 if TYPE_CHECKING:
-    from burstctl.controller.app import Service
+    from burstctl.controller.app import Replica
 
-# Decisions take tens of µs to a few ms (bench/decision_latency.py).
+# From tens of µs to a second (bench/decision_latency.py measures them).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
 JOB_LABELS = ["job", "user", "group"]
 
@@ -45,25 +45,24 @@ JOB_LABELS = ["job", "user", "group"]
 class Metrics:
     """The registry of one replica, its latency histogram and its scrape-time collector."""
 
-    def __init__(self, service: Service) -> None:
+    def __init__(self, replica: Replica) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
-        replica = service.config.replica_id
         self.decision_latency = Histogram(
             "burstctl_decision_latency_seconds",
             "Seconds per decision: policy, clamp, split over sessions, pushes.",
             ["replica"],
             buckets=LATENCY_BUCKETS,
             registry=self.registry,
-        ).labels(replica=replica)
-        self.registry.register(_StateCollector(service))
+        ).labels(replica=replica.config.replica_id)
+        self.registry.register(_StateCollector(replica))
 
 
 class _StateCollector(Collector):
-    def __init__(self, service: Service) -> None:
-        self.service = service
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
 
     def collect(self) -> Iterator[Metric]:
-        svc = self.service
+        svc = self.replica
         replica = svc.config.replica_id
         now = svc.clock()
         yield from self._jobs(now)
@@ -88,13 +87,13 @@ class _StateCollector(Collector):
         yield counter("decisions", "Allocation decisions made.", stats.decisions)
         yield counter("clamped_decisions", "Decisions whose proposal was clamped.", stats.clamped)
         yield counter("allocation_pushes", "Allocations sent to sessions.", stats.pushes)
-        yield counter("policy_switches", "Policy switches applied here.", svc.policy_switches)
+        yield counter("policy_switches", "Policy switches applied here.", svc.policy.switches)
         info = GaugeMetricFamily(
             "burstctl_policy_info",
             "The active policy (value 1).",
             labels=["replica", "policy", "version"],
         )
-        info.add_metric([replica, svc.policy_spec[0], str(svc.policy_version)], 1.0)
+        info.add_metric([replica, svc.policy.name, str(svc.policy.version)], 1.0)
         yield info
         if svc.peer_sync is not None:
             age = GaugeMetricFamily(
@@ -107,14 +106,14 @@ class _StateCollector(Collector):
                 "1 while the peer is in the global view.",
                 labels=["replica", "peer"],
             )
-            for p in svc.peer_sync.view.peer_states(now):
+            for p in svc.peer_sync.membership.peer_states(now):
                 age.add_metric([replica, p.replica_id], p.heard_age)
                 live.add_metric([replica, p.replica_id], 1.0 if p.live else 0.0)
             yield age
             yield live
 
     def _jobs(self, now: float) -> Iterator[Metric]:
-        svc = self.service
+        svc = self.replica
 
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"burstctl_job_{name}", doc, labels=JOB_LABELS)

@@ -1,23 +1,21 @@
-"""Replica-to-replica sync: digests on the wire, the ``Peer`` service and the exchange loop.
+"""Replica-to-replica sync: the ``Peer`` service and the exchange loop.
 
-Every λ (``sync_interval``), and early (at least λ/4 after the previous one)
-when a local job starts or ends an I/O phase, a replica builds its
-:class:`Digest` from its job table and sends it to every configured peer
-(``burstctl.v1.Peer/Stream``: one grpc.aio channel and one long-lived stream per
-peer, each digest written within λ; the peer replies only to a digest it does
-not accept).
-What it receives goes into its :class:`GlobalView`. After each exchange it
-expires peers silent for k·λ and, when at least one peer is live, computes the
-global split (:meth:`GlobalView.targets`) and hands its own column to the
-scheduler. See
-``docs/replicas.md``.
+Every λ (``sync_interval``), early (at least λ/4 after the previous one) when a
+local job starts or ends an I/O phase, and at once after a policy change, a
+replica builds its digest (``controller/digest.py``) from its job table and
+policy slot and sends it to every configured peer (``burstctl.v1.Peer/Stream``:
+one grpc.aio channel and one long-lived stream per peer, each digest written
+within λ; the peer replies only to a digest it does not accept). What it
+receives goes to its ``Membership``. After each exchange it expires peers
+silent for k·λ and, when at least one peer is live, merges the digests, decides
+the global targets with the slot's policy and keeps its own share of their
+split for the scheduler (``local_targets``). See ``docs/replicas.md``.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import time
@@ -27,19 +25,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from burstctl.controller.global_view import (
-    JOB_ARRAY_FIELDS,
-    JOB_TEXT_FIELDS,
-    Digest,
-    DigestError,
-    GlobalView,
-    JobColumns,
-    Status,
-    validate,
-)
-from burstctl.controller.jobs import JobStatus, JobTable
-from burstctl.policies.registry import PolicyRegistry
-from burstctl.policies.view import JobId, job_cap
+from burstctl.controller.digest import Digest, DigestError, build_digest, from_proto, to_proto
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.membership import Membership, Status
+from burstctl.controller.merge import Conflict, merge, split_targets
+from burstctl.controller.signal import Signal
+from burstctl.controller.state import PolicySlot
+from burstctl.policies.decision import decide
+from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -50,59 +43,6 @@ _STREAM = f"/{PEER_SERVICE_NAME}/Stream"
 REPLICA_ID_KEY = "burstctl-replica-id"
 # An early exchange (poke) comes at least this fraction of λ after the previous one.
 EARLY_GAP = 0.25
-
-
-# ---------------------------------------------------------------------------
-# Conversion
-
-
-def digest_to_proto(digest: Digest) -> pb.Digest:
-    msg = pb.Digest(
-        replica_id=digest.replica_id,
-        incarnation=digest.incarnation,
-        epoch=digest.epoch,
-        capacity=digest.capacity,
-        node_bandwidth=digest.node_bandwidth,
-        policy=digest.policy,
-        policy_params_json=json.dumps(dict(digest.policy_params), sort_keys=True),
-        policy_version=digest.policy_version,
-    )
-    cols = digest.columns()
-    out = msg.jobs
-    for name in JOB_TEXT_FIELDS:
-        getattr(out, name).extend(getattr(cols, name))
-    for name in JOB_ARRAY_FIELDS:
-        getattr(out, name).extend(getattr(cols, name).tolist())
-    return msg
-
-
-def digest_from_proto(msg: pb.Digest) -> Digest:
-    """The digest in ``msg``, validated; raises :class:`DigestError` naming the bad field.
-
-    The jobs stay columns (:class:`JobColumns`): no Python object per job."""
-    params: Any = {}
-    if msg.policy_params_json:
-        try:
-            params = json.loads(msg.policy_params_json)
-        except ValueError as exc:
-            raise DigestError("policy_params_json", f"not JSON: {exc}") from None
-        if not isinstance(params, dict):
-            raise DigestError("policy_params_json", "must be a JSON object")
-    wire = msg.jobs
-    jobs = JobColumns(**{name: getattr(wire, name) for name in JOB_TEXT_FIELDS + JOB_ARRAY_FIELDS})
-    digest = Digest(
-        replica_id=msg.replica_id,
-        incarnation=msg.incarnation,
-        epoch=msg.epoch,
-        capacity=msg.capacity,
-        node_bandwidth=msg.node_bandwidth,
-        policy=msg.policy,
-        policy_params=params,
-        policy_version=msg.policy_version,
-        jobs=jobs,
-    )
-    validate(digest)
-    return digest
 
 
 class _Malformed:
@@ -120,116 +60,24 @@ def _decode_digest(data: bytes) -> pb.Digest | _Malformed:
 
 
 # ---------------------------------------------------------------------------
-# Digest of the local job table
-
-
-def build_digest(
-    table: JobTable,
-    *,
-    replica_id: str,
-    incarnation: int,
-    epoch: int,
-    capacity: float,
-    node_bandwidth: float,
-    policy: str,
-    policy_params: dict[str, Any],
-    policy_version: int,
-    usage_seen: dict[JobId, int],
-    now: float,
-) -> Digest:
-    """This replica's digest at ``now``; ``usage_seen`` (bytes moved per job at the
-    previous digest) is updated in place. The jobs are built as columns."""
-    job_ids: list[str] = []
-    users: list[str] = []
-    groups: list[str] = []
-    nodes: list[int] = []
-    priorities: list[float] = []
-    demands: list[float] = []
-    usages: list[int] = []
-    progresses: list[float] = []
-    released: list[float] = []
-    posted: list[float] = []
-    remainings: list[float] = []
-    opens: list[bool] = []
-    transferred: list[float] = []
-    nan = math.nan
-    for job_id in sorted(table.jobs):
-        job = table.jobs[job_id]
-        if job.status is not JobStatus.ACTIVE:
-            usage_seen.pop(job_id, None)
-            continue
-        meta = job.meta
-        cap = job_cap(meta.nodes, node_bandwidth, capacity)
-        ops = list(job.open_ops())
-        moved = job.bytes_moved - usage_seen.get(job_id, 0)
-        usage_seen[job_id] = job.bytes_moved
-        job_ids.append(job_id)
-        users.append(meta.user)
-        groups.append(meta.group)
-        nodes.append(meta.nodes)
-        priorities.append(meta.priority)
-        usages.append(max(0, moved))
-        progresses.append(max(0.0, job.progress(now, cap)))
-        released.append(min(0.0, job.first_seen - now))
-        opens.append(bool(ops))
-        transferred.append(job.transferred)
-        if ops:
-            demands.append(table.job_demand(job, cap))
-            posted.append(min(0.0, min(o.posted_at for o in ops) - now))
-            known = all(o.volume > 0 for o in ops)
-            remainings.append(sum(max(0, o.volume - o.moved) for o in ops) if known else nan)
-        else:
-            demands.append(0.0)
-            posted.append(nan)
-            remainings.append(nan)
-    for job_id in [j for j in usage_seen if j not in table.jobs]:
-        del usage_seen[job_id]
-    return Digest(
-        replica_id=replica_id,
-        incarnation=incarnation,
-        epoch=epoch,
-        capacity=float(capacity),
-        node_bandwidth=float(node_bandwidth),
-        policy=policy,
-        policy_params=dict(policy_params),
-        policy_version=policy_version,
-        jobs=JobColumns(
-            job_id=job_ids,
-            user=users,
-            group=groups,
-            nodes=nodes,
-            priority=priorities,
-            demand=demands,
-            usage_bytes=usages,
-            progress=progresses,
-            released_at=released,
-            posted_at=posted,
-            remaining=remainings,
-            open_op=opens,
-            transferred=transferred,
-        ),
-    )
-
-
-# ---------------------------------------------------------------------------
 # Receiving side
 
 
 class PeerServicer:
-    """``burstctl.v1.Peer``: merges received digests into ``view``."""
+    """``burstctl.v1.Peer``: hands received digests to ``membership``; the policy of an
+    accepted one goes to ``slot`` (adopted when it is newer)."""
 
     def __init__(
         self,
-        view: GlobalView,
+        membership: Membership,
+        slot: PolicySlot | None,
         replica_id: str,
         clock: Callable[[], float] = time.monotonic,
-        on_accept: Callable[[Digest], None] | None = None,
     ) -> None:
-        self.view = view
+        self.membership = membership
         self.replica_id = replica_id
+        self._slot = slot
         self._clock = clock
-        # Called with every accepted digest: the replica adopts a newer policy at once.
-        self._on_accept = on_accept
         self.received = 0
         self.rejected = 0
 
@@ -293,19 +141,21 @@ class PeerServicer:
         try:
             if isinstance(request, _Malformed):
                 raise DigestError("digest", f"not a valid burstctl.v1.Digest ({request.error})")
-            digest = digest_from_proto(request)
+            digest = from_proto(request)
         except DigestError as exc:
             self.rejected += 1
             log.warning("malformed digest from %s: %s", context.peer(), exc)
             raise
-        outcome = self.view.receive(digest, self._clock(), validated=True)
+        outcome = self.membership.receive(digest, self._clock(), validated=True)
         if outcome.status is Status.REJECTED:
             self.rejected += 1
-        elif outcome.accepted and self._on_accept is not None:
+        elif outcome.accepted and self._slot is not None:
             try:
-                self._on_accept(digest)
-            except Exception:  # the digest is held; a failed adoption is retried next time
-                log.exception("could not apply digest from replica %r", digest.replica_id)
+                self._slot.adopt(
+                    digest.policy, digest.policy_params, digest.policy_version, digest.policy_origin
+                )
+            except Exception:  # the digest is held; the exchange retries the election
+                log.exception("could not adopt the policy of replica %r", digest.replica_id)
         return pb.ExchangeReply(
             replica_id=self.replica_id,
             status=outcome.status.value,
@@ -428,40 +278,49 @@ class _NotAPeer(grpc.RpcError):
 class PeerSync:
     """The exchange loop of one replica.
 
-    ``column`` is this replica's rate for every job of the global view (after
-    the last exchange with at least one live peer), or None: the local policy
-    decides alone. ``on_update`` is called after every exchange.
+    ``local_targets`` is this replica's rate for every job of the global view
+    (after the last exchange with at least one live peer), or None: the local
+    policy decides alone. ``updated`` fires after every exchange.
     """
 
     def __init__(
         self,
+        table: JobTable,
+        slot: PolicySlot,
         *,
         replica_id: str,
         addresses: list[str],
         interval: float,
         missed: int,
-        registry: PolicyRegistry,
-        make_digest: Callable[[int], Digest],
-        on_update: Callable[[], None],
+        capacity: float,
+        node_bandwidth: float,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        self.table = table
+        self.slot = slot
         self.replica_id = replica_id
         self.interval = interval
         self.missed = missed
-        self.registry = registry
-        self.view = GlobalView(replica_id, peers=(), registry=registry)
+        self.capacity = capacity
+        self.node_bandwidth = node_bandwidth
+        self.membership = Membership(replica_id, peers=(), registry=slot.registry)
         self.links = [PeerLink(a, interval) for a in addresses]
-        self._make_digest = make_digest
-        self._on_update = on_update
         self._clock = clock
-        self.epoch = 0
-        self.column: dict[JobId, float] | None = None
+        self.incarnation = time.time_ns()  # grows with every restart (digest.py)
+        self.sequence = 0
+        self.local_targets: dict[JobId, float] | None = None
         self.exchanges = 0
+        self.updated = Signal()
+        self._usage_seen: dict[JobId, int] = {}
+        self._conflicts: set[tuple[JobId, str, str]] = set()  # logged once each
         self._wake: asyncio.Event | None = None  # set by poke(); made in run()'s loop
+        self._urgent: asyncio.Event | None = None  # set by send_now()
+        table.io_changed.connect(self.poke)
+        slot.changed.connect(self.send_now)
 
     def _allowed(self) -> None:
         # Only replicas that answered on a configured address may report.
-        self.view.peers = frozenset(
+        self.membership.peers = frozenset(
             link.replica_id for link in self.links if link.replica_id is not None
         )
 
@@ -471,29 +330,54 @@ class PeerSync:
         if self._wake is not None:
             self._wake.set()
 
+    def send_now(self) -> None:
+        """The policy changed: exchange at once, so peers hear of it without waiting."""
+        if self._urgent is not None and self._wake is not None:
+            self._urgent.set()
+            self._wake.set()
+
+    def digest(self) -> Digest:
+        """This replica's next digest (its sequence number is taken)."""
+        self.sequence += 1
+        slot = self.slot
+        return build_digest(
+            self.table,
+            replica_id=self.replica_id,
+            incarnation=self.incarnation,
+            sequence=self.sequence,
+            capacity=self.capacity,
+            node_bandwidth=self.node_bandwidth,
+            policy=(slot.name, slot.params, slot.version, slot.origin),
+            usage_seen=self._usage_seen,
+            now=self._clock(),
+        )
+
     async def run(self) -> None:
-        self._wake = asyncio.Event()
+        self._wake = wake = asyncio.Event()
+        self._urgent = urgent = asyncio.Event()
         while True:
             started = self._clock()
-            self._wake.clear()  # what changes from now on goes into a later digest
+            wake.clear()  # what changes from now on goes into a later digest
+            urgent.clear()
             try:
                 await self.exchange_once()
             except Exception:  # a bug here must not stop the controller
                 log.exception("digest exchange failed")
             # Every λ, or earlier after a poke, but never within EARLY_GAP·λ of the
-            # previous exchange: job churn costs at most 1/EARLY_GAP exchanges per λ.
+            # previous exchange (job churn costs at most 1/EARLY_GAP exchanges per λ),
+            # unless the policy changed.
             gap = EARLY_GAP * self.interval - (self._clock() - started)
-            if gap > 0:
-                await asyncio.sleep(gap)
-            left = self.interval - (self._clock() - started)
-            if left > 0 and not self._wake.is_set():
+            if gap > 0 and not urgent.is_set():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), left)
+                    await asyncio.wait_for(urgent.wait(), gap)
+            left = self.interval - (self._clock() - started)
+            if left > 0 and not wake.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(wake.wait(), left)
 
     async def exchange_once(self) -> None:
-        self.epoch += 1
-        digest = self._make_digest(self.epoch)
-        wire = digest_to_proto(digest).SerializeToString()
+        digest = self.digest()
+        wire = to_proto(digest).SerializeToString()
         sent = await asyncio.gather(
             *(link.send(wire, self.interval) for link in self.links), return_exceptions=True
         )
@@ -502,20 +386,42 @@ class PeerSync:
                 link.failures += 1
                 log.error("exchange with %s failed", link.address, exc_info=outcome)
         self._allowed()
-        self.view.expire(self._clock(), self.interval, self.missed)
+        self.membership.expire(self._clock(), self.interval, self.missed)
         self.exchanges += 1
-        if not self.view.live_peers():
-            self.column = None
-        else:
-            column = self.view.column(digest, self.registry)
-            # Jobs in the global view: those that had an open operation here when
-            # the digest was built. Newer ones keep the local decision.
-            cols = digest.columns()
-            covered = {j for j, o in zip(cols.job_id, cols.open_op.tolist(), strict=True) if o}
-            self.column = {
-                j: rate for j, rate in column.items() if j in covered and math.isfinite(rate)
-            }
-        self._on_update()
+        self.local_targets = self._share(digest) if self.membership.live_peers() else None
+        self.updated()
+
+    def _share(self, digest: Digest) -> dict[JobId, float]:
+        """This replica's part of the global split computed from ``digest`` (the one it
+        sent in this exchange, so that its peers compute with the same input)."""
+        elected = self.membership.elected(digest)
+        if elected is not digest:  # normally adopted when it arrived
+            self.slot.adopt(
+                elected.policy, elected.policy_params, elected.policy_version, elected.policy_origin
+            )
+        merged = merge(self.membership.digests(digest))
+        self._log(merged.conflicts)
+        targets = decide(self.slot.policy, merged.view).rates
+        share = merged.share(split_targets(merged, targets), self.replica_id)
+        # Jobs in the global view: those that had an open operation here when the
+        # digest was built. Newer ones keep the local decision.
+        jobs = digest.jobs
+        covered = {j for j, o in zip(jobs.job_id, jobs.open_op.tolist(), strict=True) if o}
+        return {j: rate for j, rate in share.items() if j in covered and math.isfinite(rate)}
+
+    def _log(self, conflicts: tuple[Conflict, ...]) -> None:
+        for c in conflicts:
+            key = (c.job_id, c.field, c.replica_id)
+            if key not in self._conflicts:
+                self._conflicts.add(key)
+                log.warning(
+                    "job %r: replica %r reports %s=%r, using %r",
+                    c.job_id,
+                    c.replica_id,
+                    c.field,
+                    c.value,
+                    c.used,
+                )
 
     def stats(self) -> dict[str, Any]:
         """The exchange as this replica sees it: what stats() and the admin views report."""
@@ -523,8 +429,8 @@ class PeerSync:
         return {
             "sync_interval_s": self.interval,
             "exchanges": self.exchanges,
-            "epoch": self.epoch,
-            "in_global_view": self.column is not None,
+            "sequence": self.sequence,
+            "in_global_view": self.local_targets is not None,
             "peers": [
                 {
                     "replica_id": p.replica_id,
@@ -535,7 +441,7 @@ class PeerSync:
                     "policy_version": p.policy_version,
                     "jobs": p.jobs,
                 }
-                for p in self.view.peer_states(now)
+                for p in self.membership.peer_states(now)
             ],
             "links": [
                 {

@@ -1,9 +1,9 @@
 """The REST admin API: FastAPI on the controller's own event loop (docs/rest.md).
 
-``build_app(service)`` returns the app; ``HttpServer`` runs it with uvicorn on
+``build_app(replica)`` returns the app; ``HttpServer`` runs it with uvicorn on
 a socket the controller binds itself, so ``127.0.0.1:0`` works and a taken port
 fails at start with a clear error. No globals: every route reaches the replica
-through the ``Service`` it was built with, and a policy switch is one
+through the ``Replica`` it was built with, and a policy switch is one
 synchronous call on the loop the scheduler runs on, so no decision ever sees
 half of it.
 
@@ -24,7 +24,6 @@ import secrets
 import socket
 import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import uvicorn
@@ -33,17 +32,18 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
 from burstctl.controller.jobs import JobMeta, JobState, JobStatus
-from burstctl.controller.service import MAX_NODES, MAX_PRIORITY, MAX_TEXT
-from burstctl.policies.registry import UnknownPolicyError
+from burstctl.controller.state import ActivePolicy
+from burstctl.limits import MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
+from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError
 from burstctl.policies.view import job_cap
 
 if TYPE_CHECKING:
-    from burstctl.controller.app import Service
+    from burstctl.controller.app import Replica
 
 log = logging.getLogger(__name__)
 
@@ -110,14 +110,6 @@ class PolicyInfo(BaseModel):
     params_schema: dict[str, Any] = Field(description="JSON schema of the parameters")
 
 
-class ActivePolicyOut(BaseModel):
-    name: str
-    params: dict[str, Any]
-    version: int = Field(description="higher wins across replicas; ties go to the higher id")
-    since: datetime = Field(description="when this replica applied it")
-    replica_id: str
-
-
 class PolicyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(min_length=1, description="a registered name or a sharing spec")
@@ -143,14 +135,24 @@ class ReplicasOut(BaseModel):
     peers: list[PeerOut]
 
 
+def _identifier(value: str) -> str:
+    problem = identifier_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+# the limits a client's Hello and a peer's digest have (burstctl/limits.py)
+Identifier = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_identifier)]
+
+
 class JobIn(BaseModel):
     """A job's authoritative metadata, as a Slurm prolog registers it."""
 
     model_config = ConfigDict(extra="forbid")
-    # the limits a client's Hello has (controller/service.py: validate_hello)
-    job_id: str = Field(min_length=1, max_length=MAX_TEXT)
-    user: str = Field(min_length=1, max_length=MAX_TEXT)
-    group: str = Field(min_length=1, max_length=MAX_TEXT)
+    job_id: Identifier
+    user: Identifier
+    group: Identifier
     nodes: int = Field(ge=1, le=MAX_NODES, description="p_i, compute nodes")
     priority: float = Field(1.0, gt=0, le=MAX_PRIORITY, allow_inf_nan=False)
 
@@ -186,7 +188,7 @@ def _invalid(loc: list[str | int], msg: str, value: Any) -> RequestValidationErr
     return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg, "input": value}])
 
 
-def build_app(service: Service, token: str) -> FastAPI:
+def build_app(replica: Replica, token: str) -> FastAPI:
     """The admin app of one replica."""
     app = FastAPI(
         title="burstctl controller",
@@ -201,7 +203,7 @@ def build_app(service: Service, token: str) -> FastAPI:
             raise HTTPException(403, "wrong bearer token")
 
     def read_guard(creds: Credentials) -> None:
-        if service.config.protect_reads:
+        if replica.config.protect_reads:
             require_token(creds)
 
     reads = [Depends(read_guard)]
@@ -214,16 +216,17 @@ def build_app(service: Service, token: str) -> FastAPI:
     @app.get("/readyz", tags=["health"])
     async def readyz() -> dict[str, Any]:
         """gRPC is serving and the state is loaded (503 otherwise)."""
-        if not service.ready:
+        if not replica.ready:
             raise HTTPException(503, "not ready")
-        return {"status": "ready", "grpc": service.grpc_address}
+        return {"status": "ready", "grpc": replica.grpc_address}
 
     @app.get("/v1/policies", dependencies=reads, tags=["policy"])
     async def list_policies() -> list[PolicyInfo]:
         """The registry: every name a switch accepts (sharing specs are also accepted)."""
         out = []
-        for name in service.registry.names():
-            cls = service.registry.get(name)
+        registry = replica.policy.registry
+        for name in registry.names():
+            cls = registry.get(name)
             module = cls.__module__.rsplit(".", 1)[-1]
             # Its own docstring, else its module's: inherited ones describe the base class.
             own = cls.__dict__.get("__doc__") or sys.modules[cls.__module__].__doc__ or name
@@ -240,48 +243,37 @@ def build_app(service: Service, token: str) -> FastAPI:
             )
         return out
 
-    def active() -> ActivePolicyOut:
-        name, params = service.policy_spec
-        return ActivePolicyOut(
-            name=name,
-            params=params,
-            version=service.policy_version,
-            since=datetime.fromtimestamp(service.policy_since, UTC),
-            replica_id=service.config.replica_id,
-        )
-
     @app.get("/v1/policy", dependencies=reads, tags=["policy"])
-    async def get_policy() -> ActivePolicyOut:
+    async def get_policy() -> ActivePolicy:
         """The active policy of this replica."""
-        return active()
+        return replica.policy.active()
 
     @app.put("/v1/policy", dependencies=[Depends(require_token)], tags=["policy"])
-    async def put_policy(body: PolicyIn) -> ActivePolicyOut:
+    async def put_policy(body: PolicyIn) -> ActivePolicy:
         """Switch the policy: validated, applied at once, persisted, sent to the peers
-        with the next exchange."""
+        at once."""
         try:
-            cls = service.registry.get(body.name)
+            return replica.policy.switch(body.name, body.params)
         except UnknownPolicyError as exc:
             raise _invalid(["body", "name"], str(exc), body.name) from None
-        try:
-            cls.Params.model_validate(body.params)
-        except ValidationError as exc:
+        except PolicyParamsError as exc:
             raise RequestValidationError(
-                [{**e, "loc": ["body", "params", *e["loc"]]} for e in exc.errors(include_url=False)]
+                [
+                    {"type": "value_error", "loc": ["body", "params", *loc], "msg": msg}
+                    for loc, msg in exc.errors
+                ]
             ) from None
-        service.set_policy(body.name, body.params)
-        return active()
 
     @app.get("/v1/replicas", dependencies=reads, tags=["replicas"])
     async def replicas() -> ReplicasOut:
         """This replica and the peers it has heard from."""
-        sync = service.peer_sync
+        sync = replica.peer_sync
         stats = sync.stats() if sync is not None else {"peers": [], "sync_interval_s": None}
         return ReplicasOut(
-            replica_id=service.config.replica_id,
-            capacity=service.config.capacity,
-            policy=service.policy_spec[0],
-            policy_version=service.policy_version,
+            replica_id=replica.config.replica_id,
+            capacity=replica.config.capacity,
+            policy=replica.policy.name,
+            policy_version=replica.policy.version,
             sync_interval_s=stats["sync_interval_s"],
             peers=[PeerOut(**p) for p in stats["peers"]],
         )
@@ -290,19 +282,19 @@ def build_app(service: Service, token: str) -> FastAPI:
         """Job id -> the live peers whose last digest lists it; one pass over the digests
         per request, not one per job (the dashboard asks for every job each second)."""
         where: dict[str, list[str]] = {}
-        if service.peer_sync is not None:
-            for d in service.peer_sync.view.digests():
-                for job_id in d.columns().job_id:
+        if replica.peer_sync is not None:
+            for d in replica.peer_sync.membership.digests():
+                for job_id in d.jobs.job_id:
                     where.setdefault(job_id, []).append(d.replica_id)
         return where
 
     def job_out(job_id: str, now: float, peers: dict[str, list[str]]) -> JobOut | None:
-        state: JobState | None = service.table.jobs.get(job_id)
-        registered = service.table.registered.get(job_id)
+        state: JobState | None = replica.table.jobs.get(job_id)
+        registered = replica.table.registered.get(job_id)
         meta = state.meta if state is not None else registered
         if meta is None:
             return None
-        replicas = [service.config.replica_id] if state is not None else []
+        replicas = [replica.config.replica_id] if state is not None else []
         replicas += peers.get(job_id, [])
         if state is None:  # registered, no session yet: the counters' defaults
             return JobOut(
@@ -314,7 +306,7 @@ def build_app(service: Service, token: str) -> FastAPI:
                 registered=True,
                 replicas=sorted(replicas),
             )
-        cap = job_cap(meta.nodes, service.config.node_bandwidth, service.config.capacity)
+        cap = job_cap(meta.nodes, replica.config.node_bandwidth, replica.config.capacity)
         elapsed = now - state.first_seen
         return JobOut(
             job_id=job_id,
@@ -340,14 +332,14 @@ def build_app(service: Service, token: str) -> FastAPI:
     @app.get("/v1/jobs", dependencies=reads, tags=["jobs"])
     async def list_jobs() -> list[JobOut]:
         """Every job this replica knows: from client sessions, and registered ones."""
-        now = service.clock()
-        ids = sorted(set(service.table.jobs) | set(service.table.registered))
+        now = replica.clock()
+        ids = sorted(set(replica.table.jobs) | set(replica.table.registered))
         peers = on_peers()
         return [j for j in (job_out(i, now, peers) for i in ids) if j is not None]
 
     @app.get("/v1/jobs/{job_id}", dependencies=reads, tags=["jobs"])
     async def get_job(job_id: str) -> JobOut:
-        out = job_out(job_id, service.clock(), on_peers())
+        out = job_out(job_id, replica.clock(), on_peers())
         if out is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
         return out
@@ -357,9 +349,9 @@ def build_app(service: Service, token: str) -> FastAPI:
         """Register a job with authoritative metadata (a Slurm prolog does this); it
         wins over what clients claim. 201 when new, 200 when it updates one."""
         meta = JobMeta(body.job_id, body.user, body.group, body.nodes, body.priority)
-        if not service.register_job(meta):
+        if not replica.register_job(meta):
             response.status_code = 200
-        out = job_out(body.job_id, service.clock(), on_peers())
+        out = job_out(body.job_id, replica.clock(), on_peers())
         assert out is not None
         return out
 
@@ -368,7 +360,7 @@ def build_app(service: Service, token: str) -> FastAPI:
     )
     async def retire_job(job_id: str) -> Response:
         """Retire a registered job (a Slurm epilog does this); 404 if it is not registered."""
-        if not service.retire_job(job_id):
+        if not replica.retire_job(job_id):
             raise HTTPException(404, f"job {job_id!r} is not registered")
         return Response(status_code=204)
 
@@ -376,7 +368,7 @@ def build_app(service: Service, token: str) -> FastAPI:
     async def metrics() -> PlainTextResponse:
         """Prometheus text format (controller/metrics.py lists the series)."""
         return PlainTextResponse(
-            generate_latest(service.metrics.registry), media_type=CONTENT_TYPE_LATEST
+            generate_latest(replica.metrics.registry), media_type=CONTENT_TYPE_LATEST
         )
 
     @app.exception_handler(OSError)
@@ -389,7 +381,7 @@ def build_app(service: Service, token: str) -> FastAPI:
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
-        # A check deeper down (set_policy) that the body validation did not catch.
+        # A check deeper down that the body validation did not catch.
         return JSONResponse({"detail": str(exc)}, status_code=422)
 
     mount_dashboard(app)

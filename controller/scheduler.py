@@ -1,12 +1,16 @@
 """The scheduler: turns job-table events into allocations and pushes them.
 
 Events (post, completion, usage/demand change, session open/close, policy
-switch, periodic tick) only mark the table dirty; one task then decides for
-all of them at once, so a burst of events costs one decision. A decision is:
-build the ``SystemView``, ask the policy (which *proposes*), clamp (the engine
-*enforces*: finite, ≥ 0, ≤ b_i, Σ ≤ B), split each job's rate over its
-sessions, and push an ``Allocation`` to every session whose rate changed.
-Leases are renewed at half their length.
+switch, peer exchange, periodic tick) only mark the table dirty; one task then
+decides for all of them at once, so a burst of events costs one decision. A
+decision is: build the ``SystemView``, take the one decision path
+(``policies.decision.decide``: the policy proposes, the engine enforces, blended
+with this replica's part of the global split when it has peers), split each
+job's rate over its sessions, and push an ``Allocation`` to every session whose
+rate changed. Leases are renewed at half their length.
+
+Time comes in through ``clock`` and ``timer`` (a policy's period, a session's
+release delay), so a test can drive the scheduler on a virtual clock.
 """
 
 from __future__ import annotations
@@ -18,12 +22,15 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Protocol
 
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable, SessionState
-from burstctl.policies.base import Policy
+from burstctl.controller.signal import Signal
+from burstctl.controller.state import PolicySlot
+from burstctl.policies.decision import Decision, decide
 from burstctl.policies.sharing import water_fill
-from burstctl.policies.view import JobId, SystemView
+from burstctl.policies.view import JobId
 
 log = logging.getLogger(__name__)
 decision_log = logging.getLogger("burstctl.decisions")
@@ -41,25 +48,31 @@ class SchedulerStats:
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
 
-def clamp(view: SystemView, proposed: Mapping[JobId, float]) -> tuple[dict[JobId, float], bool]:
-    """Enforces what every policy promises: finite, ≥ 0, ≤ b_i, Σ ≤ B, only active jobs."""
-    rates: dict[JobId, float] = {}
-    fixed = False
-    total = 0.0
-    get = proposed.get
-    for job_id, job in view.jobs.items():
-        rate = get(job_id, 0.0)
-        # `0 <= rate <= cap` is False for NaN too; the common case costs one comparison.
-        if not 0.0 <= rate <= job.cap or job.demand <= 0.0:
-            fixed = fixed or rate != 0.0
-            rate = job.cap if rate > job.cap and job.demand > 0.0 else 0.0
-        rates[job_id] = rate
-        total += rate
-    if total > view.capacity * (1 + 1e-9):
-        scale = view.capacity / total
-        rates = {j: r * scale for j, r in rates.items()}
-        fixed = True
-    return rates, fixed
+class Cancellable(Protocol):
+    def cancel(self) -> None: ...
+
+
+class Timer(Protocol):
+    """Calls ``callback`` once, ``delay`` seconds from now, on the replica's loop."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable: ...
+
+
+class LoopTimer:
+    """The running asyncio loop's timer: the daemon's."""
+
+    def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
+        return asyncio.get_running_loop().call_later(delay, callback)
+
+
+class GlobalTargets(Protocol):
+    """This replica's part of the global split (the peer exchange), when it has one."""
+
+    @property
+    def local_targets(self) -> Mapping[JobId, float] | None: ...
+
+    @property
+    def updated(self) -> Signal: ...
 
 
 class Scheduler:
@@ -68,24 +81,32 @@ class Scheduler:
     def __init__(
         self,
         table: JobTable,
+        policy: PolicySlot,
         config: ControllerConfig,
-        policy: Callable[[], Policy],
+        *,
+        peers: GlobalTargets | None = None,
         clock: Callable[[], float] = time.monotonic,
+        timer: Timer | None = None,
+        observe_latency: Callable[[float], None] | None = None,
     ) -> None:
         self.table = table
+        self.slot = policy
         self.config = config
-        self._policy = policy
+        self._peers = peers
         self._clock = clock
+        self._timer: Timer = timer if timer is not None else LoopTimer()
+        self._observe_latency = observe_latency
         self._dirty = asyncio.Event()
         self.stats = SchedulerStats()
+        self.last: Decision | None = None  # the latest decision, as enforced
         self._nonzero: set[SessionState] = set()  # sessions whose pushed rate is > 0
         self._recheck_pending = False
         self._round = 0  # decision number; sessions served in a decision carry it
-        self._period_timer: asyncio.TimerHandle | None = None
-        # With peers: this replica's rate for each job of the global view (PeerSync.column)
-        self.global_column: Callable[[], Mapping[JobId, float] | None] | None = None
-        # Called with each decision's latency in seconds (the metrics histogram).
-        self.observe_latency: Callable[[float], None] | None = None
+        self._period_timer: Cancellable | None = None
+        table.changed.connect(self.request)
+        policy.changed.connect(self.request)
+        if peers is not None:
+            peers.updated.connect(self.request)
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -120,12 +141,12 @@ class Scheduler:
 
     def rebalance(self) -> None:
         started = time.perf_counter()
-        policy = self._policy()
+        policy = self.slot.policy
         view = self.table.view(self.config.capacity, self.config.node_bandwidth)
-        column = self.global_column() if self.global_column is not None else None
-        proposed = policy.allocate(view) if column is None else self._global(view, policy, column)
-        rates, fixed = clamp(view, proposed)
-        if fixed:
+        targets = self._peers.local_targets if self._peers is not None else None
+        decision = self.last = decide(policy, view, targets)
+        rates = decision.rates
+        if decision.clamped:
             self.stats.clamped += 1
             log.warning("policy %s proposed an infeasible allocation; clamped", policy.name)
         now = self._clock()
@@ -134,7 +155,8 @@ class Scheduler:
         jobs = self.table.jobs
         offer = self._offer
         tolerance = self.config.push_tolerance
-        for job_id, rate in rates.items():
+        for job_id in view.jobs:
+            rate = rates.get(job_id, 0.0)
             sessions = jobs[job_id].sessions
             if len(sessions) == 1:
                 for s in sessions.values():  # _offer inlined: this loop is the hot one
@@ -166,21 +188,21 @@ class Scheduler:
                 self._offer(s, 0.0, now)
         if recheck and not self._recheck_pending:
             self._recheck_pending = True
-            asyncio.get_running_loop().call_later(recheck, self._recheck)
+            self._timer.call_later(recheck, self._recheck)
         for s in self.table.new_sessions:
             if s.rate is None:
                 self._offer(s, 0.0, now)
         self.table.new_sessions.clear()
-        period = policy.period(view)
+        period = decision.period
         if period is not None:  # the policy wants to decide again even without an event
             if self._period_timer is not None:
                 self._period_timer.cancel()
-            self._period_timer = asyncio.get_running_loop().call_later(period, self.request)
+            self._period_timer = self._timer.call_later(period, self.request)
         self.stats.decisions += 1
         latency = time.perf_counter() - started
         self.stats.latencies.append(latency)
-        if self.observe_latency is not None:
-            self.observe_latency(latency)
+        if self._observe_latency is not None:
+            self._observe_latency(latency)
         if decision_log.isEnabledFor(logging.DEBUG):
             # One JSON object per decision: the contending jobs of S(t) and what they got.
             decision_log.debug(
@@ -190,7 +212,7 @@ class Scheduler:
                         "decision": stamp,
                         "policy": policy.name,
                         "capacity": view.capacity,
-                        "global": column is not None,
+                        "global": targets is not None,
                         "jobs": [
                             {
                                 "job": j,
@@ -205,43 +227,6 @@ class Scheduler:
                     sort_keys=True,
                 ),
             )
-
-    @staticmethod
-    def _global(
-        view: SystemView, policy: Policy, column: Mapping[JobId, float]
-    ) -> dict[JobId, float]:
-        """This replica's rates when it holds a column of the global split.
-
-        Jobs in the global view get their column rate (at most b_i). Jobs that
-        started an operation here since the last exchange get their local fair
-        share, what the local policy gives them on the whole local view, until
-        the next exchange puts them in the global view; the column rates shrink
-        in proportion to make room. Capacity still left (a job's local demand fell
-        since the exchange) is water-filled over unmet local demand, so the
-        replica stays work-conserving between exchanges.
-        """
-        rates = {j: min(column[j], job.cap) for j, job in view.jobs.items() if j in column}
-        newer = [j for j in view.jobs if j not in column]
-        if newer:
-            local = policy.allocate(view)
-            fresh = {j: local.get(j, 0.0) for j in newer}
-            room = max(0.0, view.capacity - sum(fresh.values()))
-            held = sum(rates.values())
-            if held > room:
-                rates = {j: r * (room / held) for j, r in rates.items()}
-            rates.update(fresh)
-        left = view.capacity - sum(rates.values())
-        if left > 0.0:
-            unmet = {}
-            for j, job in view.jobs.items():
-                want = min(job.demand, job.cap) - rates.get(j, 0.0)
-                if want > 0.0:
-                    unmet[j] = want
-            if unmet:
-                extra = water_fill(unmet, dict.fromkeys(unmet, 1.0), left)
-                for j, r in extra.items():
-                    rates[j] = rates.get(j, 0.0) + r
-        return rates
 
     def _recheck(self) -> None:
         self._recheck_pending = False
@@ -276,5 +261,5 @@ class Scheduler:
         session.epoch += 1
         session.pushed_at = now
         burst = max(float(self.config.min_burst), rate * self.config.burst_window) if rate else 0.0
-        outbox.offer(rate, burst, session.epoch, self.config.lease, self._policy().name)
+        outbox.offer(rate, burst, session.epoch, self.config.lease, self.slot.policy.name)
         self.stats.pushes += 1

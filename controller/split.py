@@ -1,14 +1,14 @@
 """Split each job's global target rate over the controller replicas it is present on.
 
 Several replicas (one per storage server) share one global view after each
-λ all-gather (ThemisIO notes §4). Every replica runs :func:`split` on that view
-and applies its own column, so the code is pure and deterministic: jobs and
+λ all-gather ([THEMIS] §3.1, Figure 5). Every replica runs :func:`split` on that view
+and applies its own share, so the code is pure and deterministic: jobs and
 replicas are indexed in sorted id order, never dict order, and every float
 operation (numpy included) runs in that fixed order.
 
 Two passes (see ``docs/replicas.md``, "Splitting global targets over replicas"):
 
-1. Targets (:func:`split_targets`). Route as much of the targets as the
+1. Targets. Route as much of the targets as the
    bipartite job × replica graph admits (a maximum flow: job capacity t_j,
    edge capacity d_jr, replica capacity B_r), with replica loads L_r chosen as
    the lexicographically optimal base of the polymatroid of routable loads,
@@ -49,16 +49,12 @@ started from the previous flow (a capacity cut only scales a replica's row
 down); a max flow is at most R + 1 Dinic phases of O(R) BFS steps and at
 most R² + 2R pushes, each O(R) vector operations over J jobs. So O(R⁵·J)
 arithmetic in the worst case and no subset enumeration; in practice one max
-flow per level or two. 1,000 jobs × 8 replicas: about 5 ms per call, more
-than half of it converting the dicts (``bench/split_speed.py``,
-``docs/replicas.md``); :func:`split_entries` takes arrays instead.
+flow per level or two (measured by ``bench/split_speed.py``, docs/benchmarks.md).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from operator import itemgetter
-from typing import Any
+from collections.abc import Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -74,97 +70,30 @@ _EPS = 1e-12  # relative to the largest input: flows below it are rounding noise
 _SATURATED = 1e-10  # relative: a max flow this close to λ·B(X) saturates X
 
 
-def split(
-    targets: Mapping[JobId, float],
-    capacity: Mapping[ReplicaId, float],
-    demand: Mapping[Edge, float],
-) -> dict[Edge, float]:
-    """Rate of every (job, replica) in ``demand``: targets first, then local surplus.
-
-    ``targets`` is each job's global rate (the policy on the global view with
-    capacity Σ B_r; a missing job has target 0), ``capacity`` each replica's
-    B_r, ``demand`` each job's local demand on the replicas it is present on.
-    Raises ``ValueError`` on negative or non-finite inputs and on a replica in
-    ``demand`` without a capacity.
-    """
-    problem = _Problem(targets, capacity, demand)
-    return problem.as_dict(_with_surplus(problem, _balanced_flow(problem)))
-
-
-def split_entries(
-    jobs: Sequence[JobId],
-    replicas: Sequence[ReplicaId],
-    target: Vector,
-    capacity: Vector,
-    job_of: npt.NDArray[np.intp],
-    replica_of: npt.NDArray[np.intp],
-    demand: Vector,
-) -> Vector:
-    """:func:`split` for a caller that holds arrays already (the global view).
-
-    ``jobs`` and ``replicas`` sorted; ``target[j]`` and ``capacity[r]`` by those
-    indices; one entry k per job present on a replica (no pair twice): its job
-    index ``job_of[k]``, replica index ``replica_of[k]`` and local demand
-    ``demand[k]``. Returns x_k for every entry, the rates :func:`split` gives
-    the same inputs, bit for bit, without building or reading a dict per edge.
-    """
-    problem = _Problem.of_arrays(jobs, replicas, target, capacity, job_of, replica_of, demand)
-    rates = _with_surplus(problem, _balanced_flow(problem))
+def split(problem: SplitProblem, *, surplus: bool = True) -> Vector:
+    """x_k for every entry k of ``problem``: targets first (pass 1), then, with
+    ``surplus``, each replica's leftover capacity (pass 2). Each x_k is in
+    [0, demand[k]]."""
+    rates = _balanced_flow(problem)
+    if surplus:
+        rates = _with_surplus(problem, rates)
     row, col = problem.row, problem.col
     return np.clip(rates[row, col], 0.0, problem.demand[row, col])
 
 
-def split_targets(
-    targets: Mapping[JobId, float],
-    capacity: Mapping[ReplicaId, float],
-    demand: Mapping[Edge, float],
-) -> dict[Edge, float]:
-    """Pass 1 of :func:`split`: a balanced maximum flow of the targets, no surplus.
+class SplitProblem:
+    """The inputs of :func:`split`, checked, as arrays.
 
-    Σ over a job ≤ its target, Σ over a replica ≤ B_r, each rate ≤ local
-    demand; Σ of all rates is the maximum flow of the job × replica graph.
+    ``jobs`` and ``replicas`` sorted; ``target[j]`` (each job's global rate, the
+    policy on the global view with capacity Σ B_r) and ``capacity[r]`` (B_r) by
+    those indices; one entry k per job present on a replica (no pair twice): its
+    job index ``job_of[k]``, replica index ``replica_of[k]`` and its local demand
+    ``demand[k]``. Raises ``ValueError`` on negative or non-finite values and on
+    indices out of range.
     """
-    problem = _Problem(targets, capacity, demand)
-    return problem.as_dict(_balanced_flow(problem))
-
-
-class _Problem:
-    """The inputs, checked, as arrays indexed by sorted job and replica ids."""
 
     def __init__(
         self,
-        targets: Mapping[JobId, float],
-        capacity: Mapping[ReplicaId, float],
-        demand: Mapping[Edge, float],
-    ) -> None:
-        self.edges = list(demand)
-        n = len(self.edges)
-        t_all = _finite(targets, "target")
-        b_all = _finite(capacity, "capacity")
-        d = _finite(demand, "demand")
-        job_of = list(map(itemgetter(0), self.edges))
-        replica_of = list(map(itemgetter(1), self.edges))
-        self.jobs = sorted(set(job_of))
-        self.replicas = sorted(capacity)
-        job_index = {j: i for i, j in enumerate(self.jobs)}
-        replica_index = {r: i for i, r in enumerate(self.replicas)}
-        missing = set(replica_of).difference(replica_index)
-        if missing:
-            j, r = next(e for e in sorted(self.edges) if e[1] in missing)
-            raise ValueError(f"replica {r!r} has demand from job {j!r} but no capacity")
-        self.col = np.fromiter(map(job_index.__getitem__, job_of), np.intp, n)
-        self.row = np.fromiter(map(replica_index.__getitem__, replica_of), np.intp, n)
-        self.capacity = np.array([capacity[r] for r in self.replicas], dtype=np.float64)
-        self.target = np.array([targets.get(j, 0.0) for j in self.jobs], dtype=np.float64)
-        self.demand = np.zeros((len(self.replicas), len(self.jobs)))
-        self.demand[self.row, self.col] = d
-        # Output in sorted (job, replica) order, whatever the order of ``demand``.
-        self.order = np.lexsort((self.row, self.col))
-        self.scale = max(1.0, *(float(np.max(a, initial=0.0)) for a in (t_all, b_all, d)))
-
-    @classmethod
-    def of_arrays(
-        cls,
         jobs: Sequence[JobId],
         replicas: Sequence[ReplicaId],
         target: Vector,
@@ -172,8 +101,7 @@ class _Problem:
         job_of: npt.NDArray[np.intp],
         replica_of: npt.NDArray[np.intp],
         demand: Vector,
-    ) -> _Problem:
-        """The problem ``__init__`` builds from dicts, from arrays (``split_entries``)."""
+    ) -> None:
         n, jobs_n, replicas_n = len(demand), len(jobs), len(replicas)
         if not (len(job_of) == len(replica_of) == n):
             raise ValueError(
@@ -195,39 +123,18 @@ class _Problem:
             raise ValueError("a replica index is out of range")
         if len(np.unique(replica_of * jobs_n + job_of)) != n:
             raise ValueError("a (job, replica) pair appears twice")
-        problem = object.__new__(cls)
-        problem.edges = []  # as_dict is not used on this path
-        problem.jobs = list(jobs)
-        problem.replicas = list(replicas)
-        problem.col = np.asarray(job_of, dtype=np.intp)
-        problem.row = np.asarray(replica_of, dtype=np.intp)
-        problem.capacity = np.asarray(capacity, dtype=np.float64)
-        problem.target = np.asarray(target, dtype=np.float64)
-        problem.demand = np.zeros((replicas_n, jobs_n))
-        problem.demand[problem.row, problem.col] = demand
-        problem.order = np.lexsort((problem.row, problem.col))
-        problem.scale = max(
-            1.0, *(float(np.max(a, initial=0.0)) for a in (target, capacity, demand))
-        )
-        return problem
-
-    def as_dict(self, rates: Matrix) -> dict[Edge, float]:
-        """x_jr for every edge, clamped to [0, d_jr], in sorted edge order."""
-        row, col = self.row[self.order], self.col[self.order]
-        x = np.clip(rates[row, col], 0.0, self.demand[row, col])
-        return dict(zip([self.edges[i] for i in self.order.tolist()], x.tolist(), strict=True))
+        self.jobs = list(jobs)
+        self.replicas = list(replicas)
+        self.col = np.asarray(job_of, dtype=np.intp)
+        self.row = np.asarray(replica_of, dtype=np.intp)
+        self.capacity = np.asarray(capacity, dtype=np.float64)
+        self.target = np.asarray(target, dtype=np.float64)
+        self.demand = np.zeros((replicas_n, jobs_n))
+        self.demand[self.row, self.col] = demand
+        self.scale = max(1.0, *(float(np.max(a, initial=0.0)) for a in (target, capacity, demand)))
 
 
-def _finite(values: Mapping[Any, float], what: str) -> Vector:
-    array = np.fromiter(values.values(), np.float64, len(values))
-    bad = ~(np.isfinite(array) & (array >= 0.0))
-    if bad.any():
-        key = list(values)[int(np.argmax(bad))]
-        raise ValueError(f"{what} of {key!r} must be finite and >= 0, got {values[key]!r}")
-    return array
-
-
-def _balanced_flow(problem: _Problem) -> Matrix:
+def _balanced_flow(problem: SplitProblem) -> Matrix:
     """x¹: a maximum flow whose replica loads are the lexicographically optimal base.
 
     ``fixed`` (F) holds the replicas at their final L_r; F is tight, so holding
@@ -448,7 +355,7 @@ def _denoise(values: npt.NDArray[np.float64], eps: float) -> npt.NDArray[np.floa
     return np.where(values > eps, values, 0.0)
 
 
-def _with_surplus(problem: _Problem, base: Matrix) -> Matrix:
+def _with_surplus(problem: SplitProblem, base: Matrix) -> Matrix:
     """Pass 2: each replica's leftover water-filled, equal weights, over unmet demand.
 
     The same rule as ``policies.sharing.water_fill`` with unit weights, for

@@ -1,20 +1,45 @@
-"""The only durable state of a replica: the active policy and the registered jobs.
+"""The durable state of a replica and the one owner of its active policy.
 
-Kept as JSON in ``<state_dir>/state.json``, written atomically (temp file,
-fsync, rename, fsync of the directory) so a crash leaves the old or the new
-file, never a torn one. A missing file means "no state yet"; an unreadable one
-is reported and left in place, never overwritten blindly.
+``StateStore`` keeps ``<state_dir>/state.json``: the active policy (name,
+parameters, version), the policy the configuration named when it was saved, and
+the registered jobs. It is written atomically (temp file, fsync, rename, fsync
+of the directory) so a crash leaves the old or the new file, never a torn one. A
+missing file means "no state yet"; an unreadable one is reported and left in
+place, never overwritten blindly.
+
+``PolicySlot`` owns the active policy: its name and parameters, its version
+(higher wins across replicas, ties to the higher replica id), when it was
+applied, the one live instance that decides (locally and for the global split,
+so a policy that learns keeps one state), and its persistence. ``switch`` is
+for an operator (REST, CLI); ``adopt`` for a peer's newer version. Whoever must
+act on a change connects to the ``changed`` signal: the scheduler decides again,
+the peer exchange sends at once.
+
+Restart rules (docs/configuration.md, "Restarts"): a policy switched through the
+API survives a restart with the same configuration; the configured policy is
+the initial one; when the configured policy differs from the one recorded with
+the saved state, the operator edited it and the edit wins (logged).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import tempfile
+import time
+from collections.abc import Callable, Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from burstctl.controller.signal import Signal
+from burstctl.policies.base import Policy
+from burstctl.policies.registry import PolicyRegistry
+
+log = logging.getLogger(__name__)
 
 STATE_FILE = "state.json"
 
@@ -24,6 +49,15 @@ class PolicyState(BaseModel):
     name: str
     params: dict[str, Any] = Field(default_factory=dict)
     version: int = 0
+    origin: str | None = None  # the replica that switched it (None: this one)
+
+
+class ConfiguredPolicy(BaseModel):
+    """The policy the configuration named when the state was saved."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
 
 
 class RegisteredJob(BaseModel):
@@ -40,6 +74,7 @@ class RegisteredJob(BaseModel):
 class ReplicaState(BaseModel):
     model_config = ConfigDict(extra="ignore")
     policy: PolicyState | None = None
+    configured: ConfiguredPolicy | None = None  # None: saved by an older burstctl
     jobs: list[RegisteredJob] = Field(default_factory=list)
 
 
@@ -48,23 +83,35 @@ class StateError(RuntimeError):
 
 
 class StateStore:
+    """``state.json`` of one replica; ``state`` is what was last loaded or saved."""
+
     def __init__(self, state_dir: Path) -> None:
         self.dir = state_dir
         self.path = state_dir / STATE_FILE
+        self.state = ReplicaState()
 
     def load(self) -> ReplicaState:
+        """Reads the file (a missing one is an empty state); raises ``StateError``."""
         try:
             text = self.path.read_text()
         except FileNotFoundError:
-            return ReplicaState()
+            self.state = ReplicaState()
+            return self.state
         except OSError as exc:
             raise StateError(f"cannot read {self.path}: {exc}") from None
         try:
-            return ReplicaState.model_validate_json(text)
+            self.state = ReplicaState.model_validate_json(text)
         except ValidationError as exc:
             raise StateError(f"{self.path} is not valid burstctl state: {exc}") from None
+        return self.state
 
-    def save(self, state: ReplicaState) -> None:
+    def update(self, **parts: Any) -> None:
+        """Writes the state with ``parts`` replaced; on OSError nothing changed."""
+        state = ReplicaState.model_validate({**dict(self.state), **parts})
+        self._write(state)
+        self.state = state
+
+    def _write(self, state: ReplicaState) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
         data = json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.dir)
@@ -82,3 +129,167 @@ class StateStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+
+class ActivePolicy(BaseModel):
+    """The active policy of one replica, as the admin API shows it."""
+
+    name: str
+    params: dict[str, Any]
+    version: int = Field(description="higher wins across replicas; ties go to the higher origin")
+    origin: str = Field(description="the replica where this version was switched")
+    since: datetime = Field(description="when this replica applied it")
+    replica_id: str
+
+
+class PolicySlot:
+    """The active policy of one replica: the only holder of its name, parameters,
+    version and live instance (module docstring).
+
+    ``(version, origin)`` orders policies across replicas: ``origin`` is the replica
+    where the version was switched, so every replica that holds it elects the
+    same one whichever replicas are live.
+    """
+
+    def __init__(
+        self,
+        registry: PolicyRegistry,
+        store: StateStore,
+        configured: tuple[str, Mapping[str, Any]],
+        *,
+        replica_id: str,
+        wall_clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.registry = registry
+        self.replica_id = replica_id
+        self._store = store
+        self._wall_clock = wall_clock
+        name, params = configured
+        self._configured = ConfiguredPolicy(name=name, params=dict(params))
+        # The configured policy must be usable: a configuration error, raised here.
+        self.policy: Policy = registry.create(name, params)
+        self.name = name
+        self.params: dict[str, Any] = dict(params)
+        self.version = 0
+        self.origin = replica_id
+        self.since = wall_clock()  # wall clock of the last change, for the admin views
+        self.switches = 0  # changes of name or parameters applied here
+        self._highest_seen = 0  # the highest version any peer has reported
+        self.changed = Signal()  # after every change of the active policy or its version
+
+    @property
+    def spec(self) -> tuple[str, dict[str, Any]]:
+        return self.name, self.params
+
+    def active(self) -> ActivePolicy:
+        return ActivePolicy(
+            name=self.name,
+            params=self.params,
+            version=self.version,
+            origin=self.origin,
+            since=datetime.fromtimestamp(self.since, UTC),
+            replica_id=self.replica_id,
+        )
+
+    def resume(self, saved: ReplicaState) -> None:
+        """Applies the restart rules to the state loaded at start (module docstring)."""
+        configured = self._configured
+        if saved.policy is None:
+            return
+        if saved.configured is not None and saved.configured != configured:
+            log.warning(
+                "the configured policy changed from %s %s to %s %s since %s was saved: "
+                "the configured one wins over the saved %s (version %d)",
+                saved.configured.name,
+                saved.configured.params,
+                configured.name,
+                configured.params,
+                self._store.path,
+                saved.policy.name,
+                saved.policy.version,
+            )
+            version = saved.policy.version + 1
+            self._install(self.policy, configured.name, configured.params, version, self.replica_id)
+            return
+        try:
+            policy = self.registry.create(saved.policy.name, saved.policy.params)
+        except (KeyError, ValueError) as exc:
+            log.error(
+                "saved policy %r is unusable (%s); keeping the configured %s",
+                saved.policy.name,
+                exc,
+                self.name,
+            )
+            return
+        origin = saved.policy.origin or self.replica_id
+        self._apply(
+            policy,
+            saved.policy.name,
+            saved.policy.params,
+            saved.policy.version,
+            origin,
+            counted=False,
+        )
+        log.info(
+            "resumed policy %s (version %d) from %s",
+            saved.policy.name,
+            saved.policy.version,
+            self._store.path,
+        )
+
+    def switch(self, name: str, params: Mapping[str, Any] | None = None) -> ActivePolicy:
+        """An operator's switch: validated, persisted, applied at once, announced.
+
+        Raises ``UnknownPolicyError`` or ``PolicyParamsError`` (nothing changes) and
+        ``OSError`` when the state cannot be written (nothing changes either). The new
+        version is one above any this replica or its peers have used, so the switch
+        wins over every replica's current policy.
+        """
+        policy = self.registry.create(name, params)
+        version = max(self.version, self._highest_seen) + 1
+        self._install(policy, name, dict(params or {}), version, self.replica_id)
+        log.info("policy switched to %s (version %d)", name, version)
+        return self.active()
+
+    def adopt(self, name: str, params: Mapping[str, Any], version: int, origin: str) -> bool:
+        """A peer's policy, from an accepted digest; it becomes this replica's when its
+        ``(version, origin)`` is higher. True if anything changed. The registry must be
+        able to build it (peers' digests are checked before they get here)."""
+        self._highest_seen = max(self._highest_seen, version)
+        if (version, origin) <= (self.version, self.origin):
+            return False
+        params = dict(params)
+        if (name, params) == self.spec and version == self.version:
+            self.origin = origin  # the same policy, credited to another replica: nothing to apply
+            return False
+        policy = self.policy if (name, params) == self.spec else self.registry.create(name, params)
+        self._install(policy, name, params, version, origin)
+        log.info("policy %s (version %d, from %r) adopted", name, version, origin)
+        return True
+
+    def _install(
+        self, policy: Policy, name: str, params: dict[str, Any], version: int, origin: str
+    ) -> None:
+        # Persist first: a restart must never resume an older policy than the one applied.
+        self._store.update(
+            policy=PolicyState(name=name, params=params, version=version, origin=origin),
+            configured=self._configured,
+        )
+        self._apply(policy, name, params, version, origin)
+
+    def _apply(
+        self,
+        policy: Policy,
+        name: str,
+        params: dict[str, Any],
+        version: int,
+        origin: str,
+        *,
+        counted: bool = True,
+    ) -> None:
+        if (name, params) != self.spec:
+            self.switches += counted
+            self.since = self._wall_clock()
+        self.policy, self.name, self.params = policy, name, dict(params)
+        self.version, self.origin = version, origin
+        self.changed()

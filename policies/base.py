@@ -3,13 +3,20 @@
 A policy is a pure function from a ``SystemView`` to a rate per job (bytes/s).
 It holds only its parameters (a frozen pydantic model) and, where the paper's
 strategy learns online, state derived from the views it was shown; it never
-does I/O, never reads a clock, never logs in its hot path.
+does I/O, never reads a clock, never logs in its hot path. What it proposes is
+enforced by ``policies.decision.decide``, the one decision path of the
+controller and the simulator.
+
+A policy may also declare an array entry point (:class:`ArrayAllocator`, through
+:meth:`Policy.array_allocator`) for the simulator, which then decides without
+building views. It is a promise checked by the conformance suite on every
+registered policy: the same rates as the view path, bit for bit.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import ClassVar
+from collections.abc import Mapping, Sequence
+from typing import ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -20,6 +27,27 @@ class PolicyParams(BaseModel):
     """Parameters of a policy; subclasses add fields. Unknown keys are rejected."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ArrayAllocator(Protocol):
+    """A policy's decision over a view given as arrays indexed by ``JobView.index``.
+
+    The view's jobs are the rows ``active``, every one active, with distinct
+    indices in increasing order (the stable order); ``progress`` holds P_i,
+    ``released_at`` τ_i and ``demand`` the demand (= b_i) of row i. Returns
+    ``(index, rate)`` for the positive rates, in the order the view path's
+    ``decide(policy, view).rates`` lists them, with the same values.
+    """
+
+    def __call__(
+        self,
+        now: float,
+        capacity: float,
+        active: Sequence[int],
+        progress: Sequence[float],
+        released_at: Sequence[float],
+        demand: Sequence[float],
+    ) -> list[tuple[int, float]]: ...
 
 
 class Policy:
@@ -42,6 +70,15 @@ class Policy:
     def period(self, view: SystemView) -> float | None:
         """Seconds after which the policy wants to decide again even if nothing
         happens (PeriodicGreedyYield's δ); None: only at events."""
+        return None
+
+    def array_allocator(self) -> ArrayAllocator | None:
+        """The array entry point standing for this policy's whole decision, or None.
+
+        Only a policy whose ``period`` is always None may return one (the
+        simulator asks for periods with a view). A subclass that changes
+        ``allocate`` or ``period`` must say again what it offers here.
+        """
         return None
 
     def __repr__(self) -> str:

@@ -1,30 +1,33 @@
 """BestNextEvent: the lexicographic max-min of yields at the best predictable next event.
 
-Bandwidth-sharing paper §4.3 gives the idea; the authors' reference simulator
-(``shared/papers/bandwidth-sharing-reference-simulator.md`` §8, nextEvLexMin)
-gives the exact objective. At an event at time t, over the jobs of S(t):
+The bandwidth-sharing paper gives the idea ([BWS] §4.3; details in [BWS-RR] §4.3
+and Appendix A); the authors' reference simulator gives the exact objective
+([BWS-SIM] simu.cc: ``computeNextEvLexMin`` and the functions it calls, named
+below as there). At an event at time t, over the jobs of S(t):
 
 - a *predictable next event* is either the completion of one pending
   operation c at t + δ, with β_c = V_c/δ and d_c = V_c/r_c ≤ δ, while nobody
   else completes earlier (β_k ≤ V_k/δ), or no completion before the window
   end (δ = T − t);
 - its value is the vector of the yields at t + δ, sorted ascending,
-  y_k(δ) = (P_k + β_k·δ/b_k)/(t + δ − τ_k) (eq. 6 projected, notes §1);
+  y_k(δ) = (P_k + β_k·δ/b_k)/(t + δ − τ_k) (eq. 6 with β_k held over the
+  horizon, the reference's ``fYield``);
 
 b_k is the cap (eq. 1) and r_k ≤ b_k the job's demand, which bounds its rate
 (the simulator sets r_k = b_k). Rates and volumes are divided by B inside, so
 the tolerances are the reference's whatever the unit (bytes live).
 - the policy applies the allocation of the lexicographically largest vector
-  (compared with ε = 1e-10, the reference's keepBest).
+  (compared with ε = 1e-10, the reference's ``keepBestSolution``).
 
 For a fixed event and δ the best allocation is a capped water-filling on
-yield levels (the reference's LexFill): every other job gets
+yield levels (the reference's ``LexMinYield``): every other job gets
 β_k = clamp(b_k(y(t + δ − τ_k) − P_k)/δ, 0, min(r_k, V_k/δ)) for one level y
 with Σ β_k = B − V_c/δ. What remains is to choose c and δ.
 
 How δ is chosen (this replaces the reference's interval scan and its
-Interval/FirstCross/SecondCross recursion). For event c and horizon δ the
-largest achievable minimum yield is exactly
+``MinYieldAtAppEventInInterval`` / ``firstIntersection`` / ``secondIntersection``
+recursion). For event c and horizon δ the largest achievable minimum yield is
+exactly
 
     φ_c(δ) = min( C_c(δ), min_{k≠c} M_k(δ), W_c(δ) )
 
@@ -34,7 +37,8 @@ largest achievable minimum yield is exactly
   k can reach at t + δ (at full demand, or done);
 - W_c(δ): the uncapped water level, Σ_{k≠c} b_k·max(0, W(t + δ − τ_k) − P_k)
   = Bδ − V_c, i.e. min over sets N of G_N(δ) = (Bδ − V_c + Σ_N b_k P_k) /
-  Σ_N b_k(t + δ − τ_k) (the reference's G).
+  Σ_N b_k(t + δ − τ_k) (the common yield whose trend the reference's
+  ``isYieldIncreasing`` tests).
 
 Every term is a minimum of functions (αδ + p)/(δ + q), each monotone in δ, so
 φ_c is quasi-concave and its maximum over [d_c, T − t] is where the lowest
@@ -44,10 +48,10 @@ crossings, a quadratic each), evaluate φ_c there, add the piece that binds,
 until the model and φ_c agree. On a plateau the earliest δ is taken. The
 capped water-fill then runs once at the chosen δ.
 
-Pruning (the reference's ``stop``, generalised): past d_k every job's yield is
-at most C_k, so no horizon beyond δ can beat a minimum above min_k C_k(δ);
-candidates are tried by increasing d_c and the scan stops at the first whose
-bound min_k C_k(d_c) is below the incumbent's minimum.
+Pruning (the early stop of the reference's interval scan, generalised): past
+d_k every job's yield is at most C_k, so no horizon beyond δ can beat a minimum
+above min_k C_k(δ); candidates are tried by increasing d_c and the scan stops
+at the first whose bound min_k C_k(d_c) is below the incumbent's minimum.
 
 The class docstring lists every difference from the reference and every
 choice made where the paper is silent.
@@ -64,7 +68,7 @@ from burstctl.policies.greedy import by_yield, known_remaining
 from burstctl.policies.sharing import greedy_fill, water_fill
 from burstctl.policies.view import JobId, JobView, SystemView
 
-EPS = 1e-10  # ε of the reference's keepBest and Σb ≤ B test
+EPS = 1e-10  # ε of the reference's keepBestSolution and Σb ≤ B test
 SHORT_IO = 1e-3  # seconds: the reference's short-I/O shortcut threshold on d_k
 CUT_TOLERANCE = 1e-12  # φ_c agrees with the cutting-plane model: optimum found
 MAX_CUTS = 64  # pieces one candidate may add; never reached in practice
@@ -139,7 +143,7 @@ def _model_argmax(
 
 
 def _lex_compare(a: Sequence[float], b: Sequence[float]) -> int:
-    """Sign of a − b at the first component differing by more than ε (keepBest)."""
+    """Sign of a − b at the first component differing by more than ε (keepBestSolution)."""
     for x, y in zip(a, b, strict=True):
         if abs(x - y) > EPS:
             return 1 if x > y else -1
@@ -274,7 +278,7 @@ class _Decision:
     # -- the allocation at a fixed horizon -------------------------------------------
 
     def fill(self, delta: float, budget: float, members: Sequence[int]) -> list[float]:
-        """Capped water-filling on yield levels at t + δ (LexFill): β per member.
+        """Capped water-filling on yield levels at t + δ (LexMinYield): β per member.
 
         β_k = clamp(b_k(y(t + δ − τ_k) − P_k)/δ, 0, min(demand_k, V_k/δ)), Σ β_k = budget.
         """
@@ -357,30 +361,33 @@ class _Decision:
 
 
 class BestNextEvent(Policy):
-    """Lexicographic max-min of the yields at the best predictable next event (§4.3).
+    """Lexicographic max-min of the yields at the best predictable next event ([BWS] §4.3).
 
     The module docstring gives the objective and the exact search over δ.
 
-    Differences from the reference (§8), all deliberate:
+    Differences from the reference ([BWS-SIM] simu.cc: ``computeNextEvLexMin``),
+    all deliberate:
 
     1. The horizon of the "no event" candidate, and the upper end of every
        search, is the window's remaining length T − t; the reference uses the
        window end T itself as a length (bug), so late in a window it also weighs
        events after T. Events are only candidates if d_c ≤ T − t.
-    2. Short-I/O shortcut (d_k* < 1e-3 s, reference step 2): kept, but every
-       other job, index 0 included, shares B − demand_k* in proportion to its
-       demand (the reference's loop skips application 0, which gets 0: bug).
+    2. Short-I/O shortcut (d_k* < 1e-3 s, the reference's second step): kept,
+       but every other job, index 0 included, shares B − demand_k* in
+       proportion to its demand (the reference's loop skips application 0,
+       which gets 0: bug).
     3. Every vector holds exactly one yield per job of S(t); the reference's
-       no-event LexFill records still-free jobs again after every round, so its
-       baseline vector can hold duplicate yields (bug).
+       no-event ``LexMinYield`` records still-free jobs again after every
+       round, so its baseline vector can hold duplicate yields (bug).
     4. The upper bound C_c(δ) of the event job enters φ_c for every candidate c;
-       the reference's Interval includes it only when c is index 0 (bug).
+       the reference's ``MinYieldAtAppEventInInterval`` includes it only when c
+       is index 0 (bug).
     5. Plain float64 everywhere; the reference computes R, the water levels, G,
        the crossings and L in 80-bit long double.
     6. The maximum over δ is exact (crossing points of the pieces above); the
-       reference approximates it (candidate set H of step 4, recursion limit
-       10 with its ρ = 1e-4 / σ = 1e-3 "singular" hacks, Fix's proportional
-       rescaling when a water level misses the budget by up to ρ).
+       reference approximates it (its candidate horizons, recursion limit
+       10 with its ρ = 1e-4 / σ = 1e-3 "singular" hacks, ``computeYields``'
+       proportional rescaling when a water level misses the budget by up to ρ).
     7. Ties: vectors equal within ε go to the earlier event (smaller δ), then to
        the lower index, and the "no event" candidate loses ties; on a plateau
        of one candidate's minimum yield the earliest δ is taken. The reference
@@ -427,7 +434,7 @@ class BestNextEvent(Policy):
         if capacity <= 0.0:
             return {j.job_id: 0.0 for j in active}
         if len(active) == 1 or sum(j.demand for j in active) <= capacity * (1.0 + EPS):
-            return {j.job_id: min(j.demand, capacity) for j in active}  # Σb ≤ B (step 1)
+            return {j.job_id: min(j.demand, capacity) for j in active}  # Σb ≤ B (first step)
         return _decide(view, active)
 
 
@@ -439,7 +446,7 @@ def _decide(view: SystemView, active: list[JobView]) -> dict[JobId, float]:
     if not known:  # nothing predictable: the δ → 0 limit of the objective
         return greedy_fill(by_yield(active, view.now), capacity)
 
-    # Short-I/O shortcut (reference step 2): an operation done within SHORT_IO.
+    # Short-I/O shortcut (the reference's second step): an operation done within SHORT_IO.
     first = min(known, key=lambda k: (d.earliest[k], k))
     if d.earliest[first] < SHORT_IO:
         lead = active[first]
@@ -486,7 +493,7 @@ def _decide(view: SystemView, active: list[JobView]) -> dict[JobId, float]:
 
 
 def _better(d: _Decision, best: _Choice | None, new: _Choice) -> _Choice:
-    """keepBest: the lexicographically larger sorted yield vector (ε), then the tie order."""
+    """As keepBestSolution: the lexicographically larger sorted yields (ε), then the tie order."""
     if best is None or new.phi > best.phi + EPS:
         return new
     if new.phi < best.phi - EPS:

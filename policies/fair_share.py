@@ -1,4 +1,4 @@
-"""FairShare: every active job gets the same fraction of its b_i (paper §4.1).
+"""FairShare: every active job gets the same fraction of its b_i ([BWS] §4.1).
 
 α_i = min(1, B / Σ_{j∈S(t)} b_j) for every i ∈ S(t), with b_i = min(p_i·b, B)
 (eq. 1), so the share is proportional to b_i — to nodes only while p_i·b < B.

@@ -1,7 +1,7 @@
-"""FCFS: the oldest pending operation is served first (bandwidth-sharing paper §4.1).
+"""FCFS: the oldest pending operation is served first (bandwidth-sharing paper [BWS] §4.1).
 
 GREEDY_FILL ordered by non-decreasing post time R_i; ties by job id (the paper
-does not specify ties; notes §2). Each job takes what it can use (demand ≤ b_i)
+does not specify ties). Each job takes what it can use (demand ≤ b_i)
 and the rest goes to the next job, so the sum is min(B, Σ demand).
 """
 

@@ -1,13 +1,14 @@
-"""The yield- and volume-ordered greedy strategies of the bandwidth-sharing paper (§4.1).
+"""The yield- and volume-ordered greedy strategies of the bandwidth-sharing paper ([BWS] §4.1).
 
 GreedyYield, GreedyCom, PeriodicGreedyYield and LookAheadGreedyYield all end in
 GREEDY_FILL (``sharing.greedy_fill``): they differ only in the order they serve
 S(t) in, in LookAhead's choice of who goes first, and in Periodic's extra
 decision every δ. The semantics are those of the authors' reference simulator
-(``shared/papers/bandwidth-sharing-reference-simulator.md`` §5–§6), which the
-simulator's results are checked against; b_i there is ``demand`` here (equal
-to b_i in the simulator, the controller's estimate live), so a job never gets
-more than it can use and the rest flows on.
+([BWS-SIM] simu.cc: ``computeGreedyYield``, ``computeGreedyCom``, the
+fixedWindow branch of ``compute``, ``computeLookAheadGreedyYield``), which the
+simulator's results are checked against; b_i there is ``demand`` here (equal to
+b_i in the simulator, the controller's estimate live), so a job never gets more
+than it can use and the rest flows on.
 
 Volumes V_i come from ``JobView.remaining_estimate()``: the remaining volume
 when the client said it, otherwise what the job's past operations suggest is
@@ -21,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
-from burstctl.policies.base import Policy, PolicyParams
+from burstctl.policies.base import ArrayAllocator, Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
 
@@ -34,7 +35,7 @@ def known_remaining(job: JobView) -> float | None:
 
 
 def by_yield(jobs: Iterable[JobView], now: float) -> list[JobView]:
-    """Non-decreasing y_i(t) (eq. 6), ties by the stable index (reference §6)."""
+    """Non-decreasing y_i(t) (eq. 6), ties by the stable index (as ``computeGreedyYield``)."""
     return sorted(jobs, key=lambda j: (j.yield_at(now), j.index, j.job_id))
 
 
@@ -51,7 +52,10 @@ class GreedyYield(Policy):
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         return greedy_fill(by_yield(view.active_jobs(), view.now), view.capacity)
 
-    def allocate_columns(
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(
         self,
         now: float,
         capacity: float,
@@ -60,14 +64,8 @@ class GreedyYield(Policy):
         released_at: Sequence[float],
         demand: Sequence[float],
     ) -> list[tuple[int, float]]:
-        """``allocate`` for the simulator, without building a view: the same decision,
-        bit for bit (``tests/unit/policies/test_greedy_columns.py``).
-
-        The view is given in columns indexed by ``JobView.index``: its jobs are the
-        rows ``active``, every one active, with distinct indices in increasing order
-        (the stable order), ``progress`` P_i, ``released_at`` τ_i and ``demand``.
-        Returns ``(index, rate)`` for the positive rates, in ``allocate``'s order.
-        """
+        """``allocate`` over arrays (:class:`ArrayAllocator`): the same decision, bit
+        for bit, without building a view."""
         ranked = []
         for i in active:
             # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
@@ -95,9 +93,10 @@ class PeriodicGreedyYield(GreedyYield):
     """GreedyYield that also decides again δ seconds after every decision (§4.1).
 
     The reference simulator's fixedWindow restarts the period at every event
-    (reference §3, §6): returning δ from every decision is exactly that. The
-    paper sets δ = (T_end − T_begin)/E(+), with E(+) the number of solo-mode
-    phases; the simulator computes that and passes it as ``delta``.
+    ([BWS-SIM] simu.cc: ``compute``): returning δ from every decision is exactly
+    that. The paper sets δ = (T_end − T_begin)/E(+), with E(+) the number of
+    solo-mode phases; the simulator computes that (as ``addApps`` does) and
+    passes it as ``delta``.
     """
 
     name = "periodic-greedy-yield"
@@ -107,6 +106,9 @@ class PeriodicGreedyYield(GreedyYield):
     def period(self, view: SystemView) -> float:
         return self.params.delta
 
+    def array_allocator(self) -> ArrayAllocator | None:
+        return None  # it has a period, which the simulator asks for with a view
+
 
 class GreedyCom(Policy):
     """GREEDY_FILL by non-decreasing V_i/b_i (time to finish at full speed), then index.
@@ -115,7 +117,8 @@ class GreedyCom(Policy):
     volume, it is the job's mean past volume minus what the operation moved
     (0 once overdue, so an overdue operation is taken as about to finish).
     A job with no volume and no history is unknown and served after every
-    job with an estimate (the paper needs volumes; notes §2 suggest last).
+    job with an estimate (§4.1 assumes volumes are known; serving them last is
+    our choice, docs/references.md).
     """
 
     name = "greedy-com"
@@ -133,9 +136,9 @@ class GreedyCom(Policy):
 class LookAheadGreedyYield(Policy):
     """Give each job priority in turn; keep the choice with the best projected minimum yield.
 
-    Reference §6 (lookAheadGreedyYield), for m ≥ 2 jobs of S(t) in index order:
-    candidate i gets β_i = min(demand_i, B), the others share B − β_i by
-    GreedyYield; the horizon is h = min(T, first completion t + V_k/β_k);
+    As [BWS-SIM] simu.cc: ``computeLookAheadGreedyYield``, for m ≥ 2 jobs of S(t)
+    in index order: candidate i gets β_i = min(demand_i, B), the others share
+    B − β_i by GreedyYield; the horizon is h = min(T, first completion t + V_k/β_k);
     Z_i = min(1, min_k y_k(h)) with y_k(h) the yield at h if the allocation
     holds; the first strictly largest Z_i above 0 wins, else candidate 0.
     With one job it gets min(demand, B).

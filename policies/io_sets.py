@@ -1,10 +1,10 @@
-"""Set-10, the I/O-Sets strategy (bandwidth-sharing paper §4.2, after Boito et al.).
+"""Set-10, the I/O-Sets strategy (bandwidth-sharing paper [BWS] §4.2, after Boito et al.).
 
 Owns the online classification of jobs into I/O-sets by their mean iteration
 length ω (learned from the views the policy is shown) and the priority split
 between sets. The semantics are the reference simulator's Set10Learn
-(``shared/papers/bandwidth-sharing-reference-simulator.md`` §7), which is what
-the simulator's results are checked against.
+([BWS-SIM] simu.cc: ``computeSet10``), which is what the simulator's results
+are checked against.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import JobId, JobView, SystemView
 
-# ω of a job seen for the first time (reference §7): set n = −2, weight 100,
+# ω of a job seen for the first time (as ``computeSet10``): set n = −2, weight 100,
 # shared by every new job — high priority, but not a strictly dominant set.
 FIRST_OMEGA = 0.01
 
@@ -58,7 +58,7 @@ def round_half_away(x: float) -> int:
 
 
 def set_index(omega: float) -> int:
-    """n = ⌊log10 ω⌉ (§4.2, rounded as in reference §7), clamped to ±N_LIMIT."""
+    """n = ⌊log10 ω⌉ (§4.2; rounded as ``computeSet10`` rounds), clamped to ±N_LIMIT."""
     if not omega > 0.0:
         return -N_LIMIT
     x = math.log10(omega)
@@ -72,15 +72,17 @@ class Set10(Policy):
     """I/O-Sets with ω learned online (or known); sets split B by weight q_n = 10^(−n),
     FCFS inside.
 
-    Learning (reference §7, Set10Learn): each time a job of S(t) shows a new
+    Learning (``computeSet10``, Set10Learn): each time a job of S(t) shows a new
     post (its ``posted_at`` differs from the one last counted), ω ← 0.01 on
     the first, then the running mean of w + v/b_i over its later operations,
     where w = ``last_work`` (the work phase before the operation) and v its
     full volume (``volume``; when unknown, ``remaining_estimate() + moved``).
     The first operation seen is not averaged in, as the paper ignores v^(0).
-    Learning happens only for jobs in S(t) and only from the views shown.
+    Learning happens only for jobs in S(t) and only from the views shown that
+    were observed (``SystemView.observed``); an unobserved view (the merge of
+    several replicas' digests) is decided with what was learned so far.
     Jobs in ``known_omega`` are not learned: their set is ⌊log10 ω_i⌉ of the
-    given ω (reference §7, Set10 with wIter > 0).
+    given ω (``computeSet10``, Set10 with wIter > 0).
 
     Allocation (the paper's extended algorithm for b_i < B, as the reference
     implements it): sets in order of first appearance in index order; set g
@@ -118,12 +120,19 @@ class Set10(Policy):
         active = view.active_jobs()
         sets: dict[int, list[JobView]] = {}  # n → members, in order of first appearance
         known = self._known_sets
+        learn = self.params.learn and view.observed
         for job in active:
             n = known.get(job.job_id)
             if n is None:
-                n = self._observe(job) if self.params.learn else _FIRST_SET
+                n = self._observe(job) if learn else self._classified(job.job_id)
             sets.setdefault(n, []).append(job)
         return _split(sets, view.capacity, view.now)
+
+    def _classified(self, job_id: JobId) -> int:
+        """n of what is learned of ``job_id`` so far, without learning (a view that was
+        not observed here, e.g. merged from several replicas' digests)."""
+        state = self._learned.get(job_id) if self.params.learn else None
+        return _FIRST_SET if state is None or state.count == 0 else state.set_index
 
     def _observe(self, job: JobView) -> int:
         """Counts ``job``'s pending operation once, the first time it is seen; returns

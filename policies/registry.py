@@ -22,7 +22,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from burstctl.policies.base import Policy
+from burstctl.policies.base import Policy, PolicyParams
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(?:-[a-z0-9]+)*$")
 
@@ -53,6 +53,16 @@ ENTRY_POINT_GROUP = "burstctl.policies"
 class UnknownPolicyError(KeyError):
     def __str__(self) -> str:
         return str(self.args[0])
+
+
+class PolicyParamsError(ValueError):
+    """Parameters a policy does not accept; ``errors`` holds (location, message) pairs,
+    the location a path inside the parameters (empty: the parameters as a whole)."""
+
+    def __init__(self, name: str, errors: list[tuple[tuple[str | int, ...], str]]) -> None:
+        problems = "; ".join(f"{'.'.join(map(str, loc)) or 'params'}: {msg}" for loc, msg in errors)
+        super().__init__(f"bad parameters for policy {name!r}: {problems}")
+        self.errors = errors
 
 
 class PolicyRegistry:
@@ -97,17 +107,19 @@ class PolicyRegistry:
             return cls
         return target
 
-    def create(self, name: str, params: Mapping[str, Any] | None = None) -> Policy:
-        """Instantiates ``name`` with validated ``params``; ValueError names the bad field."""
+    def validate(self, name: str, params: Mapping[str, Any] | None = None) -> PolicyParams:
+        """``params`` validated for ``name``; raises ``UnknownPolicyError`` or
+        ``PolicyParamsError`` (a ValueError naming each bad field). Builds no policy."""
         cls = self.get(name)
         try:
-            return cls(cls.Params.model_validate(dict(params or {})))
+            return cls.Params.model_validate(dict(params or {}))
         except ValidationError as exc:
-            problems = "; ".join(
-                f"{'.'.join(str(p) for p in e['loc']) or 'params'}: {e['msg']}"
-                for e in exc.errors()
-            )
-            raise ValueError(f"bad parameters for policy {name!r}: {problems}") from None
+            errors = [(tuple(e["loc"]), e["msg"]) for e in exc.errors(include_url=False)]
+            raise PolicyParamsError(name, errors) from None
+
+    def create(self, name: str, params: Mapping[str, Any] | None = None) -> Policy:
+        """A new instance of ``name`` with validated ``params`` (see :meth:`validate`)."""
+        return self.get(name)(self.validate(name, params))
 
 
 def _spec_class(name: str) -> type[Policy] | None:

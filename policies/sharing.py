@@ -15,7 +15,7 @@ from burstctl.policies.view import JobId, JobView
 
 
 def greedy_fill(order: Iterable[JobView], capacity: float) -> dict[JobId, float]:
-    """GREEDY_FILL of the paper (notes §2): each job in turn takes min(demand, left).
+    """GREEDY_FILL of the paper ([BWS] §4.1): each job in turn takes min(demand, left).
 
     Only the last job served can get a partial share; jobs after the budget
     runs out get 0. Demand (≤ b_i) stands for b_i so that a job never receives

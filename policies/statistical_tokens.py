@@ -1,10 +1,9 @@
 """ThemisIO's statistical-token fair sharing: job-, user-, size-, priority-fair and compositions.
 
-The ThemisIO paper (``shared/papers/themisio-statistical-tokens.txt`` §2.2.2, §3;
-notes §1–§3) names a policy by its *sharing entities*, from the root down:
-``user>size`` splits the resource evenly among users, then each user's part
-among that user's jobs in proportion to their node counts. A spec is a path of
-levels joined by ``>``:
+The ThemisIO paper ([THEMIS] §2.2.2, §3, §4.1) names a policy by its *sharing
+entities*, from the root down: ``user>size`` splits the resource evenly among
+users, then each user's part among that user's jobs in proportion to their node
+counts. A spec is a path of levels joined by ``>``:
 
 - ``group``, ``user``: an even split among the distinct groups (users) present
   under the parent; a user seen under two groups is two entities there;
@@ -286,8 +285,9 @@ class StatisticalTokens(Policy):
     def segments(self, view: SystemView, pending: Collection[JobId]) -> Segments:
         """Segments over the jobs of ``view`` that are in ``pending``, in tree order.
 
-        The tree is pruned to those jobs and the product recomputed (notes §3), so
-        a user whose other jobs have nothing pending keeps the user's whole share.
+        The tree is pruned to those jobs and the product recomputed (§3 and §4.1
+        leave a draw on an empty queue open; this reading is in docs/references.md),
+        so a user whose other jobs have nothing pending keeps the user's whole share.
         Demand is not looked at: a pending request is the demand here.
         """
         wanted = pending if isinstance(pending, set | frozenset) else set(pending)

@@ -2,13 +2,19 @@
 
 The controller builds views from its job table and the simulator from its
 model; policies see nothing else. Symbols follow the bandwidth-sharing paper
-(``shared/papers/bandwidth-sharing-strategies.txt`` §3, notes §1).
+([BWS] §3).
+
+Both classes have one constructor, and it is the fast one: a replica merges
+about a thousand rows per exchange and the simulator builds a row for every
+served application at every decision, so ``JobView(...)`` builds its row as an
+unfrozen twin of identical layout and turns it into a ``JobView``
+(``JobView.__new__``); ``SystemView`` is built the same way.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, make_dataclass
 from operator import attrgetter
 from types import MappingProxyType
@@ -21,7 +27,7 @@ JobId = str
 FRESH_YIELD = 0.0
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class JobView:
     """One job as a policy sees it at the view's time.
 
@@ -46,6 +52,17 @@ class JobView:
     mean_volume: float = 0.0  # mean volume of the job's completed operations (0: none yet)
     index: int = 0  # stable order of jobs (first seen / input order); breaks ties
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> JobView:
+        # A frozen dataclass's __init__ sets every field through object.__setattr__,
+        # several times slower than a plain slots class. The twin has the same slots
+        # in the same order, so CPython lets the instance change class afterwards;
+        # the result is an ordinary, frozen JobView (a module test pins the layout).
+        if not args and not kwargs:  # copy and pickle set the slots afterwards
+            return object.__new__(cls)
+        row = _Twin(*args, **kwargs)
+        row.__class__ = cls
+        return row  # type: ignore[no-any-return]
+
     @property
     def active(self) -> bool:
         """In S(t): has a pending operation and wants bandwidth."""
@@ -66,12 +83,25 @@ class JobView:
         return max(0.0, self.mean_volume - self.moved)
 
 
-@dataclass(frozen=True, slots=True)
+_Twin = make_dataclass(
+    "JobView",  # its messages name the class users call
+    [(f.name, f.type, field(default=f.default)) for f in fields(JobView)],
+    slots=True,
+)
+
+
+@dataclass(frozen=True, slots=True, init=False)
 class SystemView:
     """Everything a policy may read: time, capacity and the jobs.
 
     The controller passes the jobs of S(t) only; the simulator may pass all
-    applications (computing ones with ``demand`` 0).
+    applications (computing ones with ``demand`` 0). ``jobs`` is copied, so the
+    caller may go on changing its own dict.
+
+    ``observed``: the jobs were seen directly (a replica's own job table, the
+    simulator). A view merged from the digests of several replicas is False: its
+    times are offsets and its volumes summaries, so a policy that learns from the
+    views it is shown (Set-10) decides from it without learning.
     """
 
     now: float
@@ -80,95 +110,44 @@ class SystemView:
     jobs: Mapping[JobId, JobView] = field(default_factory=dict)
     seed: int = 0  # for policies that draw; same seed → same rates
     horizon: float | None = None  # T_end of the simulated window; None when live
-    # S(t) in stable order when the builder vouched for it (``of_fresh``); not a field
-    # a policy reads: ``active_jobs()`` returns it
-    _active: tuple[JobView, ...] | None = field(default=None, init=False, repr=False, compare=False)
+    observed: bool = True
 
-    def __post_init__(self) -> None:
-        _check_capacity(self.capacity)
-        object.__setattr__(self, "jobs", MappingProxyType(dict(self.jobs)))
-
-    @classmethod
-    def of_fresh(
+    def __new__(
         cls,
         now: float,
         capacity: float,
         node_bandwidth: float,
-        jobs: dict[JobId, JobView],
+        jobs: Mapping[JobId, JobView] | None = None,
         seed: int = 0,
         horizon: float | None = None,
-        *,
-        all_active_in_order: bool = False,
+        observed: bool = True,
     ) -> SystemView:
-        """The view ``SystemView(...)`` builds, faster, for a caller that hands over a
-        ``jobs`` dict made for this view alone and never touches it again (the
-        simulator builds one per decision): no defensive copy, and none of the
-        frozen ``__init__``'s per-field overhead.
-
-        ``all_active_in_order``: the caller vouches that every job is active and
-        that ``jobs`` iterates in the stable order (``index``, then id), so
-        ``active_jobs()`` needs neither filter nor sort.
-        """
-        _check_capacity(capacity)
-        view = object.__new__(cls)
-        set_field = object.__setattr__  # as the frozen dataclass __init__ does
-        set_field(view, "now", now)
-        set_field(view, "capacity", capacity)
-        set_field(view, "node_bandwidth", node_bandwidth)
-        set_field(view, "jobs", MappingProxyType(jobs))
-        set_field(view, "seed", seed)
-        set_field(view, "horizon", horizon)
-        set_field(view, "_active", tuple(jobs.values()) if all_active_in_order else None)
-        return view
+        # Built like JobView (one view per decision in the simulator), with the checks
+        # a __post_init__ would make.
+        if not (math.isfinite(capacity) and capacity >= 0.0):
+            raise ValueError(f"capacity must be finite and >= 0, got {capacity!r}")
+        rows = MappingProxyType(dict(jobs) if jobs is not None else {})
+        view = _ViewTwin(now, capacity, node_bandwidth, rows, seed, horizon, observed)
+        view.__class__ = cls
+        return view  # type: ignore[no-any-return]
 
     def active_jobs(self) -> list[JobView]:
         """S(t), in the jobs' stable order (``index``, then id)."""
-        if self._active is not None:
-            return list(self._active)
         active = [j for j in self.jobs.values() if j.demand > 0.0]  # JobView.active
-        active.sort(key=_STABLE_ORDER)
+        last = -1  # builders usually list the jobs in index order already: then no sort
+        for job in active:
+            if job.index <= last:
+                active.sort(key=_STABLE_ORDER)
+                break
+            last = job.index
         return active
+
+
+_ViewTwin = make_dataclass("SystemView", [f.name for f in fields(SystemView)], slots=True)
 
 
 # (index, job_id): a C-level key, cheaper than a lambda on this hot path
 _STABLE_ORDER = attrgetter("index", "job_id")
-
-
-def _check_capacity(capacity: float) -> None:
-    if not (math.isfinite(capacity) and capacity >= 0.0):
-        raise ValueError(f"capacity must be finite and >= 0, got {capacity!r}")
-
-
-def _row_builder() -> Callable[..., JobView]:
-    """``job_row``: builds a :class:`JobView` from all 16 field values, positionally.
-
-    The frozen dataclass ``__init__`` sets each field through ``object.__setattr__``:
-    ~4.4 µs for a row here, and a replica merges ~1,000 rows per exchange
-    (``GlobalView``). This builds the row as an unfrozen twin
-    with the same slots in the same order (~0.6 µs) and then makes it a
-    ``JobView`` by assigning ``__class__``, which CPython allows between classes
-    of identical layout. The result is a plain ``JobView``: equal, hashable,
-    frozen. If this interpreter refuses the assignment, ``JobView`` itself is used.
-    """
-    names = [f.name for f in fields(JobView)]
-    twin = make_dataclass("_JobViewTwin", names, slots=True)
-
-    def job_row(*values: Any) -> JobView:
-        row = twin(*values)
-        row.__class__ = JobView
-        return row  # type: ignore[no-any-return]
-
-    probe: tuple[Any, ...] = tuple(range(len(names)))
-    try:
-        fast = job_row(*probe)
-    except TypeError:  # another interpreter or layout: the constructor, slower
-        return JobView
-    if fast != JobView(*probe) or type(fast) is not JobView:
-        return JobView
-    return job_row
-
-
-job_row = _row_builder()
 
 
 def job_cap(nodes: int, node_bandwidth: float, capacity: float) -> float:

@@ -1,14 +1,14 @@
 """The fluid discrete-event loop: runs one policy on one prepared window.
 
-Owns the event loop of the reference simulator
-(``shared/papers/bandwidth-sharing-reference-simulator.md`` §4, §9) and the
-metrics at T (§10; paper eqs. 8–10). Between two decisions every rate is
-constant, so the next event is the first phase completion, the policy's own
-period (PeriodicGreedyYield's δ) or T. At each decision the engine builds a
-``SystemView`` of the applications in I/O and calls the very policy objects
-the controller uses (``burstctl.policies``); it never imports the controller.
-A policy that also has ``allocate_columns`` (GreedyYield) decides without the
-views, bit for bit as ``allocate`` would (``_columns_path``).
+Owns the event loop of the authors' reference simulator ([BWS-SIM], its main
+loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10). Between two
+decisions every rate is constant, so the next event is the first phase
+completion, the policy's own period (PeriodicGreedyYield's δ) or T. At each
+decision the engine builds a ``SystemView`` of the applications in I/O and takes
+the controller's decision path, ``policies.decision.decide``, with the very
+policy objects the controller uses; it never imports the controller. A policy
+that declares an array entry point (``Policy.array_allocator``, GreedyYield)
+decides without the views, with the same rates (the conformance suite checks it).
 
 Units are normalised: B = 1, b_i = min(bw, B)/B, I/O volumes are volume/B and
 a phase's full-speed duration is volume/b_i. Progress P grows at rate 1 in
@@ -20,24 +20,24 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
-from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
-from typing import Any, Literal, TypeAlias
+from typing import Any, Literal
 
-from burstctl.policies.base import Policy
+from burstctl.policies.base import ArrayAllocator, Policy
+from burstctl.policies.decision import decide
 from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import JobView, SystemView
 from burstctl.simulator.instance import Window
 
-# Constants of the reference (§ "Constants").
+# Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
 EPS = 1e-10  # ε: rate tolerance, loop end
 EPS2 = 1e-9  # ε₂: same-time steps at T, forced switch in v2
 DONE = 1e-7  # a phase with q < 1e-7 completes; q < −1e-7 is an error
 MAX_REPEATS = 10  # decisions allowed at one instant before giving up
 END_TOLERANCE = 1e-8
 
-SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (§9)
+SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (simulate's v2 switch)
 SIM_USER = "sim"
 # The order _job_view passes JobView's fields in (a unit test pins it).
 JOB_VIEW_FIELDS = (
@@ -61,13 +61,6 @@ JOB_VIEW_FIELDS = (
 
 Windows = Literal["v1", "v2"]
 
-# ``allocate_columns(now, capacity, active, progress, released_at, demand)`` of a
-# policy: (index, rate) for the positive rates (see ``GreedyYield.allocate_columns``)
-AllocateColumns: TypeAlias = Callable[
-    [float, float, Sequence[int], Sequence[float], Sequence[float], Sequence[float]],
-    list[tuple[int, float]],
-]
-
 
 class SimulationError(RuntimeError):
     """The run cannot go on: a policy broke a rate bound or time stopped advancing."""
@@ -75,7 +68,7 @@ class SimulationError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class SimResult:
-    """Metrics of one run at T (§10), plus what identifies the run."""
+    """Metrics of one run at T (as the reference's ``simulate`` computes them), and the run."""
 
     policy: str
     instance: str | None
@@ -86,7 +79,7 @@ class SimResult:
     min_yield: float  # eq. (8), capped at 1, whole history
     efficiency: float  # eq. (10), weighted by b_i
     utilization: float  # eq. (9), p_i = 1
-    utilization_reference: float  # the reference's integer-truncated Utilization (§10)
+    utilization_reference: float  # the reference's integer-truncated Utilization (setUtilGopi)
     pressure: float  # load L (eq. 11)
     events: int  # decisions taken (policy calls)
     wall_seconds: float
@@ -168,7 +161,8 @@ def simulate(
 class _Run:
     """State of one run; per-application state lives in parallel lists (speed).
 
-    §4 step 4 advances every application at every step. Done literally, that is
+    The reference's ``simulate`` (its STEP C) advances every application at every
+    step. Done literally, that is
     O(m) Python work per decision, mostly on applications the decision does not
     touch; here only what can change is touched, with bit for bit the
     reference's arithmetic (so the metrics and event counts do not move):
@@ -214,7 +208,7 @@ class _Run:
         self.last_work = [0.0] * m
         self.io_total = [0.0] * m  # completed I/O volumes (for the mean)
         self.io_count = [0] * m
-        self.credit = [0] * m  # U of the reference (§10), an integer
+        self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
         self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
@@ -223,8 +217,8 @@ class _Run:
         # demand = b_i > 0 for every job of the views, which list A in index order
         self.all_active = all(b > 0.0 for b in self.cap)
         # the policies' fast paths, where they decide exactly as their views would
-        self.columns = _columns_path(policy) if self.all_active else None
-        self.warmup_columns = _columns_path(warmup) if self.all_active else None
+        self.arrays = _array_path(policy) if self.all_active else None
+        self.warmup_arrays = _array_path(warmup) if self.all_active else None
         self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
@@ -235,7 +229,7 @@ class _Run:
         self.slack = DONE + math.ulp(2 * self.horizon)
         self.events = 0
         self.t = 0.0
-        # v1: s = 0, t_c = 0; v2: t_c = T/2, s = the switch time (§4, §9)
+        # v1: s = 0, t_c = 0; v2: t_c = T/2, s = the switch time (simulate)
         self.switch_at = self.horizon / 2 if warmup is not None else 0.0  # t_c
         self.start = 0.0  # s
         self.switched = warmup is None
@@ -281,10 +275,10 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy, columns: AllocateColumns | None) -> float:
-        """Sets ``serving`` from the policy's rates for A; returns t_d, its next tick."""
-        if columns is not None:
-            return self._decide_in_columns(policy, columns)
+    def _decide(self, policy: Policy, arrays: ArrayAllocator | None) -> float:
+        """Sets ``serving`` from the decision's rates for A; returns t_d, its next tick."""
+        if arrays is not None:
+            return self._decide_in_arrays(policy, arrays)
         t = self.t
         views = self.views
         jobs: dict[str, JobView] = {}
@@ -293,46 +287,28 @@ class _Run:
             if v is None:
                 v = views[i] = self._job_view(i)
             jobs[v.job_id] = v
-        # ``jobs`` is built for this view alone: no defensive copy needed
-        view = SystemView.of_fresh(
-            t, 1.0, 1.0, jobs, self.seed, self.horizon, all_active_in_order=self.all_active
-        )
-        rates = policy.allocate(view)
-        period = policy.period(view)
+        decision = decide(policy, SystemView(t, 1.0, 1.0, jobs, self.seed, self.horizon))
         self.events += 1
-        # A job without a rate gets β = 0 (stands still), so only positive rates are kept.
-        serving = self.serving = []
-        for job_id, rate in rates.items():
-            if rate == 0.0:  # the common case (NaN is not == 0 and is rejected below)
-                continue
-            v = jobs.get(job_id)
-            if v is None:  # not in A: ignored
-                continue
-            rate = float(rate)
-            if not (-EPS <= rate <= v.cap + EPS):  # also rejects NaN
-                raise self._out_of_bounds(policy, v.index, rate)
-            if rate > 0.0:
-                serving.append((v.index, rate))
+        for job_id, proposed in decision.fixes:  # beyond rounding, a policy bug: stop
+            v = jobs[job_id]
+            if not (-EPS <= proposed <= v.cap + EPS):  # also rejects NaN
+                raise self._out_of_bounds(policy, v.index, proposed)
+        # A job without a rate gets β = 0 (stands still): only positive rates are listed.
+        self.serving = [(jobs[j].index, r) for j, r in decision.rates.items()]
+        period = decision.period
         if period is None:
             return self.horizon
         if not period > 0.0:
             raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
         return t + period
 
-    def _decide_in_columns(self, policy: Policy, columns: AllocateColumns) -> float:
-        """``_decide`` through the policy's ``allocate_columns``: the rates its
-        ``allocate`` gives the view ``_decide`` builds, without building it. Only for
-        policies whose ``period`` is None (``_columns_path``)."""
-        cap = self.cap
+    def _decide_in_arrays(self, policy: Policy, arrays: ArrayAllocator) -> float:
+        """``_decide`` through the policy's array entry point: the rates ``decide``
+        gives the view ``_decide`` builds, without building it (the policy's promise,
+        checked by the conformance suite). Such a policy has no period."""
         # A is in index order and every b_i > 0 (all_active): the stable order, all active
-        rates = columns(self.t, 1.0, self.in_io, self.progress, self.tau, cap)
+        self.serving = arrays(self.t, 1.0, self.in_io, self.progress, self.tau, self.cap)
         self.events += 1
-        serving = self.serving = []
-        for i, rate in rates:
-            if not (-EPS <= rate <= cap[i] + EPS):  # also rejects NaN
-                raise self._out_of_bounds(policy, i, rate)
-            if rate > 0.0:
-                serving.append((i, rate))
         return self.horizon
 
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
@@ -351,12 +327,12 @@ class _Run:
             if not self.switched and t > self.switch_at - EPS:
                 self._switch()
             if self.switched:
-                policy, columns = self.policy, self.columns
+                policy, arrays = self.policy, self.arrays
             else:
                 assert self.warmup is not None
-                policy, columns = self.warmup, self.warmup_columns
-            # §4 step 3: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            t_next = min(T, self._decide(policy, columns))
+                policy, arrays = self.warmup, self.warmup_arrays
+            # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
+            t_next = min(T, self._decide(policy, arrays))
             if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
             if work_ends and work_ends[0][0] < t_next:
@@ -381,7 +357,7 @@ class _Run:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
     def _advance(self, t: float, now: float) -> None:
-        """§4 step 4 over [t, now]: moves what moves, then completes every phase
+        """``simulate`` STEP C over [t, now]: moves what moves, then completes every phase
         with q < DONE. A phase that begins here is first checked at the next step."""
         dt = now - t
         q_left = self.remaining
@@ -500,7 +476,7 @@ class _Run:
             self.stepped.append(i)
 
     def _complete(self, i: int, step_start: float, now: float) -> None:
-        """Phase completion at ``now`` in the step that began at ``step_start`` (§4 step 4)."""
+        """Phase completion at ``now`` in the step that began at ``step_start`` (STEP C)."""
         k = self.phase[i]
         values = self.values[i]
         length = values[k] if k < len(values) else 0.0  # ℓ, the kept length
@@ -540,7 +516,8 @@ class _Run:
                 self.tiny_io.append(i)
 
     def _credit(self, i: int, step_start: float, length: float) -> None:
-        # The reference's U: an integer, credited from the step's start (§10, quirk 1).
+        # The reference's U (setUtilGopi): an integer, credited from the step's start
+        # (docs/simulator.md, deviation 1).
         t_c = self.switch_at
         if step_start > t_c:
             if step_start - length > t_c:
@@ -549,14 +526,15 @@ class _Run:
                 self.credit[i] = int(self.credit[i] + step_start - t_c)
 
     def metrics(self) -> tuple[float, float, float, float]:
-        """(MinYield, Efficiency, Utilization, reference Utilization) at T (§10)."""
+        """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
+        reference's ``simulate`` computes them."""
         T = self.horizon
         s = self.start
         m = len(self.cap)
         # eq. (8): y_i(T) = P_i(T)/(T − τ_i), capped at 1 as in the reference
         min_yield = min(1.0, min(self._progress_now(i) / (T - self.tau[i]) for i in range(m)))
         span = T - s
-        # eq. (10), weighted by b_i (reference quirk 2; = p_i on synthetic traces)
+        # eq. (10), weighted by b_i (as the reference does; = p_i on synthetic traces)
         efficiency = (self._weighted_progress() - self.base_efficiency) / (span * sum(self.cap))
         # eq. (9) with p_i = 1: work done in [s, T] over (T − s)·m
         work = math.fsum(
@@ -575,26 +553,8 @@ class _Run:
         return min_yield, efficiency, utilization, credit / (span * m)
 
 
-def _columns_path(policy: Policy | None) -> AllocateColumns | None:
-    """The policy's ``allocate_columns`` if it stands for the policy's whole decision:
-    defined by the class that defines its ``allocate`` (a subclass that overrides
-    ``allocate`` alone must be called through it) and with no ``period`` of its own
-    (the engine calls ``period(view)`` only with a view)."""
-    if policy is None:
-        return None
-    cls = type(policy)
-    owner = _defined_by(cls, "allocate_columns")
-    if owner is None or _defined_by(cls, "allocate") is not owner:
-        return None
-    if _defined_by(cls, "period") is not Policy:
-        return None
-    columns: AllocateColumns = policy.allocate_columns  # type: ignore[attr-defined]
-    return columns
-
-
-def _defined_by(cls: type, name: str) -> type | None:
-    """The class in ``cls``'s MRO whose body defines attribute ``name``."""
-    return next((c for c in cls.__mro__ if name in vars(c)), None)
+def _array_path(policy: Policy | None) -> ArrayAllocator | None:
+    return None if policy is None else policy.array_allocator()
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:

@@ -1,12 +1,12 @@
-"""The synthetic workload generator of the bandwidth-sharing paper (§6.2, notes §4).
+"""The synthetic workload generator of the bandwidth-sharing paper ([BWS] §6.2.1).
 
 Owns the construction of one synthetic instance: m = 60 applications, all with
 b_i = B = 1 (volumes are seconds at full bandwidth), in three classes of mean
 iteration length µ — ``n_small`` small (1000), 20 medium (10,000) and
 40 − ``n_small`` big (100,000) — with σ′ = µσ, noise ν and trace length h.
 
-Draws follow the reference ``generate.py`` (lucasperotin/stochasticIO) in the
-same order, so that ``generate(..., seed=s)`` writes the same values as the
+Draws follow the reference generator ([BWS-SIM] generate.py: ``generate``) in
+the same order, so that ``generate(..., seed=s)`` writes the same values as the
 reference script after ``random.seed(s)``:
 
 1. u_k ~ U[0, 1] for all 60 applications; φ_i = u_i·W_GOAL / Σ_k u_k;
@@ -37,7 +37,7 @@ MIN_ITERATION = 2.0  # the reference redraws ω while ω <= 2
 
 @dataclass(frozen=True, slots=True)
 class GeneratorParams:
-    """One setting of the synthetic campaign (paper Figure 2 defaults)."""
+    """One setting of the synthetic campaign ([BWS] Figure 2 defaults)."""
 
     pressure: float  # W_GOAL
     n_small: int = 20

@@ -1,15 +1,16 @@
 """Simulator instances: the application line format and the simulated window.
 
-Owns parsing and writing of the reference simulator's application file
-(``shared/papers/bandwidth-sharing-reference-simulator.md`` §2), one application
-per line::
+Owns parsing and writing of the reference simulator's application file (the
+format [BWS-SIM] simu.cc: ``addApps`` reads and ``generate.py`` writes), one
+application per line::
 
     name bandwidth age progress agePhase n wIter InitialType x_1 … x_n
 
-and the preparation of a window from it (§3): normalisation to B = 1, the window
-end T = window × minᵢ Sᵢ, truncation of every application's phases to T, the
-period δ of PeriodicGreedyYield (from K, the number of solo-mode phases) and the
-load L (the I/O pressure, eq. 11 of the paper).
+and the preparation of a window from it, as ``addApps2`` and ``addApps`` do:
+normalisation to B = 1, the window end T = window × minᵢ Sᵢ, truncation of
+every application's phases to T, the period δ of PeriodicGreedyYield (from K,
+the number of solo-mode phases) and the load L (the I/O pressure, [BWS]
+eq. (11)).
 """
 
 from __future__ import annotations
@@ -19,11 +20,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-# InitialType: 'C' means the first listed value is an I/O; any other token is work (§2).
+# InitialType: 'C' means the first listed value is an I/O; any other token is work.
 IO_FIRST = "C"
 WORK_FIRST = "W"
 
-# The reference asserts every kept total is within ±0.1 % of T (§3).
+# The reference asserts every kept total is within ±0.1 % of T (``addApps``).
 KEPT_TOLERANCE = 1e-3
 
 _HEADER_FIELDS = ("name", "bandwidth", "age", "progress", "agePhase", "n", "wIter", "InitialType")
@@ -171,7 +172,7 @@ def _non_negative(token: str, line: int, field: str) -> float:
 
 
 # ---------------------------------------------------------------------------
-# The window (§3)
+# The window (``addApps2``, ``addApps``)
 
 
 @dataclass(frozen=True, slots=True)
@@ -211,7 +212,7 @@ class Window:
 
 
 def solo_duration(app: Application, bandwidth: float) -> float:
-    """Sᵢ: full-speed duration of all listed phases (§3), in normalised units."""
+    """Sᵢ: full-speed duration of all listed phases (as ``addApps2``), in normalised units."""
     cap = min(app.bandwidth, bandwidth) / bandwidth
     io = app.io_first
     total = 0.0
@@ -224,7 +225,7 @@ def solo_duration(app: Application, bandwidth: float) -> float:
 def prepare_window(
     apps: Sequence[Application], window: float = 1.0, bandwidth: float = 1.0
 ) -> Window:
-    """Normalises and truncates ``apps`` to [0, T], T = window × minᵢ Sᵢ (§3)."""
+    """Normalises and truncates ``apps`` to [0, T], T = window × minᵢ Sᵢ (``addApps``)."""
     if not apps:
         raise ValueError("the instance has no applications")
     if not (0.0 < window <= 1.0):

@@ -1,9 +1,9 @@
-"""Boxplots of sweep results in the style of the paper's Figure 2.
+"""Boxplots of sweep results in the style of the bandwidth-sharing paper's Figure 2 ([BWS]).
 
 One panel per pressure W, one box per policy: box at the 25th and 75th
-percentiles, whiskers at the 10th and 90th, a marker at the mean (the paper's
-§6.2 convention). Reads the rows ``burstctl sim sweep`` writes. matplotlib is
-an optional dependency (extra ``[plot]``), imported only here.
+percentiles, whiskers at the 10th and 90th, a marker at the mean (the
+convention of [BWS] §6.2.2). Reads the rows ``burstctl sim sweep`` writes.
+matplotlib is an optional dependency (extra ``[plot]``), imported only here.
 """
 
 from __future__ import annotations

@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 from support import ControllerProcess
 
-from burstctl.controller.app import Service, build_service
+from burstctl.controller.app import Replica, build_replica
 from burstctl.controller.config import load_config
 
-SERVICE_DEFAULTS = {
+REPLICA_DEFAULTS = {
     "grpc_listen": "127.0.0.1:0",
     "http_listen": "127.0.0.1:0",
     "capacity": "40MiB/s",
@@ -22,13 +22,13 @@ SERVICE_DEFAULTS = {
 
 
 @pytest.fixture
-async def service_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Service]]]:
+async def replica_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica]]]:
     """Starts controller replicas in this test's event loop on OS-chosen loopback ports."""
-    started: list[Service] = []
+    started: list[Replica] = []
 
-    async def make(**overrides: object) -> Service:
-        settings = {**SERVICE_DEFAULTS, "state_dir": tmp_path / f"state{len(started)}", **overrides}
-        svc = build_service(load_config(**settings))
+    async def make(**overrides: object) -> Replica:
+        settings = {**REPLICA_DEFAULTS, "state_dir": tmp_path / f"state{len(started)}", **overrides}
+        svc = build_replica(load_config(**settings))
         started.append(svc)
         await svc.start()
         return svc
@@ -39,9 +39,9 @@ async def service_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitab
 
 
 @pytest.fixture
-async def service(service_factory: Callable[..., Awaitable[Service]]) -> Service:
+async def replica(replica_factory: Callable[..., Awaitable[Replica]]) -> Replica:
     """One replica with the defaults above (B = 40 MiB/s, b = 8 MiB/s)."""
-    return await service_factory()
+    return await replica_factory()
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """Acceptance of the core spine: a real controller process, real client sessions on loopback.
 
-Each scenario is one acceptance item of the core issue. Throughput is measured
-over a window once every session is attached; tolerances are the issue's.
+Each scenario is one acceptance criterion of the core spine. Throughput is measured
+over a window once every session is attached; tolerances are the criteria's.
 """
 
 from __future__ import annotations

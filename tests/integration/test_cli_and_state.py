@@ -7,10 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
 import pytest
 from support import ControllerProcess
 
-from burstctl.controller.app import build_service
+from burstctl.controller.app import build_replica
 from burstctl.controller.config import load_config
 
 pytestmark = pytest.mark.integration
@@ -78,28 +79,34 @@ def test_policies_command() -> None:
     assert "fcfs" in out and "fair-share" in out
 
 
-async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path) -> None:
+async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path, caplog) -> None:
     config = load_config(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0", state_dir=tmp_path)
-    svc = build_service(config)
+    svc = build_replica(config)
     await svc.start()
     try:
-        svc.set_policy("fcfs")
+        svc.policy.switch("fcfs")
         with pytest.raises(ValueError, match="bogus"):
-            svc.set_policy("fcfs", {"bogus": 1})
+            svc.policy.switch("fcfs", {"bogus": 1})
         assert svc.policy.name == "fcfs"  # a failed switch changes nothing
     finally:
         await svc.stop(grace=0)
     saved = json.loads((tmp_path / "state.json").read_text())
-    assert saved["policy"] == {"name": "fcfs", "params": {}, "version": 1}
+    assert saved["policy"] == {
+        "name": "fcfs",
+        "params": {},
+        "version": 1,
+        "origin": config.replica_id,
+    }
+    assert saved["configured"] == {"name": "fair-share", "params": {}}
 
-    again = build_service(config)
+    again = build_replica(config)
     await again.start()
     try:
-        assert again.policy.name == "fcfs" and again.policy_version == 1
+        assert again.policy.name == "fcfs" and again.policy.version == 1
     finally:
         await again.stop(grace=0)
-    # an explicitly configured policy wins over the saved one
-    explicit = build_service(
+    # the same configured policy, now named explicitly: the switch still holds
+    explicit = build_replica(
         load_config(
             grpc_listen="127.0.0.1:0",
             http_listen="127.0.0.1:0",
@@ -109,14 +116,32 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path) -> None:
     )
     await explicit.start()
     try:
-        assert explicit.policy.name == "fair-share"
+        assert explicit.policy.name == "fcfs"
     finally:
         await explicit.stop(grace=0)
+    # an edited configured policy wins over the saved switch, and says so
+    edited = build_replica(
+        load_config(
+            grpc_listen="127.0.0.1:0",
+            http_listen="127.0.0.1:0",
+            state_dir=tmp_path,
+            policy="greedy-yield",
+        )
+    )
+    caplog.clear()
+    await edited.start()
+    try:
+        assert (edited.policy.name, edited.policy.version) == ("greedy-yield", 2)
+        assert "configured policy changed from fair-share" in caplog.text
+    finally:
+        await edited.stop(grace=0)
+    saved = json.loads((tmp_path / "state.json").read_text())
+    assert saved["configured"] == {"name": "greedy-yield", "params": {}}
 
 
 async def test_corrupt_state_file_is_reported_and_kept(tmp_path: Path, caplog) -> None:
     (tmp_path / "state.json").write_text("{not json")
-    svc = build_service(
+    svc = build_replica(
         load_config(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0", state_dir=tmp_path)
     )
     await svc.start()
@@ -126,3 +151,55 @@ async def test_corrupt_state_file_is_reported_and_kept(tmp_path: Path, caplog) -
     finally:
         await svc.stop(grace=0)
     assert (tmp_path / "state.json").read_text() == "{not json"
+
+
+EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "controller.toml"
+
+
+def test_restarts_with_the_example_configuration(
+    controller_factory: type[ControllerProcess], tmp_path: Path
+) -> None:
+    """What the systemd unit does: the same configuration file at every restart. A switch
+    through the API and a registered job survive it; an edit of the file's policy wins,
+    and the log says so."""
+    text = EXAMPLE_CONFIG.read_text()
+    assert 'policy = "fair-share"' in text
+    config = tmp_path / "controller.toml"
+    config.write_text(text)
+    state = tmp_path / "state"
+    proc = controller_factory("--config", str(config), state_dir=state)  # flags: loopback ports
+    auth = {"Authorization": "Bearer " + (state / "admin-token").read_text().strip()}
+
+    def policy() -> tuple[str, int]:
+        assert proc.url is not None
+        body = httpx.get(proc.url + "/v1/policy", timeout=10).json()
+        return body["name"], body["version"]
+
+    def restart() -> None:
+        assert proc.stop() == 0
+        proc.log.clear()
+        proc.start()
+
+    assert policy() == ("fair-share", 0)
+    assert proc.url is not None
+    switched = httpx.put(proc.url + "/v1/policy", json={"name": "fcfs"}, headers=auth, timeout=10)
+    assert switched.status_code == 200, switched.text
+    job = {"job_id": "77", "user": "ann", "group": "chem", "nodes": 4}
+    assert httpx.post(proc.url + "/v1/jobs", json=job, headers=auth, timeout=10).status_code == 201
+
+    restart()
+    assert policy() == ("fcfs", 1)
+    assert proc.url is not None
+    registered = httpx.get(proc.url + "/v1/jobs/77", timeout=10).json()
+    assert (registered["user"], registered["nodes"], registered["registered"]) == ("ann", 4, True)
+    assert not any("configured policy changed" in line for line in proc.log)
+
+    config.write_text(text.replace('policy = "fair-share"', 'policy = "greedy-yield"'))
+    restart()
+    assert policy() == ("greedy-yield", 2)
+    changed = [line for line in proc.log if "configured policy changed" in line]
+    assert len(changed) == 1 and "fair-share" in changed[0] and "greedy-yield" in changed[0]
+
+    restart()  # the edited file again: its policy stays, nothing to say
+    assert policy() == ("greedy-yield", 2)
+    assert not any("configured policy changed" in line for line in proc.log)

@@ -29,7 +29,7 @@ from selenium.webdriver.support.ui import Select
 from support import Pump, wait_until
 
 from burstctl.client import JobInfo, Session
-from burstctl.controller.app import Service
+from burstctl.controller.app import Replica
 
 pytestmark = pytest.mark.integration
 
@@ -219,21 +219,21 @@ def drive(url: str, token: str, out: Path) -> None:
 
 
 async def test_dashboard_shows_jobs_live_and_switches_the_policy(
-    service: Service, tmp_path: Path
+    replica: Replica, tmp_path: Path
 ) -> None:
-    token = (service.config.state_dir / "admin-token").read_text().strip()
+    token = (replica.config.state_dir / "admin-token").read_text().strip()
     sessions = ExitStack()
     pumps: list[Pump] = []
     try:
         for info in JOBS.values():
-            s = await asyncio.to_thread(Session, service.grpc_address, info)
+            s = await asyncio.to_thread(Session, replica.grpc_address, info)
             sessions.callback(s.close)
             pumps.append(Pump(s).start())
-        await asyncio.to_thread(drive, service.http_url, token, tmp_path)
-        async with httpx.AsyncClient(base_url=service.http_url) as http:
+        await asyncio.to_thread(drive, replica.http_url, token, tmp_path)
+        async with httpx.AsyncClient(base_url=replica.http_url) as http:
             policy = (await http.get("/v1/policy")).json()
         assert (policy["name"], policy["params"], policy["version"]) == (TARGET, {}, 1)
-        assert service.policy_spec[0] == TARGET
+        assert replica.policy.name == TARGET
     finally:
         await asyncio.to_thread(lambda: [p.stop() for p in pumps])
         await asyncio.to_thread(sessions.close)
@@ -243,9 +243,9 @@ async def test_dashboard_shows_jobs_live_and_switches_the_policy(
 
 
 async def test_page_and_vendored_library_are_served_from_the_package(
-    service_factory: Callable[..., Awaitable[Service]],
+    replica_factory: Callable[..., Awaitable[Replica]],
 ) -> None:
-    svc = await service_factory(protect_reads=True)
+    svc = await replica_factory(protect_reads=True)
     async with httpx.AsyncClient(base_url=svc.http_url) as http:
         page = await http.get("/")
         assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")

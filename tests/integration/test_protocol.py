@@ -13,7 +13,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from support import async_wait_until
 
-from burstctl.controller.app import Service
+from burstctl.controller.app import Replica
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 
@@ -73,8 +73,8 @@ class RawSession:
 
 
 @pytest.fixture
-async def channel(service: Service):
-    async with grpc.aio.insecure_channel(service.grpc_address) as ch:
+async def channel(replica: Replica):
+    async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         yield ch
 
 
@@ -85,7 +85,7 @@ async def test_health_serving(channel: grpc.aio.Channel) -> None:
         assert resp.status == health_pb2.HealthCheckResponse.SERVING
 
 
-async def test_allocation_after_hello_and_post(channel: grpc.aio.Channel, service: Service) -> None:
+async def test_allocation_after_hello_and_post(channel: grpc.aio.Channel, replica: Replica) -> None:
     s = RawSession(channel)
     await s.send(hello(nodes=4))
     first = await s.allocation()
@@ -100,7 +100,7 @@ async def test_allocation_after_hello_and_post(channel: grpc.aio.Channel, servic
     await s.send(pb.ClientMessage(goodbye=pb.Goodbye()))
     await s.call.done_writing()
     assert await s.call.code() == grpc.StatusCode.OK
-    await async_wait_until(lambda: not service.table.sessions, 5, message="session closed")
+    await async_wait_until(lambda: not replica.table.sessions, 5, message="session closed")
 
 
 async def test_lease_renewed_before_expiry(channel: grpc.aio.Channel) -> None:
@@ -154,7 +154,7 @@ BAD_INPUTS = [
 
 @pytest.mark.parametrize(("messages", "field"), BAD_INPUTS, ids=[f for _, f in BAD_INPUTS])
 async def test_bad_input_is_invalid_argument_and_harms_no_one(
-    channel: grpc.aio.Channel, service: Service, messages: list[pb.ClientMessage], field: str
+    channel: grpc.aio.Channel, replica: Replica, messages: list[pb.ClientMessage], field: str
 ) -> None:
     good = RawSession(channel)
     await good.send(hello(job="good"))
@@ -173,17 +173,17 @@ async def test_bad_input_is_invalid_argument_and_harms_no_one(
     await good.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=1)))
     await good.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=2)))
     assert (await good.rate_becomes(lambda r: r == 0)).rate == 0
-    assert "good" in service.table.jobs
+    assert "good" in replica.table.jobs
 
 
-async def test_batch_is_handled_in_order(channel: grpc.aio.Channel, service: Service) -> None:
+async def test_batch_is_handled_in_order(channel: grpc.aio.Channel, replica: Replica) -> None:
     s = RawSession(channel)
     await s.send(hello(nodes=4))
     await s.allocation()
     batch = [post(1, volume=MiB), post(2), pb.ClientMessage(op_completed=pb.OpCompleted(op_id=1))]
     await s.send(pb.ClientMessage(batch=pb.Batch(messages=batch)))
     assert (await s.rate_becomes(lambda r: r > 0)).rate == pytest.approx(32 * MiB)
-    session = next(iter(service.table.sessions.values()))
+    session = next(iter(replica.table.sessions.values()))
     assert set(session.ops) == {2}  # 1 posted then completed, 2 still open
     await s.send(
         pb.ClientMessage(
@@ -198,8 +198,8 @@ async def test_batch_is_handled_in_order(channel: grpc.aio.Channel, service: Ser
     )
     await s.call.done_writing()
     assert await s.call.code() == grpc.StatusCode.OK
-    await async_wait_until(lambda: not service.table.sessions, 5, message="session closed")
-    assert service.table.jobs["j1"].completed_ops == 2
+    await async_wait_until(lambda: not replica.table.sessions, 5, message="session closed")
+    assert replica.table.jobs["j1"].completed_ops == 2
 
 
 async def test_completing_an_unknown_operation_is_a_notice(channel: grpc.aio.Channel) -> None:
@@ -215,7 +215,7 @@ async def test_completing_an_unknown_operation_is_a_notice(channel: grpc.aio.Cha
 
 
 async def test_undecodable_message_is_invalid_argument(
-    channel: grpc.aio.Channel, service: Service
+    channel: grpc.aio.Channel, replica: Replica
 ) -> None:
     raw = channel.stream_stream(
         "/burstctl.v1.Controller/Session",
@@ -234,7 +234,7 @@ async def test_undecodable_message_is_invalid_argument(
     assert (await s.allocation()).epoch == 1
 
 
-async def test_silent_session_times_out(channel: grpc.aio.Channel, service: Service) -> None:
+async def test_silent_session_times_out(channel: grpc.aio.Channel, replica: Replica) -> None:
     """No heartbeat for the timeout (1 s here): the session is closed and its job inactive."""
     quiet = RawSession(channel)
     await quiet.send(hello(job="quiet"))
@@ -242,11 +242,11 @@ async def test_silent_session_times_out(channel: grpc.aio.Channel, service: Serv
     await quiet.rate_becomes(lambda r: r > 0)
     err = await quiet.status(timeout=5)
     assert err.code() == grpc.StatusCode.UNAVAILABLE
-    assert service.table.jobs["quiet"].status.value == "inactive"
+    assert replica.table.jobs["quiet"].status.value == "inactive"
 
 
 async def test_job_rate_is_split_over_its_sessions_by_demand(
-    channel: grpc.aio.Channel, service: Service
+    channel: grpc.aio.Channel, replica: Replica
 ) -> None:
     """One 4-node job (b_i = 32 MiB/s) with two sessions: one satisfied at 2 MiB/s, one waiting."""
     calm, eager = RawSession(channel), RawSession(channel)

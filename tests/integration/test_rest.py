@@ -18,17 +18,17 @@ from prometheus_client.parser import text_string_to_metric_families
 from support import Pump, async_wait_until
 
 from burstctl.client import JobInfo, Session
-from burstctl.controller.app import Service
+from burstctl.controller.app import Replica
 
 pytestmark = pytest.mark.integration
-Make = Callable[..., Awaitable[Service]]
+Make = Callable[..., Awaitable[Replica]]
 
 
-def token_of(svc: Service) -> str:
+def token_of(svc: Replica) -> str:
     return (svc.config.state_dir / "admin-token").read_text().strip()
 
 
-def auth(svc: Service) -> dict[str, str]:
+def auth(svc: Replica) -> dict[str, str]:
     return {"Authorization": f"Bearer {token_of(svc)}"}
 
 
@@ -37,19 +37,19 @@ def _no_token_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BURSTCTL_ADMIN_TOKEN", raising=False)
 
 
-async def test_health_and_readiness(service: Service) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+async def test_health_and_readiness(replica: Replica) -> None:
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         assert (await http.get("/healthz")).json() == {"status": "ok"}
         ready = (await http.get("/readyz")).json()
-        assert ready == {"status": "ready", "grpc": service.grpc_address}
+        assert ready == {"status": "ready", "grpc": replica.grpc_address}
         assert (await http.get("/docs")).status_code == 200
         assert "/v1/policy" in (await http.get("/openapi.json")).json()["paths"]
 
 
-async def test_policies_lists_the_registry_with_parameter_schemas(service: Service) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+async def test_policies_lists_the_registry_with_parameter_schemas(replica: Replica) -> None:
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         rows = {r["name"]: r for r in (await http.get("/v1/policies")).json()}
-    assert set(rows) == set(service.registry.names())
+    assert set(rows) == set(replica.policy.registry.names())
     assert rows["size-fair"]["family"] == "statistical-tokens"
     assert rows["greedy-yield"]["family"] == "bandwidth-sharing"
     assert rows["periodic-greedy-yield"]["params_schema"]["properties"]["delta"]["type"] == (
@@ -59,10 +59,10 @@ async def test_policies_lists_the_registry_with_parameter_schemas(service: Servi
 
 
 async def test_switch_is_applied_versioned_and_survives_a_restart(
-    service_factory: Make, tmp_path: Path
+    replica_factory: Make, tmp_path: Path
 ) -> None:
     state = tmp_path / "st"
-    svc = await service_factory(state_dir=state)
+    svc = await replica_factory(state_dir=state)
     token_file = state / "admin-token"
     assert stat.S_IMODE(token_file.stat().st_mode) == 0o600
     async with httpx.AsyncClient(base_url=svc.http_url) as http:
@@ -79,9 +79,9 @@ async def test_switch_is_applied_versioned_and_survives_a_restart(
             {"delta": 0.25},
             1,
         )
-    assert svc.policy.name == "periodic-greedy-yield" and svc.policy.params.delta == 0.25
+    assert svc.policy.name == "periodic-greedy-yield" and svc.policy.policy.params.delta == 0.25
     await svc.stop(grace=0)
-    again = await service_factory(state_dir=state)  # same state dir, same token
+    again = await replica_factory(state_dir=state)  # same state dir, same token
     assert token_of(again) == token_file.read_text().strip()
     async with httpx.AsyncClient(base_url=again.http_url) as http:
         got = (await http.get("/v1/policy")).json()
@@ -106,30 +106,30 @@ async def test_switch_is_applied_versioned_and_survives_a_restart(
     ],
 )
 async def test_bad_switch_is_422_naming_the_field_and_changes_nothing(
-    service: Service, body: dict[str, object], field: str
+    replica: Replica, body: dict[str, object], field: str
 ) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
-        r = await http.put("/v1/policy", json=body, headers=auth(service))
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
+        r = await http.put("/v1/policy", json=body, headers=auth(replica))
         assert r.status_code == 422, r.text
         locs = [".".join(str(p) for p in d["loc"][1:]) for d in r.json()["detail"]]
         assert field in locs, r.json()
         assert (await http.get("/v1/policy")).json()["version"] == 0
-    assert service.policy.name == "fair-share" and service.policy_version == 0
+    assert replica.policy.name == "fair-share" and replica.policy.version == 0
 
 
-async def test_malformed_json_is_422(service: Service) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+async def test_malformed_json_is_422(replica: Replica) -> None:
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         r = await http.put(
             "/v1/policy",
             content=b'{"name": "fcfs"',
-            headers={**auth(service), "Content-Type": "application/json"},
+            headers={**auth(replica), "Content-Type": "application/json"},
         )
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
-    assert service.policy_version == 0
+    assert replica.policy.version == 0
 
 
-async def test_switch_needs_the_right_token(service: Service) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+async def test_switch_needs_the_right_token(replica: Replica) -> None:
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         r = await http.put("/v1/policy", json={"name": "fcfs"})
         assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer"
         r = await http.put(
@@ -140,14 +140,14 @@ async def test_switch_needs_the_right_token(service: Service) -> None:
             "/v1/policy", json={"name": "fcfs"}, headers={"Authorization": "Basic eDp5"}
         )
         assert r.status_code == 401
-    assert service.policy.name == "fair-share"
+    assert replica.policy.name == "fair-share"
 
 
 async def test_token_from_environment_and_protected_reads(
-    service_factory: Make, monkeypatch: pytest.MonkeyPatch
+    replica_factory: Make, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("BURSTCTL_ADMIN_TOKEN", "s3cret")
-    svc = await service_factory(protect_reads=True)
+    svc = await replica_factory(protect_reads=True)
     assert not (svc.config.state_dir / "admin-token").exists()
     async with httpx.AsyncClient(base_url=svc.http_url) as http:
         assert (await http.get("/v1/policy")).status_code == 401
@@ -158,10 +158,10 @@ async def test_token_from_environment_and_protected_reads(
         assert r.status_code == 200 and r.json()["version"] == 1
 
 
-async def test_token_file_option(service_factory: Make, tmp_path: Path) -> None:
+async def test_token_file_option(replica_factory: Make, tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("from-file\n")
-    svc = await service_factory(admin_token_file=path)
+    svc = await replica_factory(admin_token_file=path)
     async with httpx.AsyncClient(base_url=svc.http_url) as http:
         r = await http.put(
             "/v1/policy", json={"name": "fcfs"}, headers={"Authorization": "Bearer from-file"}
@@ -169,19 +169,19 @@ async def test_token_file_option(service_factory: Make, tmp_path: Path) -> None:
     assert r.status_code == 200
 
 
-async def test_replicas_without_peers(service: Service) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+async def test_replicas_without_peers(replica: Replica) -> None:
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         got = (await http.get("/v1/replicas")).json()
-    assert got["replica_id"] == service.config.replica_id
-    assert got["capacity"] == service.config.capacity
+    assert got["replica_id"] == replica.config.replica_id
+    assert got["capacity"] == replica.config.capacity
     assert got["peers"] == [] and got["sync_interval_s"] is None
 
 
-async def test_busy_rest_port_fails_start_clearly(service_factory: Make, service: Service) -> None:
-    port = service.http_url.rsplit(":", 1)[1]
+async def test_busy_rest_port_fails_start_clearly(replica_factory: Make, replica: Replica) -> None:
+    port = replica.http_url.rsplit(":", 1)[1]
     with pytest.raises(OSError, match=rf"cannot listen on 127\.0\.0\.1:{port} \(REST\)"):
-        await service_factory(http_listen=f"127.0.0.1:{port}")
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+        await replica_factory(http_listen=f"127.0.0.1:{port}")
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         assert (await http.get("/healthz")).status_code == 200  # the first one is unharmed
 
 
@@ -196,17 +196,17 @@ def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def test_cli_lists_gets_and_sets(service: Service) -> None:
-    url = ["--url", service.http_url]
+async def test_cli_lists_gets_and_sets(replica: Replica) -> None:
+    url = ["--url", replica.http_url]
     listed = await asyncio.to_thread(burstctl, "policy", "list", *url)
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()}
-    assert set(rows) == set(service.registry.names())
+    assert set(rows) == set(replica.policy.registry.names())
     assert "params: delta" in rows["periodic-greedy-yield"]
     got = await asyncio.to_thread(burstctl, "policy", "get", *url)
     assert got.stdout.splitlines()[0] == "fair-share"
-    assert f"version 0 on replica {service.config.replica_id}" in got.stdout
-    token = ["--token", token_of(service)]
+    assert f"version 0 on replica {replica.config.replica_id}" in got.stdout
+    token = ["--token", token_of(replica)]
     bad = await asyncio.to_thread(
         burstctl, "policy", "set", "set-10", "--param", "learn=maybe", *url, *token
     )
@@ -215,7 +215,7 @@ async def test_cli_lists_gets_and_sets(service: Service) -> None:
         burstctl, "policy", "set", "set-10", "--param", "learn=false", *url, *token
     )
     assert ok.returncode == 0 and "set-10 active (version 1)" in ok.stdout
-    assert service.policy.name == "set-10" and service.policy.params.learn is False
+    assert replica.policy.name == "set-10" and replica.policy.policy.params.learn is False
     down = await asyncio.to_thread(burstctl, "policy", "get", "--url", "http://127.0.0.1:9")
     assert down.returncode != 0 and "cannot reach the controller" in down.stderr
 
@@ -226,12 +226,12 @@ def move(session: Session, kind: str, nbytes: int, chunks: int = 4) -> None:
             session.acquire(nbytes // chunks, kind)
 
 
-async def test_jobs_report_metadata_bytes_by_kind_and_sessions(service: Service) -> None:
-    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("7", "ann", "bio", nodes=2))
+async def test_jobs_report_metadata_bytes_by_kind_and_sessions(replica: Replica) -> None:
+    s = await asyncio.to_thread(Session, replica.grpc_address, JobInfo("7", "ann", "bio", nodes=2))
     try:
         await asyncio.to_thread(move, s, "write", 3 << 20)
         await asyncio.to_thread(move, s, "read", 1 << 20)
-        async with httpx.AsyncClient(base_url=service.http_url) as http:
+        async with httpx.AsyncClient(base_url=replica.http_url) as http:
 
             async def reported() -> dict[str, object] | None:
                 j = (await http.get("/v1/jobs/7")).json()
@@ -242,7 +242,7 @@ async def test_jobs_report_metadata_bytes_by_kind_and_sessions(service: Service)
             assert (j["bytes_written"], j["bytes_read"]) == (3 << 20, 1 << 20)
             assert (j["user"], j["group"], j["nodes"], j["registered"]) == ("ann", "bio", 2, False)
             assert j["active"] and j["sessions"] == 1
-            assert j["replicas"] == [service.config.replica_id]
+            assert j["replicas"] == [replica.config.replica_id]
             assert 0 < j["yield"] <= 1.0 + 1e-9
             assert [x["job_id"] for x in (await http.get("/v1/jobs")).json()] == ["7"]
             assert (await http.get("/v1/jobs/8")).status_code == 404
@@ -251,10 +251,10 @@ async def test_jobs_report_metadata_bytes_by_kind_and_sessions(service: Service)
 
 
 async def test_registered_metadata_wins_and_survives_a_restart(
-    service_factory: Make, tmp_path: Path
+    replica_factory: Make, tmp_path: Path
 ) -> None:
     state = tmp_path / "st"
-    svc = await service_factory(state_dir=state)
+    svc = await replica_factory(state_dir=state)
     body = {"job_id": "42", "user": "alice", "group": "phys", "nodes": 4, "priority": 2.0}
     async with httpx.AsyncClient(base_url=svc.http_url, headers=auth(svc)) as http:
         r = await http.post("/v1/jobs", json=body)
@@ -271,7 +271,7 @@ async def test_registered_metadata_wins_and_survives_a_restart(
     finally:
         await asyncio.to_thread(s.close)
     await svc.stop(grace=0)
-    again = await service_factory(state_dir=state)
+    again = await replica_factory(state_dir=state)
     async with httpx.AsyncClient(base_url=again.http_url, headers=auth(again)) as http:
         j = (await http.get("/v1/jobs/42")).json()
         assert (j["user"], j["nodes"], j["registered"]) == ("alice", 8, True)
@@ -294,27 +294,27 @@ async def test_registered_metadata_wins_and_survives_a_restart(
     ],
 )
 async def test_bad_registration_is_422_naming_the_field(
-    service: Service, body: dict[str, object], field: str
+    replica: Replica, body: dict[str, object], field: str
 ) -> None:
-    async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+    async with httpx.AsyncClient(base_url=replica.http_url, headers=auth(replica)) as http:
         r = await http.post("/v1/jobs", json=body)
         assert r.status_code == 422
         assert field in [d["loc"][-1] for d in r.json()["detail"]], r.json()
         assert (await http.get("/v1/jobs")).json() == []
 
 
-async def test_job_mutations_need_the_token(service: Service) -> None:
+async def test_job_mutations_need_the_token(replica: Replica) -> None:
     body = {"job_id": "1", "user": "a", "group": "g", "nodes": 1}
-    async with httpx.AsyncClient(base_url=service.http_url) as http:
+    async with httpx.AsyncClient(base_url=replica.http_url) as http:
         assert (await http.post("/v1/jobs", json=body)).status_code == 401
         assert (await http.delete("/v1/jobs/1")).status_code == 401
         wrong = {"Authorization": "Bearer x"}
         assert (await http.post("/v1/jobs", json=body, headers=wrong)).status_code == 403
-    assert service.table.registered == {}
+    assert replica.table.registered == {}
 
 
-async def test_cli_registers_lists_and_retires_jobs(service: Service) -> None:
-    url = ["--url", service.http_url, "--token", token_of(service)]
+async def test_cli_registers_lists_and_retires_jobs(replica: Replica) -> None:
+    url = ["--url", replica.http_url, "--token", token_of(replica)]
     reg = await asyncio.to_thread(
         burstctl, "job", "register", "99", "--user", "bob", "--group", "chem", "--nodes", "3", *url
     )
@@ -329,20 +329,20 @@ async def test_cli_registers_lists_and_retires_jobs(service: Service) -> None:
     assert again.returncode != 0 and "not registered" in again.stderr
 
 
-async def test_metrics_parse_and_carry_the_series(service: Service) -> None:
-    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("m1", "ann", "bio", nodes=2))
+async def test_metrics_parse_and_carry_the_series(replica: Replica) -> None:
+    s = await asyncio.to_thread(Session, replica.grpc_address, JobInfo("m1", "ann", "bio", nodes=2))
     try:
         await asyncio.to_thread(move, s, "write", 2 << 20)
-        async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+        async with httpx.AsyncClient(base_url=replica.http_url, headers=auth(replica)) as http:
             r = await http.put("/v1/policy", json={"name": "fcfs"})
             assert r.status_code == 200
             await async_wait_until(
-                lambda: service.table.jobs["m1"].bytes_moved == 2 << 20, 5, message="usage"
+                lambda: replica.table.jobs["m1"].bytes_moved == 2 << 20, 5, message="usage"
             )
             r = await http.get("/metrics")
         assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
         families = {f.name: f for f in text_string_to_metric_families(r.text)}
-        replica = service.config.replica_id
+        replica = replica.config.replica_id
 
         def value(name: str, **labels: str) -> float:
             samples = [
@@ -376,12 +376,14 @@ async def test_metrics_parse_and_carry_the_series(service: Service) -> None:
         await asyncio.to_thread(s.close)
 
 
-async def test_peer_series_in_metrics(service_factory: Make) -> None:
+async def test_peer_series_in_metrics(replica_factory: Make) -> None:
     from test_replicas import cluster
 
-    r1, _ = await cluster(service_factory, [40, 40])
+    r1, _ = await cluster(replica_factory, [40, 40])
     assert r1.peer_sync is not None
-    await async_wait_until(lambda: r1.peer_sync.view.live_peers() == ["r2"], 5, message="r2 live")
+    await async_wait_until(
+        lambda: r1.peer_sync.membership.live_peers() == ["r2"], 5, message="r2 live"
+    )
     async with httpx.AsyncClient(base_url=r1.http_url) as http:
         text = (await http.get("/metrics")).text
     families = {f.name: f for f in text_string_to_metric_families(text)}
@@ -392,14 +394,14 @@ async def test_peer_series_in_metrics(service_factory: Make) -> None:
 
 
 async def test_top_shows_jobs_and_their_throughput(
-    service: Service, monkeypatch: pytest.MonkeyPatch
+    replica: Replica, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("COLUMNS", "160")  # rich wraps cells at 80 columns without a terminal
-    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("t1", "ann", "bio", nodes=2))
+    s = await asyncio.to_thread(Session, replica.grpc_address, JobInfo("t1", "ann", "bio", nodes=2))
     pump = Pump(s).start()
     try:
         out = await asyncio.to_thread(
-            burstctl, "top", "--url", service.http_url, "--iterations", "3", "--interval", "0.3"
+            burstctl, "top", "--url", replica.http_url, "--iterations", "3", "--interval", "0.3"
         )
     finally:
         await asyncio.to_thread(pump.stop)
@@ -413,25 +415,25 @@ async def test_top_shows_jobs_and_their_throughput(
     assert not pump.errors
 
 
-async def test_switch_under_load_keeps_bytes_moving_within_capacity(service: Service) -> None:
+async def test_switch_under_load_keeps_bytes_moving_within_capacity(replica: Replica) -> None:
     jobs = [JobInfo(f"L{i}", f"u{i % 2}", "g", nodes=i + 1) for i in range(3)]
-    sessions = [await asyncio.to_thread(Session, service.grpc_address, j) for j in jobs]
+    sessions = [await asyncio.to_thread(Session, replica.grpc_address, j) for j in jobs]
     pumps = [Pump(s).start() for s in sessions]
-    bound = service.config.capacity * (1 + service.config.push_tolerance)
+    bound = replica.config.capacity * (1 + replica.config.push_tolerance)
     worst = 0.0
 
     def after_decision(latency: float) -> None:
         # the rates in force once the decision has pushed: never above B (+ push tolerance)
         nonlocal worst
-        worst = max(worst, sum(s.rate or 0.0 for s in service.table.sessions.values()))
+        worst = max(worst, sum(s.rate or 0.0 for s in replica.table.sessions.values()))
 
-    service.scheduler.observe_latency = after_decision
+    replica.scheduler._observe_latency = after_decision  # called after every decision
     policies = ["fcfs", "size-fair", "greedy-yield", "group>user>size", "fair-share"] * 4
     try:
         await async_wait_until(lambda: all(s.rate > 0 for s in sessions), 5, message="rates")
         before = [p.moved for p in pumps]
         t0 = time.monotonic()
-        async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+        async with httpx.AsyncClient(base_url=replica.http_url, headers=auth(replica)) as http:
             for name in policies:
                 r = await http.put("/v1/policy", json={"name": name})
                 assert r.status_code == 200
@@ -443,20 +445,22 @@ async def test_switch_under_load_keeps_bytes_moving_within_capacity(service: Ser
         await asyncio.to_thread(lambda: [p.stop() for p in pumps])
         await asyncio.to_thread(lambda: [s.close() for s in sessions])
     assert not any(p.errors for p in pumps)
-    assert service.policy_version == len(policies)
-    assert service.scheduler.stats.clamped == 0
+    assert replica.policy.version == len(policies)
+    assert replica.scheduler.stats.clamped == 0
     print(f"20 switches in {elapsed:.2f}s: {sum(moved) / elapsed / 2**20:.1f} MiB/s moved")
     assert 0 < worst <= bound, (worst, bound)
     # bytes kept moving through 20 switches: the aggregate stays near B
-    assert sum(moved) / elapsed >= 0.8 * service.config.capacity, (sum(moved) / elapsed, moved)
+    assert sum(moved) / elapsed >= 0.8 * replica.config.capacity, (sum(moved) / elapsed, moved)
 
 
-async def test_replicas_lists_live_peers_with_their_policy(service_factory: Make) -> None:
+async def test_replicas_lists_live_peers_with_their_policy(replica_factory: Make) -> None:
     from test_replicas import cluster
 
-    r1, r2 = await cluster(service_factory, [40, 20])
+    r1, r2 = await cluster(replica_factory, [40, 20])
     assert r1.peer_sync is not None
-    await async_wait_until(lambda: r1.peer_sync.view.live_peers() == ["r2"], 5, message="r2 live")
+    await async_wait_until(
+        lambda: r1.peer_sync.membership.live_peers() == ["r2"], 5, message="r2 live"
+    )
     async with httpx.AsyncClient(base_url=r1.http_url) as http:
         got = (await http.get("/v1/replicas")).json()
     assert (got["replica_id"], got["capacity"], got["sync_interval_s"]) == ("r1", 40 * 2**20, 0.2)
@@ -475,34 +479,33 @@ async def test_replicas_lists_live_peers_with_their_policy(service_factory: Make
 
 
 async def test_unwritable_state_is_503_and_changes_nothing(
-    service: Service, tmp_path: Path
+    replica: Replica, tmp_path: Path
 ) -> None:
-    from burstctl.controller.state import StateStore
-
-    s = await asyncio.to_thread(Session, service.grpc_address, JobInfo("5", "ann", "bio", nodes=2))
+    s = await asyncio.to_thread(Session, replica.grpc_address, JobInfo("5", "ann", "bio", nodes=2))
     try:
-        await async_wait_until(lambda: "5" in service.table.jobs, 5, message="session open")
+        await async_wait_until(lambda: "5" in replica.table.jobs, 5, message="session open")
         blocker = tmp_path / "not-a-dir"
         blocker.write_text("")
-        service.store = StateStore(blocker / "state")  # mkdir fails: NotADirectoryError
-        async with httpx.AsyncClient(base_url=service.http_url, headers=auth(service)) as http:
+        replica.store.dir = blocker / "state"  # mkdir fails: NotADirectoryError
+        replica.store.path = replica.store.dir / "state.json"
+        async with httpx.AsyncClient(base_url=replica.http_url, headers=auth(replica)) as http:
             r = await http.put("/v1/policy", json={"name": "fcfs"})
             assert r.status_code == 503 and "nothing changed" in r.json()["detail"]
             body = {"job_id": "5", "user": "boss", "group": "ops", "nodes": 9}
             r = await http.post("/v1/jobs", json=body)
             assert r.status_code == 503
             j = (await http.get("/v1/jobs/5")).json()
-        assert (service.policy.name, service.policy_version) == ("fair-share", 0)
-        assert service.table.registered == {}
+        assert (replica.policy.name, replica.policy.version) == ("fair-share", 0)
+        assert replica.table.registered == {}
         assert (j["user"], j["nodes"], j["registered"]) == ("ann", 2, False)
     finally:
         await asyncio.to_thread(s.close)
 
 
-async def test_jobs_list_the_replicas_holding_them(service_factory: Make) -> None:
+async def test_jobs_list_the_replicas_holding_them(replica_factory: Make) -> None:
     from test_replicas import cluster
 
-    r1, r2 = await cluster(service_factory, [40, 40])
+    r1, r2 = await cluster(replica_factory, [40, 40])
     info = JobInfo("both", "ann", "bio", nodes=2)
     sessions = [await asyncio.to_thread(Session, r.grpc_address, info) for r in (r1, r2)]
     sessions.append(

@@ -1,12 +1,15 @@
 """Test oracle: the reference simulator's nextEvLexMin (BestNextEvent), written out plainly.
 
-A literal, test-only rendering of §8 of
-``shared/papers/bandwidth-sharing-reference-simulator.md`` (the authors' simu.cc):
-the main procedure (Σb test, short-I/O shortcut, baseline, candidate horizons H,
-interval scan with keepBest), WaterLevel, LexFill, Fix, Interval (cases A and
-B, with their singularity hacks and recursion limit), FirstCross and
-SecondCross. It shares no code with ``burstctl.policies.best_next_event``; it
-reproduces the *reference's* semantics, bugs included:
+A literal, test-only rendering of the behaviour of the authors' nextEvLexMin
+([BWS-SIM] simu.cc): the main procedure ``computeNextEvLexMin`` (Σb test,
+short-I/O shortcut, baseline, candidate horizons H, interval scan with
+keepBest = ``keepBestSolution``), WaterLevel (``MinYield``), LexFill
+(``LexMinYield``), Fix (``computeYields``), Interval
+(``MinYieldAtAppEventInInterval``: cases A and B, with their singularity hacks
+and recursion limit), FirstCross and SecondCross (``firstIntersection``,
+``secondIntersection``). It shares no code with
+``burstctl.policies.best_next_event``; it reproduces the *reference's*
+semantics, bugs included:
 
 - the window end T is used as a horizon length (baseline LexFill(T) and the
   upper end of H), quirk ``window_end_as_length``;
@@ -23,7 +26,7 @@ makes a difference on an instance; all are on by default. It is deliberately
 slow and literal; it is not part of the product.
 
 Arithmetic. Plain Python floats are IEEE doubles. ``numpy.longdouble`` (80-bit
-x87 extended on x86-64 Linux) is used at the long-double sites listed in §8: R
+x87 extended on x86-64 Linux) is used where simu.cc computes in long double: R
 and its sums, WaterLevel's y*, LexFill's y* and its bandwidth formula, Fix's X,
 y, sums and ratios, G's coefficients, FirstCross/SecondCross (√ included), L,
 and the ρ-tests. Values stored in β, Y or δ* are rounded to double; y, C and M
@@ -34,7 +37,7 @@ operation is done first, as C does.
 
 Readings of ambiguous points (documented where they are used):
 
-- Constants (given in the description): ε = 1e-10, ρ = 1e-4, σ = 1e-3, recursion
+- Constants (as simu.cc defines them): ε = 1e-10, ρ = 1e-4, σ = 1e-3, recursion
   limit 10, short-I/O threshold 0.001 s. Every "·ρ" test is written as a division
   by 10000 (ρ = 1/10000), which is how the reference writes it; the two differ by
   at most one ulp.

@@ -1,15 +1,17 @@
 """Test oracle: the reference simulator's semantics, written out plainly.
 
-A direct, loop-by-loop rendering of ``shared/papers/bandwidth-sharing-reference-simulator.md``
-§2–§7 and §9–§10 (the authors' simu.cc) for the eight simple heuristics, in
-float64, plus nextEvLexMin (§8, in ``next_ev_lexmin.py``). It shares no code
-with ``burstctl.simulator`` or ``burstctl.policies`` (it parses the line format
-itself, truncates, loops and allocates on its own), so comparing the two per
-instance checks our engine *and* our policy objects against the reference
-semantics. It is deliberately slow and literal; it is not part of the product.
+A direct, loop-by-loop rendering of the behaviour of the authors' simulator
+([BWS-SIM] simu.cc: ``addApps2``, ``addApps``, ``simulate`` with its v1/v2
+windows and metrics, ``compute`` and the ``compute*`` heuristics) for the eight
+simple heuristics, in float64, plus nextEvLexMin (``computeNextEvLexMin``, in
+``next_ev_lexmin.py``). It shares no code with ``burstctl.simulator`` or
+``burstctl.policies`` (it parses the line format itself, truncates, loops and
+allocates on its own), so comparing the two per instance checks our engine
+*and* our policy objects against the reference semantics. It is deliberately
+slow and literal; it is not part of the product.
 
-Left out: the integer-truncated Utilization (§10, which our simulator reports
-separately as ``utilization_reference``).
+Left out: the integer-truncated Utilization (``simulate``'s ``setUtilGopi``
+credit, which our simulator reports separately as ``utilization_reference``).
 """
 
 from __future__ import annotations
@@ -69,7 +71,7 @@ def c_round(x: float) -> int:
 
 
 def parse(text: str, B: float) -> list[tuple[float, float, float, float, float, bool, list[float]]]:
-    """Lines → (bw, age, progress, agePhase, wIter, io_first, values), §2."""
+    """Lines → (bw, age, progress, agePhase, wIter, io_first, values), as ``addApps``."""
     rows = []
     for line in text.splitlines():
         tok = line.split()
@@ -102,7 +104,7 @@ def simulate(
     if heuristic not in HEURISTICS:
         raise ValueError(heuristic)
     rows = parse(text, B)
-    # §3 window: T = winLen × minᵢ Sᵢ over the full-speed durations of all phases
+    # window (addApps2): T = winLen × minᵢ Sᵢ over the full-speed durations of all phases
     solo = []
     for bw, _age, _p, _a, _w, io_first, values in rows:
         cap = min(bw, B)
@@ -222,7 +224,7 @@ def _yield(a: App, t: float) -> float:
 
 
 def _greedy(apps: list[App], order: list[int], X: float) -> None:
-    """§5: walk the order while the budget is positive."""
+    """The greedy fill of computeFIFOCom and the others: walk the order while budget is left."""
     for k in order:
         a = apps[k]
         if X <= 0:
@@ -295,7 +297,7 @@ def _look_ahead_candidate(apps: list[App], A: list[int], i: int, t: float) -> No
 
 
 def _set10(apps: list[App], A: list[int]) -> None:
-    """§7, with learning as Set10Learn when ω is not known."""
+    """computeSet10, with learning as Set10Learn when ω is not known."""
     for k in A:
         a = apps[k]
         if not a.known_omega and a.new:

@@ -6,7 +6,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
-class JobColumns(_message.Message):
+class DigestJobs(_message.Message):
     __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
@@ -37,26 +37,28 @@ class JobColumns(_message.Message):
     def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Digest(_message.Message):
-    __slots__ = ("replica_id", "incarnation", "epoch", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "jobs")
+    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
-    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     CAPACITY_FIELD_NUMBER: _ClassVar[int]
     NODE_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     POLICY_PARAMS_JSON_FIELD_NUMBER: _ClassVar[int]
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
+    POLICY_ORIGIN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     incarnation: int
-    epoch: int
+    sequence: int
     capacity: float
     node_bandwidth: float
     policy: str
     policy_params_json: str
     policy_version: int
-    jobs: JobColumns
-    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., epoch: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., jobs: _Optional[_Union[JobColumns, _Mapping]] = ...) -> None: ...
+    policy_origin: str
+    jobs: DigestJobs
+    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ...) -> None: ...
 
 class ExchangeReply(_message.Message):
     __slots__ = ("replica_id", "status", "field", "reason")

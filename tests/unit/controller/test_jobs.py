@@ -91,8 +91,8 @@ def test_rate_drifting_in_small_steps_still_asks_for_a_decision(clock: Clock) ->
         heartbeat_timeout=3.0,
         job_retention=10.0,
         demand_headroom=1.1,
-        on_change=lambda: calls.append(1),
     )
+    table.changed.connect(lambda: calls.append(1))
     s = table.open_session(meta(), "c", "h")
     table.post(s, 1, OpKind.WRITE, 0)
     table.usage(s, int(6 * MiB), 1, 0.0, 1.0, False)  # first report: 6 MiB/s
@@ -166,8 +166,8 @@ def test_events_ask_for_a_decision(clock: Clock) -> None:
         heartbeat_timeout=3,
         job_retention=10,
         demand_headroom=1.1,
-        on_change=lambda: calls.append(1),
     )
+    table.changed.connect(lambda: calls.append(1))
     s = table.open_session(meta(), "c", "h")
     table.post(s, 1, OpKind.WRITE, 0)
     table.complete(s, 1)

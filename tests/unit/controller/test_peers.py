@@ -1,42 +1,44 @@
-"""Digests on the wire and from the job table; the scheduler's use of the global column."""
+"""The replica exchange: the Peer service, links and the exchange loop on real gRPC
+servers on loopback, the policy slot's part in it, and the scheduler's blend of
+this replica's share of the global split with its local decision."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
+import logging
 import time
+from collections.abc import AsyncIterator, Callable
+from pathlib import Path
+from typing import Any
 
 import grpc
 import pytest
+from support import async_wait_until
 
-from burstctl.controller.global_view import (
-    Digest,
-    DigestError,
-    GlobalView,
-    JobColumns,
-    JobDigest,
-)
+from burstctl.controller.digest import Digest, JobDigest, to_proto
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
+from burstctl.controller.membership import Membership
 from burstctl.controller.peers import (
     EARLY_GAP,
+    REPLICA_ID_KEY,
     PeerLink,
     PeerServicer,
     PeerSync,
     _decode_digest,
-    build_digest,
-    digest_from_proto,
-    digest_to_proto,
 )
-from burstctl.controller.scheduler import Scheduler
+from burstctl.controller.state import PolicySlot, StateStore
+from burstctl.policies.decision import blend
 from burstctl.policies.registry import default_registry
 from burstctl.policies.view import JobView, SystemView
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
+REGISTRY = default_registry()
+
 DIGEST = Digest(
     replica_id="r1",
     incarnation=7,
-    epoch=3,
+    sequence=3,
     capacity=100.0,
     node_bandwidth=10.0,
     policy="size-fair",
@@ -49,171 +51,33 @@ DIGEST = Digest(
 )
 
 
-def test_round_trip_keeps_every_field_including_absent_optionals() -> None:
-    wire = digest_to_proto(DIGEST).SerializeToString()
-    assert digest_from_proto(pb.Digest.FromString(wire)) == DIGEST
+def table() -> JobTable:
+    return JobTable(time.monotonic, heartbeat_timeout=30.0, job_retention=60.0, demand_headroom=1.1)
 
 
-@pytest.mark.parametrize(
-    ("edit", "field"),
-    [
-        (lambda m: m.jobs.nodes.__setitem__(1, 0), "jobs[1].nodes"),
-        (lambda m: m.jobs.user.__setitem__(1, "a\x00b"), "jobs[1].user"),
-        (lambda m: m.jobs.job_id.__setitem__(1, "a"), "jobs[1].job_id"),  # a duplicate
-        (lambda m: m.jobs.posted_at.__setitem__(0, float("inf")), "jobs[0].posted_at"),
-        (lambda m: m.jobs.progress.__setitem__(1, float("nan")), "jobs[1].progress"),
-        (lambda m: m.jobs.demand.pop(), "jobs.demand"),  # columns of different lengths
-        (lambda m: m.jobs.job_id.append("c"), "jobs.user"),
-        (lambda m: setattr(m, "capacity", float("nan")), "capacity"),
-        (lambda m: setattr(m, "policy_params_json", "{"), "policy_params_json"),
-        (lambda m: setattr(m, "policy_params_json", "[1]"), "policy_params_json"),
-        (lambda m: setattr(m, "epoch", -1), "epoch"),
-        (
-            lambda m: m.jobs.demand.__setitem__(1, 5.0),  # demand without an open operation
-            "jobs[1].demand",
-        ),
-    ],
-)
-def test_malformed_proto_names_the_field(edit, field: str) -> None:
-    msg = digest_to_proto(DIGEST)
-    edit(msg)
-    with pytest.raises(DigestError) as err:
-        digest_from_proto(msg)
-    assert err.value.field == field
+def slot(state_dir: Path, replica_id: str, policy: str = "size-fair") -> PolicySlot:
+    return PolicySlot(REGISTRY, StateStore(state_dir), (policy, {}), replica_id=replica_id)
 
 
-def test_jobs_travel_as_columns_and_absent_values_as_nan() -> None:
-    msg = digest_to_proto(DIGEST)
-    assert list(msg.jobs.job_id) == ["a", "b"]
-    assert list(msg.jobs.nodes) == [4, 1]
-    assert msg.jobs.posted_at[0] == -1.0 and math.isnan(msg.jobs.posted_at[1])
-    assert msg.jobs.remaining[0] == 500.0 and math.isnan(msg.jobs.remaining[1])
-    got = digest_from_proto(pb.Digest.FromString(msg.SerializeToString()))
-    assert isinstance(got.jobs, JobColumns)
-    assert got.jobs[1] == DIGEST.jobs[1]  # NaN comes back as None
-    assert tuple(got.jobs) == DIGEST.jobs
+def changes(of: PolicySlot) -> list[tuple[str, int]]:
+    """(name, version) at every ``changed`` signal of ``of`` from now on."""
+    seen: list[tuple[str, int]] = []
+    of.changed.connect(lambda: seen.append((of.name, of.version)))
+    return seen
 
 
-def test_digest_of_the_job_table() -> None:
-    now = [100.0]
-    table = JobTable(lambda: now[0], heartbeat_timeout=3, job_retention=10, demand_headroom=1.1)
-    s = table.open_session(JobMeta("j", "u", "g", 2, 1.0), "c", "h")
-    table.open_session(JobMeta("idle", "u", "g", 1, 1.0), "c", "h")
-    now[0] = 101.0
-    table.post(s, 1, OpKind.WRITE, 1000)
-    table.usage(s, 300, 1, 0.0, 0.25, False)
-    now[0] = 102.0
-    seen: dict[str, int] = {}
-    kwargs = dict(
-        replica_id="r1",
-        incarnation=1,
-        capacity=100.0,
-        node_bandwidth=10.0,
-        policy="fair-share",
-        policy_params={},
-        policy_version=0,
-        usage_seen=seen,
-    )
-    d = build_digest(table, epoch=1, now=now[0], **kwargs)  # type: ignore[arg-type]
-    idle, j = d.jobs
-    assert (j.job_id, j.open_op, j.released_at, j.posted_at, j.remaining) == (
-        "j",
-        True,
-        -2.0,
-        -1.0,
-        700.0,
-    )
-    assert j.usage_bytes == 300 and j.demand > 0
-    assert (idle.open_op, idle.demand, idle.posted_at) == (False, 0.0, None)
-    d2 = build_digest(table, epoch=2, now=now[0], **kwargs)  # type: ignore[arg-type]
-    assert d2.jobs[1].usage_bytes == 0  # only what moved since the previous digest
+def peer_digest(rid: str, sequence: int, policy: str, version: int, **kw: Any) -> bytes:
+    fields: dict[str, Any] = {"incarnation": 1, "capacity": 100.0, "node_bandwidth": 10.0}
+    fields.update(kw)
+    d = Digest(rid, sequence=sequence, policy=policy, policy_version=version, **fields)
+    return to_proto(d).SerializeToString()
 
 
-def _rows(capacity: float = 100.0, **jobs: tuple[int, float]) -> SystemView:
-    """A local view: job id -> (nodes, demand), cap 100, index in keyword order."""
-    rows = {
-        j: JobView(j, "u", "g", nodes, 1.0, cap=100.0, demand=demand, index=i)
-        for i, (j, (nodes, demand)) in enumerate(jobs.items())
-    }
-    return SystemView(now=0.0, capacity=capacity, node_bandwidth=100.0, jobs=rows)
-
-
-SIZE_FAIR = default_registry().create("size-fair", {})
-
-
-def test_newer_jobs_get_their_local_fair_share_and_the_column_makes_room() -> None:
-    view = _rows(a=(1, 100.0), b=(1, 100.0), c=(3, 100.0))
-    rates = Scheduler._global(view, SIZE_FAIR, {"a": 40.0, "gone": 10.0})
-    assert "gone" not in rates
-    # b and c arrived after the exchange: size-fair on the whole local view gives
-    # 1:1:3 of 100 = 20/20/60; a's column (40) shrinks to the 20 left.
-    assert rates == pytest.approx({"a": 20.0, "b": 20.0, "c": 60.0})
-
-
-def test_column_is_kept_when_the_newer_jobs_fit_beside_it() -> None:
-    view = _rows(a=(1, 100.0), b=(3, 100.0), c=(1, 100.0))
-    # local size-fair gives c 20; the column (a 30, b 50) fits in the 80 left
-    rates = Scheduler._global(view, SIZE_FAIR, {"a": 30.0, "b": 50.0})
-    assert rates == pytest.approx({"a": 30.0, "b": 50.0, "c": 20.0})
-
-
-def test_capacity_the_column_leaves_goes_to_unmet_demand() -> None:
-    # a's demand fell to 10 since the exchange; b can use the rest at once
-    view = _rows(a=(1, 10.0), b=(1, 100.0))
-    rates = Scheduler._global(view, SIZE_FAIR, {"a": 10.0, "b": 50.0})
-    assert rates == pytest.approx({"a": 10.0, "b": 90.0})
-    assert sum(rates.values()) == pytest.approx(view.capacity)
-
-
-def test_column_rates_never_exceed_the_job_cap() -> None:
-    view = _rows(a=(1, 100.0))
-    assert Scheduler._global(view, SIZE_FAIR, {"a": 250.0}) == {"a": 100.0}
-
-
-def test_table_signals_only_when_a_job_enters_or_leaves_io() -> None:
-    table = JobTable(lambda: 0.0, heartbeat_timeout=3.0, job_retention=60.0, demand_headroom=1.1)
-    flips: list[int] = []
-    table.on_io_change = lambda: flips.append(1)
-    s = table.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
-    assert flips == []
-    table.post(s, 1, OpKind.WRITE, 0)
-    assert len(flips) == 1  # j entered S(t)
-    table.post(s, 2, OpKind.READ, 0)
-    table.usage(s, 4096, 1, 0.0, 0.25, False)
-    assert table.complete(s, 1)
-    assert len(flips) == 1  # still in I/O: no signal
-    assert table.complete(s, 2)
-    assert len(flips) == 2  # left S(t)
-    table.post(s, 3, OpKind.WRITE, 0)
-    table.close_session(s)
-    assert len(flips) == 4  # in, then out with the session
-
-
-async def test_a_poke_brings_the_next_exchange_forward() -> None:
-    from support import async_wait_until
-
-    sync = PeerSync(
-        replica_id="r1",
-        addresses=[],
-        interval=1.0,
-        missed=3,
-        registry=default_registry(),
-        make_digest=lambda epoch: Digest("r1", 1, epoch, 100.0, 10.0, "size-fair"),
-        on_update=lambda: None,
-    )
-    task = asyncio.create_task(sync.run())
+@contextlib.asynccontextmanager
+async def running(sync: PeerSync) -> AsyncIterator[None]:
+    task = asyncio.create_task(sync.run(), name=f"peer-sync-{sync.replica_id}")
     try:
-        await async_wait_until(lambda: sync.exchanges == 1, 1.0, message="first exchange")
-        sync.poke()
-        # well before λ = 1 s (at EARLY_GAP·λ = 0.25 s after the first exchange)
-        await async_wait_until(lambda: sync.exchanges == 2, 0.8, message="early exchange")
-        sync.poke()
-        sync.poke()  # pokes coalesce into one early exchange ...
-        await async_wait_until(lambda: sync.exchanges == 3, 0.8, message="second early exchange")
-        t0 = time.monotonic()
-        # ... so the next one comes at the end of the interval, not EARLY_GAP·λ later
-        await async_wait_until(lambda: sync.exchanges == 4, 2.0, message="periodic exchange")
-        assert time.monotonic() - t0 > 1.0 * (1 - EARLY_GAP)
+        yield
     finally:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -221,7 +85,7 @@ async def test_a_poke_brings_the_next_exchange_forward() -> None:
         await sync.close()
 
 
-async def _peer_server(handler) -> tuple[grpc.aio.Server, int]:  # type: ignore[no-untyped-def]
+async def _peer_server(handler: Callable[..., Any]) -> tuple[grpc.aio.Server, int]:
     """A real gRPC server on loopback whose Peer/Stream is ``handler``."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
@@ -243,21 +107,245 @@ async def _peer_server(handler) -> tuple[grpc.aio.Server, int]:  # type: ignore[
     return server, port
 
 
-async def test_the_peer_names_itself_once_and_answers_only_what_it_does_not_accept() -> None:
-    from support import async_wait_until
+async def _servicer(servicer: PeerServicer) -> tuple[grpc.aio.Server, str]:
+    """A real gRPC server on loopback with ``servicer``'s handlers; its address."""
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers((servicer.rpc_handlers(),))
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    return server, f"127.0.0.1:{port}"
 
-    peer = PeerServicer(GlobalView("r2"), "r2")
+
+# -- the scheduler's blend of the share with the local decision ---------------------------
+
+
+def _rows(capacity: float = 100.0, **jobs: tuple[int, float]) -> SystemView:
+    """A local view: job id -> (nodes, demand), cap 100, index in keyword order."""
+    rows = {
+        j: JobView(j, "u", "g", nodes, 1.0, cap=100.0, demand=demand, index=i)
+        for i, (j, (nodes, demand)) in enumerate(jobs.items())
+    }
+    return SystemView(now=0.0, capacity=capacity, node_bandwidth=100.0, jobs=rows)
+
+
+SIZE_FAIR = REGISTRY.create("size-fair", {})
+
+
+def test_newer_jobs_get_their_local_fair_share_and_the_share_makes_room() -> None:
+    view = _rows(a=(1, 100.0), b=(1, 100.0), c=(3, 100.0))
+    rates = blend(SIZE_FAIR, view, {"a": 40.0, "gone": 10.0})
+    assert "gone" not in rates
+    # b and c arrived after the exchange: size-fair on the whole local view gives
+    # 1:1:3 of 100 = 20/20/60; a's share (40) shrinks to the 20 left.
+    assert rates == pytest.approx({"a": 20.0, "b": 20.0, "c": 60.0})
+
+
+def test_share_is_kept_when_the_newer_jobs_fit_beside_it() -> None:
+    view = _rows(a=(1, 100.0), b=(3, 100.0), c=(1, 100.0))
+    # local size-fair gives c 20; the share (a 30, b 50) fits in the 80 left
+    rates = blend(SIZE_FAIR, view, {"a": 30.0, "b": 50.0})
+    assert rates == pytest.approx({"a": 30.0, "b": 50.0, "c": 20.0})
+
+
+def test_capacity_the_share_leaves_goes_to_unmet_demand() -> None:
+    # a's demand fell to 10 since the exchange; b can use the rest at once
+    view = _rows(a=(1, 10.0), b=(1, 100.0))
+    rates = blend(SIZE_FAIR, view, {"a": 10.0, "b": 50.0})
+    assert rates == pytest.approx({"a": 10.0, "b": 90.0})
+    assert sum(rates.values()) == pytest.approx(view.capacity)
+
+
+def test_share_rates_never_exceed_the_job_cap() -> None:
+    view = _rows(a=(1, 100.0))
+    assert blend(SIZE_FAIR, view, {"a": 250.0}) == {"a": 100.0}
+
+
+# -- what makes the exchange run early ---------------------------------------------------------
+
+
+def test_table_signals_only_when_a_job_enters_or_leaves_io() -> None:
+    jobs = JobTable(lambda: 0.0, heartbeat_timeout=3.0, job_retention=60.0, demand_headroom=1.1)
+    flips: list[int] = []
+    jobs.io_changed.connect(lambda: flips.append(1))
+    s = jobs.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
+    assert flips == []
+    jobs.post(s, 1, OpKind.WRITE, 0)
+    assert len(flips) == 1  # j entered S(t)
+    jobs.post(s, 2, OpKind.READ, 0)
+    jobs.usage(s, 4096, 1, 0.0, 0.25, False)
+    assert jobs.complete(s, 1)
+    assert len(flips) == 1  # still in I/O: no signal
+    assert jobs.complete(s, 2)
+    assert len(flips) == 2  # left S(t)
+    jobs.post(s, 3, OpKind.WRITE, 0)
+    jobs.close_session(s)
+    assert len(flips) == 4  # in, then out with the session
+
+
+async def test_a_poke_brings_the_next_exchange_forward(tmp_path: Path) -> None:
+    sync = PeerSync(
+        table(),
+        slot(tmp_path, "r1"),
+        replica_id="r1",
+        addresses=[],
+        interval=1.0,
+        missed=3,
+        capacity=100.0,
+        node_bandwidth=10.0,
+    )
+    async with running(sync):
+        await async_wait_until(lambda: sync.exchanges == 1, 1.0, message="first exchange")
+        sync.poke()
+        # well before λ = 1 s (at EARLY_GAP·λ = 0.25 s after the first exchange)
+        await async_wait_until(lambda: sync.exchanges == 2, 0.8, message="early exchange")
+        sync.poke()
+        sync.poke()  # pokes coalesce into one early exchange ...
+        await async_wait_until(lambda: sync.exchanges == 3, 0.8, message="second early exchange")
+        t0 = time.monotonic()
+        # ... so the next one comes at the end of the interval, not EARLY_GAP·λ later
+        await async_wait_until(lambda: sync.exchanges == 4, 2.0, message="periodic exchange")
+        assert time.monotonic() - t0 > 1.0 * (1 - EARLY_GAP)
+    assert sync.sequence == 4  # one digest per exchange
+
+
+async def test_a_job_entering_io_pokes_the_exchange(tmp_path: Path) -> None:
+    jobs = table()
+    sync = PeerSync(
+        jobs,
+        slot(tmp_path, "r1"),
+        replica_id="r1",
+        addresses=[],
+        interval=4.0,
+        missed=3,
+        capacity=100.0,
+        node_bandwidth=10.0,
+    )
+    async with running(sync):
+        await async_wait_until(lambda: sync.exchanges == 1, 1.0, message="first exchange")
+        s = jobs.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
+        jobs.post(s, 1, OpKind.WRITE, 0)
+        # at EARLY_GAP·λ = 1 s after the first exchange, well before λ = 4 s
+        await async_wait_until(lambda: sync.exchanges == 2, 2.5, message="poked exchange")
+
+
+async def test_a_policy_switch_is_sent_at_once(tmp_path: Path) -> None:
+    # λ = 30 s and EARLY_GAP·λ = 7.5 s: an exchange within 5 s of the switch can only
+    # be send_now's, and the peer hears of the switch with it.
+    peer_slot = slot(tmp_path / "r2", "r2")
+    peer = PeerServicer(Membership("r2", registry=REGISTRY), peer_slot, "r2")
+    server, address = await _servicer(peer)
+    own = slot(tmp_path / "r1", "r1")
+    sync = PeerSync(
+        table(),
+        own,
+        replica_id="r1",
+        addresses=[address],
+        interval=30.0,
+        missed=3,
+        capacity=100.0,
+        node_bandwidth=10.0,
+    )
+
+    def heard() -> tuple[str, int] | None:
+        states = peer.membership.peer_states(time.monotonic())
+        return (states[0].policy, states[0].policy_version) if states else None
+
+    try:
+        async with running(sync):
+            await async_wait_until(
+                lambda: sync.exchanges == 1 and heard() is not None, 5.0, message="first exchange"
+            )
+            assert heard() == ("size-fair", 0)
+            switched = time.monotonic()
+            own.switch("job-fair")
+            await async_wait_until(
+                lambda: heard() == ("job-fair", 1) and sync.exchanges == 2,
+                5.0,
+                message="the switch at the peer",
+            )
+            assert time.monotonic() - switched < EARLY_GAP * sync.interval
+            assert (peer_slot.name, peer_slot.version) == ("job-fair", 1)  # adopted there
+    finally:
+        await server.stop(None)
+
+
+# -- the Peer service --------------------------------------------------------------------------
+
+
+async def test_the_servicer_adopts_a_newer_policy_and_ignores_an_older_one(
+    tmp_path: Path,
+) -> None:
+    own = slot(tmp_path, "r2")
+    seen = changes(own)
+    peer = PeerServicer(Membership("r2", registry=REGISTRY), own, "r2")
+    server, address = await _servicer(peer)
+    link = PeerLink(address, interval=0.5)
+
+    async def send(wire: bytes) -> None:
+        sent = peer.received
+        assert await link.send(wire, timeout=2.0)
+        await async_wait_until(lambda: peer.received == sent + 1, 2.0, message="the digest")
+
+    try:
+        await send(peer_digest("r1", 1, "job-fair", 2))
+        assert (own.name, own.version) == ("job-fair", 2) and seen == [("job-fair", 2)]
+        # accepted (a newer sequence), but its policy is older: ignored
+        await send(peer_digest("r1", 2, "user-fair", 1))
+        assert peer.membership.peer_states(0.0)[0].sequence == 2
+        # not accepted: an impostor's and a policy this replica cannot build
+        await send(peer_digest("r1", 3, "user-fair", 9, incarnation=0))
+        await send(peer_digest("r3", 1, "no-such-policy", 9))
+        assert peer.rejected == 2
+        assert (own.name, own.version) == ("job-fair", 2) and len(seen) == 1
+        assert own.active().version == 2
+        # the same version from a higher replica id wins the tie
+        await send(peer_digest("r3", 2, "user-fair", 2))
+        assert (own.name, own.version) == ("user-fair", 2)
+        assert seen == [("job-fair", 2), ("user-fair", 2)]
+        # the policy held, announced again (by its replica or a higher one): nothing new
+        await send(peer_digest("r3", 3, "user-fair", 2))
+        await send(peer_digest("r4", 1, "user-fair", 2))
+        assert seen == [("job-fair", 2), ("user-fair", 2)]
+        saved = StateStore(tmp_path).load().policy
+        assert saved is not None and (saved.name, saved.version) == ("user-fair", 2)
+    finally:
+        await link.close()
+        await server.stop(None)
+
+
+def test_a_peer_announcing_the_policy_held_changes_nothing(tmp_path: Path) -> None:
+    # What PeerServicer and PeerSync._share hand the slot for every digest of a peer with
+    # a higher id once the replicas agree; a change here would be a state write, a new
+    # decision and an immediate exchange (send_now), every time: a busy exchange loop.
+    own = slot(tmp_path, "r1")
+    seen = changes(own)
+    assert not own.adopt("size-fair", {}, 0, "r2")
+    assert seen == []
+
+
+def test_an_adopted_policy_is_kept_against_a_lower_origin_with_the_same_version(
+    tmp_path: Path,
+) -> None:
+    own = slot(tmp_path, "r1")
+    assert own.adopt("job-fair", {}, 4, "r3")
+    # (4, r2) < (4, r3): Membership.elected keeps r3's policy, so must the slot
+    assert not own.adopt("user-fair", {}, 4, "r2")
+    assert own.name == "job-fair"
+
+
+async def test_the_peer_names_itself_once_and_answers_only_what_it_does_not_accept() -> None:
+    peer = PeerServicer(Membership("r2"), None, "r2")
     server, port = await _peer_server(peer.stream)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
-    good = digest_to_proto(DIGEST).SerializeToString()
+    good = to_proto(DIGEST).SerializeToString()
     try:
         assert await link.send(good, timeout=2.0)  # accepted: no reply
         assert link.replica_id == "r2"  # from the stream's initial metadata
         assert await link.send(b"\xff\xff", timeout=2.0)  # malformed: a rejected reply
-        assert await link.send(good, timeout=2.0)  # the same epoch again: a duplicate
+        assert await link.send(good, timeout=2.0)  # the same sequence again: a duplicate
         await async_wait_until(lambda: link.refused == 2, 2.0, message="two replies")
         assert (peer.received, peer.rejected) == (3, 1)
-        assert peer.view.live_peers() == ["r1"]
+        assert peer.membership.live_peers() == ["r1"]
         assert (link.streams_opened, link.failures) == (1, 0)
     finally:
         await link.close()
@@ -274,7 +362,7 @@ async def test_a_peer_that_does_not_name_itself_costs_a_failure_and_a_new_stream
 
     server, port = await _peer_server(mute)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.1)
-    wire = digest_to_proto(DIGEST).SerializeToString()
+    wire = to_proto(DIGEST).SerializeToString()
     try:
         assert not await link.send(wire, timeout=0.2)
         assert not await link.send(wire, timeout=0.2)
@@ -290,16 +378,14 @@ async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception()
     # link's next write may find the call finished (InvalidStateError), fail, or
     # see it done and open a new stream.
     async def once(requests, context):  # type: ignore[no-untyped-def]
-        await context.send_initial_metadata((("burstctl-replica-id", "brief"),))
+        await context.send_initial_metadata(((REPLICA_ID_KEY, "brief"),))
         async for _ in requests:
             return
         yield pb.ExchangeReply()  # an async generator, like PeerServicer.stream
 
     server, port = await _peer_server(once)
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
-    wire = digest_to_proto(DIGEST).SerializeToString()
-    from support import async_wait_until
-
+    wire = to_proto(DIGEST).SerializeToString()
     try:
         sent = [await link.send(wire, timeout=2.0)]
         # once the peer has ended the first stream, the next send opens another
@@ -313,3 +399,84 @@ async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception()
     assert link.replica_id == "brief"
     assert link.failures == sent.count(False)  # every send written or counted as failed
     assert link.streams_opened >= 2  # an ended stream is replaced by a later send
+
+
+# -- two replicas --------------------------------------------------------------------------------
+
+
+async def test_two_replicas_share_the_global_split_and_log_each_conflict_once(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    # J1 runs on both replicas, with metadata that disagrees: r1 (the lower id) says
+    # 16 nodes of alice, r2 says 2 nodes of mallory. Each replica reports the conflict
+    # once, however many exchanges see it.
+    metas = {
+        "r1": JobMeta("J1", "alice", "g", 16, 1.0),
+        "r2": JobMeta("J1", "mallory", "g", 2, 1.0),
+    }
+    servers: list[grpc.aio.Server] = []
+    ports = []
+    for _ in metas:
+        server = grpc.aio.server()
+        ports.append(server.add_insecure_port("127.0.0.1:0"))
+        servers.append(server)
+    syncs: dict[str, PeerSync] = {}
+    servicers: dict[str, PeerServicer] = {}
+    for i, (rid, meta) in enumerate(metas.items()):
+        jobs = table()
+        session = jobs.open_session(meta, "c", "h")
+        jobs.post(session, 1, OpKind.WRITE, 0)
+        own = slot(tmp_path / rid, rid)
+        syncs[rid] = sync = PeerSync(
+            jobs,
+            own,
+            replica_id=rid,
+            addresses=[f"127.0.0.1:{ports[1 - i]}"],
+            interval=30.0,
+            missed=3,
+            capacity=100.0,
+            node_bandwidth=10.0,
+        )
+        servicers[rid] = PeerServicer(sync.membership, own, rid)
+        servers[i].add_generic_rpc_handlers((servicers[rid].rpc_handlers(),))
+        await servers[i].start()
+
+    async def exchange(rid: str) -> None:
+        """One exchange of ``rid``, done once its peer has taken the digest."""
+        other = servicers["r2" if rid == "r1" else "r1"]
+        received = other.received
+        await syncs[rid].exchange_once()
+        await async_wait_until(lambda: other.received == received + 1, 5.0, message="digest")
+
+    def conflicts() -> int:
+        return sum("mallory" in r.getMessage() for r in caplog.records)
+
+    try:
+        with caplog.at_level(logging.WARNING, logger="burstctl.controller"):
+            # r1 speaks first: r2 has not reached r1 yet, so does not know it as a peer
+            await exchange("r1")
+            await exchange("r2")
+            assert syncs["r1"].local_targets is None  # it has not heard from r2 yet
+            await exchange("r1")
+            assert syncs["r1"].membership.live_peers() == ["r2"]
+            assert conflicts() == 1
+            await exchange("r2")
+            assert syncs["r2"].membership.live_peers() == ["r1"]
+            assert conflicts() == 2
+            for _ in range(2):
+                await exchange("r1")
+                await exchange("r2")
+            assert conflicts() == 2
+        # b_i = 16 · 10 (the lowest id's metadata), split over the replicas' local
+        # demand: r2 runs J1 on 2 nodes, so at most 20 there, the rest on r1.
+        shares = {rid: s.local_targets for rid, s in syncs.items()}
+        assert shares["r1"] is not None and shares["r2"] is not None
+        assert set(shares["r1"]) == set(shares["r2"]) == {"J1"}
+        assert 0.0 < shares["r2"]["J1"] <= 20.0
+        assert 0.0 < shares["r1"]["J1"] <= 100.0
+        assert all(s.stats()["in_global_view"] for s in syncs.values())
+    finally:
+        for sync in syncs.values():
+            await sync.close()
+        for server in servers:
+            await server.stop(None)

@@ -11,10 +11,40 @@ from typing import Any
 import numpy as np
 import pytest
 
-from burstctl.controller.split import Edge, split, split_entries, split_targets
+from burstctl.controller.split import Edge, SplitProblem, split
 from burstctl.policies.sharing import water_fill
 
 Instance = tuple[dict[str, float], dict[str, float], dict[Edge, float]]
+
+
+def split_dict(
+    targets: dict[str, float],
+    capacity: dict[str, float],
+    demand: dict[Edge, float],
+    *,
+    surplus: bool = True,
+) -> dict[Edge, float]:
+    """:func:`split` on the dict form (targets by job, capacity by replica, local demand
+    by (job, replica) edge): jobs and replicas sorted, one entry per edge in the order of
+    ``demand``; the rates come back as {edge: x} in sorted edge order. An edge to a
+    replica without a capacity gets a replica index out of range."""
+    edges = list(demand)
+    jobs = sorted({j for j, _ in edges})
+    replicas = sorted(capacity)
+    job_index = {j: k for k, j in enumerate(jobs)}
+    replica_index = {r: k for k, r in enumerate(replicas)}
+    problem = SplitProblem(
+        jobs,
+        replicas,
+        np.array([targets.get(j, 0.0) for j in jobs], dtype=np.float64),
+        np.array([capacity[r] for r in replicas], dtype=np.float64),
+        np.array([job_index[j] for j, _ in edges], dtype=np.intp),
+        np.array([replica_index.get(r, len(replicas)) for _, r in edges], dtype=np.intp),
+        np.array([demand[e] for e in edges], dtype=np.float64),
+    )
+    x = split(problem, surplus=surplus)
+    return dict(sorted(zip(edges, x.tolist(), strict=True)))
+
 
 C = 100.0
 BIG = 1e6  # a local demand that never binds
@@ -169,11 +199,11 @@ ORACLE = INSTANCES + [wide_instance(random.Random(seed), 1 + seed % 6, 12) for s
 WIDE = [wide_instance(random.Random(1000 + seed), 16, 40) for seed in range(20)]
 
 
-# --- Figure 5 (ThemisIO notes §4) ---------------------------------------------------------
+# --- [THEMIS] §3.1, Figure 5 ---------------------------------------------------------
 
 
 def test_figure5_equal_capacities_splits_50_50_on_each_server() -> None:
-    rates = split({"J1": C, "J2": C / 2, "J3": C / 2}, {"R1": C, "R2": C}, FIGURE5)
+    rates = split_dict({"J1": C, "J2": C / 2, "J3": C / 2}, {"R1": C, "R2": C}, FIGURE5)
     assert rates == pytest.approx(
         {("J1", "R1"): C / 2, ("J2", "R1"): C / 2, ("J1", "R2"): C / 2, ("J3", "R2"): C / 2}
     )
@@ -183,7 +213,7 @@ def test_figure5_equal_capacities_splits_50_50_on_each_server() -> None:
 def test_figure5_unequal_capacities_moves_job1_to_the_larger_server() -> None:
     # R1 = 2C, R2 = C; size-fair 16:8:8 on ΣB = 3C gives 1.5C, 0.75C, 0.75C.
     targets = {"J1": 1.5 * C, "J2": 0.75 * C, "J3": 0.75 * C}
-    rates = split(targets, {"R1": 2 * C, "R2": C}, FIGURE5)
+    rates = split_dict(targets, {"R1": 2 * C, "R2": C}, FIGURE5)
     assert rates == pytest.approx(
         {
             ("J1", "R1"): 1.25 * C,
@@ -197,7 +227,7 @@ def test_figure5_unequal_capacities_moves_job1_to_the_larger_server() -> None:
 
 def test_figure5_applying_global_weights_locally_would_be_wrong() -> None:
     # The notes' warning: 16 vs 8 on each server gives J1 2/3; the split gives 1/2.
-    rates = split({"J1": C, "J2": C / 2, "J3": C / 2}, {"R1": C, "R2": C}, FIGURE5)
+    rates = split_dict({"J1": C, "J2": C / 2, "J3": C / 2}, {"R1": C, "R2": C}, FIGURE5)
     assert per_job(rates)["J1"] / (2 * C) == pytest.approx(0.5)
 
 
@@ -206,7 +236,7 @@ def test_figure5_applying_global_weights_locally_would_be_wrong() -> None:
 
 def test_balance_spreads_a_job_in_proportion_to_capacity() -> None:
     demand = {("J1", "R1"): BIG, ("J1", "R2"): BIG}
-    base = split_targets({"J1": 0.6 * C}, {"R1": 2 * C, "R2": C}, demand)
+    base = split_dict({"J1": 0.6 * C}, {"R1": 2 * C, "R2": C}, demand, surplus=False)
     assert base == pytest.approx({("J1", "R1"): 0.4 * C, ("J1", "R2"): 0.2 * C})
 
 
@@ -214,45 +244,45 @@ def test_balance_routes_around_a_small_local_demand() -> None:
     # J2 can use only C/4 on R1, so J1 leans on R1 until both servers carry 0.875C.
     demand = {("J1", "R1"): BIG, ("J1", "R2"): BIG, ("J2", "R1"): C / 4, ("J3", "R2"): BIG}
     targets = {"J1": C, "J2": C / 2, "J3": C / 2}
-    base = split_targets(targets, {"R1": C, "R2": C}, demand)
+    base = split_dict(targets, {"R1": C, "R2": C}, demand, surplus=False)
     assert per_replica(base) == pytest.approx({"R1": 0.875 * C, "R2": 0.875 * C})
     assert base[("J1", "R1")] == pytest.approx(0.625 * C)
     # The surplus pass fills both servers; J2 stays at its local demand.
-    rates = split(targets, {"R1": C, "R2": C}, demand)
+    rates = split_dict(targets, {"R1": C, "R2": C}, demand)
     assert per_replica(rates) == pytest.approx({"R1": C, "R2": C})
     assert rates[("J2", "R1")] == pytest.approx(C / 4)
     assert rates[("J1", "R2")] == pytest.approx(0.375 * C + C / 16)  # shares R2's 0.125C with J3
 
 
 def test_unmeetable_target_gets_what_local_demand_allows() -> None:
-    rates = split({"J1": C}, {"R1": C, "R2": C}, {("J1", "R1"): C / 10, ("J1", "R2"): C / 5})
+    rates = split_dict({"J1": C}, {"R1": C, "R2": C}, {("J1", "R1"): C / 10, ("J1", "R2"): C / 5})
     assert rates == pytest.approx({("J1", "R1"): C / 10, ("J1", "R2"): C / 5})
 
 
 def test_missing_target_means_surplus_only() -> None:
     demand = {("J1", "R1"): BIG, ("J2", "R1"): BIG}
-    rates = split({"J1": C / 4}, {"R1": C}, demand)
+    rates = split_dict({"J1": C / 4}, {"R1": C}, demand)
     assert rates == pytest.approx({("J1", "R1"): C / 4 + 3 * C / 8, ("J2", "R1"): 3 * C / 8})
 
 
 def test_empty_input() -> None:
-    assert split({}, {"R1": C}, {}) == {}
+    assert split_dict({}, {"R1": C}, {}) == {}
 
 
 @pytest.mark.parametrize(
-    ("targets", "capacity", "demand"),
+    ("targets", "capacity", "demand", "message"),
     [
-        ({"J1": -1.0}, {"R1": C}, {("J1", "R1"): C}),
-        ({"J1": C}, {"R1": math.inf}, {("J1", "R1"): C}),
-        ({"J1": C}, {"R1": C}, {("J1", "R1"): math.nan}),
-        ({"J1": C}, {"R1": C}, {("J1", "R2"): C}),
+        ({"J1": -1.0}, {"R1": C}, {("J1", "R1"): C}, "target"),
+        ({"J1": C}, {"R1": math.inf}, {("J1", "R1"): C}, "capacity"),
+        ({"J1": C}, {"R1": C}, {("J1", "R1"): math.nan}, "demand"),
+        ({"J1": C}, {"R1": C}, {("J1", "R2"): C}, "replica index"),  # R2 has no capacity
     ],
 )
 def test_rejects_bad_input(
-    targets: dict[str, float], capacity: dict[str, float], demand: dict[Edge, float]
+    targets: dict[str, float], capacity: dict[str, float], demand: dict[Edge, float], message: str
 ) -> None:
-    with pytest.raises(ValueError):
-        split(targets, capacity, demand)
+    with pytest.raises(ValueError, match=message):
+        split_dict(targets, capacity, demand)
 
 
 # --- Properties on random bipartite instances ---------------------------------------------
@@ -262,13 +292,13 @@ def test_rejects_bad_input(
 def test_feasibility(inst: Instance) -> None:
     targets, capacity, demand = inst
     eps = tol(inst)
-    for rates in (split_targets(*inst), split(*inst)):
+    for rates in (split_dict(*inst, surplus=False), split_dict(*inst)):
         assert rates.keys() == demand.keys()
         for e, x in rates.items():
             assert 0.0 <= x <= demand[e] + eps
         for r, load in per_replica(rates).items():
             assert load <= capacity[r] + eps
-    for j, got in per_job(split_targets(*inst)).items():
+    for j, got in per_job(split_dict(*inst, surplus=False)).items():
         assert got <= targets.get(j, 0.0) + eps
 
 
@@ -276,8 +306,8 @@ def test_feasibility(inst: Instance) -> None:
 def test_targets_met_as_far_as_max_flow_allows(inst: Instance) -> None:
     targets = inst[0]
     best = reference_max_flow(inst)
-    assert sum(split_targets(*inst).values()) == pytest.approx(best, abs=tol(inst) * 10)
-    toward_targets = sum(min(x, targets.get(j, 0.0)) for j, x in per_job(split(*inst)).items())
+    assert sum(split_dict(*inst, surplus=False).values()) == pytest.approx(best, abs=tol(inst) * 10)
+    toward_targets = sum(min(x, targets.get(j, 0.0)) for j, x in per_job(split_dict(*inst)).items())
     assert toward_targets == pytest.approx(best, abs=tol(inst) * 10)
 
 
@@ -285,7 +315,7 @@ def test_targets_met_as_far_as_max_flow_allows(inst: Instance) -> None:
 def test_work_conserving_on_every_replica(inst: Instance) -> None:
     _, capacity, demand = inst
     eps = tol(inst) * 10
-    rates = split(*inst)
+    rates = split_dict(*inst)
     loads = per_replica(rates)
     for (j, r), dem in demand.items():
         if loads[r] < capacity[r] - eps:
@@ -299,7 +329,7 @@ def test_work_conserving_on_every_replica(inst: Instance) -> None:
 def test_surplus_only_with_capacity_nobody_below_target_can_use(inst: Instance) -> None:
     targets, capacity, demand = inst
     eps = tol(inst) * 10
-    base, rates = split_targets(*inst), split(*inst)
+    base, rates = split_dict(*inst, surplus=False), split_dict(*inst)
     base_job = per_job(base)
     base_load = per_replica(base)
     bound = {j: targets.get(j, 0.0) for j in base_job}
@@ -324,7 +354,7 @@ def test_surplus_is_the_shared_equal_weight_water_fill(inst: Instance) -> None:
     # policies.sharing.water_fill (unit weights) applied replica by replica.
     _, capacity, demand = inst
     eps = tol(inst) * 10
-    base, rates = split_targets(*inst), split(*inst)
+    base, rates = split_dict(*inst, surplus=False), split_dict(*inst)
     load = per_replica(base)
     for r, cap in capacity.items():
         edges = [(j, rr) for (j, rr) in demand if rr == r]
@@ -345,7 +375,7 @@ def test_balance_no_exchange_lowers_a_busier_replica(inst: Instance) -> None:
     """
     targets, capacity, demand = inst
     eps = tol(inst) * 10
-    base = split_targets(*inst)
+    base = split_dict(*inst, surplus=False)
     load = per_replica(base)
     job_total = per_job(base)
     util = {r: load.get(r, 0.0) / capacity[r] for r in capacity if capacity[r] > 0.0}
@@ -377,7 +407,7 @@ def test_balance_no_exchange_lowers_a_busier_replica(inst: Instance) -> None:
 @pytest.mark.parametrize("inst", ORACLE)
 def test_loads_are_the_lexicographic_optimum(inst: Instance) -> None:
     """Pass-1 loads equal the subset-enumeration oracle (exact arithmetic), to 1e-9."""
-    got = per_replica(split_targets(*inst))
+    got = per_replica(split_dict(*inst, surplus=False))
     expected = brute_force_loads(inst)
     for r in inst[1]:
         assert got.get(r, 0.0) == pytest.approx(expected[r], abs=tol(inst)), r
@@ -393,9 +423,9 @@ def test_deterministic_in_any_dict_order(seed: int) -> None:
         rng.shuffle(items)
         return dict(items)
 
-    first = split(targets, capacity, demand)
+    first = split_dict(targets, capacity, demand)
     for _ in range(3):
-        again = split(shuffled(targets), shuffled(capacity), shuffled(demand))
+        again = split_dict(shuffled(targets), shuffled(capacity), shuffled(demand))
         assert list(again.items()) == list(first.items())
 
 
@@ -406,7 +436,7 @@ def test_many_replicas_stay_polynomial(replicas: int) -> None:
     rng = random.Random(replicas)
     inst = wide_instance(rng, replicas, 1000)
     start = time.perf_counter()
-    base, rates = split_targets(*inst), split(*inst)
+    base, rates = split_dict(*inst, surplus=False), split_dict(*inst)
     assert time.perf_counter() - start < 5.0
     targets, capacity, demand = inst
     eps = 1e-9 * max([1.0, *capacity.values(), *targets.values()])
@@ -421,7 +451,7 @@ def test_many_replicas_stay_polynomial(replicas: int) -> None:
 
 
 def test_thousand_jobs_on_eight_replicas_stay_feasible_and_work_conserving() -> None:
-    # The deployment size of the replica issue; its speed is measured in docs/replicas.md,
+    # The target deployment size (1,000 jobs x 8 replicas); its speed is in docs/benchmarks.md,
     # not asserted here.
     rng = random.Random(7)
     replicas = [f"r{i}" for i in range(8)]
@@ -432,7 +462,7 @@ def test_thousand_jobs_on_eight_replicas_stay_feasible_and_work_conserving() -> 
         for r in rng.sample(replicas, rng.randint(1, 8))
     }
     targets = {f"j{i:04d}": rng.uniform(0.0, 10.0) for i in range(1000)}
-    rates = split(targets, capacity, demand)
+    rates = split_dict(targets, capacity, demand)
     assert len(rates) == len(demand)
     for r in replicas:
         load = sum(x for (_, rr), x in rates.items() if rr == r)
@@ -442,33 +472,7 @@ def test_thousand_jobs_on_eight_replicas_stay_feasible_and_work_conserving() -> 
     assert all(0.0 <= x <= demand[key] * (1 + 1e-12) for key, x in rates.items())
 
 
-# --- The array entry point --------------------------------------------------------------
-
-
-def as_entries(inst: Instance) -> tuple[Any, ...]:
-    """``inst`` as split_entries takes it, the edges in a shuffled order."""
-    targets, capacity, demand = inst
-    edges = list(demand)
-    random.Random(len(edges)).shuffle(edges)
-    jobs = sorted({j for j, _ in edges})
-    replicas = sorted(capacity)
-    return (
-        edges,
-        jobs,
-        replicas,
-        np.array([targets.get(j, 0.0) for j in jobs]),
-        np.array([capacity[r] for r in replicas]),
-        np.array([jobs.index(j) for j, _ in edges], dtype=np.intp),
-        np.array([replicas.index(r) for _, r in edges], dtype=np.intp),
-        np.array([demand[e] for e in edges]),
-    )
-
-
-@pytest.mark.parametrize("inst", INSTANCES[:200] + WIDE)
-def test_split_entries_gives_splits_rates_bit_for_bit(inst: Instance) -> None:
-    edges, *arrays = as_entries(inst)
-    x = split_entries(*arrays)
-    assert dict(zip(edges, x.tolist(), strict=True)) == split(*inst)
+# --- The problem's checks ------------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
@@ -481,10 +485,12 @@ def test_split_entries_gives_splits_rates_bit_for_bit(inst: Instance) -> None:
         ({"replica_of": np.array([0, 0, -1], dtype=np.intp)}, "replica index"),
         ({"job_of": np.array([0, 0, 1], dtype=np.intp)}, "twice"),
         ({"demand": np.array([1.0, 1.0])}, "indices"),
+        ({"target": np.array([1.0])}, "targets"),
+        ({"capacity": np.array([1.0, 2.0, 3.0])}, "capacities"),
     ],
 )
-def test_split_entries_rejects_bad_input(change: dict[str, Any], message: str) -> None:
-    good = {
+def test_split_problem_rejects_bad_input(change: dict[str, Any], message: str) -> None:
+    good: dict[str, Any] = {
         "jobs": ["a", "b"],
         "replicas": ["r1", "r2"],
         "target": np.array([1.0, 2.0]),
@@ -493,6 +499,6 @@ def test_split_entries_rejects_bad_input(change: dict[str, Any], message: str) -
         "replica_of": np.array([0, 0, 1], dtype=np.intp),
         "demand": np.array([1.0, 1.0, 1.0]),
     }
-    split_entries(**good)
+    assert split(SplitProblem(**good)).tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match=message):
-        split_entries(**{**good, **change})
+        SplitProblem(**{**good, **change})

@@ -387,7 +387,7 @@ def test_set10_restart_overwrites_earlier_fills() -> None:
 
 
 def test_set10_basic_algorithm_when_every_cap_is_B() -> None:
-    # b_i = B = 1 (the paper's basic case): sets ω = 1 (q 1: "a", "c") and ω = 10 (q 0.1: "b").
+    # b_i = B = 1 ([BWS] §4.2's basic case): sets ω = 1 (q 1: "a", "c") and ω = 10 (q 0.1: "b").
     # Within a set only the oldest post is served; set shares 1/1.1 and 0.1/1.1.
     policy = Set10()
     teach(policy, "a", 1, work=0.5, volume=0.5, at=2.0)

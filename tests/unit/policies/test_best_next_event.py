@@ -1,4 +1,4 @@
-"""BestNextEvent: hand-computed cases, the choices the paper leaves open, and properties.
+"""BestNextEvent ([BWS] §4.3): hand-computed cases, the choices left open, and properties.
 
 Units are normalised (B = 1, b_i = 1 unless said) and t = 10, τ = 0 throughout,
 so y_k(δ) = (P_k + β_k·δ/b_k)/(10 + δ) and C_k(δ) = (P_k + V_k/b_k)/(10 + δ) is
@@ -177,7 +177,7 @@ def test_only_work_conserving_allocations_are_candidates() -> None:
 
 
 def test_paper_example_2_first_decision_shares_equally() -> None:
-    # Example 2 (notes §3), m = 10, window [0, 1]: at t = 0 all ten jobs are fresh
+    # [BWS] §5, Example 2 (Figure 1), m = 10, window [0, 1]: at t = 0 all ten jobs are fresh
     # (P = 0, τ = 0) with V = 0.2, so an uncompleted job's yield at δ is just β_k and a
     # completed one's 0.2/δ. Event c at δ ∈ [0.2, 1]: the nine others share 1 − 0.2/δ,
     # so one of them has at most (1 − 0.2/δ)/9 ≤ 0.8/9 < 0.1. No event (δ = 1): caps

@@ -1,8 +1,10 @@
 """Invariants every registered policy must hold (fsspec-style abstract suite).
 
 rates ≥ 0; Σ rates ≤ B; idle jobs get 0; no job above its cap b_i; work-conserving
-when demand exceeds B; deterministic for a fixed view and seed. Random views are
-drawn from seeded generators so a failure names its seed.
+when demand exceeds B; deterministic for a fixed view and seed; the decision path
+(``policies.decision.decide``) never needs to fix what a policy proposes; and where a
+policy declares an array entry point, it gives the view path's rates. Random views
+are drawn from seeded generators so a failure names its seed.
 """
 
 from __future__ import annotations
@@ -13,6 +15,8 @@ import random
 import pytest
 
 from burstctl.policies import JobView, SystemView, default_registry, job_cap
+from burstctl.policies.decision import decide
+from burstctl.policies.greedy import GreedyYield
 
 REGISTRY = default_registry()
 # Registered names, plus ThemisIO sharing specs that resolve without being listed
@@ -85,6 +89,10 @@ def test_invariants(policy_name: str, seed: int) -> None:
     # deterministic: a fresh instance and the same instance agree
     assert dict(REGISTRY.create(policy_name).allocate(view)) == rates
     assert dict(policy.allocate(view)) == rates
+    # the engine's enforcement has nothing to fix and keeps the positive rates as they are
+    decision = decide(REGISTRY.create(policy_name), view)
+    assert not decision.clamped
+    assert decision.rates == {j: r for j, r in rates.items() if r > 0.0}
 
 
 def test_empty_view(policy_name: str) -> None:
@@ -94,3 +102,94 @@ def test_empty_view(policy_name: str) -> None:
 
 def test_registry_knows_the_core_policies() -> None:
     assert {"fcfs", "fair-share"} <= set(POLICIES)
+
+
+# ---------------------------------------------------------------------------
+# The array entry point (Policy.array_allocator): where a policy declares one, it
+# must give the rates of the view path, bit for bit, in the same order.
+
+
+def arrays_case(seed: int) -> tuple[SystemView, list[int], list[float], list[float], list[float]]:
+    """A view whose jobs are all active and in index order, and the same view as arrays
+    (NaN in the rows that are not jobs of the view, so reading one shows)."""
+    rng = random.Random(seed)
+    now = rng.choice([0.0, 1.0, 1000.0, 1.8e6])
+    capacity = rng.choice([1.0, 4.0, 0.3, 1e9])
+    size = rng.randint(0, 40)
+    active = sorted(rng.sample(range(size), rng.randint(0, size)))
+    progress, released_at, demand = ([math.nan] * size for _ in range(3))
+    jobs = {}
+    for i in active:
+        cap = capacity * rng.choice([1.0, 1.0, 0.5, rng.uniform(0.01, 1.0)])
+        demand[i] = rng.choice([cap, cap * rng.uniform(0.01, 1.0)])
+        # fresh (τ ≥ t) and equal yields (P = 0, or P proportional to the age) for ties
+        released_at[i] = rng.choice([now, now + 1.0, now * rng.uniform(0.0, 1.0), 0.0])
+        age = now - released_at[i]
+        progress[i] = rng.choice([0.0, age * 0.5, age * rng.uniform(0.0, 1.0)]) if age > 0 else 0.0
+        job_id = f"{i:02d}"
+        jobs[job_id] = JobView(
+            job_id, "u", "g", 1, 1.0, cap, demand[i],
+            released_at=released_at[i], progress=progress[i], index=i,
+        )  # fmt: skip
+    view = SystemView(now=now, capacity=capacity, node_bandwidth=capacity, jobs=jobs)
+    return view, active, progress, released_at, demand
+
+
+ARRAY_POLICIES = [p for p in POLICIES if REGISTRY.create(p).array_allocator() is not None]
+
+
+def test_greedy_yield_declares_an_array_entry_point() -> None:
+    assert "greedy-yield" in ARRAY_POLICIES  # the suite below checks something
+    assert "periodic-greedy-yield" not in ARRAY_POLICIES  # it has a period
+
+
+@pytest.mark.parametrize("name", ARRAY_POLICIES)
+@pytest.mark.parametrize("seed", range(300))
+def test_array_entry_point_is_the_view_path(name: str, seed: int) -> None:
+    view, active, progress, released_at, demand = arrays_case(seed)
+    policy = REGISTRY.create(name)
+    arrays = policy.array_allocator()
+    assert arrays is not None
+    decision = decide(REGISTRY.create(name), view)
+    assert decision.period is None  # the simulator asks for periods with a view only
+    expected = [(view.jobs[j].index, rate) for j, rate in decision.rates.items()]
+    got = arrays(view.now, view.capacity, active, progress, released_at, demand)
+    assert got == expected  # same jobs, same order, same floats
+
+
+def test_greedy_yield_arrays_break_yield_ties_by_index() -> None:
+    # equal yields 0.5 and a fresh job (τ = t): the fresh one first, then by index
+    progress, released_at, demand = [1.0, 1.0, 0.0, 2.0], [0.0, 0.0, 2.0, -2.0], [0.6] * 4
+    got = GreedyYield().allocate_arrays(2.0, 1.0, [0, 1, 2, 3], progress, released_at, demand)
+    assert got == [(2, 0.6), (0, 0.4)]
+
+
+@pytest.mark.parametrize("seed", range(100))
+def test_rates_do_not_depend_on_the_order_the_view_lists_its_jobs(
+    policy_name: str, seed: int
+) -> None:
+    """Builders list jobs in different orders (the controller's table in the order its
+    rows were rebuilt, the simulator in index order): the same jobs must give the same
+    rates, bit for bit, or a replayed decision would differ from the live one."""
+    view = random_view(seed)
+    rng = random.Random(seed)
+    shuffled = list(view.jobs.items())
+    rng.shuffle(shuffled)
+    other = SystemView(view.now, view.capacity, view.node_bandwidth, dict(shuffled), view.seed)
+    expected = decide(REGISTRY.create(policy_name), view).rates
+    assert decide(REGISTRY.create(policy_name), other).rates == expected
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_the_blend_with_a_split_does_not_depend_on_the_views_order(
+    policy_name: str, seed: int
+) -> None:
+    view = random_view(seed)
+    rng = random.Random(seed)
+    targets = {j: rng.uniform(0, 2) * v.cap for j, v in view.jobs.items() if rng.random() < 0.6}
+    shuffled = list(view.jobs.items())
+    rng.shuffle(shuffled)
+    other = SystemView(view.now, view.capacity, view.node_bandwidth, dict(shuffled), view.seed)
+    expected = decide(REGISTRY.create(policy_name), view, targets)
+    assert decide(REGISTRY.create(policy_name), other, targets).rates == expected.rates
+    assert sum(expected.rates.values()) <= view.capacity * (1 + 1e-9)

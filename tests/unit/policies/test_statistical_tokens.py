@@ -1,5 +1,5 @@
-"""ThemisIO statistical tokens: spec grammar, eq. (1) against explicit matrices, the
-paper's worked values, opportunity fairness down the tree, and the worker draw."""
+"""ThemisIO statistical tokens ([THEMIS]): spec grammar, eq. (1) against explicit matrices,
+the paper's worked values, opportunity fairness down the tree, and the worker draw."""
 
 from __future__ import annotations
 
@@ -61,11 +61,11 @@ def approx(values: dict[str, Fraction | float]) -> object:
     return pytest.approx({k: float(v) for k, v in values.items()}, rel=1e-12, abs=1e-15)
 
 
-# Figure 3(b): user 1 runs J1, J2; user 2 runs J3–J6.
+# [THEMIS] Figure 3(b): user 1 runs J1, J2; user 2 runs J3–J6.
 FIG3 = [job(f"J{i}", user="U1" if i <= 2 else "U2", index=i) for i in range(1, 7)]
 FIG3_SHARES = dict(zip([f"J{i}" for i in range(1, 7)], [0.25, 0.25] + [0.125] * 4, strict=True))
 
-# Figure 11: G1{U1{J1:1}}, G2{U2{J2:2, J3:3, J4:2}, U3{J5:3, J6:2}, U4{J7:1, J8:2}}.
+# [THEMIS] Figure 11: G1{U1{J1:1}}, G2{U2{J2:2, J3:3, J4:2}, U3{J5:3, J6:2}, U4{J7:1, J8:2}}.
 FIG11_TREE = [
     ("G1", "U1", 1),
     ("G2", "U2", 2),
@@ -190,7 +190,7 @@ def _weight(level: str, j: JobView) -> float:
 
 
 def transition_matrices(levels: tuple[str, ...], jobs: list[JobView]) -> list[list[list[float]]]:
-    """T^0 … T^{N−1} as the paper defines them (§3): row = a token queue (an entity of
+    """T^0 … T^{N−1} as [THEMIS] §3 defines them: row = a token queue (an entity of
     level i, the root for i = 0), column = an entity of level i + 1 (its path from the
     root), entry = the column's share of its parent's scope; plain lists."""
 
@@ -302,7 +302,7 @@ def test_figure_11_group_then_user_then_size_fair() -> None:
 @pytest.mark.parametrize(
     ("name", "jobs", "expected"),
     [
-        # notes §7, Figure 8: a 4-node and a 1-node job; user A's two jobs against user B's one
+        # [THEMIS] §5.3.1, Figure 8: a 4-node and a 1-node job; user A's two jobs vs user B's one
         ("size-fair", [job("a", nodes=4), job("b", nodes=1)], {"a": 0.8, "b": 0.2}),
         ("job-fair", [job("a", nodes=4), job("b", nodes=1)], {"a": 0.5, "b": 0.5}),
         (
@@ -369,7 +369,8 @@ def test_idle_group_share_goes_to_the_other_groups() -> None:
 
 
 def test_hierarchical_not_leaf_renormalisation() -> None:
-    # notes §3: user>job with only J1, J2 (U1) and J3 (U2) active → 0.25/0.25/0.5, not 0.4/0.4/0.2
+    # user>job with only J1, J2 (U1) and J3 (U2) active → 0.25/0.25/0.5, not 0.4/0.4/0.2: the
+    # reading of [THEMIS] §3/§4.1 in docs/references.md (prune idle entities, not leaves)
     jobs = [j if j.job_id in {"J1", "J2", "J3"} else idle(j) for j in FIG3]
     assert tokens("user>job").shares(view(*jobs)) == approx({"J1": 0.25, "J2": 0.25, "J3": 0.5})
 

@@ -1,12 +1,12 @@
 """Per-instance agreement of the simulator with the reference semantics.
 
-``tests/reference/simu.py`` renders the authors' simulator (reference
-description §2–§7, §9–§10) literally and shares no code with ours. Both must
-give the same MinYield and Efficiency on every instance, for every simple
-strategy, in v1 and v2 windows, on synthetic instances (§6.2) and on
-heterogeneous ones (b_i ≠ B, pre-window age and progress, I/O-first phases,
-unknown wIter, windows shorter than the shortest application). The issue's
-tolerance is ±0.02; the float operations are the same, so we hold to 1e-9.
+``tests/reference/simu.py`` renders the authors' simulator ([BWS-SIM] simu.cc)
+literally and shares no code with ours. Both must give the same MinYield and
+Efficiency on every instance, for every simple strategy, in v1 and v2 windows,
+on synthetic instances ([BWS] §6.2) and on heterogeneous ones (b_i ≠ B,
+pre-window age and progress, I/O-first phases, unknown wIter, windows shorter
+than the shortest application). The required tolerance is ±0.02; the float
+operations are the same, so we hold to 1e-9.
 """
 
 from __future__ import annotations
@@ -96,24 +96,24 @@ def test_v2_windows_agree(heuristic: str) -> None:
     assert_agree(ours, ref)
 
 
-# -- best-next-event against the reference's nextEvLexMin (§8) --------------------------------
+# -- best-next-event against the reference's nextEvLexMin (computeNextEvLexMin) ---------------
 #
-# ``reference/next_ev_lexmin.py`` renders §8 literally, bugs included. Our policy deviates from
+# ``reference/next_ev_lexmin.py`` renders it literally, bugs included. Our policy deviates from
 # it on purpose (policies/best_next_event.py, class docstring, differences 1–8), and several of
-# those deviations move the metrics by more than the issue's ±0.04 on small, contended
+# those deviations move the metrics by more than the required ±0.04 on small, contended
 # instances. The tests below therefore (a) compare against the literal reference, expected to
 # fail for documented reasons only, and (b) switch the reference's four bugs off
 # (``next_ev_lexmin.QUIRKS``) and check that what remains agrees within ±0.04, except where the
 # reference leaves bandwidth idle (difference 8), which is detected and reported.
 
-BNE_TOLERANCE = 0.04  # the issue's bound for best-next-event
+BNE_TOLERANCE = 0.04  # the required bound for best-next-event
 BNE_SYNTHETIC_SEEDS = range(80)
 BNE_HETEROGENEOUS_SEEDS = range(40)
 BNE_WINDOWS = (1.0, 0.6)
 
 
 def small_synthetic(seed: int) -> tuple[str, float]:
-    """6–12 applications of a §6.2 synthetic instance (h = 3,000) and the bandwidth B to use.
+    """6–12 applications of a [BWS] §6.2 instance (h = 3,000) and the bandwidth B to use.
 
     B = k/60 keeps the I/O load per unit of bandwidth that of the 60-application instance
     (every b_i = B after clipping, as on the synthetic traces), so the drawn subset contends.

@@ -1,6 +1,7 @@
-"""The event loop (reference §4, §9) and the metrics at T (§10; paper eqs. 8–10).
+"""The event loop ([BWS-SIM] simu.cc: ``simulate``, v1/v2) and the metrics at T
+([BWS] eqs. (8)–(10)).
 
-Hand-computed instances with FCFS and FairShare, the paper's Example 2 (notes §3)
+Hand-computed instances with FCFS and FairShare, the paper's Example 2 ([BWS] §5, Figure 1)
 for every strategy that is registered, and the engine's guards.
 """
 
@@ -34,7 +35,7 @@ def test_job_view_field_order_is_what_the_engine_passes() -> None:
 
 
 # ---------------------------------------------------------------------------
-# Example 2 (notes §3): m = 10, ε = 1/5, window [0, 1], B = b_i = 1.
+# [BWS] §5, Example 2 (Figure 1): m = 10, ε = 1/5, window [0, 1], B = b_i = 1.
 # A: I/O 2/m, then work (1 in the paper; 0.8 reaches T = 1, identical in the window).
 # B: I/O 2/m, work α = ε/(m/2 − 1) = 0.05, I/O 1.
 
@@ -55,7 +56,7 @@ EXAMPLE2 = [
     ("fair-share", "B", (0.1, 0.1, 0.0)),
     ("fcfs", "A", (0.0, 0.3, 0.2)),
     ("fcfs", "B", (0.0, 0.12, 0.02)),
-    # notes §3: with A-first ids these reproduce FCFS's row
+    # [BWS] §5: with A-first ids these reproduce FCFS's row
     ("greedy-yield", "A", (0.0, 0.3, 0.2)),
     ("greedy-com", "A", (0.0, 0.3, 0.2)),
     ("look-ahead-greedy-yield", "A", (0.0, 0.3, 0.2)),

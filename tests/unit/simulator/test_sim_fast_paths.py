@@ -1,7 +1,7 @@
 """The engine's fast paths keep the reference's arithmetic bit for bit.
 
 The engine moves only what can change at each step (served I/O applications,
-work phases in closed form, reference §4 step 4 otherwise), so these tests pin
+work phases in closed form, the reference's per-step update otherwise), so these tests pin
 it to the literal, step-by-step oracle ``tests/reference/simu.py`` with *exact*
 equality where the two do the same float operations, and check the arithmetic
 claims of ``_closed_form_is_exact`` directly.
@@ -18,12 +18,13 @@ from reference import simu
 from test_reference_agreement import POLICIES, heterogeneous
 
 from burstctl.policies import JobId, SystemView
+from burstctl.policies.base import ArrayAllocator
 from burstctl.policies.fair_share import FairShare
 from burstctl.policies.greedy import GreedyYield, PeriodicGreedyYield
 from burstctl.simulator.engine import (
     SimResult,
+    _array_path,
     _closed_form_is_exact,
-    _columns_path,
     _next_power_of_two,
     simulate,
 )
@@ -122,73 +123,59 @@ def test_closed_form_test_rejects_what_it_cannot_prove() -> None:
 
 
 class _Checking(GreedyYield):
-    """GreedyYield that checks each view the engine builds with ``SystemView.of_fresh``."""
+    """GreedyYield through its views, checking each view the engine builds."""
 
     name = "checking"
 
+    def array_allocator(self) -> ArrayAllocator | None:
+        return None
+
     def allocate(self, view: SystemView) -> dict[JobId, float]:
-        plain = SystemView(
-            now=view.now,
-            capacity=view.capacity,
-            node_bandwidth=view.node_bandwidth,
-            jobs=view.jobs,
-            seed=view.seed,
-            horizon=view.horizon,
-        )
-        assert view == plain
-        # the engine vouches that its jobs are all active and in stable order
-        assert view.active_jobs() == plain.active_jobs() == list(view.jobs.values())
+        assert view.observed and view.horizon is not None
+        # the engine lists A in index order, every job active: the stable order
+        assert view.active_jobs() == list(view.jobs.values())
         return super().allocate(view)
 
 
-def test_the_engines_views_are_what_the_constructor_builds() -> None:
+def test_the_engines_views_are_what_the_policies_expect() -> None:
     text = heterogeneous(3, m=8)
     win = prepare_window(parse_instance(text), window=0.6, bandwidth=4.0)
     assert simulate(win, _Checking()).events == simulate(win, "greedy-yield").events
 
 
 class _ViewsOnly(GreedyYield):
-    """GreedyYield through its views: ``allocate`` of its own hides ``allocate_columns``."""
+    """GreedyYield that declares no array entry point: decided through its views."""
 
     name = "views-only"
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        return super().allocate(view)
+    def array_allocator(self) -> ArrayAllocator | None:
+        return None
 
 
-class _CountingColumns(GreedyYield):
-    """GreedyYield that counts the decisions taken through ``allocate_columns``."""
+class _CountingArrays(GreedyYield):
+    """GreedyYield that counts the decisions taken through its array entry point."""
 
-    name = "counting-columns"
+    name = "counting-arrays"
 
     def __init__(self) -> None:
         super().__init__()
         self.calls = 0
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        return super().allocate(view)
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self._counted
 
-    def allocate_columns(self, *columns: Any) -> list[tuple[int, float]]:
+    def _counted(self, *arrays: Any) -> list[tuple[int, float]]:
         self.calls += 1
-        return super().allocate_columns(*columns)
+        return self.allocate_arrays(*arrays)
 
 
-class _ColumnsOnly(GreedyYield):
-    name = "columns-only"
-
-    def allocate_columns(self, *columns: Any) -> list[tuple[int, float]]:
-        return super().allocate_columns(*columns)
-
-
-def test_the_columns_path_is_taken_only_where_it_is_the_whole_decision() -> None:
-    assert _columns_path(GreedyYield()) is not None
-    assert _columns_path(_CountingColumns()) is not None
-    assert _columns_path(_ViewsOnly()) is None  # its allocate would be bypassed
-    assert _columns_path(_ColumnsOnly()) is None  # (allocate from another class)
-    assert _columns_path(_Checking()) is None
-    assert _columns_path(PeriodicGreedyYield()) is None  # period(view) needs the view
-    assert _columns_path(FairShare()) is None
-    assert _columns_path(None) is None
+def test_the_array_path_is_taken_where_the_policy_declares_it() -> None:
+    assert _array_path(GreedyYield()) is not None
+    assert _array_path(_CountingArrays()) is not None
+    assert _array_path(_ViewsOnly()) is None
+    assert _array_path(PeriodicGreedyYield()) is None  # period(view) needs the view
+    assert _array_path(FairShare()) is None
+    assert _array_path(None) is None
 
 
 def _same_run(fast: SimResult, plain: SimResult) -> None:
@@ -211,9 +198,9 @@ def _windows() -> list[Any]:
 
 
 @pytest.mark.parametrize("windows", ["v1", "v2"])
-def test_the_columns_path_gives_the_views_results(windows: Literal["v1", "v2"]) -> None:
+def test_the_array_path_gives_the_views_results(windows: Literal["v1", "v2"]) -> None:
     for window in _windows():
-        counting = _CountingColumns()
+        counting = _CountingArrays()
         fast = simulate(window, counting, windows=windows)
         plain = simulate(window, _ViewsOnly(), windows=windows)
         _same_run(fast, plain)

@@ -1,4 +1,4 @@
-"""The synthetic generator (paper §6.2, notes §4): determinism and shape."""
+"""The synthetic generator ([BWS] §6.2.1, [BWS-SIM] generate.py): determinism and shape."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The instance line format (reference §2) and the window: T, truncation, δ/K, load (§3)."""
+"""The instance line format and the window: T, truncation, δ/K, load ([BWS-SIM] addApps)."""
 
 from __future__ import annotations
 

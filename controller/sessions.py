@@ -20,15 +20,12 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind, ProtocolError, SessionState
+from burstctl.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "burstctl.v1.Controller"
-MAX_TEXT = 256
-MAX_BATCH = 1024
-MAX_NODES = 1 << 20
-MAX_PRIORITY = 1e9
 _KINDS = {
     pb.OP_KIND_READ: OpKind.READ,
     pb.OP_KIND_WRITE: OpKind.WRITE,
@@ -119,11 +116,9 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
         raise ProtocolError("hello", f"the first message of a session must be hello, got {kind}")
     h = msg.hello
     for name in ("job_id", "user", "group"):
-        value = getattr(h, name)
-        if not value:
-            raise ProtocolError(f"hello.{name}", "must not be empty")
-        if len(value) > MAX_TEXT:
-            raise ProtocolError(f"hello.{name}", f"longer than {MAX_TEXT} characters")
+        problem = identifier_problem(getattr(h, name))
+        if problem:
+            raise ProtocolError(f"hello.{name}", problem)
     for name in ("client_id", "host"):
         if len(getattr(h, name)) > MAX_TEXT:
             raise ProtocolError(f"hello.{name}", f"longer than {MAX_TEXT} characters")

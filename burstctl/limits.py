@@ -1,0 +1,30 @@
+"""Bounds on what burstctl accepts from outside, one definition for every door.
+
+A client's Hello and operations (gRPC), a peer's digest (gRPC) and a REST body
+are all checked against these, so a value one door accepts is never refused
+by another further on (a job id a client may use is one a peer accepts in a
+digest). Beyond them a value is taken for a bug or an attack, not a measurement.
+"""
+
+from __future__ import annotations
+
+MAX_TEXT = 256  # characters of an identifier: job id, user, group, replica id, host
+MAX_NODES = 1 << 20  # p_i, compute nodes of one job
+MAX_PRIORITY = 1e9
+MAX_RATE = 1e15  # bytes/s: 1 PB/s for one storage server or one job
+MAX_JOBS = 100_000  # jobs in one digest
+MAX_COUNTER = 2**63 - 1  # incarnations, sequence numbers, versions: int64 on the wire
+MAX_BATCH = 1024  # client messages in one Batch
+
+
+def identifier_problem(value: object) -> str | None:
+    """Why ``value`` is not an identifier (1..MAX_TEXT printable characters), or None."""
+    if not isinstance(value, str):
+        return f"must be a string, got {type(value).__name__}"
+    if not value:
+        return "must not be empty"
+    if len(value) > MAX_TEXT:
+        return f"longer than {MAX_TEXT} characters"
+    if not value.isprintable():
+        return "must be printable characters only"
+    return None

@@ -1,0 +1,503 @@
+"""A replica's digest: what it tells its peers every λ, and the one check of it.
+
+Every λ each replica sends its :class:`Digest` to every peer ([THEMIS] §3.1,
+λ-delayed fairness): its capacity and node bandwidth, its active policy with
+that policy's version, and its jobs as :class:`DigestJobs`, one array per field.
+:func:`validate` is the only check a digest gets, whether it was decoded from
+the wire (:func:`from_proto`) or built in process (:func:`build_digest`), and it
+checks every job at once, as array operations, naming the first bad field of the
+first bad job (``jobs[3].nodes``).
+
+Time inside a digest is relative: ``released_at`` and ``posted_at`` are offsets
+(≤ 0, seconds) from the instant the sender built the digest, measured on the
+sender's own clock, so no clock synchronisation between hosts is needed.
+
+Ordering: a replica's digests are ordered by ``(incarnation, sequence)``.
+``sequence`` counts exchanges and restarts from 0 when the process restarts;
+``incarnation`` is a start token that must grow with every restart of the same
+replica id (the start time in ns). See ``controller/membership.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from burstctl.controller.jobs import JobStatus, JobTable
+from burstctl.limits import (
+    MAX_COUNTER,
+    MAX_JOBS,
+    MAX_NODES,
+    MAX_PRIORITY,
+    MAX_RATE,
+    MAX_TEXT,
+    identifier_problem,
+)
+from burstctl.policies.view import JobId, job_cap
+from burstctl.proto.burstctl.v1 import peer_pb2 as pb
+
+ReplicaId = str
+
+
+class DigestError(ValueError):
+    """A digest that must not touch the global view; ``field`` names the bad field."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(f"{field}: {message}")
+        self.field = field
+        self.message = message
+
+
+@dataclass(slots=True)
+class JobDigest:
+    """One job of a digest as plain values (a row of :class:`DigestJobs`)."""
+
+    job_id: JobId
+    user: str
+    group: str
+    nodes: int  # p_i
+    priority: float
+    demand: float  # local demand on this replica, bytes/s; 0 without an open operation
+    usage_bytes: float  # bytes moved on this replica since its previous digest
+    progress: float  # P_i as this replica computed it, seconds (eq. 6)
+    released_at: float  # τ_i − t_send ≤ 0, seconds, on the sender's clock
+    posted_at: float | None = None  # R_i − t_send ≤ 0 of the open operation here; None: none
+    remaining: float | None = None  # V_i of the open operation here, bytes; None: unknown
+    open_op: bool = False  # the job has an open operation on this replica
+    transferred: float = 0.0  # bytes this job moved on this replica in all (P_i's V part)
+
+
+_FLOAT_FIELDS = (
+    "priority",
+    "demand",
+    "usage_bytes",
+    "progress",
+    "released_at",
+    "posted_at",
+    "remaining",
+    "transferred",
+)
+JOB_TEXT_FIELDS = ("job_id", "user", "group")
+JOB_ARRAY_FIELDS = ("nodes", "open_op", *_FLOAT_FIELDS)
+_ROW_FIELDS = tuple(JobDigest.__dataclass_fields__)
+_KINDS = {"nodes": ("i", "u"), "open_op": ("b",)}  # the float fields take "f", "i", "u"
+# the types a list's entries may have; the float fields take int and float
+_TYPES: dict[str, set[type]] = {"nodes": {int}, "open_op": {bool}}
+
+
+class DigestJobs:
+    """The jobs of one digest as columns: entry i of every column is job i.
+
+    One numpy array per numeric field and one tuple per text field, the form
+    the wire carries (``peer.proto``, ``DigestJobs``) and the merge reads.
+    ``posted_at`` and ``remaining`` are NaN where a row has None. Rows come back
+    as :class:`JobDigest` (indexing, iteration); equality compares contents
+    (NaN equals NaN). Read-only. A column of the wrong type (text for a number,
+    a fraction for ``nodes``) is refused here; ranges are :func:`validate`'s.
+    """
+
+    __slots__ = JOB_TEXT_FIELDS + JOB_ARRAY_FIELDS
+
+    job_id: tuple[str, ...]
+    user: tuple[str, ...]
+    group: tuple[str, ...]
+    nodes: np.ndarray  # int64
+    priority: np.ndarray  # float64, like every field of _FLOAT_FIELDS
+    demand: np.ndarray
+    usage_bytes: np.ndarray
+    progress: np.ndarray
+    released_at: np.ndarray
+    posted_at: np.ndarray  # NaN: no open operation
+    remaining: np.ndarray  # NaN: unknown
+    open_op: np.ndarray  # bool
+    transferred: np.ndarray
+
+    def __init__(self, **columns: Any) -> None:
+        missing = {f for f in self.__slots__ if f not in columns}
+        extra = set(columns) - set(self.__slots__)
+        if missing or extra:
+            raise TypeError(f"DigestJobs: missing {sorted(missing)}, unknown {sorted(extra)}")
+        for name in JOB_TEXT_FIELDS:
+            object.__setattr__(self, name, tuple(columns[name]))
+        for name in JOB_ARRAY_FIELDS:
+            values = columns[name]
+            raw = np.array(values)  # a copy: the caller's list may change
+            kinds = _KINDS.get(name, ("f", "i", "u"))
+            # numpy turns [8, True] into integers: a Python list's own types count too
+            types: set[type] = set(map(type, values)) if isinstance(values, list | tuple) else set()
+            if (raw.size and (raw.ndim != 1 or raw.dtype.kind not in kinds)) or not (
+                types <= _TYPES.get(name, {int, float})
+            ):
+                expected = {"nodes": "integers", "open_op": "booleans"}.get(name, "numbers")
+                raise DigestError(f"jobs.{name}", f"must be {expected}")
+            dtype = {"nodes": np.int64, "open_op": np.bool_}.get(name, np.float64)
+            array: np.ndarray = raw.astype(dtype).reshape(-1)
+            array.flags.writeable = False
+            object.__setattr__(self, name, array)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        raise AttributeError("DigestJobs is read-only")
+
+    @classmethod
+    def from_rows(cls, rows: Iterable[JobDigest]) -> DigestJobs:
+        rows = tuple(rows)
+        nan = math.nan
+        values: dict[str, list[Any]] = {name: [] for name in _ROW_FIELDS}
+        for row in rows:
+            for name in _ROW_FIELDS:
+                values[name].append(getattr(row, name))
+        values["posted_at"] = [nan if v is None else v for v in values["posted_at"]]
+        values["remaining"] = [nan if v is None else v for v in values["remaining"]]
+        return cls(**values)
+
+    def __len__(self) -> int:
+        return len(self.job_id)
+
+    def __getitem__(self, i: int) -> JobDigest:
+        return self.rows()[i]
+
+    def __iter__(self) -> Iterator[JobDigest]:
+        return iter(self.rows())
+
+    def rows(self) -> tuple[JobDigest, ...]:
+        """Every job as a :class:`JobDigest` with plain Python values."""
+        columns = [
+            list(getattr(self, name)) if name in JOB_TEXT_FIELDS else getattr(self, name).tolist()
+            for name in _ROW_FIELDS
+        ]
+        rows = []
+        for values in zip(*columns, strict=True):
+            row = JobDigest(*values)
+            row.posted_at = None if row.posted_at != row.posted_at else row.posted_at
+            row.remaining = None if row.remaining != row.remaining else row.remaining
+            rows.append(row)
+        return tuple(rows)
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, DigestJobs):
+            return NotImplemented
+        return all(getattr(self, f) == getattr(other, f) for f in JOB_TEXT_FIELDS) and all(
+            np.array_equal(getattr(self, f), getattr(other, f), equal_nan=f in _FLOAT_FIELDS)
+            for f in JOB_ARRAY_FIELDS
+        )
+
+    __hash__ = None  # type: ignore[assignment]
+
+    def __repr__(self) -> str:
+        more = ", …" if len(self) > 5 else ""
+        return f"DigestJobs({len(self)} jobs: {', '.join(self.job_id[:5])}{more})"
+
+
+@dataclass(frozen=True, slots=True)
+class Digest:
+    """What one replica tells its peers every λ. ``jobs`` may be given as rows
+    (:class:`JobDigest`); it is kept as :class:`DigestJobs`."""
+
+    replica_id: ReplicaId
+    incarnation: int  # start token; grows with every restart (module docstring)
+    sequence: int  # exchange counter within one incarnation
+    capacity: float  # B_r, bytes/s
+    node_bandwidth: float  # b, bytes/s per compute node (b_i = min(p_i · b, B), eq. (1))
+    policy: str  # registry name or sharing spec
+    policy_params: Mapping[str, Any] = field(default_factory=dict)
+    policy_version: int = 0  # a switch sets max version seen + 1
+    jobs: DigestJobs = field(default_factory=lambda: DigestJobs.from_rows(()))
+    policy_origin: ReplicaId = ""  # where the version was switched; "" (or absent): the sender
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.jobs, DigestJobs):
+            object.__setattr__(self, "jobs", DigestJobs.from_rows(self.jobs))
+        if not self.policy_origin:
+            object.__setattr__(self, "policy_origin", self.replica_id)
+
+    @property
+    def election_key(self) -> tuple[int, ReplicaId]:
+        """What the policy election compares: the highest wins (membership.py)."""
+        return self.policy_version, self.policy_origin
+
+
+# ---------------------------------------------------------------------------
+# The check
+
+_INF = math.inf
+
+
+def _finite_non_negative(name: str) -> Callable[[DigestJobs], np.ndarray]:
+    def good(c: DigestJobs) -> np.ndarray:
+        column = getattr(c, name)
+        return (column >= 0.0) & (column < _INF)
+
+    return good
+
+
+def _must_be(what: str) -> Callable[[Any], str]:
+    return lambda v: f"must be {what}, got {v!r}"
+
+
+# Per job field, in the order a bad job's fields are named: whether each entry is
+# good (NaN compares False, so it fails every range), and the message for a bad one.
+_CHECKS: tuple[tuple[str, Callable[[DigestJobs], np.ndarray], Callable[[Any], str]], ...] = (
+    (
+        "nodes",
+        lambda c: (c.nodes >= 1) & (c.nodes <= MAX_NODES),
+        lambda v: f"must be an integer in [1, {MAX_NODES}], got {v!r}",
+    ),
+    (
+        "priority",
+        lambda c: (c.priority > 0.0) & (c.priority <= MAX_PRIORITY),
+        lambda v: f"must be in (0, {MAX_PRIORITY:g}], got {v!r}",
+    ),
+    (
+        "demand",
+        lambda c: (c.demand >= 0.0) & (c.demand <= MAX_RATE),
+        lambda v: f"must be in [0, {MAX_RATE:g}] bytes/s, got {v!r}",
+    ),
+    *(
+        (name, _finite_non_negative(name), _must_be("finite and >= 0"))
+        for name in ("usage_bytes", "progress", "transferred")
+    ),
+    (
+        "released_at",
+        lambda c: (c.released_at > -_INF) & (c.released_at <= 0.0),
+        _must_be("finite and <= 0 (an offset from the send instant)"),
+    ),
+    (
+        "posted_at",
+        lambda c: np.isnan(c.posted_at) | ((c.posted_at > -_INF) & (c.posted_at <= 0.0)),
+        _must_be("finite and <= 0 (an offset from the send instant), or absent"),
+    ),
+    (
+        "remaining",
+        lambda c: np.isnan(c.remaining) | ((c.remaining >= 0.0) & (c.remaining < _INF)),
+        _must_be("finite and >= 0, or absent"),
+    ),
+    (
+        "demand",
+        lambda c: c.open_op | (c.demand <= 0.0),
+        lambda v: "demand > 0 without an open operation",
+    ),
+)
+
+
+def validate(digest: Digest) -> None:
+    """Raise :class:`DigestError` naming the first bad field of ``digest``."""
+    if not isinstance(digest, Digest):
+        raise DigestError("digest", f"expected a Digest, got {type(digest).__name__}")
+    _identifier("replica_id", digest.replica_id)
+    _counter("incarnation", digest.incarnation)
+    _counter("sequence", digest.sequence)
+    _number("capacity", digest.capacity, low=0.0, high=MAX_RATE, low_open=False)
+    _number("node_bandwidth", digest.node_bandwidth, low=0.0, high=MAX_RATE, low_open=True)
+    _identifier("policy", digest.policy)
+    params = digest.policy_params
+    if not isinstance(params, Mapping) or not all(isinstance(k, str) for k in params):
+        raise DigestError("policy_params", "must be a mapping with string keys")
+    try:
+        json.dumps(dict(params), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise DigestError("policy_params", f"must be plain JSON values: {exc}") from None
+    _counter("policy_version", digest.policy_version)
+    _identifier("policy_origin", digest.policy_origin)
+    _validate_jobs(digest.jobs)
+
+
+def _validate_jobs(jobs: DigestJobs) -> None:
+    n = len(jobs.job_id)
+    if n > MAX_JOBS:
+        raise DigestError("jobs", f"{n} jobs, more than {MAX_JOBS}")
+    for name in DigestJobs.__slots__:
+        if len(getattr(jobs, name)) != n:
+            raise DigestError(f"jobs.{name}", f"{len(getattr(jobs, name))} entries for {n} job ids")
+    bad_text = [name for name in JOB_TEXT_FIELDS if not _all_identifiers(getattr(jobs, name))]
+    with np.errstate(invalid="ignore"):
+        checks = [(name, good(jobs), message) for name, good, message in _CHECKS]
+    first_bad = n
+    for name in bad_text:
+        column = getattr(jobs, name)
+        first_bad = min(first_bad, next(i for i, v in enumerate(column) if identifier_problem(v)))
+    for _, good_mask, _ in checks:
+        if not good_mask.all():
+            first_bad = min(first_bad, int(np.argmin(good_mask)))
+    first_dup = n
+    if len(set(jobs.job_id)) != n:
+        seen: set[str] = set()
+        for i, job_id in enumerate(jobs.job_id):
+            if job_id in seen:
+                first_dup = i
+                break
+            seen.add(job_id)
+    if first_bad < n and first_bad <= first_dup:
+        at = f"jobs[{first_bad}]"
+        for name in JOB_TEXT_FIELDS:
+            problem = identifier_problem(getattr(jobs, name)[first_bad])
+            if problem:
+                raise DigestError(f"{at}.{name}", problem)
+        for name, good_mask, message in checks:
+            if not good_mask[first_bad]:
+                raise DigestError(f"{at}.{name}", message(getattr(jobs, name)[first_bad].item()))
+    if first_dup < n:
+        job_id = jobs.job_id[first_dup]
+        raise DigestError(f"jobs[{first_dup}].job_id", f"duplicate job id {job_id!r}")
+
+
+def _all_identifiers(column: tuple[str, ...]) -> bool:
+    """Every entry 1..MAX_TEXT printable characters, in three C-level passes."""
+    if not column:
+        return True
+    try:
+        printable = "".join(column).isprintable()  # a non-string fails the join
+    except TypeError:
+        return False
+    lengths = list(map(len, column))
+    return printable and min(lengths) > 0 and max(lengths) <= MAX_TEXT
+
+
+def _identifier(name: str, value: object) -> None:
+    problem = identifier_problem(value)
+    if problem:
+        raise DigestError(name, problem)
+
+
+def _counter(name: str, value: object) -> None:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise DigestError(name, f"must be an integer, got {type(value).__name__}")
+    if not 0 <= value <= MAX_COUNTER:
+        raise DigestError(name, f"must be in [0, 2^63 − 1], got {value}")
+
+
+def _number(name: str, value: object, *, low: float, high: float, low_open: bool) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise DigestError(name, f"must be a number, got {type(value).__name__}")
+    if not math.isfinite(value):
+        raise DigestError(name, f"must be finite, got {value!r}")
+    if value < low or (low_open and value == low):
+        raise DigestError(name, f"must be {'>' if low_open else '>='} {low}, got {value!r}")
+    if value > high:
+        raise DigestError(name, f"must be <= {high}, got {value!r}")
+
+
+# ---------------------------------------------------------------------------
+# The wire
+
+
+def to_proto(digest: Digest) -> pb.Digest:
+    msg = pb.Digest(
+        replica_id=digest.replica_id,
+        incarnation=digest.incarnation,
+        sequence=digest.sequence,
+        capacity=digest.capacity,
+        node_bandwidth=digest.node_bandwidth,
+        policy=digest.policy,
+        policy_params_json=json.dumps(dict(digest.policy_params), sort_keys=True),
+        policy_version=digest.policy_version,
+        policy_origin=digest.policy_origin,
+    )
+    jobs, out = digest.jobs, msg.jobs
+    for name in JOB_TEXT_FIELDS:
+        getattr(out, name).extend(getattr(jobs, name))
+    for name in JOB_ARRAY_FIELDS:
+        getattr(out, name).extend(getattr(jobs, name).tolist())
+    return msg
+
+
+def from_proto(msg: pb.Digest) -> Digest:
+    """The digest in ``msg``, validated; raises :class:`DigestError` naming the bad field."""
+    params: Any = {}
+    if msg.policy_params_json:
+        try:
+            params = json.loads(msg.policy_params_json)
+        except ValueError as exc:
+            raise DigestError("policy_params_json", f"not JSON: {exc}") from None
+        if not isinstance(params, dict):
+            raise DigestError("policy_params_json", "must be a JSON object")
+    wire = msg.jobs
+    digest = Digest(
+        replica_id=msg.replica_id,
+        incarnation=msg.incarnation,
+        sequence=msg.sequence,
+        capacity=msg.capacity,
+        node_bandwidth=msg.node_bandwidth,
+        policy=msg.policy,
+        policy_params=params,
+        policy_version=msg.policy_version,
+        policy_origin=msg.policy_origin,
+        jobs=DigestJobs(**{name: getattr(wire, name) for name in DigestJobs.__slots__}),
+    )
+    validate(digest)
+    return digest
+
+
+# ---------------------------------------------------------------------------
+# This replica's digest
+
+
+def build_digest(
+    table: JobTable,
+    *,
+    replica_id: str,
+    incarnation: int,
+    sequence: int,
+    capacity: float,
+    node_bandwidth: float,
+    policy: tuple[str, Mapping[str, Any], int, str],
+    usage_seen: dict[JobId, int],
+    now: float,
+) -> Digest:
+    """This replica's digest at ``now``, with ``policy`` = (name, params, version, origin);
+    ``usage_seen`` (bytes moved per job at the previous digest) is updated in place."""
+    columns: dict[str, list[Any]] = {name: [] for name in _ROW_FIELDS}
+    nan = math.nan
+    for job_id in sorted(table.jobs):
+        job = table.jobs[job_id]
+        if job.status is not JobStatus.ACTIVE:
+            usage_seen.pop(job_id, None)
+            continue
+        meta = job.meta
+        cap = job_cap(meta.nodes, node_bandwidth, capacity)
+        ops = list(job.open_ops())
+        moved = job.bytes_moved - usage_seen.get(job_id, 0)
+        usage_seen[job_id] = job.bytes_moved
+        if ops:
+            demand = table.job_demand(job, cap)
+            posted = min(0.0, min(o.posted_at for o in ops) - now)
+            known = all(o.volume > 0 for o in ops)
+            remaining = sum(max(0, o.volume - o.moved) for o in ops) if known else nan
+        else:
+            demand, posted, remaining = 0.0, nan, nan
+        row: Sequence[Any] = (
+            job_id,
+            meta.user,
+            meta.group,
+            meta.nodes,
+            meta.priority,
+            demand,
+            max(0, moved),  # usage_bytes
+            max(0.0, job.progress(now, cap)),
+            min(0.0, job.first_seen - now),  # released_at
+            posted,
+            remaining,
+            bool(ops),  # open_op
+            job.transferred,
+        )
+        for name, value in zip(_ROW_FIELDS, row, strict=True):
+            columns[name].append(value)
+    for job_id in [j for j in usage_seen if j not in table.jobs]:
+        del usage_seen[job_id]
+    name, params, version, origin = policy
+    return Digest(
+        replica_id=replica_id,
+        incarnation=incarnation,
+        sequence=sequence,
+        capacity=float(capacity),
+        node_bandwidth=float(node_bandwidth),
+        policy=name,
+        policy_params=dict(params),
+        policy_version=version,
+        policy_origin=origin,
+        jobs=DigestJobs(**columns),
+    )

@@ -1,0 +1,222 @@
+"""The global view of several replicas and each replica's share of it, as pure functions.
+
+From the live digests every replica computes, with the same deterministic code,
+one ``SystemView`` of the union of the jobs with capacity Σ_r B_r
+(:func:`merge`), each job's global target (the active policy's decision on that
+view, ``policies.decision.decide``), the split of the targets over the replicas
+the jobs are present on (:func:`split_targets`, ``controller/split.py``) and its
+own share (:meth:`Merged.share`). See ``docs/replicas.md``, "The global view".
+
+The merge treats the digests of one exchange as taken at one common instant
+(the view's ``now`` is 0; times in digests are offsets), which is off by at most
+the spread of the send instants within an exchange plus transit time, normally
+well under λ. Everything iterates in sorted ids, so every replica holding the
+same digests gets bit-identical results, whatever order they arrived in.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from burstctl.controller.digest import Digest, ReplicaId
+from burstctl.controller.split import Edge, SplitProblem, split
+from burstctl.policies.view import JobId, JobView, SystemView
+
+
+@dataclass(frozen=True, slots=True)
+class Conflict:
+    """A replica reports metadata of a job that differs from the lowest replica id's."""
+
+    job_id: JobId
+    field: str
+    replica_id: ReplicaId
+    value: object
+    used: object
+
+
+@dataclass(frozen=True, slots=True)
+class Merged:
+    """The global view and the digests' entries it merged (one entry per job present
+    on a replica, digests concatenated in replica id order)."""
+
+    view: SystemView
+    names: list[JobId]  # every job id of every digest, sorted
+    replicas: list[ReplicaId]  # the digests' replica ids, sorted
+    capacity: np.ndarray  # B_r by replica index
+    job_of: np.ndarray  # per entry: index in names
+    replica_of: np.ndarray  # per entry: index in replicas
+    demand: np.ndarray  # per entry: the job's local demand there
+    conflicts: tuple[Conflict, ...] = ()
+
+    def share(self, x: np.ndarray, replica_id: ReplicaId) -> dict[JobId, float]:
+        """``replica_id``'s rate for each of its jobs, from the split ``x`` per entry."""
+        own = self.replica_of == self.replicas.index(replica_id)
+        names = self.names
+        jobs = [names[j] for j in self.job_of[own].tolist()]
+        return dict(zip(jobs, x[own].tolist(), strict=True))
+
+    def by_edge(self, x: np.ndarray) -> dict[Edge, float]:
+        """x_jr of every (job, replica) entry, in (job, replica) order."""
+        order = np.lexsort((self.replica_of, self.job_of))
+        names, replicas = self.names, self.replicas
+        edges = [
+            (names[j], replicas[r])
+            for j, r in zip(
+                self.job_of[order].tolist(), self.replica_of[order].tolist(), strict=True
+            )
+        ]
+        return dict(zip(edges, x[order].tolist(), strict=True))
+
+
+def merge(digests: Sequence[Digest]) -> Merged:
+    """One view of the union of ``digests``' jobs (sorted by replica id) with
+    capacity Σ_r B_r.
+
+    Per job: metadata (user, group, nodes, priority) from the first replica in
+    id order that has it (the others' differences are listed as conflicts);
+    demand Σ_r d_jr capped at b_i; τ_i and R_i the earliest; V_i the sum when
+    every replica knows it; P_i = W_i^(done) + V_i^(transferred)/b_i (eq. 6) with
+    the transferred bytes summed over the replicas and the work time the largest
+    any replica saw (each replica reports P_i and its bytes, so W_i^(done) =
+    P_i − V/b_i with that replica's own b_i). Only jobs with an open operation
+    somewhere are in the view (S(t)); ``index`` is the job id order.
+
+    Computed on the digests' columns: every entry of every digest is
+    concatenated in replica id order, grouped by job (a stable sort keeps that
+    order within a job) and reduced per group; sums add in replica id order.
+    """
+    capacity = math.fsum(d.capacity for d in digests)
+    b = min(d.node_bandwidth for d in digests)
+    columns = [d.jobs for d in digests]
+    sizes = [len(c) for c in columns]
+    replicas = [d.replica_id for d in digests]
+    capacities = np.array([d.capacity for d in digests], dtype=np.float64)
+    ids = [job_id for c in columns for job_id in c.job_id]
+    if not ids:
+        view = SystemView(0.0, capacity, b, {}, observed=False)
+        none = np.zeros(0, dtype=np.intp)
+        return Merged(view, [], replicas, capacities, none, none, np.zeros(0))
+    names = sorted(set(ids))  # the view's job order
+    position = {job_id: k for k, job_id in enumerate(names)}
+    job_of = np.fromiter(map(position.__getitem__, ids), dtype=np.intp, count=len(ids))
+    order = np.argsort(job_of, kind="stable")  # entries grouped by job, replica id order
+    starts = np.searchsorted(job_of[order], np.arange(len(names)))
+    first = order[starts]  # per job: its entry on the lowest replica id
+
+    def column(name: str) -> np.ndarray:
+        return np.concatenate([getattr(c, name) for c in columns])
+
+    nodes, open_op = column("nodes"), column("open_op")
+    transferred, entry_demand = column("transferred"), column("demand")
+    local_cap = np.minimum(  # job_cap on each entry's own replica
+        nodes * np.repeat([d.node_bandwidth for d in digests], sizes),
+        np.repeat([d.capacity for d in digests], sizes),
+    )
+    cap = np.minimum(nodes[first] * b, capacity)  # job_cap, eq. (1)
+    demand = np.minimum(cap, np.add.reduceat(entry_demand[order], starts))
+    posted_at = np.fmin.reduceat(column("posted_at")[order], starts)  # NaN: none open
+    remaining = column("remaining")
+    unknown = np.logical_or.reduceat((open_op & np.isnan(remaining))[order], starts)
+    remaining = np.add.reduceat(np.where(open_op, remaining, 0.0)[order], starts)
+    remaining[unknown] = math.nan
+    released_at = np.minimum.reduceat(column("released_at")[order], starts)
+    work = column("progress") - np.divide(
+        transferred, local_cap, out=np.zeros_like(transferred), where=local_cap > 0
+    )
+    work = np.maximum(0.0, np.maximum.reduceat(work[order], starts))
+    moved = np.add.reduceat(transferred[order], starts)
+    progress = work + np.divide(moved, cap, out=np.zeros_like(moved), where=cap > 0)
+
+    users = [u for c in columns for u in c.user]
+    groups = [g for c in columns for g in c.group]
+    priority = column("priority")
+    replica_of = np.repeat(np.arange(len(digests), dtype=np.intp), sizes)
+    conflicts: tuple[Conflict, ...] = ()
+    if len(ids) > len(names):
+        metadata = {"user": users, "group": groups, "nodes": nodes, "priority": priority}
+        conflicts = _conflicts(ids, [replicas[r] for r in replica_of], first[job_of], metadata)
+    in_view = np.flatnonzero(np.logical_or.reduceat(open_op[order], starts))
+    at = first[in_view]
+    rows: dict[JobId, JobView] = {}
+    for k, e, nodes_k, priority_k, cap_k, demand_k, posted_k, remaining_k, released_k, p_k in zip(
+        in_view.tolist(),
+        at.tolist(),
+        nodes[at].tolist(),
+        priority[at].tolist(),
+        cap[in_view].tolist(),
+        demand[in_view].tolist(),
+        posted_at[in_view].tolist(),
+        remaining[in_view].tolist(),
+        released_at[in_view].tolist(),
+        progress[in_view].tolist(),
+        strict=True,
+    ):
+        job_id = names[k]
+        rows[job_id] = JobView(
+            job_id,
+            users[e],
+            groups[e],
+            nodes_k,
+            priority_k,
+            cap_k,
+            demand_k,
+            None if posted_k != posted_k else posted_k,
+            0.0,  # volume: not exchanged (remaining is)
+            None if remaining_k != remaining_k else remaining_k,
+            0.0,  # moved
+            released_k,
+            p_k,  # progress
+            0.0,  # last_work
+            0.0,  # mean_volume
+            k,  # index
+        )
+    view = SystemView(0.0, capacity, b, rows, observed=False)
+    return Merged(view, names, replicas, capacities, job_of, replica_of, entry_demand, conflicts)
+
+
+def _conflicts(
+    ids: list[JobId],
+    rids: list[ReplicaId],
+    ref: np.ndarray,
+    metadata: dict[str, object],
+) -> tuple[Conflict, ...]:
+    """Per entry (digests concatenated): its job id, replica id, ``ref`` the entry of its
+    job on the lowest replica id, and the merge's columns of user, group (lists),
+    nodes and priority (arrays): the entries whose metadata differs from ``ref``'s."""
+    users, groups = metadata["user"], metadata["group"]
+    nodes, priority = metadata["nodes"], metadata["priority"]
+    assert isinstance(users, list) and isinstance(groups, list)
+    assert isinstance(nodes, np.ndarray) and isinstance(priority, np.ndarray)
+    differs = (nodes != nodes[ref]) | (priority != priority[ref])
+    ref_list = ref.tolist()
+    text = [users[e] != users[f] or groups[e] != groups[f] for e, f in enumerate(ref_list)]
+    suspects = np.flatnonzero(differs | np.array(text, dtype=bool)).tolist()
+    fields = {"user": users, "group": groups, "nodes": nodes.tolist()}
+    fields["priority"] = priority.tolist()
+    out = []
+    for e in suspects:
+        f = ref_list[e]
+        for name, values in fields.items():
+            if values[e] != values[f]:
+                out.append(Conflict(ids[e], name, rids[e], values[e], values[f]))
+    return tuple(out)
+
+
+def split_targets(merged: Merged, targets: Mapping[JobId, float]) -> np.ndarray:
+    """x for every entry of ``merged``: the global ``targets`` split over the replicas
+    each job is present on (``controller/split.py``)."""
+    target = np.array([targets.get(j, 0.0) for j in merged.names], dtype=np.float64)
+    problem = SplitProblem(
+        merged.names,
+        merged.replicas,
+        target,
+        merged.capacity,
+        merged.job_of,
+        merged.replica_of,
+        merged.demand,
+    )
+    return split(problem)
