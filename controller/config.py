@@ -21,6 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from burstctl.limits import identifier_problem
 from burstctl.units import Rate, parse_rate
 
 
@@ -61,7 +62,10 @@ class ControllerConfig(BaseSettings):
     policy: str = Field("fair-share", description="policy name from the registry")
     policy_params: dict[str, Any] = Field(default_factory=dict, description="policy parameters")
     state_dir: Path = Field(default_factory=_default_state_dir, description="durable state")
-    replica_id: str = Field(default_factory=socket.gethostname, min_length=1, max_length=128)
+    replica_id: str = Field(
+        default_factory=socket.gethostname,
+        description="name of this replica; 1..256 printable characters (burstctl/limits.py)",
+    )
     heartbeat_timeout: float = Field(
         3.0, gt=0, description="s without Usage before a session is dead"
     )
@@ -128,6 +132,14 @@ class ControllerConfig(BaseSettings):
                 raise ValueError(f"a peer needs a fixed port, got {peer!r}")
         if len(set(value)) != len(value):
             raise ValueError("a peer is listed twice")
+        return value
+
+    @field_validator("replica_id")
+    @classmethod
+    def _check_replica_id(cls, value: str) -> str:
+        problem = identifier_problem(value)  # what a peer checks in this replica's digests
+        if problem:
+            raise ValueError(problem)
         return value
 
     @field_validator("log_level")

@@ -4,8 +4,9 @@
 parameters, version), the policy the configuration named when it was saved, and
 the registered jobs. It is written atomically (temp file, fsync, rename, fsync
 of the directory) so a crash leaves the old or the new file, never a torn one. A
-missing file means "no state yet"; an unreadable one is reported and left in
-place, never overwritten blindly.
+missing file means "no state yet"; an unreadable one is reported and kept: the
+first write after it moves it aside to ``state.json.unreadable`` (numbered if
+that exists), never overwrites it.
 
 ``PolicySlot`` owns the active policy: its name and parameters, its version
 (higher wins across replicas, ties to the higher replica id), when it was
@@ -89,6 +90,7 @@ class StateStore:
         self.dir = state_dir
         self.path = state_dir / STATE_FILE
         self.state = ReplicaState()
+        self._unreadable = False  # the file on disk could not be loaded: keep it
 
     def load(self) -> ReplicaState:
         """Reads the file (a missing one is an empty state); raises ``StateError``."""
@@ -98,10 +100,12 @@ class StateStore:
             self.state = ReplicaState()
             return self.state
         except OSError as exc:
+            self._unreadable = True
             raise StateError(f"cannot read {self.path}: {exc}") from None
         try:
             self.state = ReplicaState.model_validate_json(text)
         except ValidationError as exc:
+            self._unreadable = True
             raise StateError(f"{self.path} is not valid burstctl state: {exc}") from None
         return self.state
 
@@ -113,6 +117,8 @@ class StateStore:
 
     def _write(self, state: ReplicaState) -> None:
         self.dir.mkdir(parents=True, exist_ok=True)
+        if self._unreadable:
+            self._keep_unreadable()
         data = json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
         fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.dir)
         try:
@@ -129,6 +135,20 @@ class StateStore:
             os.fsync(dir_fd)
         finally:
             os.close(dir_fd)
+
+    def _keep_unreadable(self) -> None:
+        kept = self.path.with_name(STATE_FILE + ".unreadable")
+        n = 1
+        while kept.exists():
+            kept = self.path.with_name(f"{STATE_FILE}.unreadable.{n}")
+            n += 1
+        try:
+            os.rename(self.path, kept)
+        except FileNotFoundError:
+            pass  # gone meanwhile: nothing to keep
+        else:
+            log.warning("the unreadable %s is kept as %s; writing a new one", self.path, kept)
+        self._unreadable = False
 
 
 class ActivePolicy(BaseModel):

@@ -179,8 +179,8 @@ def test_policy_switch_on_one_replica_reaches_all_within_two_lambda(
         {"delta": 0.5},
         1,
     )
-    # ... and a replica restarted with an explicit --policy (version 0) adopts the
-    # cluster's newer one from its peers' first digests
+    # ... and, restarted with the same configuration, still holds it (saved, and
+    # in its peers' digests)
     r3.stop()
     r3.start()
     wait_until(

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from burstctl.controller.state import PolicySlot, ReplicaState, StateStore
+from burstctl.controller.state import PolicySlot, ReplicaState, StateError, StateStore
 from burstctl.policies.io_sets import Set10
 from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError, default_registry
 
@@ -173,3 +173,18 @@ def test_the_origin_of_a_version_decides_ties_and_survives_a_restart(tmp_path: P
     again.resume(StateStore(tmp_path).load())
     assert (again.name, again.version, again.origin) == ("job-fair", 4, "r3")
     assert not again.adopt("user-fair", {}, 4, "r2")
+
+
+def test_an_unreadable_state_file_is_kept_aside_not_overwritten(tmp_path: Path) -> None:
+    (tmp_path / "state.json").write_text("{not json")
+    (tmp_path / "state.json.unreadable").write_text("an older one")
+    store = StateStore(tmp_path)
+    with pytest.raises(StateError, match="not valid burstctl state"):
+        store.load()
+    slot = PolicySlot(REGISTRY, store, ("fair-share", {}), replica_id="r1")
+    slot.switch("fcfs")
+    assert (tmp_path / "state.json.unreadable.1").read_text() == "{not json"
+    assert (tmp_path / "state.json.unreadable").read_text() == "an older one"
+    assert ReplicaState.model_validate_json((tmp_path / "state.json").read_text()).policy
+    slot.switch("greedy-yield")  # later writes replace the new file as usual
+    assert not (tmp_path / "state.json.unreadable.2").exists()
