@@ -46,6 +46,7 @@ bench: $(STAMP)
 	$(PY) bench/replica_sync.py
 	$(PY) bench/fairness.py
 	$(PY) bench/fuse_throughput.py
+	$(PY) bench/mount_sessions.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

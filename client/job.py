@@ -13,8 +13,11 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-MAX_JOB_ID_LENGTH = 256
-_MAX_NODES = 2**31 - 1  # Hello.nodes is an int32
+from burstctl.limits import MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
+
+# What a controller accepts in a Hello (burstctl/limits.py): a JobInfo that validates here
+# is never refused there.
+MAX_JOB_ID_LENGTH = MAX_TEXT
 
 # The variables that name the job, first set wins (the FUSE shim looks for them too).
 JOB_ID_VARS = ("BURSTCTL_JOB_ID", "SLURM_JOB_ID", "SLURM_JOBID")
@@ -33,22 +36,21 @@ class JobInfo:
     priority: float = 1.0
 
     def __post_init__(self) -> None:
-        if not isinstance(self.job_id, str) or not self.job_id:
-            raise ValueError(f"job_id must be a non-empty string, got {self.job_id!r}")
-        if len(self.job_id) > MAX_JOB_ID_LENGTH:
-            raise ValueError(f"job_id must be at most {MAX_JOB_ID_LENGTH} characters")
-        for name in ("user", "group"):
+        for name in ("job_id", "user", "group"):
             value = getattr(self, name)
-            if not isinstance(value, str) or not value:
-                raise ValueError(f"{name} must be a non-empty string, got {value!r}")
+            problem = identifier_problem(value)
+            if problem:
+                raise ValueError(f"{name} {problem}, got {value!r}")
         if isinstance(self.nodes, bool) or not isinstance(self.nodes, int):
             raise ValueError(f"nodes must be an integer, got {self.nodes!r}")
-        if not 1 <= self.nodes <= _MAX_NODES:
-            raise ValueError(f"nodes must be between 1 and {_MAX_NODES}, got {self.nodes}")
+        if not 1 <= self.nodes <= MAX_NODES:
+            raise ValueError(f"nodes must be between 1 and {MAX_NODES}, got {self.nodes}")
         if isinstance(self.priority, bool) or not isinstance(self.priority, int | float):
             raise ValueError(f"priority must be a number, got {self.priority!r}")
-        if not math.isfinite(self.priority) or self.priority <= 0:
-            raise ValueError(f"priority must be finite and > 0, got {self.priority!r}")
+        if not math.isfinite(self.priority) or not 0 < self.priority <= MAX_PRIORITY:
+            raise ValueError(
+                f"priority must be finite, > 0 and <= {MAX_PRIORITY:g}, got {self.priority!r}"
+            )
         object.__setattr__(self, "priority", float(self.priority))
 
     @classmethod
@@ -116,8 +118,8 @@ def _parse_nodes(name: str, text: str) -> int:
         nodes = int(text.strip())
     except ValueError:
         raise ValueError(f"{name} must be an integer >= 1, got {text!r}") from None
-    if not 1 <= nodes <= _MAX_NODES:
-        raise ValueError(f"{name} must be an integer >= 1, got {text!r}")
+    if not 1 <= nodes <= MAX_NODES:
+        raise ValueError(f"{name} must be an integer in [1, {MAX_NODES}], got {text!r}")
     return nodes
 
 

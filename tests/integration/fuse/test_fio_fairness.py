@@ -14,7 +14,7 @@ are in the phase: from the later of the two jobs' first I/O plus a settling seco
 earlier of their last. The sizes are in the 4:1 proportion the policy should produce, so both
 jobs end a phase at about the same time and the overlap covers most of it.
 
-Targets of the issue: A : B = 4 : 1 within 5 %, aggregate >= 95 % of B. Run with ``-s`` to
+Targets: A : B = 4 : 1 within 5 %, aggregate >= 95 % of B. Run with ``-s`` to
 see the measured figures.
 """
 

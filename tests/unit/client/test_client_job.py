@@ -118,3 +118,19 @@ def test_from_env_does_not_read_the_real_environment(monkeypatch: pytest.MonkeyP
     monkeypatch.setenv("SLURM_JOB_ID", "from-os")
     assert JobInfo.from_env({}, uid=0, gid=0).job_id.startswith("user:")
     assert JobInfo.from_env(uid=0, gid=0).job_id == "from-os"
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("job_id", "job\x00id"),
+        ("user", "x" * 257),
+        ("group", ""),
+        ("nodes", (1 << 20) + 1),
+        ("priority", 2e9),
+    ],
+)
+def test_what_a_controller_would_refuse_is_refused_here(field: str, value: object) -> None:
+    fields: dict[str, object] = {"job_id": "1", "user": "u", "group": "g", field: value}
+    with pytest.raises(ValueError, match=field):
+        JobInfo(**fields)  # type: ignore[arg-type]
