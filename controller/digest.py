@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -450,7 +450,7 @@ def build_digest(
 ) -> Digest:
     """This replica's digest at ``now``, with ``policy`` = (name, params, version, origin);
     ``usage_seen`` (bytes moved per job at the previous digest) is updated in place."""
-    columns: dict[str, list[Any]] = {name: [] for name in _ROW_FIELDS}
+    rows: list[tuple[Any, ...]] = []
     nan = math.nan
     for job_id in sorted(table.jobs):
         job = table.jobs[job_id]
@@ -469,7 +469,7 @@ def build_digest(
             remaining = sum(max(0, o.volume - o.moved) for o in ops) if known else nan
         else:
             demand, posted, remaining = 0.0, nan, nan
-        row: Sequence[Any] = (
+        row = (
             job_id,
             meta.user,
             meta.group,
@@ -484,8 +484,7 @@ def build_digest(
             bool(ops),  # open_op
             job.transferred,
         )
-        for name, value in zip(_ROW_FIELDS, row, strict=True):
-            columns[name].append(value)
+        rows.append(row)
     for job_id in [j for j in usage_seen if j not in table.jobs]:
         del usage_seen[job_id]
     name, params, version, origin = policy
@@ -499,5 +498,7 @@ def build_digest(
         policy_params=dict(params),
         policy_version=version,
         policy_origin=origin,
-        jobs=DigestJobs(**columns),
+        jobs=DigestJobs(**dict(zip(_ROW_FIELDS, zip(*rows, strict=True), strict=True)))
+        if rows
+        else DigestJobs.from_rows(()),
     )

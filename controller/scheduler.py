@@ -81,7 +81,7 @@ class Scheduler:
     def __init__(
         self,
         table: JobTable,
-        policy: PolicySlot,
+        slot: PolicySlot,
         config: ControllerConfig,
         *,
         peers: GlobalTargets | None = None,
@@ -90,7 +90,7 @@ class Scheduler:
         observe_latency: Callable[[float], None] | None = None,
     ) -> None:
         self.table = table
-        self.slot = policy
+        self.slot = slot  # the active policy: its one live instance decides
         self.config = config
         self._peers = peers
         self._clock = clock
@@ -104,7 +104,7 @@ class Scheduler:
         self._round = 0  # decision number; sessions served in a decision carry it
         self._period_timer: Cancellable | None = None
         table.changed.connect(self.request)
-        policy.changed.connect(self.request)
+        slot.changed.connect(self.request)
         if peers is not None:
             peers.updated.connect(self.request)
 
