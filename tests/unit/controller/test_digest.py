@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from digests import digest, job
 
 from burstctl.controller.digest import (
     Digest,
@@ -24,40 +25,6 @@ from burstctl.controller.digest import (
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.controller.membership import Membership, Status
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
-
-C = 100.0
-B_NODE = 1e9
-BIG = 1e6  # a local demand that never binds
-
-
-def job(job_id: str, nodes: int = 8, demand: float = BIG, **kw: Any) -> JobDigest:
-    fields: dict[str, Any] = {
-        "user": "u",
-        "group": "g",
-        "priority": 1.0,
-        "usage_bytes": 0.0,
-        "progress": 0.0,
-        "released_at": -10.0,
-        "posted_at": -1.0 if demand > 0 else None,
-        "remaining": None,
-        "open_op": demand > 0,
-    }
-    fields.update(kw)
-    return JobDigest(job_id=job_id, nodes=nodes, demand=demand, **fields)
-
-
-def digest(rid: str, jobs: Any = (), **kw: Any) -> Digest:
-    fields: dict[str, Any] = {
-        "incarnation": 1,
-        "sequence": 1,
-        "capacity": C,
-        "node_bandwidth": B_NODE,
-        "policy": "size-fair",
-        "policy_params": {},
-        "policy_version": 0,
-    }
-    fields.update(kw)
-    return Digest(replica_id=rid, jobs=jobs, **fields)
 
 
 def error_of(d: Digest) -> str | None:

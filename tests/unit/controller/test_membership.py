@@ -5,39 +5,18 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
 
 import pytest
+from digests import C, digest, job
 
-from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.digest import Digest
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import merge, split_targets
 from burstctl.controller.split import Edge
 from burstctl.policies.decision import decide
 from burstctl.policies.registry import default_registry
 
-C = 100.0
-B_NODE = 1e9  # b: never the binding cap here
-BIG = 1e6  # a local demand that never binds
 REGISTRY = default_registry()
-
-
-def job(job_id: str, nodes: int = 8, demand: float = BIG) -> JobDigest:
-    return JobDigest(job_id, "u", "g", nodes, 1.0, demand, 0.0, 0.0, -10.0, -1.0, None, True)
-
-
-def digest(rid: str, jobs: tuple[JobDigest, ...] = (), **kw: Any) -> Digest:
-    fields: dict[str, Any] = {
-        "incarnation": 1,
-        "sequence": 1,
-        "capacity": C,
-        "node_bandwidth": B_NODE,
-        "policy": "size-fair",
-        "policy_params": {},
-        "policy_version": 0,
-    }
-    fields.update(kw)
-    return Digest(replica_id=rid, jobs=jobs, **fields)
 
 
 def figure5() -> tuple[Digest, Digest]:

@@ -7,9 +7,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import random
-from typing import Any
 
 import pytest
+from digests import B_NODE, BIG, C, digest, job
 
 from burstctl.controller.digest import Digest, JobDigest, from_proto, to_proto
 from burstctl.controller.membership import Membership
@@ -19,40 +19,7 @@ from burstctl.policies.decision import decide
 from burstctl.policies.registry import default_registry
 from burstctl.policies.view import JobView, SystemView
 
-C = 100.0
-B_NODE = 1e9  # b: never the binding cap here
-BIG = 1e6  # a local demand that never binds
 REGISTRY = default_registry()
-
-
-def job(job_id: str, nodes: int = 8, demand: float = BIG, **kw: Any) -> JobDigest:
-    fields: dict[str, Any] = {
-        "user": "u",
-        "group": "g",
-        "priority": 1.0,
-        "usage_bytes": 0.0,
-        "progress": 0.0,
-        "released_at": -10.0,
-        "posted_at": -1.0 if demand > 0 else None,
-        "remaining": None,
-        "open_op": demand > 0,
-    }
-    fields.update(kw)
-    return JobDigest(job_id=job_id, nodes=nodes, demand=demand, **fields)
-
-
-def digest(rid: str, jobs: tuple[JobDigest, ...] = (), **kw: Any) -> Digest:
-    fields: dict[str, Any] = {
-        "incarnation": 1,
-        "sequence": 1,
-        "capacity": C,
-        "node_bandwidth": B_NODE,
-        "policy": "size-fair",
-        "policy_params": {},
-        "policy_version": 0,
-    }
-    fields.update(kw)
-    return Digest(replica_id=rid, jobs=jobs, **fields)
 
 
 def exchange(membership: Membership, me: Digest) -> tuple[dict[str, float], dict[Edge, float]]:
