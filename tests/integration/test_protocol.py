@@ -124,6 +124,8 @@ async def test_lease_renewed_before_expiry(channel: grpc.aio.Channel) -> None:
 BAD_INPUTS = [
     ([hello(nodes=0)], "hello.nodes"),
     ([hello(job="")], "hello.job_id"),
+    ([hello(job="j\x001")], "hello.job_id"),  # a peer would refuse it in a digest
+    ([hello(nodes=(1 << 20) + 1)], "hello.nodes"),
     ([hello(priority=-1.0)], "hello.priority"),
     ([post(1)], "hello"),  # a message before Hello
     ([hello(), post(1, volume=-5)], "op_posted.volume"),
