@@ -1,15 +1,23 @@
 """Digests for the replica tests: a job of a digest and a digest, with the defaults these
-tests share (B_r = C, b never the binding cap, a local demand that never binds)."""
+tests share (B_r = C, b never the binding cap, a local demand that never binds), a digest
+that uses every field (the wire tests), one exchange as a replica computes it, and sums of
+a split by job and by replica."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.membership import Membership
+from burstctl.controller.merge import merge, split_targets
+from burstctl.controller.split import Edge
+from burstctl.policies.decision import decide
+from burstctl.policies.registry import default_registry
 
 C = 100.0
 B_NODE = 1e9  # b: never the binding cap here
 BIG = 1e6  # a local demand that never binds
+REGISTRY = default_registry()
 
 
 def job(job_id: str, nodes: int = 8, demand: float = BIG, **kw: Any) -> JobDigest:
@@ -42,3 +50,46 @@ def digest(rid: str, jobs: Any = (), **kw: Any) -> Digest:
     }
     fields.update(kw)
     return Digest(replica_id=rid, jobs=jobs, **fields)
+
+
+# Every field set, absent optionals included: what the wire must carry unchanged.
+FULL_ROWS = (
+    JobDigest("a", "u", "g", 4, 1.5, 40.0, 10.0, 2.0, -3.0, -1.0, 500.0, True, 77.0),
+    JobDigest("b", "u", "g", 1, 1.0, 0.0, 0.0, 0.0, -1.0),
+)
+FULL_DIGEST = Digest(
+    replica_id="r1",
+    incarnation=7,
+    sequence=3,
+    capacity=100.0,
+    node_bandwidth=10.0,
+    policy="size-fair",
+    policy_params={"x": [1, 2]},
+    policy_version=2,
+    jobs=FULL_ROWS,
+)
+
+
+def exchange(membership: Membership, me: Digest) -> tuple[dict[str, float], dict[Edge, float]]:
+    """One exchange as ``me`` computes it: the elected policy's global targets t_j on
+    the merge of the live digests (0 for a job it leaves out), and their split x_jr."""
+    elected = membership.elected(me)
+    merged = merge(membership.digests(me))
+    policy = REGISTRY.create(elected.policy, elected.policy_params)
+    targets = decide(policy, merged.view).rates
+    x = merged.by_edge(split_targets(merged, targets))
+    return {j: targets.get(j, 0.0) for j in merged.view.jobs}, x
+
+
+def per_job(rates: dict[Edge, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (j, _), x in rates.items():
+        out[j] = out.get(j, 0.0) + x
+    return out
+
+
+def per_replica(rates: dict[Edge, float]) -> dict[str, float]:
+    out: dict[str, float] = {}
+    for (_, r), x in rates.items():
+        out[r] = out.get(r, 0.0) + x
+    return out

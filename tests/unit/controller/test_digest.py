@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from digests import digest, job
+from digests import FULL_DIGEST, FULL_ROWS, digest, job
 
 from burstctl.controller.digest import (
     Digest,
@@ -329,21 +329,8 @@ def test_columns_are_copies_of_what_the_caller_passed() -> None:
 
 # -- the wire -------------------------------------------------------------------------
 
-ROWS = (
-    JobDigest("a", "u", "g", 4, 1.5, 40.0, 10.0, 2.0, -3.0, -1.0, 500.0, True, 77.0),
-    JobDigest("b", "u", "g", 1, 1.0, 0.0, 0.0, 0.0, -1.0),
-)
-DIGEST = Digest(
-    replica_id="r1",
-    incarnation=7,
-    sequence=3,
-    capacity=100.0,
-    node_bandwidth=10.0,
-    policy="size-fair",
-    policy_params={"x": [1, 2]},
-    policy_version=2,
-    jobs=ROWS,
-)
+DIGEST = FULL_DIGEST
+ROWS = FULL_ROWS
 
 
 def test_round_trip_keeps_every_field_including_absent_optionals() -> None:

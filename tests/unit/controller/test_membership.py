@@ -7,13 +7,11 @@ import dataclasses
 import logging
 
 import pytest
-from digests import C, digest, job
+from digests import C, digest, exchange, job
 
 from burstctl.controller.digest import Digest
 from burstctl.controller.membership import Membership, Status
-from burstctl.controller.merge import merge, split_targets
 from burstctl.controller.split import Edge
-from burstctl.policies.decision import decide
 from burstctl.policies.registry import default_registry
 
 REGISTRY = default_registry()
@@ -23,17 +21,6 @@ def figure5() -> tuple[Digest, Digest]:
     r1 = digest("R1", (job("J1", nodes=16), job("J2", nodes=8)))
     r2 = digest("R2", (job("J1", nodes=16), job("J3", nodes=8)))
     return r1, r2
-
-
-def exchange(membership: Membership, me: Digest) -> tuple[dict[str, float], dict[Edge, float]]:
-    """One exchange as ``me`` computes it: the elected policy's global targets t_j on
-    the merge of the live digests (0 for a job it leaves out), and their split x_jr."""
-    elected = membership.elected(me)
-    merged = merge(membership.digests(me))
-    policy = REGISTRY.create(elected.policy, elected.policy_params)
-    targets = decide(policy, merged.view).rates
-    x = merged.by_edge(split_targets(merged, targets))
-    return {j: targets.get(j, 0.0) for j in merged.view.jobs}, x
 
 
 def rates(membership: Membership, me: Digest) -> dict[Edge, float]:

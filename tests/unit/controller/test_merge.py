@@ -9,42 +9,16 @@ import math
 import random
 
 import pytest
-from digests import B_NODE, BIG, C, digest, job
+from digests import B_NODE, BIG, C, digest, exchange, job, per_job, per_replica
 
 from burstctl.controller.digest import Digest, JobDigest, from_proto, to_proto
 from burstctl.controller.membership import Membership
 from burstctl.controller.merge import Conflict, merge, split_targets
-from burstctl.controller.split import Edge
 from burstctl.policies.decision import decide
 from burstctl.policies.registry import default_registry
 from burstctl.policies.view import JobView, SystemView
 
 REGISTRY = default_registry()
-
-
-def exchange(membership: Membership, me: Digest) -> tuple[dict[str, float], dict[Edge, float]]:
-    """One exchange as ``me`` computes it: the elected policy's global targets t_j on
-    the merge of the live digests (0 for a job it leaves out), and their split x_jr."""
-    elected = membership.elected(me)
-    merged = merge(membership.digests(me))
-    policy = REGISTRY.create(elected.policy, elected.policy_params)
-    targets = decide(policy, merged.view).rates
-    x = merged.by_edge(split_targets(merged, targets))
-    return {j: targets.get(j, 0.0) for j in merged.view.jobs}, x
-
-
-def per_job(rates: dict[Edge, float]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for (j, _), x in rates.items():
-        out[j] = out.get(j, 0.0) + x
-    return out
-
-
-def per_replica(rates: dict[Edge, float]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for (_, r), x in rates.items():
-        out[r] = out.get(r, 0.0) + x
-    return out
 
 
 def figure5(c1: float, c2: float) -> tuple[Digest, Digest]:

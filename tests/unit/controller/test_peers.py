@@ -14,9 +14,10 @@ from typing import Any
 
 import grpc
 import pytest
+from digests import FULL_DIGEST
 from support import async_wait_until
 
-from burstctl.controller.digest import Digest, JobDigest, to_proto
+from burstctl.controller.digest import Digest, to_proto
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.controller.membership import Membership
 from burstctl.controller.peers import (
@@ -35,20 +36,7 @@ from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 REGISTRY = default_registry()
 
-DIGEST = Digest(
-    replica_id="r1",
-    incarnation=7,
-    sequence=3,
-    capacity=100.0,
-    node_bandwidth=10.0,
-    policy="size-fair",
-    policy_params={"x": [1, 2]},
-    policy_version=2,
-    jobs=(
-        JobDigest("a", "u", "g", 4, 1.5, 40.0, 10.0, 2.0, -3.0, -1.0, 500.0, True, 77.0),
-        JobDigest("b", "u", "g", 1, 1.0, 0.0, 0.0, 0.0, -1.0),
-    ),
-)
+DIGEST = FULL_DIGEST
 
 
 def table() -> JobTable:

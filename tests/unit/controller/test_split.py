@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from digests import per_job, per_replica
 
 from burstctl.controller.split import Edge, SplitProblem, split
 from burstctl.policies.sharing import water_fill
@@ -76,20 +77,6 @@ INSTANCES = [random_instance(random.Random(seed)) for seed in range(400)]
 def tol(inst: Instance) -> float:
     targets, capacity, demand = inst
     return 1e-9 * max([1.0, *targets.values(), *capacity.values(), *demand.values()])
-
-
-def per_job(rates: dict[Edge, float]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for (j, _), x in rates.items():
-        out[j] = out.get(j, 0.0) + x
-    return out
-
-
-def per_replica(rates: dict[Edge, float]) -> dict[str, float]:
-    out: dict[str, float] = {}
-    for (_, r), x in rates.items():
-        out[r] = out.get(r, 0.0) + x
-    return out
 
 
 def reference_max_flow(inst: Instance) -> float:
