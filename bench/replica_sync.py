@@ -146,7 +146,7 @@ def inject(svc: app.Replica, job_id: str, nodes: int, user: str) -> None:
 
 def digest_of(svc: app.Replica) -> Digest:
     """What ``svc`` would send now, without touching its own bookkeeping."""
-    slot = svc.policy
+    slot = svc.slot
     return build_digest(
         svc.table,
         replica_id=svc.config.replica_id,
@@ -489,7 +489,7 @@ def exchange_of(shadow: app.Replica, peer_wires: list[bytes]) -> Callable[[], No
     decode, validate and take in every peer's, merge, decide and split, keep its
     share. One Membership and one policy instance for every call, as a replica
     keeps them (the check of each peer's policy is made once)."""
-    slot = shadow.policy
+    slot = shadow.slot
     members = Membership(shadow.config.replica_id, registry=slot.registry)
     sequence = 0
 
@@ -512,7 +512,7 @@ def pure_parts(shadow: app.Replica, wires: list[bytes]) -> dict[str, float]:
     """The exchange's pure steps, timed alone on replica r0's data."""
     digests = [decode(w) for w in wires]
     ordered = sorted(digests, key=lambda d: d.replica_id)
-    policy = shadow.policy.policy
+    policy = shadow.slot.policy
     return {
         "digest_build_ms": median_ms(lambda: digest_of(shadow)),
         "digest_encode_ms": median_ms(lambda: to_proto(digests[0]).SerializeToString()),

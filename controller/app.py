@@ -46,7 +46,7 @@ class Replica:
         self.config = config
         self.clock = clock  # the job table's clock (monotonic); the admin views read it too
         self.store = StateStore(config.state_dir)
-        self.policy = PolicySlot(
+        self.slot = PolicySlot(
             registry,
             self.store,
             (config.policy, config.policy_params),
@@ -63,7 +63,7 @@ class Replica:
         if config.peers:
             self.peer_sync = PeerSync(
                 self.table,
-                self.policy,
+                self.slot,
                 replica_id=config.replica_id,
                 addresses=list(config.peers),
                 interval=config.sync_interval,
@@ -73,12 +73,12 @@ class Replica:
                 clock=clock,
             )
             self.peer_servicer = PeerServicer(
-                self.peer_sync.membership, self.policy, config.replica_id, clock
+                self.peer_sync.membership, self.slot, config.replica_id, clock
             )
         self.metrics = Metrics(self)
         self.scheduler = Scheduler(
             self.table,
-            self.policy,
+            self.slot,
             config,
             peers=self.peer_sync,
             clock=clock,
@@ -117,7 +117,7 @@ class Replica:
             self.table.register(JobMeta(job.job_id, job.user, job.group, job.nodes, job.priority))
         if state.jobs:
             log.info("resumed %d registered jobs from %s", len(state.jobs), self.store.path)
-        self.policy.resume(state)
+        self.slot.resume(state)
 
     def _save_jobs(self) -> None:
         self.store.update(
@@ -213,7 +213,7 @@ class Replica:
             "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",
             self.config.replica_id,
             self.grpc_address,
-            self.policy.name,
+            self.slot.name,
             self.config.capacity,
         )
         log.info("controller %s serving REST on %s", self.config.replica_id, self.http_url)
@@ -277,8 +277,8 @@ class Replica:
             "decision_p99_s": pct(0.99),
             "jobs": len(self.table.jobs),
             "sessions": len(self.table.sessions),
-            "policy": self.policy.name,
-            "policy_version": self.policy.version,
+            "policy": self.slot.name,
+            "policy_version": self.slot.version,
             **({"sync": self._sync_stats()} if self.peer_sync is not None else {}),
         }
 

@@ -87,13 +87,13 @@ class _StateCollector(Collector):
         yield counter("decisions", "Allocation decisions made.", stats.decisions)
         yield counter("clamped_decisions", "Decisions whose proposal was clamped.", stats.clamped)
         yield counter("allocation_pushes", "Allocations sent to sessions.", stats.pushes)
-        yield counter("policy_switches", "Policy switches applied here.", svc.policy.switches)
+        yield counter("policy_switches", "Policy switches applied here.", svc.slot.switches)
         info = GaugeMetricFamily(
             "burstctl_policy_info",
             "The active policy (value 1).",
             labels=["replica", "policy", "version"],
         )
-        info.add_metric([replica, svc.policy.name, str(svc.policy.version)], 1.0)
+        info.add_metric([replica, svc.slot.name, str(svc.slot.version)], 1.0)
         yield info
         if svc.peer_sync is not None:
             age = GaugeMetricFamily(

@@ -224,7 +224,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
     async def list_policies() -> list[PolicyInfo]:
         """The registry: every name a switch accepts (sharing specs are also accepted)."""
         out = []
-        registry = replica.policy.registry
+        registry = replica.slot.registry
         for name in registry.names():
             cls = registry.get(name)
             module = cls.__module__.rsplit(".", 1)[-1]
@@ -246,14 +246,14 @@ def build_app(replica: Replica, token: str) -> FastAPI:
     @app.get("/v1/policy", dependencies=reads, tags=["policy"])
     async def get_policy() -> ActivePolicy:
         """The active policy of this replica."""
-        return replica.policy.active()
+        return replica.slot.active()
 
     @app.put("/v1/policy", dependencies=[Depends(require_token)], tags=["policy"])
     async def put_policy(body: PolicyIn) -> ActivePolicy:
         """Switch the policy: validated, applied at once, persisted, sent to the peers
         at once."""
         try:
-            return replica.policy.switch(body.name, body.params)
+            return replica.slot.switch(body.name, body.params)
         except UnknownPolicyError as exc:
             raise _invalid(["body", "name"], str(exc), body.name) from None
         except PolicyParamsError as exc:
@@ -272,8 +272,8 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         return ReplicasOut(
             replica_id=replica.config.replica_id,
             capacity=replica.config.capacity,
-            policy=replica.policy.name,
-            policy_version=replica.policy.version,
+            policy=replica.slot.name,
+            policy_version=replica.slot.version,
             sync_interval_s=stats["sync_interval_s"],
             peers=[PeerOut(**p) for p in stats["peers"]],
         )

@@ -84,10 +84,10 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path, caplog) ->
     svc = build_replica(config)
     await svc.start()
     try:
-        svc.policy.switch("fcfs")
+        svc.slot.switch("fcfs")
         with pytest.raises(ValueError, match="bogus"):
-            svc.policy.switch("fcfs", {"bogus": 1})
-        assert svc.policy.name == "fcfs"  # a failed switch changes nothing
+            svc.slot.switch("fcfs", {"bogus": 1})
+        assert svc.slot.name == "fcfs"  # a failed switch changes nothing
     finally:
         await svc.stop(grace=0)
     saved = json.loads((tmp_path / "state.json").read_text())
@@ -102,7 +102,7 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path, caplog) ->
     again = build_replica(config)
     await again.start()
     try:
-        assert again.policy.name == "fcfs" and again.policy.version == 1
+        assert again.slot.name == "fcfs" and again.slot.version == 1
     finally:
         await again.stop(grace=0)
     # the same configured policy, now named explicitly: the switch still holds
@@ -116,7 +116,7 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path, caplog) ->
     )
     await explicit.start()
     try:
-        assert explicit.policy.name == "fcfs"
+        assert explicit.slot.name == "fcfs"
     finally:
         await explicit.stop(grace=0)
     # an edited configured policy wins over the saved switch, and says so
@@ -131,7 +131,7 @@ async def test_policy_switch_is_persisted_and_resumed(tmp_path: Path, caplog) ->
     caplog.clear()
     await edited.start()
     try:
-        assert (edited.policy.name, edited.policy.version) == ("greedy-yield", 2)
+        assert (edited.slot.name, edited.slot.version) == ("greedy-yield", 2)
         assert "configured policy changed from fair-share" in caplog.text
     finally:
         await edited.stop(grace=0)
@@ -146,7 +146,7 @@ async def test_corrupt_state_file_is_reported_and_kept(tmp_path: Path, caplog) -
     )
     await svc.start()
     try:
-        assert svc.policy.name == "fair-share"
+        assert svc.slot.name == "fair-share"
         assert "not valid burstctl state" in caplog.text
     finally:
         await svc.stop(grace=0)

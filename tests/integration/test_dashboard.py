@@ -233,7 +233,7 @@ async def test_dashboard_shows_jobs_live_and_switches_the_policy(
         async with httpx.AsyncClient(base_url=replica.http_url) as http:
             policy = (await http.get("/v1/policy")).json()
         assert (policy["name"], policy["params"], policy["version"]) == (TARGET, {}, 1)
-        assert replica.policy.name == TARGET
+        assert replica.slot.name == TARGET
     finally:
         await asyncio.to_thread(lambda: [p.stop() for p in pumps])
         await asyncio.to_thread(sessions.close)

@@ -49,7 +49,7 @@ async def test_health_and_readiness(replica: Replica) -> None:
 async def test_policies_lists_the_registry_with_parameter_schemas(replica: Replica) -> None:
     async with httpx.AsyncClient(base_url=replica.http_url) as http:
         rows = {r["name"]: r for r in (await http.get("/v1/policies")).json()}
-    assert set(rows) == set(replica.policy.registry.names())
+    assert set(rows) == set(replica.slot.registry.names())
     assert rows["size-fair"]["family"] == "statistical-tokens"
     assert rows["greedy-yield"]["family"] == "bandwidth-sharing"
     assert rows["periodic-greedy-yield"]["params_schema"]["properties"]["delta"]["type"] == (
@@ -79,7 +79,7 @@ async def test_switch_is_applied_versioned_and_survives_a_restart(
             {"delta": 0.25},
             1,
         )
-    assert svc.policy.name == "periodic-greedy-yield" and svc.policy.policy.params.delta == 0.25
+    assert svc.slot.name == "periodic-greedy-yield" and svc.slot.policy.params.delta == 0.25
     await svc.stop(grace=0)
     again = await replica_factory(state_dir=state)  # same state dir, same token
     assert token_of(again) == token_file.read_text().strip()
@@ -114,7 +114,7 @@ async def test_bad_switch_is_422_naming_the_field_and_changes_nothing(
         locs = [".".join(str(p) for p in d["loc"][1:]) for d in r.json()["detail"]]
         assert field in locs, r.json()
         assert (await http.get("/v1/policy")).json()["version"] == 0
-    assert replica.policy.name == "fair-share" and replica.policy.version == 0
+    assert replica.slot.name == "fair-share" and replica.slot.version == 0
 
 
 async def test_malformed_json_is_422(replica: Replica) -> None:
@@ -125,7 +125,7 @@ async def test_malformed_json_is_422(replica: Replica) -> None:
             headers={**auth(replica), "Content-Type": "application/json"},
         )
     assert r.status_code == 422 and r.json()["detail"][0]["type"] == "json_invalid"
-    assert replica.policy.version == 0
+    assert replica.slot.version == 0
 
 
 async def test_switch_needs_the_right_token(replica: Replica) -> None:
@@ -140,7 +140,7 @@ async def test_switch_needs_the_right_token(replica: Replica) -> None:
             "/v1/policy", json={"name": "fcfs"}, headers={"Authorization": "Basic eDp5"}
         )
         assert r.status_code == 401
-    assert replica.policy.name == "fair-share"
+    assert replica.slot.name == "fair-share"
 
 
 async def test_token_from_environment_and_protected_reads(
@@ -201,7 +201,7 @@ async def test_cli_lists_gets_and_sets(replica: Replica) -> None:
     listed = await asyncio.to_thread(burstctl, "policy", "list", *url)
     assert listed.returncode == 0, listed.stderr
     rows = {line.split()[0]: line for line in listed.stdout.splitlines()}
-    assert set(rows) == set(replica.policy.registry.names())
+    assert set(rows) == set(replica.slot.registry.names())
     assert "params: delta" in rows["periodic-greedy-yield"]
     got = await asyncio.to_thread(burstctl, "policy", "get", *url)
     assert got.stdout.splitlines()[0] == "fair-share"
@@ -215,7 +215,7 @@ async def test_cli_lists_gets_and_sets(replica: Replica) -> None:
         burstctl, "policy", "set", "set-10", "--param", "learn=false", *url, *token
     )
     assert ok.returncode == 0 and "set-10 active (version 1)" in ok.stdout
-    assert replica.policy.name == "set-10" and replica.policy.policy.params.learn is False
+    assert replica.slot.name == "set-10" and replica.slot.policy.params.learn is False
     down = await asyncio.to_thread(burstctl, "policy", "get", "--url", "http://127.0.0.1:9")
     assert down.returncode != 0 and "cannot reach the controller" in down.stderr
 
@@ -448,7 +448,7 @@ async def test_switch_under_load_keeps_bytes_moving_within_capacity(replica: Rep
         await asyncio.to_thread(lambda: [p.stop() for p in pumps])
         await asyncio.to_thread(lambda: [s.close() for s in sessions])
     assert not any(p.errors for p in pumps)
-    assert replica.policy.version == len(policies)
+    assert replica.slot.version == len(policies)
     assert replica.scheduler.stats.clamped == 0
     print(f"20 switches in {elapsed:.2f}s: {sum(moved) / elapsed / 2**20:.1f} MiB/s moved")
     assert 0 < worst <= bound, (worst, bound)
@@ -498,7 +498,7 @@ async def test_unwritable_state_is_503_and_changes_nothing(
             r = await http.post("/v1/jobs", json=body)
             assert r.status_code == 503
             j = (await http.get("/v1/jobs/5")).json()
-        assert (replica.policy.name, replica.policy.version) == ("fair-share", 0)
+        assert (replica.slot.name, replica.slot.version) == ("fair-share", 0)
         assert replica.table.registered == {}
         assert (j["user"], j["nodes"], j["registered"]) == ("ann", 2, False)
     finally:
