@@ -16,6 +16,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+
 # Relative slack when comparing cumulative float counters, so rounding never leaves a waiter
 # spinning on a deficit of a fraction of a byte. 1e-12 of 2**53 bytes is still below 10 kB.
 _RELATIVE_SLACK = 1e-12
@@ -132,6 +134,9 @@ class ThrottleStats:
     acquires: int
     wait_seconds: float
     waiting: bool
+    bytes_read: int = 0  # of ``bytes``, acquired for reads
+    bytes_written: int = 0  # of ``bytes``, acquired for writes
+    metadata_acquires: int = 0  # of ``acquires``, for metadata
 
 
 def _wake(future: asyncio.Future[None]) -> None:
@@ -161,6 +166,10 @@ class Throttle:
         self._closed = False
         self._bytes = 0
         self._acquires = 0
+        # bytes and acquire calls per kind, so the controller books each byte under the kind
+        # of the acquire that moved it (not of whatever operation happens to be open)
+        self._by_kind = [0, 0, 0, 0]  # indexed by the wire OpKind: -, read, write, metadata
+        self._kind_acquires = [0, 0, 0, 0]
         # Wait time of finished waits, plus (waiters * now - sum of their start times) for the
         # ongoing ones, so a report mid-wait accounts the wait so far.
         self._wait_done = 0.0
@@ -211,15 +220,19 @@ class Throttle:
                 acquires=self._acquires,
                 wait_seconds=self._wait_done + self._waiters * now - self._wait_starts,
                 waiting=self._waiters > 0 or assume_waiting,
+                bytes_read=self._by_kind[pb.OP_KIND_READ],
+                bytes_written=self._by_kind[pb.OP_KIND_WRITE],
+                metadata_acquires=self._kind_acquires[pb.OP_KIND_METADATA],
             )
             if reported:
                 self._reported_waiting = stats.waiting
             return stats
 
-    def acquire(self, nbytes: int) -> None:
-        """Blocks the calling thread until ``nbytes`` tokens are covered."""
+    def acquire(self, nbytes: int, kind: int = 0) -> None:
+        """Blocks the calling thread until ``nbytes`` tokens are covered; ``kind`` (the wire
+        OpKind, 0 = unspecified) only sorts the counters."""
         with self._cond:
-            target, delay, start = self._reserve(nbytes)
+            target, delay, start = self._reserve(nbytes, kind)
             if delay == 0:
                 return
             self._start_wait(start)
@@ -231,7 +244,7 @@ class Throttle:
             finally:
                 self._finish_wait(start)
 
-    async def acquire_async(self, nbytes: int) -> None:
+    async def acquire_async(self, nbytes: int, kind: int = 0) -> None:
         """Suspends the calling coroutine until ``nbytes`` tokens are covered.
 
         A cancelled acquire keeps its reservation: refunding it could not move the targets of
@@ -239,7 +252,7 @@ class Throttle:
         """
         loop = asyncio.get_running_loop()
         with self._cond:
-            target, delay, start = self._reserve(nbytes)
+            target, delay, start = self._reserve(nbytes, kind)
             if delay == 0:
                 return
             self._start_wait(start)
@@ -264,11 +277,14 @@ class Throttle:
             with self._cond:
                 self._finish_wait(start)
 
-    def _reserve(self, nbytes: int) -> tuple[float, float, float]:
+    def _reserve(self, nbytes: int, kind: int) -> tuple[float, float, float]:
         self._check_open()
         now = self._clock()
         self._bytes += nbytes
         self._acquires += 1
+        if 0 < kind < len(self._by_kind):
+            self._by_kind[kind] += nbytes
+            self._kind_acquires[kind] += 1
         target = self._bucket.reserve(nbytes, now)
         return target, self._bucket.delay(target, now), now
 

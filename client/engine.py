@@ -102,7 +102,7 @@ class Engine:
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
         self._begin_acquire(kind_value)
         try:
-            self._throttle.acquire(nbytes)
+            self._throttle.acquire(nbytes, kind_value)
         finally:
             self._end_acquire()
 
@@ -110,7 +110,7 @@ class Engine:
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
         self._begin_acquire(kind_value)
         try:
-            await self._throttle.acquire_async(nbytes)
+            await self._throttle.acquire_async(nbytes, kind_value)
         finally:
             self._end_acquire()
 

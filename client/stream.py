@@ -168,6 +168,8 @@ class SessionStream:
         outbox, writer = self._outbox, self._writer
         if outbox is None or writer is None:
             return
+        # The last report first: what was moved since the previous one is booked too.
+        outbox.put_nowait(self._usage_report(False))
         outbox.put_nowait(pb.ClientMessage(goodbye=pb.Goodbye()))
         outbox.put_nowait(None)  # half-close once everything queued before is written
         # asyncio.wait neither raises nor cancels: a dead controller only costs the timeout.
@@ -226,6 +228,9 @@ class SessionStream:
         """Reports the throttle's counters since the last report (if a stream is open)."""
         if self._outbox is None or self._stopping:
             return
+        self._send(self._usage_report(force_waiting))
+
+    def _usage_report(self, force_waiting: bool) -> pb.ClientMessage:
         now = self._clock()
         # The immediate report says "waiting" even if that acquire has been served since.
         stats = self._throttle.snapshot(reported=True, assume_waiting=force_waiting)
@@ -236,9 +241,17 @@ class SessionStream:
             wait_seconds=max(0.0, stats.wait_seconds - previous.wait_seconds),
             interval_seconds=max(0.0, now - self._last_report_at),
             waiting=stats.waiting,
+            totals=pb.Counters(
+                bytes=stats.bytes,
+                bytes_read=stats.bytes_read,
+                bytes_written=stats.bytes_written,
+                ops=stats.acquires,
+                metadata_ops=stats.metadata_acquires,
+                wait_seconds=stats.wait_seconds,
+            ),
         )
         self._last_report, self._last_report_at = stats, now
-        self._send(pb.ClientMessage(usage=usage))
+        return pb.ClientMessage(usage=usage)
 
     # ------------------------------------------------------------------ the stream
 

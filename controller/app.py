@@ -23,6 +23,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.jobs import JobMeta, JobTable
+from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
@@ -58,6 +59,8 @@ class Replica:
             job_retention=config.job_retention,
             demand_headroom=config.demand_headroom,
         )
+        self.ledger = Ledger(config.state_dir, retention=config.job_retention, clock=clock)
+        self.table.on_new_job = self.ledger.restore
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
         if config.peers:
@@ -108,6 +111,9 @@ class Replica:
         return f"http://{host}:{self.http.port}"
 
     def _resume_state(self) -> None:
+        carried = self.ledger.load()
+        if carried:
+            log.info("carried the counters of %d jobs from %s", carried, self.ledger.path)
         try:
             state = self.store.load()
         except StateError as exc:
@@ -204,6 +210,7 @@ class Replica:
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self.scheduler.renew_leases(), "lease-renewal")
         self._spawn(self._reap(), "heartbeat-reaper")
+        self._spawn(self._keep_ledger(), "ledger")
         if self.config.tick > 0:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
         if self.peer_sync is not None:
@@ -234,6 +241,24 @@ class Replica:
                 )
                 self.servicer.kill(session, "no heartbeat within the timeout")
 
+    async def _keep_ledger(self) -> None:
+        while True:
+            await asyncio.sleep(self.config.ledger_interval)
+            await self._save_ledger()
+
+    async def _save_ledger(self) -> None:
+        """Saves the jobs' counters if they changed; the file is written off the loop."""
+        version = self.table.counters_version
+        if version == self.ledger.saved_version:
+            return
+        snapshot = self.ledger.snapshot(self.table)
+        try:
+            await asyncio.to_thread(self.ledger.write, snapshot)
+        except OSError as exc:
+            log.warning("cannot save the jobs' counters to %s: %s", self.ledger.path, exc)
+        else:
+            self.ledger.saved_version = version
+
     async def stop(self, grace: float = 1.0) -> None:
         if not self._started or self._stopped.is_set():
             return
@@ -247,6 +272,7 @@ class Replica:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
+        await self._save_ledger()
         if self.peer_sync is not None:
             await self.peer_sync.close()
         self._stopped.set()

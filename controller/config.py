@@ -90,6 +90,12 @@ class ControllerConfig(BaseSettings):
         1.1, ge=1.0, description="a satisfied job's ceiling = measured rate * headroom"
     )
     max_op_volume: int = Field(2**53, gt=0, description="largest accepted operation volume, bytes")
+    ledger_interval: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="s between two saves of the jobs' counters to <state_dir>/ledger.json",
+    )
     log_level: str = Field("INFO", description="logging level")
     peers: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

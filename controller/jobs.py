@@ -24,7 +24,7 @@ import enum
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from burstctl.controller.signal import Signal
 from burstctl.policies.accounting import JobAccount, job_view
@@ -59,6 +59,44 @@ class PostedOp:
     volume: int  # 0 = unknown
     posted_at: float
     moved: int = 0  # bytes attributed to it so far
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """What a job (or one session, cumulatively) moved: the accounting the admin views show."""
+
+    bytes: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    ops: int = 0
+    metadata_ops: int = 0
+    wait_seconds: float = 0.0
+
+    def __add__(self, other: Counters) -> Counters:
+        return _combine(self, other, lambda x, y: x + y)
+
+    def beyond(self, booked: Counters) -> Counters:
+        """What these totals add to the totals ``booked`` before, per field (never < 0)."""
+        return _combine(self, booked, lambda x, y: max(x - y, 0))
+
+    def at_least(self, other: Counters) -> Counters:
+        return _combine(self, other, max)
+
+
+def _combine(a: Counters, b: Counters, op: Callable[[Any, Any], Any]) -> Counters:
+    return Counters(
+        bytes=op(a.bytes, b.bytes),
+        bytes_read=op(a.bytes_read, b.bytes_read),
+        bytes_written=op(a.bytes_written, b.bytes_written),
+        ops=op(a.ops, b.ops),
+        metadata_ops=op(a.metadata_ops, b.metadata_ops),
+        wait_seconds=op(a.wait_seconds, b.wait_seconds),
+    )
+
+
+# Sessions' booked totals a job remembers (one per client_id, least recently reporting
+# dropped first): enough for every live session of a job and its reconnects.
+MAX_BOOKED_SESSIONS = 1024
 
 
 @dataclass(slots=True)
@@ -136,14 +174,35 @@ class JobState(JobAccount):
     status: JobStatus = JobStatus.ACTIVE
     inactive_since: float | None = None
     sessions: dict[int, SessionState] = field(default_factory=dict)
-    bytes_moved: int = 0
-    ops_moved: int = 0
-    wait_seconds: float = 0.0
-    # bytes by the kind of the operation they were attributed to; acquire calls of
-    # metadata operations (admin views and metrics only)
-    bytes_read: int = 0
-    bytes_written: int = 0
-    metadata_ops: int = 0
+    # What the job moved, over its sessions and the controller's restarts (admin views
+    # and metrics only; the policies read JobAccount); ``booked`` holds each session's
+    # cumulative totals as last booked, by client_id (see ``JobTable.usage``).
+    counters: Counters = field(default_factory=Counters)
+    booked: dict[str, Counters] = field(default_factory=dict)
+
+    @property
+    def bytes_moved(self) -> int:
+        return self.counters.bytes
+
+    @property
+    def bytes_read(self) -> int:
+        return self.counters.bytes_read
+
+    @property
+    def bytes_written(self) -> int:
+        return self.counters.bytes_written
+
+    @property
+    def ops_moved(self) -> int:
+        return self.counters.ops
+
+    @property
+    def metadata_ops(self) -> int:
+        return self.counters.metadata_ops
+
+    @property
+    def wait_seconds(self) -> float:
+        return self.counters.wait_seconds
 
     @property
     def job_id(self) -> str:
@@ -199,6 +258,9 @@ class JobTable:
         self.new_sessions: list[SessionState] = []  # not yet given a first allocation
         # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
         self.registered: dict[str, JobMeta] = {}
+        # Called with each job new to the table (the ledger carries its saved counters in).
+        self.on_new_job: Callable[[JobState], None] | None = None
+        self.counters_version = 0  # bumped whenever a job's counters change
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
@@ -217,6 +279,8 @@ class JobTable:
         if job is None:
             job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
             self._next_job += 1
+            if self.on_new_job is not None:
+                self.on_new_job(job)
         else:
             # The job's identity is fixed by its first session; later sessions may not
             # change its weight (only a registration may: register, set_meta).
@@ -313,22 +377,40 @@ class JobTable:
         wait_seconds: float,
         interval: float,
         waiting: bool,
+        totals: Counters | None = None,
     ) -> None:
+        """A Usage report. ``nbytes``/``ops``/``wait_seconds`` (since the previous report)
+        drive the demand; the job's counters book ``totals`` (the session's cumulative
+        counters) beyond what was booked for its client_id, so a report lost with a stream
+        or a restart is booked by the next one. Without totals (a minimal client) the
+        deltas are booked, bytes under the kind of the open operations they fill."""
         now = self._clock()
         session.last_heard = now
         job = session.job
-        job.bytes_moved += nbytes
-        job.ops_moved += ops
-        job.wait_seconds += wait_seconds
         if job.in_io() and nbytes:
             job.transfer(nbytes)
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
-        if nbytes:
-            by_kind = session.attribute(nbytes)
-            job.bytes_read += by_kind.get(OpKind.READ, 0)
-            job.bytes_written += by_kind.get(OpKind.WRITE, 0)
-        if ops and session.ops and next(reversed(session.ops.values())).kind is OpKind.METADATA:
-            job.metadata_ops += ops
+        by_kind = session.attribute(nbytes) if nbytes else {}
+        self.counters_version += 1
+        if totals is not None:
+            key = session.client_id
+            booked = job.booked.pop(key, None)
+            job.counters += totals.beyond(booked) if booked is not None else totals
+            job.booked[key] = totals.at_least(booked) if booked is not None else totals
+            while len(job.booked) > MAX_BOOKED_SESSIONS:
+                del job.booked[next(iter(job.booked))]
+        else:
+            metadata = bool(session.ops) and next(reversed(session.ops.values())).kind is (
+                OpKind.METADATA
+            )
+            job.counters += Counters(
+                bytes=nbytes,
+                bytes_read=by_kind.get(OpKind.READ, 0),
+                bytes_written=by_kind.get(OpKind.WRITE, 0),
+                ops=ops,
+                metadata_ops=ops if metadata else 0,
+                wait_seconds=wait_seconds,
+            )
         was_hungry = session.hungry
         session.hungry = waiting or (
             interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval

@@ -19,7 +19,14 @@ from collections.abc import AsyncIterator
 import grpc
 from google.protobuf.message import DecodeError
 
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind, ProtocolError, SessionState
+from burstctl.controller.jobs import (
+    Counters,
+    JobMeta,
+    JobTable,
+    OpKind,
+    ProtocolError,
+    SessionState,
+)
 from burstctl.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -129,6 +136,32 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
         raise ProtocolError("hello.priority", f"must be in (0, {MAX_PRIORITY:g}], got {priority}")
     meta = JobMeta(job_id=h.job_id, user=h.user, group=h.group, nodes=h.nodes, priority=priority)
     return meta, h.client_id, h.host
+
+
+def _totals(u: pb.Usage, where: str) -> Counters:
+    """The session's cumulative counters of a Usage, checked."""
+    t = u.totals
+    name = f"{where}usage.totals"
+    for field_name in ("bytes", "bytes_read", "bytes_written", "ops", "metadata_ops"):
+        value = getattr(t, field_name)
+        if value < 0:
+            raise ProtocolError(f"{name}.{field_name}", f"must be >= 0, got {value}")
+    if not (math.isfinite(t.wait_seconds) and t.wait_seconds >= 0):
+        raise ProtocolError(
+            f"{name}.wait_seconds", f"must be finite and >= 0, got {t.wait_seconds}"
+        )
+    if t.bytes_read + t.bytes_written > t.bytes:
+        raise ProtocolError(f"{name}.bytes", f"bytes_read + bytes_written exceed bytes ({t.bytes})")
+    if t.metadata_ops > t.ops:
+        raise ProtocolError(f"{name}.metadata_ops", f"exceeds ops ({t.ops})")
+    return Counters(
+        bytes=t.bytes,
+        bytes_read=t.bytes_read,
+        bytes_written=t.bytes_written,
+        ops=t.ops,
+        metadata_ops=t.metadata_ops,
+        wait_seconds=t.wait_seconds,
+    )
 
 
 class ControllerServicer:
@@ -253,7 +286,10 @@ class ControllerServicer:
                     raise ProtocolError(
                         f"{where}usage.{name}", f"must be finite and >= 0, got {value}"
                     )
-            self.table.usage(session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting)
+            totals = _totals(u, where) if u.HasField("totals") else None
+            self.table.usage(
+                session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting, totals
+            )
         elif kind == "op_posted":
             p = msg.op_posted
             op_kind = _KINDS.get(p.kind)

@@ -53,18 +53,36 @@ class OpCompleted(_message.Message):
     def __init__(self, op_id: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting")
+    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting", "totals")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
+    TOTALS_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     ops: int
     wait_seconds: float
     interval_seconds: float
     waiting: bool
-    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ...) -> None: ...
+    totals: Counters
+    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ..., totals: _Optional[_Union[Counters, _Mapping]] = ...) -> None: ...
+
+class Counters(_message.Message):
+    __slots__ = ("bytes", "bytes_read", "bytes_written", "ops", "metadata_ops", "wait_seconds")
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_READ_FIELD_NUMBER: _ClassVar[int]
+    BYTES_WRITTEN_FIELD_NUMBER: _ClassVar[int]
+    OPS_FIELD_NUMBER: _ClassVar[int]
+    METADATA_OPS_FIELD_NUMBER: _ClassVar[int]
+    WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    bytes: int
+    bytes_read: int
+    bytes_written: int
+    ops: int
+    metadata_ops: int
+    wait_seconds: float
+    def __init__(self, bytes: _Optional[int] = ..., bytes_read: _Optional[int] = ..., bytes_written: _Optional[int] = ..., ops: _Optional[int] = ..., metadata_ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ...) -> None: ...
 
 class Goodbye(_message.Message):
     __slots__ = ()

@@ -192,7 +192,7 @@ def test_waiting_is_reported_at_once_and_once_per_transition(
 def test_usage_heartbeats_arrive_every_report_interval(controller: Any) -> None:
     with open_session(controller, report_interval=0.1):
         controller.wait_for(lambda: len(controller.bodies("usage")) >= 8, timeout=3)
-    usage = controller.received("usage")
+    usage = controller.received("usage")[:-1]  # the last one came with the Goodbye
     gaps = [b.at - a.at for a, b in itertools.pairwise(usage)]
     assert 0.07 < statistics.median(gaps) < 0.15
     for report in (u.message.usage for u in usage):
@@ -358,3 +358,23 @@ def test_throttled_open_paces_reads_and_writes(
     assert 0.4 < elapsed < 0.8  # 2 MiB at 4 MiB/s
     # Opening is a metadata acquire, so it starts the implicit operation.
     assert controller.bodies("op_posted")[0].kind == pb.OP_KIND_METADATA
+
+
+def test_the_last_usage_precedes_the_goodbye_with_every_byte(
+    make_controller: Callable[..., Any],
+) -> None:
+    controller = make_controller(initial_rate=64 * MiB)
+    # Periodic reports are far apart: only the closing report can carry the bytes.
+    with open_session(controller, report_interval=30) as session:
+        session.acquire(1000, "read")
+        session.acquire(24, "write")
+    controller.wait_for(lambda: controller.bodies("goodbye"), timeout=2)
+    kinds = [r.kind for r in controller.received()]
+    assert kinds[-2:] == ["usage", "goodbye"]
+    totals = controller.bodies("usage")[-1].totals
+    assert (totals.bytes, totals.bytes_read, totals.bytes_written, totals.ops) == (
+        1024,
+        1000,
+        24,
+        2,
+    )

@@ -1,0 +1,52 @@
+"""The ledger keeps jobs' counters across restarts; a bad file never stops a replica."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from burstctl.controller.jobs import Counters, JobMeta, JobTable
+from burstctl.controller.ledger import LEDGER_FILE, Ledger
+
+
+def table() -> JobTable:
+    return JobTable(lambda: 0.0, heartbeat_timeout=3, job_retention=300, demand_headroom=1.1)
+
+
+def test_saved_counters_are_carried_into_the_returning_job(tmp_path: Path) -> None:
+    before = table()
+    s = before.open_session(JobMeta("j", "u", "g", 1, 1.0), "c1", "h")
+    before.usage(s, 10, 2, 0.5, 0.25, False, Counters(10, 4, 6, 2, 1, 0.5))
+    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    ledger.write(ledger.snapshot(before))
+
+    after = table()
+    reloaded = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    assert reloaded.load() == 1
+    after.on_new_job = reloaded.restore
+    s2 = after.open_session(JobMeta("j", "u", "g", 1, 1.0), "c1", "h")
+    # the same session reconnects with totals that include 6 bytes the old run never booked
+    after.usage(s2, 6, 1, 0.0, 0.25, False, Counters(16, 4, 12, 3, 1, 0.5))
+    assert after.jobs["j"].counters == Counters(16, 4, 12, 3, 1, 0.5)
+
+
+def test_an_unreadable_ledger_is_moved_aside_and_counters_start_at_zero(tmp_path: Path) -> None:
+    (tmp_path / LEDGER_FILE).write_text('{"format": 1, "jobs": {"j": {"counters": {"bytes": -1}}}}')
+    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    assert ledger.load() == 0
+    assert not (tmp_path / LEDGER_FILE).exists()
+    assert (tmp_path / (LEDGER_FILE + ".unreadable")).exists()
+
+
+def test_carried_counters_of_jobs_that_never_return_expire(tmp_path: Path) -> None:
+    now = [0.0]
+    t = table()
+    s = t.open_session(JobMeta("gone", "u", "g", 1, 1.0), "c", "h")
+    t.usage(s, 5, 1, 0.0, 0.25, False, Counters(5, 5, 0, 1, 0, 0.0))
+    Ledger(tmp_path, retention=10, clock=lambda: 0.0).write(
+        Ledger(tmp_path, retention=10, clock=lambda: 0.0).snapshot(t)
+    )
+    ledger = Ledger(tmp_path, retention=10, clock=lambda: now[0])
+    assert ledger.load() == 1
+    assert "gone" in ledger.snapshot(table())["jobs"]
+    now[0] = 11.0
+    assert ledger.snapshot(table())["jobs"] == {}
