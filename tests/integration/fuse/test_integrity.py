@@ -9,6 +9,7 @@ import hashlib
 import os
 import random
 import shutil
+import signal
 import stat
 import subprocess
 import threading
@@ -17,8 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
-from support import MountProcess
+from support import ControllerProcess, MountProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -199,42 +201,50 @@ class Worker:
         else:
             self.close_twin(name, twin)
 
-    def run(self, ops: int) -> None:
+    def run(self, ops: int, until: threading.Event | None = None) -> None:
+        """At least ``ops`` operations, and on until ``until`` is set if given."""
         for sub in ("sub", "sub/deeper"):
             os.makedirs(self.mount_dir / sub)
             os.makedirs(self.shadow_dir / sub)
-        while len(self.log) < ops:
+        while len(self.log) < ops or (until is not None and not until.is_set()):
             self.step()
         for name, twins in list(self.open_files.items()):
             for twin in list(twins):
                 self.close_twin(name, twin)
 
 
-def test_random_operations_mirror_a_shadow_directory(mounted: MountProcess, tmp_path: Path) -> None:
-    shadow = tmp_path / "shadow"
+def start_workers(
+    mountpoint: Path, shadow: Path, until: threading.Event | None = None
+) -> tuple[list[Worker], Callable[[], None]]:
+    """Starts WORKERS random workers on ``mountpoint`` mirrored on ``shadow`` (each running
+    ``Worker.run``); the returned function joins them and fails on any mismatch or hang."""
     workers = []
     for i in range(WORKERS):
-        (mounted.mountpoint / f"w{i}").mkdir()
+        (mountpoint / f"w{i}").mkdir()
         (shadow / f"w{i}").mkdir(parents=True)
-        workers.append(
-            Worker(i, mounted.mountpoint / f"w{i}", shadow / f"w{i}", random.Random(1000 + i))
-        )
+        workers.append(Worker(i, mountpoint / f"w{i}", shadow / f"w{i}", random.Random(1000 + i)))
     errors: list[BaseException] = []
 
     def run(worker: Worker) -> None:
         try:
-            worker.run(OPS_PER_WORKER)
+            worker.run(OPS_PER_WORKER, until)
         except BaseException as exc:  # reported by the test thread below
             errors.append(exc)
 
     threads = [threading.Thread(target=run, args=(w,)) for w in workers]
     for t in threads:
         t.start()
-    for t in threads:
-        t.join(100)
-    assert not any(t.is_alive() for t in threads), "a worker hung"
-    assert not errors, errors[0]
 
+    def join() -> None:
+        for t in threads:
+            t.join(100)
+        assert not any(t.is_alive() for t in threads), "a worker hung"
+        assert not errors, errors[0]
+
+    return workers, join
+
+
+def check_workers(workers: list[Worker], mount: MountProcess, shadow: Path) -> None:
     total = sum(len(w.log) for w in workers)
     assert total >= 5000
     kinds: dict[str, int] = {}
@@ -244,9 +254,93 @@ def test_random_operations_mirror_a_shadow_directory(mounted: MountProcess, tmp_
     for kind in ("open", "pwrite", "append", "pread", "truncate", "ftruncate", "rename", "unlink"):
         assert kinds.get(kind, 0) > 20, f"too few {kind} operations: {kinds}"
 
-    assert tree(mounted.mountpoint) == tree(shadow)
-    assert tree(mounted.mountpoint, exact=True) == tree(mounted.backing, exact=True)
-    assert "Traceback" not in mounted.log_text
+    assert tree(mount.mountpoint) == tree(shadow)
+    assert tree(mount.mountpoint, exact=True) == tree(mount.backing, exact=True)
+    assert "Traceback" not in mount.log_text
+
+
+def test_random_operations_mirror_a_shadow_directory(mounted: MountProcess, tmp_path: Path) -> None:
+    shadow = tmp_path / "shadow"
+    workers, join = start_workers(mounted.mountpoint, shadow)
+    join()
+    check_workers(workers, mounted, shadow)
+
+
+CHURN_POLICIES = ["fair-share", "greedy-yield", "fcfs", "set-10", "group>user>size"]
+
+
+def test_random_operations_survive_controller_restarts_and_policy_switches(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    tmp_path: Path,
+) -> None:
+    """Issue 15: the same random workload while the controller is restarted twice (killed,
+    then stopped) and the policy is switched every 100 ms: not one mismatch."""
+    controller = controller_factory("--capacity", "4GiB/s", "--node-bandwidth", "4GiB/s")
+    address = controller.address
+    assert address is not None
+    backing, mountpoint = fuse_dirs
+    mount = fuse_mount(backing, mountpoint, "--controller", address, "--fallback", "keep-last")
+    token = (controller.state_dir / "admin-token").read_text().strip()
+    switched: list[str] = []
+    done = threading.Event()
+
+    def switch_policies() -> None:
+        i = 0
+        while not done.wait(0.1):  # the churn's own period, not a synchronisation
+            url = controller.url
+            i += 1
+            if url is None:
+                continue
+            try:
+                r = httpx.put(
+                    f"{url}/v1/policy",
+                    json={"name": CHURN_POLICIES[i % len(CHURN_POLICIES)]},
+                    headers={"Authorization": f"Bearer {token}"},
+                    timeout=2,
+                )
+            except httpx.HTTPError:
+                continue  # restarting
+            if r.status_code == 200:
+                switched.append(url)
+
+    shadow = tmp_path / "shadow"
+    switcher = threading.Thread(target=switch_policies)
+    enough = threading.Event()  # the workers go on until the churn is over
+    switcher.start()
+    try:
+        workers, join = start_workers(mountpoint, shadow, enough)
+
+        def churned(n: int) -> bool:
+            # this incarnation took 3 switches and the workload moved on meanwhile
+            return (
+                len([u for u in switched if u == controller.url]) >= 3
+                and sum(len(w.log) for w in workers) >= n * WORKERS * 200
+            )
+
+        for n, sig in ((1, signal.SIGKILL), (2, signal.SIGTERM)):
+            wait_until(lambda n=n: churned(n), 60, message=f"churn of incarnation {n}")
+            controller.stop(sig)
+            controller.requested_address = address
+            controller.start()
+        url = controller.url
+        assert url is not None
+
+        def mount_attached() -> bool:
+            jobs = httpx.get(f"{url}/v1/jobs", timeout=2).json()
+            return any(j["sessions"] > 0 for j in jobs)
+
+        wait_until(mount_attached, 20, message="the mount attached to the restarted controller")
+        wait_until(lambda: churned(3), 60, message="churn of incarnation 3")
+        enough.set()
+        join()
+    finally:
+        enough.set()
+        done.set()
+        switcher.join(10)
+    assert len(set(switched)) == 3, "policies were switched on every incarnation"
+    check_workers(workers, mount, shadow)
 
 
 def make_source_tree(root: Path, rng: random.Random) -> None:
