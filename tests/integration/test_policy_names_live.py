@@ -209,3 +209,46 @@ def test_a_configured_parameter_out_of_range_is_a_configuration_error(
     assert proc.stop() not in (0, None)
     log = "".join(proc.log)
     assert "delta" in log and "greater than or equal to 0.001" in log, log
+
+
+@pytest.fixture
+def third_party(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An installed distribution (dist-info on sys.path) with two ``burstctl.policies``
+    entry points: a policy, and one whose module does not exist."""
+    module = f"thirdparty_{uuid.uuid4().hex}"
+    (tmp_path / f"{module}.py").write_text(
+        "from burstctl.policies.fcfs import Fcfs\n\n\n"
+        "class ThirdParty(Fcfs):\n    '''First come, from elsewhere.'''\n\n"
+        "    name = 'third-party'\n"
+    )
+    dist = tmp_path / "burstctl_thirdparty-1.0.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(
+        "Metadata-Version: 2.1\nName: burstctl-thirdparty\nVersion: 1.0\n"
+    )
+    (dist / "entry_points.txt").write_text(
+        f"[burstctl.policies]\nthird-party = {module}:ThirdParty\nbroken = {module}_gone:X\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield module
+    sys.modules.pop(module, None)
+
+
+async def test_an_entry_point_policy_is_listed_and_switched_to_by_name(
+    replica_factory: Make, third_party: str
+) -> None:
+    svc = await replica_factory()
+    async with httpx.AsyncClient(base_url=svc.http_url, headers=auth(svc)) as http:
+        listed = await http.get("/v1/policies")
+        assert listed.status_code == 200, listed.text
+        rows = {r["name"]: r for r in listed.json()}
+        assert rows["third-party"]["family"] == "external" and "broken" not in rows
+        assert only_loc(await http.put("/v1/policy", json={"name": "broken"})) == [["body", "name"]]
+        assert only_loc(
+            await http.put("/v1/policy", json={"name": f"{third_party}:ThirdParty"})
+        ) == [["body", "name"]]
+        r = await http.put("/v1/policy", json={"name": "third-party"})
+        assert r.status_code == 200, r.text
+    assert (svc.slot.name, svc.slot.version) == ("third-party", 1)
+    assert type(svc.slot.policy).__module__ == third_party
