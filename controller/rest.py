@@ -112,7 +112,11 @@ class PolicyInfo(BaseModel):
 
 class PolicyIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    name: str = Field(min_length=1, description="a registered name or a sharing spec")
+    name: str = Field(
+        min_length=1,
+        max_length=MAX_TEXT,
+        description="a registered name (GET /v1/policies) or a sharing spec; never an import path",
+    )
     params: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -226,7 +230,11 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         out = []
         registry = replica.slot.registry
         for name in registry.names():
-            cls = registry.get(name)
+            try:
+                cls = registry.get(name)
+            except UnknownPolicyError as exc:  # a third-party entry point that does not load
+                log.warning("%s", exc)
+                continue
             module = cls.__module__.rsplit(".", 1)[-1]
             # Its own docstring, else its module's: inherited ones describe the base class.
             own = cls.__dict__.get("__doc__") or sys.modules[cls.__module__].__doc__ or name

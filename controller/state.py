@@ -19,7 +19,9 @@ the peer exchange sends at once.
 Restart rules (docs/configuration.md, "Restarts"): a policy switched through the
 API survives a restart with the same configuration; the configured policy is
 the initial one; when the configured policy differs from the one recorded with
-the saved state, the operator edited it and the edit wins (logged).
+the saved state, the operator edited it and the edit wins (logged). A saved
+policy the registry cannot build (an unknown name, an import path, parameters
+out of range) never stops a start: the configured policy is used, with a warning.
 """
 
 from __future__ import annotations
@@ -233,12 +235,15 @@ class PolicySlot:
             return
         try:
             policy = self.registry.create(saved.policy.name, saved.policy.params)
-        except (KeyError, ValueError) as exc:
-            log.error(
-                "saved policy %r is unusable (%s); keeping the configured %s",
+        except Exception as exc:  # whatever it is, a saved policy never stops a start
+            log.warning(
+                "saved policy %r is unusable (%s); starting with the configured %s "
+                "(%s keeps the saved one, parameters %s, until the next change)",
                 saved.policy.name,
                 exc,
                 self.name,
+                self._store.path,
+                saved.policy.params,
             )
             return
         origin = saved.policy.origin or self.replica_id
@@ -273,16 +278,20 @@ class PolicySlot:
 
     def adopt(self, name: str, params: Mapping[str, Any], version: int, origin: str) -> bool:
         """A peer's policy, from an accepted digest; it becomes this replica's when its
-        ``(version, origin)`` is higher. True if anything changed. The registry must be
-        able to build it (peers' digests are checked before they get here)."""
-        self._highest_seen = max(self._highest_seen, version)
-        if (version, origin) <= (self.version, self.origin):
-            return False
+        ``(version, origin)`` is higher. True if anything changed. Peers' digests are
+        checked before they get here; a policy the registry cannot build still raises
+        ``UnknownPolicyError`` or ``PolicyParamsError`` here and changes nothing, not
+        even the highest version seen."""
         params = dict(params)
-        if (name, params) == self.spec and version == self.version:
+        newer = (version, origin) > (self.version, self.origin)
+        same = (name, params) == self.spec
+        policy = self.registry.create(name, params) if newer and not same else self.policy
+        self._highest_seen = max(self._highest_seen, version)
+        if not newer:
+            return False
+        if same and version == self.version:
             self.origin = origin  # the same policy, credited to another replica: nothing to apply
             return False
-        policy = self.policy if (name, params) == self.spec else self.registry.create(name, params)
         self._install(policy, name, params, version, origin)
         log.info("policy %s (version %d, from %r) adopted", name, version, origin)
         return True

@@ -85,8 +85,25 @@ class GreedyYield(Policy):
         return rates
 
 
+# The range of δ, seconds. Every δ the controller decides once more, whatever
+# happened: below 1 ms the timer alone asks for over 1,000 decisions per second
+# (δ = 1e-300 kept a core busy with ~65k/s, issue 15), faster than an allocation
+# reaches a client and is used (burst_window = 50 ms by default), so nothing is
+# gained. Above one day a period is no period: decisions happen at every event
+# anyway, and a larger number is a unit mistake. The simulator's δ from the
+# paper's instances ([BWS] §6.2) is seconds to tens of seconds.
+MIN_DELTA = 1e-3
+MAX_DELTA = 86_400.0
+
+
 class PeriodicParams(PolicyParams):
-    delta: float = Field(default=1.0, gt=0.0, allow_inf_nan=False)  # δ, seconds
+    delta: float = Field(  # δ, seconds
+        default=1.0,
+        ge=MIN_DELTA,
+        le=MAX_DELTA,
+        allow_inf_nan=False,
+        description="δ, seconds between decisions without an event",
+    )
 
 
 class PeriodicGreedyYield(GreedyYield):

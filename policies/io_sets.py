@@ -13,8 +13,9 @@ import math
 from dataclasses import dataclass
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import AfterValidator, Field
 
+from burstctl.limits import MAX_JOBS, MAX_TEXT, identifier_problem
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import JobId, JobView, SystemView
@@ -28,6 +29,25 @@ FIRST_OMEGA = 0.01
 N_LIMIT = 30
 
 
+# The range of a known ω, seconds: from a microsecond (below any iteration of
+# compute and I/O) to about 31.7 years. Sets are ⌊log10 ω⌉, so this is 16 sets;
+# anything outside is a unit mistake, not an application.
+MIN_OMEGA = 1e-6
+MAX_OMEGA = 1e9
+
+
+def _job_id(value: str) -> str:
+    problem = identifier_problem(value)
+    if problem:
+        raise ValueError(f"a job id {problem}")
+    return value
+
+
+# a job id as every door takes it (burstctl/limits.py)
+_JobId = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_job_id)]
+_Omega = Annotated[float, Field(ge=MIN_OMEGA, le=MAX_OMEGA, allow_inf_nan=False)]
+
+
 class Set10Params(PolicyParams):
     # True: learn ω online (reference Set10Learn). False: no job is ever
     # classified, so every job stays in the one new-job set and the split is
@@ -37,8 +57,10 @@ class Set10Params(PolicyParams):
     # instance's wIter: `burstctl sim run --known-omega`; live, an operator who
     # knows a job's iteration length). A listed job is in set ⌊log10 ω_i⌉ from
     # its first operation on and is never learned; the others follow ``learn``.
-    known_omega: dict[str, Annotated[float, Field(gt=0.0, allow_inf_nan=False)]] = Field(
-        default_factory=dict
+    known_omega: dict[_JobId, _Omega] = Field(
+        default_factory=dict,
+        max_length=MAX_JOBS,
+        description="ω_i known beforehand, seconds, by job id",
     )
 
 
