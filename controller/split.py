@@ -19,7 +19,10 @@ Two passes (see ``docs/replicas.md``, "Splitting global targets over replicas"):
    equal weights over the present jobs' unmet local demand. Because pass 1 is
    a maximum flow, only jobs already at their target can have unmet demand on
    a replica with leftover capacity, so a job exceeds its target only with
-   capacity no job below its target could use there.
+   capacity no job below its target could use there. A job's sum over all
+   replicas stays within its global cap b_j (``SplitProblem.cap``): surplus
+   that would pass it is scaled down and the capacity freed is taken by a
+   maximum flow of the cap network (:func:`_within_caps`).
 
 Pass 1 is Fujishige's decomposition algorithm (S. Fujishige, "Lexicographically
 optimal base of a polymatroid with respect to a weight vector", Math. Oper.
