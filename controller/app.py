@@ -73,6 +73,7 @@ class Replica:
                 missed=config.missed_exchanges,
                 capacity=config.capacity,
                 node_bandwidth=config.node_bandwidth,
+                lease=config.lease,
                 clock=clock,
             )
             self.peer_servicer = PeerServicer(

@@ -184,6 +184,12 @@ class Membership:
                 log.warning("replica %r missed %d exchanges; leaves the global view", rid, missed)
         return dropped
 
+    def last_heard(self, rid: ReplicaId) -> tuple[Digest, float] | None:
+        """The newest digest held of peer ``rid``, live or not, and when it was
+        accepted (the caller's clock); None for a replica never heard from."""
+        peer = self._held.get(rid)
+        return None if peer is None else (peer.digest, peer.heard_at)
+
     def live_peers(self) -> list[ReplicaId]:
         return sorted(rid for rid, p in self._held.items() if p.live)
 

@@ -51,6 +51,8 @@ class Merged:
     replica_of: np.ndarray  # per entry: index in replicas
     demand: np.ndarray  # per entry: the job's local demand there
     conflicts: tuple[Conflict, ...] = ()
+    # by index in names: b_j = min(p_j·b, Σ B_r), the most a job gets over all replicas
+    cap: np.ndarray | None = None
 
     def share(self, x: np.ndarray, replica_id: ReplicaId) -> dict[JobId, float]:
         """``replica_id``'s rate for each of its jobs, from the split ``x`` per entry."""
@@ -99,7 +101,7 @@ def merge(digests: Sequence[Digest]) -> Merged:
     if not ids:
         view = SystemView(0.0, capacity, b, {}, observed=False)
         none = np.zeros(0, dtype=np.intp)
-        return Merged(view, [], replicas, capacities, none, none, np.zeros(0))
+        return Merged(view, [], replicas, capacities, none, none, np.zeros(0), cap=np.zeros(0))
     names = sorted(set(ids))  # the view's job order
     position = {job_id: k for k, job_id in enumerate(names)}
     job_of = np.fromiter(map(position.__getitem__, ids), dtype=np.intp, count=len(ids))
@@ -175,7 +177,9 @@ def merge(digests: Sequence[Digest]) -> Merged:
             k,  # index
         )
     view = SystemView(0.0, capacity, b, rows, observed=False)
-    return Merged(view, names, replicas, capacities, job_of, replica_of, entry_demand, conflicts)
+    return Merged(
+        view, names, replicas, capacities, job_of, replica_of, entry_demand, conflicts, cap
+    )
 
 
 def _conflicts(
@@ -206,17 +210,77 @@ def _conflicts(
     return tuple(out)
 
 
-def split_targets(merged: Merged, targets: Mapping[JobId, float]) -> np.ndarray:
+def split_targets(
+    merged: Merged,
+    targets: Mapping[JobId, float],
+    fixed: Mapping[ReplicaId, Mapping[JobId, float]] | None = None,
+) -> np.ndarray:
     """x for every entry of ``merged``: the global ``targets`` split over the replicas
-    each job is present on (``controller/split.py``)."""
+    each job is present on (``controller/split.py``), no job above its global cap b_j
+    in all (surplus included).
+
+    ``fixed``: replicas whose column is not split but taken as given, job id →
+    rate (a job not listed: 0), e.g. a dead replica whose sessions may still hold
+    their last rates (``PeerSync``). Those rates count against each job's target
+    and cap; the other replicas split what is left of them.
+    """
     target = np.array([targets.get(j, 0.0) for j in merged.names], dtype=np.float64)
-    problem = SplitProblem(
-        merged.names,
-        merged.replicas,
-        target,
-        merged.capacity,
-        merged.job_of,
-        merged.replica_of,
-        merged.demand,
+    names, replicas = merged.names, merged.replicas
+    cap = merged.cap if merged.cap is not None else np.full(len(names), np.inf)
+    job_of, replica_of = merged.job_of, merged.replica_of
+    if not fixed:
+        problem = SplitProblem(
+            names, replicas, target, merged.capacity, job_of, replica_of, merged.demand, cap
+        )
+        return split(problem)
+    held = np.array([r in fixed for r in replicas], dtype=bool)
+    frozen = held[replica_of]
+    given = np.array(
+        [
+            max(0.0, float(fixed[replicas[r]].get(names[j], 0.0))) if f else 0.0
+            for j, r, f in zip(job_of.tolist(), replica_of.tolist(), frozen.tolist(), strict=True)
+        ],
+        dtype=np.float64,
     )
-    return split(problem)
+    used = np.bincount(job_of, weights=given, minlength=len(names))
+    free = ~frozen
+    problem = SplitProblem(
+        names,
+        replicas,
+        np.maximum(target - used, 0.0),
+        np.where(held, 0.0, merged.capacity),
+        job_of[free],
+        replica_of[free],
+        merged.demand[free],
+        np.maximum(cap - used, 0.0),
+    )
+    x = given.copy()
+    x[free] = split(problem)
+    return x
+
+
+def ceilings(merged: Merged, x: np.ndarray) -> np.ndarray:
+    """Per entry: the most its replica may give the job until the next exchange.
+
+    x_jr plus a part of the job's global headroom b_j − Σ_r x_jr, shared over the
+    replicas the job is present on pro rata to their capacity B_r (equally when
+    they all have none). Every replica computes the same matrix, so the
+    ceilings of one job sum to b_j at most: a replica that tops a job up with
+    capacity freed since the exchange (``policies.decision.blend``) cannot take
+    it past its global cap together with the others.
+    """
+    if merged.cap is None or not len(x):
+        return np.asarray(x, dtype=np.float64).copy()
+    jobs_n = len(merged.names)
+    job_of, replica_of = merged.job_of, merged.replica_of
+    total = np.bincount(job_of, weights=x, minlength=jobs_n)
+    headroom = np.maximum(merged.cap - total, 0.0)
+    weight = merged.capacity[replica_of]
+    weights = np.bincount(job_of, weights=weight, minlength=jobs_n)
+    count = np.bincount(job_of, minlength=jobs_n).astype(np.float64)
+    part = np.where(
+        weights[job_of] > 0.0,
+        weight / np.where(weights[job_of] > 0.0, weights[job_of], 1.0),
+        1.0 / count[job_of],
+    )
+    return np.asarray(x + headroom[job_of] * part, dtype=np.float64)

@@ -20,6 +20,7 @@ import logging
 import math
 import time
 from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -28,10 +29,10 @@ from google.protobuf.message import DecodeError
 from burstctl.controller.digest import Digest, DigestError, build_digest, from_proto, to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
-from burstctl.controller.merge import Conflict, merge, split_targets
+from burstctl.controller.merge import Conflict, ceilings, merge, split_targets
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
-from burstctl.policies.decision import decide
+from burstctl.policies.decision import Share, decide
 from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
@@ -275,12 +276,35 @@ class _NotAPeer(grpc.RpcError):
     """The address answered the stream without naming a replica: not a burstctl peer."""
 
 
+@dataclass(frozen=True, slots=True)
+class HeldBack:
+    """A peer dropped from the global view whose sessions may still hold its rates.
+
+    ``column``: its rate per job in the last split computed while it was live;
+    ``until``: when the lease of its last allocations has surely expired (the
+    exchange loop's clock). Until then the survivors count ``column`` as used by
+    those jobs and split only the rest of their targets and caps.
+    """
+
+    digest: Digest
+    column: dict[JobId, float]
+    until: float
+
+
 class PeerSync:
     """The exchange loop of one replica.
 
     ``local_targets`` is this replica's rate for every job of the global view
-    (after the last exchange with at least one live peer), or None: the local
-    policy decides alone. ``updated`` fires after every exchange.
+    (after the last exchange with at least one live or held-back peer), as a
+    :class:`~burstctl.policies.decision.Share` with each job's ceiling, or None:
+    the local policy decides alone. ``updated`` fires after every exchange.
+
+    ``lease``: the allocation lease of the replicas (config ``lease``). A peer
+    that goes silent is dropped from the view after ``missed``·λ, but its
+    sessions may still pace at the rates it last pushed until their lease
+    runs out; so its column of the last split stays counted (:class:`HeldBack`)
+    until λ + ``lease`` + λ after its last digest (the last push came at most
+    about λ after it; one λ more of margin for transit). None: not held back.
     """
 
     def __init__(
@@ -294,6 +318,7 @@ class PeerSync:
         missed: int,
         capacity: float,
         node_bandwidth: float,
+        lease: float | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.table = table
@@ -308,7 +333,10 @@ class PeerSync:
         self._clock = clock
         self.incarnation = time.time_ns()  # grows with every restart (digest.py)
         self.sequence = 0
-        self.local_targets: dict[JobId, float] | None = None
+        self.lease = lease
+        self.local_targets: Share | None = None
+        self.held_back: dict[str, HeldBack] = {}
+        self._columns: dict[str, dict[JobId, float]] = {}  # last split, by live replica
         self.exchanges = 0
         self.updated = Signal()
         self._usage_seen: dict[JobId, int] = {}
@@ -386,10 +414,34 @@ class PeerSync:
                 link.failures += 1
                 log.error("exchange with %s failed", link.address, exc_info=outcome)
         self._allowed()
-        self.membership.expire(self._clock(), self.interval, self.missed)
+        now = self._clock()
+        for rid in self.membership.expire(now, self.interval, self.missed):
+            self._hold_back(rid)
+        live = self.membership.live_peers()
+        for rid in sorted(self.held_back):
+            if rid in live:
+                del self.held_back[rid]
+            elif now >= self.held_back[rid].until:
+                del self.held_back[rid]
+                log.info("the leases of replica %r have expired; its share is split again", rid)
         self.exchanges += 1
-        self.local_targets = self._share(digest) if self.membership.live_peers() else None
+        self.local_targets = self._share(digest) if live or self.held_back else None
         self.updated()
+
+    def _hold_back(self, rid: str) -> None:
+        """Peer ``rid`` just left the view: keep its last column until its leases expire."""
+        column = self._columns.pop(rid, None)
+        heard = self.membership.last_heard(rid)
+        if self.lease is None or column is None or heard is None:
+            return
+        last, heard_at = heard
+        until = heard_at + self.interval + self.lease + self.interval
+        self.held_back[rid] = HeldBack(last, column, until)
+        log.warning(
+            "replica %r left the global view; its sessions' rates stay counted for %.1f s",
+            rid,
+            max(0.0, until - self._clock()),
+        )
 
     def _share(self, digest: Digest) -> dict[JobId, float]:
         """This replica's part of the global split computed from ``digest`` (the one it
@@ -399,15 +451,30 @@ class PeerSync:
             self.slot.adopt(
                 elected.policy, elected.policy_params, elected.policy_version, elected.policy_origin
             )
-        merged = merge(self.membership.digests(digest))
+        digests = self.membership.digests(digest)
+        if self.held_back:  # their jobs and capacity are still in use: in the view
+            digests = sorted(
+                [*digests, *(h.digest for h in self.held_back.values())],
+                key=lambda d: d.replica_id,
+            )
+        merged = merge(digests)
         self._log(merged.conflicts)
         targets = decide(self.slot.policy, merged.view).rates
-        share = merged.share(split_targets(merged, targets), self.replica_id)
+        fixed = {rid: h.column for rid, h in self.held_back.items()}
+        x = split_targets(merged, targets, fixed)
+        edges = merged.by_edge(x)
+        self._columns = {}
+        for (job_id, rid), rate in edges.items():
+            if rid not in fixed:
+                self._columns.setdefault(rid, {})[job_id] = rate
+        share = merged.share(x, self.replica_id)
+        ceiling = merged.share(ceilings(merged, x), self.replica_id)
         # Jobs in the global view: those that had an open operation here when the
         # digest was built. Newer ones keep the local decision.
         jobs = digest.jobs
         covered = {j for j, o in zip(jobs.job_id, jobs.open_op.tolist(), strict=True) if o}
-        return {j: rate for j, rate in share.items() if j in covered and math.isfinite(rate)}
+        rates = {j: rate for j, rate in share.items() if j in covered and math.isfinite(rate)}
+        return Share(rates, {j: max(ceiling[j], rates[j]) for j in rates})
 
     def _log(self, conflicts: tuple[Conflict, ...]) -> None:
         for c in conflicts:
@@ -431,6 +498,10 @@ class PeerSync:
             "exchanges": self.exchanges,
             "sequence": self.sequence,
             "in_global_view": self.local_targets is not None,
+            "held_back": [
+                {"replica_id": rid, "until_s": round(max(0.0, h.until - now), 3)}
+                for rid, h in sorted(self.held_back.items())
+            ],
             "peers": [
                 {
                     "replica_id": p.replica_id,

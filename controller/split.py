@@ -19,7 +19,10 @@ Two passes (see ``docs/replicas.md``, "Splitting global targets over replicas"):
    equal weights over the present jobs' unmet local demand. Because pass 1 is
    a maximum flow, only jobs already at their target can have unmet demand on
    a replica with leftover capacity, so a job exceeds its target only with
-   capacity no job below its target could use there.
+   capacity no job below its target could use there. A job's sum over all
+   replicas stays within its global cap b_j (``SplitProblem.cap``): surplus
+   that would pass it is scaled down and the capacity freed is taken by a
+   maximum flow of the cap network (:func:`_within_caps`).
 
 Pass 1 is Fujishige's decomposition algorithm (S. Fujishige, "Lexicographically
 optimal base of a polymatroid with respect to a weight vector", Math. Oper.
@@ -73,7 +76,8 @@ _SATURATED = 1e-10  # relative: a max flow this close to λ·B(X) saturates X
 def split(problem: SplitProblem, *, surplus: bool = True) -> Vector:
     """x_k for every entry k of ``problem``: targets first (pass 1), then, with
     ``surplus``, each replica's leftover capacity (pass 2). Each x_k is in
-    [0, demand[k]]."""
+    [0, demand[k]], each replica's sum at most B_r and each job's sum over the
+    replicas at most its cap b_j (and at most its target without ``surplus``)."""
     rates = _balanced_flow(problem)
     if surplus:
         rates = _with_surplus(problem, rates)
@@ -88,7 +92,10 @@ class SplitProblem:
     policy on the global view with capacity Σ B_r) and ``capacity[r]`` (B_r) by
     those indices; one entry k per job present on a replica (no pair twice): its
     job index ``job_of[k]``, replica index ``replica_of[k]`` and its local demand
-    ``demand[k]``. Raises ``ValueError`` on negative or non-finite values and on
+    ``demand[k]``. ``cap[j]`` (optional, +inf by default) is job j's global cap
+    b_j = min(p_j·b, Σ B_r): no split gives a job more than that over all its
+    replicas, surplus included (a target above it is cut to it). Raises
+    ``ValueError`` on negative or non-finite values (a cap may be +inf) and on
     indices out of range.
     """
 
@@ -101,6 +108,7 @@ class SplitProblem:
         job_of: npt.NDArray[np.intp],
         replica_of: npt.NDArray[np.intp],
         demand: Vector,
+        cap: Vector | None = None,
     ) -> None:
         n, jobs_n, replicas_n = len(demand), len(jobs), len(replicas)
         if not (len(job_of) == len(replica_of) == n):
@@ -117,6 +125,14 @@ class SplitProblem:
             if bad.any():
                 k = int(np.argmax(bad))
                 raise ValueError(f"{what} [{k}] must be finite and >= 0, got {values[k]!r}")
+        if cap is None:
+            cap = np.full(jobs_n, np.inf)
+        elif len(cap) != jobs_n:
+            raise ValueError(f"{len(cap)} caps for {jobs_n} jobs")
+        bad = ~(cap >= 0.0)  # NaN too; +inf: no cap
+        if bad.any():
+            k = int(np.argmax(bad))
+            raise ValueError(f"cap [{k}] must be >= 0, got {cap[k]!r}")
         if n and not (job_of.min() >= 0 and job_of.max() < jobs_n):
             raise ValueError("a job index is out of range")
         if n and not (replica_of.min() >= 0 and replica_of.max() < replicas_n):
@@ -128,7 +144,9 @@ class SplitProblem:
         self.col = np.asarray(job_of, dtype=np.intp)
         self.row = np.asarray(replica_of, dtype=np.intp)
         self.capacity = np.asarray(capacity, dtype=np.float64)
-        self.target = np.asarray(target, dtype=np.float64)
+        self.cap = np.asarray(cap, dtype=np.float64)
+        # a target above the job's cap is routed only up to the cap
+        self.target = np.minimum(np.asarray(target, dtype=np.float64), self.cap)
         self.demand = np.zeros((replicas_n, jobs_n))
         self.demand[self.row, self.col] = demand
         self.scale = max(1.0, *(float(np.max(a, initial=0.0)) for a in (target, capacity, demand)))
@@ -377,4 +395,41 @@ def _with_surplus(problem: SplitProblem, base: Matrix) -> Matrix:
         first = np.argmax(u >= theta, axis=1)
         level = theta[np.arange(len(rows)), first]
         extra[rows] = np.minimum(unmet[rows], level[:, None])
-    return np.minimum(base + extra, problem.demand)
+    rates: Matrix = np.minimum(base + extra, problem.demand)
+    return _within_caps(problem, base, rates)
+
+
+def _within_caps(problem: SplitProblem, base: Matrix, rates: Matrix) -> Matrix:
+    """Pass 2 made to respect every job's global cap b_j, and still work conserving.
+
+    Each replica's water-fill sees only its own leftover, so a job present on
+    several replicas can collect surplus on each until its sum passes b_j
+    (issue 15, finding 6). Such a job's surplus is scaled down, on all its
+    replicas alike, until its sum is exactly b_j; the capacity that frees is
+    then taken by a maximum flow on source →(b_j) job →(d_jr) replica →(B_r)
+    sink, warm started from these rates (Dinic, as in pass 1). Augmenting
+    never lowers a job's sum or a replica's load, so pass 1's targets stay
+    met, and the result carries the maximum flow of that network: no split
+    within the caps, the demands and the capacities carries more. When no
+    cap binds, the water-fill is returned unchanged (it already fills every
+    replica to min(B_r, Σ_j d_jr)).
+    """
+    cap = problem.cap
+    total = rates.sum(axis=0)
+    over = total > cap
+    if not over.any():
+        return rates
+    routed = base.sum(axis=0)  # ≤ t_j ≤ b_j
+    surplus = total - routed
+    keep = np.divide(np.maximum(cap - routed, 0.0), surplus, out=np.ones_like(surplus), where=over)
+    keep = np.minimum(keep, 1.0)
+    capped = base + (rates - base) * keep
+    flow = _Flow(cap, problem.demand, problem.scale)
+    flow.x = np.minimum(capped, problem.demand)
+    flow.run(problem.capacity)
+    out: Matrix = flow.x
+    sums = out.sum(axis=0)
+    high = sums > cap  # by rounding only: cut to the cap exactly
+    if high.any():
+        out[:, high] *= cap[high] / sums[high]
+    return out

@@ -12,7 +12,8 @@ Pure: no clock, no I/O; the same view and targets give the same decision.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import math
+from collections.abc import Iterator, Mapping
 from typing import NamedTuple
 
 from burstctl.policies.base import Policy
@@ -35,6 +36,34 @@ class Decision(NamedTuple):
     @property
     def clamped(self) -> bool:
         return bool(self.fixes) or self.scaled
+
+
+class Share(Mapping[JobId, float]):
+    """A replica's part of a global split: its rate for each job of the split (the
+    mapping) and ``ceilings``, the most it may give each of those jobs until the next
+    exchange when capacity frees up (its rate plus its part of the job's global
+    headroom; ``controller/merge.py: ceilings``). Every replica's ceilings of one job
+    sum to at most the job's global cap b_j, so topping up within them keeps the cap
+    across replicas. A job without a ceiling is held to its rate.
+    """
+
+    __slots__ = ("_rates", "ceilings")
+
+    def __init__(self, rates: Mapping[JobId, float], ceilings: Mapping[JobId, float]) -> None:
+        self._rates = dict(rates)
+        self.ceilings = dict(ceilings)
+
+    def __getitem__(self, job_id: JobId) -> float:
+        return self._rates[job_id]
+
+    def __iter__(self) -> Iterator[JobId]:
+        return iter(self._rates)
+
+    def __len__(self) -> int:
+        return len(self._rates)
+
+    def __repr__(self) -> str:
+        return f"Share({self._rates!r}, ceilings={self.ceilings!r})"
 
 
 def decide(
@@ -90,7 +119,9 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     what ``policy`` gives them on the whole local view (enforced), until the next exchange
     covers them; the targets shrink in proportion to make room. Capacity still
     left (a job's local demand fell since the exchange) is water-filled over
-    unmet local demand, so the replica stays work-conserving between exchanges.
+    unmet local demand, so the replica stays work-conserving between exchanges;
+    when ``targets`` is a :class:`Share`, a job of the split is topped up only to
+    its ceiling, so its sum over the replicas stays within its global cap b_j.
     """
     active = view.active_jobs()  # the stable order: the same bits whatever the view's order
     rates = {j.job_id: min(targets[j.job_id], j.cap) for j in active if j.job_id in targets}
@@ -105,11 +136,16 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
         rates.update(fresh)
     left = view.capacity - sum(rates.values())
     if left > 0.0:
+        ceilings = targets.ceilings if isinstance(targets, Share) else None
         unmet = {}
         for job in active:
-            want = min(job.demand, job.cap) - rates.get(job.job_id, 0.0)
+            job_id = job.job_id
+            ceiling = math.inf  # a plain mapping, or a job not in the split yet: b_i here
+            if ceilings is not None and job_id in targets:
+                ceiling = ceilings.get(job_id, targets[job_id])
+            want = min(job.demand, job.cap, ceiling) - rates.get(job_id, 0.0)
             if want > 0.0:
-                unmet[job.job_id] = want
+                unmet[job_id] = want
         if unmet:
             extra = water_fill(unmet, dict.fromkeys(unmet, 1.0), left)
             for j, r in extra.items():

@@ -29,7 +29,10 @@ Factory = Callable[..., ControllerProcess]
 
 
 def replicas(
-    make: Factory, capacities: list[int], policy: str = "size-fair"
+    make: Factory,
+    capacities: list[int],
+    policy: str = "size-fair",
+    env: dict[str, str] | None = None,
 ) -> list[ControllerProcess]:
     ports = [free_port() for _ in capacities]
     out = []
@@ -52,6 +55,7 @@ def replicas(
                 "--policy",
                 policy,
                 address=f"127.0.0.1:{ports[i]}",
+                env=env,
             )
         )
     return out
@@ -93,7 +97,8 @@ def flat_out() -> Iterator[Callable[[str, ControllerProcess, JobInfo], Session]]
 def test_killed_replica_leaves_the_global_view_and_rejoins(
     controller_factory: Factory, flat_out: Callable[[str, ControllerProcess, JobInfo], Session]
 ) -> None:
-    r1, r2 = replicas(controller_factory, [40, 40])
+    lease = 1.5
+    r1, r2 = replicas(controller_factory, [40, 40], env={"BURSTCTL_LEASE": str(lease)})
     sessions = {
         "J1@r1": flat_out("J1@r1", r1, job("J1", 16)),
         "J2": flat_out("J2", r1, job("J2", 8)),
@@ -104,11 +109,21 @@ def test_killed_replica_leaves_the_global_view_and_rejoins(
     waited(lambda: rates_are(sessions, synced), 15, "global fairness")
 
     r2.stop(signal.SIGKILL)  # by pid
-    # R1 alone: J1 has 16 of the 24 nodes it sees, 2/3 of its 40 MiB/s.
+    assert r1.url is not None
+
+    def r2_live() -> bool:
+        peers = httpx.get(f"{r1.url}/v1/replicas", timeout=5).json()["peers"]
+        return any(p["replica_id"] == "r2" and p["live"] for p in peers)
+
+    # R2 leaves the view once silent for more than k·λ; R1 checks after each exchange (λ).
+    left = waited(lambda: not r2_live(), 10, "R2 out of R1's view")
+    assert left <= (MISSED + 1) * LAMBDA + 0.5, left
+    # R1 alone: J1 has 16 of the 24 nodes it sees, 2/3 of its 40 MiB/s. Not before the
+    # leases R2 pushed have surely expired (λ + lease + λ after its last digest): until
+    # then R2's sessions may still hold their rates, and R1 keeps counting them.
     alone = {"J1@r1": 80 / 3, "J2": 40 / 3}
-    dropped = waited(lambda: rates_are(sessions, alone), 10, "R1 deciding alone")
-    # R2 is dropped once silent for more than k·λ; R1 checks after each exchange (λ).
-    assert dropped <= (MISSED + 1) * LAMBDA + 0.5, dropped
+    dropped = left + waited(lambda: rates_are(sessions, alone), 10, "R1 deciding alone")
+    assert lease <= dropped <= lease + (MISSED + 3) * LAMBDA + 0.5, dropped
 
     r2.start()  # same port, same state directory, a new incarnation
     reattached = waited(
@@ -116,7 +131,8 @@ def test_killed_replica_leaves_the_global_view_and_rejoins(
     )
     back = waited(lambda: rates_are(sessions, synced), 10, "global fairness again")
     print(
-        f"R2 killed: R1 alone after {dropped:.2f}s (k·λ = {MISSED * LAMBDA:.1f}s); "
+        f"R2 killed: out of the view after {left:.2f}s (k·λ = {MISSED * LAMBDA:.1f}s), "
+        f"R1 alone after {dropped:.2f}s (lease {lease}s); "
         f"restarted: sessions back after {reattached:.2f}s, fair again {back:.3f}s later"
     )
     assert back <= 2 * LAMBDA + 0.3, back

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator, Callable
@@ -17,7 +18,7 @@ import pytest
 from digests import FULL_DIGEST
 from support import async_wait_until
 
-from burstctl.controller.digest import Digest, to_proto
+from burstctl.controller.digest import Digest, JobDigest, to_proto
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.controller.membership import Membership
 from burstctl.controller.peers import (
@@ -29,7 +30,7 @@ from burstctl.controller.peers import (
     _decode_digest,
 )
 from burstctl.controller.state import PolicySlot, StateStore
-from burstctl.policies.decision import blend
+from burstctl.policies.decision import Share, blend
 from burstctl.policies.registry import default_registry
 from burstctl.policies.view import JobView, SystemView
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
@@ -146,6 +147,73 @@ def test_capacity_the_share_leaves_goes_to_unmet_demand() -> None:
 def test_share_rates_never_exceed_the_job_cap() -> None:
     view = _rows(a=(1, 100.0))
     assert blend(SIZE_FAIR, view, {"a": 250.0}) == {"a": 100.0}
+
+
+def test_share_rates_are_topped_up_only_to_their_ceiling() -> None:
+    # a's demand fell to 10 since the exchange; b may take only 20 of the 60 freed: its
+    # ceiling is its rate plus this replica's part of its global headroom (b_j minus
+    # what all replicas give it), so the rest stays idle rather than pass b's cap
+    view = _rows(a=(1, 10.0), b=(1, 100.0))
+    rates = blend(SIZE_FAIR, view, Share({"a": 10.0, "b": 30.0}, {"a": 10.0, "b": 50.0}))
+    assert rates == pytest.approx({"a": 10.0, "b": 50.0})
+    # a job without a ceiling keeps its rate; a plain mapping has no ceilings (b_i here)
+    assert blend(SIZE_FAIR, view, Share({"a": 10.0, "b": 30.0}, {})) == {"a": 10.0, "b": 30.0}
+    assert blend(SIZE_FAIR, view, {"a": 10.0, "b": 30.0}) == pytest.approx({"a": 10.0, "b": 90.0})
+
+
+def test_a_dead_peers_column_is_held_until_its_leases_expire(tmp_path: Path) -> None:
+    # r1 (40) holds B; r2 (40) held A's 40. r2 goes silent: after k·λ it leaves the
+    # view, but A's 40 stays counted on r2 until λ + lease + λ after its last digest;
+    # only then does r1 split for itself (A nothing here until then, B its 40).
+    now = [100.0]
+    jobs = JobTable(lambda: now[0], heartbeat_timeout=60.0, job_retention=60.0, demand_headroom=1.1)
+    for job_id, nodes in (("A", 10), ("B", 20)):
+        s = jobs.open_session(JobMeta(job_id, "u" + job_id, "g", nodes, 1.0), "c" + job_id, "h")
+        jobs.post(s, 1, OpKind.WRITE, 0)
+    sync = PeerSync(
+        jobs,
+        slot(tmp_path, "r1", "fair-share"),
+        replica_id="r1",
+        addresses=[],
+        interval=0.2,
+        missed=3,
+        capacity=40.0,
+        node_bandwidth=4.0,
+        lease=3.0,
+        clock=lambda: now[0],
+    )
+    sync._allowed = lambda: None  # type: ignore[method-assign]  # no links: r2 is let in below
+    sync.membership.peers = None
+    r2 = Digest(
+        "r2",
+        incarnation=1,
+        sequence=1,
+        capacity=40.0,
+        node_bandwidth=4.0,
+        policy="fair-share",
+        jobs=(JobDigest("A", "uA", "g", 10, 1.0, 40.0, 0.0, 0.0, -1.0, -1.0, None, True),),
+    )
+    assert sync.membership.receive(r2, now[0]).accepted
+    asyncio.run(sync.exchange_once())
+    assert sync.local_targets is not None
+    assert dict(sync.local_targets) == pytest.approx({"A": 0.0, "B": 40.0})
+    heard = now[0]
+    now[0] = heard + 0.7  # past k·λ: r2 leaves the view, its column is held
+    asyncio.run(sync.exchange_once())
+    assert sync.membership.live_peers() == []
+    assert sorted(sync.held_back) == ["r2"]
+    assert dict(sync.local_targets or {}) == pytest.approx({"A": 0.0, "B": 40.0})
+    assert sync.stats()["held_back"][0]["replica_id"] == "r2"
+    now[0] = heard + 0.2 + 3.0 + 0.2 - 0.01  # just before λ + lease + λ
+    asyncio.run(sync.exchange_once())
+    assert dict(sync.local_targets or {}) == pytest.approx({"A": 0.0, "B": 40.0})
+    now[0] = heard + 0.2 + 3.0 + 0.2  # the leases r2 pushed have surely expired
+    asyncio.run(sync.exchange_once())
+    assert sync.held_back == {} and sync.local_targets is None  # r1 decides alone
+    # r2 back (a new incarnation): live again, nothing held
+    assert sync.membership.receive(dataclasses.replace(r2, incarnation=2), now[0]).accepted
+    asyncio.run(sync.exchange_once())
+    assert sync.held_back == {} and sync.membership.live_peers() == ["r2"]
 
 
 # -- what makes the exchange run early ---------------------------------------------------------
