@@ -471,7 +471,10 @@ class HttpServer:
     async def start(self) -> None:
         host, port = split_host_port(self.listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP given, not 0: asyncio sets TCP_NODELAY only on sockets whose proto
+        # says TCP, and without it every keep-alive answer (written in two sends) waits
+        # ~40 ms for the client's delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host.strip("[]"), port))

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import gc
 import logging
+import socket
 import statistics
 import threading
 import time
@@ -27,6 +28,7 @@ from support import Pump, async_wait_until
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
+from burstctl.controller.config import split_host_port
 from burstctl.controller.jobs import JobMeta, SessionState
 
 pytestmark = pytest.mark.integration
@@ -45,6 +47,15 @@ PER_JOB = (
     "burstctl_job_token_wait_seconds",
     "burstctl_job_active",
 )
+
+
+def sync_client(url: str) -> httpx.Client:
+    # httpx's sync client sends a request in more than one write: without TCP_NODELAY,
+    # Nagle and the server's delayed ACK add ~40 ms to each request on loopback.
+    nodelay = [(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)]
+    return httpx.Client(
+        base_url=url, timeout=60, transport=httpx.HTTPTransport(socket_options=nodelay)
+    )
 
 
 def junk_id(i: int) -> str:
@@ -161,6 +172,29 @@ async def test_jobs_listing_is_paginated(replica_factory: Make) -> None:
             assert r.json()["detail"][0]["loc"] == ["query", field]
 
 
+async def test_keep_alive_answers_are_not_delayed_by_nagle(replica: Replica) -> None:
+    # One connection, many requests (what a probe or Prometheus does). Without
+    # TCP_NODELAY on the server's sockets, each answer waited ~40 ms for the client's
+    # delayed ACK: /healthz could never answer under 50 ms.
+    def probe() -> list[float]:
+        out = []
+        with socket.create_connection(split_host_port(replica.http_url[7:])) as sock:
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            for _ in range(20):
+                t0 = time.perf_counter()
+                sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: probe\r\n\r\n")
+                data = b""
+                while not data.endswith(b'{"status":"ok"}'):
+                    chunk = sock.recv(4096)
+                    assert chunk, data
+                    data += chunk
+                out.append(time.perf_counter() - t0)
+        return out
+
+    latencies = await asyncio.to_thread(probe)
+    assert statistics.median(latencies) < 0.02, sorted(latencies)
+
+
 async def test_loop_stays_responsive_while_metrics_is_scraped_four_times_at_once(
     replica_factory: Make, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -193,7 +227,7 @@ async def test_loop_stays_responsive_while_metrics_is_scraped_four_times_at_once
                 lags.append(time.perf_counter() - t0 - 0.005)
 
         def healthz() -> None:
-            with httpx.Client(base_url=svc.http_url, timeout=30) as http:
+            with sync_client(svc.http_url) as http:
                 while not done.is_set():
                     t0 = time.perf_counter()
                     assert http.get("/healthz").status_code == 200
@@ -201,7 +235,7 @@ async def test_loop_stays_responsive_while_metrics_is_scraped_four_times_at_once
                     done.wait(0.01)  # the probe's own period
 
         def scrape() -> None:
-            with httpx.Client(base_url=svc.http_url, timeout=60) as http:
+            with sync_client(svc.http_url) as http:
                 for _ in range(5):
                     r = http.get("/metrics")
                     assert r.status_code == 200
