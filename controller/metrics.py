@@ -14,8 +14,9 @@ first, then the most bytes moved, then the oldest), and every job counts in the
 aggregate series. ``Metrics.exposition`` takes on the loop only what is cheap
 (the sessions' rates, a C-speed copy of the table's job list, a few counters, then
 the fields of the N jobs shown); ranking, sums and the text exposition run in a
-worker thread; scrapes that arrive while one is being rendered share its result,
-so concurrent scrapes do not multiply the cost.
+worker thread; scrapes that arrive while one is being rendered, or within
+``MAX_AGE`` (1 s) of its snapshot, share its result, so concurrent or rapid scrapes
+do not multiply the cost: at most about one render a second.
 
 Series (all prefixed ``burstctl_``):
 
@@ -64,6 +65,9 @@ if TYPE_CHECKING:
 # From tens of µs to a second (bench/decision_latency.py measures them).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
 JOB_LABELS = ["job", "user", "group"]
+# A scrape within this many seconds of the last render's snapshot gets that render's
+# text: however often /metrics is asked for, it is rendered at most about once a second.
+MAX_AGE = 1.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,14 +286,19 @@ class Metrics:
         self.render_seconds = 0.0  # of the previous scrape, wall clock from request to text
         self.renders = 0
         self._pending: asyncio.Future[bytes] | None = None
+        self._last: tuple[float, bytes] | None = None  # (snapshot time, text)
 
     async def exposition(self) -> bytes:
         """The Prometheus text of one scrape.
 
         At most one render runs at a time: a scrape that arrives while one is
-        under way gets that one's text. A scrape whose client goes away does not
-        cancel the render the others wait for.
+        under way gets that one's text, and so does one that arrives less than
+        ``MAX_AGE`` seconds after that render's snapshot. A scrape whose client
+        goes away does not cancel the render the others wait for.
         """
+        last = self._last
+        if last is not None and time.monotonic() - last[0] < MAX_AGE:
+            return last[1]
         pending = self._pending
         if pending is None:
             pending = self._pending = asyncio.ensure_future(self._render())
@@ -303,6 +312,7 @@ class Metrics:
             future.exception()  # retrieved here too: every waiter gets it raised
 
     async def _render(self) -> bytes:
+        snapshot_at = time.monotonic()
         started = time.perf_counter()
         svc = self.replica
         # On the loop, O(sessions) and a C-speed copy: nothing per job in Python.
@@ -341,6 +351,7 @@ class Metrics:
         )
         self.render_seconds = time.perf_counter() - started
         self.renders += 1
+        self._last = (snapshot_at, body)
         return body
 
     def _row(self, job: JobState, rates: dict[str, float], now: float) -> _JobRow:

@@ -128,7 +128,13 @@ async def test_metrics_has_series_for_exactly_the_top_jobs_by_rate(
 
         # the top job stops: its series are gone, the 51st job's appear
         rated["r59"].rate = 0.0
-        fams = families((await http.get("/metrics")).text)
+
+        async def r59_gone() -> bool:  # a render is reused for up to a second
+            nonlocal fams
+            fams = families((await http.get("/metrics")).text)
+            return "r59" not in per_job(fams, PER_JOB[0])
+
+        await async_wait_until(r59_gone, 5, interval=0.1, message="a new render")
         expected = (top - {"r59"}) | {"r09"}
         for name in PER_JOB:
             assert per_job(fams, name) == expected, name
@@ -235,8 +241,11 @@ async def test_loop_stays_responsive_while_metrics_is_scraped_four_times_at_once
                     done.wait(0.01)  # the probe's own period
 
         def scrape() -> None:
+            # back to back for 3 s: renders (at most about one a second) and scrapes
+            # served from the last one, all while the probes run
+            deadline = time.monotonic() + 3.0
             with sync_client(svc.http_url) as http:
-                for _ in range(5):
+                while time.monotonic() < deadline:
                     r = http.get("/metrics")
                     assert r.status_code == 200
                     sizes.append(len(r.content))
@@ -254,14 +263,17 @@ async def test_loop_stays_responsive_while_metrics_is_scraped_four_times_at_once
         await asyncio.to_thread(pump.stop)
         await asyncio.to_thread(honest.close)
     assert health and lags
-    # On-loop rendering of 20,000 jobs stalls the loop for seconds (4.3 s seen on a
-    # 2-core box). The bounds leave room for a loaded machine: the clients run in
-    # threads of this process and share its GIL with the loop.
-    assert max(lags) < 0.1, f"max loop lag {max(lags) * 1e3:.0f} ms"
-    assert statistics.median(health) < 0.05 and max(health) < 0.5, sorted(health)
-    assert len(sizes) == 20 and max(sizes) < 200_000, sizes
-    # concurrent scrapes share renders
-    assert svc.metrics.renders < len(sizes), svc.metrics.renders
+    # On-loop rendering of 20,000 jobs stalls the loop for seconds (4.3 to 10 s seen
+    # on a 2-core box). The bounds leave room for a loaded machine (spikes of 50 to
+    # 400 ms seen at a load average of 6 to 12 on 2 cores, none from a render): the
+    # clients run in threads of this process and share its GIL with the loop.
+    # bench/metrics_scrape.py measures against the 50 ms target, the controller in
+    # a process of its own.
+    assert max(lags) < 0.5, f"max loop lag {max(lags) * 1e3:.0f} ms"
+    assert statistics.median(health) < 0.05 and max(health) < 1.0, sorted(health)
+    assert len(sizes) >= 4 and max(sizes) < 200_000, sizes
+    # several renders happened during the window, and scrapes shared them
+    assert 2 <= svc.metrics.renders < len(sizes), (svc.metrics.renders, len(sizes))
     assert not pump.errors
     expired = [r.getMessage() for r in caplog.records if "lease expired" in r.getMessage()]
     assert not expired, expired
