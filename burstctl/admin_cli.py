@@ -19,6 +19,8 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_URL = "http://127.0.0.1:8080"
+JOBS_PAGE = 1000  # jobs per GET /v1/jobs request (the controller's largest page)
+TOP_ROWS = 100  # rows of `burstctl top`: the jobs with the highest rate
 
 
 def _connection_options(f: F) -> F:
@@ -194,7 +196,13 @@ def job_row(j: dict[str, Any]) -> tuple[str, ...]:
 @click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
 def jobs(url: str, token: str | None, token_file: Path | None, as_json: bool) -> None:
     """The jobs the controller knows (state * = registered metadata)."""
-    rows = Api(url, token, token_file).request("GET", "/v1/jobs")
+    api = Api(url, token, token_file)
+    rows: list[Any] = []
+    while True:  # GET /v1/jobs answers one bounded page at a time
+        page = api.request("GET", f"/v1/jobs?limit={JOBS_PAGE}&offset={len(rows)}")
+        rows += page
+        if len(page) < JOBS_PAGE:
+            break
     if as_json:
         click.echo(json.dumps(rows, indent=2))
         return
@@ -250,7 +258,8 @@ def job_retire(job_id: str, url: str, token: str | None, token_file: Path | None
 def top(
     url: str, token: str | None, token_file: Path | None, interval: float, iterations: int
 ) -> None:
-    """A live table of the jobs: measured throughput, allotted rate, bytes, yield."""
+    """A live table of the jobs with the highest rate (at most 100): measured throughput,
+    allotted rate, bytes, yield."""
     import time
 
     from rich.console import Console
@@ -266,7 +275,7 @@ def top(
 
     def render() -> Table:
         nonlocal previous, last
-        rows = api.request("GET", "/v1/jobs")
+        rows = api.request("GET", f"/v1/jobs?order=rate&limit={TOP_ROWS}")
         policy = api.request("GET", "/v1/policy")
         now = time.monotonic()
         elapsed = max(now - last, 1e-9)

@@ -11,6 +11,7 @@ graceful stop. Only the CLI installs signal handlers.
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import logging
 import time
@@ -319,6 +320,11 @@ class Replica:
 
     async def serve(self, should_exit: asyncio.Event) -> None:
         await self.start()
+        # The daemon's heap as of now (modules, classes, the replica) lives as long as the
+        # process: frozen, out of the cyclic collector's way, a full collection walks only
+        # what came later (jobs, sessions), so its pauses of the loop stay short.
+        gc.collect()
+        gc.freeze()
         try:
             await should_exit.wait()
         finally:

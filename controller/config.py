@@ -114,6 +114,13 @@ class ControllerConfig(BaseSettings):
     protect_reads: bool = Field(
         False, description="REST reads need the bearer token too (mutations always do)"
     )
+    metrics_top_jobs: int = Field(
+        50,
+        ge=0,
+        le=10_000,
+        description="GET /metrics has per-job series for this many jobs, those with the "
+        "highest rate; every job counts in the aggregate series",
+    )
 
     @field_validator("grpc_listen", "http_listen")
     @classmethod

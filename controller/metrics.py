@@ -6,32 +6,57 @@ but the decision-latency histogram is derived from the job table, the
 scheduler's counters and the peer view when Prometheus scrapes, so the hot
 paths pay nothing; the histogram is observed once per decision.
 
+A scrape is bounded and kept off the event loop (issue 15, finding 4): the job
+table may hold tens of thousands of jobs (every made-up job id of a Hello is
+retained for ``job_retention``), so per-job series exist only for the
+``metrics_top_jobs`` jobs with the highest allotted rate (ties: active jobs
+first, then the most bytes moved, then the oldest), and every job counts in the
+aggregate series. ``Metrics.exposition`` takes on the loop only what is cheap
+(the sessions' rates, a C-speed copy of the table's job list, a few counters, then
+the fields of the N jobs shown); ranking, sums and the text exposition run in a
+worker thread; scrapes that arrive while one is being rendered, or within
+``MAX_AGE`` (1 s) of its snapshot, share its result, so concurrent or rapid scrapes
+do not multiply the cost: at most about one render a second.
+
 Series (all prefixed ``burstctl_``):
 
-- per job, labels ``job``, ``user``, ``group``: ``job_rate_bytes_per_second``
-  (allotted now), ``job_read_bytes_total``, ``job_written_bytes_total``,
-  ``job_moved_bytes_total``, ``job_ops_total`` (acquire calls),
-  ``job_metadata_ops_total``, ``job_token_wait_seconds_total``, ``job_yield``
-  (eq. 6), ``job_active``;
+- per job, labels ``job``, ``user``, ``group``, for the top N jobs by rate only:
+  ``job_rate_bytes_per_second`` (allotted now), ``job_read_bytes_total``,
+  ``job_written_bytes_total``, ``job_moved_bytes_total``, ``job_ops_total``
+  (acquire calls), ``job_metadata_ops_total``, ``job_token_wait_seconds_total``,
+  ``job_yield`` (eq. 6), ``job_active``; a job that leaves the top N has no
+  series in the next scrape;
+- over every job of the table, label ``replica``: ``jobs``, ``jobs_by_status``
+  (+ label ``status``: ``active``, ``inactive``), ``jobs_in_io``,
+  ``jobs_shown`` (jobs with per-job series), ``jobs_rate_bytes_per_second``,
+  ``jobs_read_bytes``, ``jobs_written_bytes``, ``jobs_moved_bytes`` (gauges:
+  sums over the jobs in the table, they drop when a job leaves it),
+  ``other_jobs``, ``other_jobs_rate_bytes_per_second``,
+  ``other_jobs_moved_bytes`` (the jobs without per-job series);
 - per replica, label ``replica``: ``capacity_bytes_per_second``,
   ``utilisation`` (Σ allotted / B), ``decisions_total``,
-  ``decision_latency_seconds`` (histogram), ``sessions``, ``jobs``,
+  ``decision_latency_seconds`` (histogram), ``sessions``,
   ``clamped_decisions_total``, ``allocation_pushes_total``,
-  ``policy_switches_total``, ``policy_info`` (labels ``policy``, ``version``);
+  ``policy_switches_total``, ``policy_info`` (labels ``policy``, ``version``),
+  ``metrics_render_seconds`` (the previous scrape's render time);
 - per peer, labels ``replica``, ``peer``: ``peer_exchange_age_seconds``,
   ``peer_live``.
 """
 
 from __future__ import annotations
 
+import asyncio
+import heapq
+import time
 from collections.abc import Iterator
+from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, Histogram
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from burstctl.controller.jobs import JobStatus
+from burstctl.controller.jobs import JobState, JobStatus
 from burstctl.policies.view import job_cap
 
 if TYPE_CHECKING:
@@ -40,32 +65,107 @@ if TYPE_CHECKING:
 # From tens of µs to a second (bench/decision_latency.py measures them).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
 JOB_LABELS = ["job", "user", "group"]
+# A scrape within this many seconds of the last render's snapshot gets that render's
+# text: however often /metrics is asked for, it is rendered at most about once a second.
+MAX_AGE = 1.0
 
 
-class Metrics:
-    """The registry of one replica, its latency histogram and its scrape-time collector."""
+@dataclass(frozen=True, slots=True)
+class _Scalars:
+    """What a scrape reads on the loop besides the jobs: a few numbers."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.registry = CollectorRegistry(auto_describe=False)
-        self.decision_latency = Histogram(
-            "burstctl_decision_latency_seconds",
-            "Seconds per decision: policy, clamp, split over sessions, pushes.",
-            ["replica"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        ).labels(replica=replica.config.replica_id)
-        self.registry.register(_StateCollector(replica))
+    replica: str
+    now: float
+    capacity: float
+    sessions: int
+    decisions: int
+    clamped: int
+    pushes: int
+    switches: int
+    policy: str
+    version: int
+    render_seconds: float
+    peers: list[tuple[str, float, bool]] | None  # (peer, seconds since heard, live)
 
 
-class _StateCollector(Collector):
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
+@dataclass(slots=True)
+class _Totals:
+    """Sums over every job of the table (computed in the worker thread)."""
+
+    jobs: int = 0
+    active: int = 0
+    in_io: int = 0
+    rate: float = 0.0
+    read: int = 0
+    written: int = 0
+    moved: int = 0
+    shown_rate: float = 0.0
+    shown_moved: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class _JobRow:
+    labels: list[str]
+    rate: float
+    read: int
+    written: int
+    moved: int
+    ops: int
+    metadata_ops: int
+    wait: float
+    yield_: float | None
+    active: bool
+
+
+def _rank(
+    jobs: list[JobState], rates: dict[str, float], top: int
+) -> tuple[list[JobState], _Totals]:
+    """The ``top`` jobs by rate (then active, bytes moved, age) and the sums over all.
+
+    Runs in a worker thread: it only reads single attributes of the jobs (each
+    read is atomic under the GIL) and iterates no container the loop mutates.
+    """
+    active_status = JobStatus.ACTIVE
+    totals = _Totals(jobs=len(jobs), rate=sum(rates.values()))
+    for job in jobs:
+        totals.active += job.status is active_status
+        totals.in_io += job.io_since is not None
+        totals.read += job.bytes_read
+        totals.written += job.bytes_written
+        totals.moved += job.bytes_moved
+    if top <= 0:
+        return [], totals
+    shown = heapq.nlargest(
+        top,
+        jobs,
+        key=lambda j: (
+            rates.get(j.meta.job_id, 0.0),
+            j.status is active_status,
+            j.bytes_moved,
+            -j.index,
+        ),
+    )
+    totals.shown_rate = sum(rates.get(j.meta.job_id, 0.0) for j in shown)
+    totals.shown_moved = sum(j.bytes_moved for j in shown)
+    return shown, totals
+
+
+class _Exposition(Collector):
+    """One scrape's families, from what was read on the loop; collected in a thread."""
+
+    def __init__(
+        self, histogram: CollectorRegistry, s: _Scalars, rows: list[_JobRow], totals: _Totals
+    ) -> None:
+        self.histogram = histogram
+        self.s = s
+        self.rows = rows
+        self.totals = totals
 
     def collect(self) -> Iterator[Metric]:
-        svc = self.replica
-        replica = svc.config.replica_id
-        now = svc.clock()
-        yield from self._jobs(now)
+        s, t = self.s, self.totals
+        replica = s.replica
+        yield from self._jobs()
+        yield from self.histogram.collect()
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"burstctl_{name}", doc, labels=["replica"])
@@ -77,25 +177,52 @@ class _StateCollector(Collector):
             c.add_metric([replica], value)
             return c
 
-        capacity = svc.config.capacity
-        allotted = sum(s.rate or 0.0 for s in svc.table.sessions.values())
-        stats = svc.scheduler.stats
-        yield gauge("capacity_bytes_per_second", "B, the bandwidth this replica shares.", capacity)
-        yield gauge("utilisation", "Sum of allotted rates over B.", allotted / capacity)
-        yield gauge("sessions", "Open client sessions.", len(svc.table.sessions))
-        yield gauge("jobs", "Jobs in the table, active or retained.", len(svc.table.jobs))
-        yield counter("decisions", "Allocation decisions made.", stats.decisions)
-        yield counter("clamped_decisions", "Decisions whose proposal was clamped.", stats.clamped)
-        yield counter("allocation_pushes", "Allocations sent to sessions.", stats.pushes)
-        yield counter("policy_switches", "Policy switches applied here.", svc.slot.switches)
+        yield gauge(
+            "capacity_bytes_per_second", "B, the bandwidth this replica shares.", s.capacity
+        )
+        yield gauge("utilisation", "Sum of allotted rates over B.", t.rate / s.capacity)
+        yield gauge("sessions", "Open client sessions.", s.sessions)
+        yield gauge("jobs", "Jobs in the table, active or retained.", t.jobs)
+        status = GaugeMetricFamily(
+            "burstctl_jobs_by_status", "Jobs in the table by status.", labels=["replica", "status"]
+        )
+        status.add_metric([replica, "active"], t.active)
+        status.add_metric([replica, "inactive"], t.jobs - t.active)
+        yield status
+        yield gauge("jobs_in_io", "Jobs with an open operation (in S(t)).", t.in_io)
+        yield gauge("jobs_shown", "Jobs with per-job series (metrics_top_jobs).", len(self.rows))
+        yield gauge("jobs_rate_bytes_per_second", "Sum of allotted rates, all jobs.", t.rate)
+        yield gauge("jobs_read_bytes", "Bytes of read operations, jobs in the table.", t.read)
+        yield gauge(
+            "jobs_written_bytes", "Bytes of write operations, jobs in the table.", t.written
+        )
+        yield gauge("jobs_moved_bytes", "All bytes moved, jobs in the table.", t.moved)
+        yield gauge("other_jobs", "Jobs without per-job series.", t.jobs - len(self.rows))
+        yield gauge(
+            "other_jobs_rate_bytes_per_second",
+            "Sum of allotted rates, jobs without per-job series.",
+            t.rate - t.shown_rate,
+        )
+        yield gauge(
+            "other_jobs_moved_bytes",
+            "Bytes moved, jobs without per-job series.",
+            t.moved - t.shown_moved,
+        )
+        yield counter("decisions", "Allocation decisions made.", s.decisions)
+        yield counter("clamped_decisions", "Decisions whose proposal was clamped.", s.clamped)
+        yield counter("allocation_pushes", "Allocations sent to sessions.", s.pushes)
+        yield counter("policy_switches", "Policy switches applied here.", s.switches)
+        yield gauge(
+            "metrics_render_seconds", "Seconds the previous /metrics scrape took.", s.render_seconds
+        )
         info = GaugeMetricFamily(
             "burstctl_policy_info",
             "The active policy (value 1).",
             labels=["replica", "policy", "version"],
         )
-        info.add_metric([replica, svc.slot.name, str(svc.slot.version)], 1.0)
+        info.add_metric([replica, s.policy, str(s.version)], 1.0)
         yield info
-        if svc.peer_sync is not None:
+        if s.peers is not None:
             age = GaugeMetricFamily(
                 "burstctl_peer_exchange_age_seconds",
                 "Seconds since the peer's last accepted digest.",
@@ -106,15 +233,13 @@ class _StateCollector(Collector):
                 "1 while the peer is in the global view.",
                 labels=["replica", "peer"],
             )
-            for p in svc.peer_sync.membership.peer_states(now):
-                age.add_metric([replica, p.replica_id], p.heard_age)
-                live.add_metric([replica, p.replica_id], 1.0 if p.live else 0.0)
+            for peer, heard_age, is_live in s.peers:
+                age.add_metric([replica, peer], heard_age)
+                live.add_metric([replica, peer], 1.0 if is_live else 0.0)
             yield age
             yield live
 
-    def _jobs(self, now: float) -> Iterator[Metric]:
-        svc = self.replica
-
+    def _jobs(self) -> Iterator[Metric]:
         def gauge(name: str, doc: str) -> GaugeMetricFamily:
             return GaugeMetricFamily(f"burstctl_job_{name}", doc, labels=JOB_LABELS)
 
@@ -130,21 +255,119 @@ class _StateCollector(Collector):
         wait = counter("token_wait_seconds", "Seconds acquire calls waited for tokens.")
         yields = gauge("yield", "y_i = P_i / (t - tau_i), eq. (6).")
         active = gauge("active", "1 while the job has a live session.")
-        b, capacity = svc.config.node_bandwidth, svc.config.capacity
-        for job in svc.table.jobs.values():
-            m = job.meta
-            labels = [m.job_id, m.user, m.group]
-            rate.add_metric(labels, sum(s.rate or 0.0 for s in job.sessions.values()))
-            read.add_metric(labels, job.bytes_read)
-            written.add_metric(labels, job.bytes_written)
-            moved.add_metric(labels, job.bytes_moved)
-            ops.add_metric(labels, job.ops_moved)
-            meta_ops.add_metric(labels, job.metadata_ops)
-            wait.add_metric(labels, job.wait_seconds)
-            elapsed = now - job.first_seen
-            if elapsed > 0:
-                yields.add_metric(
-                    labels, job.progress(now, job_cap(m.nodes, b, capacity)) / elapsed
-                )
-            active.add_metric(labels, 1.0 if job.status is JobStatus.ACTIVE else 0.0)
+        for r in self.rows:
+            labels = r.labels
+            rate.add_metric(labels, r.rate)
+            read.add_metric(labels, r.read)
+            written.add_metric(labels, r.written)
+            moved.add_metric(labels, r.moved)
+            ops.add_metric(labels, r.ops)
+            meta_ops.add_metric(labels, r.metadata_ops)
+            wait.add_metric(labels, r.wait)
+            if r.yield_ is not None:
+                yields.add_metric(labels, r.yield_)
+            active.add_metric(labels, 1.0 if r.active else 0.0)
         yield from (rate, read, written, moved, ops, meta_ops, wait, yields, active)
+
+
+class Metrics:
+    """The registry of one replica, its latency histogram and its scrape (``exposition``)."""
+
+    def __init__(self, replica: Replica) -> None:
+        self.replica = replica
+        self.registry = CollectorRegistry(auto_describe=False)  # the histogram's
+        self.decision_latency = Histogram(
+            "burstctl_decision_latency_seconds",
+            "Seconds per decision: policy, clamp, split over sessions, pushes.",
+            ["replica"],
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(replica=replica.config.replica_id)
+        self.render_seconds = 0.0  # of the previous scrape, wall clock from request to text
+        self.renders = 0
+        self._pending: asyncio.Future[bytes] | None = None
+        self._last: tuple[float, bytes] | None = None  # (snapshot time, text)
+
+    async def exposition(self) -> bytes:
+        """The Prometheus text of one scrape.
+
+        At most one render runs at a time: a scrape that arrives while one is
+        under way gets that one's text, and so does one that arrives less than
+        ``MAX_AGE`` seconds after that render's snapshot. A scrape whose client
+        goes away does not cancel the render the others wait for.
+        """
+        last = self._last
+        if last is not None and time.monotonic() - last[0] < MAX_AGE:
+            return last[1]
+        pending = self._pending
+        if pending is None:
+            pending = self._pending = asyncio.ensure_future(self._render())
+            pending.add_done_callback(self._rendered)
+        return await asyncio.shield(pending)
+
+    def _rendered(self, future: asyncio.Future[bytes]) -> None:
+        if self._pending is future:
+            self._pending = None
+        if not future.cancelled():
+            future.exception()  # retrieved here too: every waiter gets it raised
+
+    async def _render(self) -> bytes:
+        snapshot_at = time.monotonic()
+        started = time.perf_counter()
+        svc = self.replica
+        # On the loop, O(sessions) and a C-speed copy: nothing per job in Python.
+        rates: dict[str, float] = {}
+        for session in svc.table.sessions.values():
+            if session.rate:
+                job_id = session.job.meta.job_id
+                rates[job_id] = rates.get(job_id, 0.0) + session.rate
+        jobs = list(svc.table.jobs.values())
+        stats = svc.scheduler.stats
+        peers = None
+        if svc.peer_sync is not None:
+            peers = [
+                (p.replica_id, p.heard_age, p.live)
+                for p in svc.peer_sync.membership.peer_states(svc.clock())
+            ]
+        scalars = _Scalars(
+            replica=svc.config.replica_id,
+            now=svc.clock(),
+            capacity=svc.config.capacity,
+            sessions=len(svc.table.sessions),
+            decisions=stats.decisions,
+            clamped=stats.clamped,
+            pushes=stats.pushes,
+            switches=svc.slot.switches,
+            policy=svc.slot.name,
+            version=svc.slot.version,
+            render_seconds=self.render_seconds,
+            peers=peers,
+        )
+        shown, totals = await asyncio.to_thread(_rank, jobs, rates, svc.config.metrics_top_jobs)
+        # Back on the loop for the N jobs shown: their fields are read where they change.
+        rows = [self._row(job, rates, scalars.now) for job in shown]
+        body = await asyncio.to_thread(
+            generate_latest, _Exposition(self.registry, scalars, rows, totals)
+        )
+        self.render_seconds = time.perf_counter() - started
+        self.renders += 1
+        self._last = (snapshot_at, body)
+        return body
+
+    def _row(self, job: JobState, rates: dict[str, float], now: float) -> _JobRow:
+        m = job.meta
+        config = self.replica.config
+        elapsed = now - job.first_seen
+        cap = job_cap(m.nodes, config.node_bandwidth, config.capacity)
+        return _JobRow(
+            labels=[m.job_id, m.user, m.group],
+            rate=rates.get(m.job_id, 0.0),
+            read=job.bytes_read,
+            written=job.bytes_written,
+            moved=job.bytes_moved,
+            ops=job.ops_moved,
+            metadata_ops=job.metadata_ops,
+            wait=job.wait_seconds,
+            yield_=job.progress(now, cap) / elapsed if elapsed > 0 else None,
+            active=job.status is JobStatus.ACTIVE,
+        )

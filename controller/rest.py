@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import heapq
 import inspect
 import logging
 import os
@@ -24,15 +25,15 @@ import secrets
 import socket
 import sys
 from collections.abc import Iterator
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import uvicorn
-from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, Response
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
-from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
 
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
@@ -192,6 +193,30 @@ def _invalid(loc: list[str | int], msg: str, value: Any) -> RequestValidationErr
     return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg, "input": value}])
 
 
+# GET /v1/jobs pages: bounded, so a table of 20,000 jobs is never one answer.
+JOBS_PAGE_DEFAULT = 100
+JOBS_PAGE_MAX = 1000
+_JOB_LIST = TypeAdapter(list[JobOut])
+
+
+def _page(ids: set[str], rates: dict[str, float], order: str, offset: int, limit: int) -> list[str]:
+    """The ids of one page (runs in a worker thread: ``ids`` and ``rates`` are copies)."""
+    end = offset + limit
+    if order == "rate":
+        # the jobs holding a rate (few: they have live sessions), then the others by id
+        rated = sorted(rates, key=lambda i: (-rates[i], i))
+        if end <= len(rated):
+            return rated[offset:end]
+        rest = heapq.nsmallest(end - len(rated), ids.difference(rates))
+        return (rated + rest)[offset:end]
+    return heapq.nsmallest(end, ids)[offset:]
+
+
+def _dump_jobs(rows: list[dict[str, Any]]) -> bytes:
+    """Validates and serialises a page of jobs (a worker thread: plain values only)."""
+    return _JOB_LIST.dump_json(_JOB_LIST.validate_python(rows), by_alias=True)
+
+
 def build_app(replica: Replica, token: str) -> FastAPI:
     """The admin app of one replica."""
     app = FastAPI(
@@ -286,17 +311,22 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             peers=[PeerOut(**p) for p in stats["peers"]],
         )
 
-    def on_peers() -> dict[str, list[str]]:
-        """Job id -> the live peers whose last digest lists it; one pass over the digests
-        per request, not one per job (the dashboard asks for every job each second)."""
+    def on_peers(wanted: set[str]) -> dict[str, list[str]]:
+        """Job id -> the live peers whose last digest lists it, for the ``wanted`` jobs;
+        one pass over the digests per request, not one per job."""
         where: dict[str, list[str]] = {}
         if replica.peer_sync is not None:
             for d in replica.peer_sync.membership.digests():
-                for job_id in d.jobs.job_id:
+                for job_id in wanted.intersection(d.jobs.job_id):
                     where.setdefault(job_id, []).append(d.replica_id)
         return where
 
     def job_out(job_id: str, now: float, peers: dict[str, list[str]]) -> JobOut | None:
+        fields = job_fields(job_id, now, peers)
+        return None if fields is None else JobOut(**fields)
+
+    def job_fields(job_id: str, now: float, peers: dict[str, list[str]]) -> dict[str, Any] | None:
+        """The fields of a ``JobOut`` (plain values: validated off the loop for a list)."""
         state: JobState | None = replica.table.jobs.get(job_id)
         registered = replica.table.registered.get(job_id)
         meta = state.meta if state is not None else registered
@@ -305,7 +335,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         replicas = [replica.config.replica_id] if state is not None else []
         replicas += peers.get(job_id, [])
         if state is None:  # registered, no session yet: the counters' defaults
-            return JobOut(
+            return dict(
                 job_id=job_id,
                 user=meta.user,
                 group=meta.group,
@@ -316,7 +346,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             )
         cap = job_cap(meta.nodes, replica.config.node_bandwidth, replica.config.capacity)
         elapsed = now - state.first_seen
-        return JobOut(
+        return dict(
             job_id=job_id,
             user=meta.user,
             group=meta.group,
@@ -337,17 +367,41 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             age_s=max(0.0, elapsed),
         )
 
-    @app.get("/v1/jobs", dependencies=reads, tags=["jobs"])
-    async def list_jobs() -> list[JobOut]:
-        """Every job this replica knows: from client sessions, and registered ones."""
+    @app.get("/v1/jobs", dependencies=reads, tags=["jobs"], response_model=list[JobOut])
+    async def list_jobs(
+        limit: Annotated[
+            int, Query(ge=1, le=JOBS_PAGE_MAX, description="jobs in this page")
+        ] = JOBS_PAGE_DEFAULT,
+        offset: Annotated[int, Query(ge=0, description="jobs skipped before this page")] = 0,
+        order: Annotated[
+            Literal["job_id", "rate"],
+            Query(description="`job_id` ascending, or `rate` descending (then job id)"),
+        ] = "job_id",
+    ) -> Response:
+        """The jobs this replica knows (from client sessions, and registered ones), one
+        page at a time; the header ``X-Total-Count`` gives how many there are."""
+        table = replica.table
+        # On the loop: C-speed copies; the ordering of every id runs in a thread.
+        ids = table.jobs.keys() | table.registered.keys()
+        rates: dict[str, float] = {}
+        if order == "rate":
+            for session in table.sessions.values():
+                if session.rate:
+                    job_id = session.job.meta.job_id
+                    rates[job_id] = rates.get(job_id, 0.0) + session.rate
+        page = await asyncio.to_thread(_page, ids, rates, order, offset, limit)
+        # Back on the loop for this page's jobs only, where their fields change.
         now = replica.clock()
-        ids = sorted(set(replica.table.jobs) | set(replica.table.registered))
-        peers = on_peers()
-        return [j for j in (job_out(i, now, peers) for i in ids) if j is not None]
+        peers = on_peers(set(page))
+        rows = [f for f in (job_fields(i, now, peers) for i in page) if f is not None]
+        body = await asyncio.to_thread(_dump_jobs, rows)
+        return Response(
+            body, media_type="application/json", headers={"X-Total-Count": str(len(ids))}
+        )
 
     @app.get("/v1/jobs/{job_id}", dependencies=reads, tags=["jobs"])
     async def get_job(job_id: str) -> JobOut:
-        out = job_out(job_id, replica.clock(), on_peers())
+        out = job_out(job_id, replica.clock(), on_peers({job_id}))
         if out is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
         return out
@@ -359,7 +413,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         meta = JobMeta(body.job_id, body.user, body.group, body.nodes, body.priority)
         if not replica.register_job(meta):
             response.status_code = 200
-        out = job_out(body.job_id, replica.clock(), on_peers())
+        out = job_out(body.job_id, replica.clock(), on_peers({body.job_id}))
         assert out is not None
         return out
 
@@ -374,10 +428,10 @@ def build_app(replica: Replica, token: str) -> FastAPI:
 
     @app.get("/metrics", dependencies=reads, tags=["metrics"], response_class=PlainTextResponse)
     async def metrics() -> PlainTextResponse:
-        """Prometheus text format (controller/metrics.py lists the series)."""
-        return PlainTextResponse(
-            generate_latest(replica.metrics.registry), media_type=CONTENT_TYPE_LATEST
-        )
+        """Prometheus text format (controller/metrics.py lists the series): per-job series
+        for the ``metrics_top_jobs`` jobs with the highest rate, aggregates over all;
+        rendered in a worker thread, concurrent scrapes share one render."""
+        return PlainTextResponse(await replica.metrics.exposition(), media_type=CONTENT_TYPE_LATEST)
 
     @app.exception_handler(OSError)
     async def not_durable(request: Request, exc: OSError) -> JSONResponse:
@@ -425,7 +479,10 @@ class HttpServer:
     async def start(self) -> None:
         host, port = split_host_port(self.listen)
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
+        # IPPROTO_TCP given, not 0: asyncio sets TCP_NODELAY only on sockets whose proto
+        # says TCP, and without it every keep-alive answer (written in two sends) waits
+        # ~40 ms for the client's delayed ACK.
+        sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             sock.bind((host.strip("[]"), port))

@@ -7,6 +7,8 @@
 (() => {
   const POLL_MS = 1000;
   const WINDOW_S = 300;
+  // one bounded page, highest rate first: a table of 20,000 jobs is never one answer
+  const JOBS_PATH = "/v1/jobs?order=rate&limit=100";
   const MIB = 1024 * 1024;
   const TOKEN_KEY = "burstctl.adminToken";
   // Colour-blind-safe first (Okabe–Ito), then more distinct hues.
@@ -70,7 +72,7 @@
     return typeof detail === "string" ? detail : JSON.stringify(detail);
   }
 
-  async function api(method, path, body) {
+  async function api(method, path, body, onHeaders) {
     const headers = { Accept: "application/json" };
     const token = sessionStorage.getItem(TOKEN_KEY);
     if (token) headers.Authorization = `Bearer ${token}`;
@@ -87,6 +89,7 @@
       data = response.statusText;
     }
     if (!response.ok) throw new ApiError(response.status, data);
+    if (onHeaders) onHeaders(response.headers);
     return data;
   }
 
@@ -213,7 +216,7 @@
 
   // ---- job table -----------------------------------------------------------------
 
-  function renderJobs(jobs) {
+  function renderJobs(jobs, total) {
     const latest = new Map(state.series.map((s) => [s.job_id, s.values[s.values.length - 1]]));
     const rows = jobs.map((j) => {
       const tr = document.createElement("tr");
@@ -239,7 +242,10 @@
     });
     el.tbody.replaceChildren(...rows);
     const active = jobs.filter((j) => j.active).length;
-    el.jobsCount.textContent = `(${jobs.length}, ${active} active)`;
+    el.jobsCount.textContent =
+      total > jobs.length
+        ? `(${jobs.length} of ${total} with the highest rate, ${active} of them active)`
+        : `(${jobs.length}, ${active} active)`;
   }
 
   // ---- policy --------------------------------------------------------------------
@@ -370,10 +376,14 @@
     const started = performance.now();
     try {
       if (!state.policies.length) await loadPolicies();
-      const [jobs, policy] = await Promise.all([api("GET", "/v1/jobs"), api("GET", "/v1/policy")]);
+      let total = null;
+      const [jobs, policy] = await Promise.all([
+        api("GET", JOBS_PATH, undefined, (h) => (total = Number(h.get("X-Total-Count")))),
+        api("GET", "/v1/policy"),
+      ]);
       record(jobs);
       renderChart();
-      renderJobs(jobs);
+      renderJobs(jobs, total);
       showPolicy(policy);
       setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
     } catch (e) {
