@@ -57,6 +57,8 @@ class Replica:
             heartbeat_timeout=config.heartbeat_timeout,
             job_retention=config.job_retention,
             demand_headroom=config.demand_headroom,
+            max_jobs=config.max_jobs,
+            max_open_ops=config.max_open_ops,
         )
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
@@ -73,7 +75,11 @@ class Replica:
                 clock=clock,
             )
             self.peer_servicer = PeerServicer(
-                self.peer_sync.membership, self.slot, config.replica_id, clock
+                self.peer_sync.membership,
+                self.slot,
+                config.replica_id,
+                clock,
+                max_jobs=config.max_digest_jobs,
             )
         self.metrics = Metrics(self)
         self.scheduler = Scheduler(
@@ -85,7 +91,13 @@ class Replica:
             observe_latency=self.metrics.decision_latency.observe,
         )
         self.servicer = ControllerServicer(
-            self.table, max_op_volume=config.max_op_volume, replica_id=config.replica_id
+            self.table,
+            max_op_volume=config.max_op_volume,
+            replica_id=config.replica_id,
+            max_sessions=config.max_sessions,
+            max_sessions_per_client=config.max_sessions_per_client,
+            max_notices=config.max_notices,
+            retry_after=config.retry_after,
         )
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
@@ -186,6 +198,8 @@ class Replica:
                 ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+                # a larger message is refused by gRPC with RESOURCE_EXHAUSTED (config.py)
+                ("grpc.max_receive_message_length", self.config.max_message_bytes),
             ]
         )
         server.add_generic_rpc_handlers((self.servicer.rpc_handlers(),))
@@ -267,6 +281,7 @@ class Replica:
         return {
             "messages": self.servicer.messages,
             "rejected_sessions": self.servicer.rejected,
+            "refused_sessions": self.servicer.refused,
             "decisions": st.decisions,
             "pushes": st.pushes,
             "pushes_start": st.pushes_start,
