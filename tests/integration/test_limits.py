@@ -10,6 +10,7 @@ unknown operations, whose error notices used to queue without bound.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import os
 from collections.abc import Awaitable, Callable
 
@@ -136,14 +137,13 @@ class Honest:
     async def check(self, replica: Replica, since: float) -> None:
         """Still attached: a positive rate, renewed within every lease since ``since``."""
         loop = asyncio.get_running_loop()
-        times = [t for t, _ in self.allocations if t >= since]
         await async_wait_until(
             lambda: any(t > loop.time() - replica.config.lease for t, _ in self.allocations),
             3,
             message="a renewal of the honest session",
         )
         times = [since] + [t for t, _ in self.allocations if t >= since] + [loop.time()]
-        gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+        gaps = [b - a for a, b in itertools.pairwise(times)]
         assert max(gaps) < replica.config.lease, f"a lease went unrenewed: gaps {gaps}"
         assert all(rate > 0 for t, rate in self.allocations if t >= since)
         assert self.session.call.done() is False
