@@ -23,6 +23,7 @@ DEFAULT_MAX_SESSIONS_PER_CLIENT = 1024  # ... from one client host (peer address
 DEFAULT_MAX_OPEN_OPS = 1024  # operations open at once on one session
 DEFAULT_MAX_NOTICES = 64  # Error notices queued on one session; more are counted, not queued
 DEFAULT_MAX_MESSAGE_BYTES = 16 << 20  # one gRPC message; a digest of MAX_JOBS short ids fits
+DEFAULT_SHED_LOOP_LAG = 1.0  # s of event-loop lag beyond which new sessions are refused
 DEFAULT_RETRY_AFTER = 2.0  # s a refused client is told to wait (metadata retry-after-ms)
 RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a RESOURCE_EXHAUSTED refusal
 

@@ -28,6 +28,7 @@ from burstctl.limits import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_RETRY_AFTER,
+    DEFAULT_SHED_LOOP_LAG,
     MAX_JOBS,
     identifier_problem,
 )
@@ -151,6 +152,12 @@ class ControllerConfig(BaseSettings):
     )
     max_digest_jobs: int = Field(
         MAX_JOBS, ge=1, le=MAX_JOBS, description="jobs in one peer digest; a larger one is rejected"
+    )
+    shed_loop_lag: float = Field(
+        DEFAULT_SHED_LOOP_LAG,
+        ge=0,
+        description="s of event-loop lag beyond which new sessions are refused with a retry "
+        "hint (0 = never); a heartbeat closure also forgives the lag of the moment",
     )
     retry_after: float = Field(
         DEFAULT_RETRY_AFTER,

@@ -407,10 +407,12 @@ class JobTable:
             self._changed(job)
 
     # -- housekeeping ---------------------------------------------------------
-    def expire(self) -> list[SessionState]:
-        """Closes sessions silent for the heartbeat timeout; drops long-inactive jobs."""
+    def expire(self, grace: float = 0.0) -> list[SessionState]:
+        """Closes sessions silent for the heartbeat timeout (plus ``grace``); drops
+        long-inactive jobs."""
         now = self._clock()
-        dead = [s for s in self.sessions.values() if now - s.last_heard > self.heartbeat_timeout]
+        limit = self.heartbeat_timeout + grace
+        dead = [s for s in self.sessions.values() if now - s.last_heard > limit]
         for s in dead:
             self.close_session(s)
         for job_id in [

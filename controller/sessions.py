@@ -9,7 +9,8 @@ goes on untouched.
 Limits (docs/configuration.md, "Limits"): a ``Hello`` beyond ``max_sessions``,
 ``max_sessions_per_client`` or a full job table is refused with
 ``RESOURCE_EXHAUSTED``, a message naming the limit and the trailing metadata
-``retry-after-ms`` (load shedding: the sessions already open keep their rates);
+``retry-after-ms`` (load shedding: the sessions already open keep their rates),
+and so is any ``Hello`` while the event loop lags more than ``shed_loop_lag``;
 more than ``max_open_ops`` open operations end that stream with
 ``RESOURCE_EXHAUSTED``; at most ``max_notices`` error notices wait on a stream,
 the ones beyond are counted and reported in one summary notice.
@@ -40,6 +41,7 @@ from burstctl.limits import (
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSIONS_PER_CLIENT,
     DEFAULT_RETRY_AFTER,
+    DEFAULT_SHED_LOOP_LAG,
     MAX_BATCH,
     MAX_NODES,
     MAX_PRIORITY,
@@ -160,6 +162,35 @@ class SessionStream:
             await self._event.wait()
 
 
+class LoopLag:
+    """How late the event loop runs a timer, probed every ``interval`` seconds.
+
+    ``value`` follows a rise at once and decays by ``DECAY`` per probe (a half-life of about
+    0.7 s), so one stall counts for a moment, not for ever; ``peak`` is the largest seen.
+    """
+
+    DECAY = 0.9
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.value = 0.0
+        self.peak = 0.0
+
+    def sample(self, late: float) -> None:
+        late = max(0.0, late)
+        self.value = (
+            late if late > self.value else self.DECAY * self.value + (1 - self.DECAY) * late
+        )
+        self.peak = max(self.peak, late)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.interval)
+            self.sample(loop.time() - start - self.interval)
+
+
 def client_host(peer: str) -> str:
     """The host of a gRPC peer string: ``ipv4:10.0.0.7:5432`` → ``10.0.0.7``,
     ``ipv6:[::1]:5432`` → ``::1``; anything else (``unix:…``) as it is."""
@@ -206,6 +237,7 @@ class ControllerServicer:
         max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
         max_notices: int = DEFAULT_MAX_NOTICES,
         retry_after: float = DEFAULT_RETRY_AFTER,
+        shed_loop_lag: float = DEFAULT_SHED_LOOP_LAG,
     ) -> None:
         self.table = table
         self.replica_id = replica_id
@@ -214,6 +246,8 @@ class ControllerServicer:
         self.max_sessions_per_client = max_sessions_per_client
         self.max_notices = max_notices
         self.retry_after = retry_after
+        self.shed_loop_lag = shed_loop_lag
+        self.lag = LoopLag()  # probed by the replica (app.py); read by admit()
         self.streams: dict[int, SessionStream] = {}
         self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
@@ -231,7 +265,16 @@ class ControllerServicer:
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Session": handler})
 
     def admit(self, client: str) -> None:
-        """Raises ``LimitError`` if one more session (from host ``client``) is too many."""
+        """Raises ``LimitError`` if one more session (from host ``client``) is too many, or
+        if the controller is overloaded (its event loop lags): it sheds new sessions so that
+        the open ones keep their heartbeats and leases."""
+        if 0 < self.shed_loop_lag < self.lag.value:
+            raise LimitError(
+                "hello",
+                f"the controller is overloaded: event-loop lag {self.lag.value:.2f} s > "
+                f"shed_loop_lag = {self.shed_loop_lag:g} s",
+                retry=True,
+            )
         if len(self.streams) >= self.max_sessions:
             raise LimitError(
                 "hello",

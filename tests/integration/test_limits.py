@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import os
+import time
 from collections.abc import Awaitable, Callable
 
 import grpc
@@ -389,3 +390,32 @@ async def test_client_refused_for_load_waits_the_hint_then_attaches(
             assert not waiting.attached
             await holder.stop()
             assert await waiting.wait_attached(5), "not attached once a place came free"
+
+
+# -- overload: the controller's event loop lags ---------------------------------------------
+
+
+async def test_a_stalled_controller_sheds_new_sessions_and_keeps_the_open_ones(
+    replica_factory: ReplicaFactory,
+) -> None:
+    # heartbeat_timeout and lease are 1 s (conftest): the stall outlasts both.
+    replica = await replica_factory(shed_loop_lag=0.5, retry_after=0.5)
+    async with grpc.aio.insecure_channel(replica.grpc_address) as channel:
+        honest = await Honest(channel).start()
+        (sid,) = replica.servicer.streams
+        time.sleep(1.5)  # the overload under test: the replica's loop (this one) stalls 1.5 s
+        late = RawSession(channel)
+        await late.send(hello("late"))
+        err = await late.status()
+        assert err.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+        assert "event-loop lag" in (err.details() or "")
+        assert metadata(err)["retry-after-ms"] == "500"
+        # Its silence was the controller's doing: the open session is not closed for it.
+        since = asyncio.get_running_loop().time()
+        await async_wait_until(lambda: replica.servicer.lag.value < 0.5, 5, message="recovered")
+        assert sid in replica.servicer.streams
+        await honest.check(replica, since)
+        again = RawSession(channel)
+        await again.send(hello("late"))
+        await again.allocation()
+        await honest.stop()

@@ -4,13 +4,16 @@ admission check, the configuration fields and the client's reading of a retry hi
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import time
 
 import grpc
 import pytest
+from support import async_wait_until
 
 from burstctl.controller.config import ConfigError, load_config
 from burstctl.controller.jobs import JobMeta, JobTable, LimitError, OpKind
-from burstctl.controller.sessions import ControllerServicer, SessionStream, client_host
+from burstctl.controller.sessions import ControllerServicer, LoopLag, SessionStream, client_host
 from burstctl.limits import MAX_JOBS
 
 
@@ -184,3 +187,54 @@ def test_limits_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("BURSTCTL_RETRY_AFTER", "0.25")
     config = load_config()
     assert (config.max_sessions, config.retry_after) == (10, 0.25)
+
+
+# -- overload: the event loop's lag ----------------------------------------------------------
+
+
+def test_loop_lag_rises_at_once_and_decays() -> None:
+    lag = LoopLag()
+    lag.sample(0.8)
+    assert lag.value == 0.8 and lag.peak == 0.8
+    lag.sample(0.0)
+    assert lag.value == pytest.approx(0.72)
+    for _ in range(40):
+        lag.sample(0.0)
+    assert lag.value < 0.02 and lag.peak == 0.8
+    lag.sample(-0.001)  # a timer early by rounding is no lag
+    assert lag.value >= 0
+
+
+async def test_loop_lag_probe_sees_a_blocked_loop() -> None:
+    lag = LoopLag(interval=0.01)
+    probe = asyncio.ensure_future(lag.run())
+    await asyncio.sleep(0)  # one turn: the probe starts and arms its timer
+    time.sleep(0.3)  # the stall under test: the loop blocked for 0.3 s
+    await async_wait_until(lambda: lag.peak > 0.2, 2, message="the stall measured")
+    probe.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await probe
+
+
+def test_a_lagging_loop_refuses_new_sessions_with_a_retry_hint() -> None:
+    servicer = ControllerServicer(table(Clock()), max_op_volume=1, shed_loop_lag=0.5)
+    servicer.lag.sample(0.4)
+    servicer.admit("h")
+    servicer.lag.sample(0.6)
+    with pytest.raises(
+        LimitError, match=r"event-loop lag 0\.60 s > shed_loop_lag = 0\.5 s"
+    ) as info:
+        servicer.admit("h")
+    assert info.value.retry
+    off = ControllerServicer(table(Clock()), max_op_volume=1, shed_loop_lag=0)
+    off.lag.sample(30.0)
+    off.admit("h")  # 0: never refused for lag
+
+
+def test_expiry_forgives_the_controllers_own_lag() -> None:
+    clock = Clock()
+    t = table(clock)  # heartbeat_timeout 3 s
+    s = t.open_session(meta("a"), "c", "h")
+    clock.t += 3.5
+    assert t.expire(grace=1.0) == []
+    assert t.expire() == [s]
