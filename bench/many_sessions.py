@@ -206,6 +206,7 @@ async def _raw_worker(spec: dict[str, Any]) -> dict[str, Any]:
                 job_id=f"job-{first + i}", user=f"user{(first + i) % 100}", group="g", nodes=1
             )
         )
+        backoff = 0.05  # the client's: doubling up to 2 s, reset by an allocation
         while not stop.is_set():
             call = stub.Session()
             try:
@@ -241,6 +242,7 @@ async def _raw_worker(spec: dict[str, Any]) -> dict[str, Any]:
                                 counts["lease_expiries"] += 1
                             rate[i] = msg.allocation.rate
                             lease_end[i] = now + msg.allocation.lease_seconds
+                            backoff = 0.05
                             if attached_at[i] is None:
                                 attached_at[i] = time.time() - t0
                 finally:
@@ -255,7 +257,8 @@ async def _raw_worker(spec: dict[str, Any]) -> dict[str, Any]:
                     await asyncio.sleep(delay * random.uniform(1.0, 1.5))
                 else:
                     counts[f"ended_{err.code().name}"] += 1
-                    await asyncio.sleep(0.05)
+                    await asyncio.sleep(random.uniform(backoff / 2, backoff))
+                    backoff = min(2.0, 2 * backoff)
             except asyncio.CancelledError:
                 call.cancel()
                 raise
@@ -497,6 +500,7 @@ def summarise(
         "lease_expiries": counts["lease_expiries"],
         "attach_timeouts": counts["attach_timeouts"],
         "refusals": counts["refusals"],
+        "stream_errors": {k: v for k, v in counts.items() if k.startswith("ended_")},
         "heartbeat_closures": log.count("no heartbeat for"),
         "refused_sessions": stats.get("refused_sessions"),
         "decision_p99_s": stats.get("decision_p99_s"),
