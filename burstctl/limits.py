@@ -12,9 +12,20 @@ MAX_TEXT = 256  # characters of an identifier: job id, user, group, replica id, 
 MAX_NODES = 1 << 20  # p_i, compute nodes of one job
 MAX_PRIORITY = 1e9
 MAX_RATE = 1e15  # bytes/s: 1 PB/s for one storage server or one job
-MAX_JOBS = 100_000  # jobs in one digest
+MAX_JOBS = 100_000  # jobs in one digest, and the default cap of a replica's job table
 MAX_COUNTER = 2**63 - 1  # incarnations, sequence numbers, versions: int64 on the wire
 MAX_BATCH = 1024  # client messages in one Batch
+
+# Defaults of the configurable limits of a replica (controller/config.py, docs/configuration.md).
+# Beyond one, the controller answers RESOURCE_EXHAUSTED with a message naming it.
+DEFAULT_MAX_SESSIONS = 2048  # open Session streams on one replica
+DEFAULT_MAX_SESSIONS_PER_CLIENT = 1024  # ... from one client host (peer address)
+DEFAULT_MAX_OPEN_OPS = 1024  # operations open at once on one session
+DEFAULT_MAX_NOTICES = 64  # Error notices queued on one session; more are counted, not queued
+DEFAULT_MAX_MESSAGE_BYTES = 16 << 20  # one gRPC message; a digest of MAX_JOBS short ids fits
+DEFAULT_SHED_LOOP_LAG = 1.0  # s of event-loop lag beyond which new sessions are refused
+DEFAULT_RETRY_AFTER = 2.0  # s a refused client is told to wait (metadata retry-after-ms)
+RETRY_AFTER_KEY = "retry-after-ms"  # trailing metadata of a RESOURCE_EXHAUSTED refusal
 
 
 def identifier_problem(value: object) -> str | None:

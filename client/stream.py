@@ -26,6 +26,7 @@ import grpc
 
 from burstctl.client.bucket import Throttle, ThrottleStats
 from burstctl.client.options import SessionOptions
+from burstctl.limits import RETRY_AFTER_KEY
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 from burstctl.units import format_rate
@@ -45,6 +46,28 @@ CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
     ("grpc.max_reconnect_backoff_ms", 2000),
     ("grpc.min_reconnect_backoff_ms", 1000),
 )
+
+
+# The longest retry hint obeyed: a controller cannot park a client for longer than this.
+MAX_RETRY_AFTER = 300.0
+
+
+def retry_hint(err: grpc.aio.AioRpcError) -> float | None:
+    """Seconds a controller that refused the stream for load asks us to wait, or None.
+
+    The hint is the trailing metadata ``retry-after-ms`` of a ``RESOURCE_EXHAUSTED``
+    (docs/protocol.md); a missing or malformed one is no hint.
+    """
+    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
+        return None
+    for key, value in err.trailing_metadata() or ():
+        if key == RETRY_AFTER_KEY:
+            try:
+                ms = float(value)
+            except (TypeError, ValueError):
+                return None
+            return min(ms / 1000, MAX_RETRY_AFTER) if ms >= 0 else None
+    return None
 
 
 def open_channel(target: str) -> grpc.aio.Channel:
@@ -260,12 +283,14 @@ class SessionStream:
         backoff = Backoff()
         while not self._stopping:
             code: grpc.StatusCode | None = None
+            hint: float | None = None
             try:
                 # Waits through the channel's own reconnect backoff while the controller is away.
                 await channel.channel_ready()
                 code = await self._run_stream()
             except grpc.aio.AioRpcError as err:
                 code = err.code()
+                hint = retry_hint(err)
                 self._log_stream_end(code, err.details())
             except asyncio.CancelledError:
                 current = asyncio.current_task()
@@ -278,9 +303,17 @@ class SessionStream:
                 logger.exception("session stream to %s failed", self._options.target)
             if self._stopping:
                 return
-            if self._stream_had_allocation and code != grpc.StatusCode.INVALID_ARGUMENT:
+            if self._stream_had_allocation and code not in (
+                grpc.StatusCode.INVALID_ARGUMENT,
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+            ):
                 backoff.reset()
-            await asyncio.sleep(backoff.next_delay())
+            delay = backoff.next_delay()
+            if hint is not None:
+                # Shed by an overloaded controller: come back no sooner than it asked, spread
+                # over [hint, 1.5·hint] so that the refused clients do not return together.
+                delay = max(delay, hint * random.uniform(1.0, 1.5))
+            await asyncio.sleep(delay)
 
     async def _run_stream(self) -> grpc.StatusCode:
         """Runs one stream until it ends; returns its status (non-OK ones raise)."""
@@ -372,6 +405,9 @@ class SessionStream:
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             # The controller rejected what we sent: a bug on one side; retried with backoff.
             logger.error("controller %s rejected the session: %s", target, details)
+        elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._detached_logged:
+            # A limit of the controller (e.g. its session limit): retried after its hint.
+            logger.warning("controller %s refused the session: %s", target, details)
         elif not self._detached_logged:
             logger.warning("session stream to %s ended: %s %s", target, code.name, details or "")
         else:

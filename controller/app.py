@@ -59,6 +59,8 @@ class Replica:
             heartbeat_timeout=config.heartbeat_timeout,
             job_retention=config.job_retention,
             demand_headroom=config.demand_headroom,
+            max_jobs=config.max_jobs,
+            max_open_ops=config.max_open_ops,
         )
         self.ledger = Ledger(config.state_dir, retention=config.job_retention, clock=clock)
         self.table.on_new_job = self.ledger.restore
@@ -78,7 +80,11 @@ class Replica:
                 clock=clock,
             )
             self.peer_servicer = PeerServicer(
-                self.peer_sync.membership, self.slot, config.replica_id, clock
+                self.peer_sync.membership,
+                self.slot,
+                config.replica_id,
+                clock,
+                max_jobs=config.max_digest_jobs,
             )
         self.metrics = Metrics(self)
         self.scheduler = Scheduler(
@@ -90,7 +96,14 @@ class Replica:
             observe_latency=self.metrics.decision_latency.observe,
         )
         self.servicer = ControllerServicer(
-            self.table, max_op_volume=config.max_op_volume, replica_id=config.replica_id
+            self.table,
+            max_op_volume=config.max_op_volume,
+            replica_id=config.replica_id,
+            max_sessions=config.max_sessions,
+            max_sessions_per_client=config.max_sessions_per_client,
+            max_notices=config.max_notices,
+            retry_after=config.retry_after,
+            shed_loop_lag=config.shed_loop_lag,
         )
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
@@ -194,6 +207,8 @@ class Replica:
                 ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
+                # a larger message is refused by gRPC with RESOURCE_EXHAUSTED (config.py)
+                ("grpc.max_receive_message_length", self.config.max_message_bytes),
             ]
         )
         server.add_generic_rpc_handlers((self.servicer.rpc_handlers(),))
@@ -213,6 +228,7 @@ class Replica:
         self._spawn(self.scheduler.renew_leases(), "lease-renewal")
         self._spawn(self._reap(), "heartbeat-reaper")
         self._spawn(self._keep_ledger(), "ledger")
+        self._spawn(self.servicer.lag.run(), "loop-lag")
         if self.config.tick > 0:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
         if self.peer_sync is not None:
@@ -234,7 +250,9 @@ class Replica:
         period = min(1.0, self.config.heartbeat_timeout / 4)
         while True:
             await asyncio.sleep(period)
-            for session in self.table.expire():
+            # Silence the controller caused itself (its loop lagging: messages unread) is no
+            # client's fault: forgiven, so that overload does not close sessions.
+            for session in self.table.expire(grace=self.servicer.lag.value):
                 log.warning(
                     "session %d of job %s: no heartbeat for %.1fs, closed",
                     session.sid,
@@ -295,6 +313,8 @@ class Replica:
         return {
             "messages": self.servicer.messages,
             "rejected_sessions": self.servicer.rejected,
+            "refused_sessions": self.servicer.refused,
+            "loop_lag_peak_s": self.servicer.lag.peak,
             "decisions": st.decisions,
             "pushes": st.pushes,
             "pushes_start": st.pushes_start,

@@ -21,7 +21,17 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from burstctl.limits import identifier_problem
+from burstctl.limits import (
+    DEFAULT_MAX_MESSAGE_BYTES,
+    DEFAULT_MAX_NOTICES,
+    DEFAULT_MAX_OPEN_OPS,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
+    DEFAULT_RETRY_AFTER,
+    DEFAULT_SHED_LOOP_LAG,
+    MAX_JOBS,
+    identifier_problem,
+)
 from burstctl.units import Rate, parse_rate
 
 
@@ -120,6 +130,53 @@ class ControllerConfig(BaseSettings):
         le=10_000,
         description="GET /metrics has per-job series for this many jobs, those with the "
         "highest rate; every job counts in the aggregate series",
+    )
+    # -- limits (docs/configuration.md, "Limits"): beyond one, RESOURCE_EXHAUSTED naming it ----
+    max_sessions: int = Field(
+        DEFAULT_MAX_SESSIONS,
+        ge=1,
+        description="open sessions on this replica; a Hello beyond is refused with a retry hint",
+    )
+    max_sessions_per_client: int = Field(
+        DEFAULT_MAX_SESSIONS_PER_CLIENT,
+        ge=1,
+        description="open sessions from one client host (gRPC peer address)",
+    )
+    max_jobs: int = Field(
+        MAX_JOBS,
+        ge=1,
+        le=MAX_JOBS,
+        description="jobs in the table; a new job takes the place of the longest inactive one, "
+        "and is refused with a retry hint when all are active",
+    )
+    max_open_ops: int = Field(
+        DEFAULT_MAX_OPEN_OPS, ge=1, description="operations open at once on one session"
+    )
+    max_notices: int = Field(
+        DEFAULT_MAX_NOTICES,
+        ge=1,
+        description="error notices queued on one session; beyond, counted in one summary notice",
+    )
+    max_message_bytes: int = Field(
+        DEFAULT_MAX_MESSAGE_BYTES,
+        ge=64 * 1024,
+        le=2**31 - 1,
+        description="largest gRPC message received (a Session message, a peer's digest)",
+    )
+    max_digest_jobs: int = Field(
+        MAX_JOBS, ge=1, le=MAX_JOBS, description="jobs in one peer digest; a larger one is rejected"
+    )
+    shed_loop_lag: float = Field(
+        DEFAULT_SHED_LOOP_LAG,
+        ge=0,
+        description="s of event-loop lag beyond which new sessions are refused with a retry "
+        "hint (0 = never); a heartbeat closure also forgives the lag of the moment",
+    )
+    retry_after: float = Field(
+        DEFAULT_RETRY_AFTER,
+        gt=0,
+        le=3600,
+        description="s a client refused by a session limit is told to wait (retry-after-ms)",
     )
 
     @field_validator("grpc_listen", "http_listen")

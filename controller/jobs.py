@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from burstctl.controller.signal import Signal
+from burstctl.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
 from burstctl.policies.accounting import JobAccount, job_view
 from burstctl.policies.view import JobView, SystemView, job_cap
 
@@ -226,11 +227,29 @@ class ProtocolError(ValueError):
         self.detail = message
 
 
+class LimitError(Exception):
+    """A limit of the controller reached (RESOURCE_EXHAUSTED); ``field`` names the culprit.
+
+    ``retry``: the refusal is one of load (a full table), so retrying later may succeed and
+    the client is told when; otherwise the client asked for more than any session may have.
+    """
+
+    def __init__(self, field_name: str, message: str, *, retry: bool = False) -> None:
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+        self.detail = message
+        self.retry = retry
+
+
 class JobTable:
     """Jobs and sessions of one replica.
 
     ``changed`` fires at every mutation that may change a decision;
     ``io_changed`` when a job enters or leaves its I/O phase (S(t) changes).
+
+    Bounded: at most ``max_jobs`` jobs (a new job beyond it takes the place of the job
+    inactive the longest, and is refused with ``LimitError`` when every job is active) and
+    ``max_open_ops`` open operations per session.
     """
 
     def __init__(
@@ -240,11 +259,17 @@ class JobTable:
         heartbeat_timeout: float,
         job_retention: float,
         demand_headroom: float,
+        max_jobs: int = MAX_JOBS,
+        max_open_ops: int = DEFAULT_MAX_OPEN_OPS,
     ) -> None:
         self._clock = clock
         self.heartbeat_timeout = heartbeat_timeout
         self.job_retention = job_retention
         self.demand_headroom = demand_headroom
+        self.max_jobs = max_jobs
+        self.max_open_ops = max_open_ops
+        # Inactive jobs, the longest inactive first: who makes room in a full table.
+        self._inactive: dict[str, None] = {}
         self.changed = Signal()
         self.io_changed = Signal()
         self.jobs: dict[str, JobState] = {}
@@ -277,6 +302,7 @@ class JobTable:
             meta = registered
         job = self.jobs.get(meta.job_id)
         if job is None:
+            self._make_room()
             job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
             self._next_job += 1
             if self.on_new_job is not None:
@@ -290,6 +316,7 @@ class JobTable:
                 )
             job.status = JobStatus.ACTIVE
             job.inactive_since = None
+            self._inactive.pop(job.job_id, None)
         session = SessionState(
             sid=self._next_sid,
             job=job,
@@ -318,7 +345,28 @@ class JobTable:
         if not job.sessions:
             job.status = JobStatus.INACTIVE
             job.inactive_since = now
+            self._inactive[job.job_id] = None
         self._changed(job)
+
+    def _make_room(self) -> None:
+        """Room for one more job: drops the job inactive the longest if the table is full;
+        ``LimitError`` if every job in it is active."""
+        if len(self.jobs) < self.max_jobs:
+            return
+        if not self._inactive:
+            raise LimitError(
+                "hello.job_id",
+                f"the job table is full: max_jobs = {self.max_jobs} jobs, all active",
+                retry=True,
+            )
+        oldest = next(iter(self._inactive))
+        self._drop_job(oldest)
+        log.info("job table full (max_jobs = %d): dropped inactive job %s", self.max_jobs, oldest)
+
+    def _drop_job(self, job_id: str) -> None:
+        del self.jobs[job_id]
+        self._inactive.pop(job_id, None)
+        self._dirty.add(job_id)
 
     def register(self, meta: JobMeta) -> None:
         """Makes ``meta`` the job's authoritative metadata, for its present and future
@@ -348,6 +396,11 @@ class JobTable:
             raise ProtocolError("op_posted.op_id", "must be > 0")
         if op_id in session.ops:
             raise ProtocolError("op_posted.op_id", f"operation {op_id} is already open")
+        if len(session.ops) >= self.max_open_ops:
+            raise LimitError(
+                "op_posted.op_id",
+                f"more than max_open_ops = {self.max_open_ops} operations open on this session",
+            )
         now = self._clock()
         session.last_heard = now
         session.ops[op_id] = PostedOp(op_id, kind, volume, now)
@@ -436,10 +489,12 @@ class JobTable:
             self._changed(job)
 
     # -- housekeeping ---------------------------------------------------------
-    def expire(self) -> list[SessionState]:
-        """Closes sessions silent for the heartbeat timeout; drops long-inactive jobs."""
+    def expire(self, grace: float = 0.0) -> list[SessionState]:
+        """Closes sessions silent for the heartbeat timeout (plus ``grace``); drops
+        long-inactive jobs."""
         now = self._clock()
-        dead = [s for s in self.sessions.values() if now - s.last_heard > self.heartbeat_timeout]
+        limit = self.heartbeat_timeout + grace
+        dead = [s for s in self.sessions.values() if now - s.last_heard > limit]
         for s in dead:
             self.close_session(s)
         for job_id in [
@@ -449,8 +504,7 @@ class JobTable:
             and j.inactive_since is not None
             and now - j.inactive_since >= self.job_retention
         ]:
-            del self.jobs[job_id]
-            self._dirty.add(job_id)
+            self._drop_job(job_id)
         return dead
 
     # -- views ----------------------------------------------------------------

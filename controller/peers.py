@@ -32,6 +32,7 @@ from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import Conflict, ceilings, merge, split_targets
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
+from burstctl.limits import MAX_JOBS
 from burstctl.policies.decision import Share, decide
 from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
@@ -64,9 +65,14 @@ def _decode_digest(data: bytes) -> pb.Digest | _Malformed:
 # Receiving side
 
 
+class DigestTooLarge(DigestError):
+    """A digest with more jobs than ``max_digest_jobs``: RESOURCE_EXHAUSTED on Exchange."""
+
+
 class PeerServicer:
     """``burstctl.v1.Peer``: hands received digests to ``membership``; the policy of an
-    accepted one goes to ``slot`` (adopted when it is newer)."""
+    accepted one goes to ``slot`` (adopted when it is newer). A digest of more than
+    ``max_jobs`` jobs is rejected before it is even converted."""
 
     def __init__(
         self,
@@ -74,9 +80,11 @@ class PeerServicer:
         slot: PolicySlot | None,
         replica_id: str,
         clock: Callable[[], float] = time.monotonic,
+        max_jobs: int = MAX_JOBS,
     ) -> None:
         self.membership = membership
         self.replica_id = replica_id
+        self.max_jobs = max_jobs
         self._slot = slot
         self._clock = clock
         self.received = 0
@@ -105,7 +113,13 @@ class PeerServicer:
         try:
             return self._receive(request, context)
         except DigestError as exc:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            too_large = isinstance(exc, DigestTooLarge)
+            code = (
+                grpc.StatusCode.RESOURCE_EXHAUSTED
+                if too_large
+                else grpc.StatusCode.INVALID_ARGUMENT
+            )
+            await context.abort(code, str(exc))
             raise AssertionError("unreachable") from None  # abort raises
 
     async def stream(
@@ -142,6 +156,10 @@ class PeerServicer:
         try:
             if isinstance(request, _Malformed):
                 raise DigestError("digest", f"not a valid burstctl.v1.Digest ({request.error})")
+            if (n := len(request.jobs.job_id)) > self.max_jobs:
+                raise DigestTooLarge(
+                    "jobs", f"{n} jobs, more than max_digest_jobs = {self.max_jobs}"
+                )
             digest = from_proto(request)
         except DigestError as exc:
             self.rejected += 1

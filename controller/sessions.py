@@ -5,6 +5,15 @@ writes the ``Allocation``s the scheduler offers. Bad input (an undecodable
 message, a message before ``Hello``, a field out of range) ends *that* stream
 with ``INVALID_ARGUMENT`` and a message naming the field; every other session
 goes on untouched.
+
+Limits (docs/configuration.md, "Limits"): a ``Hello`` beyond ``max_sessions``,
+``max_sessions_per_client`` or a full job table is refused with
+``RESOURCE_EXHAUSTED``, a message naming the limit and the trailing metadata
+``retry-after-ms`` (load shedding: the sessions already open keep their rates),
+and so is any ``Hello`` while the event loop lags more than ``shed_loop_lag``;
+more than ``max_open_ops`` open operations end that stream with
+``RESOURCE_EXHAUSTED``; at most ``max_notices`` error notices wait on a stream,
+the ones beyond are counted and reported in one summary notice.
 """
 
 from __future__ import annotations
@@ -23,11 +32,24 @@ from burstctl.controller.jobs import (
     Counters,
     JobMeta,
     JobTable,
+    LimitError,
     OpKind,
     ProtocolError,
     SessionState,
 )
-from burstctl.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
+from burstctl.limits import (
+    DEFAULT_MAX_NOTICES,
+    DEFAULT_MAX_SESSIONS,
+    DEFAULT_MAX_SESSIONS_PER_CLIENT,
+    DEFAULT_RETRY_AFTER,
+    DEFAULT_SHED_LOOP_LAG,
+    MAX_BATCH,
+    MAX_NODES,
+    MAX_PRIORITY,
+    MAX_TEXT,
+    RETRY_AFTER_KEY,
+    identifier_problem,
+)
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -62,27 +84,39 @@ class SessionStream:
     The scheduler offers plain values; the protobuf message is built here, when
     the writer gets to run, so an allocation superseded before it is sent costs
     nothing but a tuple.
+
+    At most ``max_notices`` error notices wait to be sent; the ones beyond are only
+    counted, and go out as one summary notice (``RESOURCE_EXHAUSTED``, "N more error
+    notices dropped") once the queue has drained: a client that provokes errors faster
+    than it reads them costs the controller a bounded queue, never more.
     """
 
-    __slots__ = ("_allocation", "_end", "_errors", "_event", "_replica")
+    __slots__ = ("_allocation", "_dropped", "_end", "_errors", "_event", "_replica", "max_notices")
 
-    def __init__(self, replica_id: str = "") -> None:
+    def __init__(self, replica_id: str = "", max_notices: int = DEFAULT_MAX_NOTICES) -> None:
         self._event = asyncio.Event()
         self._allocation: tuple[float, float, int, float, str] | None = None
-        self._errors: deque[pb.ServerMessage] = deque()
+        self._errors: deque[tuple[str, str, str]] = deque()  # (code, field, message)
+        self._dropped = 0  # notices beyond max_notices since the last summary
         self._end: tuple[grpc.StatusCode, str] | None = None
         self._replica = replica_id
+        self.max_notices = max_notices
 
     def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None:
         self._allocation = (rate, burst, epoch, lease, policy)  # an unsent one is moot
         self._event.set()
 
     def error(self, code: grpc.StatusCode, field_name: str, message: str) -> None:
-        """Queues a non-fatal notice; the session goes on."""
-        self._errors.append(
-            pb.ServerMessage(error=pb.Error(code=code.name, field=field_name, message=message))
-        )
+        """Queues a non-fatal notice (or counts it, beyond ``max_notices``); the session goes on."""
+        if len(self._errors) >= self.max_notices:
+            self._dropped += 1
+            return
+        self._errors.append((code.name, field_name, message))
         self._event.set()
+
+    @property
+    def queued_notices(self) -> int:
+        return len(self._errors)
 
     def end(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
         if self._end is None:
@@ -99,7 +133,19 @@ class SessionStream:
             if self._end is not None:
                 return None
             if self._errors:
-                return self._errors.popleft()
+                code, field_name, message = self._errors.popleft()
+                return pb.ServerMessage(
+                    error=pb.Error(code=code, field=field_name, message=message)
+                )
+            if self._dropped:
+                dropped, self._dropped = self._dropped, 0
+                return pb.ServerMessage(
+                    error=pb.Error(
+                        code=grpc.StatusCode.RESOURCE_EXHAUSTED.name,
+                        message=f"{dropped} more error notices dropped "
+                        f"(max_notices = {self.max_notices} queued per session)",
+                    )
+                )
             if self._allocation is not None:
                 rate, burst, epoch, lease, policy = self._allocation
                 self._allocation = None
@@ -115,6 +161,47 @@ class SessionStream:
                 )
             self._event.clear()
             await self._event.wait()
+
+
+class LoopLag:
+    """How late the event loop runs a timer, probed every ``interval`` seconds.
+
+    ``value`` follows a rise at once and decays by ``DECAY`` per probe (a half-life of about
+    0.7 s), so one stall counts for a moment, not for ever; ``peak`` is the largest seen.
+    """
+
+    DECAY = 0.9
+
+    def __init__(self, interval: float = 0.1) -> None:
+        self.interval = interval
+        self.value = 0.0
+        self.peak = 0.0
+
+    def sample(self, late: float) -> None:
+        late = max(0.0, late)
+        self.value = (
+            late if late > self.value else self.DECAY * self.value + (1 - self.DECAY) * late
+        )
+        self.peak = max(self.peak, late)
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            start = loop.time()
+            await asyncio.sleep(self.interval)
+            self.sample(loop.time() - start - self.interval)
+
+
+def client_host(peer: str) -> str:
+    """The host of a gRPC peer string: ``ipv4:10.0.0.7:5432`` → ``10.0.0.7``,
+    ``ipv6:[::1]:5432`` → ``::1``; anything else (``unix:…``) as it is."""
+    scheme, sep, rest = peer.partition(":")
+    if not sep or scheme not in ("ipv4", "ipv6"):
+        return peer
+    host, sep, port = rest.rpartition(":")
+    if not sep or not port.isdigit():
+        return rest
+    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
 def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
@@ -167,13 +254,32 @@ def _totals(u: pb.Usage, where: str) -> Counters:
 class ControllerServicer:
     """Handles ``Session`` streams for one replica."""
 
-    def __init__(self, table: JobTable, *, max_op_volume: int, replica_id: str = "") -> None:
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        max_op_volume: int,
+        replica_id: str = "",
+        max_sessions: int = DEFAULT_MAX_SESSIONS,
+        max_sessions_per_client: int = DEFAULT_MAX_SESSIONS_PER_CLIENT,
+        max_notices: int = DEFAULT_MAX_NOTICES,
+        retry_after: float = DEFAULT_RETRY_AFTER,
+        shed_loop_lag: float = DEFAULT_SHED_LOOP_LAG,
+    ) -> None:
         self.table = table
         self.replica_id = replica_id
         self.max_op_volume = max_op_volume
+        self.max_sessions = max_sessions
+        self.max_sessions_per_client = max_sessions_per_client
+        self.max_notices = max_notices
+        self.retry_after = retry_after
+        self.shed_loop_lag = shed_loop_lag
+        self.lag = LoopLag()  # probed by the replica (app.py); read by admit()
         self.streams: dict[int, SessionStream] = {}
+        self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
         self.rejected = 0  # sessions ended with INVALID_ARGUMENT
+        self.refused = 0  # Hellos refused with RESOURCE_EXHAUSTED (a limit; load shedding)
 
     def rpc_handlers(self) -> grpc.GenericRpcHandler:
         # Registered by hand (not the generated helper) so that an undecodable
@@ -184,6 +290,31 @@ class ControllerServicer:
             response_serializer=pb.ServerMessage.SerializeToString,
         )
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Session": handler})
+
+    def admit(self, client: str) -> None:
+        """Raises ``LimitError`` if one more session (from host ``client``) is too many, or
+        if the controller is overloaded (its event loop lags): it sheds new sessions so that
+        the open ones keep their heartbeats and leases."""
+        if 0 < self.shed_loop_lag < self.lag.value:
+            raise LimitError(
+                "hello",
+                f"the controller is overloaded: event-loop lag {self.lag.value:.2f} s > "
+                f"shed_loop_lag = {self.shed_loop_lag:g} s",
+                retry=True,
+            )
+        if len(self.streams) >= self.max_sessions:
+            raise LimitError(
+                "hello",
+                f"the controller is at its session limit: max_sessions = {self.max_sessions}",
+                retry=True,
+            )
+        if self._per_client.get(client, 0) >= self.max_sessions_per_client:
+            raise LimitError(
+                "hello",
+                f"{client} is at its session limit: "
+                f"max_sessions_per_client = {self.max_sessions_per_client}",
+                retry=True,
+            )
 
     def kill(self, session: SessionState, details: str) -> None:
         """Ends a session's stream from outside (heartbeat timeout, shutdown)."""
@@ -198,16 +329,19 @@ class ControllerServicer:
     ) -> None:
         session: SessionState | None = None
         reader: asyncio.Task[None] | None = None
+        client = client_host(context.peer())
         try:
             try:
                 first = await anext(aiter(requests))
             except StopAsyncIteration:
                 return
             meta, client_id, host = validate_hello(self._check(first))
-            stream = SessionStream(self.replica_id)
+            self.admit(client)
+            stream = SessionStream(self.replica_id, self.max_notices)
             session = self.table.open_session(meta, client_id, host)
             session.outbox = stream
             self.streams[session.sid] = stream
+            self._per_client[client] = self._per_client.get(client, 0) + 1
             log.debug(
                 "session %d opened: job %s from %s (%s)",
                 session.sid,
@@ -227,15 +361,38 @@ class ControllerServicer:
             self.rejected += 1
             log.warning("session rejected (%s): %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except LimitError as exc:
+            await self._refuse(exc, context)
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
             if session is not None:
-                self.streams.pop(session.sid, None)
+                if self.streams.pop(session.sid, None) is not None:
+                    left = self._per_client[client] - 1
+                    if left:
+                        self._per_client[client] = left
+                    else:
+                        del self._per_client[client]
                 self.table.close_session(session)
                 log.debug("session %d closed", session.sid)
+
+    async def _refuse(self, exc: LimitError, context: grpc.aio.ServicerContext) -> None:
+        """Ends a stream refused by a limit: RESOURCE_EXHAUSTED, with a retry hint if the
+        limit is one of load (the client waits that long before its next Hello)."""
+        self.refused += 1
+        if exc.retry:
+            # Load shedding can refuse many Hellos a second: not a warning each.
+            log.debug("session refused (%s): %s", context.peer(), exc)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{exc}; retry in {self.retry_after:g} s",
+                trailing_metadata=((RETRY_AFTER_KEY, str(round(self.retry_after * 1000))),),
+            )
+        else:
+            log.warning("session refused (%s): %s", context.peer(), exc)
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
 
     async def _read(
         self,
@@ -263,6 +420,11 @@ class ControllerServicer:
             self.rejected += 1
             log.warning("session %d rejected: %s", session.sid, exc)
             stream.end(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+            return
+        except LimitError as exc:
+            self.refused += 1
+            log.warning("session %d ended: %s", session.sid, exc)
+            stream.end(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
             return
         except asyncio.CancelledError:
             raise
@@ -304,6 +466,8 @@ class ControllerServicer:
                 self.table.post(session, p.op_id, op_kind, p.volume)
             except ProtocolError as exc:
                 raise ProtocolError(where + exc.field, exc.detail) from None
+            except LimitError as exc:
+                raise LimitError(where + exc.field, exc.detail) from None
         elif kind == "op_completed":
             if msg.op_completed.op_id <= 0:
                 raise ProtocolError(f"{where}op_completed.op_id", "must be > 0")
