@@ -20,6 +20,7 @@ import grpc
 from google.protobuf.message import DecodeError
 
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind, ProtocolError, SessionState
+from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
 from burstctl.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -134,10 +135,24 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
 class ControllerServicer:
     """Handles ``Session`` streams for one replica."""
 
-    def __init__(self, table: JobTable, *, max_op_volume: int, replica_id: str = "") -> None:
+    def __init__(
+        self,
+        table: JobTable,
+        *,
+        max_op_volume: int,
+        replica_id: str = "",
+        gate: Gate | None = None,
+        unregistered: UnregisteredLimits | None = None,
+    ) -> None:
         self.table = table
         self.replica_id = replica_id
         self.max_op_volume = max_op_volume
+        # Who may open a session for which job (controller/trust.py, docs/security.md).
+        self.gate = gate or Gate(secret=None, mutual_tls=False, client_trust=ClientTrust.OPEN)
+        self.unregistered = unregistered or UnregisteredLimits(
+            max_nodes=MAX_NODES, max_priority=MAX_PRIORITY
+        )
+        self.refused = 0  # sessions refused by the trust rules
         self.streams: dict[int, SessionStream] = {}
         self.messages = 0  # client messages handled, for stats
         self.rejected = 0  # sessions ended with INVALID_ARGUMENT
@@ -152,11 +167,28 @@ class ControllerServicer:
         )
         return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Session": handler})
 
-    def kill(self, session: SessionState, details: str) -> None:
-        """Ends a session's stream from outside (heartbeat timeout, shutdown)."""
+    def kill(
+        self,
+        session: SessionState,
+        details: str,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+    ) -> None:
+        """Ends a session's stream from outside (heartbeat timeout, shutdown, a registration
+        that gives its job to another user)."""
         stream = self.streams.get(session.sid)
         if stream is not None:
-            stream.end(grpc.StatusCode.UNAVAILABLE, details)
+            stream.end(code, details)
+
+    def _admit(self, meta: JobMeta, context: grpc.aio.ServicerContext) -> JobMeta:
+        vouched = self.gate.vouched(context.invocation_metadata())
+        client_trust = ClientTrust.OPEN if vouched else self.gate.client_trust
+        return admit(
+            self.table,
+            meta,
+            vouched=vouched or client_trust is ClientTrust.OPEN,
+            client_trust=client_trust,
+            limits=self.unregistered,
+        )
 
     async def session(
         self,
@@ -171,6 +203,7 @@ class ControllerServicer:
             except StopAsyncIteration:
                 return
             meta, client_id, host = validate_hello(self._check(first))
+            meta = self._admit(meta, context)
             stream = SessionStream(self.replica_id)
             session = self.table.open_session(meta, client_id, host)
             session.outbox = stream
@@ -194,6 +227,10 @@ class ControllerServicer:
             self.rejected += 1
             log.warning("session rejected (%s): %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
+        except Refused as exc:
+            self.refused += 1
+            log.warning("session refused (%s): %s", context.peer(), exc)
+            await context.abort(exc.code, str(exc))
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
