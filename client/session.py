@@ -124,9 +124,10 @@ class _SessionBase:
 
     @property
     def refused(self) -> str | None:
-        """Why the controller refused this session (``PERMISSION_DENIED``: its user may not
-        join the job; ``UNAUTHENTICATED``: missing or wrong credentials), or None. A refused
-        session runs on its fallback and keeps asking with backoff."""
+        """``"<code>: <message>"`` when the controller refused this session, else None: code
+        ``PERMISSION_DENIED`` (its user may not join the job) or ``UNAUTHENTICATED`` (missing
+        or wrong credentials). A refused session runs on its fallback at once and keeps asking
+        with backoff."""
         return self._engine.refused
 
     @property

@@ -123,7 +123,8 @@ class SessionStream:
 
     @property
     def refused(self) -> str | None:
-        """The controller's reason when it refused the session's last stream, else None."""
+        """``"<status code name>: <controller's message>"`` when the controller refused the
+        session's last stream, else None."""
         return self._refused
 
     @property
@@ -269,7 +270,7 @@ class SessionStream:
                 code = err.code()
                 self._log_stream_end(code, err.details())
                 if code in REFUSALS:
-                    self._refuse(err.details() or code.name)
+                    self._refuse(f"{code.name}: {err.details() or ''}")
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if self._stopping or (current is not None and current.cancelling()):
@@ -385,7 +386,7 @@ class SessionStream:
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             # The controller rejected what we sent: a bug on one side; retried with backoff.
             logger.error("controller %s rejected the session: %s", target, details)
-        elif code in REFUSALS and self._refused != details:
+        elif code in REFUSALS and self._refused != f"{code.name}: {details or ''}":
             logger.error("controller %s refused the session: %s %s", target, code.name, details)
         elif not self._detached_logged:
             logger.warning("session stream to %s ended: %s %s", target, code.name, details or "")
