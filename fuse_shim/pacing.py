@@ -78,6 +78,7 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
     if not config.controller:
         raise ValueError("pacing needs a controller")
     controller = config.controller
+    security = config.channel_security()
 
     def make(job: JobInfo) -> SessionLike:
         return Session(
@@ -87,6 +88,7 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
             quiet_gap=config.quiet_gap,
             attach_timeout=config.attach_timeout,
             runtime=runtime,
+            security=security,
         )
 
     return make
