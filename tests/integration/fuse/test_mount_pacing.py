@@ -476,3 +476,39 @@ def test_jobs_share_the_mounts_loop_thread_and_connection(
         if c.raddr and c.raddr.port == fake.port and c.status == psutil.CONN_ESTABLISHED
     ]
     assert len(to_controller) == 1
+
+
+def test_the_mount_carries_the_controllers_secret(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    apps: Callable[..., App],
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "grpc-secret"
+    secret.write_text("mount-secret\n")
+    secret.chmod(0o600)
+    ctl = controller_factory(env={"BURSTCTL_GRPC_SECRET_FILE": str(secret)})
+    assert ctl.url is not None and ctl.address is not None
+
+    def moved(job_id: str) -> object:
+        jobs = {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs").json()}
+        return jobs.get(job_id, {}).get("bytes_moved")
+
+    vouched = fuse_mount(
+        tmp_path / "b1", tmp_path / "m1", "--controller", ctl.address, "--secret-file", str(secret)
+    )
+    bare = fuse_mount(
+        tmp_path / "b2", tmp_path / "m2", "--controller", ctl.address, "--attach-timeout", "30"
+    )
+    for mnt, job in ((tmp_path / "m1", "sec"), (tmp_path / "m2", "nosec")):
+        app = apps({"BURSTCTL_JOB_ID": job})
+        app.do("open", mnt / "f")
+        app.do("write", mnt / "f", MiB)  # the bare mount's session is refused: its fallback
+        app.do("close", mnt / "f")  # applies at once, not after the 30 s attach timeout
+        app.exit()
+    wait_until(lambda: moved("sec") == MiB, timeout=15, interval=0.05, message="bytes of sec")
+    assert moved("nosec") is None  # never admitted
+    assert "refused the session: UNAUTHENTICATED" in bare.log_text
+    assert "refused" not in vouched.log_text
+    vouched.stop()
+    bare.stop()
