@@ -300,3 +300,24 @@ async def test_tls_with_a_secret_and_replicas_that_use_both(
     assert await _session_status(target, good) is grpc.StatusCode.OK
     no_secret = ChannelSecurity.load(tls_ca=pki["ca"])
     assert await _session_status(target, no_secret) is grpc.StatusCode.UNAUTHENTICATED
+
+
+async def test_replicas_over_mutual_tls(replica_factory: Make, pki: dict[str, Path]) -> None:
+    from test_replicas import cluster
+
+    mtls = {
+        "grpc_tls_cert": pki["server"],
+        "grpc_tls_key": pki["server.key"],
+        "grpc_tls_client_ca": pki["ca"],
+    }
+    r1, r2 = await cluster(replica_factory, [20, 40], **mtls)
+    await async_wait_until(
+        lambda: (
+            r1.peer_sync is not None
+            and r2.peer_sync is not None
+            and r1.peer_sync.membership.live_peers() == ["r2"]
+            and r2.peer_sync.membership.live_peers() == ["r1"]
+        ),
+        10,
+        message="the replicas exchange digests over mutual TLS",
+    )
