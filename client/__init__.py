@@ -13,6 +13,7 @@ with Session("controller:50051", fallback="fixed:100MiB/s") as session:
 ```
 """
 
+from burstctl.channels import ChannelSecurity
 from burstctl.client.bucket import Throttle, TokenBucket
 from burstctl.client.fallback import Fallback
 from burstctl.client.files import ThrottledFile, throttled_open
@@ -23,6 +24,7 @@ from burstctl.client.session import AsyncOperation, AsyncSession, Operation, Ses
 __all__ = [
     "AsyncOperation",
     "AsyncSession",
+    "ChannelSecurity",
     "ClientRuntime",
     "Fallback",
     "JobInfo",

@@ -76,6 +76,10 @@ class Engine:
         return self._stream.attached
 
     @property
+    def refused(self) -> str | None:
+        return self._stream.refused
+
+    @property
     def closed(self) -> bool:
         return self._closed
 
@@ -190,7 +194,11 @@ class Engine:
                 raise RuntimeError("session is already started")
             self._loop = asyncio.get_running_loop()
         self._owns_channel = channel is None
-        self._channel = open_channel(self._options.target) if channel is None else channel
+        self._channel = (
+            open_channel(self._options.target, self._options.security)
+            if channel is None
+            else channel
+        )
         self._stream.start(self._channel)
 
     async def close(self) -> None:

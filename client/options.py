@@ -13,6 +13,7 @@ import socket
 import uuid
 from dataclasses import dataclass
 
+from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
 
@@ -42,6 +43,7 @@ class SessionOptions:
     attach_timeout: float
     client_id: str
     host: str
+    security: ChannelSecurity  # TLS, client certificate, shared secret (docs/security.md)
 
     @classmethod
     def build(
@@ -54,6 +56,7 @@ class SessionOptions:
         quiet_gap: float,
         attach_timeout: float,
         client_id: str | None,
+        security: ChannelSecurity | None = None,
     ) -> SessionOptions:
         if not isinstance(target, str) or not target:
             raise ValueError(f"target must be a non-empty 'host:port' string, got {target!r}")
@@ -66,6 +69,10 @@ class SessionOptions:
         _check_seconds("attach_timeout", attach_timeout, allow_zero=True, allow_inf=True)
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
+        if security is None:
+            security = ChannelSecurity()
+        elif not isinstance(security, ChannelSecurity):
+            raise ValueError(f"security must be a ChannelSecurity, got {type(security).__name__}")
         return cls(
             target=target,
             job=job,
@@ -75,6 +82,7 @@ class SessionOptions:
             attach_timeout=float(attach_timeout),
             client_id=client_id or default_client_id(),
             host=socket.gethostname(),
+            security=security,
         )
 
 

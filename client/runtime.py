@@ -27,6 +27,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from burstctl.channels import ChannelSecurity
 from burstctl.client.engine import Engine
 from burstctl.client.stream import open_channel
 
@@ -48,7 +49,8 @@ class ClientRuntime:
         self._lock = threading.Lock()
         self._closed = False
         self._closing: concurrent.futures.Future[None] | None = None
-        self._channels: dict[str, grpc.aio.Channel] = {}  # loop only
+        # One channel per target and credentials (loop only).
+        self._channels: dict[tuple[str, ChannelSecurity], grpc.aio.Channel] = {}
         self._engines: set[Engine] = set()  # loop only
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=name, daemon=True)
@@ -71,8 +73,9 @@ class ClientRuntime:
 
     @property
     def channels(self) -> Mapping[str, grpc.aio.Channel]:
-        """The open channels by target (read-only; changed only on the loop)."""
-        return MappingProxyType(self._channels)
+        """The open channels by target (read-only snapshot; made only on the loop). Sessions
+        to one target with different credentials have a channel each; the last one shows."""
+        return MappingProxyType({target: ch for (target, _), ch in self._channels.items()})
 
     @property
     def session_count(self) -> int:
@@ -119,10 +122,10 @@ class ClientRuntime:
             return done
 
     async def _start_engine(self, engine: Engine) -> None:
-        target = engine.options.target
-        channel = self._channels.get(target)
+        key = (engine.options.target, engine.options.security)
+        channel = self._channels.get(key)
         if channel is None:
-            channel = self._channels[target] = open_channel(target)
+            channel = self._channels[key] = open_channel(*key)
         await engine.start(channel)
         self._engines.add(engine)
 

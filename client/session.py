@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 from types import TracebackType
 
+from burstctl.channels import ChannelSecurity
 from burstctl.client.engine import Engine
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
@@ -89,6 +90,7 @@ class _SessionBase:
         quiet_gap: float = DEFAULT_QUIET_GAP,
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
         client_id: str | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         options = SessionOptions.build(
             target,
@@ -98,6 +100,7 @@ class _SessionBase:
             quiet_gap=quiet_gap,
             attach_timeout=attach_timeout,
             client_id=client_id,
+            security=security,
         )
         self._engine = Engine(options)
 
@@ -118,6 +121,14 @@ class _SessionBase:
     def attached(self) -> bool:
         """True while an allocation from a live controller is in force."""
         return self._engine.attached
+
+    @property
+    def refused(self) -> str | None:
+        """``"<code>: <message>"`` when the controller refused this session, else None: code
+        ``PERMISSION_DENIED`` (its user may not join the job) or ``UNAUTHENTICATED`` (missing
+        or wrong credentials). A refused session runs on its fallback at once and keeps asking
+        with backoff."""
+        return self._engine.refused
 
     @property
     def closed(self) -> bool:
@@ -161,6 +172,7 @@ class Session(_SessionBase):
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
         client_id: str | None = None,
         runtime: ClientRuntime | None = None,
+        security: ChannelSecurity | None = None,
     ) -> None:
         super().__init__(
             target,
@@ -170,6 +182,7 @@ class Session(_SessionBase):
             quiet_gap=quiet_gap,
             attach_timeout=attach_timeout,
             client_id=client_id,
+            security=security,
         )
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")

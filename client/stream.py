@@ -24,6 +24,7 @@ from typing import Any
 
 import grpc
 
+from burstctl.channels import PLAIN, ChannelSecurity
 from burstctl.client.bucket import Throttle, ThrottleStats
 from burstctl.client.options import SessionOptions
 from burstctl.limits import RETRY_AFTER_KEY
@@ -70,9 +71,14 @@ def retry_hint(err: grpc.aio.AioRpcError) -> float | None:
     return None
 
 
-def open_channel(target: str) -> grpc.aio.Channel:
-    """A channel to ``target`` with the client's reconnect settings (on the running loop)."""
-    return grpc.aio.insecure_channel(target, options=CHANNEL_OPTIONS)
+# Stream endings that say the controller will not take this session as it is (docs/security.md).
+REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
+
+
+def open_channel(target: str, security: ChannelSecurity = PLAIN) -> grpc.aio.Channel:
+    """A channel to ``target`` with the client's reconnect settings and ``security``'s
+    credentials (on the running loop)."""
+    return security.open(target, CHANNEL_OPTIONS)
 
 
 class Backoff:
@@ -134,17 +140,26 @@ class SessionStream:
         self._last_report = ThrottleStats(bytes=0, acquires=0, wait_seconds=0.0, waiting=False)
         self._last_report_at = 0.0
         self._detached_logged = False
+        self._refused: str | None = None
 
     # ------------------------------------------------------------------ attachment (any thread)
+
+    @property
+    def refused(self) -> str | None:
+        """``"<status code name>: <controller's message>"`` when the controller refused the
+        session's last stream, else None."""
+        return self._refused
 
     @property
     def attached(self) -> bool:
         return self._attached
 
     def wait_attached(self, timeout: float | None) -> bool:
-        """Blocks a thread until an allocation from a live controller is in force."""
+        """Blocks a thread until an allocation from a live controller is in force, or the
+        controller refused the session (then False at once)."""
         with self._attached_cond:
-            return self._attached_cond.wait_for(lambda: self._attached, timeout)
+            self._attached_cond.wait_for(lambda: self._attached or bool(self._refused), timeout)
+            return self._attached
 
     async def wait_attached_async(self, timeout: float | None) -> bool:
         """Suspends a coroutine on the session's loop until the session is attached."""
@@ -292,6 +307,8 @@ class SessionStream:
                 code = err.code()
                 hint = retry_hint(err)
                 self._log_stream_end(code, err.details())
+                if code in REFUSALS:
+                    self._refuse(f"{code.name}: {err.details() or ''}")
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if self._stopping or (current is not None and current.cancelling()):
@@ -397,6 +414,16 @@ class SessionStream:
             )
         )
 
+    def _refuse(self, details: str) -> None:
+        """The controller refused the session: no allocation will come, so the fallback applies
+        now rather than after ``attach_timeout``; waiters of `wait_attached` are woken."""
+        with self._attached_cond:
+            self._refused = details
+            self._attached_cond.notify_all()
+        if not self._in_fallback:
+            self._lease_deadline = self._clock()
+            self._lease_expired()
+
     def _log_stream_end(self, code: grpc.StatusCode, details: str | None) -> None:
         target = self._options.target
         if self._stopping:
@@ -405,6 +432,8 @@ class SessionStream:
         if code == grpc.StatusCode.INVALID_ARGUMENT:
             # The controller rejected what we sent: a bug on one side; retried with backoff.
             logger.error("controller %s rejected the session: %s", target, details)
+        elif code in REFUSALS and self._refused != f"{code.name}: {details or ''}":
+            logger.error("controller %s refused the session: %s %s", target, code.name, details)
         elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._detached_logged:
             # A limit of the controller (e.g. its session limit): retried after its hint.
             logger.warning("controller %s refused the session: %s", target, details)
@@ -463,6 +492,7 @@ class SessionStream:
             )
         self._in_fallback = False
         self._detached_logged = False
+        self._refused = None
         self._set_attached(True)
 
     # ------------------------------------------------------------------ lease and fallback

@@ -22,6 +22,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
+from burstctl.channels import ChannelSecurity, read_secret
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.jobs import JobMeta, JobTable
 from burstctl.controller.ledger import Ledger
@@ -31,6 +32,7 @@ from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
 from burstctl.controller.state import PolicySlot, RegisteredJob, StateError, StateStore
+from burstctl.controller.trust import ClientTrust, Gate, UnregisteredLimits
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
 log = logging.getLogger(__name__)
@@ -66,6 +68,9 @@ class Replica:
         self.table.on_new_job = self.ledger.restore
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
+        # Credentials are read in start(), so a missing file fails there, as a port does.
+        self.gate: Gate | None = None
+        self.peer_security = ChannelSecurity()
         if config.peers:
             self.peer_sync = PeerSync(
                 self.table,
@@ -78,6 +83,7 @@ class Replica:
                 node_bandwidth=config.node_bandwidth,
                 lease=config.lease,
                 clock=clock,
+                security=lambda: self.peer_security,
             )
             self.peer_servicer = PeerServicer(
                 self.peer_sync.membership,
@@ -104,6 +110,10 @@ class Replica:
             max_notices=config.max_notices,
             retry_after=config.retry_after,
             shed_loop_lag=config.shed_loop_lag,
+            unregistered=UnregisteredLimits(
+                max_nodes=config.max_unregistered_nodes,
+                max_priority=config.max_unregistered_priority,
+            ),
         )
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
@@ -174,6 +184,25 @@ class Replica:
                 self.table.set_meta(live_meta)
             raise
         log.info("job %s registered: %s", meta.job_id, meta)
+        # Sessions of another user lose the job (docs/security.md): ended, they reconnect
+        # and are refused, so their I/O goes to their own default job.
+        job = self.table.jobs.get(meta.job_id)
+        for session in list(job.sessions.values()) if job is not None else ():
+            claim = session.claim
+            if claim is not None and claim.user != meta.user:
+                log.warning(
+                    "job %s registered to %s: ending session %d of user %s",
+                    meta.job_id,
+                    meta.user,
+                    session.sid,
+                    claim.user,
+                )
+                self.servicer.kill(
+                    session,
+                    f"hello.user: job {meta.job_id!r} is now registered to another user",
+                    grpc.StatusCode.PERMISSION_DENIED,
+                )
+                self.table.close_session(session)
         return previous is None
 
     def retire_job(self, job_id: str) -> bool:
@@ -199,24 +228,30 @@ class Replica:
             token = admin_token(self.config)
         except (OSError, TokenError) as exc:
             raise OSError(f"REST admin token: {exc}") from None
+        server_credentials = self._load_credentials()
         http = HttpServer(build_app(self, token), self.config.http_listen, self.config.log_level)
         await http.start()  # first: a taken port fails before anything else runs
         self.http = http
+        assert self.gate is not None
         server = grpc.aio.server(
+            interceptors=[self.gate.interceptor()],
             options=[
                 ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
                 ("grpc.keepalive_permit_without_calls", 1),
                 ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
                 # a larger message is refused by gRPC with RESOURCE_EXHAUSTED (config.py)
                 ("grpc.max_receive_message_length", self.config.max_message_bytes),
-            ]
+            ],
         )
         server.add_generic_rpc_handlers((self.servicer.rpc_handlers(),))
         if self.peer_servicer is not None:
             server.add_generic_rpc_handlers((self.peer_servicer.rpc_handlers(),))
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            self.grpc_port = server.add_insecure_port(self.config.grpc_listen)
+            if server_credentials is None:
+                self.grpc_port = server.add_insecure_port(self.config.grpc_listen)
+            else:
+                self.grpc_port = server.add_secure_port(self.config.grpc_listen, server_credentials)
         except RuntimeError as exc:
             await http.stop()
             raise OSError(f"cannot listen on {self.config.grpc_listen}: {exc}") from None
@@ -242,6 +277,36 @@ class Replica:
             self.config.capacity,
         )
         log.info("controller %s serving REST on %s", self.config.replica_id, self.http_url)
+
+    def _load_credentials(self) -> grpc.ServerCredentials | None:
+        """Reads the secret and certificates (docs/security.md); the server's TLS credentials,
+        None for plaintext. OSError naming the file when one cannot be used."""
+        cfg = self.config
+        try:
+            secret = read_secret(cfg.grpc_secret_file) if cfg.grpc_secret_file else None
+            self.gate = Gate(
+                secret=secret,
+                mutual_tls=cfg.grpc_tls_client_ca is not None,
+                client_trust=ClientTrust(cfg.effective_client_trust),
+            )
+            self.servicer.gate = self.gate
+            if cfg.grpc_tls_cert is None or cfg.grpc_tls_key is None:
+                self.peer_security = ChannelSecurity(secret=secret)
+                return None
+            mutual = cfg.grpc_tls_client_ca is not None
+            self.peer_security = ChannelSecurity.load(
+                tls_ca=cfg.grpc_tls_ca or cfg.grpc_tls_client_ca,
+                tls_cert=cfg.grpc_tls_cert if mutual else None,
+                tls_key=cfg.grpc_tls_key if mutual else None,
+                secret=secret,
+            )
+            cert, key = cfg.grpc_tls_cert.read_bytes(), cfg.grpc_tls_key.read_bytes()
+            client_ca = cfg.grpc_tls_client_ca.read_bytes() if mutual else None
+        except (OSError, ValueError) as exc:
+            raise OSError(f"gRPC credentials: {exc}") from None
+        return grpc.ssl_server_credentials(
+            [(key, cert)], root_certificates=client_ca, require_client_auth=mutual
+        )
 
     def _spawn(self, coro: Any, name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"controller-{name}"))
@@ -315,6 +380,7 @@ class Replica:
             "rejected_sessions": self.servicer.rejected,
             "refused_sessions": self.servicer.refused,
             "loop_lag_peak_s": self.servicer.lag.peak,
+            "unauthenticated_calls": self.gate.refused if self.gate is not None else 0,
             "decisions": st.decisions,
             "pushes": st.pushes,
             "pushes_start": st.pushes_start,

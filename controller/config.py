@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
-from typing import Annotated, Any, ClassVar
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, ValidationError, field_validator, model_validator
 from pydantic_settings import (
@@ -30,6 +30,8 @@ from burstctl.limits import (
     DEFAULT_RETRY_AFTER,
     DEFAULT_SHED_LOOP_LAG,
     MAX_JOBS,
+    MAX_NODES,
+    MAX_PRIORITY,
     identifier_problem,
 )
 from burstctl.units import Rate, parse_rate
@@ -178,6 +180,44 @@ class ControllerConfig(BaseSettings):
         le=3600,
         description="s a client refused by a session limit is told to wait (retry-after-ms)",
     )
+    # -- trust (docs/security.md): gRPC credentials and who may open which session --------
+    grpc_tls_cert: Path | None = Field(
+        None,
+        description="PEM certificate chain of this replica's gRPC server (TLS on); under "
+        "mutual TLS also the client certificate it shows its peers",
+    )
+    grpc_tls_key: Path | None = Field(None, description="PEM private key of grpc_tls_cert")
+    grpc_tls_client_ca: Path | None = Field(
+        None,
+        description="PEM CA bundle: callers must show a certificate it signed (mutual TLS); "
+        "such callers are trusted (vouched)",
+    )
+    grpc_tls_ca: Path | None = Field(
+        None,
+        description="PEM CA bundle that signed the peers' server certificates; "
+        "default grpc_tls_client_ca",
+    )
+    grpc_secret_file: Path | None = Field(
+        None,
+        description="file holding the shared secret; callers presenting it are trusted "
+        "(vouched), a wrong one is refused on every RPC",
+    )
+    client_trust: Literal["auto", "open", "confined", "vouched"] = Field(
+        "auto",
+        description="Session callers without credentials: open (taken at their word), "
+        "confined (to the default job user:<user>), vouched (refused); "
+        "auto = open without credentials configured, else vouched",
+    )
+    max_unregistered_nodes: int = Field(
+        64, ge=1, le=MAX_NODES, description="most nodes a session of an unregistered job may claim"
+    )
+    max_unregistered_priority: float = Field(
+        1.0,
+        gt=0,
+        le=MAX_PRIORITY,
+        allow_inf_nan=False,
+        description="highest priority a session of an unregistered job may claim",
+    )
 
     @field_validator("grpc_listen", "http_listen")
     @classmethod
@@ -219,6 +259,31 @@ class ControllerConfig(BaseSettings):
         if level not in {"DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"}:
             raise ValueError(f"unknown log level {value!r}")
         return level
+
+    @model_validator(mode="after")
+    def _check_trust(self) -> ControllerConfig:
+        if (self.grpc_tls_cert is None) != (self.grpc_tls_key is None):
+            raise ValueError("grpc_tls_cert and grpc_tls_key go together")
+        if self.grpc_tls_cert is None and (
+            self.grpc_tls_client_ca is not None or self.grpc_tls_ca is not None
+        ):
+            raise ValueError("grpc_tls_client_ca and grpc_tls_ca need grpc_tls_cert (TLS on)")
+        if self.client_trust == "vouched" and not self.credentials_configured:
+            raise ValueError(
+                "client_trust = 'vouched' needs grpc_secret_file or grpc_tls_client_ca"
+            )
+        return self
+
+    @property
+    def credentials_configured(self) -> bool:
+        """A shared secret or mutual TLS marks trusted callers."""
+        return self.grpc_secret_file is not None or self.grpc_tls_client_ca is not None
+
+    @property
+    def effective_client_trust(self) -> str:
+        if self.client_trust != "auto":
+            return self.client_trust
+        return "vouched" if self.credentials_configured else "open"
 
     @model_validator(mode="after")
     def _check_rates(self) -> ControllerConfig:

@@ -132,6 +132,7 @@ class SessionState:
     pushed_at: float = 0.0
     outbox: Outbox | None = None  # where the scheduler offers allocations
     decided: int = 0  # number of the last decision that served it
+    claim: JobMeta | None = None  # the metadata its Hello was admitted with (controller/trust.py)
 
     def demand(self, cap: float, headroom: float) -> float:
         if not self.ops or self.closed:
@@ -293,12 +294,18 @@ class JobTable:
 
     # -- sessions -------------------------------------------------------------
     def open_session(self, meta: JobMeta, client_id: str, host: str) -> SessionState:
+        """Opens a session with the metadata it was admitted with (``controller/trust.py``
+        decides who may join which job).
+
+        A registered job's metadata is the registration's. An unregistered job's is the most
+        conservative claim of its live sessions (fewest nodes, lowest priority; user and
+        group of the oldest): a claim binds no session but its own, and a job whose sessions
+        are all gone takes the next session's claim afresh.
+        """
         now = self._clock()
         registered = self.registered.get(meta.job_id)
-        if registered is not None and registered != meta:
-            log.info(
-                "session of job %s claims %s; the registered %s wins", meta.job_id, meta, registered
-            )
+        claim = meta
+        if registered is not None:
             meta = registered
         job = self.jobs.get(meta.job_id)
         if job is None:
@@ -308,12 +315,6 @@ class JobTable:
             if self.on_new_job is not None:
                 self.on_new_job(job)
         else:
-            # The job's identity is fixed by its first session; later sessions may not
-            # change its weight (only a registration may: register, set_meta).
-            if meta != job.meta:
-                log.warning(
-                    "session of job %s claims %s; keeping the job's %s", meta.job_id, meta, job.meta
-                )
             job.status = JobStatus.ACTIVE
             job.inactive_since = None
             self._inactive.pop(job.job_id, None)
@@ -324,13 +325,37 @@ class JobTable:
             host=host,
             opened_at=now,
             last_heard=now,
+            claim=claim,
         )
         self._next_sid += 1
         job.sessions[session.sid] = session
         self.sessions[session.sid] = session
         self.new_sessions.append(session)
+        self._merge_claims(job)
         self._changed(job)
         return session
+
+    def _merge_claims(self, job: JobState) -> None:
+        """An unregistered job's metadata from its live sessions' claims (`open_session`)."""
+        registered = self.registered.get(job.job_id)
+        if registered is not None:
+            job.meta = registered
+            return
+        claims = [s.claim for s in job.sessions.values() if s.claim is not None]
+        if not claims:
+            return
+        first = claims[0]
+        merged = JobMeta(
+            job_id=job.job_id,
+            user=first.user,
+            group=first.group,
+            nodes=min(c.nodes for c in claims),
+            priority=min(c.priority for c in claims),
+        )
+        if merged != job.meta:
+            if len(claims) > 1:
+                log.info("job %s: its sessions' claims give %s", job.job_id, merged)
+            job.meta = merged
 
     def close_session(self, session: SessionState) -> None:
         if session.closed:
@@ -346,6 +371,8 @@ class JobTable:
             job.status = JobStatus.INACTIVE
             job.inactive_since = now
             self._inactive[job.job_id] = None
+        else:
+            self._merge_claims(job)
         self._changed(job)
 
     def _make_room(self) -> None:

@@ -26,6 +26,7 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from burstctl.channels import ChannelSecurity
 from burstctl.controller.digest import Digest, DigestError, build_digest, from_proto, to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
@@ -190,8 +191,14 @@ class PeerServicer:
 class PeerLink:
     """One configured peer address: its channel and the replica id it answered with."""
 
-    def __init__(self, address: str, interval: float = 0.5) -> None:
+    def __init__(
+        self,
+        address: str,
+        interval: float = 0.5,
+        security: Callable[[], ChannelSecurity] = ChannelSecurity,
+    ) -> None:
         self.address = address
+        self._security = security  # asked when the channel is opened (after start())
         # gRPC backs off up to 120 s between connection attempts by default; a peer
         # restarted after a crash must be reached again within about one λ.
         backoff_ms = max(50, int(interval * 1000))
@@ -244,7 +251,7 @@ class PeerLink:
         """A new stream, once the peer has said who it is."""
         self._drop_stream()
         if self._open_stream is None:
-            self.channel = grpc.aio.insecure_channel(self.address, options=self._options)
+            self.channel = self._security().open(self.address, options=self._options)
             self._open_stream = self.channel.stream_stream(
                 _STREAM,
                 request_serializer=None,  # bytes as they are
@@ -338,6 +345,7 @@ class PeerSync:
         node_bandwidth: float,
         lease: float | None = None,
         clock: Callable[[], float] = time.monotonic,
+        security: Callable[[], ChannelSecurity] = ChannelSecurity,
     ) -> None:
         self.table = table
         self.slot = slot
@@ -347,7 +355,7 @@ class PeerSync:
         self.capacity = capacity
         self.node_bandwidth = node_bandwidth
         self.membership = Membership(replica_id, peers=(), registry=slot.registry)
-        self.links = [PeerLink(a, interval) for a in addresses]
+        self.links = [PeerLink(a, interval, security) for a in addresses]
         self._clock = clock
         self.incarnation = time.time_ns()  # grows with every restart (digest.py)
         self.sequence = 0

@@ -37,6 +37,7 @@ from burstctl.controller.jobs import (
     ProtocolError,
     SessionState,
 )
+from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
 from burstctl.limits import (
     DEFAULT_MAX_NOTICES,
     DEFAULT_MAX_SESSIONS,
@@ -265,6 +266,8 @@ class ControllerServicer:
         max_notices: int = DEFAULT_MAX_NOTICES,
         retry_after: float = DEFAULT_RETRY_AFTER,
         shed_loop_lag: float = DEFAULT_SHED_LOOP_LAG,
+        gate: Gate | None = None,
+        unregistered: UnregisteredLimits | None = None,
     ) -> None:
         self.table = table
         self.replica_id = replica_id
@@ -275,6 +278,12 @@ class ControllerServicer:
         self.retry_after = retry_after
         self.shed_loop_lag = shed_loop_lag
         self.lag = LoopLag()  # probed by the replica (app.py); read by admit()
+        # Who may open a session for which job (controller/trust.py, docs/security.md).
+        self.gate = gate or Gate(secret=None, mutual_tls=False, client_trust=ClientTrust.OPEN)
+        self.unregistered = unregistered or UnregisteredLimits(
+            max_nodes=MAX_NODES, max_priority=MAX_PRIORITY
+        )
+        self.refused = 0  # sessions refused by the trust rules
         self.streams: dict[int, SessionStream] = {}
         self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
@@ -316,11 +325,28 @@ class ControllerServicer:
                 retry=True,
             )
 
-    def kill(self, session: SessionState, details: str) -> None:
-        """Ends a session's stream from outside (heartbeat timeout, shutdown)."""
+    def kill(
+        self,
+        session: SessionState,
+        details: str,
+        code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
+    ) -> None:
+        """Ends a session's stream from outside (heartbeat timeout, shutdown, a registration
+        that gives its job to another user)."""
         stream = self.streams.get(session.sid)
         if stream is not None:
-            stream.end(grpc.StatusCode.UNAVAILABLE, details)
+            stream.end(code, details)
+
+    def _admit(self, meta: JobMeta, context: grpc.aio.ServicerContext) -> JobMeta:
+        vouched = self.gate.vouched(context.invocation_metadata())
+        client_trust = ClientTrust.OPEN if vouched else self.gate.client_trust
+        return admit(
+            self.table,
+            meta,
+            vouched=vouched or client_trust is ClientTrust.OPEN,
+            client_trust=client_trust,
+            limits=self.unregistered,
+        )
 
     async def session(
         self,
@@ -337,6 +363,7 @@ class ControllerServicer:
                 return
             meta, client_id, host = validate_hello(self._check(first))
             self.admit(client)
+            meta = self._admit(meta, context)
             stream = SessionStream(self.replica_id, self.max_notices)
             session = self.table.open_session(meta, client_id, host)
             session.outbox = stream
@@ -363,6 +390,10 @@ class ControllerServicer:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         except LimitError as exc:
             await self._refuse(exc, context)
+        except Refused as exc:
+            self.refused += 1
+            log.warning("session refused (%s): %s", context.peer(), exc)
+            await context.abort(exc.code, str(exc))
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()

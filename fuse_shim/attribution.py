@@ -7,9 +7,13 @@ and the priority; user and group always come from the request's uid and gid. Whe
 names no job (or cannot be read), its ancestors are asked, nearest first; when none does, the
 caller belongs to its uid's default job ``user:<name>``.
 
-Ownership: the first uid seen with a job id owns it for the life of the `Attributor`. A caller
-of another uid that names the same job (or another user's default job) is attributed to its own
-uid's default job instead, and a warning is logged once per (job, uid).
+Ownership is the controller's to decide, never the mount's by who came first
+(docs/security.md): the mount vouches for the caller's uid (user and group always come from the
+request's credentials) and opens a session for the job the caller names; a controller that
+refuses it (``PERMISSION_DENIED``: the job is registered to another user, or another user's
+unregistered job) makes the pacer call `Attributor.deny`, and from then on that uid's requests
+naming that job go to its own default job. Naming another user's default job ``user:<name>``
+gives the caller its own default job at once. Each redirection is logged once per (job, uid).
 
 Results are cached per (pid, uid, gid) for ``ttl`` seconds, so a busy process costs one
 dictionary lookup per request and a reused pid is looked at again soon.
@@ -91,7 +95,7 @@ class Attributor:
         self._read_process = read_process
         self._lock = threading.Lock()
         self._cache: dict[Caller, tuple[float, JobInfo]] = {}
-        self._owners: dict[str, int] = {}  # job id -> the uid that claimed it first
+        self._denied: set[tuple[str, int]] = set()  # (job id, uid) the controller refused
         self._warned: set[tuple[str, int]] = set()
         self.lookups = 0  # cache misses that read /proc, for tests and logs
 
@@ -109,13 +113,30 @@ class Attributor:
             self._cache[caller] = (now + self._ttl, job)
         return job
 
-    def owner_of(self, job_id: str) -> int | None:
-        """The uid that owns ``job_id``, or None while the job is unknown."""
+    def deny(self, job_id: str, uid: int, reason: str = "") -> None:
+        """The controller refused ``uid`` a session of ``job_id``: that uid's requests naming
+        it go to its own default job from now on (cached answers are dropped)."""
         with self._lock:
-            return self._owners.get(job_id)
+            if (job_id, uid) in self._denied:
+                return
+            self._denied.add((job_id, uid))
+            self._cache = {
+                k: v for k, v in self._cache.items() if not (k.uid == uid and v[1].job_id == job_id)
+            }
+        logger.warning(
+            "uid %d may not join job %r (%s); its I/O goes to its own default job",
+            uid,
+            job_id,
+            reason or "refused by the controller",
+        )
+
+    def denied(self, job_id: str, uid: int) -> bool:
+        """Whether the controller refused ``uid`` a session of ``job_id``."""
+        with self._lock:
+            return (job_id, uid) in self._denied
 
     def forget(self, pid: int | None = None) -> None:
-        """Drops cached answers (of one pid, or all); ownership is kept."""
+        """Drops cached answers (of one pid, or all); refusals are kept."""
         with self._lock:
             if pid is None:
                 self._cache.clear()
@@ -128,10 +149,7 @@ class Attributor:
         self.lookups += 1
         own_default = default_job(caller.uid, caller.gid)
         claimed = self._claimed_job(caller)
-        job = own_default if claimed is None else self._check_owner(caller, claimed, own_default)
-        with self._lock:
-            self._owners.setdefault(job.job_id, caller.uid)
-        return job
+        return own_default if claimed is None else self._check_allowed(caller, claimed, own_default)
 
     def _claimed_job(self, caller: Caller) -> JobInfo | None:
         """The job named by the caller's environment or its nearest ancestor's, if any."""
@@ -157,24 +175,24 @@ class Attributor:
             pid = parent
         return None
 
-    def _check_owner(self, caller: Caller, claimed: JobInfo, own_default: JobInfo) -> JobInfo:
-        """The claimed job if ``caller``'s uid may have it (claiming it if unknown)."""
+    def _check_allowed(self, caller: Caller, claimed: JobInfo, own_default: JobInfo) -> JobInfo:
+        """The claimed job unless it is another user's default job or the controller refused
+        ``caller``'s uid a session of it."""
         job_id = claimed.job_id
         foreign_default = job_id.startswith("user:") and job_id != own_default.job_id
         with self._lock:
-            owner = self._owners.setdefault(job_id, caller.uid) if not foreign_default else None
-            if owner == caller.uid:
+            if not foreign_default and (job_id, caller.uid) not in self._denied:
                 return claimed
             key = (job_id, caller.uid)
             first = key not in self._warned
             self._warned.add(key)
         if first:
             logger.warning(
-                "pid %d (uid %d) names job %r, which belongs to %s; attributing its I/O to %r",
+                "pid %d (uid %d) names job %r, which belongs to another user; "
+                "attributing its I/O to %r",
                 caller.pid,
                 caller.uid,
                 job_id,
-                f"uid {owner}" if owner is not None else "another user",
                 own_default.job_id,
             )
         return own_default

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
 from burstctl.client.options import DEFAULT_ATTACH_TIMEOUT, DEFAULT_FALLBACK
 
@@ -110,6 +111,47 @@ class MountConfig:
             "Rate when no controller renews a job's allocation: keep-last, fixed:<rate>"
             " (e.g. fixed:100MiB/s) or unthrottled.",
             metavar="MODE",
+        ),
+    )
+    tls_ca: Path | None = field(
+        default=None,
+        metadata=_cli(
+            ("--tls-ca",),
+            "PEM CA bundle that signed the controller's certificate: talk TLS to it.",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    )
+    tls_cert: Path | None = field(
+        default=None,
+        metadata=_cli(
+            ("--tls-cert",),
+            "PEM client certificate shown to the controller (mutual TLS; with --tls-key).",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    )
+    tls_key: Path | None = field(
+        default=None,
+        metadata=_cli(
+            ("--tls-key",),
+            "PEM private key of --tls-cert.",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    )
+    secret_file: Path | None = field(
+        default=None,
+        metadata=_cli(
+            ("--secret-file",),
+            "File holding the controller's shared secret, sent on every call: the mount is"
+            " then a trusted component that vouches for its callers' uids (docs/security.md).",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
         ),
     )
     allow_other: bool = field(
@@ -277,11 +319,21 @@ class MountConfig:
             raise MountError(f"--metadata-cost must be >= 0 bytes, got {self.metadata_cost}")
         try:
             Fallback.parse(self.fallback)
+            self.channel_security()
         except ValueError as err:
             raise MountError(str(err)) from None
         for key, _ in self.fuse_option_items():
             if key in REFUSED_FUSE_OPTIONS:
                 raise MountError(f"-o {key} is not allowed: {REFUSED_FUSE_OPTIONS[key]}")
+
+    def channel_security(self) -> ChannelSecurity:
+        """The credentials of the mount's channel to the controller (ValueError if unusable)."""
+        return ChannelSecurity.load(
+            tls_ca=self.tls_ca,
+            tls_cert=self.tls_cert,
+            tls_key=self.tls_key,
+            secret_file=self.secret_file,
+        )
 
     def fuse_option_items(self) -> list[tuple[str, str | bool]]:
         """The ``-o`` options as (key, value) pairs; a bare key has the value True."""

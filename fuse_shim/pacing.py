@@ -20,6 +20,12 @@ and its open files.
 
 Controller trouble never fails a request: the session falls back as configured, and a session
 closed under a request (unmount, idle race) lets the request through unpaced.
+
+Who may join a job is the controller's call (docs/security.md). Sessions are per (job, user),
+so two users naming one job never share a session. The first request of a new session for a job
+the caller named waits (at most ``attach_timeout``) for the controller's first answer; a session
+the controller refuses with ``PERMISSION_DENIED`` is closed, `Attributor.deny` sends that uid's
+requests naming the job to its own default job, and the request is paced again there.
 """
 
 from __future__ import annotations
@@ -55,6 +61,14 @@ class SessionLike(Protocol):
 
     def close_soon(self) -> concurrent.futures.Future[None]: ...
 
+    def wait_attached(self, timeout: float | None = None) -> bool: ...
+
+    @property
+    def refused(self) -> str | None: ...
+
+
+# What a refusal that redirects a caller to its own default job starts with (Session.refused).
+_NOT_YOURS = "PERMISSION_DENIED"
 
 SessionFactory = Callable[[JobInfo], SessionLike]
 
@@ -64,6 +78,7 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
     if not config.controller:
         raise ValueError("pacing needs a controller")
     controller = config.controller
+    security = config.channel_security()
 
     def make(job: JobInfo) -> SessionLike:
         return Session(
@@ -73,6 +88,7 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
             quiet_gap=config.quiet_gap,
             attach_timeout=config.attach_timeout,
             runtime=runtime,
+            security=security,
         )
 
     return make
@@ -120,7 +136,7 @@ class Pacer:
         self._make_session = session_factory
         self._clock = clock
         self._lock = threading.Lock()
-        self._jobs: dict[str, PacedJob] = {}
+        self._jobs: dict[tuple[str, str], PacedJob] = {}  # by (job id, user)
         self._files: dict[int, PacedJob] = {}  # open file handle -> the job that opened it
         self._closing = False
         # The sweep's timer, on the runtime's loop only.
@@ -138,9 +154,9 @@ class Pacer:
         """The state of the caller's job, created on first sight."""
         job = self.attributor.job_for(caller)
         with self._lock:
-            state = self._jobs.get(job.job_id)
+            state = self._jobs.get((job.job_id, job.user))
             if state is None:
-                state = self._jobs[job.job_id] = PacedJob(job, self._clock())
+                state = self._jobs[job.job_id, job.user] = PacedJob(job, self._clock())
             return state
 
     def _locked_state(self, caller: Caller) -> PacedJob:
@@ -184,23 +200,49 @@ class Pacer:
                 state.session.end_phase()
 
     def _pace(self, caller: Caller, kind: str, nbytes: int) -> None:
-        state = self._locked_state(caller)
-        try:
-            session, opened = self._begin(state)
-        finally:
-            state.lock.release()
-        if session is None:
+        for _ in range(2):  # a second time only under the caller's own default job
+            state = self._locked_state(caller)
+            try:
+                session, opened = self._begin(state)
+            finally:
+                state.lock.release()
+            if session is None:
+                return
+            if opened:
+                self._sweep_by(self._clock() + self._config.session_idle)
+            try:
+                if opened and state.job.job_id != f"user:{state.job.user}":
+                    # A job the caller named: is it the caller's to join? (module docstring)
+                    session.wait_attached(self._config.attach_timeout)
+                if self._redirected(state, session, caller):
+                    continue
+                session.acquire(nbytes, kind)
+            except RuntimeError:
+                pass  # the session was closed under us (unmount or idle close): let the I/O go
+            finally:
+                with state.lock:
+                    state.inflight -= 1
+                    state.last_active = self._clock()
             return
-        if opened:
-            self._sweep_by(self._clock() + self._config.session_idle)
-        try:
-            session.acquire(nbytes, kind)
-        except RuntimeError:
-            pass  # the session was closed under us (unmount or idle close): let the I/O go
-        finally:
-            with state.lock:
-                state.inflight -= 1
-                state.last_active = self._clock()
+
+    def _redirected(self, state: PacedJob, session: SessionLike, caller: Caller) -> bool:
+        """True when the controller refused ``caller``'s uid the job of ``state``: the session is
+        closed and the attributor sends the uid's requests to its own default job."""
+        refused = session.refused
+        if (
+            refused is None
+            or not refused.startswith(_NOT_YOURS)
+            or state.job.job_id == f"user:{state.job.user}"  # nowhere else to go: fallback
+        ):
+            return False
+        self.attributor.deny(state.job.job_id, caller.uid, refused)
+        with state.lock:
+            mine = state.session is session
+            if mine:
+                state.session = None
+        if mine:
+            _close_session(state.job, session, "refused")
+        return True
 
     def _begin(self, state: PacedJob) -> tuple[SessionLike | None, bool]:
         """Counts a request in flight on the job's session, opening one if needed (its lock is
@@ -253,15 +295,16 @@ class Pacer:
         return next_at
 
     def _forget(self, state: PacedJob) -> None:
+        key = (state.job.job_id, state.job.user)
         with self._lock:
-            if self._jobs.get(state.job.job_id) is not state:
+            if self._jobs.get(key) is not state:
                 return
             if not state.lock.acquire(blocking=False):
                 return  # busy again: not idle
             try:
                 if state.session is None and state.open_files == 0 and state.inflight == 0:
                     state.forgotten = True
-                    del self._jobs[state.job.job_id]
+                    del self._jobs[key]
             finally:
                 state.lock.release()
 
@@ -300,9 +343,9 @@ class Pacer:
     # ------------------------------------------------------------------ inspection and close
 
     def jobs(self) -> dict[str, PacedJob]:
-        """A snapshot of the known jobs by id."""
+        """A snapshot of the known jobs by id (of two users' states of one job id, one shows)."""
         with self._lock:
-            return dict(self._jobs)
+            return {job_id: state for (job_id, _), state in self._jobs.items()}
 
     def close(self) -> None:
         """Ends every phase and closes every session (blocked acquires are let through).

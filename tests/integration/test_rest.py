@@ -261,8 +261,9 @@ async def test_registered_metadata_wins_and_survives_a_restart(
         assert r.status_code == 201 and r.json()["registered"] and not r.json()["active"]
         r = await http.post("/v1/jobs", json={**body, "nodes": 8})
         assert r.status_code == 200 and r.json()["nodes"] == 8  # an update
-    # a client claiming other metadata for job 42 gets the registered one
-    claim = JobInfo("42", "mallory", "evil", nodes=64)
+    # the owner's client claiming other metadata for job 42 gets the registered one (another
+    # user's is refused: tests/integration/test_trust.py)
+    claim = JobInfo("42", "alice", "evil", nodes=64)
     s = await asyncio.to_thread(Session, svc.grpc_address, claim)
     try:
         await async_wait_until(lambda: "42" in svc.table.jobs, 5, message="session open")

@@ -18,10 +18,11 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import psutil
 import pytest
 from fake_controller import FakeController
-from support import MountProcess, is_mounted, wait_until
+from support import ControllerProcess, MountProcess, is_mounted, wait_until
 
 from burstctl.fuse_shim.attribution import Attributor, Caller
 
@@ -341,28 +342,33 @@ def test_an_unreachable_controller_falls_back(
     wait_until(lambda: "fallback unthrottled" in mount.log_text, timeout=10)
 
 
-def test_another_uid_cannot_claim_a_known_job(
-    fake_controller: Callable[..., FakeController],
+def test_a_registered_job_is_never_taken_by_another_uid(
+    controller_factory: Callable[..., ControllerProcess],
     fuse_mount: Callable[..., MountProcess],
     apps: Callable[..., App],
 ) -> None:
-    fake = fake_controller(initial_rate=64 * MiB)
+    # Issue 15, finding 3: with job 777 registered to root, a process of uid nobody naming
+    # 777 that reached the mount first got job 777 (and its share), while root's own I/O was
+    # moved to user:root. Now the controller refuses nobody's session of 777 and the mount
+    # sends nobody's I/O to nobody's own default job, whoever comes first.
+    ctl = controller_factory("--capacity", "100MiB/s", "--node-bandwidth", "8MiB/s")
+    assert ctl.url is not None and ctl.address is not None
+    token = (ctl.state_dir / "admin-token").read_text().strip()
+    body = {"job_id": "777", "user": "root", "group": "root", "nodes": 64}
+    r = httpx.post(f"{ctl.url}/v1/jobs", json=body, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == 201, r.text
+
+    def jobs() -> dict[str, dict[str, object]]:
+        return {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs").json()}
+
     world = Path(tempfile.mkdtemp(prefix="burstctl-pacing-"))
     try:
         world.chmod(0o755)
         backing, mnt = world / "backing", world / "mnt"
-        mount = fuse_mount(backing, mnt, "--controller", fake.address, "--allow-other")
+        mount = fuse_mount(backing, mnt, "--controller", ctl.address, "--allow-other")
         os.chmod(mnt, 0o777)
-        owner = apps({"BURSTCTL_JOB_ID": "alpha"})
-        owner.do("open", mnt / "mine")
-        owner.do("write", mnt / "mine", 4 * KiB)
-        owner.do("close", mnt / "mine")
-        owner.exit()
-        fake.wait_for(lambda: "alpha" in hellos(fake), timeout=10)
-
-        # nobody's shell names job alpha, which root's process made known first. (setpriv,
-        # not Popen(user=...): that forks this process, whose gRPC threads make the child
-        # crash before exec.)
+        # nobody first (setpriv, not Popen(user=...): that forks this process, whose gRPC
+        # threads make the child crash before exec).
         subprocess.run(
             [
                 "setpriv",
@@ -371,16 +377,31 @@ def test_another_uid_cannot_claim_a_known_job(
                 "--clear-groups",
                 "/bin/sh",
                 "-c",
-                f"head -c 4096 /dev/zero > {mnt}/theirs",
+                f"head -c {MiB} /dev/zero > {mnt}/theirs",
             ],
-            env={"BURSTCTL_JOB_ID": "alpha", "PATH": "/usr/bin:/bin"},
+            env={"SLURM_JOB_ID": "777", "PATH": "/usr/bin:/bin"},
             check=True,
             timeout=30,
         )
-        fake.wait_for(lambda: "user:nobody" in hellos(fake), timeout=10)
-        assert hellos(fake)["user:nobody"].user == "nobody"
-        assert len(hellos_of(fake, "alpha")) == 1
-        wait_until(lambda: "names job 'alpha', which belongs to uid 0" in mount.log_text)
+        owner = apps({"SLURM_JOB_ID": "777"})
+        owner.do("open", mnt / "mine")
+        owner.do("write", mnt / "mine", 2 * MiB)
+        owner.do("close", mnt / "mine")
+        owner.exit()
+        wait_until(
+            lambda: (
+                jobs().get("777", {}).get("bytes_moved") == 2 * MiB
+                and jobs().get("user:nobody", {}).get("bytes_moved") == MiB
+            ),
+            timeout=15,
+            interval=0.05,
+            message="root's bytes in job 777, nobody's in user:nobody",
+        )
+        table = jobs()
+        assert table["777"]["user"] == "root" and table["777"]["registered"]
+        assert table["user:nobody"]["user"] == "nobody"
+        assert "user:root" not in table  # root's own I/O stayed in its job
+        wait_until(lambda: "uid 65534 may not join job '777'" in mount.log_text)
         assert os.stat(backing / "theirs").st_uid == 65534
         mount.stop()
     finally:
@@ -455,3 +476,39 @@ def test_jobs_share_the_mounts_loop_thread_and_connection(
         if c.raddr and c.raddr.port == fake.port and c.status == psutil.CONN_ESTABLISHED
     ]
     assert len(to_controller) == 1
+
+
+def test_the_mount_carries_the_controllers_secret(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    apps: Callable[..., App],
+    tmp_path: Path,
+) -> None:
+    secret = tmp_path / "grpc-secret"
+    secret.write_text("mount-secret\n")
+    secret.chmod(0o600)
+    ctl = controller_factory(env={"BURSTCTL_GRPC_SECRET_FILE": str(secret)})
+    assert ctl.url is not None and ctl.address is not None
+
+    def moved(job_id: str) -> object:
+        jobs = {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs").json()}
+        return jobs.get(job_id, {}).get("bytes_moved")
+
+    vouched = fuse_mount(
+        tmp_path / "b1", tmp_path / "m1", "--controller", ctl.address, "--secret-file", str(secret)
+    )
+    bare = fuse_mount(
+        tmp_path / "b2", tmp_path / "m2", "--controller", ctl.address, "--attach-timeout", "30"
+    )
+    for mnt, job in ((tmp_path / "m1", "sec"), (tmp_path / "m2", "nosec")):
+        app = apps({"BURSTCTL_JOB_ID": job})
+        app.do("open", mnt / "f")
+        app.do("write", mnt / "f", MiB)  # the bare mount's session is refused: its fallback
+        app.do("close", mnt / "f")  # applies at once, not after the 30 s attach timeout
+        app.exit()
+    wait_until(lambda: moved("sec") == MiB, timeout=15, interval=0.05, message="bytes of sec")
+    assert moved("nosec") is None  # never admitted
+    assert "refused the session: UNAUTHENTICATED" in bare.log_text
+    assert "refused" not in vouched.log_text
+    vouched.stop()
+    bare.stop()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 
@@ -140,3 +141,29 @@ def test_backoff_grows_with_jitter_up_to_the_cap_and_resets() -> None:
     assert max(delays) <= 2.0
     backoff.reset()
     assert backoff.next_delay() <= 0.05
+
+
+def test_channel_security_is_checked_when_loaded(tmp_path: Path) -> None:
+    from burstctl.channels import ChannelSecurity
+
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")
+    secret = tmp_path / "secret"
+    secret.write_text("  tok3n\n")
+    sec = ChannelSecurity.load(tls_ca=pem, secret_file=secret)
+    assert sec.secret == "tok3n" and sec.call_metadata() == (("authorization", "Bearer tok3n"),)
+    assert ChannelSecurity().plain and not sec.plain
+    empty = tmp_path / "empty"
+    empty.write_text("\n")
+    not_pem = tmp_path / "not.pem"
+    not_pem.write_text("hello")
+    for kwargs, word in (
+        ({"secret_file": empty}, "empty"),
+        ({"secret_file": tmp_path / "absent"}, "cannot read"),
+        ({"tls_ca": not_pem}, "not a PEM"),
+        ({"tls_cert": pem, "tls_key": pem}, "needs tls_ca"),
+        ({"tls_ca": pem, "tls_cert": pem}, "go together"),
+        ({"secret": "a", "secret_file": secret}, "not both"),
+    ):
+        with pytest.raises(ValueError, match=word):
+            ChannelSecurity.load(**kwargs)  # type: ignore[arg-type]

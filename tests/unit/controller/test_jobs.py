@@ -185,8 +185,31 @@ def test_bytes_attributed_oldest_operation_first(table: JobTable) -> None:
     assert table.view(B, b).jobs["j"].remaining == 50.0
 
 
-def test_later_session_cannot_change_the_job(table: JobTable, caplog) -> None:
+def test_later_session_cannot_raise_the_jobs_weight(table: JobTable) -> None:
     table.open_session(meta(nodes=1), "c1", "h")
-    table.open_session(meta(nodes=64), "c2", "h")  # claims more nodes: ignored, logged
+    table.open_session(meta(nodes=64), "c2", "h")  # claims more nodes: the smaller claim holds
     assert table.jobs["j"].meta.nodes == 1
-    assert "keeping the job's" in caplog.text
+
+
+def test_a_claim_binds_only_while_its_session_lives(table: JobTable) -> None:
+    # Issue 15, finding 3: a Hello claiming 2^20 nodes stuck to the job for job_retention and
+    # bound the honest sessions that came after it.
+    greedy = table.open_session(meta(nodes=1 << 20), "c1", "h")
+    table.close_session(greedy)
+    honest = table.open_session(meta(nodes=2), "c2", "h")
+    assert table.jobs["j"].meta.nodes == 2
+    # While a greedy claim lives beside an honest one, the honest (smaller) one holds, and the
+    # job keeps it when the greedy session leaves.
+    greedy = table.open_session(meta(nodes=1 << 20), "c3", "h")
+    assert table.jobs["j"].meta.nodes == 2
+    table.close_session(honest)
+    assert table.jobs["j"].meta.nodes == 1 << 20  # only the greedy claim is left
+    table.close_session(greedy)
+    table.open_session(meta(nodes=3), "c4", "h")
+    assert table.jobs["j"].meta.nodes == 3
+
+
+def test_a_registration_outranks_every_claim(table: JobTable) -> None:
+    table.register(JobMeta("j", "u", "g", nodes=8, priority=2.0))
+    table.open_session(meta(nodes=1), "c1", "h")
+    assert (table.jobs["j"].meta.nodes, table.jobs["j"].meta.priority) == (8, 2.0)

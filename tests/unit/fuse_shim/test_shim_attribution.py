@@ -128,26 +128,28 @@ def test_an_invalid_environment_falls_back_to_the_default_job(
     assert "SLURM_NNODES" in caplog.text
 
 
-def test_another_uid_cannot_claim_a_known_job(
+def test_who_came_first_owns_nothing_the_controller_decides(
     children: Children, caplog: pytest.LogCaptureFixture
 ) -> None:
-    owner = children.start({"BURSTCTL_JOB_ID": "owned"})
-    intruder = children.start({"BURSTCTL_JOB_ID": "owned"})
+    # Issue 15, finding 3: the first uid to name a job used to own it in the mount, so an
+    # intruder that came first took a job registered to another user and pushed the owner's
+    # own I/O to its default job.
+    intruder = children.start({"BURSTCTL_JOB_ID": "777"})
+    owner = children.start({"BURSTCTL_JOB_ID": "777"})
     attr = attributor()
-    assert attr.job_for(Caller(owner, UID, GID)).job_id == "owned"
-    assert attr.owner_of("owned") == UID
     other_uid = UID + 4242
+    assert attr.job_for(Caller(intruder, other_uid, GID)).job_id == "777"
+    assert attr.job_for(Caller(owner, UID, GID)).job_id == "777"  # not pushed aside
+    # The controller refused the intruder's uid a session of 777 (the pacer says so):
     with caplog.at_level(logging.WARNING, "burstctl.fuse_shim.attribution"):
-        job = attr.job_for(Caller(intruder, other_uid, GID))
+        attr.deny("777", other_uid, "PERMISSION_DENIED: registered to another user")
+        job = attr.job_for(Caller(intruder, other_uid, GID))  # the cached answer is dropped
         attr.forget()
         attr.job_for(Caller(intruder, other_uid, GID))
     assert job == default_job(other_uid, GID)
-    assert caplog.text.count("names job 'owned'") == 1  # warned once per (job, uid)
-    # The owner keeps its job; a job nobody has claimed yet is free to claim.
-    assert attr.job_for(Caller(owner, UID, GID)).job_id == "owned"
-    fresh = children.start({"BURSTCTL_JOB_ID": "fresh"})
-    assert attr.job_for(Caller(fresh, other_uid, GID)).job_id == "fresh"
-    assert attr.owner_of("fresh") == other_uid
+    assert attr.denied("777", other_uid) and not attr.denied("777", UID)
+    assert caplog.text.count("names job '777'") == 1  # warned once per (job, uid)
+    assert attr.job_for(Caller(owner, UID, GID)).job_id == "777"
 
 
 def test_nobody_may_name_another_users_default_job(children: Children) -> None:

@@ -12,7 +12,7 @@ import pytest
 from support import wait_until
 
 from burstctl.client import ClientRuntime
-from burstctl.client.job import JobInfo
+from burstctl.client.job import JobInfo, user_name
 from burstctl.fuse_shim.attribution import Attributor, Caller
 from burstctl.fuse_shim.config import MountConfig
 from burstctl.fuse_shim.pacing import Pacer
@@ -28,6 +28,12 @@ class FakeSession:
         self.gate: threading.Event | None = None
         self.cond = threading.Condition()
         self.closed_on: threading.Thread | None = None
+        self.refused: str | None = None
+        self.waited_attached = 0
+
+    def wait_attached(self, timeout: float | None = None) -> bool:
+        self.waited_attached += 1
+        return self.refused is None
 
     def acquire(self, nbytes: int, kind: str = "write") -> None:
         if self.closed:
@@ -250,3 +256,38 @@ def test_idle_sessions_are_closed_on_the_runtimes_loop_without_a_thread_of_their
 def test_a_pacer_needs_sessions_from_somewhere() -> None:
     with pytest.raises(ValueError, match="runtime"):
         Pacer(config(), attributor())
+
+
+def test_a_job_the_controller_refuses_sends_the_callers_io_to_its_own_default_job() -> None:
+    # Issue 15, finding 3: the mount attributes a uid's I/O to a job only if the controller
+    # lets that uid join it; otherwise to the uid's own default job.
+    rig = Rig()
+    make = rig.pacer._make_session
+
+    def refusing(job: JobInfo) -> FakeSession:
+        session = make(job)
+        assert isinstance(session, FakeSession)
+        if job.job_id == "a":
+            session.refused = "PERMISSION_DENIED: hello.user: job 'a' is registered to another user"
+        return session
+
+    rig.pacer._make_session = refusing
+    rig.pacer.data(A, "write", 10)
+    (refused,) = rig.of("a")
+    assert refused.waited_attached == 1 and refused.closed
+    assert not [e for e in refused.events if e[0] == "acquire"]  # no byte paced as job a
+    own = f"user:{user_name(A.uid)}"
+    (mine,) = rig.of(own)
+    assert mine.events == [("acquire", 10, "write")]
+    rig.pacer.data(A2, "write", 5)  # another process of the uid: straight to its own job
+    assert len(rig.of("a")) == 1 and mine.events[-1] == ("acquire", 5, "write")
+    assert rig.pacer.attributor.denied("a", A.uid)
+
+
+def test_two_users_naming_one_job_get_a_session_each() -> None:
+    rig = Rig()
+    other = Caller(101, 6000, 6000)
+    rig.pacer.data(A, "write", 1)
+    rig.pacer.data(other, "write", 1)
+    sessions = rig.of("a")
+    assert sorted(s.job.user for s in sessions) == sorted([user_name(5000), user_name(6000)])
