@@ -10,25 +10,41 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from burstctl.limits import MIN_RATE
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+
+logger = logging.getLogger(__name__)
 
 # Relative slack when comparing cumulative float counters, so rounding never leaves a waiter
 # spinning on a deficit of a fraction of a byte. 1e-12 of 2**53 bytes is still below 10 kB.
 _RELATIVE_SLACK = 1e-12
 _ABSOLUTE_SLACK = 1e-9
+# Longest single wait, in seconds: a longer (or endless) wait is taken in slices of at most this,
+# re-computed after each, so no timeout handed to `Condition.wait` or `asyncio.timeout` can be
+# out of range for the platform (``nbytes / rate`` at a tiny rate overflowed time_t).
+MAX_WAIT_SLICE = 10.0
 
 
 def _check_rate(rate: float) -> float:
+    """The rate to pace at: ``rate``, or 0 below `MIN_RATE` (a residue means "wait")."""
     rate = float(rate)
     if math.isnan(rate) or rate < 0:
         raise ValueError(f"rate must be >= 0 (inf = unthrottled), got {rate!r}")
-    return rate
+    return rate if rate >= MIN_RATE else 0.0
+
+
+def wait_slice(delay: float) -> float:
+    """A finite timeout in ``[0, MAX_WAIT_SLICE]`` for a computed ``delay`` (inf, NaN too)."""
+    if not delay > 0:  # also NaN
+        return 0.0
+    return min(delay, MAX_WAIT_SLICE)
 
 
 def _check_burst(burst: float) -> float:
@@ -47,8 +63,9 @@ class TokenBucket:
     waits ``n / rate`` instead of forever (the bucket is never required to hold n tokens at once).
     The burst caps only unreserved tokens: ``filled <= taken + burst``.
 
-    A rate of 0 means "wait until the rate changes"; ``math.inf`` means unthrottled. Not
-    thread-safe: `Throttle` serialises access.
+    A rate of 0 means "wait until the rate changes"; so does any rate below `MIN_RATE`, which
+    the bucket stores as 0. ``math.inf`` means unthrottled. Not thread-safe: `Throttle`
+    serialises access.
     """
 
     __slots__ = ("_burst", "_filled", "_rate", "_stamp", "_taken")
@@ -148,18 +165,23 @@ class Throttle:
     """A `TokenBucket` shared by threads and coroutines.
 
     Blocking callers wait on a `threading.Condition`, coroutines on a future, both with the
-    computed delay as timeout; a rate change wakes everyone to recompute. ``on_wait_start`` is
-    called, with the throttle's lock held, when an acquire starts waiting while the last reported
-    snapshot said nobody waited; it must not block nor call back into the throttle.
+    computed delay as timeout, taken in slices of at most `MAX_WAIT_SLICE`; a rate change wakes
+    everyone to recompute. Nothing but `close` (and a caller's own bad argument) makes an acquire
+    raise. ``on_wait_start`` is called, with the throttle's lock held, when an acquire starts
+    waiting while the last reported snapshot said nobody waited; ``on_rate_change`` with the new
+    rate (after the floor) whenever the rate in force changes, also under the lock. Neither may
+    block nor call back into the throttle.
     """
 
     def __init__(
         self,
         clock: Callable[[], float] = time.monotonic,
         on_wait_start: Callable[[], None] | None = None,
+        on_rate_change: Callable[[float], None] | None = None,
     ) -> None:
         self._clock = clock
         self._on_wait_start = on_wait_start
+        self._on_rate_change = on_rate_change
         self._cond = threading.Condition(threading.Lock())
         self._bucket = TokenBucket(now=clock())
         self._wakeups: set[asyncio.Future[None]] = set()
@@ -197,8 +219,14 @@ class Throttle:
     def set_rate(self, rate: float, burst: float) -> None:
         """Applies a new rate and wakes every waiter to re-evaluate its wait."""
         with self._cond:
+            old = self._bucket.rate
             self._bucket.set_rate(rate, burst, self._clock())
             self._wake_all()
+            if self._on_rate_change is not None and self._bucket.rate != old:
+                try:
+                    self._on_rate_change(self._bucket.rate)
+                except Exception:  # an observer's bug must not stop the session's pacing
+                    logger.exception("rate observer failed")
 
     def close(self) -> None:
         """Refuses further acquires and makes the blocked ones raise."""
@@ -238,7 +266,7 @@ class Throttle:
             self._start_wait(start)
             try:
                 while delay > 0:
-                    self._cond.wait(None if math.isinf(delay) else delay)
+                    self._cond.wait(wait_slice(delay))
                     self._check_open()
                     delay = self._bucket.delay(target, self._clock())
             finally:
@@ -266,7 +294,7 @@ class Throttle:
                         return
                     self._wakeups.add(wakeup)
                 try:
-                    async with asyncio.timeout(None if math.isinf(delay) else delay):
+                    async with asyncio.timeout(wait_slice(delay)):
                         await wakeup
                 except TimeoutError:
                     pass

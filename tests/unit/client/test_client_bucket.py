@@ -7,8 +7,10 @@ import math
 import threading
 
 import pytest
+from support import wait_until
 
-from burstctl.client.bucket import Throttle, TokenBucket
+from burstctl.client.bucket import MAX_WAIT_SLICE, Throttle, TokenBucket, wait_slice
+from burstctl.limits import MIN_RATE
 
 
 class FakeClock:
@@ -221,3 +223,59 @@ async def test_async_close_raises_in_waiters() -> None:
     with pytest.raises(RuntimeError, match="closed"):
         await asyncio.wait_for(waiter, 2)
     assert not throttle.waiting
+
+
+# -------------------------------------------------------------------------- issue 15, finding 7
+
+
+def test_a_rate_below_the_floor_is_zero() -> None:
+    """A residue (6.2e-9 B/s was seen) means "wait", not "wait n / 6.2e-9 seconds"."""
+    bucket = TokenBucket(rate=6.2e-9, burst=0, now=0.0)
+    assert bucket.rate == 0
+    target = bucket.reserve(64 * 1024, now=0.0)
+    assert bucket.delay(target, now=0.0) == math.inf
+    bucket.set_rate(MIN_RATE / 2, 0, now=1.0)
+    assert bucket.rate == 0
+    bucket.set_rate(MIN_RATE, 0, now=1.0)
+    assert bucket.rate == MIN_RATE
+
+
+@pytest.mark.parametrize("delay", [math.inf, 1e13, threading.TIMEOUT_MAX * 2, 12.5])
+def test_every_wait_is_a_finite_slice(delay: float) -> None:
+    assert 0 < wait_slice(delay) <= MAX_WAIT_SLICE
+    assert wait_slice(delay) <= threading.TIMEOUT_MAX
+    assert wait_slice(0.25) == 0.25
+    assert wait_slice(math.nan) == 0.0
+    assert wait_slice(-1.0) == 0.0
+
+
+def test_a_long_wait_never_raises_and_ends_on_a_rate_change() -> None:
+    throttle = Throttle()
+    throttle.set_rate(MIN_RATE, 0)  # 1 B/s: 1 TiB takes 2**40 s, past threading.TIMEOUT_MAX
+    errors: list[BaseException] = []
+    done = threading.Event()
+
+    def worker() -> None:
+        try:
+            throttle.acquire(1 << 40)
+        except BaseException as exc:
+            errors.append(exc)
+        done.set()
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    wait_until(lambda: throttle.waiting or done.is_set())
+    throttle.set_rate(math.inf, 0)
+    assert done.wait(5)
+    thread.join(5)
+    assert not errors
+
+
+def test_rate_observer_sees_each_change_after_the_floor() -> None:
+    seen: list[float] = []
+    throttle = Throttle(on_rate_change=seen.append)
+    throttle.set_rate(6.2e-9, 0)  # floored to 0: no change from the initial 0
+    throttle.set_rate(100.0, 10)
+    throttle.set_rate(100.0, 20)  # same rate: not a change
+    throttle.set_rate(0.5, 0)
+    assert seen == [100.0, 0.0]
