@@ -41,7 +41,9 @@ class Engine:
     def __init__(self, options: SessionOptions, clock: Callable[[], float] = time.monotonic):
         self._options = options
         self._clock = clock
-        self._throttle = Throttle(clock, on_wait_start=self._on_wait_start)
+        self._throttle = Throttle(
+            clock, on_wait_start=self._on_wait_start, on_rate_change=options.rate_observer
+        )
         self._stream = SessionStream(options, self._throttle, clock)
 
         # Hot-path state, shared with application threads: guarded by _lock.

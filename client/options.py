@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from burstctl.channels import ChannelSecurity
@@ -24,6 +25,12 @@ DEFAULT_REPORT_INTERVAL = 0.25
 DEFAULT_QUIET_GAP = 0.1
 # Seconds a new session waits for its first allocation before the fallback applies.
 DEFAULT_ATTACH_TIMEOUT = 2.0
+# Seconds a keep-last session that was allotted 0 keeps that 0 after its lease ran out, with no
+# controller answering, before it moves to the fallback's conservative rate (client/fallback.py).
+DEFAULT_FALLBACK_GRACE = 30.0
+
+# Called with the new rate (bytes/s, inf = unthrottled) whenever a session's rate in force changes.
+RateObserver = Callable[[float], None]
 
 
 def default_client_id() -> str:
@@ -44,6 +51,8 @@ class SessionOptions:
     client_id: str
     host: str
     security: ChannelSecurity  # TLS, client certificate, shared secret (docs/security.md)
+    fallback_grace: float = DEFAULT_FALLBACK_GRACE
+    rate_observer: RateObserver | None = None
 
     @classmethod
     def build(
@@ -57,6 +66,8 @@ class SessionOptions:
         attach_timeout: float,
         client_id: str | None,
         security: ChannelSecurity | None = None,
+        fallback_grace: float = DEFAULT_FALLBACK_GRACE,
+        rate_observer: RateObserver | None = None,
     ) -> SessionOptions:
         if not isinstance(target, str) or not target:
             raise ValueError(f"target must be a non-empty 'host:port' string, got {target!r}")
@@ -67,6 +78,9 @@ class SessionOptions:
         _check_seconds("report_interval", report_interval, allow_zero=False, allow_inf=False)
         _check_seconds("quiet_gap", quiet_gap, allow_zero=True, allow_inf=False)
         _check_seconds("attach_timeout", attach_timeout, allow_zero=True, allow_inf=True)
+        _check_seconds("fallback_grace", fallback_grace, allow_zero=True, allow_inf=True)
+        if rate_observer is not None and not callable(rate_observer):
+            raise ValueError(f"rate_observer must be callable, got {rate_observer!r}")
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
         if security is None:
@@ -83,6 +97,8 @@ class SessionOptions:
             client_id=client_id or default_client_id(),
             host=socket.gethostname(),
             security=security,
+            fallback_grace=float(fallback_grace),
+            rate_observer=rate_observer,
         )
 
 

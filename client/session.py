@@ -18,8 +18,10 @@ from burstctl.client.kinds import check_volume, op_kind
 from burstctl.client.options import (
     DEFAULT_ATTACH_TIMEOUT,
     DEFAULT_FALLBACK,
+    DEFAULT_FALLBACK_GRACE,
     DEFAULT_QUIET_GAP,
     DEFAULT_REPORT_INTERVAL,
+    RateObserver,
     SessionOptions,
 )
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
@@ -91,6 +93,8 @@ class _SessionBase:
         attach_timeout: float = DEFAULT_ATTACH_TIMEOUT,
         client_id: str | None = None,
         security: ChannelSecurity | None = None,
+        fallback_grace: float = DEFAULT_FALLBACK_GRACE,
+        rate_observer: RateObserver | None = None,
     ) -> None:
         options = SessionOptions.build(
             target,
@@ -101,6 +105,8 @@ class _SessionBase:
             attach_timeout=attach_timeout,
             client_id=client_id,
             security=security,
+            fallback_grace=fallback_grace,
+            rate_observer=rate_observer,
         )
         self._engine = Engine(options)
 
@@ -156,6 +162,11 @@ class Session(_SessionBase):
     ``attach_timeout`` passes and the fallback applies) ``acquire`` waits. Controller problems
     are logged, never raised into ``acquire`` or ``operation``.
 
+    ``fallback_grace``: seconds a ``keep-last`` session allotted 0 keeps that 0 once its lease
+    ran out before the conservative rate applies (client/fallback.py). ``rate_observer``: called
+    with the new rate whenever the rate in force changes, on the session's loop thread with the
+    throttle's lock held (it must return quickly and not call into the session).
+
     ``runtime``: the `ClientRuntime` to run on, shared with other sessions (its loop thread
     and its channel to ``target``); closing the session leaves it open. Without one the session
     runs on a runtime of its own, closed with it.
@@ -173,6 +184,8 @@ class Session(_SessionBase):
         client_id: str | None = None,
         runtime: ClientRuntime | None = None,
         security: ChannelSecurity | None = None,
+        fallback_grace: float = DEFAULT_FALLBACK_GRACE,
+        rate_observer: RateObserver | None = None,
     ) -> None:
         super().__init__(
             target,
@@ -183,6 +196,8 @@ class Session(_SessionBase):
             attach_timeout=attach_timeout,
             client_id=client_id,
             security=security,
+            fallback_grace=fallback_grace,
+            rate_observer=rate_observer,
         )
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")

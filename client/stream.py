@@ -135,7 +135,8 @@ class SessionStream:
         self._lease_deadline = math.inf
         self._lease_changed = asyncio.Event()
         self._in_fallback = False
-        self._last_nonzero_rate: float | None = None
+        self._last_rate: float | None = None  # last allotted by a live controller, 0 included
+        self._grace_timer: asyncio.TimerHandle | None = None
         self._last_burst: float | None = None
         self._last_report = ThrottleStats(bytes=0, acquires=0, wait_seconds=0.0, waiting=False)
         self._last_report_at = 0.0
@@ -193,6 +194,7 @@ class SessionStream:
     async def close(self) -> None:
         """Says Goodbye, ends the stream and stops every task (the channel stays open)."""
         self._stopping = True
+        self._cancel_grace()
         try:
             await self._say_goodbye()
             tasks = list(self._tasks)
@@ -479,8 +481,8 @@ class SessionStream:
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
         self._throttle.set_rate(rate, burst)
-        if rate > 0:
-            self._last_nonzero_rate = rate
+        self._last_rate = self._throttle.rate  # after the floor: a residue is a 0
+        self._cancel_grace()
         self._last_burst = burst
         self._stream_had_allocation = True
         if self._in_fallback or self._detached_logged:
@@ -514,11 +516,8 @@ class SessionStream:
 
     def _lease_expired(self) -> None:
         fallback = self._options.fallback
-        rate = fallback.rate(self._last_nonzero_rate)
-        burst = self._last_burst
-        if burst is None:
-            burst = rate * DEFAULT_BURST_SECONDS if math.isfinite(rate) else 0.0
-        self._throttle.set_rate(rate, burst)
+        rate = fallback.rate(self._last_rate)
+        self._apply_fallback_rate(rate)
         self._in_fallback = True
         self._set_attached(False)
         if self._last_burst is not None:
@@ -532,6 +531,37 @@ class SessionStream:
             fallback,
             format_rate(rate) if math.isfinite(rate) else "unthrottled",
         )
+        grace = self._options.fallback_grace
+        if fallback.rate_after_grace(self._last_rate) is not None and math.isfinite(grace):
+            assert self._loop is not None
+            self._cancel_grace()
+            self._grace_timer = self._loop.call_later(grace, self._grace_expired)
         if self._stream_had_allocation and self._call is not None:
             # The controller on this stream stopped renewing: treat the stream as dead.
             self._call.cancel()
+
+    def _apply_fallback_rate(self, rate: float) -> None:
+        burst = self._last_burst
+        if not burst:  # never told how deep, or told 0 along with a rate of 0
+            burst = rate * DEFAULT_BURST_SECONDS if math.isfinite(rate) else 0.0
+        self._throttle.set_rate(rate, burst)
+
+    def _grace_expired(self) -> None:
+        """A kept 0 outlived ``fallback_grace`` without a controller: the conservative rate."""
+        self._grace_timer = None
+        rate = self._options.fallback.rate_after_grace(self._last_rate)
+        if not self._in_fallback or rate is None or self._stopping:
+            return
+        self._apply_fallback_rate(rate)
+        logger.warning(
+            "no controller at %s for %gs after the lease ran out; keep-last lifts the allotted 0"
+            " to its conservative rate %s",
+            self._options.target,
+            self._options.fallback_grace,
+            format_rate(rate),
+        )
+
+    def _cancel_grace(self) -> None:
+        if self._grace_timer is not None:
+            self._grace_timer.cancel()
+            self._grace_timer = None

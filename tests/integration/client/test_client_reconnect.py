@@ -58,28 +58,8 @@ def test_fallback_after_lease_expiry_then_reattach_on_the_same_port(
         assert second.bodies("op_completed")[0].op_id == op.op_id
 
 
-def test_keep_last_keeps_the_last_nonzero_rate(
-    make_controller: Callable[..., Any], wait_until: Callable[..., None]
-) -> None:
-    controller = make_controller(initial_rate=3 * MiB, lease_seconds=0.3, renew_interval=0.1)
-    with Session(controller.address, JOB, "keep-last") as session:
-        assert session.wait_attached(5)
-        controller.push(0.0, burst=0, lease=0.3)  # "wait", then the controller vanishes
-        wait_until(lambda: session.rate == 0)
-        controller.stop()
-        session.acquire(KiB)  # blocked at rate 0 until the lease runs out
-        assert session.rate == 3 * MiB
-
-
-def test_keep_last_without_any_allocation_is_unthrottled(
-    make_controller: Callable[..., Any],
-) -> None:
-    # A controller that accepts the stream but never allocates.
-    controller = make_controller()
-    with Session(controller.address, JOB, "keep-last", attach_timeout=0.2) as session:
-        session.acquire(64 * MiB)
-        assert session.rate == math.inf
-        assert controller.received()[0].kind == "hello"
+# keep-last (an allotted 0 is kept, a never-attached session is not unthrottled):
+# test_client_fail_safe.py.
 
 
 def test_fixed_fallback_when_the_controller_is_unreachable(free_port: int) -> None:

@@ -322,10 +322,11 @@ def test_invalid_argument_is_logged_and_retried_with_backoff(
     assert errors and "rejected" in errors[0].getMessage()
 
 
-def test_unthrottled_before_any_allocation_with_an_unreachable_controller(
+def test_unthrottled_fallback_before_any_allocation_with_an_unreachable_controller(
     free_port: int,
 ) -> None:
-    with Session(f"127.0.0.1:{free_port}", JOB, "keep-last", attach_timeout=0.2) as session:
+    # Only an explicit "unthrottled" fallback runs unthrottled (keep-last: test_client_fail_safe).
+    with Session(f"127.0.0.1:{free_port}", JOB, "unthrottled", attach_timeout=0.2) as session:
         assert session.rate == 0  # waits for a controller at first
         start = time.monotonic()
         session.acquire(100 * MiB)  # blocks until attach_timeout, then goes unthrottled

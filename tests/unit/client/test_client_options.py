@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from burstctl.client import Fallback, JobInfo
+from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
 from burstctl.client.kinds import check_nbytes, check_volume, op_kind
 from burstctl.client.options import SessionOptions
 from burstctl.client.stream import Backoff
@@ -28,10 +29,26 @@ def test_fallback_specs_parse() -> None:
     assert Fallback.parse(" fixed: 1.5 GB/s ").fixed_rate == 1.5e9
     assert Fallback.parse("fixed:4096").fixed_rate == 4096
     assert str(Fallback.parse("fixed:10MiB/s")) == "fixed:10.00 MiB/s"
+    assert Fallback.parse("keep-last:4MiB/s") == Fallback("keep-last", conservative_rate=4 * MiB)
+    assert str(Fallback.parse("keep-last:4MiB/s")) == "keep-last:4.00 MiB/s"
+    assert str(Fallback.parse("keep-last")) == "keep-last"
 
 
 @pytest.mark.parametrize(
-    "spec", ["", "keep", "fixed", "fixed:", "fixed:fast", "fixed:0", "fixed:-1MiB/s", "ulimited"]
+    "spec",
+    [
+        "",
+        "keep",
+        "fixed",
+        "fixed:",
+        "fixed:fast",
+        "fixed:0",
+        "fixed:-1MiB/s",
+        "ulimited",
+        "keep-last:",
+        "keep-last:0",
+        "keep-last:inf",
+    ],
 )
 def test_bad_fallback_specs_say_what_is_allowed(spec: str) -> None:
     with pytest.raises(ValueError, match="fallback"):
@@ -39,11 +56,18 @@ def test_bad_fallback_specs_say_what_is_allowed(spec: str) -> None:
 
 
 def test_fallback_rates() -> None:
-    assert Fallback.parse("keep-last").rate(3.0) == 3.0
-    # Never a rate of 0 kept forever: that would block the application until a controller answers.
-    assert Fallback.parse("keep-last").rate(None) == math.inf
-    assert Fallback.parse("keep-last").rate(0.0) == math.inf
+    keep_last = Fallback.parse("keep-last")
+    assert keep_last.rate(3.0) == 3.0
+    # Never more than the last live share: an allotted 0 is kept...
+    assert keep_last.rate(0.0) == 0.0
+    # ...until the grace lifts it to the conservative rate (a 0 forever would block forever).
+    assert keep_last.rate_after_grace(0.0) == DEFAULT_CONSERVATIVE_RATE
+    assert keep_last.rate_after_grace(3.0) is None  # a positive share is kept as it is
+    # Never attached: the conservative rate, never unthrottled.
+    assert keep_last.rate(None) == DEFAULT_CONSERVATIVE_RATE
+    assert Fallback.parse("keep-last:2MiB/s").rate(None) == 2 * MiB
     assert Fallback.parse("fixed:1KiB/s").rate(3.0) == 1024
+    assert Fallback.parse("fixed:1KiB/s").rate_after_grace(0.0) is None
     assert Fallback.parse("unthrottled").rate(3.0) == math.inf
 
 
@@ -109,6 +133,9 @@ def test_options_defaults() -> None:
         ({"quiet_gap": -0.1}, "quiet_gap"),
         ({"attach_timeout": math.nan}, "attach_timeout"),
         ({"client_id": ""}, "client_id"),
+        ({"fallback_grace": -1}, "fallback_grace"),
+        ({"fallback_grace": math.nan}, "fallback_grace"),
+        ({"rate_observer": 3}, "rate_observer"),
     ],
 )
 def test_bad_options_are_named(overrides: dict[str, object], match: str) -> None:
