@@ -289,6 +289,7 @@ class SessionStream:
                 metadata_ops=stats.metadata_acquires,
                 wait_seconds=stats.wait_seconds,
             ),
+            applied_epoch=self._stream_epoch or 0,
         )
         self._last_report, self._last_report_at = stats, now
         return pb.ClientMessage(usage=usage)
@@ -480,9 +481,14 @@ class SessionStream:
         self._stream_epoch = allocation.epoch
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
+        before = self._throttle.rate
         self._throttle.set_rate(rate, burst)
         self._last_rate = self._throttle.rate  # after the floor: a residue is a 0
         self._cancel_grace()
+        if self._last_rate < before:
+            # Acknowledge a decrease at once: the controller holds the increases it made room
+            # for until then (docs/protocol.md, "Decreases before increases").
+            self.send_usage(False)
         self._last_burst = burst
         self._stream_had_allocation = True
         if self._in_fallback or self._detached_logged:

@@ -24,15 +24,15 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62urstctl/v1/controller.proto\x12\x0b\x62urstctl.v1\"v\n\x05Hello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x01\x12\x11\n\tclient_id\x18\x06 \x01(\t\x12\x0c\n\x04host\x18\x07 \x01(\t\"L\n\x08OpPosted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.burstctl.v1.OpKind\x12\x0e\n\x06volume\x18\x03 \x01(\x03\"\x1c\n\x0bOpCompleted\x12\r\n\x05op_id\x18\x01 \x01(\x04\"\x8b\x01\n\x05Usage\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0b\n\x03ops\x18\x02 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x08\x12%\n\x06totals\x18\x06 \x01(\x0b\x32\x15.burstctl.v1.Counters\"}\n\x08\x43ounters\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x12\n\nbytes_read\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x03\x12\x0b\n\x03ops\x18\x04 \x01(\x03\x12\x14\n\x0cmetadata_ops\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\"\t\n\x07Goodbye\"5\n\x05\x42\x61tch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ClientMessage\"\x8d\x02\n\rClientMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.burstctl.v1.HelloH\x00\x12*\n\top_posted\x18\x02 \x01(\x0b\x32\x15.burstctl.v1.OpPostedH\x00\x12\x30\n\x0cop_completed\x18\x03 \x01(\x0b\x32\x18.burstctl.v1.OpCompletedH\x00\x12#\n\x05usage\x18\x04 \x01(\x0b\x32\x12.burstctl.v1.UsageH\x00\x12\'\n\x07goodbye\x18\x05 \x01(\x0b\x32\x14.burstctl.v1.GoodbyeH\x00\x12#\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x12.burstctl.v1.BatchH\x00\x42\x06\n\x04\x62ody\"s\n\nAllocation\x12\x0c\n\x04rate\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nreplica_id\x18\x06 \x01(\t\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"k\n\rServerMessage\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x17.burstctl.v1.AllocationH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.burstctl.v1.ErrorH\x00\x42\x06\n\x04\x62ody*\\\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_READ\x10\x01\x12\x11\n\rOP_KIND_WRITE\x10\x02\x12\x14\n\x10OP_KIND_METADATA\x10\x03\x32S\n\nController\x12\x45\n\x07Session\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62urstctl/v1/controller.proto\x12\x0b\x62urstctl.v1\"v\n\x05Hello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x01\x12\x11\n\tclient_id\x18\x06 \x01(\t\x12\x0c\n\x04host\x18\x07 \x01(\t\"L\n\x08OpPosted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.burstctl.v1.OpKind\x12\x0e\n\x06volume\x18\x03 \x01(\x03\"\x1c\n\x0bOpCompleted\x12\r\n\x05op_id\x18\x01 \x01(\x04\"\xa2\x01\n\x05Usage\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0b\n\x03ops\x18\x02 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x08\x12%\n\x06totals\x18\x06 \x01(\x0b\x32\x15.burstctl.v1.Counters\x12\x15\n\rapplied_epoch\x18\x07 \x01(\x04\"}\n\x08\x43ounters\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x12\n\nbytes_read\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x03\x12\x0b\n\x03ops\x18\x04 \x01(\x03\x12\x14\n\x0cmetadata_ops\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\"\t\n\x07Goodbye\"5\n\x05\x42\x61tch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ClientMessage\"\x8d\x02\n\rClientMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.burstctl.v1.HelloH\x00\x12*\n\top_posted\x18\x02 \x01(\x0b\x32\x15.burstctl.v1.OpPostedH\x00\x12\x30\n\x0cop_completed\x18\x03 \x01(\x0b\x32\x18.burstctl.v1.OpCompletedH\x00\x12#\n\x05usage\x18\x04 \x01(\x0b\x32\x12.burstctl.v1.UsageH\x00\x12\'\n\x07goodbye\x18\x05 \x01(\x0b\x32\x14.burstctl.v1.GoodbyeH\x00\x12#\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x12.burstctl.v1.BatchH\x00\x42\x06\n\x04\x62ody\"s\n\nAllocation\x12\x0c\n\x04rate\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nreplica_id\x18\x06 \x01(\t\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"k\n\rServerMessage\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x17.burstctl.v1.AllocationH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.burstctl.v1.ErrorH\x00\x42\x06\n\x04\x62ody*\\\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_READ\x10\x01\x12\x11\n\rOP_KIND_WRITE\x10\x02\x12\x14\n\x10OP_KIND_METADATA\x10\x03\x32S\n\nController\x12\x45\n\x07Session\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'burstctl.v1.controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPKIND']._serialized_start=1161
-  _globals['_OPKIND']._serialized_end=1253
+  _globals['_OPKIND']._serialized_start=1184
+  _globals['_OPKIND']._serialized_end=1276
   _globals['_HELLO']._serialized_start=45
   _globals['_HELLO']._serialized_end=163
   _globals['_OPPOSTED']._serialized_start=165
@@ -40,21 +40,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPCOMPLETED']._serialized_start=243
   _globals['_OPCOMPLETED']._serialized_end=271
   _globals['_USAGE']._serialized_start=274
-  _globals['_USAGE']._serialized_end=413
-  _globals['_COUNTERS']._serialized_start=415
-  _globals['_COUNTERS']._serialized_end=540
-  _globals['_GOODBYE']._serialized_start=542
-  _globals['_GOODBYE']._serialized_end=551
-  _globals['_BATCH']._serialized_start=553
-  _globals['_BATCH']._serialized_end=606
-  _globals['_CLIENTMESSAGE']._serialized_start=609
-  _globals['_CLIENTMESSAGE']._serialized_end=878
-  _globals['_ALLOCATION']._serialized_start=880
-  _globals['_ALLOCATION']._serialized_end=995
-  _globals['_ERROR']._serialized_start=997
-  _globals['_ERROR']._serialized_end=1050
-  _globals['_SERVERMESSAGE']._serialized_start=1052
-  _globals['_SERVERMESSAGE']._serialized_end=1159
-  _globals['_CONTROLLER']._serialized_start=1255
-  _globals['_CONTROLLER']._serialized_end=1338
+  _globals['_USAGE']._serialized_end=436
+  _globals['_COUNTERS']._serialized_start=438
+  _globals['_COUNTERS']._serialized_end=563
+  _globals['_GOODBYE']._serialized_start=565
+  _globals['_GOODBYE']._serialized_end=574
+  _globals['_BATCH']._serialized_start=576
+  _globals['_BATCH']._serialized_end=629
+  _globals['_CLIENTMESSAGE']._serialized_start=632
+  _globals['_CLIENTMESSAGE']._serialized_end=901
+  _globals['_ALLOCATION']._serialized_start=903
+  _globals['_ALLOCATION']._serialized_end=1018
+  _globals['_ERROR']._serialized_start=1020
+  _globals['_ERROR']._serialized_end=1073
+  _globals['_SERVERMESSAGE']._serialized_start=1075
+  _globals['_SERVERMESSAGE']._serialized_end=1182
+  _globals['_CONTROLLER']._serialized_start=1278
+  _globals['_CONTROLLER']._serialized_end=1361
 # @@protoc_insertion_point(module_scope)

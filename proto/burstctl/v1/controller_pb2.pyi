@@ -53,20 +53,22 @@ class OpCompleted(_message.Message):
     def __init__(self, op_id: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting", "totals")
+    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting", "totals", "applied_epoch")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     INTERVAL_SECONDS_FIELD_NUMBER: _ClassVar[int]
     WAITING_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
+    APPLIED_EPOCH_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     ops: int
     wait_seconds: float
     interval_seconds: float
     waiting: bool
     totals: Counters
-    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ..., totals: _Optional[_Union[Counters, _Mapping]] = ...) -> None: ...
+    applied_epoch: int
+    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ..., totals: _Optional[_Union[Counters, _Mapping]] = ..., applied_epoch: _Optional[int] = ...) -> None: ...
 
 class Counters(_message.Message):
     __slots__ = ("bytes", "bytes_read", "bytes_written", "ops", "metadata_ops", "wait_seconds")
