@@ -128,6 +128,7 @@ class SessionState:
     closed: bool = False
     # allocation bookkeeping, owned by the scheduler
     rate: float | None = None  # last rate pushed (None: nothing pushed yet)
+    offered: float = 0.0  # last rate handed to the outbox (an increase may be held back)
     epoch: int = 0
     pushed_at: float = 0.0
     outbox: Outbox | None = None  # where the scheduler offers allocations

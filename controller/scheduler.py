@@ -9,6 +9,11 @@ with this replica's part of the global split when it has peers), split each
 job's rate over its sessions, and push an ``Allocation`` to every session whose
 rate changed. Leases are renewed at half their length.
 
+Two rules keep the rates in force at the clients within B (docs/protocol.md,
+"Decreases before increases"): a rate below ``MIN_RATE`` is pushed as 0 (a
+residue of rounding, not an allotment), and an increase is offered only once
+every decrease offered before it has been acknowledged by its client.
+
 Time comes in through ``clock`` and ``timer`` (a policy's period, a session's
 release delay), so a test can drive the scheduler on a virtual clock.
 """
@@ -22,18 +27,27 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable, SessionState
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
+from burstctl.limits import MIN_RATE
 from burstctl.policies.decision import Decision, decide
 from burstctl.policies.sharing import water_fill
 from burstctl.policies.view import JobId
 
 log = logging.getLogger(__name__)
 decision_log = logging.getLogger("burstctl.decisions")
+
+# Longest an increase waits for the decreases offered before it to be acknowledged, in seconds
+# (and at most an eighth of the lease, so a held increase never costs a client its lease): a
+# client that does not acknowledge (it stopped reading, or it is too old to) holds nobody back
+# longer.
+INCREASE_HOLD_MAX = 0.25
+
+Offer = tuple[float, float, int, float, str]  # rate, burst, epoch, lease, policy
 
 
 @dataclass(slots=True)
@@ -44,6 +58,7 @@ class SchedulerStats:
     pushes_stop: int = 0  # to 0
     renewals: int = 0
     clamped: int = 0
+    held: int = 0  # increases held back until the decreases before them were acknowledged
     # seconds per decision (policy + clamp + split + push), most recent first-in
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
@@ -63,6 +78,13 @@ class LoopTimer:
 
     def call_later(self, delay: float, callback: Callable[[], None]) -> Cancellable:
         return asyncio.get_running_loop().call_later(delay, callback)
+
+
+@runtime_checkable
+class Acknowledging(Protocol):
+    """An outbox that tells when its client reports an offered allocation in force."""
+
+    def applied(self, epoch: int) -> asyncio.Future[None]: ...
 
 
 class GlobalTargets(Protocol):
@@ -103,6 +125,13 @@ class Scheduler:
         self._recheck_pending = False
         self._round = 0  # decision number; sessions served in a decision carry it
         self._period_timer: Cancellable | None = None
+        # Decreases before increases: increases waiting to be offered, and the
+        # acknowledgements of the decreases offered before them they wait for.
+        self._held: dict[SessionState, Offer] = {}
+        self._unapplied: set[asyncio.Future[None]] = set()
+        self._deciding = False
+        self._release_task: asyncio.Task[None] | None = None
+        self._hold_max = min(INCREASE_HOLD_MAX, config.lease / 8)
         table.changed.connect(self.request)
         slot.changed.connect(self.request)
         if peers is not None:
@@ -138,8 +167,18 @@ class Scheduler:
                 if session.rate is not None and now - session.pushed_at >= lease / 2:
                     self._push(session, session.rate, now)
                     self.stats.renewals += 1
+            self._release_held()
 
     def rebalance(self) -> None:
+        """One decision; its decreases are offered at once, its increases after them."""
+        self._deciding = True
+        try:
+            self._decide()
+        finally:
+            self._deciding = False
+            self._release_held()
+
+    def _decide(self) -> None:
         started = time.perf_counter()
         policy = self.slot.policy
         view = self.table.view(self.config.capacity, self.config.node_bandwidth)
@@ -157,6 +196,8 @@ class Scheduler:
         tolerance = self.config.push_tolerance
         for job_id in view.jobs:
             rate = rates.get(job_id, 0.0)
+            if rate < MIN_RATE:  # a residue (capacity − Σ, rounded) is no allotment
+                rate = 0.0
             sessions = jobs[job_id].sessions
             if len(sessions) == 1:
                 for s in sessions.values():  # _offer inlined: this loop is the hot one
@@ -236,8 +277,10 @@ class Scheduler:
         """Pushes ``rate`` unless it is what the session holds, within the push tolerance.
 
         0 ↔ non-zero is always pushed (the job starts or stops); the first
-        allocation of a session (held rate None) too.
+        allocation of a session (held rate None) too. A rate below ``MIN_RATE`` is 0.
         """
+        if rate < MIN_RATE:
+            rate = 0.0
         old = session.rate
         if old == rate or (old and rate and abs(rate - old) <= self.config.push_tolerance * old):
             return
@@ -247,6 +290,7 @@ class Scheduler:
         outbox = session.outbox
         if outbox is None or session.closed:
             self._nonzero.discard(session)
+            self._held.pop(session, None)
             return
         if rate > 0:
             self._nonzero.add(session)
@@ -261,5 +305,60 @@ class Scheduler:
         session.epoch += 1
         session.pushed_at = now
         burst = max(float(self.config.min_burst), rate * self.config.burst_window) if rate else 0.0
-        outbox.offer(rate, burst, session.epoch, self.config.lease, self.slot.policy.name)
+        offer = (rate, burst, session.epoch, self.config.lease, self.slot.policy.name)
         self.stats.pushes += 1
+        if rate > session.offered and (self._deciding or self._unapplied):
+            # An increase: offered once the decreases before it are applied (_release_held).
+            self._held[session] = offer
+            return
+        self._held.pop(session, None)
+        self._deliver(session, offer)
+
+    def _deliver(self, session: SessionState, offer: Offer) -> None:
+        outbox = session.outbox
+        assert outbox is not None
+        lowered = offer[0] < session.offered
+        session.offered = offer[0]
+        outbox.offer(*offer)
+        if lowered and isinstance(outbox, Acknowledging):
+            applied = outbox.applied(offer[2])
+            if not applied.done():
+                self._unapplied.add(applied)
+
+    def _release_held(self) -> None:
+        """Offers the held increases now, or once the decreases before them are applied."""
+        if not self._held:
+            return
+        self._unapplied = {f for f in self._unapplied if not f.done()}
+        if not self._unapplied:
+            self._deliver_held()
+        elif self._release_task is None or self._release_task.done():
+            self.stats.held += len(self._held)
+            self._release_task = asyncio.get_running_loop().create_task(
+                self._release_after_acknowledgements(), name="scheduler-increases"
+            )
+
+    async def _release_after_acknowledgements(self) -> None:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._hold_max
+        while self._unapplied:
+            self._unapplied = {f for f in self._unapplied if not f.done()}
+            left = deadline - loop.time()
+            if not self._unapplied:
+                break
+            if left <= 0:
+                log.debug(
+                    "%d decrease(s) not acknowledged after %.3fs; offering the increases anyway",
+                    len(self._unapplied),
+                    self._hold_max,
+                )
+                self._unapplied.clear()
+                break
+            await asyncio.wait(self._unapplied, timeout=left)
+        self._deliver_held()
+
+    def _deliver_held(self) -> None:
+        held, self._held = self._held, {}
+        for session, offer in held.items():
+            if not session.closed and session.outbox is not None and offer[2] == session.epoch:
+                self._deliver(session, offer)

@@ -23,7 +23,7 @@ import contextlib
 import logging
 import math
 from collections import deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -92,7 +92,17 @@ class SessionStream:
     than it reads them costs the controller a bounded queue, never more.
     """
 
-    __slots__ = ("_allocation", "_dropped", "_end", "_errors", "_event", "_replica", "max_notices")
+    __slots__ = (
+        "_acked",
+        "_allocation",
+        "_dropped",
+        "_end",
+        "_errors",
+        "_event",
+        "_replica",
+        "_waiting",
+        "max_notices",
+    )
 
     def __init__(self, replica_id: str = "", max_notices: int = DEFAULT_MAX_NOTICES) -> None:
         self._event = asyncio.Event()
@@ -102,6 +112,40 @@ class SessionStream:
         self._end: tuple[grpc.StatusCode, str] | None = None
         self._replica = replica_id
         self.max_notices = max_notices
+        self._acked = 0  # the newest epoch the client reported in force (Usage.applied_epoch)
+        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # see `applied`
+
+    def applied(self, epoch: int) -> asyncio.Future[None]:
+        """Done once the client reports an allocation of ``epoch`` or newer in force (or the
+        stream ended).
+
+        The scheduler holds increases back until the decreases offered before them are
+        applied: see "Decreases before increases" in docs/protocol.md.
+        """
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        if epoch <= self._acked or self._end is not None:
+            future.set_result(None)
+        else:
+            self._waiting.append((epoch, future))
+        return future
+
+    def acknowledge(self, epoch: int) -> None:
+        """The client reports the allocation of ``epoch`` in force (a newer one covers older)."""
+        if epoch > self._acked:
+            self._acked = epoch
+            self._release(lambda e: e <= epoch)
+
+    def _release(self, due: Callable[[int], bool]) -> None:
+        if not self._waiting:
+            return
+        keep = []
+        for epoch, future in self._waiting:
+            if due(epoch):
+                if not future.done():
+                    future.set_result(None)
+            else:
+                keep.append((epoch, future))
+        self._waiting = keep
 
     def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None:
         self._allocation = (rate, burst, epoch, lease, policy)  # an unsent one is moot
@@ -123,6 +167,7 @@ class SessionStream:
         if self._end is None:
             self._end = (code, details)
         self._event.set()
+        self._release(lambda e: True)  # nothing more will be applied: nobody waits on it
 
     @property
     def ended(self) -> tuple[grpc.StatusCode, str] | None:
@@ -400,7 +445,9 @@ class ControllerServicer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
             if session is not None:
-                if self.streams.pop(session.sid, None) is not None:
+                ended = self.streams.pop(session.sid, None)
+                if ended is not None:
+                    ended.end()  # releases whoever waits for an acknowledgement that cannot come
                     left = self._per_client[client] - 1
                     if left:
                         self._per_client[client] = left
@@ -483,6 +530,10 @@ class ControllerServicer:
             self.table.usage(
                 session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting, totals
             )
+            if u.applied_epoch:
+                stream = self.streams.get(session.sid)
+                if stream is not None:
+                    stream.acknowledge(u.applied_epoch)
         elif kind == "op_posted":
             p = msg.op_posted
             op_kind = _KINDS.get(p.kind)

@@ -1,0 +1,195 @@
+"""Issue 15, findings 7 and 8 end to end: a real controller, real client sessions on loopback.
+
+- During a storm of policy switches the rates in force at the clients never sum to more than
+  the capacity (within the push tolerance): decreases are delivered before increases.
+- A controller that hangs (SIGSTOP) after allotting some sessions 0 does not make them fail
+  open: keep-last keeps the allotted rates, so the clients stay within the capacity.
+- The controller never pushes a residue below the rate floor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import ExitStack
+
+import pytest
+from support import ControllerProcess, Pump, async_wait_until, measure, wait_until
+
+from burstctl.client import JobInfo, Session
+from burstctl.controller.app import Replica
+from burstctl.limits import MIN_RATE
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+CAPACITY = 60 * MiB
+
+
+def job(job_id: str) -> JobInfo:
+    return JobInfo(job_id, "tester", "testers", nodes=1)
+
+
+class RateLog:
+    """Every rate change of every session, stamped with one shared monotonic clock."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.events: list[tuple[float, int, float]] = []
+
+    def observer(self, index: int) -> Callable[[float], None]:
+        def record(rate: float) -> None:
+            with self._lock:  # stamp and append together: the order is the order in force
+                self.events.append((time.monotonic(), index, rate))
+
+        return record
+
+    def peak(self, until: float) -> tuple[float, float]:
+        """The highest sum of the rates in force up to ``until``, and when it was reached."""
+        with self._lock:
+            events = sorted(e for e in self.events if e[0] <= until)
+        rates: dict[int, float] = {}
+        peak, peak_at = 0.0, 0.0
+        for at, index, rate in events:
+            rates[index] = rate
+            total = sum(rates.values())
+            if total > peak:
+                peak, peak_at = total, at
+        return peak, peak_at
+
+
+async def test_policy_switch_storm_never_exceeds_capacity_at_the_clients(
+    replica_factory: Callable[..., Awaitable[Replica]],
+) -> None:
+    """Greedy-yield (60/0/0/0) and fair-share (15 each) alternating every 4 ms on a real
+    replica: every rate change at each real client session is logged with one clock, and the
+    sum in force never exceeds B (1 + push_tolerance)."""
+    replica = await replica_factory(
+        capacity="60MiB/s", node_bandwidth="1GiB/s", policy="greedy-yield", lease=2.0
+    )
+    tolerance = replica.config.push_tolerance
+    log = RateLog()
+    stack = ExitStack()
+    sessions = [
+        stack.enter_context(
+            Session(replica.grpc_address, job(f"storm-{i}"), rate_observer=log.observer(i))
+        )
+        for i in range(4)
+    ]
+    for s in sessions:
+        stack.enter_context(s.operation("write"))  # demand: every job is in S(t)
+    pumps = [Pump(s, chunk=MiB).start() for s in sessions]
+    try:
+
+        def attached() -> bool:
+            return all(s.attached for s in sessions) and sum(s.rate for s in sessions) > 0
+
+        await async_wait_until(attached, 10, message="every session attached")
+        start = time.monotonic()
+        names = ["fair-share", "greedy-yield"]
+        switches = 0
+        while time.monotonic() - start < 3.0:
+            replica.slot.switch(names[switches % 2])
+            switches += 1
+            await asyncio.sleep(0.004)  # the storm's own pace: a switch every few ms
+        errors = [e for p in pumps for e in p.errors]
+        end = time.monotonic()  # closing sessions leaves their last rate in the log: not counted
+    finally:
+        # Closed off the loop (the replica runs on it); a closed session wakes its pump.
+        await asyncio.to_thread(stack.close)
+        await asyncio.to_thread(lambda: [p.stop() for p in pumps])
+    changes = len(log.events)
+    peak, peak_at = log.peak(until=end)
+    print(
+        f"storm: {switches} switches, {changes} rate changes at the clients, "
+        f"peak sum {peak / MiB:.2f} MiB/s on {CAPACITY / MiB:.0f}"
+    )
+    assert changes > 100, "the storm did not move the rates"
+    assert peak <= CAPACITY * (1 + tolerance), (
+        f"rates in force summed to {peak / MiB:.2f} MiB/s at {peak_at - start:+.3f}s"
+    )
+    assert not errors
+    print(f"storm: {replica.scheduler.stats.held} increases held for acknowledgements")
+
+
+async def test_controller_never_pushes_a_residue(
+    replica_factory: Callable[..., Awaitable[Replica]],
+) -> None:
+    """A decision that leaves a job an ulp-level rate pushes 0, not the residue."""
+    replica = await replica_factory(capacity="60MiB/s", node_bandwidth="1GiB/s")
+    scheduler = replica.scheduler
+    with Session(replica.grpc_address, job("tiny")) as s, s.operation("write"):
+        await async_wait_until(lambda: s.attached and s.rate > 0, 10)
+        (state,) = replica.table.sessions.values()
+        pushes = scheduler.stats.pushes
+        scheduler._offer(state, 6.2e-9, time.monotonic())  # the residue of capacity − Σ column
+        assert state.rate == 0.0
+        assert scheduler.stats.pushes == pushes + 1  # pushed as a stop
+        await async_wait_until(lambda: s.rate == 0, 5, message="the client told 0")
+        scheduler._offer(state, MIN_RATE / 2, time.monotonic())
+        assert scheduler.stats.pushes == pushes + 1  # still 0: nothing to push
+
+
+@pytest.fixture
+def stopped_controllers(controller_factory) -> Iterator[list[ControllerProcess]]:
+    """Controllers a test may SIGSTOP: resumed (SIGCONT by pid) at teardown, then stopped."""
+    hung: list[ControllerProcess] = []
+    yield hung
+    for ctl in hung:
+        if ctl.proc is not None:
+            ctl.proc.send_signal(signal.SIGCONT)
+
+
+def test_keep_last_stays_within_capacity_when_the_controller_hangs(
+    controller_factory, stopped_controllers: list[ControllerProcess]
+) -> None:
+    """Three greedy-yield sessions on 60 MiB/s: one runs, two are told 0. SIGSTOP the
+    controller: after the leases, keep-last keeps 60 / 0 / 0, never 180."""
+    ctl = controller_factory(
+        "--policy",
+        "greedy-yield",
+        "--capacity",
+        "60MiB/s",
+        "--node-bandwidth",
+        "1GiB/s",
+        env={"BURSTCTL_LEASE": "0.5", "BURSTCTL_HEARTBEAT_TIMEOUT": "30"},
+    )
+    assert ctl.address is not None
+    with ExitStack() as stack:
+        sessions = [
+            stack.enter_context(Session(ctl.address, job(f"greedy-{i}"), "keep-last"))
+            for i in range(3)
+        ]
+        for s in sessions:
+            stack.enter_context(s.operation("write"))
+        pumps = [Pump(s, chunk=256 * 1024).start() for s in sessions]
+        stack.callback(lambda: [p.stop() for p in pumps])
+        wait_until(
+            lambda: (
+                all(s.attached for s in sessions)
+                and sorted(s.rate for s in sessions)[-1] > 0
+                and sum(s.rate > 0 for s in sessions) == 1
+            ),
+            10,
+            message="one session flowing, two told 0",
+        )
+        live = [s.rate for s in sessions]
+        assert ctl.proc is not None
+        stopped_controllers.append(ctl)
+        ctl.proc.send_signal(signal.SIGSTOP)
+        wait_until(lambda: not any(s.attached for s in sessions), 5, message="leases ran out")
+        assert [s.rate for s in sessions] == live  # the last live shares, 0 included
+        rates = measure(pumps, 1.5)
+        print(
+            "controller hung: " + ", ".join(f"{r / MiB:.1f}" for r in rates) + " MiB/s "
+            f"(sum {sum(rates) / MiB:.1f} on 60)"
+        )
+        assert sum(rates) <= CAPACITY * 1.1
+        assert sorted(r == 0 for r in rates) == [False, True, True]
+        ctl.proc.send_signal(signal.SIGCONT)
+        stopped_controllers.remove(ctl)
+        wait_until(lambda: all(s.attached for s in sessions), 15, message="re-attached")
+        assert not [e for p in pumps for e in p.errors]
