@@ -20,7 +20,11 @@ from typing import Any, Literal
 
 from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
-from burstctl.client.options import DEFAULT_ATTACH_TIMEOUT, DEFAULT_FALLBACK
+from burstctl.client.options import (
+    DEFAULT_ATTACH_TIMEOUT,
+    DEFAULT_FALLBACK,
+    DEFAULT_FALLBACK_GRACE,
+)
 
 # Which opens bypass the kernel's page cache (`fs.PassthroughFS.direct_io_for`).
 DIRECT_IO_MODES = ("writes", "all", "none")
@@ -108,8 +112,10 @@ class MountConfig:
         default=DEFAULT_FALLBACK,
         metadata=_cli(
             ("--fallback",),
-            "Rate when no controller renews a job's allocation: keep-last, fixed:<rate>"
-            " (e.g. fixed:100MiB/s) or unthrottled.",
+            "Rate when no controller renews a job's allocation: keep-last[:<rate>] keeps the"
+            " last allotted rate, 0 included (the <rate>, 1MiB/s by default, for a job that never"
+            " got one, or after --fallback-grace at 0); fixed:<rate> (e.g. fixed:100MiB/s);"
+            " unthrottled.",
             metavar="MODE",
         ),
     )
@@ -259,6 +265,16 @@ class MountConfig:
         metadata=_cli(
             ("--attach-timeout",),
             "How long a new job session waits for its first allocation before the fallback.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    fallback_grace: float = field(
+        default=DEFAULT_FALLBACK_GRACE,
+        metadata=_cli(
+            ("--fallback-grace",),
+            "keep-last: how long a job allotted 0 stays at 0 once its lease ran out with no"
+            " controller, before the fallback's conservative rate applies.",
             kind="seconds",
             metavar="SECONDS",
         ),

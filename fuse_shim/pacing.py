@@ -87,6 +87,7 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
             config.fallback,
             quiet_gap=config.quiet_gap,
             attach_timeout=config.attach_timeout,
+            fallback_grace=config.fallback_grace,
             runtime=runtime,
             security=security,
         )
