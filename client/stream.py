@@ -487,8 +487,9 @@ class SessionStream:
         self._cancel_grace()
         if self._last_rate < before:
             # Acknowledge a decrease at once: the controller holds the increases it made room
-            # for until then (docs/protocol.md, "Decreases before increases").
-            self.send_usage(False)
+            # for until then (docs/protocol.md, "Decreases before increases"). Counters and
+            # interval 0: an acknowledgement only, not a (short, noisy) usage sample.
+            self._send(pb.ClientMessage(usage=pb.Usage(applied_epoch=allocation.epoch)))
         self._last_burst = burst
         self._stream_had_allocation = True
         if self._in_fallback or self._detached_logged:

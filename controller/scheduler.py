@@ -59,6 +59,7 @@ class SchedulerStats:
     renewals: int = 0
     clamped: int = 0
     held: int = 0  # increases held back until the decreases before them were acknowledged
+    hold_expired: int = 0  # holds that ended at their bound, not by acknowledgements
     # seconds per decision (policy + clamp + split + push), most recent first-in
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
@@ -347,6 +348,7 @@ class Scheduler:
             if not self._unapplied:
                 break
             if left <= 0:
+                self.stats.hold_expired += 1
                 log.debug(
                     "%d decrease(s) not acknowledged after %.3fs; offering the increases anyway",
                     len(self._unapplied),

@@ -516,6 +516,13 @@ class ControllerServicer:
         kind = msg.WhichOneof("body")
         if kind == "usage":
             u = msg.usage
+            if not (
+                u.bytes or u.ops or u.wait_seconds or u.interval_seconds or u.waiting
+            ) and not u.HasField("totals"):
+                # An acknowledgement only (the client reports a lowered rate in force): no
+                # usage sample, nothing for the table (docs/protocol.md).
+                self._acknowledge(session, u.applied_epoch)
+                return True
             if u.bytes < 0:
                 raise ProtocolError(f"{where}usage.bytes", f"must be >= 0, got {u.bytes}")
             if u.ops < 0:
@@ -530,10 +537,7 @@ class ControllerServicer:
             self.table.usage(
                 session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting, totals
             )
-            if u.applied_epoch:
-                stream = self.streams.get(session.sid)
-                if stream is not None:
-                    stream.acknowledge(u.applied_epoch)
+            self._acknowledge(session, u.applied_epoch)
         elif kind == "op_posted":
             p = msg.op_posted
             op_kind = _KINDS.get(p.kind)
@@ -569,6 +573,11 @@ class ControllerServicer:
         else:
             raise ProtocolError(f"{where}body", "empty message")
         return True
+
+    def _acknowledge(self, session: SessionState, epoch: int) -> None:
+        stream = self.streams.get(session.sid)
+        if epoch and stream is not None:
+            stream.acknowledge(epoch)
 
     @staticmethod
     def _check(raw: pb.ClientMessage | Malformed) -> pb.ClientMessage:

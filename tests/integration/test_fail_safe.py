@@ -16,12 +16,16 @@ import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
 
+import grpc
 import pytest
 from support import ControllerProcess, Pump, async_wait_until, measure, wait_until
+from test_protocol import RawSession, hello, post
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
+from burstctl.controller.scheduler import INCREASE_HOLD_MAX
 from burstctl.limits import MIN_RATE
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +197,50 @@ def test_keep_last_stays_within_capacity_when_the_controller_hangs(
         stopped_controllers.remove(ctl)
         wait_until(lambda: all(s.attached for s in sessions), 15, message="re-attached")
         assert not [e for p in pumps for e in p.errors]
+
+
+def queued_rates(session: RawSession) -> list[float]:
+    """The rates of the allocations a raw session received and nobody read yet (kept)."""
+    messages = []
+    while not session.inbox.empty():
+        messages.append(session.inbox.get_nowait())
+    for m in messages:
+        session.inbox.put_nowait(m)
+    return [m.allocation.rate for m in messages]
+
+
+async def test_an_increase_waits_for_the_decrease_acknowledgement_within_a_bound(
+    replica_factory: Callable[..., Awaitable[Replica]],
+) -> None:
+    """Raw streams: a's decrease not acknowledged holds b's increase for the bound only;
+    a's and b's decreases acknowledged at once release c's increase before the bound."""
+    replica = await replica_factory(node_bandwidth="1GiB/s", heartbeat_timeout=10.0, lease=2.0)
+    stats = replica.scheduler.stats
+    hold = min(INCREASE_HOLD_MAX, replica.config.lease / 8)
+    loop = asyncio.get_running_loop()
+    async with grpc.aio.insecure_channel(replica.grpc_address) as channel:
+        a, b = RawSession(channel), RawSession(channel)
+        await a.send(hello("a"))
+        await b.send(hello("b"))
+        assert (await a.allocation()).rate == 0 and (await b.allocation()).rate == 0
+        await a.send(post(1))
+        await a.rate_becomes(lambda r: r == 40 * MiB)
+        await b.send(post(1))
+        await a.rate_becomes(lambda r: 0 < r < 40 * MiB)
+        seen = loop.time()
+        await b.rate_becomes(lambda r: r > 0)  # a says nothing: only the bound releases it
+        assert loop.time() - seen >= hold / 2
+        assert stats.hold_expired == 1
+        # c posts: a and b go down to a third, c up; both acknowledge at once.
+        c = RawSession(channel)
+        await c.send(hello("c"))
+        assert (await c.allocation()).rate == 0
+        await c.send(post(1))
+        for s in (a, b):
+            third = await s.rate_becomes(lambda r: r < 20 * MiB)
+            assert not [r for r in queued_rates(c) if r > 0]  # c's increase is still held
+            await s.send(pb.ClientMessage(usage=pb.Usage(applied_epoch=third.epoch)))
+        await c.rate_becomes(lambda r: r > 0)
+        assert stats.hold_expired == 1  # released by the acknowledgements, not the bound
+        for s in (a, b, c):
+            s.call.cancel()
