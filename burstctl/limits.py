@@ -14,7 +14,8 @@ MAX_PRIORITY = 1e9
 MAX_RATE = 1e15  # bytes/s: 1 PB/s for one storage server or one job
 # bytes/s: the rate floor. A rate below it is 0 ("wait"), on both ends: the controller
 # pushes 0 instead (a residue of rounding in a sum, never an allotment), and a client
-# paces at 0, never at n / 1e-9 seconds per request.
+# paces at 0, never at n / 1e-9 seconds per request. Any rounding residue of sums of rates up
+# to MAX_RATE is below it (an ulp of 1e15 is 0.125).
 MIN_RATE = 1.0
 MAX_JOBS = 100_000  # jobs in one digest, and the default cap of a replica's job table
 MAX_COUNTER = 2**63 - 1  # incarnations, sequence numbers, versions: int64 on the wire

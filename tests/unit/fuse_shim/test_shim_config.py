@@ -206,6 +206,7 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
         (("--read-ahead", "1000"), "--read-ahead must be a multiple of 4KiB"),
         (("--metadata-cost", "lots"), "not a size"),
         (("--fallback", "sometimes"), "invalid fallback 'sometimes'"),
+        (("--fallback", "keep-last:0"), "invalid fallback 'keep-last:0'"),
         (("-o", "ro,writeback_cache"), "-o writeback_cache is not allowed"),
     ],
 )
@@ -220,6 +221,7 @@ def test_bad_values_are_refused_before_mounting(
 def test_the_config_checks_its_values_itself(tmp_path: Path) -> None:
     for bad in (
         {"attach_timeout": -0.1},
+        {"fallback_grace": float("nan")},
         {"attribution_ttl": float("inf")},
         {"direct_io": "sometimes"},
         {"libfuse": "4"},
@@ -241,3 +243,24 @@ def test_format_size_is_exact() -> None:
         "3GiB",
         "1025KiB",
     ]
+
+
+def test_the_fallback_grace_reaches_the_job_sessions(tmp_path: Path) -> None:
+    from burstctl.client import ClientRuntime, JobInfo
+    from burstctl.fuse_shim.pacing import client_session_factory
+
+    config = MountConfig(
+        tmp_path,
+        tmp_path,
+        controller="127.0.0.1:1",
+        fallback="keep-last:2MiB/s",
+        fallback_grace=7.5,
+    )
+    with ClientRuntime() as runtime:
+        session = client_session_factory(config, runtime)(JobInfo("j", "u", "g"))
+        try:
+            options = session._engine.options  # type: ignore[attr-defined]
+            assert options.fallback_grace == 7.5
+            assert options.fallback.conservative_rate == 2 * (1 << 20)
+        finally:
+            session.close()
