@@ -12,6 +12,10 @@ what it last allotted. Two cases have no live share to keep, and get the *conser
   first allocation until then); it is never unthrottled;
 - a session that was allotted 0 and whose controller stays unreachable ``fallback_grace``
   seconds after the lease ran out: 0 kept forever would block the application forever.
+
+A kept non-zero rate is kept for ``fallback_grace`` seconds after the lease too, then falls to
+the conservative rate if it was higher: the survivors of a dead replica count its sessions'
+last rates for as long (docs/replicas.md, "A replica that dies"), and only then re-split them.
 """
 
 from __future__ import annotations
@@ -94,8 +98,11 @@ class Fallback:
 
     def rate_after_grace(self, last_rate: float | None) -> float | None:
         """The rate once ``fallback_grace`` more seconds passed without a controller, or None
-        to keep `rate`: only a kept 0 of ``keep-last`` is lifted, to the conservative rate."""
-        if self.mode == "keep-last" and last_rate is not None and last_rate <= 0:
+        to keep `rate`: ``keep-last`` moves a kept rate to the conservative rate (a kept 0 is
+        lifted to it, a higher rate falls to it); a lower one, and other modes, stay."""
+        if self.mode != "keep-last" or last_rate is None:
+            return None
+        if last_rate <= 0 or last_rate > self.conservative_rate:
             return self.conservative_rate
         return None
 

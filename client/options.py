@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
+from burstctl.limits import DEFAULT_FALLBACK_GRACE
 
 DEFAULT_FALLBACK = "keep-last"
 # Seconds between two Usage reports (the heartbeat).
@@ -25,9 +26,9 @@ DEFAULT_REPORT_INTERVAL = 0.25
 DEFAULT_QUIET_GAP = 0.1
 # Seconds a new session waits for its first allocation before the fallback applies.
 DEFAULT_ATTACH_TIMEOUT = 2.0
-# Seconds a keep-last session that was allotted 0 keeps that 0 after its lease ran out, with no
-# controller answering, before it moves to the fallback's conservative rate (client/fallback.py).
-DEFAULT_FALLBACK_GRACE = 30.0
+# DEFAULT_FALLBACK_GRACE (burstctl/limits.py): seconds a keep-last session keeps its last allotted
+# rate after its lease ran out, with no controller answering, before it falls to at most the
+# fallback's conservative rate (client/fallback.py). Re-exported here for the client's users.
 
 # Called with the new rate (bytes/s, inf = unthrottled) whenever a session's rate in force changes.
 RateObserver = Callable[[float], None]

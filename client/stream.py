@@ -554,15 +554,16 @@ class SessionStream:
         self._throttle.set_rate(rate, burst)
 
     def _grace_expired(self) -> None:
-        """A kept 0 outlived ``fallback_grace`` without a controller: the conservative rate."""
+        """A kept rate outlived ``fallback_grace`` without a controller: the conservative rate
+        (a kept 0 is lifted to it, a higher rate falls to it; Fallback.rate_after_grace)."""
         self._grace_timer = None
         rate = self._options.fallback.rate_after_grace(self._last_rate)
         if not self._in_fallback or rate is None or self._stopping:
             return
         self._apply_fallback_rate(rate)
         logger.warning(
-            "no controller at %s for %gs after the lease ran out; keep-last lifts the allotted 0"
-            " to its conservative rate %s",
+            "no controller at %s for %gs after the lease ran out; keep-last moves the allotted"
+            " rate to its conservative rate %s",
             self._options.target,
             self._options.fallback_grace,
             format_rate(rate),

@@ -82,6 +82,7 @@ class Replica:
                 capacity=config.capacity,
                 node_bandwidth=config.node_bandwidth,
                 lease=config.lease,
+                keep=config.fallback_grace,
                 clock=clock,
                 security=lambda: self.peer_security,
             )

@@ -22,6 +22,7 @@ from pydantic_settings import (
 )
 
 from burstctl.limits import (
+    DEFAULT_FALLBACK_GRACE,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_NOTICES,
     DEFAULT_MAX_OPEN_OPS,
@@ -94,6 +95,13 @@ class ControllerConfig(BaseSettings):
         lt=1,
         description="relative rate change below which no Allocation is pushed; "
         "pushed rates then sum to at most B * (1 + push_tolerance)",
+    )
+    fallback_grace: float = Field(
+        DEFAULT_FALLBACK_GRACE,
+        ge=0,
+        le=86400,
+        description="s a keep-last client keeps a vanished replica's last rate after its lease; "
+        "the survivors count a dead peer's rates that long (>= the clients' fallback_grace)",
     )
     release_delay: float = Field(
         0.05, ge=0, description="s a session keeps its rate after its last operation completes"

@@ -327,9 +327,11 @@ class PeerSync:
     ``lease``: the allocation lease of the replicas (config ``lease``). A peer
     that goes silent is dropped from the view after ``missed``·λ, but its
     sessions may still pace at the rates it last pushed until their lease
-    runs out; so its column of the last split stays counted (:class:`HeldBack`)
-    until λ + ``lease`` + λ after its last digest (the last push came at most
-    about λ after it; one λ more of margin for transit). None: not held back.
+    runs out, and a ``keep-last`` client keeps it ``keep`` seconds more (config
+    ``fallback_grace``) before it falls to its conservative rate; so its column
+    of the last split stays counted (:class:`HeldBack`) until λ + ``lease`` +
+    ``keep`` + λ after its last digest (the last push came at most about λ after
+    it; one λ more of margin for transit). ``lease`` None: not held back.
     """
 
     def __init__(
@@ -344,6 +346,7 @@ class PeerSync:
         capacity: float,
         node_bandwidth: float,
         lease: float | None = None,
+        keep: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         security: Callable[[], ChannelSecurity] = ChannelSecurity,
     ) -> None:
@@ -360,6 +363,7 @@ class PeerSync:
         self.incarnation = time.time_ns()  # grows with every restart (digest.py)
         self.sequence = 0
         self.lease = lease
+        self.keep = keep
         self.local_targets: Share | None = None
         self.held_back: dict[str, HeldBack] = {}
         self._columns: dict[str, dict[JobId, float]] = {}  # last split, by live replica
@@ -461,7 +465,7 @@ class PeerSync:
         if self.lease is None or column is None or heard is None:
             return
         last, heard_at = heard
-        until = heard_at + self.interval + self.lease + self.interval
+        until = heard_at + self.interval + self.lease + self.keep + self.interval
         self.held_back[rid] = HeldBack(last, column, until)
         log.warning(
             "replica %r left the global view; its sessions' rates stay counted for %.1f s",

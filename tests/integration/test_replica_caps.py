@@ -19,6 +19,7 @@ import pytest
 from support import ControllerProcess, Pump, async_wait_until
 
 from burstctl.client import JobInfo, Session
+from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
 from burstctl.controller.app import Replica
 
 MiB = 1 << 20
@@ -160,9 +161,10 @@ async def test_a_dead_replicas_rates_count_until_their_leases_expire(
     # survivor used to re-split R1 between A and B once R2 left its view (A 20 + 40 = 60
     # against B's 20); now it counts R2's last column until the leases R2 pushed have
     # surely expired, and only then re-splits.
-    lease = 3.0
+    lease, grace = 3.0, 2.0
     p1, p2 = free_port(), free_port()
     common = {"sync_interval": LAMBDA, "missed_exchanges": 3, "lease": lease}
+    common["fallback_grace"] = grace
     r1 = await replica_factory(
         replica_id="r1",
         grpc_listen=f"127.0.0.1:{p1}",
@@ -176,7 +178,10 @@ async def test_a_dead_replicas_rates_count_until_their_leases_expire(
     flags += ["--node-bandwidth", "4MiB/s", "--policy", "fair-share"]
     flags += ["--sync-interval", str(LAMBDA), "--missed-exchanges", "3"]
     r2 = await asyncio.to_thread(
-        controller_factory, *flags, address=f"127.0.0.1:{p2}", env={"BURSTCTL_LEASE": str(lease)}
+        controller_factory,
+        *flags,
+        address=f"127.0.0.1:{p2}",
+        env={"BURSTCTL_LEASE": str(lease), "BURSTCTL_FALLBACK_GRACE": str(grace)},
     )
     assert r2.address is not None
     cap_a, total = 40 * MiB, 80 * MiB
@@ -188,7 +193,7 @@ async def test_a_dead_replicas_rates_count_until_their_leases_expire(
             ("A@r2", r2.address, a),
             ("B@r1", r1.grpc_address, b),
         ):
-            s = await asyncio.to_thread(Session, address, info)
+            s = await asyncio.to_thread(Session, address, info, fallback_grace=grace)
             stack.callback(s.close)
             sessions[name] = s
             stack.callback(Pump(s).start().stop)
@@ -213,23 +218,27 @@ async def test_a_dead_replicas_rates_count_until_their_leases_expire(
             # the survivor alone: fair-share of R1 between A and B
             return all(abs(rates[n] - 20 * MiB) <= 0.02 * 20 * MiB for n in ("A@r1", "B@r1"))
 
-        await async_wait_until(resplit, lease + 10, interval=0.01, message="the re-split")
+        await async_wait_until(resplit, lease + grace + 10, interval=0.01, message="the re-split")
         resplit_after = samples[-1][0]
         dead_rate = sessions["A@r2"].rate
         await asyncio.to_thread(stack.close)
     print(
         f"re-split {resplit_after:.2f}s after the kill (lease {lease}s, λ {LAMBDA}s); "
-        f"R2's client still at {dead_rate / MiB:.1f} MiB/s (keep-last)"
+        f"R2's client then at {dead_rate / MiB:.1f} MiB/s (keep-last, past its grace)"
     )
-    held = [(t, r) for t, r in samples if t < lease]
+    held = [(t, r) for t, r in samples if t < lease + grace]
     assert held, "the survivor re-split before the leases R2 pushed could have expired"
     for t, rates in held:
         jobs = per_job(rates)  # A's includes R2's session, still at its last rate
         assert jobs["A"] <= cap_a * (1 + PUSH_TOLERANCE) + 1, (t, jobs["A"] / MiB)
         assert sum(jobs.values()) <= total * (1 + PUSH_TOLERANCE) + 1, (t, jobs)
-        # equal shares, as fair-share decided them with R2 alive
-        assert jobs["A"] == pytest.approx(jobs["B"], rel=0.05), (t, jobs)
-    # not before the lease has surely run out: R2's last digest came at most about λ
-    # before the kill, and the survivor holds for λ + lease + λ after it
-    assert resplit_after >= lease - LAMBDA
-    assert dead_rate > 0.0  # the premise: R2's session still held a rate (keep-last)
+        # equal shares, as fair-share decided them with R2 alive, while R2's session surely
+        # keeps its rate (its lease was renewed at most lease/2 before the kill); after
+        # its fall and before the re-split A gets less than its share, never more
+        if t < lease / 2 + grace:
+            assert jobs["A"] == pytest.approx(jobs["B"], rel=0.05), (t, jobs)
+    # not before the lease and the clients' grace have surely run out: R2's last digest
+    # came at most about λ before the kill, and the survivor holds for λ + lease + grace + λ
+    assert resplit_after >= lease + grace - LAMBDA
+    # by then R2's session has let go of its share: at most its conservative rate
+    assert 0.0 < dead_rate <= DEFAULT_CONSERVATIVE_RATE

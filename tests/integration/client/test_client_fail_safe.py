@@ -112,13 +112,13 @@ def test_keep_last_keeps_a_positive_rate_not_more(
     make_controller: Callable[..., Any], wait_until: Callable[..., None]
 ) -> None:
     controller = make_controller(initial_rate=8 * MiB, lease_seconds=0.3, renew_interval=0.1)
-    with Session(controller.address, JOB, "keep-last", fallback_grace=0.1) as session:
+    with Session(controller.address, JOB, "keep-last:4MiB/s", fallback_grace=0.1) as session:
         assert session.wait_attached(5)
         controller.push(3 * MiB, lease=0.3)
         wait_until(lambda: session.rate == 3 * MiB)
         controller.stop()
         wait_until(lambda: not session.attached, 5, message="the lease ran out")
-        # The grace only ever lifts a kept 0: a positive share is kept as it was.
+        # Past the grace a share below the conservative rate is kept as it was.
         pump = Pump(session, chunk=16 * KiB).start()
         try:
             wait_until(lambda: pump.moved >= 512 * KiB, 5)
@@ -126,6 +126,22 @@ def test_keep_last_keeps_a_positive_rate_not_more(
             pump.stop()
         assert session.rate == 3 * MiB
         assert not pump.errors
+
+
+def test_keep_last_falls_to_the_conservative_rate_after_the_grace(
+    make_controller: Callable[..., Any], wait_until: Callable[..., None]
+) -> None:
+    """A kept share above the conservative rate is kept only ``fallback_grace`` past the
+    lease: as long as the survivors of a dead replica count it (docs/replicas.md)."""
+    controller = make_controller(initial_rate=8 * MiB, lease_seconds=0.3, renew_interval=0.1)
+    with Session(controller.address, JOB, "keep-last:2MiB/s", fallback_grace=1.5) as session:
+        assert session.wait_attached(5)
+        controller.push(8 * MiB, lease=0.3)
+        wait_until(lambda: session.rate == 8 * MiB)
+        controller.stop()
+        wait_until(lambda: not session.attached, 5, message="the lease ran out")
+        assert session.rate == 8 * MiB  # kept through the grace...
+        wait_until(lambda: session.rate == 2 * MiB, 5, message="the fall after the grace")
 
 
 def test_never_attached_session_is_not_unthrottled(

@@ -62,7 +62,10 @@ def test_fallback_rates() -> None:
     assert keep_last.rate(0.0) == 0.0
     # ...until the grace lifts it to the conservative rate (a 0 forever would block forever).
     assert keep_last.rate_after_grace(0.0) == DEFAULT_CONSERVATIVE_RATE
-    assert keep_last.rate_after_grace(3.0) is None  # a positive share is kept as it is
+    assert keep_last.rate_after_grace(3.0) is None  # a share below it is kept as it is
+    # ...and a higher kept share falls to it: the survivors of a dead replica count the
+    # share only that long (docs/replicas.md)
+    assert keep_last.rate_after_grace(8 * MiB) == DEFAULT_CONSERVATIVE_RATE
     # Never attached: the conservative rate, never unthrottled.
     assert keep_last.rate(None) == DEFAULT_CONSERVATIVE_RATE
     assert Fallback.parse("keep-last:2MiB/s").rate(None) == 2 * MiB
