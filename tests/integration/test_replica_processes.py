@@ -97,8 +97,9 @@ def flat_out() -> Iterator[Callable[[str, ControllerProcess, JobInfo], Session]]
 def test_killed_replica_leaves_the_global_view_and_rejoins(
     controller_factory: Factory, flat_out: Callable[[str, ControllerProcess, JobInfo], Session]
 ) -> None:
-    lease = 1.5
-    r1, r2 = replicas(controller_factory, [40, 40], env={"BURSTCTL_LEASE": str(lease)})
+    lease, grace = 1.5, 1.0
+    env = {"BURSTCTL_LEASE": str(lease), "BURSTCTL_FALLBACK_GRACE": str(grace)}
+    r1, r2 = replicas(controller_factory, [40, 40], env=env)
     sessions = {
         "J1@r1": flat_out("J1@r1", r1, job("J1", 16)),
         "J2": flat_out("J2", r1, job("J2", 8)),
@@ -119,11 +120,11 @@ def test_killed_replica_leaves_the_global_view_and_rejoins(
     left = waited(lambda: not r2_live(), 10, "R2 out of R1's view")
     assert left <= (MISSED + 1) * LAMBDA + 0.5, left
     # R1 alone: J1 has 16 of the 24 nodes it sees, 2/3 of its 40 MiB/s. Not before the
-    # leases R2 pushed have surely expired (λ + lease + λ after its last digest): until
-    # then R2's sessions may still hold their rates, and R1 keeps counting them.
+    # rates R2 pushed have surely been let go (λ + lease + fallback_grace + λ after its
+    # last digest): until then R2's sessions may still hold them, and R1 keeps counting them.
     alone = {"J1@r1": 80 / 3, "J2": 40 / 3}
     dropped = left + waited(lambda: rates_are(sessions, alone), 10, "R1 deciding alone")
-    assert lease <= dropped <= lease + (MISSED + 3) * LAMBDA + 0.5, dropped
+    assert lease + grace <= dropped <= lease + grace + (MISSED + 3) * LAMBDA + 0.5, dropped
 
     r2.start()  # same port, same state directory, a new incarnation
     reattached = waited(
