@@ -45,6 +45,7 @@ def identifier_problem(value: object) -> str | None:
         return "must be printable characters only"
     return None
 
+
 # s a keep-last client keeps a vanished controller's last rate after its lease before it
 # falls to at most its conservative rate (client/fallback.py); the survivors of a dead
 # replica count that replica's rates as long (controller config ``fallback_grace``).
