@@ -310,6 +310,8 @@ class SessionStream:
                 code = err.code()
                 hint = retry_hint(err)
                 self._log_stream_end(code, err.details())
+                if hint is not None:
+                    self._shed()
                 if code in REFUSALS:
                     self._refuse(f"{code.name}: {err.details() or ''}")
             except asyncio.CancelledError:
@@ -546,6 +548,17 @@ class SessionStream:
         if self._stream_had_allocation and self._call is not None:
             # The controller on this stream stopped renewing: treat the stream as dead.
             self._call.cancel()
+
+    def _shed(self) -> None:
+        """A live controller shed this session for load (RESOURCE_EXHAUSTED with a retry
+        hint). One that never had an allocation takes it as an allotted 0: under ``keep-last``
+        it waits (0) while it retries, and ``fallback_grace`` later moves to the conservative
+        rate, instead of adding that rate to a controller already full (docs/client.md)."""
+        if self._last_rate is not None or self._options.fallback.mode != "keep-last":
+            return
+        self._last_rate = 0.0
+        if self._in_fallback:  # the attach timeout already applied the conservative rate
+            self._lease_expired()
 
     def _apply_fallback_rate(self, rate: float) -> None:
         burst = self._last_burst

@@ -392,6 +392,31 @@ async def test_client_refused_for_load_waits_the_hint_then_attaches(
             assert await waiting.wait_attached(5), "not attached once a place came free"
 
 
+async def test_a_shed_keep_last_session_waits_instead_of_adding_its_conservative_rate(
+    replica_factory: ReplicaFactory,
+) -> None:
+    # A controller at its session limit said "not now": a keep-last session that never had an
+    # allocation keeps that 0 (not the conservative rate a full controller never counted)
+    # until a place comes free, or until fallback_grace lifts it.
+    replica = await replica_factory(max_sessions=1, retry_after=0.5)
+    async with grpc.aio.insecure_channel(replica.grpc_address) as channel:
+        holder = await Honest(channel, "holder").start()
+        waiting = AsyncSession(
+            replica.grpc_address,
+            JobInfo("late", "bob", "g"),
+            "keep-last:4MiB/s",
+            attach_timeout=0.2,
+            fallback_grace=30,
+        )
+        async with waiting:
+            await async_wait_until(lambda: replica.servicer.refused >= 2, 5, message="shed twice")
+            assert not waiting.attached
+            assert waiting.rate == 0, f"a shed session paced at {waiting.rate} B/s"
+            await holder.stop()
+            assert await waiting.wait_attached(5), "not attached once a place came free"
+            await asyncio.wait_for(waiting.acquire(64 * 1024), 10)  # served once admitted
+
+
 # -- overload: the controller's event loop lags ---------------------------------------------
 
 
