@@ -176,7 +176,11 @@ class SessionStream:
     async def next(self) -> pb.ServerMessage | None:
         """The next message to write, or None once the stream should end."""
         while True:
-            if self._end is not None:
+            # A graceful end first tells what is queued (at most max_notices + 1 messages):
+            # a client that half-closes after its last message still learns of every error.
+            if self._end is not None and (
+                self._end[0] is not grpc.StatusCode.OK or not (self._errors or self._dropped)
+            ):
                 return None
             if self._errors:
                 code, field_name, message = self._errors.popleft()

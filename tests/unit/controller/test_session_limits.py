@@ -238,3 +238,25 @@ def test_expiry_forgives_the_controllers_own_lag() -> None:
     clock.t += 3.5
     assert t.expire(grace=1.0) == []
     assert t.expire() == [s]
+
+
+async def test_a_graceful_end_first_tells_what_is_queued() -> None:
+    stream = SessionStream(max_notices=2)
+    for i in range(5):
+        stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", f"operation {i} is not open")
+    stream.end()  # the client half-closed: OK
+    told = [await stream.next() for _ in range(3)]
+    assert [m.error.code for m in told if m is not None] == [
+        "NOT_FOUND",
+        "NOT_FOUND",
+        "RESOURCE_EXHAUSTED",
+    ]
+    assert told[2] is not None and told[2].error.message.startswith("3 more error notices dropped")
+    assert await stream.next() is None
+
+
+async def test_an_abort_drops_what_is_queued() -> None:
+    stream = SessionStream(max_notices=2)
+    stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", "operation 1 is not open")
+    stream.end(grpc.StatusCode.INVALID_ARGUMENT, "usage.bytes: must be >= 0")
+    assert await stream.next() is None
