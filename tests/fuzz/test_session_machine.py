@@ -1,0 +1,337 @@
+"""The Session protocol as a hypothesis state machine against a live controller process.
+
+Interleaved raw sessions send random valid and invalid messages (Hello variants, OpPosted
+of good and bad kinds, volumes and ids, OpCompleted of open and unknown ids, Usage with
+negative, NaN and infinite values, Batches that are oversize, nested or hold a Hello,
+Goodbye, messages before Hello, floods of unknown completions). A model of each session
+says what the controller must do; an honest session runs alongside all along.
+
+Invariants, checked after every step and at the end of every example:
+
+- the controller process is alive and its RSS stays within ``RSS_BOUND`` of its level once
+  the honest session was attached;
+- the honest session is never harmed: its stream goes on, each allocation is renewed
+  within its lease, its rate stays > 0 while its operation is open;
+- a session the model says is valid ends with OK on Goodbye (or is refused for a limit with
+  RESOURCE_EXHAUSTED / FAILED_PRECONDITION and a message); one the model says broke the
+  protocol ends with INVALID_ARGUMENT naming a field it broke (or one of the other two
+  rejection codes), never anything else and never without a message;
+- every Error notice is a rejection code or NOT_FOUND for an unknown completion, with a
+  message.
+
+``BURSTCTL_FUZZ_PROFILE=long`` runs many more examples (bench/fuzz_long.py).
+"""
+
+from __future__ import annotations
+
+import math
+
+import grpc
+import pytest
+from fuzz_support import (
+    FUZZ_PROFILE,
+    MAX_BATCH,
+    MAX_NODES,
+    MAX_OP_VOLUME,
+    MAX_PRIORITY,
+    MAX_TEXT,
+    NOTICE_CODES,
+    REJECTION_CODES,
+    HonestSession,
+    Model,
+    RawStream,
+    apply,
+    hello_problems,
+    rss,
+)
+from hypothesis import HealthCheck, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from support import ControllerProcess
+
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+RSS_BOUND = 50 * MiB  # issue 15: within 50 MiB of the idle level
+MAX_LIVE = 4  # interleaved fuzz sessions at a time
+FLOOD = (200, 3000)  # unknown completions per flood step
+
+# ---------------------------------------------------------------------------- strategies
+
+INT64 = st.integers(-(2**63), 2**63 - 1)
+UINT64 = st.integers(0, 2**64 - 1)
+op_ids = st.one_of(st.integers(0, 6), UINT64)
+kinds = st.sampled_from([0, 1, 2, 3, 4, 42, -1, 2**31 - 1])
+volumes = st.one_of(
+    st.sampled_from([0, 1, MiB, MAX_OP_VOLUME, MAX_OP_VOLUME + 1, -1, 2**63 - 1, -(2**63)]),
+    st.integers(0, 64 * MiB),
+    INT64,
+)
+counts = st.one_of(st.integers(0, 10 * MiB), st.sampled_from([-1, 2**63 - 1, -(2**63)]), INT64)
+seconds = st.one_of(
+    st.floats(0, 10),
+    st.sampled_from([0.0, -0.0, -1e-300, math.nan, math.inf, -math.inf, 1e308]),
+    st.floats(),
+)
+texts = st.one_of(
+    st.sampled_from(["j1", "j2", "j3", "", "j\x00", "j\n", "x" * (MAX_TEXT + 1), "é" * MAX_TEXT]),
+    st.text(max_size=8),
+)
+
+
+@st.composite
+def hellos(draw: st.DrawFn) -> pb.ClientMessage:
+    valid = draw(st.booleans())
+    if valid:  # mostly well-formed, so sessions live long enough to do something
+        job = draw(st.sampled_from(["j1", "j2", "j3"]))
+        return pb.ClientMessage(
+            hello=pb.Hello(
+                job_id=job,
+                user="alice",
+                group="g",
+                nodes=draw(st.integers(1, 8)),
+                priority=draw(st.sampled_from([0.0, 1.0, 2.5])),
+                client_id="fuzz",
+            )
+        )
+    return pb.ClientMessage(
+        hello=pb.Hello(
+            job_id=draw(texts),
+            user=draw(texts),
+            group=draw(texts),
+            nodes=draw(
+                st.one_of(
+                    st.sampled_from([0, 1, MAX_NODES, MAX_NODES + 1, -1]),
+                    st.integers(-(2**31), 2**31 - 1),
+                )
+            ),
+            priority=draw(
+                st.one_of(
+                    st.sampled_from([0.0, -1.0, math.nan, math.inf, MAX_PRIORITY * 2]), st.floats()
+                )
+            ),
+            client_id=draw(st.sampled_from(["", "c", "x" * (MAX_TEXT + 1)])),
+            host=draw(st.sampled_from(["", "h", "x" * (MAX_TEXT + 1)])),
+        )
+    )
+
+
+def posts(ids: st.SearchStrategy[int] = op_ids) -> st.SearchStrategy[pb.ClientMessage]:
+    return st.builds(
+        lambda i, k, v: pb.ClientMessage(op_posted=pb.OpPosted(op_id=i, kind=k, volume=v)),
+        ids,
+        kinds,
+        volumes,
+    )
+
+
+completions = st.builds(lambda i: pb.ClientMessage(op_completed=pb.OpCompleted(op_id=i)), op_ids)
+usages = st.builds(
+    lambda b, o, w, i, x: pb.ClientMessage(
+        usage=pb.Usage(bytes=b, ops=o, wait_seconds=w, interval_seconds=i, waiting=x)
+    ),
+    counts,
+    counts,
+    seconds,
+    seconds,
+    st.booleans(),
+)
+GOODBYE = pb.ClientMessage(goodbye=pb.Goodbye())
+EMPTY = pb.ClientMessage()
+inner = st.one_of(
+    posts(),
+    completions,
+    usages,
+    st.just(GOODBYE),
+    st.just(EMPTY),
+    hellos(),
+    st.builds(
+        lambda m: pb.ClientMessage(batch=pb.Batch(messages=m)), st.lists(posts(), max_size=2)
+    ),
+)
+batches = st.one_of(
+    st.builds(lambda m: pb.ClientMessage(batch=pb.Batch(messages=m)), st.lists(inner, max_size=6)),
+    # oversize: one more than a Batch may hold, every message valid on its own
+    st.just(
+        pb.ClientMessage(
+            batch=pb.Batch(
+                messages=[pb.ClientMessage(usage=pb.Usage()) for _ in range(MAX_BATCH + 1)]
+            )
+        )
+    ),
+)
+any_message = st.one_of(posts(), completions, usages, hellos(), batches, st.just(EMPTY))
+
+
+def check_notices(stream: RawStream) -> None:
+    for notice in stream.notices():
+        assert notice.code in NOTICE_CODES, notice
+        assert notice.message, notice
+        if notice.code == "NOT_FOUND":
+            assert notice.field.endswith("op_completed.op_id"), notice
+
+
+def check_end(model: Model, timeout: float = 15.0) -> None:
+    """The session's stream ended as its model says it must."""
+    s = model.stream
+    if not model.fate.over:  # still valid: leave on purpose
+        s.send(GOODBYE)
+        model.fate.ended_ok = True
+    s.done_writing()
+    code, details = s.wait_end(timeout)
+    check_notices(s)
+    if model.fate.broke:
+        assert code in REJECTION_CODES, (code, details, model.fate.broke)
+        assert details, code
+        if code is grpc.StatusCode.INVALID_ARGUMENT:
+            assert any(f in details for f in model.fate.broke), (details, model.fate.broke)
+    else:  # a limit may refuse a valid session, but only with a rejection code and a message
+        assert code is grpc.StatusCode.OK or (
+            code in REJECTION_CODES - {grpc.StatusCode.INVALID_ARGUMENT} and details
+        ), (code, details)
+
+
+# ---------------------------------------------------------------------------- the machine
+
+
+def session_machine(
+    controller: ControllerProcess,
+    channel: grpc.Channel,
+    honest: HonestSession,
+    peak_rss: list[int],
+    flood: tuple[int, int],
+) -> type[RuleBasedStateMachine]:
+    assert controller.proc is not None
+    pid = controller.proc.pid
+    peak = peak_rss
+
+    class SessionMachine(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.sessions: list[Model] = []
+
+        def live(self) -> list[Model]:
+            return [m for m in self.sessions if not m.fate.over]
+
+        def send(self, model: Model, msg: pb.ClientMessage) -> None:
+            model.stream.send(msg)
+            model.sent += 1
+            if not model.greeted:
+                bad = hello_problems(msg)
+                model.greeted = True
+                if bad:
+                    model.fate.broke = bad
+            else:
+                apply(model, msg)
+
+        @precondition(lambda self: len(self.live()) < MAX_LIVE)
+        @rule(first=st.one_of(hellos(), any_message))
+        def open_session(self, first: pb.ClientMessage) -> None:
+            model = Model(RawStream(channel))
+            self.sessions.append(model)
+            self.send(model, first)
+
+        @precondition(lambda self: self.live())
+        @rule(data=st.data(), msg=any_message)
+        def message(self, data: st.DataObject, msg: pb.ClientMessage) -> None:
+            self.send(data.draw(st.sampled_from(self.live())), msg)
+
+        @precondition(lambda self: any(m.greeted for m in self.live()))
+        @rule(data=st.data())
+        def post_and_complete(self, data: st.DataObject) -> None:
+            """A valid operation's life, so that complete-of-known-id is exercised."""
+            model = data.draw(st.sampled_from([m for m in self.live() if m.greeted]))
+            free = next(i for i in range(1, 1 << 20) if i not in model.ops)
+            self.send(model, pb.ClientMessage(op_posted=pb.OpPosted(op_id=free, kind=1)))
+            if data.draw(st.booleans()):
+                self.send(model, pb.ClientMessage(op_completed=pb.OpCompleted(op_id=free)))
+
+        @precondition(lambda self: self.live())
+        @rule(data=st.data())
+        def goodbye(self, data: st.DataObject) -> None:
+            self.send(data.draw(st.sampled_from(self.live())), GOODBYE)
+
+        @precondition(lambda self: any(m.greeted for m in self.live()))
+        @rule(data=st.data(), n=st.integers(*flood))
+        def flood_unknown_completions(self, data: st.DataObject, n: int) -> None:
+            """Completions of operations never posted: each is a NOT_FOUND notice."""
+            model = data.draw(st.sampled_from([m for m in self.live() if m.greeted]))
+            unknown = max(model.ops, default=0) + 1_000_000
+            for start in range(0, n, MAX_BATCH):
+                msgs = [
+                    pb.ClientMessage(op_completed=pb.OpCompleted(op_id=unknown))
+                    for _ in range(min(MAX_BATCH, n - start))
+                ]
+                self.send(model, pb.ClientMessage(batch=pb.Batch(messages=msgs)))
+
+        @precondition(lambda self: self.sessions)
+        @rule(data=st.data())
+        def settle(self, data: st.DataObject) -> None:
+            """Ends one session (Goodbye if it is still valid) and checks how it ended."""
+            model = data.draw(st.sampled_from(self.sessions))
+            self.sessions.remove(model)
+            check_end(model)
+
+        @invariant()
+        def controller_alive(self) -> None:
+            assert controller.proc is not None and controller.proc.poll() is None, "".join(
+                controller.log[-40:]
+            )
+
+        @invariant()
+        def memory_sampled(self) -> None:
+            # Asserted once the run is over (run_machine): RSS is external state that grows
+            # over examples, so hypothesis could not shrink a failure to one example.
+            peak[0] = max(peak[0], rss(pid))
+
+        @invariant()
+        def honest_unharmed(self) -> None:
+            harm = honest.harm()
+            assert harm is None, f"the honest session was harmed: {harm}"
+
+        def teardown(self) -> None:
+            try:
+                for model in self.sessions:
+                    check_end(model)
+            finally:
+                for model in self.sessions:
+                    model.stream.cancel()
+
+    return SessionMachine
+
+
+def run_machine(
+    controller: ControllerProcess,
+    channel: grpc.Channel,
+    honest: HonestSession,
+    profile: str,
+    flood: tuple[int, int] = FLOOD,
+) -> int:
+    """Runs the machine with ``profile``; returns how much the controller's RSS grew."""
+    from hypothesis.stateful import run_state_machine_as_test
+
+    assert controller.proc is not None
+    baseline = rss(controller.proc.pid)
+    peak = [baseline]
+    machine = session_machine(controller, channel, honest, peak, flood)
+    run_state_machine_as_test(
+        machine,
+        settings=settings(
+            settings.get_profile(profile),
+            stateful_step_count=20,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+        ),
+    )
+    grown = peak[0] - baseline
+    assert grown < RSS_BOUND, f"controller RSS grew by {grown / MiB:.1f} MiB over the run"
+    return grown
+
+
+@pytest.mark.timeout(180)
+def test_session_protocol_state_machine(
+    fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
+) -> None:
+    run_machine(fuzz_controller, fuzz_channel, honest, FUZZ_PROFILE)
+    assert honest.harm() is None
