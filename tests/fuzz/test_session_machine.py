@@ -201,6 +201,7 @@ def session_machine(
     channel: grpc.Channel,
     honest: HonestSession,
     peak_rss: list[int],
+    harms: list[str],
     flood: tuple[int, int],
 ) -> type[RuleBasedStateMachine]:
     assert controller.proc is not None
@@ -287,9 +288,11 @@ def session_machine(
             peak[0] = max(peak[0], rss(pid))
 
         @invariant()
-        def honest_unharmed(self) -> None:
-            harm = honest.harm()
-            assert harm is None, f"the honest session was harmed: {harm}"
+        def honest_sampled(self) -> None:
+            # Asserted once the run is over, like the RSS: the first harm seen is kept.
+            if harms or (harm := honest.harm()) is None:
+                return
+            harms.append(harm)
 
         def teardown(self) -> None:
             try:
@@ -315,7 +318,8 @@ def run_machine(
     assert controller.proc is not None
     baseline = rss(controller.proc.pid)
     peak = [baseline]
-    machine = session_machine(controller, channel, honest, peak, flood)
+    harms: list[str] = []
+    machine = session_machine(controller, channel, honest, peak, harms, flood)
     run_state_machine_as_test(
         machine,
         settings=settings(
@@ -324,6 +328,7 @@ def run_machine(
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
         ),
     )
+    assert not harms, f"the honest session was harmed: {harms[0]}"
     grown = peak[0] - baseline
     assert grown < RSS_BOUND, f"controller RSS grew by {grown / MiB:.1f} MiB over the run"
     return grown
