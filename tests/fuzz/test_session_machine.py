@@ -25,6 +25,8 @@ Invariants, checked after every step and at the end of every example:
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import grpc
 import pytest
@@ -44,9 +46,15 @@ from fuzz_support import (
     hello_problems,
     rss,
 )
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 from support import ControllerProcess
 
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -59,110 +67,140 @@ MAX_LIVE = 4  # interleaved fuzz sessions at a time
 FLOOD = (200, 3000)  # unknown completions per flood step
 
 # ---------------------------------------------------------------------------- strategies
+# Each kind of message comes as a well-formed one and as a wide one (any value of each
+# field, the edges first). Well-formed ones are drawn far more often, so that sessions live
+# for many steps and the controller's state (open operations, jobs, allocations) grows;
+# each broken message then usually breaks one field, whose name the rejection must carry.
 
 INT64 = st.integers(-(2**63), 2**63 - 1)
 UINT64 = st.integers(0, 2**64 - 1)
-op_ids = st.one_of(st.integers(0, 6), UINT64)
-kinds = st.sampled_from([0, 1, 2, 3, 4, 42, -1, 2**31 - 1])
-volumes = st.one_of(
-    st.sampled_from([0, 1, MiB, MAX_OP_VOLUME, MAX_OP_VOLUME + 1, -1, 2**63 - 1, -(2**63)]),
-    st.integers(0, 64 * MiB),
-    INT64,
-)
-counts = st.one_of(st.integers(0, 10 * MiB), st.sampled_from([-1, 2**63 - 1, -(2**63)]), INT64)
-seconds = st.one_of(
-    st.floats(0, 10),
-    st.sampled_from([0.0, -0.0, -1e-300, math.nan, math.inf, -math.inf, 1e308]),
-    st.floats(),
-)
-texts = st.one_of(
-    st.sampled_from(["j1", "j2", "j3", "", "j\x00", "j\n", "x" * (MAX_TEXT + 1), "é" * MAX_TEXT]),
-    st.text(max_size=8),
-)
+GOODBYE = pb.ClientMessage(goodbye=pb.Goodbye())
+EMPTY = pb.ClientMessage()
 
 
 @st.composite
-def hellos(draw: st.DrawFn) -> pb.ClientMessage:
-    valid = draw(st.booleans())
-    if valid:  # mostly well-formed, so sessions live long enough to do something
-        job = draw(st.sampled_from(["j1", "j2", "j3"]))
-        return pb.ClientMessage(
-            hello=pb.Hello(
-                job_id=job,
-                user="alice",
-                group="g",
-                nodes=draw(st.integers(1, 8)),
-                priority=draw(st.sampled_from([0.0, 1.0, 2.5])),
-                client_id="fuzz",
-            )
-        )
-    return pb.ClientMessage(
+def weighted(draw: st.DrawFn, good: st.SearchStrategy[Any], bad: st.SearchStrategy[Any]) -> Any:
+    """``good`` four times in five (``one_of`` would flatten ``bad``'s branches into its own
+    and weigh them one by one)."""
+    return draw(good if draw(st.sampled_from([True, True, True, True, False])) else bad)
+
+
+texts = st.one_of(
+    st.sampled_from(["", "j\x00", "j\n", "x" * (MAX_TEXT + 1), "é" * MAX_TEXT, "j1"]),
+    st.text(max_size=8),
+)
+good_hellos = st.builds(
+    lambda job, nodes, prio: pb.ClientMessage(
         hello=pb.Hello(
-            job_id=draw(texts),
-            user=draw(texts),
-            group=draw(texts),
-            nodes=draw(
-                st.one_of(
-                    st.sampled_from([0, 1, MAX_NODES, MAX_NODES + 1, -1]),
-                    st.integers(-(2**31), 2**31 - 1),
-                )
-            ),
-            priority=draw(
-                st.one_of(
-                    st.sampled_from([0.0, -1.0, math.nan, math.inf, MAX_PRIORITY * 2]), st.floats()
-                )
-            ),
-            client_id=draw(st.sampled_from(["", "c", "x" * (MAX_TEXT + 1)])),
-            host=draw(st.sampled_from(["", "h", "x" * (MAX_TEXT + 1)])),
+            job_id=job, user="alice", group="g", nodes=nodes, priority=prio, client_id="fuzz"
         )
-    )
-
-
-def posts(ids: st.SearchStrategy[int] = op_ids) -> st.SearchStrategy[pb.ClientMessage]:
-    return st.builds(
-        lambda i, k, v: pb.ClientMessage(op_posted=pb.OpPosted(op_id=i, kind=k, volume=v)),
-        ids,
-        kinds,
-        volumes,
-    )
-
-
-completions = st.builds(lambda i: pb.ClientMessage(op_completed=pb.OpCompleted(op_id=i)), op_ids)
-usages = st.builds(
-    lambda b, o, w, i, x: pb.ClientMessage(
-        usage=pb.Usage(bytes=b, ops=o, wait_seconds=w, interval_seconds=i, waiting=x)
     ),
-    counts,
-    counts,
-    seconds,
-    seconds,
+    st.sampled_from(["j1", "j2", "j3"]),
+    st.integers(1, 8),
+    st.sampled_from([0.0, 1.0, 2.5]),
+)
+bad_hellos = st.builds(
+    lambda job, user, group, nodes, prio, client, host: pb.ClientMessage(
+        hello=pb.Hello(
+            job_id=job,
+            user=user,
+            group=group,
+            nodes=nodes,
+            priority=prio,
+            client_id=client,
+            host=host,
+        )
+    ),
+    texts,
+    weighted(st.just("alice"), texts),
+    weighted(st.just("g"), texts),
+    st.one_of(
+        st.sampled_from([0, 1, MAX_NODES, MAX_NODES + 1, -1]), st.integers(-(2**31), 2**31 - 1)
+    ),
+    st.one_of(st.sampled_from([0.0, -1.0, math.nan, math.inf, MAX_PRIORITY * 2]), st.floats()),
+    st.sampled_from(["", "c", "x" * (MAX_TEXT + 1)]),
+    st.sampled_from(["", "h", "x" * (MAX_TEXT + 1)]),
+)
+hellos = st.one_of(good_hellos, bad_hellos)
+
+
+def _post(i: int, k: int, v: int) -> pb.ClientMessage:
+    return pb.ClientMessage(op_posted=pb.OpPosted(op_id=i, kind=k, volume=v))
+
+
+good_posts = st.builds(
+    _post,
+    st.integers(1, 40),
+    st.sampled_from([pb.OP_KIND_READ, pb.OP_KIND_WRITE, pb.OP_KIND_METADATA]),
+    st.one_of(st.integers(0, 64 * MiB), st.just(MAX_OP_VOLUME)),
+)
+bad_posts = st.builds(
+    _post,
+    st.one_of(st.integers(0, 6), UINT64),
+    st.sampled_from([0, 1, 2, 3, 4, 42, -1, 2**31 - 1]),
+    st.one_of(
+        st.sampled_from([0, MAX_OP_VOLUME, MAX_OP_VOLUME + 1, -1, 2**63 - 1, -(2**63)]), INT64
+    ),
+)
+
+
+def _complete(i: int) -> pb.ClientMessage:
+    return pb.ClientMessage(op_completed=pb.OpCompleted(op_id=i))
+
+
+good_completions = st.builds(_complete, st.integers(1, 40))  # open or not: both are valid
+bad_completions = st.builds(_complete, st.one_of(st.just(0), UINT64))
+
+
+def _usage(b: int, o: int, w: float, i: float, x: bool) -> pb.ClientMessage:
+    return pb.ClientMessage(
+        usage=pb.Usage(bytes=b, ops=o, wait_seconds=w, interval_seconds=i, waiting=x)
+    )
+
+
+good_usages = st.builds(
+    _usage,
+    st.integers(0, 10 * MiB),
+    st.integers(0, 100),
+    st.floats(0, 10),
+    st.floats(0, 10),
     st.booleans(),
 )
-GOODBYE = pb.ClientMessage(goodbye=pb.Goodbye())
-EMPTY = pb.ClientMessage()
-inner = st.one_of(
-    posts(),
-    completions,
-    usages,
-    st.just(GOODBYE),
-    st.just(EMPTY),
-    hellos(),
+counts = st.one_of(st.sampled_from([-1, 2**63 - 1, -(2**63)]), INT64)
+seconds = st.one_of(
+    st.sampled_from([0.0, -0.0, -1e-300, math.nan, math.inf, -math.inf, 1e308]), st.floats()
+)
+bad_usages = st.builds(
+    _usage,
+    weighted(st.just(0), counts),
+    weighted(st.just(0), counts),
+    weighted(st.just(0.0), seconds),
+    weighted(st.just(0.1), seconds),
+    st.booleans(),
+)
+good_singles = st.one_of(good_posts, good_completions, good_usages)
+bad_singles = st.one_of(
+    bad_posts, bad_completions, bad_usages, hellos, st.just(EMPTY), st.just(GOODBYE)
+)
+
+
+def _batch(messages: list[pb.ClientMessage]) -> pb.ClientMessage:
+    return pb.ClientMessage(batch=pb.Batch(messages=messages))
+
+
+good_batches = st.builds(_batch, st.lists(good_singles, max_size=8))
+bad_batches = st.one_of(
     st.builds(
-        lambda m: pb.ClientMessage(batch=pb.Batch(messages=m)), st.lists(posts(), max_size=2)
+        _batch,
+        st.lists(
+            weighted(good_singles, st.one_of(bad_singles, good_batches)), min_size=1, max_size=8
+        ),
     ),
-)
-batches = st.one_of(
-    st.builds(lambda m: pb.ClientMessage(batch=pb.Batch(messages=m)), st.lists(inner, max_size=6)),
     # oversize: one more than a Batch may hold, every message valid on its own
-    st.just(
-        pb.ClientMessage(
-            batch=pb.Batch(
-                messages=[pb.ClientMessage(usage=pb.Usage()) for _ in range(MAX_BATCH + 1)]
-            )
-        )
-    ),
+    st.just(_batch([pb.ClientMessage(usage=pb.Usage()) for _ in range(MAX_BATCH + 1)])),
 )
-any_message = st.one_of(posts(), completions, usages, hellos(), batches, st.just(EMPTY))
+any_message = weighted(st.one_of(good_singles, good_batches), st.one_of(bad_singles, bad_batches))
+first_messages = weighted(good_hellos, st.one_of(bad_hellos, any_message))
 
 
 def check_notices(stream: RawStream) -> None:
@@ -228,7 +266,7 @@ def session_machine(
                 apply(model, msg)
 
         @precondition(lambda self: len(self.live()) < MAX_LIVE)
-        @rule(first=st.one_of(hellos(), any_message))
+        @rule(first=first_messages)
         def open_session(self, first: pb.ClientMessage) -> None:
             model = Model(RawStream(channel))
             self.sessions.append(model)
@@ -248,11 +286,6 @@ def session_machine(
             self.send(model, pb.ClientMessage(op_posted=pb.OpPosted(op_id=free, kind=1)))
             if data.draw(st.booleans()):
                 self.send(model, pb.ClientMessage(op_completed=pb.OpCompleted(op_id=free)))
-
-        @precondition(lambda self: self.live())
-        @rule(data=st.data())
-        def goodbye(self, data: st.DataObject) -> None:
-            self.send(data.draw(st.sampled_from(self.live())), GOODBYE)
 
         @precondition(lambda self: any(m.greeted for m in self.live()))
         @rule(data=st.data(), n=st.integers(*flood))
@@ -305,38 +338,54 @@ def session_machine(
     return SessionMachine
 
 
+@dataclass
+class MachineRun:
+    """What one run of the machine saw (asserted by the test, printed by bench/fuzz_long.py)."""
+
+    rss_growth: int  # bytes, peak RSS over the run minus RSS before it
+    harms: list[str]  # the first harm to the honest session, if any
+    error: BaseException | None  # what hypothesis reported (its shrunk failure)
+
+
 def run_machine(
     controller: ControllerProcess,
     channel: grpc.Channel,
     honest: HonestSession,
     profile: str,
     flood: tuple[int, int] = FLOOD,
-) -> int:
-    """Runs the machine with ``profile``; returns how much the controller's RSS grew."""
-    from hypothesis.stateful import run_state_machine_as_test
-
+) -> MachineRun:
+    """Runs the machine with ``profile`` against ``controller``."""
     assert controller.proc is not None
     baseline = rss(controller.proc.pid)
     peak = [baseline]
     harms: list[str] = []
     machine = session_machine(controller, channel, honest, peak, harms, flood)
-    run_state_machine_as_test(
-        machine,
-        settings=settings(
-            settings.get_profile(profile),
-            stateful_step_count=20,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
-        ),
-    )
-    assert not harms, f"the honest session was harmed: {harms[0]}"
-    grown = peak[0] - baseline
-    assert grown < RSS_BOUND, f"controller RSS grew by {grown / MiB:.1f} MiB over the run"
-    return grown
+    error = None
+    try:
+        run_state_machine_as_test(
+            machine,
+            settings=settings(
+                settings.get_profile(profile),
+                stateful_step_count=50,
+                # No shrinking: replaying steps against a controller whose state outlives
+                # each example is slow and not always faithful; the failing run's steps are
+                # printed as they were.
+                phases=(Phase.explicit, Phase.reuse, Phase.generate),
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+            ),
+        )
+    except Exception as exc:  # reported with the other figures
+        error = exc
+    return MachineRun(peak[0] - baseline, harms, error)
 
 
 @pytest.mark.timeout(180)
 def test_session_protocol_state_machine(
     fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
 ) -> None:
-    run_machine(fuzz_controller, fuzz_channel, honest, FUZZ_PROFILE)
+    run = run_machine(fuzz_controller, fuzz_channel, honest, FUZZ_PROFILE)
+    if run.error is not None:
+        raise run.error
+    assert not run.harms, f"the honest session was harmed: {run.harms[0]}"
+    assert run.rss_growth < RSS_BOUND, f"controller RSS grew by {run.rss_growth / MiB:.1f} MiB"
     assert honest.harm() is None
