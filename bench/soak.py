@@ -116,7 +116,9 @@ class Controller:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(15)
-        self._drainer.join(15)
+        self._drainer.join(15)  # reads the pipe to EOF
+        if self.proc.stderr is not None:
+            self.proc.stderr.close()
         return self.proc.returncode
 
 
