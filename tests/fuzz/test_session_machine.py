@@ -6,7 +6,8 @@ negative, NaN and infinite values, Batches that are oversize, nested or hold a H
 Goodbye, messages before Hello, floods of unknown completions). A model of each session
 says what the controller must do; an honest session runs alongside all along.
 
-Invariants, checked after every step and at the end of every example:
+Invariants (the first two sampled after every step and asserted once the run is over, as
+they depend on state that outlives an example; the others per session as it ends):
 
 - the controller process is alive and its RSS stays within ``RSS_BOUND`` of its level once
   the honest session was attached;
