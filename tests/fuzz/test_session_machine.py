@@ -6,8 +6,9 @@ negative, NaN and infinite values, Batches that are oversize, nested or hold a H
 Goodbye, messages before Hello, floods of unknown completions). A model of each session
 says what the controller must do; an honest session runs alongside all along.
 
-Invariants (the first two sampled after every step and asserted once the run is over, as
-they depend on state that outlives an example; the others per session as it ends):
+Invariants (after every step; the RSS and the honest session's harm are sampled then and
+asserted once the run is over, as they depend on state that outlives an example; how a
+session ended is checked as it ends):
 
 - the controller process is alive and its RSS stays within ``RSS_BOUND`` of its level once
   the honest session was attached;
