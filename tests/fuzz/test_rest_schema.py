@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import schemathesis
 from fuzz_support import FUZZ_ENV, FUZZ_PROFILE
@@ -126,5 +127,42 @@ def test_rest_api_schema_says_reads_are_open_by_default(tmp_path: Path) -> None:
     proc = start_controller(tmp_path, protect_reads=False)
     try:
         fuzz_api(proc, AUTH["no-token"], [checks.ignored_auth])
+    finally:
+        proc.stop()
+
+
+# What the long profile found (a name with a colon reaches an import): each must be a 422
+# of the documented shape (a list of errors) naming `name`, and the policy must not change.
+IMPORT_PATHS = [":x", "..:x", ".:x", "this:x", "burstctl.policies.base:Policy"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="issue 15 finding 2: a policy name is imported as a module path (':x' gives a 422 "
+    "whose detail is a string, '..:x' a 500, 'burstctl.policies.base:Policy' is installed)",
+)
+@pytest.mark.timeout(60)
+def test_policy_name_that_is_an_import_path_gets_the_documented_422(tmp_path: Path) -> None:
+    proc = start_controller(tmp_path, protect_reads=False)
+    try:
+        assert proc.url is not None
+        with httpx.Client(base_url=proc.url, headers=AUTH["token"], timeout=10) as http:
+            before = http.get("/v1/policy").json()
+            problems = []
+            for name in IMPORT_PATHS:
+                try:
+                    r = http.put("/v1/policy", json={"name": name})
+                except httpx.HTTPError as exc:  # the server dropped the connection
+                    problems.append(f"{name!r}: {exc!r}")
+                    continue
+                detail = r.json().get("detail") if r.status_code < 500 else r.text
+                if not (
+                    r.status_code == 422
+                    and isinstance(detail, list)
+                    and any(e.get("loc") == ["body", "name"] for e in detail)
+                ):
+                    problems.append(f"{name!r}: {r.status_code} {detail!r}"[:200])
+            assert not problems, problems
+            assert http.get("/v1/policy").json() == before
     finally:
         proc.stop()
