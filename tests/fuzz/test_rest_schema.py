@@ -131,16 +131,12 @@ def test_rest_api_schema_says_reads_are_open_by_default(tmp_path: Path) -> None:
         proc.stop()
 
 
-# What the long profile found (a name with a colon reaches an import): each must be a 422
+# What the long profile found (issue 15 finding 2, a name with a colon reached an import):
+# each must be a 422
 # of the documented shape (a list of errors) naming `name`, and the policy must not change.
 IMPORT_PATHS = [":x", "..:x", ".:x", "this:x", "burstctl.policies.base:Policy"]
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 finding 2: a policy name is imported as a module path (':x' gives a 422 "
-    "whose detail is a string, '..:x' a 500, 'burstctl.policies.base:Policy' is installed)",
-)
 @pytest.mark.timeout(60)
 def test_policy_name_that_is_an_import_path_gets_the_documented_422(tmp_path: Path) -> None:
     proc = start_controller(tmp_path, protect_reads=False)

@@ -398,11 +398,6 @@ def test_session_protocol_state_machine(
     assert honest.harm() is None
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="issue 15 finding 1: each unknown OpCompleted queues an Error notice without bound "
-    "(SessionStream._errors); 300k of them grow the controller by ~270 MiB",
-)
 @pytest.mark.timeout(120)
 def test_unknown_completion_flood_keeps_memory_bounded(
     fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
