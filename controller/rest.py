@@ -189,6 +189,44 @@ class JobOut(BaseModel):
     age_s: float = Field(default=0.0, description="seconds since this replica first saw the job")
 
 
+class ErrorOut(BaseModel):
+    """Any error but a validation 422 (FastAPI's shape: ``HTTPException``'s detail)."""
+
+    detail: str = Field(description="what went wrong")
+
+
+# The statuses routes answer besides their success and FastAPI's own 422, for the schema
+# (`responses=`): the token check on mutations (and on reads with ``protect_reads``), a
+# state that cannot be written on mutations, an unknown job.
+_TOKEN_ERRORS: dict[int | str, dict[str, Any]] = {
+    401: {
+        "model": ErrorOut,
+        "description": "No bearer token",
+        "headers": {"WWW-Authenticate": {"description": "`Bearer`", "schema": {"type": "string"}}},
+    },
+    403: {"model": ErrorOut, "description": "Wrong bearer token"},
+}
+_NOT_DURABLE: dict[int | str, dict[str, Any]] = {
+    503: {"model": ErrorOut, "description": "The state cannot be written: nothing changed"},
+}
+
+
+def _as_json(responses: dict[int | str, dict[str, Any]]) -> dict[int | str, dict[str, Any]]:
+    """``responses`` for a route whose response class is not JSON (``/metrics``): FastAPI
+    would document a ``model`` in the route's media type, so the schema is given inline."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for status, response in responses.items():
+        response = dict(response)
+        model = response.pop("model")
+        response["content"] = {"application/json": {"schema": model.model_json_schema()}}
+        out[status] = response
+    return out
+
+
+def _not_found(what: str) -> dict[int | str, dict[str, Any]]:
+    return {404: {"model": ErrorOut, "description": what}}
+
+
 def _invalid(loc: list[str | int], msg: str, value: Any) -> RequestValidationError:
     return RequestValidationError([{"type": "value_error", "loc": loc, "msg": msg, "input": value}])
 
@@ -231,25 +269,31 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         if not secrets.compare_digest(creds.credentials.encode(), token.encode()):
             raise HTTPException(403, "wrong bearer token")
 
-    def read_guard(creds: Credentials) -> None:
-        if replica.config.protect_reads:
-            require_token(creds)
-
-    reads = [Depends(read_guard)]
+    # The schema declares the bearer scheme (and its 401/403) only where the token is
+    # required: on mutations always, on reads only with ``protect_reads`` (the config is
+    # frozen, so deciding here is deciding for every request).
+    mutations = [Depends(require_token)]
+    reads = [Depends(require_token)] if replica.config.protect_reads else []
+    read_errors = _TOKEN_ERRORS if replica.config.protect_reads else {}
+    change_errors = {**_TOKEN_ERRORS, **_NOT_DURABLE}
 
     @app.get("/healthz", tags=["health"])
     async def healthz() -> dict[str, str]:
         """The process is alive."""
         return {"status": "ok"}
 
-    @app.get("/readyz", tags=["health"])
+    @app.get(
+        "/readyz",
+        tags=["health"],
+        responses={503: {"model": ErrorOut, "description": "Not ready yet"}},
+    )
     async def readyz() -> dict[str, Any]:
         """gRPC is serving and the state is loaded (503 otherwise)."""
         if not replica.ready:
             raise HTTPException(503, "not ready")
         return {"status": "ready", "grpc": replica.grpc_address}
 
-    @app.get("/v1/policies", dependencies=reads, tags=["policy"])
+    @app.get("/v1/policies", dependencies=reads, tags=["policy"], responses=read_errors)
     async def list_policies() -> list[PolicyInfo]:
         """The registry: every name a switch accepts (sharing specs are also accepted)."""
         out = []
@@ -276,12 +320,12 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             )
         return out
 
-    @app.get("/v1/policy", dependencies=reads, tags=["policy"])
+    @app.get("/v1/policy", dependencies=reads, tags=["policy"], responses=read_errors)
     async def get_policy() -> ActivePolicy:
         """The active policy of this replica."""
         return replica.slot.active()
 
-    @app.put("/v1/policy", dependencies=[Depends(require_token)], tags=["policy"])
+    @app.put("/v1/policy", dependencies=mutations, tags=["policy"], responses=change_errors)
     async def put_policy(body: PolicyIn) -> ActivePolicy:
         """Switch the policy: validated, applied at once, persisted, sent to the peers
         at once."""
@@ -297,7 +341,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
                 ]
             ) from None
 
-    @app.get("/v1/replicas", dependencies=reads, tags=["replicas"])
+    @app.get("/v1/replicas", dependencies=reads, tags=["replicas"], responses=read_errors)
     async def replicas() -> ReplicasOut:
         """This replica and the peers it has heard from."""
         sync = replica.peer_sync
@@ -367,7 +411,23 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             age_s=max(0.0, elapsed),
         )
 
-    @app.get("/v1/jobs", dependencies=reads, tags=["jobs"], response_model=list[JobOut])
+    @app.get(
+        "/v1/jobs",
+        dependencies=reads,
+        tags=["jobs"],
+        response_model=list[JobOut],
+        responses={
+            200: {
+                "headers": {
+                    "X-Total-Count": {
+                        "description": "how many jobs there are, in all pages",
+                        "schema": {"type": "integer"},
+                    }
+                }
+            },
+            **read_errors,
+        },
+    )
     async def list_jobs(
         limit: Annotated[
             int, Query(ge=1, le=JOBS_PAGE_MAX, description="jobs in this page")
@@ -399,14 +459,29 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             body, media_type="application/json", headers={"X-Total-Count": str(len(ids))}
         )
 
-    @app.get("/v1/jobs/{job_id}", dependencies=reads, tags=["jobs"])
+    @app.get(
+        "/v1/jobs/{job_id}",
+        dependencies=reads,
+        tags=["jobs"],
+        responses={**read_errors, **_not_found("Unknown job")},
+    )
     async def get_job(job_id: str) -> JobOut:
         out = job_out(job_id, replica.clock(), on_peers({job_id}))
         if out is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
         return out
 
-    @app.post("/v1/jobs", dependencies=[Depends(require_token)], tags=["jobs"], status_code=201)
+    @app.post(
+        "/v1/jobs",
+        dependencies=mutations,
+        tags=["jobs"],
+        status_code=201,
+        responses={
+            201: {"description": "A new registration"},
+            200: {"model": JobOut, "description": "An existing registration, updated"},
+            **change_errors,
+        },
+    )
     async def register_job(body: JobIn, response: Response) -> JobOut:
         """Register a job with authoritative metadata (a Slurm prolog does this); it
         wins over what clients claim. 201 when new, 200 when it updates one."""
@@ -418,7 +493,15 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         return out
 
     @app.delete(
-        "/v1/jobs/{job_id}", dependencies=[Depends(require_token)], tags=["jobs"], status_code=204
+        "/v1/jobs/{job_id}",
+        dependencies=mutations,
+        tags=["jobs"],
+        status_code=204,
+        responses={
+            204: {"description": "Retired"},
+            **_not_found("The job is not registered"),
+            **change_errors,
+        },
     )
     async def retire_job(job_id: str) -> Response:
         """Retire a registered job (a Slurm epilog does this); 404 if it is not registered."""
@@ -426,7 +509,13 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             raise HTTPException(404, f"job {job_id!r} is not registered")
         return Response(status_code=204)
 
-    @app.get("/metrics", dependencies=reads, tags=["metrics"], response_class=PlainTextResponse)
+    @app.get(
+        "/metrics",
+        dependencies=reads,
+        tags=["metrics"],
+        response_class=PlainTextResponse,
+        responses=_as_json(read_errors),
+    )
     async def metrics() -> PlainTextResponse:
         """Prometheus text format (controller/metrics.py lists the series): per-job series
         for the ``metrics_top_jobs`` jobs with the highest rate, aggregates over all;

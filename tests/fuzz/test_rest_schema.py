@@ -9,8 +9,8 @@ request without the token is refused where the schema asks for it.
 
 Not checked here, on purpose: ``positive_data_acceptance`` (a policy ``name`` is a string
 in the schema but must be a registered name or a sharing spec, refused with a 422 naming
-``name`` otherwise, docs/rest.md). Checked as strict xfails, to be lifted when the schema
-is fixed: that every status the API answers is documented (401/403 are not), and that
+``name`` otherwise, docs/rest.md). Also checked: every status the API answers is
+documented (401/403 of the token check, 404, 503, the 200 of a re-registration), and
 with reads open (the default) the schema does not claim they need the token.
 """
 
@@ -26,7 +26,6 @@ from fuzz_support import FUZZ_ENV, FUZZ_PROFILE
 from hypothesis import HealthCheck, given, settings
 from schemathesis import checks
 from schemathesis.checks import CheckFunction
-from schemathesis.core.failures import FailureGroup
 from support import ControllerProcess
 
 pytestmark = pytest.mark.integration
@@ -104,24 +103,11 @@ def test_rest_api_never_5xx_and_conforms(rest_controller: ControllerProcess, aut
     assert {"PUT /v1/policy", "POST /v1/jobs", "GET /metrics"} <= set(labels), labels
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FailureGroup,
-    reason="new finding (issue 15 REST schema): /openapi.json documents neither the 401/403 "
-    "of the token check nor 404 of GET/DELETE /v1/jobs/{job_id}, 200 of POST /v1/jobs (an "
-    "update), 503 of /readyz and PUT /v1/policy",
-)
 @pytest.mark.timeout(120)
 def test_rest_api_documents_every_status(rest_controller: ControllerProcess) -> None:
     fuzz_api(rest_controller, AUTH["no-token"], [checks.status_code_conformance])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=FailureGroup,
-    reason="new finding (issue 15 REST schema): with protect_reads off (the default) the "
-    "schema still declares the bearer scheme on the read routes, which answer without it",
-)
 @pytest.mark.timeout(120)
 def test_rest_api_schema_says_reads_are_open_by_default(tmp_path: Path) -> None:
     proc = start_controller(tmp_path, protect_reads=False)

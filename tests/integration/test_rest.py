@@ -158,6 +158,46 @@ async def test_token_from_environment_and_protected_reads(
         assert r.status_code == 200 and r.json()["version"] == 1
 
 
+# Every status each route answers, as /openapi.json must document it (issue 15 REST schema).
+TOKEN_CHECK = {"401", "403"}
+STATUSES = {
+    ("get", "/healthz"): {"200"},
+    ("get", "/readyz"): {"200", "503"},
+    ("get", "/v1/policies"): {"200"},
+    ("get", "/v1/policy"): {"200"},
+    ("put", "/v1/policy"): {"200", "422", "503"} | TOKEN_CHECK,
+    ("get", "/v1/replicas"): {"200"},
+    ("get", "/v1/jobs"): {"200", "422"},
+    ("post", "/v1/jobs"): {"200", "201", "422", "503"} | TOKEN_CHECK,
+    ("get", "/v1/jobs/{job_id}"): {"200", "404", "422"},
+    ("delete", "/v1/jobs/{job_id}"): {"204", "404", "422", "503"} | TOKEN_CHECK,
+    ("get", "/metrics"): {"200"},
+}
+MUTATIONS = {("put", "/v1/policy"), ("post", "/v1/jobs"), ("delete", "/v1/jobs/{job_id}")}
+HEALTH = {("get", "/healthz"), ("get", "/readyz")}
+
+
+@pytest.mark.parametrize("protect_reads", [False, True])
+async def test_schema_documents_every_status_and_where_the_token_is_needed(
+    replica_factory: Make, protect_reads: bool
+) -> None:
+    svc = await replica_factory(protect_reads=protect_reads)
+    async with httpx.AsyncClient(base_url=svc.http_url, headers=auth(svc)) as http:
+        schema = (await http.get("/openapi.json")).json()
+    ops = {(m, p): op for p, item in schema["paths"].items() for m, op in item.items()}
+    assert set(ops) == set(STATUSES)
+    for key, op in ops.items():
+        guarded = key in MUTATIONS or (protect_reads and key not in HEALTH)
+        want = STATUSES[key] | (TOKEN_CHECK if guarded else set())
+        assert set(op["responses"]) == want, key
+        assert bool(op.get("security")) == guarded, key
+        for status in want - {"200", "201", "204", "422"}:  # {"detail": "..."}, as answered
+            content = op["responses"][status]["content"]
+            assert list(content) == ["application/json"], (key, status)
+    assert "WWW-Authenticate" in ops[("put", "/v1/policy")]["responses"]["401"]["headers"]
+    assert "X-Total-Count" in ops[("get", "/v1/jobs")]["responses"]["200"]["headers"]
+
+
 async def test_token_file_option(replica_factory: Make, tmp_path: Path) -> None:
     path = tmp_path / "token"
     path.write_text("from-file\n")
