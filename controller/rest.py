@@ -532,8 +532,12 @@ def build_app(replica: Replica, token: str) -> FastAPI:
 
     @app.exception_handler(ValueError)
     async def bad_value(request: Request, exc: ValueError) -> JSONResponse:
-        # A check deeper down that the body validation did not catch.
-        return JSONResponse({"detail": str(exc)}, status_code=422)
+        # A check deeper down that the body validation did not catch: the documented shape
+        # of a 422 (a list of errors), naming the body since no field is known.
+        return JSONResponse(
+            {"detail": [{"loc": ["body"], "msg": str(exc), "type": "value_error"}]},
+            status_code=422,
+        )
 
     mount_dashboard(app)
     return app
