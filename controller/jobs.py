@@ -525,14 +525,19 @@ class JobTable:
         dead = [s for s in self.sessions.values() if now - s.last_heard > limit]
         for s in dead:
             self.close_session(s)
-        for job_id in [
-            j.job_id
-            for j in self.jobs.values()
-            if j.status is JobStatus.INACTIVE
-            and j.inactive_since is not None
-            and now - j.inactive_since >= self.job_retention
-        ]:
-            self._drop_job(job_id)
+        # The longest inactive first (``_inactive`` is in that order): the scan stops at the
+        # first job still within its retention, not at the end of a large table.
+        while self._inactive:
+            job_id = next(iter(self._inactive))
+            job = self.jobs.get(job_id)
+            if job is not None and (
+                job.inactive_since is None or now - job.inactive_since < self.job_retention
+            ):
+                break
+            if job is None:
+                del self._inactive[job_id]
+            else:
+                self._drop_job(job_id)
         return dead
 
     # -- views ----------------------------------------------------------------

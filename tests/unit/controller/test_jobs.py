@@ -151,6 +151,30 @@ def test_heartbeat_timeout_then_retention(table: JobTable, clock: Clock) -> None
     assert "j" not in table.jobs
 
 
+def test_retention_drops_jobs_in_the_order_they_went_inactive(
+    table: JobTable, clock: Clock
+) -> None:
+    # expire() walks the inactive jobs oldest first and stops at the first one still
+    # retained, so a job that came back in between must not be dropped with the others.
+    first = table.open_session(meta("a"), "c", "h")
+    second = table.open_session(meta("b"), "c", "h")
+    table.close_session(first)
+    clock.t += 4
+    table.close_session(second)
+    back = table.open_session(meta("a"), "c", "h")  # a returns, then leaves again later
+    clock.t += 1
+    table.close_session(back)
+    clock.t += 5.5  # b inactive for 6.5 s, a for 5.5 s
+    table.expire()
+    assert set(table.jobs) == {"a", "b"}
+    clock.t += 4
+    table.expire()
+    assert set(table.jobs) == {"a"}  # b went inactive 10.5 s ago, a only 9.5 s ago
+    clock.t += 1
+    table.expire()
+    assert table.jobs == {}
+
+
 def test_returning_session_reactivates_job(table: JobTable, clock: Clock) -> None:
     s = table.open_session(meta(), "c", "h")
     table.close_session(s)
