@@ -288,6 +288,7 @@ class JobTable:
         # Called with each job new to the table (the ledger carries its saved counters in).
         self.on_new_job: Callable[[JobState], None] | None = None
         self.counters_version = 0  # bumped whenever a job's counters change
+        self.counted: set[str] = set()  # jobs whose counters changed since the ledger looked
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
@@ -473,6 +474,7 @@ class JobTable:
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         by_kind = session.attribute(nbytes) if nbytes else {}
         self.counters_version += 1
+        self.counted.add(job.job_id)
         if totals is not None:
             key = session.client_id
             booked = job.booked.pop(key, None)

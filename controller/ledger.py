@@ -58,6 +58,8 @@ class Ledger:
         self.carried: dict[str, tuple[Counters, dict[str, Counters]]] = {}
         self._loaded_at = clock()
         self.saved_version = -1  # the table's counters_version at the last save
+        # the counters of the table's jobs as last snapshotted: job id -> (counters, booked)
+        self._entries: dict[str, tuple[Counters, dict[str, Counters]]] = {}
 
     def load(self) -> int:
         """Reads the file (missing: nothing carried); returns the number of jobs carried.
@@ -101,28 +103,33 @@ class Ledger:
         counters, booked = entry
         job.counters = counters + job.counters
         job.booked = {**booked, **job.booked}
+        self._entries[job.job_id] = (job.counters, dict(job.booked))  # saved if it stays idle
 
     def snapshot(self, table: JobTable) -> dict[str, Any]:
-        """What to save, taken on the event loop (cheap: jobs that moved something)."""
+        """What to save, taken on the event loop: only the jobs whose counters changed since
+        the last snapshot are read (``JobTable.counted``), so a large table of idle jobs costs
+        nothing here; serialising happens in `write`, off the loop."""
         if self.carried and self._clock() - self._loaded_at > self._retention:
             self.carried.clear()  # their jobs did not come back within the retention
-        jobs: dict[str, Any] = {
-            job_id: {"counters": asdict(c), "booked": {k: asdict(v) for k, v in b.items()}}
-            for job_id, (c, b) in self.carried.items()
-        }
-        for job in table.jobs.values():
-            if job.counters != Counters():
-                jobs[job.job_id] = {
-                    "counters": asdict(job.counters),
-                    "booked": {k: asdict(v) for k, v in job.booked.items()},
-                }
-        return {"format": _FORMAT, "jobs": jobs}
+        for job_id in table.counted:
+            job = table.jobs.get(job_id)
+            if job is not None:
+                self._entries[job_id] = (job.counters, dict(job.booked))
+        table.counted.clear()
+        for job_id in [j for j in self._entries if j not in table.jobs]:
+            del self._entries[job_id]  # dropped from the table after its retention
+        return {"carried": dict(self.carried), "entries": dict(self._entries)}
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
-        """Writes ``snapshot`` atomically (temp file, fsync, rename); may run in a thread."""
+        """Writes ``snapshot`` atomically (temp file, fsync, rename); runs in a thread."""
+        jobs = {
+            job_id: {"counters": asdict(c), "booked": {k: asdict(v) for k, v in b.items()}}
+            for part in ("carried", "entries")
+            for job_id, (c, b) in snapshot[part].items()
+        }
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
-        data = json.dumps(snapshot, separators=(",", ":"))
+        data = json.dumps({"format": _FORMAT, "jobs": jobs}, separators=(",", ":"))
         fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=directory)
         try:
             with os.fdopen(fd, "w") as f:

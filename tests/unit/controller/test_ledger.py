@@ -47,6 +47,37 @@ def test_carried_counters_of_jobs_that_never_return_expire(tmp_path: Path) -> No
     )
     ledger = Ledger(tmp_path, retention=10, clock=lambda: now[0])
     assert ledger.load() == 1
-    assert "gone" in ledger.snapshot(table())["jobs"]
+    assert "gone" in ledger.snapshot(table())["carried"]
     now[0] = 11.0
-    assert ledger.snapshot(table())["jobs"] == {}
+    assert ledger.snapshot(table())["carried"] == {}
+
+
+def test_a_returned_job_stays_in_the_ledger_until_it_moves_again(tmp_path: Path) -> None:
+    before = table()
+    s = before.open_session(JobMeta("j", "u", "g", 1, 1.0), "c1", "h")
+    before.usage(s, 10, 1, 0.0, 0.25, False, Counters(10, 10, 0, 1, 0, 0.0))
+    Ledger(tmp_path, retention=300, clock=lambda: 0.0).write(
+        Ledger(tmp_path, retention=300, clock=lambda: 0.0).snapshot(before)
+    )
+    after = table()
+    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    ledger.load()
+    after.on_new_job = ledger.restore
+    after.open_session(JobMeta("j", "u", "g", 1, 1.0), "c2", "h")  # back, idle so far
+    ledger.write(ledger.snapshot(after))
+    again = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    assert again.load() == 1
+    assert again.carried["j"][0] == Counters(10, 10, 0, 1, 0, 0.0)
+
+
+def test_a_snapshot_reads_only_the_jobs_that_moved(tmp_path: Path) -> None:
+    t = table()
+    idle = [t.open_session(JobMeta(f"idle{i}", "u", "g", 1, 1.0), "c", "h") for i in range(100)]
+    busy = t.open_session(JobMeta("busy", "u", "g", 1, 1.0), "c", "h")
+    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    assert ledger.snapshot(t)["entries"] == {}
+    t.usage(busy, 5, 1, 0.0, 0.25, False, Counters(5, 0, 5, 1, 0, 0.0))
+    assert t.counted == {"busy"}
+    assert set(ledger.snapshot(t)["entries"]) == {"busy"}
+    assert t.counted == set()
+    assert len(idle) == 100
