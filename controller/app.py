@@ -380,6 +380,7 @@ class Replica:
             "messages": self.servicer.messages,
             "rejected_sessions": self.servicer.rejected,
             "refused_sessions": self.servicer.refused,
+            "denied_sessions": self.servicer.denied,
             "loop_lag_peak_s": self.servicer.lag.peak,
             "unauthenticated_calls": self.gate.refused if self.gate is not None else 0,
             "decisions": st.decisions,

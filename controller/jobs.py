@@ -96,8 +96,9 @@ def _combine(a: Counters, b: Counters, op: Callable[[Any, Any], Any]) -> Counter
 
 
 # Sessions' booked totals a job remembers (one per client_id, least recently reporting
-# dropped first): enough for every live session of a job and its reconnects.
-MAX_BOOKED_SESSIONS = 1024
+# dropped first): a session that said Goodbye is forgotten at once (it reports no more), so
+# what stays is the live sessions and those that may reconnect after a broken stream.
+MAX_BOOKED_SESSIONS = 256
 
 
 @dataclass(slots=True)
@@ -517,6 +518,12 @@ class JobTable:
         ):
             session.signalled_rate = session.measured_rate
             self._changed(job)
+
+    def goodbye(self, session: SessionState) -> None:
+        """The session leaves on purpose, after its last report: its booked totals are not
+        needed any more (a later session with the same client_id starts from 0)."""
+        if session.job.booked.pop(session.client_id, None) is not None:
+            self.counted.add(session.job.job_id)  # the ledger forgets it too
 
     # -- housekeeping ---------------------------------------------------------
     def expire(self, grace: float = 0.0) -> list[SessionState]:

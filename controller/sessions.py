@@ -332,7 +332,7 @@ class ControllerServicer:
         self.unregistered = unregistered or UnregisteredLimits(
             max_nodes=MAX_NODES, max_priority=MAX_PRIORITY
         )
-        self.refused = 0  # sessions refused by the trust rules
+        self.denied = 0  # sessions refused by the trust rules (PERMISSION_DENIED, ...)
         self.streams: dict[int, SessionStream] = {}
         self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
@@ -440,7 +440,7 @@ class ControllerServicer:
         except LimitError as exc:
             await self._refuse(exc, context)
         except Refused as exc:
-            self.refused += 1
+            self.denied += 1
             log.warning("session refused (%s): %s", context.peer(), exc)
             await context.abort(exc.code, str(exc))
         finally:
@@ -569,6 +569,7 @@ class ControllerServicer:
                     f"no open operation {msg.op_completed.op_id} on this session",
                 )
         elif kind == "goodbye":
+            self.table.goodbye(session)
             return False
         elif kind == "hello":
             raise ProtocolError(f"{where}hello", "only the first message of a session")

@@ -73,7 +73,7 @@ async def test_a_registered_job_refuses_another_users_session(replica: Replica) 
         assert (job.meta.user, job.meta.nodes) == ("root", 64)
         assert [s.claim.user for s in job.sessions.values() if s.claim] == ["root"]
         owner.call.cancel()
-    assert replica.servicer.refused == 1
+    assert replica.servicer.denied == 1
 
 
 async def test_a_registration_ends_another_users_sessions_of_the_job(replica: Replica) -> None:
