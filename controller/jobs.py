@@ -523,7 +523,8 @@ class JobTable:
         """The session leaves on purpose, after its last report: its booked totals are not
         needed any more (a later session with the same client_id starts from 0)."""
         if session.job.booked.pop(session.client_id, None) is not None:
-            self.counted.add(session.job.job_id)  # the ledger forgets it too
+            self.counters_version += 1  # the ledger forgets it too
+            self.counted.add(session.job.job_id)
 
     # -- housekeeping ---------------------------------------------------------
     def expire(self, grace: float = 0.0) -> list[SessionState]:
