@@ -22,13 +22,13 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
 from burstctl.controller.jobs import Counters, JobState, JobTable
+from burstctl.controller.state import write_atomically
 
 log = logging.getLogger(__name__)
 
@@ -121,7 +121,7 @@ class Ledger:
         return {"carried": dict(self.carried), "entries": dict(self._entries)}
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
-        """Writes ``snapshot`` atomically (temp file, fsync, rename); runs in a thread."""
+        """Writes ``snapshot`` atomically (`write_atomically`); runs in a thread."""
         jobs = {
             job_id: {"counters": asdict(c), "booked": {k: asdict(v) for k, v in b.items()}}
             for part in ("carried", "entries")
@@ -129,14 +129,6 @@ class Ledger:
         }
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
-        data = json.dumps({"format": _FORMAT, "jobs": jobs}, separators=(",", ":"))
-        fd, tmp = tempfile.mkstemp(prefix=".ledger-", dir=directory)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        write_atomically(
+            self.path, json.dumps({"format": _FORMAT, "jobs": jobs}, separators=(",", ":"))
+        )

@@ -81,6 +81,28 @@ class ReplicaState(BaseModel):
     jobs: list[RegisteredJob] = Field(default_factory=list)
 
 
+def write_atomically(path: Path, data: str) -> None:
+    """Replaces ``path`` with ``data`` so that a crash leaves the old file or the new one,
+    never half of one: a temporary file in the same directory, fsync, rename, fsync of the
+    directory. On an error nothing changed (the temporary file is removed)."""
+    directory = path.parent
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", dir=directory)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    dir_fd = os.open(directory, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 class StateError(RuntimeError):
     pass
 
@@ -122,21 +144,7 @@ class StateStore:
         if self._unreadable:
             self._keep_unreadable()
         data = json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-        fd, tmp = tempfile.mkstemp(prefix=".state-", dir=self.dir)
-        try:
-            with os.fdopen(fd, "w") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-        dir_fd = os.open(self.dir, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
+        write_atomically(self.path, data)
 
     def _keep_unreadable(self) -> None:
         kept = self.path.with_name(STATE_FILE + ".unreadable")
