@@ -33,13 +33,10 @@ import argparse
 import asyncio
 import json
 import logging
-import os
 import re
-import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
 from pathlib import Path
@@ -47,9 +44,11 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support import ControllerProcess
+
 MiB = 1 << 20
 SAMPLE = 0.5  # s between a worker's samples
-_SERVING = re.compile(r"serving gRPC on (\S+)")
 _STATS = re.compile(r"stopped; stats: (\{.*\})")
 
 
@@ -308,59 +307,6 @@ def worker_main() -> None:
 # ---------------------------------------------------------------------------- the driver
 
 
-class Controller:
-    def __init__(self, state_dir: Path, env: dict[str, str]) -> None:
-        self.log: list[str] = []
-        full_env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
-        full_env.update(env)
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "burstctl",
-                "controller",
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--state-dir",
-                str(state_dir),
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=full_env,
-        )
-        self.address: str | None = None
-        self._ready = threading.Event()
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-        if not self._ready.wait(30) or self.address is None:
-            self.stop()
-            raise SystemExit("controller did not start:\n" + "".join(self.log[-20:]))
-        self.ps = psutil.Process(self.proc.pid)
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-            m = _SERVING.search(line)
-            if m:
-                self.address = m.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(30)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(10)
-        self._drainer.join(10)
-
-
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     env = {
         "BURSTCTL_CAPACITY": args.capacity,
@@ -373,7 +319,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         env["BURSTCTL_SHED_LOOP_LAG"] = str(args.shed_loop_lag)
     if args.max_sessions_per_client is not None:
         env["BURSTCTL_MAX_SESSIONS_PER_CLIENT"] = str(args.max_sessions_per_client)
-    controller = Controller(tmp / "state", env)
+    controller = ControllerProcess(tmp / "state", env=env).start(timeout=30)
+    assert controller.proc is not None
+    controller_ps = psutil.Process(controller.proc.pid)
     workers: list[subprocess.Popen[str]] = []
     try:
         assert controller.address is not None
@@ -408,12 +356,12 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             proc.stdin.write(json.dumps(spec))
             proc.stdin.close()
             workers.append(proc)
-        cpu0 = controller.ps.cpu_times()
+        cpu0 = controller_ps.cpu_times()
         rss_max = 0
         while any(w.poll() is None for w in workers):
-            rss_max = max(rss_max, controller.ps.memory_info().rss)
+            rss_max = max(rss_max, controller_ps.memory_info().rss)
             time.sleep(0.5)  # sampling the controller's RSS, not synchronisation
-        cpu1 = controller.ps.cpu_times()
+        cpu1 = controller_ps.cpu_times()
         results = []
         for w in workers:
             assert w.stdout is not None
@@ -424,7 +372,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             if w.poll() is None:
                 w.kill()
                 w.wait()
-        controller.stop()
+        controller.stop(timeout=30)
     return summarise(
         args, results, controller, rss_max, cpu1.user + cpu1.system - cpu0.user - cpu0.system
     )
@@ -433,7 +381,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
 def summarise(
     args: argparse.Namespace,
     results: list[dict[str, Any]],
-    controller: Controller,
+    controller: ControllerProcess,
     rss_max: int,
     cpu: float,
 ) -> dict[str, Any]:

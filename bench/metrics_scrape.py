@@ -25,22 +25,21 @@ import asyncio
 import json
 import logging
 import multiprocessing as mp
-import os
 import re
-import signal
 import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
 
-_SERVING = re.compile(r"serving gRPC on (\S+)")
-_SERVING_REST = re.compile(r"serving REST on (\S+)")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support import ControllerProcess
+
 _RENDER = re.compile(r"^burstctl_metrics_render_seconds\{[^}]*\} (\S+)$", re.M)
 _JOBS = re.compile(r"^burstctl_jobs\{[^}]*\} (\S+)$", re.M)
 MiB = 1 << 20
@@ -53,62 +52,6 @@ def client(url: str, timeout: float) -> httpx.Client:
     return httpx.Client(
         base_url=url, timeout=timeout, transport=httpx.HTTPTransport(socket_options=NODELAY)
     )
-
-
-def start_controller(state_dir: str, lease: float) -> tuple[subprocess.Popen[str], str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
-    env["BURSTCTL_LEASE"] = str(lease)
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "burstctl",
-            "controller",
-            "--grpc-listen",
-            "127.0.0.1:0",
-            "--http-listen",
-            "127.0.0.1:0",
-            "--state-dir",
-            state_dir,
-            "--log-level",
-            "INFO",
-        ],
-        stderr=subprocess.PIPE,
-        stdout=subprocess.DEVNULL,
-        text=True,
-        env=env,
-    )
-    found: dict[str, str] = {}
-    ready = threading.Event()
-    lines: list[str] = []
-
-    def drain() -> None:
-        assert proc.stderr is not None
-        for line in proc.stderr:
-            if len(lines) < 1000:
-                lines.append(line)
-            if m := _SERVING.search(line):
-                found["grpc"] = m.group(1)
-            if m := _SERVING_REST.search(line):
-                found["rest"] = m.group(1)
-                ready.set()
-        ready.set()
-
-    threading.Thread(target=drain, daemon=True).start()
-    if not ready.wait(30) or "rest" not in found:
-        proc.kill()
-        raise SystemExit("controller did not start:\n" + "".join(lines))
-    return proc, found["grpc"], found["rest"]
-
-
-def stop_controller(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
 
 
 # ---- the junk: one Hello per made-up job id (a child process) ---------------------
@@ -274,7 +217,11 @@ def main() -> None:
         "lease_s": args.lease,
     }
     with tempfile.TemporaryDirectory(prefix="bench-metrics-") as state_dir:
-        proc, grpc_address, url = start_controller(state_dir, args.lease)
+        controller = ControllerProcess(
+            Path(state_dir), env={"BURSTCTL_LEASE": str(args.lease)}
+        ).start(timeout=30)
+        assert controller.address is not None and controller.url is not None
+        grpc_address, url = controller.address, controller.url
         try:
             session = Session(grpc_address, JobInfo("honest", "ann", "bio", nodes=1))
             stop, moved = threading.Event(), [0]
@@ -336,7 +283,7 @@ def main() -> None:
                 "lease_expiries": len(lease_log.expired),
             }
         finally:
-            stop_controller(proc)
+            controller.stop(timeout=15)
     during = result["healthz_during_scrapes_ms"]
     result["acceptance"] = {
         "healthz_p99_under_50ms": during["p99"] is not None and during["p99"] < 50,

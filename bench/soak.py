@@ -32,12 +32,9 @@ import json
 import math
 import random
 import re
-import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from dataclasses import dataclass, field
@@ -46,80 +43,14 @@ from typing import Any
 
 import psutil
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from support import ControllerProcess
+
 from burstctl.client import AsyncSession, ClientRuntime, JobInfo
 from burstctl.units import parse_size
 
 MiB = 1 << 20
-_SERVING = re.compile(r"serving gRPC on (\S+)")
-_SERVING_REST = re.compile(r"serving REST on (\S+)")
 _BUCKET = re.compile(r'^burstctl_decision_latency_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)$')
-
-
-class Controller:
-    """``burstctl controller`` in a child process; stopped by pid."""
-
-    def __init__(self, state_dir: Path, args: list[str]) -> None:
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "burstctl",
-                "controller",
-                "--grpc-listen",
-                "127.0.0.1:0",
-                "--http-listen",
-                "127.0.0.1:0",
-                "--state-dir",
-                str(state_dir),
-                "--log-level",
-                "info",
-                *args,
-            ],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self.address: str | None = None
-        self.url: str | None = None
-        self.log: list[str] = []
-        self._ready = threading.Event()
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-        if not self._ready.wait(30) or self.url is None:
-            self.stop()
-            raise RuntimeError("controller did not start:\n" + "".join(self.log[-30:]))
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            if len(self.log) < 10_000:
-                self.log.append(line)
-            if m := _SERVING.search(line):
-                self.address = m.group(1)
-            if m := _SERVING_REST.search(line):
-                self.url = m.group(1)
-                self._ready.set()
-        self._ready.set()
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def stop(self) -> int | None:
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(15)
-        self._drainer.join(15)  # reads the pipe to EOF
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-        return self.proc.returncode
 
 
 def histogram(url: str) -> dict[float, float]:
@@ -224,10 +155,10 @@ async def run_load(target: str, args: argparse.Namespace, load: Load, stop_at: f
 
 def soak(args: argparse.Namespace) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="burstctl-soak-") as tmp:
-        controller = Controller(
+        controller = ControllerProcess(
             Path(tmp) / "state",
             ["--capacity", args.capacity, "--node-bandwidth", args.node_bandwidth],
-        )
+        ).start(timeout=30)
         try:
             return _soak(controller, args)
         finally:
@@ -236,9 +167,10 @@ def soak(args: argparse.Namespace) -> dict[str, Any]:
                 print("".join(controller.log[-30:]), file=sys.stderr)
 
 
-def _soak(controller: Controller, args: argparse.Namespace) -> dict[str, Any]:
+def _soak(controller: ControllerProcess, args: argparse.Namespace) -> dict[str, Any]:
     assert controller.address is not None and controller.url is not None
-    proc = psutil.Process(controller.pid)
+    assert controller.proc is not None
+    proc = psutil.Process(controller.proc.pid)
     load = Load()
     start = time.monotonic()
     stop_at = start + args.duration
@@ -256,7 +188,7 @@ def _soak(controller: Controller, args: argparse.Namespace) -> dict[str, Any]:
             if time.monotonic() > give_up:
                 running.cancel()
                 break
-            if not controller.alive():
+            if controller.proc is None or controller.proc.poll() is not None:
                 raise RuntimeError("the controller died:\n" + "".join(controller.log[-30:]))
             after = histogram(controller.url)
             p99 = quantile(0.99, before, after)
