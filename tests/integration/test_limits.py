@@ -20,12 +20,12 @@ import psutil
 import pytest
 from digests import digest, job
 from support import async_wait_until
+from test_protocol import RawSession
 
 from burstctl.client import AsyncSession, JobInfo
 from burstctl.controller.app import Replica
 from burstctl.controller.digest import to_proto
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
-from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 from burstctl.proto.burstctl.v1 import peer_pb2_grpc
 
 pytestmark = pytest.mark.integration
@@ -54,56 +54,6 @@ def metadata(err: grpc.aio.AioRpcError) -> dict[str, str]:
 
 def rss() -> int:
     return int(psutil.Process(os.getpid()).memory_info().rss)
-
-
-class RawSession:
-    """A bidi stream driven message by message; a task drains responses into a queue
-    (started only when ``read`` is true: a client may also never read)."""
-
-    def __init__(self, channel: grpc.aio.Channel, read: bool = True) -> None:
-        self.call = pb_grpc.ControllerStub(channel).Session()
-        self.inbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
-        self.reader: asyncio.Task[None] | None = None
-        if read:
-            self.start_reading()
-
-    def start_reading(self) -> None:
-        self.reader = asyncio.create_task(self._drain())
-
-    async def _drain(self) -> None:
-        while (msg := await self.call.read()) is not grpc.aio.EOF:
-            self.inbox.put_nowait(msg)
-
-    async def send(self, msg: pb.ClientMessage) -> None:
-        await self.call.write(msg)
-
-    async def allocation(self, timeout: float = 5.0) -> pb.Allocation:
-        msg = await asyncio.wait_for(self.inbox.get(), timeout)
-        assert msg.WhichOneof("body") == "allocation", msg
-        return msg.allocation
-
-    async def rate_becomes(
-        self, predicate: Callable[[float], bool], timeout: float = 5.0
-    ) -> pb.Allocation:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + timeout
-        while True:
-            alloc = await self.allocation(max(0.01, deadline - loop.time()))
-            if predicate(alloc.rate):
-                return alloc
-
-    async def status(self, timeout: float = 5.0) -> grpc.aio.AioRpcError:
-        """Waits for the stream to fail and returns the error."""
-        assert self.reader is not None
-        with pytest.raises(grpc.aio.AioRpcError) as info:
-            await asyncio.wait_for(asyncio.shield(self.reader), timeout)
-            raise AssertionError(f"stream ended with {await self.call.code()}")
-        return info.value
-
-    async def close(self) -> None:
-        await self.send(pb.ClientMessage(goodbye=pb.Goodbye()))
-        await self.call.done_writing()
-        assert await self.call.code() == grpc.StatusCode.OK
 
 
 class Honest:

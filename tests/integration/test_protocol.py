@@ -7,6 +7,7 @@ can send what a well-behaved client never would.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import grpc
 import pytest
@@ -32,15 +33,21 @@ def post(op_id: int, kind: int = pb.OP_KIND_WRITE, volume: int = 0) -> pb.Client
 
 
 class RawSession:
-    """A bidi stream driven message by message; a task drains responses into a queue.
+    """A bidi stream driven message by message; a task drains responses into a queue
+    (started only when ``read`` is true: a client may also never read).
 
     (Cancelling a pending ``call.read()`` cancels the whole RPC, so reads are
     never wrapped in a timeout directly.)
     """
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, read: bool = True) -> None:
         self.call = pb_grpc.ControllerStub(channel).Session()
         self.inbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
+        self.reader: asyncio.Task[None] | None = None
+        if read:
+            self.start_reading()
+
+    def start_reading(self) -> None:
         self.reader = asyncio.create_task(self._drain())
 
     async def _drain(self) -> None:
@@ -55,7 +62,9 @@ class RawSession:
         assert msg.WhichOneof("body") == "allocation", msg
         return msg.allocation
 
-    async def rate_becomes(self, predicate, timeout: float = 5.0) -> pb.Allocation:
+    async def rate_becomes(
+        self, predicate: Callable[[float], bool], timeout: float = 5.0
+    ) -> pb.Allocation:
         """Reads allocations until one satisfies ``predicate``."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout
@@ -66,10 +75,17 @@ class RawSession:
 
     async def status(self, timeout: float = 5.0) -> grpc.aio.AioRpcError:
         """Waits for the stream to fail and returns the error."""
+        assert self.reader is not None
         with pytest.raises(grpc.aio.AioRpcError) as info:
             await asyncio.wait_for(asyncio.shield(self.reader), timeout)
             raise AssertionError(f"stream ended with {await self.call.code()}")
         return info.value
+
+    async def close(self) -> None:
+        """Goodbye, half-close, and the stream ends OK."""
+        await self.send(pb.ClientMessage(goodbye=pb.Goodbye()))
+        await self.call.done_writing()
+        assert await self.call.code() == grpc.StatusCode.OK
 
 
 @pytest.fixture
