@@ -64,30 +64,16 @@ garbage = st.one_of(st.binary(max_size=64), st.binary(min_size=1000, max_size=10
 
 
 @pytest.fixture
-def peered_controller(tmp_path: Path) -> Iterator[ControllerProcess]:
-    """A controller that serves the Peer service: one configured peer, which never answers
-    (port 9 on loopback: discard, not listening)."""
+def fuzz_controller(tmp_path: Path) -> Iterator[ControllerProcess]:
+    """Overrides conftest's: a controller that also serves the Peer service (one configured
+    peer, which never answers: port 9 on loopback, discard, not listening). conftest's
+    ``fuzz_channel`` and ``honest`` fixtures use this one."""
     proc = ControllerProcess(tmp_path / "state", ["--peers", "127.0.0.1:9"], env=FUZZ_ENV)
     proc.start()
     try:
         yield proc
     finally:
         proc.stop()
-
-
-@pytest.fixture
-def channel(peered_controller: ControllerProcess) -> Iterator[grpc.Channel]:
-    assert peered_controller.address is not None
-    with grpc.insecure_channel(peered_controller.address) as ch:
-        yield ch
-
-
-@pytest.fixture
-def honest(channel: grpc.Channel) -> Iterator[HonestSession]:
-    session = HonestSession(channel).start()
-    session.wait_rate()
-    yield session
-    session.stop()
 
 
 def session_call(
@@ -127,7 +113,7 @@ def expect_rejected(err: grpc.RpcError | None, field: set[str]) -> None:
 
 @pytest.mark.timeout(120)
 def test_session_first_message_garbage(
-    peered_controller: ControllerProcess, channel: grpc.Channel, honest: HonestSession
+    fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
 ) -> None:
     @GARBAGE
     @given(data=garbage)
@@ -136,7 +122,7 @@ def test_session_first_message_garbage(
     @example(data=hello("j1").SerializeToString())  # a valid Hello: the session opens
     def check(data: bytes) -> None:
         goodbye = pb.ClientMessage(goodbye=pb.Goodbye()).SerializeToString()
-        responses, err = session_call(channel, [data, goodbye])
+        responses, err = session_call(fuzz_channel, [data, goodbye])
         msg = decodes(data, pb.ClientMessage)
         if msg is None:
             expect_rejected(err, {"message"})
@@ -148,14 +134,14 @@ def test_session_first_message_garbage(
             }, err
             if err is None:  # served: its first allocation came before the Goodbye's OK
                 assert responses and pb.ServerMessage.FromString(responses[0]).allocation.epoch
-        alive(peered_controller, honest)
+        alive(fuzz_controller, honest)
 
     check()
 
 
 @pytest.mark.timeout(120)
 def test_session_later_message_garbage(
-    peered_controller: ControllerProcess, channel: grpc.Channel, honest: HonestSession
+    fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
 ) -> None:
     @GARBAGE
     @given(data=garbage)
@@ -164,7 +150,7 @@ def test_session_later_message_garbage(
     @example(data=pb.ClientMessage(usage=pb.Usage(bytes=1)).SerializeToString())  # valid
     def check(data: bytes) -> None:
         goodbye = pb.ClientMessage(goodbye=pb.Goodbye()).SerializeToString()
-        _, err = session_call(channel, [hello("j1").SerializeToString(), data, goodbye])
+        _, err = session_call(fuzz_channel, [hello("j1").SerializeToString(), data, goodbye])
         msg = decodes(data, pb.ClientMessage)
         if msg is None:
             expect_rejected(err, {"message"})
@@ -177,16 +163,16 @@ def test_session_later_message_garbage(
                 assert err is None or err.code() in REJECTION_CODES - {
                     grpc.StatusCode.INVALID_ARGUMENT
                 }, err
-        alive(peered_controller, honest)
+        alive(fuzz_controller, honest)
 
     check()
 
 
 @pytest.mark.timeout(120)
 def test_peer_exchange_garbage(
-    peered_controller: ControllerProcess, channel: grpc.Channel, honest: HonestSession
+    fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
 ) -> None:
-    exchange = channel.unary_unary(EXCHANGE)
+    exchange = fuzz_channel.unary_unary(EXCHANGE)
 
     @GARBAGE
     @given(data=garbage)
@@ -207,16 +193,16 @@ def test_peer_exchange_garbage(
             reply = peer_pb2.ExchangeReply.FromString(raw)
             assert reply.status in NOT_ACCEPTED, reply  # no peer ever answered: no sender known
             assert reply.reason, reply
-        alive(peered_controller, honest)
+        alive(fuzz_controller, honest)
 
     check()
 
 
 @pytest.mark.timeout(120)
 def test_peer_stream_garbage(
-    peered_controller: ControllerProcess, channel: grpc.Channel, honest: HonestSession
+    fuzz_controller: ControllerProcess, fuzz_channel: grpc.Channel, honest: HonestSession
 ) -> None:
-    stream = channel.stream_stream(STREAM)
+    stream = fuzz_channel.stream_stream(STREAM)
 
     @GARBAGE
     @given(digests=st.lists(garbage, min_size=1, max_size=4))
@@ -230,6 +216,6 @@ def test_peer_stream_garbage(
             assert reply.status in NOT_ACCEPTED and reply.reason, reply
             if decodes(data, peer_pb2.Digest) is None:
                 assert reply.status == "rejected" and reply.field == "digest", reply
-        alive(peered_controller, honest)
+        alive(fuzz_controller, honest)
 
     check()
