@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import importlib
+import sys
+import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
@@ -62,3 +65,17 @@ def controller_factory(tmp_path: Path) -> Iterator[type[ControllerProcess]]:
     yield make  # type: ignore[misc]
     for proc in started:
         proc.stop()
+
+
+@pytest.fixture
+def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """An importable module on sys.path with a policy subclass inside (``<name>:Probe``):
+    its name. A policy name that were an import path would import it (issue 15, finding 2)."""
+    name = f"burstctl_probe_{uuid.uuid4().hex}"
+    (tmp_path / f"{name}.py").write_text(
+        "from burstctl.policies.fcfs import Fcfs\n\nclass Probe(Fcfs):\n    name = 'probe'\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    yield name
+    sys.modules.pop(name, None)

@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from support import async_wait_until, wait_until
+from test_rest import auth
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -47,24 +48,6 @@ HOSTILE = [
 @pytest.fixture(autouse=True)
 def _no_token_env(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("BURSTCTL_ADMIN_TOKEN", raising=False)
-
-
-@pytest.fixture
-def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """An importable module on sys.path, a policy subclass inside: ``module:Probe``."""
-    name = f"burstctl_probe_{uuid.uuid4().hex}"
-    (tmp_path / f"{name}.py").write_text(
-        "from burstctl.policies.fcfs import Fcfs\n\nclass Probe(Fcfs):\n    name = 'probe'\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    yield name
-    sys.modules.pop(name, None)
-
-
-def auth(svc: Replica) -> dict[str, str]:
-    token = (svc.config.state_dir / "admin-token").read_text().strip()
-    return {"Authorization": f"Bearer {token}"}
 
 
 def only_loc(response: httpx.Response) -> list[list[Any]]:

@@ -40,19 +40,6 @@ IMPORT_PATHS = [
 ]
 
 
-@pytest.fixture
-def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    """A module on sys.path that would be imported by an import-path name: its name."""
-    name = f"burstctl_probe_{uuid.uuid4().hex}"
-    (tmp_path / f"{name}.py").write_text(
-        "from burstctl.policies.fcfs import Fcfs\n\nclass Probe(Fcfs):\n    name = 'probe'\n"
-    )
-    monkeypatch.syspath_prepend(str(tmp_path))
-    importlib.invalidate_caches()
-    yield name
-    sys.modules.pop(name, None)
-
-
 @pytest.mark.parametrize("name", IMPORT_PATHS)
 def test_an_import_path_is_not_a_policy_name(name: str) -> None:
     had_this = "this" in sys.modules
