@@ -474,13 +474,13 @@ class JobTable:
             job.transfer(nbytes)
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         by_kind = session.attribute(nbytes) if nbytes else {}
-        self.counters_version += 1
-        self.counted.add(job.job_id)
+        before, booked_moved = job.counters, False
         if totals is not None:
             key = session.client_id
             booked = job.booked.pop(key, None)
             job.counters += totals.beyond(booked) if booked is not None else totals
             job.booked[key] = totals.at_least(booked) if booked is not None else totals
+            booked_moved = job.booked[key] != booked
             while len(job.booked) > MAX_BOOKED_SESSIONS:
                 del job.booked[next(iter(job.booked))]
         else:
@@ -495,6 +495,9 @@ class JobTable:
                 metadata_ops=ops if metadata else 0,
                 wait_seconds=wait_seconds,
             )
+        if booked_moved or job.counters != before:  # an idle heartbeat costs the ledger nothing
+            self.counters_version += 1
+            self.counted.add(job.job_id)
         was_hungry = session.hungry
         session.hungry = waiting or (
             interval > 0 and wait_seconds > WAIT_FRACTION_HUNGRY * interval

@@ -95,3 +95,16 @@ def test_a_session_that_said_goodbye_leaves_no_booked_totals() -> None:
     job = t.jobs["j"]
     assert job.booked == {}
     assert job.counters == Counters(1500, 1500, 0, 300, 0, 0.0)
+
+
+def test_a_report_that_moved_nothing_leaves_the_ledger_alone() -> None:
+    # Otherwise every heartbeat of any live session rewrote (and fsynced) ledger.json.
+    t = table()
+    s = t.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
+    t.usage(s, 5, 1, 0.0, 0.25, False, Counters(5, 5, 0, 1, 0, 0.0))
+    version = t.counters_version
+    t.counted.clear()
+    t.usage(s, 0, 0, 0.0, 0.25, False, Counters(5, 5, 0, 1, 0, 0.0))  # the same totals
+    assert (t.counters_version, t.counted) == (version, set())
+    t.usage(s, 3, 1, 0.0, 0.25, False, Counters(8, 5, 3, 2, 0, 0.0))
+    assert t.counters_version > version and t.counted == {"j"}
