@@ -1,24 +1,30 @@
-"""The one import seam for the FUSE binding (mfusepy, ctypes over libfuse 2 or 3).
+"""The one import seam for the FUSE binding: libfuse's low-level API, over ctypes.
 
-Everything else in `burstctl.fuse_shim` imports FUSE names from here, so the binding can be
-swapped (e.g. for fusepy) in one place. Importing this module loads libfuse and raises
-`OSError` when it is missing; callers import it lazily.
+Everything else in `burstctl.fuse_shim` imports FUSE names from here. Importing this module
+loads libfuse (2 or 3, through mfusepy's loader, which honours ``FUSE_LIBRARY_PATH``) and
+raises `OSError` when it is missing; callers import it lazily. mfusepy gives the C structures
+(``struct stat``, ``statvfs``, ``fuse_file_info``, ``fuse_conn_info``) for the loaded
+library; this module binds the low-level session and reply functions itself.
 
-Three things differ from mfusepy as shipped:
+Why the low-level API (``fuse_lowlevel.h``) rather than libfuse's path-based one: requests
+name an inode, not a path. The file system keeps a handle per inode (`fs.PassthroughFS`), so
 
-- `FUSE` hands an operations object that has ``read_into`` / ``write_from`` libfuse's own
-  request buffer as a `memoryview`, so data is read straight into it with ``preadv`` and
-  written straight from it with ``pwrite``. mfusepy's ``read`` copies what the operation
-  returns into that buffer (``memmove``) and its ``write`` copies the buffer into a new
-  `bytes` (``string_at``) first: one copy of every byte less in each direction.
-- `fuse_get_context` reads the request's caller through a `ctypes.PyDLL` binding of the same
-  libfuse function: the lookup is a thread-local read, and the `ctypes.CDLL` call mfusepy makes
-  drops and retakes the GIL around it, which costs a GIL hand-over per request when other
-  threads are busy.
-- On libfuse 3, `truncate` gets the file handle libfuse passes (see `FUSE.truncate_fuse_3`).
-- Per open, the operations object may ask for ``direct_io`` (``direct_io_for(flags)``), and
-  on libfuse 3.14 the mount asks the kernel to allow shared ``mmap`` of such files
-  (`DirectIoMmap`), which that libfuse cannot ask for itself.
+- depth is not limited by PATH_MAX, and a file unlinked or replaced while open keeps working
+  through its handle (``fstat``, ``fchmod``, ``futimens`` included);
+- hard links are one kernel inode, so the kernel may cache attributes and names
+  (``attr_timeout`` / ``entry_timeout``): a ``stat`` of a cached name never reaches Python;
+- one request is one Python call (the path API adds a GETATTR after every create, mknod,
+  mkdir, symlink and link, and builds a path for each request under a global lock);
+- ``rename`` gets its flags (RENAME_EXCHANGE, RENAME_NOREPLACE) and libfuse 3 ``lseek``
+  (SEEK_DATA / SEEK_HOLE).
+
+`Operations` lists what the file system implements; `serve` mounts, runs libfuse's
+multithreaded loop until the mount is gone, and unmounts. Each callback is a thin C-callable
+wrapper: it calls the file system's method, sends the reply, and turns an `OSError` into its
+errno (anything else is logged and answered EIO), so nothing ever raises into libfuse.
+
+`DirectIoMmap` patches libfuse 3.14's INIT reply to allow shared ``mmap`` of ``direct_io``
+files (see its docstring).
 """
 
 from __future__ import annotations
@@ -28,43 +34,766 @@ import errno
 import logging
 import os
 import re
+import stat
 import threading
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import mfusepy
 
 logger = logging.getLogger(__name__)
 
-FuseOSError = mfusepy.FuseOSError
-Operations = mfusepy.Operations
-
 # (major, minor) of the libfuse that was loaded, e.g. (2, 9).
 LIBFUSE_VERSION: tuple[int, int] = (mfusepy.fuse_version_major, mfusepy.fuse_version_minor)
+_V3 = LIBFUSE_VERSION[0] >= 3
 
-# The library mfusepy loaded, bound again without releasing the GIL on calls.
-_get_context = ctypes.PyDLL(mfusepy._libfuse_path).fuse_get_context
-_get_context.restype = ctypes.POINTER(mfusepy.fuse_context)
-_get_context.argtypes = []
+_lib = ctypes.CDLL(mfusepy._libfuse_path)
+# Reply and context functions, bound again without releasing the GIL: each is a few
+# instructions plus a writev to /dev/fuse, cheaper than the GIL hand-over a CDLL call makes.
+_plib = ctypes.PyDLL(mfusepy._libfuse_path)
+
+c_stat = mfusepy.c_stat
+c_statvfs = mfusepy.c_statvfs
+fuse_file_info = mfusepy.fuse_file_info
+fuse_conn_info = mfusepy.fuse_conn_info
+
+_ino_t = ctypes.c_uint64
+_req_t = ctypes.c_void_p
+_off_t = ctypes.c_int64
+_fi_p = ctypes.POINTER(fuse_file_info)
+_stat_p = ctypes.POINTER(c_stat)
 
 
-def fuse_get_context() -> tuple[int, int, int]:
-    """(uid, gid, pid) of the caller of the request this thread is serving."""
-    ctx = _get_context().contents
-    return ctx.uid, ctx.gid, ctx.pid
+class fuse_entry_param(ctypes.Structure):
+    _fields_ = [
+        ("ino", _ino_t),
+        ("generation", ctypes.c_uint64),
+        ("attr", c_stat),
+        ("attr_timeout", ctypes.c_double),
+        ("entry_timeout", ctypes.c_double),
+    ]
 
 
-def _request_buffer(buf: Any, size: int) -> memoryview:
-    """libfuse's ``size``-byte buffer at the ``char *`` ``buf``, without a copy.
+class fuse_ctx(ctypes.Structure):
+    _fields_ = [
+        ("uid", ctypes.c_uint32),
+        ("gid", ctypes.c_uint32),
+        ("pid", ctypes.c_int32),
+        ("umask", ctypes.c_uint32),
+    ]
 
-    Valid only while the callback that received ``buf`` runs.
+
+class fuse_forget_data(ctypes.Structure):
+    _fields_ = [("ino", _ino_t), ("nlookup", ctypes.c_uint64)]
+
+
+class fuse_args(ctypes.Structure):
+    _fields_ = [
+        ("argc", ctypes.c_int),
+        ("argv", ctypes.POINTER(ctypes.c_char_p)),
+        ("allocated", ctypes.c_int),
+    ]
+
+
+_CB = ctypes.CFUNCTYPE
+_V = None  # void return
+_name = ctypes.c_char_p
+_fields: list[tuple[str, Any]] = [
+    ("init", _CB(_V, ctypes.c_void_p, ctypes.POINTER(fuse_conn_info))),
+    ("destroy", _CB(_V, ctypes.c_void_p)),
+    ("lookup", _CB(_V, _req_t, _ino_t, _name)),
+    ("forget", _CB(_V, _req_t, _ino_t, ctypes.c_uint64)),
+    ("getattr", _CB(_V, _req_t, _ino_t, _fi_p)),
+    ("setattr", _CB(_V, _req_t, _ino_t, _stat_p, ctypes.c_int, _fi_p)),
+    ("readlink", _CB(_V, _req_t, _ino_t)),
+    ("mknod", _CB(_V, _req_t, _ino_t, _name, ctypes.c_uint32, ctypes.c_uint64)),
+    ("mkdir", _CB(_V, _req_t, _ino_t, _name, ctypes.c_uint32)),
+    ("unlink", _CB(_V, _req_t, _ino_t, _name)),
+    ("rmdir", _CB(_V, _req_t, _ino_t, _name)),
+    ("symlink", _CB(_V, _req_t, _name, _ino_t, _name)),
+    (
+        "rename",
+        _CB(_V, _req_t, _ino_t, _name, _ino_t, _name, ctypes.c_uint)
+        if _V3
+        else _CB(_V, _req_t, _ino_t, _name, _ino_t, _name),
+    ),
+    ("link", _CB(_V, _req_t, _ino_t, _ino_t, _name)),
+    ("open", _CB(_V, _req_t, _ino_t, _fi_p)),
+    ("read", _CB(_V, _req_t, _ino_t, ctypes.c_size_t, _off_t, _fi_p)),
+    ("write", _CB(_V, _req_t, _ino_t, ctypes.c_void_p, ctypes.c_size_t, _off_t, _fi_p)),
+    ("flush", _CB(_V, _req_t, _ino_t, _fi_p)),
+    ("release", _CB(_V, _req_t, _ino_t, _fi_p)),
+    ("fsync", _CB(_V, _req_t, _ino_t, ctypes.c_int, _fi_p)),
+    ("opendir", _CB(_V, _req_t, _ino_t, _fi_p)),
+    ("readdir", _CB(_V, _req_t, _ino_t, ctypes.c_size_t, _off_t, _fi_p)),
+    ("releasedir", _CB(_V, _req_t, _ino_t, _fi_p)),
+    ("fsyncdir", _CB(_V, _req_t, _ino_t, ctypes.c_int, _fi_p)),
+    ("statfs", _CB(_V, _req_t, _ino_t)),
+    (
+        "setxattr",
+        _CB(_V, _req_t, _ino_t, _name, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int),
+    ),
+    ("getxattr", _CB(_V, _req_t, _ino_t, _name, ctypes.c_size_t)),
+    ("listxattr", _CB(_V, _req_t, _ino_t, ctypes.c_size_t)),
+    ("removexattr", _CB(_V, _req_t, _ino_t, _name)),
+    ("access", _CB(_V, _req_t, _ino_t, ctypes.c_int)),
+    ("create", _CB(_V, _req_t, _ino_t, _name, ctypes.c_uint32, _fi_p)),
+    ("getlk", ctypes.c_void_p),
+    ("setlk", ctypes.c_void_p),
+    ("bmap", ctypes.c_void_p),
+    ("ioctl", ctypes.c_void_p),
+    ("poll", ctypes.c_void_p),
+    ("write_buf", ctypes.c_void_p),
+    ("retrieve_reply", ctypes.c_void_p),
+    (
+        "forget_multi",
+        _CB(_V, _req_t, ctypes.c_size_t, ctypes.POINTER(fuse_forget_data)),
+    ),
+    ("flock", ctypes.c_void_p),
+    ("fallocate", _CB(_V, _req_t, _ino_t, ctypes.c_int, _off_t, _off_t, _fi_p)),
+]
+if _V3:
+    _fields += [
+        ("readdirplus", ctypes.c_void_p),
+        ("copy_file_range", ctypes.c_void_p),
+        ("lseek", _CB(_V, _req_t, _ino_t, _off_t, ctypes.c_int, _fi_p)),
+    ]
+
+
+class fuse_lowlevel_ops(ctypes.Structure):
+    _fields_ = _fields
+
+
+def _bind(name: str, restype: Any, *argtypes: Any, lib: Any = _plib) -> Any:
+    function = getattr(lib, name)
+    function.restype = restype
+    function.argtypes = list(argtypes)
+    return function
+
+
+_reply_err = _bind("fuse_reply_err", ctypes.c_int, _req_t, ctypes.c_int)
+_reply_none = _bind("fuse_reply_none", None, _req_t)
+_reply_entry = _bind("fuse_reply_entry", ctypes.c_int, _req_t, ctypes.POINTER(fuse_entry_param))
+_reply_create = _bind(
+    "fuse_reply_create", ctypes.c_int, _req_t, ctypes.POINTER(fuse_entry_param), _fi_p
+)
+_reply_attr = _bind("fuse_reply_attr", ctypes.c_int, _req_t, _stat_p, ctypes.c_double)
+_reply_readlink = _bind("fuse_reply_readlink", ctypes.c_int, _req_t, ctypes.c_char_p)
+_reply_open = _bind("fuse_reply_open", ctypes.c_int, _req_t, _fi_p)
+_reply_write = _bind("fuse_reply_write", ctypes.c_int, _req_t, ctypes.c_size_t)
+_reply_buf = _bind("fuse_reply_buf", ctypes.c_int, _req_t, ctypes.c_void_p, ctypes.c_size_t)
+_reply_statfs = _bind("fuse_reply_statfs", ctypes.c_int, _req_t, ctypes.POINTER(c_statvfs))
+_reply_xattr = _bind("fuse_reply_xattr", ctypes.c_int, _req_t, ctypes.c_size_t)
+_add_direntry = _bind(
+    "fuse_add_direntry",
+    ctypes.c_size_t,
+    _req_t,
+    ctypes.c_void_p,
+    ctypes.c_size_t,
+    ctypes.c_char_p,
+    _stat_p,
+    _off_t,
+)
+_req_ctx = _bind("fuse_req_ctx", ctypes.POINTER(fuse_ctx), _req_t)
+_reply_lseek = _bind("fuse_reply_lseek", ctypes.c_int, _req_t, _off_t) if _V3 else None
+
+# fuse_common.h: the capabilities the file system turns on or off at init.
+CAP_ASYNC_READ = 1 << 0
+CAP_ATOMIC_O_TRUNC = 1 << 3
+CAP_BIG_WRITES = 1 << 5  # libfuse 2 only
+CAP_AUTO_INVAL_DATA = 1 << 12  # libfuse 3
+CAP_HANDLE_KILLPRIV = 1 << 20  # libfuse 3
+CAP_CACHE_SYMLINKS = 1 << 23  # libfuse 3
+
+# fuse_lowlevel.h: which fields a setattr changes.
+SET_ATTR_MODE = 1 << 0
+SET_ATTR_UID = 1 << 1
+SET_ATTR_GID = 1 << 2
+SET_ATTR_SIZE = 1 << 3
+SET_ATTR_ATIME = 1 << 4
+SET_ATTR_MTIME = 1 << 5
+SET_ATTR_ATIME_NOW = 1 << 7
+SET_ATTR_MTIME_NOW = 1 << 8
+
+ROOT_ID = 1  # FUSE_ROOT_ID: the node id of the mount's root
+
+
+@dataclass(frozen=True, slots=True)
+class Context:
+    """Who made a request: uid, gid (the caller's fsuid/fsgid) and pid (a thread id; 0 for
+    requests the kernel makes on its own, e.g. writeback of a shared mapping)."""
+
+    uid: int
+    gid: int
+    pid: int
+
+
+def request_context(req: int) -> Context:
+    """The caller of the request ``req``."""
+    ctx = _req_ctx(req).contents
+    return Context(ctx.uid, ctx.gid, ctx.pid)
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """A looked-up name: the kernel's node id for it and its attributes."""
+
+    node: int
+    attr: os.stat_result
+
+
+@dataclass(frozen=True, slots=True)
+class Opened:
+    """An open file or directory: the handle the kernel passes back, and how it is cached."""
+
+    fh: int
+    direct_io: bool = False
+    keep_cache: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class SetAttr:
+    """The changes of one setattr: a field is None when it is not changed.
+
+    Times are nanoseconds since the epoch, or `NOW`.
     """
-    if size == 0:
-        return memoryview(bytearray())  # writable, as a read's buffer must be
-    address = ctypes.cast(buf, ctypes.c_void_p).value
-    if address is None:  # libfuse never passes NULL with a size; be loud if it ever does
-        raise FuseOSError(errno.EIO)
+
+    mode: int | None = None
+    uid: int | None = None
+    gid: int | None = None
+    size: int | None = None
+    atime: int | None = None
+    mtime: int | None = None
+
+
+NOW = -1  # SetAttr.atime / mtime: the current time
+
+
+class Operations(Protocol):
+    """What `serve` needs of a file system. Every method may raise `OSError` (its errno is
+    the reply); ``req`` is the request, for `request_context`. Node ids are the file
+    system's own (`ROOT_ID` is the root); ``fh`` is what ``open``/``create``/``opendir``
+    returned, None when the kernel sent none."""
+
+    attr_timeout: float
+    entry_timeout: float
+    negative_timeout: float
+
+    def init(self, conn: Any, is_v3: bool, session: int) -> None: ...
+    def destroy(self) -> None: ...
+    def lookup(self, req: int, parent: int, name: bytes) -> Entry: ...
+    def forget(self, node: int, nlookup: int) -> None: ...
+    def getattr(self, req: int, node: int, fh: int | None) -> os.stat_result: ...
+    def setattr(self, req: int, node: int, change: SetAttr, fh: int | None) -> os.stat_result: ...
+    def readlink(self, req: int, node: int) -> bytes: ...
+    def mknod(self, req: int, parent: int, name: bytes, mode: int, rdev: int) -> Entry: ...
+    def mkdir(self, req: int, parent: int, name: bytes, mode: int) -> Entry: ...
+    def unlink(self, req: int, parent: int, name: bytes) -> None: ...
+    def rmdir(self, req: int, parent: int, name: bytes) -> None: ...
+    def symlink(self, req: int, target: bytes, parent: int, name: bytes) -> Entry: ...
+    def rename(
+        self, req: int, parent: int, name: bytes, new_parent: int, new_name: bytes, flags: int
+    ) -> None: ...
+    def link(self, req: int, node: int, new_parent: int, new_name: bytes) -> Entry: ...
+    def open(self, req: int, node: int, flags: int) -> Opened: ...
+    def create(
+        self, req: int, parent: int, name: bytes, mode: int, flags: int
+    ) -> tuple[Entry, Opened]: ...
+    def read(self, req: int, node: int, buf: memoryview, offset: int, fh: int) -> int: ...
+    def write(
+        self, req: int, node: int, data: memoryview, offset: int, fh: int, writepage: bool
+    ) -> int: ...
+    def flush(self, req: int, node: int, fh: int) -> None: ...
+    def release(self, req: int, node: int, fh: int) -> None: ...
+    def fsync(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
+    def opendir(self, req: int, node: int) -> Opened: ...
+    def readdir(self, req: int, node: int, offset: int, fh: int) -> Sequence[DirEntry]: ...
+    def releasedir(self, req: int, node: int, fh: int) -> None: ...
+    def fsyncdir(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
+    def statfs(self, req: int, node: int) -> os.statvfs_result: ...
+    def setxattr(
+        self, req: int, node: int, name: bytes, value: bytes, flags: int
+    ) -> None: ...
+    def getxattr(self, req: int, node: int, name: bytes) -> bytes: ...
+    def listxattr(self, req: int, node: int) -> bytes: ...
+    def removexattr(self, req: int, node: int, name: bytes) -> None: ...
+    def access(self, req: int, node: int, mask: int) -> None: ...
+    def fallocate(
+        self, req: int, node: int, mode: int, offset: int, length: int, fh: int
+    ) -> None: ...
+    def lseek(self, req: int, node: int, offset: int, whence: int, fh: int) -> int: ...
+
+
+@dataclass(frozen=True, slots=True)
+class DirEntry:
+    """One directory entry for readdir: its name, inode number, file type (S_IFMT bits),
+    and the offset at which the next readdir continues after it."""
+
+    name: bytes
+    ino: int
+    mode: int
+    next_offset: int
+
+
+def _fill_stat(out: Any, st: os.stat_result) -> None:
+    out.st_dev = st.st_dev
+    out.st_ino = st.st_ino
+    out.st_nlink = st.st_nlink
+    out.st_mode = st.st_mode
+    out.st_uid = st.st_uid
+    out.st_gid = st.st_gid
+    out.st_rdev = st.st_rdev
+    out.st_size = st.st_size
+    out.st_blksize = st.st_blksize
+    out.st_blocks = st.st_blocks
+    out.st_atimespec.tv_sec, out.st_atimespec.tv_nsec = divmod(st.st_atime_ns, 1_000_000_000)
+    out.st_mtimespec.tv_sec, out.st_mtimespec.tv_nsec = divmod(st.st_mtime_ns, 1_000_000_000)
+    out.st_ctimespec.tv_sec, out.st_ctimespec.tv_nsec = divmod(st.st_ctime_ns, 1_000_000_000)
+
+
+def _time_ns(spec: Any) -> int:
+    return int(spec.tv_sec) * 1_000_000_000 + int(spec.tv_nsec)
+
+
+class _Buffers(threading.local):
+    """A read buffer per libfuse worker thread, grown to the largest request seen."""
+
+    def __init__(self) -> None:
+        self.buffer = ctypes.create_string_buffer(0)
+        self.view = memoryview(self.buffer).cast("B")
+
+    def get(self, size: int) -> tuple[Any, memoryview]:
+        if len(self.buffer) < size:
+            self.buffer = ctypes.create_string_buffer(size)
+            self.view = memoryview(self.buffer).cast("B")
+        return self.buffer, self.view[:size]
+
+
+def _view(address: int | None, size: int) -> memoryview:
+    """A view of ``size`` bytes of libfuse's memory at ``address`` (no copy)."""
+    if size == 0 or address is None:
+        return memoryview(b"")
     return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
+
+
+class _Callbacks:
+    """The C-callable callbacks of one mount: each calls the file system and replies."""
+
+    def __init__(self, fs: Operations, ops: Any) -> None:
+        self.fs = fs
+        self.ops = ops
+        self._buffers = _Buffers()
+        self._keep: list[Any] = []  # the ctypes thunks must live as long as the session
+        self.session: int = 0
+        names = [name for name, kind in fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p]
+        for name in names:
+            prototype = dict(fuse_lowlevel_ops._fields_)[name]
+            thunk = prototype(getattr(self, "_" + name))
+            self._keep.append(thunk)
+            setattr(ops, name, thunk)
+
+    # Every callback: the file system's answer, or its errno; nothing escapes into libfuse.
+    def _fail(self, req: int, name: str, err: BaseException) -> None:
+        if isinstance(err, OSError) and isinstance(err.errno, int) and err.errno > 0:
+            code = err.errno
+        else:
+            logger.error("%s failed on a bug; answering EIO", name, exc_info=err)
+            code = errno.EIO
+        _reply_err(req, code)
+
+    def _entry(self, entry: Entry) -> fuse_entry_param:
+        param = fuse_entry_param()
+        param.ino = entry.node
+        _fill_stat(param.attr, entry.attr)
+        param.attr_timeout = self.fs.attr_timeout
+        param.entry_timeout = self.fs.entry_timeout
+        return param
+
+    def _reply_entry(self, req: int, entry: Entry) -> None:
+        _reply_entry(req, ctypes.byref(self._entry(entry)))
+
+    def _init(self, userdata: Any, conn: Any) -> None:
+        try:
+            self.fs.init(conn.contents, _V3, self.session)
+        except BaseException:
+            logger.exception("init failed")
+
+    def _destroy(self, userdata: Any) -> None:
+        try:
+            self.fs.destroy()
+        except BaseException:
+            logger.exception("destroy failed")
+
+    def _lookup(self, req: int, parent: int, name: bytes) -> None:
+        try:
+            entry = self.fs.lookup(req, parent, name)
+        except OSError as err:
+            if err.errno == errno.ENOENT and self.fs.negative_timeout > 0:
+                # A negative entry, cached by the kernel for negative_timeout.
+                param = fuse_entry_param()
+                param.entry_timeout = self.fs.negative_timeout
+                _reply_entry(req, ctypes.byref(param))
+                return
+            self._fail(req, "lookup", err)
+            return
+        except BaseException as err:
+            self._fail(req, "lookup", err)
+            return
+        self._reply_entry(req, entry)
+
+    def _forget(self, req: int, node: int, nlookup: int) -> None:
+        try:
+            self.fs.forget(node, nlookup)
+        except BaseException:
+            logger.exception("forget failed")
+        _reply_none(req)
+
+    def _forget_multi(self, req: int, count: int, forgets: Any) -> None:
+        try:
+            for i in range(count):
+                self.fs.forget(forgets[i].ino, forgets[i].nlookup)
+        except BaseException:
+            logger.exception("forget failed")
+        _reply_none(req)
+
+    def _attr(self, req: int, st: os.stat_result) -> None:
+        out = c_stat()
+        _fill_stat(out, st)
+        _reply_attr(req, ctypes.byref(out), self.fs.attr_timeout)
+
+    def _getattr(self, req: int, node: int, fi: Any) -> None:
+        try:
+            st = self.fs.getattr(req, node, fi.contents.fh if fi else None)
+        except BaseException as err:
+            self._fail(req, "getattr", err)
+            return
+        self._attr(req, st)
+
+    def _setattr(self, req: int, node: int, attr: Any, to_set: int, fi: Any) -> None:
+        try:
+            a = attr.contents
+            atime = mtime = None
+            if to_set & SET_ATTR_ATIME_NOW:
+                atime = NOW
+            elif to_set & SET_ATTR_ATIME:
+                atime = _time_ns(a.st_atimespec)
+            if to_set & SET_ATTR_MTIME_NOW:
+                mtime = NOW
+            elif to_set & SET_ATTR_MTIME:
+                mtime = _time_ns(a.st_mtimespec)
+            change = SetAttr(
+                mode=a.st_mode if to_set & SET_ATTR_MODE else None,
+                uid=a.st_uid if to_set & SET_ATTR_UID else None,
+                gid=a.st_gid if to_set & SET_ATTR_GID else None,
+                size=a.st_size if to_set & SET_ATTR_SIZE else None,
+                atime=atime,
+                mtime=mtime,
+            )
+            st = self.fs.setattr(req, node, change, fi.contents.fh if fi else None)
+        except BaseException as err:
+            self._fail(req, "setattr", err)
+            return
+        self._attr(req, st)
+
+    def _readlink(self, req: int, node: int) -> None:
+        try:
+            target = self.fs.readlink(req, node)
+        except BaseException as err:
+            self._fail(req, "readlink", err)
+            return
+        _reply_readlink(req, target)
+
+    def _made(self, req: int, name: str, make: Callable[[], Entry]) -> None:
+        try:
+            entry = make()
+        except BaseException as err:
+            self._fail(req, name, err)
+            return
+        self._reply_entry(req, entry)
+
+    def _mknod(self, req: int, parent: int, name: bytes, mode: int, rdev: int) -> None:
+        self._made(req, "mknod", lambda: self.fs.mknod(req, parent, name, mode, rdev))
+
+    def _mkdir(self, req: int, parent: int, name: bytes, mode: int) -> None:
+        self._made(req, "mkdir", lambda: self.fs.mkdir(req, parent, name, mode))
+
+    def _symlink(self, req: int, target: bytes, parent: int, name: bytes) -> None:
+        self._made(req, "symlink", lambda: self.fs.symlink(req, target, parent, name))
+
+    def _link(self, req: int, node: int, new_parent: int, new_name: bytes) -> None:
+        self._made(req, "link", lambda: self.fs.link(req, node, new_parent, new_name))
+
+    def _done(self, req: int, name: str, call: Callable[[], object]) -> None:
+        try:
+            call()
+        except BaseException as err:
+            self._fail(req, name, err)
+            return
+        _reply_err(req, 0)
+
+    def _unlink(self, req: int, parent: int, name: bytes) -> None:
+        self._done(req, "unlink", lambda: self.fs.unlink(req, parent, name))
+
+    def _rmdir(self, req: int, parent: int, name: bytes) -> None:
+        self._done(req, "rmdir", lambda: self.fs.rmdir(req, parent, name))
+
+    def _rename(
+        self, req: int, parent: int, name: bytes, new_parent: int, new_name: bytes, flags: int = 0
+    ) -> None:
+        self._done(
+            req, "rename", lambda: self.fs.rename(req, parent, name, new_parent, new_name, flags)
+        )
+
+    @staticmethod
+    def _set_open(fi: Any, opened: Opened) -> None:
+        fi.fh = opened.fh
+        if opened.direct_io:
+            fi.direct_io = 1
+        if opened.keep_cache:
+            fi.keep_cache = 1
+
+    def _open(self, req: int, node: int, fi: Any) -> None:
+        try:
+            opened = self.fs.open(req, node, fi.contents.flags)
+        except BaseException as err:
+            self._fail(req, "open", err)
+            return
+        self._set_open(fi.contents, opened)
+        if _reply_open(req, fi) != 0:  # the open was interrupted: nobody will release it
+            self.fs.release(req, node, opened.fh)
+
+    def _create(self, req: int, parent: int, name: bytes, mode: int, fi: Any) -> None:
+        try:
+            entry, opened = self.fs.create(req, parent, name, mode, fi.contents.flags)
+        except BaseException as err:
+            self._fail(req, "create", err)
+            return
+        self._set_open(fi.contents, opened)
+        if _reply_create(req, ctypes.byref(self._entry(entry)), fi) != 0:
+            self.fs.release(req, entry.node, opened.fh)
+
+    def _read(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
+        buffer, view = self._buffers.get(size)
+        try:
+            done = self.fs.read(req, node, view, offset, fi.contents.fh)
+        except BaseException as err:
+            self._fail(req, "read", err)
+            return
+        _reply_buf(req, buffer, done)
+
+    def _write(self, req: int, node: int, buf: int, size: int, offset: int, fi: Any) -> None:
+        try:
+            info = fi.contents
+            done = self.fs.write(
+                req, node, _view(buf, size), offset, info.fh, bool(info.writepage)
+            )
+        except BaseException as err:
+            self._fail(req, "write", err)
+            return
+        _reply_write(req, done)
+
+    def _flush(self, req: int, node: int, fi: Any) -> None:
+        self._done(req, "flush", lambda: self.fs.flush(req, node, fi.contents.fh))
+
+    def _release(self, req: int, node: int, fi: Any) -> None:
+        self._done(req, "release", lambda: self.fs.release(req, node, fi.contents.fh))
+
+    def _fsync(self, req: int, node: int, datasync: int, fi: Any) -> None:
+        self._done(req, "fsync", lambda: self.fs.fsync(req, node, bool(datasync), fi.contents.fh))
+
+    def _opendir(self, req: int, node: int, fi: Any) -> None:
+        try:
+            opened = self.fs.opendir(req, node)
+        except BaseException as err:
+            self._fail(req, "opendir", err)
+            return
+        self._set_open(fi.contents, opened)
+        if _reply_open(req, fi) != 0:
+            self.fs.releasedir(req, node, opened.fh)
+
+    def _readdir(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
+        try:
+            entries = self.fs.readdir(req, node, offset, fi.contents.fh)
+            buffer, _ = self._buffers.get(size)
+            address = ctypes.addressof(buffer)
+            used = 0
+            st = c_stat()
+            for entry in entries:
+                st.st_ino = entry.ino
+                st.st_mode = entry.mode
+                needed = _add_direntry(
+                    req, address + used, size - used, entry.name, ctypes.byref(st),
+                    entry.next_offset,
+                )
+                if needed > size - used:
+                    break
+                used += needed
+        except BaseException as err:
+            self._fail(req, "readdir", err)
+            return
+        _reply_buf(req, buffer, used)
+
+    def _releasedir(self, req: int, node: int, fi: Any) -> None:
+        self._done(req, "releasedir", lambda: self.fs.releasedir(req, node, fi.contents.fh))
+
+    def _fsyncdir(self, req: int, node: int, datasync: int, fi: Any) -> None:
+        self._done(
+            req, "fsyncdir", lambda: self.fs.fsyncdir(req, node, bool(datasync), fi.contents.fh)
+        )
+
+    def _statfs(self, req: int, node: int) -> None:
+        try:
+            st = self.fs.statfs(req, node)
+            out = c_statvfs()
+            for key in (
+                "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
+                "f_ffree", "f_favail", "f_flag", "f_namemax",
+            ):  # fmt: skip
+                setattr(out, key, getattr(st, key))
+        except BaseException as err:
+            self._fail(req, "statfs", err)
+            return
+        _reply_statfs(req, ctypes.byref(out))
+
+    def _setxattr(
+        self, req: int, node: int, name: bytes, value: int, size: int, flags: int
+    ) -> None:
+        data = ctypes.string_at(value, size) if size else b""
+        self._done(req, "setxattr", lambda: self.fs.setxattr(req, node, name, data, flags))
+
+    def _sized(self, req: int, name: str, call: Callable[[], bytes], size: int) -> None:
+        # size 0 asks how big the answer is; a smaller size than the answer is ERANGE.
+        try:
+            value = call()
+        except BaseException as err:
+            self._fail(req, name, err)
+            return
+        if size == 0:
+            _reply_xattr(req, len(value))
+        elif len(value) > size:
+            _reply_err(req, errno.ERANGE)
+        else:
+            _reply_buf(req, value, len(value))
+
+    def _getxattr(self, req: int, node: int, name: bytes, size: int) -> None:
+        self._sized(req, "getxattr", lambda: self.fs.getxattr(req, node, name), size)
+
+    def _listxattr(self, req: int, node: int, size: int) -> None:
+        self._sized(req, "listxattr", lambda: self.fs.listxattr(req, node), size)
+
+    def _removexattr(self, req: int, node: int, name: bytes) -> None:
+        self._done(req, "removexattr", lambda: self.fs.removexattr(req, node, name))
+
+    def _access(self, req: int, node: int, mask: int) -> None:
+        self._done(req, "access", lambda: self.fs.access(req, node, mask))
+
+    def _fallocate(
+        self, req: int, node: int, mode: int, offset: int, length: int, fi: Any
+    ) -> None:
+        self._done(
+            req,
+            "fallocate",
+            lambda: self.fs.fallocate(req, node, mode, offset, length, fi.contents.fh),
+        )
+
+    def _lseek(self, req: int, node: int, offset: int, whence: int, fi: Any) -> None:
+        try:
+            result = self.fs.lseek(req, node, offset, whence, fi.contents.fh)
+        except BaseException as err:
+            self._fail(req, "lseek", err)
+            return
+        assert _reply_lseek is not None
+        _reply_lseek(req, result)
+
+
+def _args(argv: Iterable[str]) -> tuple[fuse_args, Any]:
+    encoded = [os.fsencode(arg) for arg in argv]
+    array = (ctypes.c_char_p * (len(encoded) + 1))(*encoded, None)
+    return fuse_args(len(encoded), array, 0), array
+
+
+def option_args(options: dict[str, str | bool | int]) -> list[str]:
+    """``-o`` arguments for libfuse from ``{name: value}`` (True: the bare flag)."""
+    items = [name if value is True else f"{name}={value}" for name, value in options.items()]
+    return ["-o", ",".join(items)] if items else []
+
+
+class MountFailed(RuntimeError):
+    """libfuse could not mount (it printed why on stderr)."""
+
+
+class ConnectionAborted(RuntimeError):
+    """libfuse's loop ended on an error reading /dev/fuse (not on the mount going away)."""
+
+
+def serve(fs: Operations, mountpoint: str, options: dict[str, str | bool | int]) -> None:
+    """Mounts ``fs`` on ``mountpoint`` and serves it with libfuse's multithreaded loop until
+    it is unmounted; then frees the session. Raises `MountFailed` when libfuse cannot mount
+    and `ConnectionAborted` when the loop ends on an error."""
+    ops = fuse_lowlevel_ops()
+    callbacks = _Callbacks(fs, ops)
+    args, keep = _args(["burstctl", *option_args(options)])
+    point = os.fsencode(mountpoint)
+    if _V3:
+        _serve_v3(callbacks, ops, args, point)
+    else:
+        _serve_v2(callbacks, ops, args, point)
+    del keep
+
+
+def _serve_v3(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
+    new = _bind("fuse_session_new", ctypes.c_void_p, ctypes.POINTER(fuse_args),
+                ctypes.POINTER(fuse_lowlevel_ops), ctypes.c_size_t, ctypes.c_void_p, lib=_lib)  # fmt: skip
+    mount = _bind("fuse_session_mount", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, lib=_lib)
+    loop = _bind("fuse_session_loop_mt_312", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
+                 lib=_lib)  # fmt: skip
+    unmount = _bind("fuse_session_unmount", None, ctypes.c_void_p, lib=_lib)
+    destroy = _bind("fuse_session_destroy", None, ctypes.c_void_p, lib=_lib)
+    session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
+    if not session:
+        raise MountFailed("libfuse refused the options")
+    callbacks.session = session
+    try:
+        if mount(session, point) != 0:
+            raise MountFailed(f"cannot mount {os.fsdecode(point)}")
+        try:
+            result = loop(session, None)
+        finally:
+            unmount(session)
+        if result != 0:
+            raise ConnectionAborted(f"libfuse's loop ended with {result}")
+    finally:
+        destroy(session)
+
+
+def _serve_v2(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
+    mount = _bind("fuse_mount", ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(fuse_args),
+                  lib=_lib)  # fmt: skip
+    new = _bind("fuse_lowlevel_new", ctypes.c_void_p, ctypes.POINTER(fuse_args),
+                ctypes.POINTER(fuse_lowlevel_ops), ctypes.c_size_t, ctypes.c_void_p, lib=_lib)  # fmt: skip
+    add_chan = _bind("fuse_session_add_chan", None, ctypes.c_void_p, ctypes.c_void_p, lib=_lib)
+    remove_chan = _bind("fuse_session_remove_chan", None, ctypes.c_void_p, lib=_lib)
+    loop = _bind("fuse_session_loop_mt", ctypes.c_int, ctypes.c_void_p, lib=_lib)
+    destroy = _bind("fuse_session_destroy", None, ctypes.c_void_p, lib=_lib)
+    unmount = _bind("fuse_unmount", None, ctypes.c_char_p, ctypes.c_void_p, lib=_lib)
+    chan = mount(point, ctypes.byref(args))
+    if not chan:
+        raise MountFailed(f"cannot mount {os.fsdecode(point)}")
+    session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
+    if not session:
+        unmount(point, chan)
+        raise MountFailed("libfuse refused the options")
+    callbacks.session = session
+    add_chan(session, chan)
+    try:
+        result = loop(session)
+    finally:
+        remove_chan(chan)
+        destroy(session)
+        unmount(point, chan)
+    if result != 0:
+        raise ConnectionAborted(f"libfuse's loop ended with {result}")
 
 
 # fuse_kernel.h (protocol 7.36+): struct fuse_init_out and the INIT flags used below.
@@ -121,7 +850,7 @@ def grant_direct_io_mmap(iov: Any, count: int) -> bool:
     return True
 
 
-def _kernel_release(release: str | None = None) -> tuple[int, int]:
+def kernel_release(release: str | None = None) -> tuple[int, int]:
     """(major, minor) of the running kernel, e.g. (6, 18); (0, 0) when unreadable."""
     found = re.match(r"(\d+)\.(\d+)", release if release is not None else os.uname().release)
     return (int(found[1]), int(found[2])) if found else (0, 0)
@@ -176,11 +905,9 @@ class DirectIoMmap:
             return f"kernel {kernel[0]}.{kernel[1]} (needs 6.6)"
         return None
 
-    def install(self, fuse_handle: int) -> None:
-        """Hooks the session of ``fuse_handle`` (``fuse_get_context()->fuse`` in init)."""
+    def install(self, session: int) -> None:
+        """Hooks the low-level ``session`` (from ``init``, before the INIT reply)."""
         lib = ctypes.CDLL(mfusepy._libfuse_path)  # libfuse 3 (AttributeError on 2)
-        lib.fuse_get_session.restype = ctypes.c_void_p
-        lib.fuse_get_session.argtypes = [ctypes.c_void_p]
         lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
         lib.fuse_session_custom_io.argtypes = [
             ctypes.c_void_p,
@@ -188,7 +915,7 @@ class DirectIoMmap:
             ctypes.c_int,
         ]
         self._custom_io = lib.fuse_session_custom_io
-        self._session = lib.fuse_get_session(fuse_handle)
+        self._session = session
         self._fd = lib.fuse_session_fd(self._session)
         if self._custom_io(self._session, ctypes.byref(self._hooked), self._fd) != 0:
             raise OSError(errno.EINVAL, "fuse_session_custom_io refused the writer")
@@ -214,93 +941,27 @@ class DirectIoMmap:
                 self._custom_io(self._session, ctypes.byref(self._plain), self._fd)
 
 
-class FUSE(mfusepy.FUSE):  # type: ignore[misc]
-    """mfusepy's `FUSE`, with reads and writes into and out of libfuse's buffer in place.
-
-    Used when the operations object defines ``read_into(path, buf, offset, fh) -> int`` (fill
-    ``buf``, return the byte count) and ``write_from(path, data, offset, fh) -> int``; without
-    them, mfusepy's ``read`` / ``write`` are used as they are.
-
-    An operations object with ``direct_io_for(flags) -> bool`` chooses per open whether the
-    kernel bypasses its page cache for that file (``direct_io``; the ``-o direct_io`` option
-    still sets it for every file). On libfuse 3 the mount first asks the kernel to allow shared
-    ``mmap`` of such files where it can (`DirectIoMmap`) and sets the operations object's
-    ``direct_io_mmap`` to whether it did, before ``init_with_config`` runs.
-    """
-
-    def init_fuse_3(self, conn: Any, config: Any) -> None:
-        if hasattr(self.operations, "direct_io_for"):
-            self._ask_direct_io_mmap()
-        super().init_fuse_3(conn, config)
-
-    def _ask_direct_io_mmap(self) -> None:
-        why_not = DirectIoMmap.unavailable(LIBFUSE_VERSION, _kernel_release())
-        if why_not is not None:
-            logger.info("shared mmap of direct_io files cannot be asked for: %s", why_not)
-            return
-
-        def on_reply(granted: bool) -> None:
-            self.operations.direct_io_mmap = granted
-            if granted:
-                logger.info("asked the kernel to allow shared mmap of direct_io files")
-            else:
-                logger.warning("the INIT reply had no room to allow mmap of direct_io files")
-
-        # Kept for the life of the mount: libfuse calls into the hook's ctypes thunk, which
-        # would be freed with the object (a segfault at the INIT reply).
-        self._direct_io_mmap = DirectIoMmap(on_reply)
-        try:
-            self._direct_io_mmap.install(_get_context().contents.fuse)
-        except (OSError, AttributeError) as err:
-            logger.warning("could not ask the kernel to allow mmap of direct_io files: %s", err)
-
-    def open(self, path: bytes, fip: Any) -> int:
-        result = int(super().open(path, fip))
-        self._choose_direct_io(fip)
-        return result
-
-    def create(self, path: bytes, mode: int, fip: Any) -> int:
-        result = int(super().create(path, mode, fip))
-        self._choose_direct_io(fip)
-        return result
-
-    def _choose_direct_io(self, fip: Any) -> None:
-        choose = getattr(self.operations, "direct_io_for", None)
-        if choose is not None and choose(fip.contents.flags):
-            fip.contents.direct_io = 1
-
-    def read(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        done = self._in_place("read_into", path, buf, size, offset, fip)
-        return int(super().read(path, buf, size, offset, fip)) if done is None else done
-
-    def write(self, path: bytes | None, buf: Any, size: int, offset: int, fip: Any) -> int:
-        done = self._in_place("write_from", path, buf, size, offset, fip)
-        return int(super().write(path, buf, size, offset, fip)) if done is None else done
-
-    def _in_place(
-        self, operation: str, path: bytes | None, buf: Any, size: int, offset: int, fip: Any
-    ) -> int | None:
-        """Calls ``operation`` with libfuse's buffer; None when the operations lack it."""
-        call = getattr(self.operations, operation, None)
-        if call is None or self.raw_fi:
-            return None
-        name = None if path is None else path.decode(self.encoding, self.errors)
-        with _request_buffer(buf, size) as view:
-            return int(call(name, view, offset, fip.contents.fh))
-
-    # libfuse 3 passes the file handle (or NULL) to truncate, where libfuse 2 called a separate
-    # ftruncate; mfusepy drops it, so truncating a file that was unlinked while open (no
-    # path) failed with ENOENT. Handed on as libfuse 2's ftruncate is.
-    def truncate_fuse_3(self, path: bytes | None, length: int, fip: Any) -> int:
-        return int(self.ftruncate(path, length, fip))
+def file_type(mode: int) -> int:
+    """The S_IFMT bits of ``mode`` (what a directory entry carries)."""
+    return stat.S_IFMT(mode)
 
 
 __all__ = [
-    "FUSE",
     "LIBFUSE_VERSION",
+    "NOW",
+    "ROOT_ID",
+    "ConnectionAborted",
+    "Context",
+    "DirEntry",
     "DirectIoMmap",
-    "FuseOSError",
+    "Entry",
+    "MountFailed",
+    "Opened",
     "Operations",
-    "fuse_get_context",
+    "SetAttr",
     "grant_direct_io_mmap",
+    "kernel_release",
+    "option_args",
+    "request_context",
+    "serve",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Hashable
 
 CAPABILITY = "security.capability"
 # How long "this path has no security.capability" is believed: the bound on how late a
@@ -40,18 +41,18 @@ class AbsentCapabilities:
     def __init__(self, ttl: float = CAPABILITY_ABSENT_TTL) -> None:
         self._ttl = ttl
         self._lock = threading.Lock()
-        self._absent: dict[str, float] = {}
+        self._absent: dict[Hashable, float] = {}
         self.generation = 0
         self.hits = 0  # for tests and benchmarks
 
-    def known_absent(self, path: str) -> bool:
+    def known_absent(self, path: Hashable) -> bool:
         expiry = self._absent.get(path)
         if expiry is not None and expiry > time.monotonic():
             self.hits += 1
             return True
         return False
 
-    def remember(self, path: str, generation: int) -> None:
+    def remember(self, path: Hashable, generation: int) -> None:
         """Records ENODATA for ``path``, unless something was forgotten since ``generation``."""
         now = time.monotonic()
         with self._lock:

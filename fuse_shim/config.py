@@ -34,11 +34,33 @@ FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its def
 MAX_READ_AHEAD = 64 << 20
 # How long a pid's job is cached by the `attribution.Attributor`.
 DEFAULT_ATTRIBUTION_TTL = 5.0
+# How long the kernel caches attributes and names by default (docs/fuse.md, "Caching").
+DEFAULT_CACHE_TIMEOUT = 1.0
 # Options a user may not pass with -o: each would break attribution or our assumptions.
 REFUSED_FUSE_OPTIONS = {
     "writeback_cache": "buffered writes would reach the mount from kernel flusher threads and "
     "could not be attributed to the writer",
     "nothreads": "a paced request would hold up every other job's requests",
+}
+# Options of libfuse's path-based API, which the mount does not use: what to use instead.
+PATH_API_OPTIONS = {
+    "attr_timeout": "--attr-timeout",
+    "entry_timeout": "--entry-timeout",
+    "negative_timeout": "--negative-timeout",
+    "ac_attr_timeout": "--attr-timeout",
+    "direct_io": "--direct-io all",
+    "kernel_cache": "--direct-io none",
+    "auto_cache": "--direct-io none",
+    "use_ino": "nothing (inode numbers are always the backing files')",
+    "readdir_ino": "nothing (inode numbers are always the backing files')",
+    "hard_remove": "nothing (an unlinked open file is never renamed)",
+    "nopath": "nothing",
+    "umask": "chmod on BACKING",
+    "uid": "chown on BACKING",
+    "gid": "chown on BACKING",
+    "intr": "nothing",
+    "intr_signal": "nothing",
+    "modules": "nothing",
 }
 
 CliKind = Literal[
@@ -233,6 +255,37 @@ class MountConfig:
             show_default=False,
         ),
     )
+    attr_timeout: float = field(
+        default=DEFAULT_CACHE_TIMEOUT,
+        metadata=_cli(
+            ("--attr-timeout",),
+            "How long the kernel may cache a file's attributes without asking the mount "
+            "(a stat of a cached file never reaches the daemon). Changes made through the "
+            "mount are always seen at once; changes made to BACKING behind it may be seen "
+            "this late.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    entry_timeout: float = field(
+        default=DEFAULT_CACHE_TIMEOUT,
+        metadata=_cli(
+            ("--entry-timeout",),
+            "How long the kernel may cache a name it looked up (as --attr-timeout).",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
+    negative_timeout: float = field(
+        default=DEFAULT_CACHE_TIMEOUT,
+        metadata=_cli(
+            ("--negative-timeout",),
+            "How long the kernel may remember that a name does not exist (a file created in "
+            "BACKING behind the mount may stay invisible this long; 0: never remembered).",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    )
     quiet_gap: float = field(
         default=0.05,
         metadata=_cli(
@@ -341,6 +394,11 @@ class MountConfig:
         for key, _ in self.fuse_option_items():
             if key in REFUSED_FUSE_OPTIONS:
                 raise MountError(f"-o {key} is not allowed: {REFUSED_FUSE_OPTIONS[key]}")
+            if key in PATH_API_OPTIONS:
+                raise MountError(
+                    f"-o {key} is an option of libfuse's path-based API, which the mount does "
+                    f"not use; use {PATH_API_OPTIONS[key]}"
+                )
 
     def channel_security(self) -> ChannelSecurity:
         """The credentials of the mount's channel to the controller (ValueError if unusable)."""

@@ -1,149 +1,147 @@
-"""The passthrough filesystem: every FUSE callback mapped onto the backing directory.
+"""The passthrough file system: libfuse's low-level requests mapped onto the backing directory.
 
-`PassthroughFS` works relative to a directory file descriptor opened before the mount, so the
-backing directory may even be the mount point itself (a mount "in place"). Reads and writes use
-the backing file descriptor opened by ``open``/``create`` (``os.pread``/``os.pwrite``), never
-the path. Every callback runs behind `errno_barrier`: an `OSError` becomes its ``-errno``,
-anything else is logged and becomes ``-EIO``, so a bug never takes the mount down.
+`PassthroughFS` answers requests that name inodes (`_fuse.Operations`). It keeps an ``O_PATH``
+handle per inode the kernel knows (`Inode`), keyed by the backing (device, inode number), so
 
-Ownership: the kernel checks permissions (the mount uses ``default_permissions``); when the
-daemon runs as root, what a caller creates is given to the caller (`ownership`).
+- every operation is relative to a handle, never a rebuilt path: depth is not limited by
+  PATH_MAX, and the backing directory may be the mount point itself (a mount "in place");
+- a file unlinked or replaced while open is still reached through its handle (``fstat``,
+  ``fchmod``, ``fchown``, ``futimens`` work, as on a local file system);
+- hard links are one kernel inode, so the kernel may cache attributes and names
+  (``attr_timeout``, ``entry_timeout``, ``negative_timeout``: docs/fuse.md says why the
+  defaults are safe for a mount that is the only writer of its BACKING).
+
+The kernel counts its references to each inode (``nlookup``) and gives them back in
+``forget``; the handle is closed when the count reaches 0. Reads and writes use the backing
+file descriptor opened by ``open``/``create`` (``os.preadv``/``os.pwrite``).
+
+Ownership: the kernel checks permissions (``default_permissions``); when the daemon runs as
+root, what a caller creates is given to the caller (`ownership`), and a write by a caller
+without CAP_FSETID clears set-user-ID / set-group-ID as the kernel does for a local file
+system (`setid`): for files opened ``direct_io`` the kernel leaves that to the daemon.
 
 Pacing: when a `Pacer` is given, reads and writes acquire their bytes for the caller's job
-first, and metadata operations go through `Pacer.metadata`.
+first, and metadata operations go through `Pacer.metadata`. A write the kernel makes on its
+own (writeback of a shared mapping: pid 0) is booked to the job that opened the file.
 
 Page cache (``direct_io``), chosen per open by `PassthroughFS.direct_io_for` from the mount's
 ``direct_io`` mode: ``writes`` (the default) sends every byte of a file opened for writing
 straight to the daemon, ``all`` every file, ``none`` none. A file that can be mapped (opened
 for reading, or reading and writing) goes direct only where the kernel was asked to allow shared
-``mmap`` of such files (``direct_io_mmap``, set by the binding at init): elsewhere that mapping
-would fail with ENODEV. A write-only file cannot be mapped at all.
+``mmap`` of such files (``direct_io_mmap``, set at init): elsewhere that mapping would fail with
+ENODEV. A write-only file cannot be mapped at all.
 
 ``security.capability``: answered from `capabilities.AbsentCapabilities` when known absent;
-every call that could give a path a capability forgets what it knows.
+every call that could give a node a capability forgets what it knows.
 """
 
 from __future__ import annotations
 
 import errno
-import functools
 import logging
 import os
 import stat
-import time
-from collections.abc import Callable
-from typing import Any, TypeVar, cast
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from typing import Any
 
-from burstctl.fuse_shim._fuse import FuseOSError, Operations, fuse_get_context
+from burstctl.fuse_shim import syscalls
+from burstctl.fuse_shim._fuse import (
+    CAP_ATOMIC_O_TRUNC,
+    CAP_AUTO_INVAL_DATA,
+    CAP_BIG_WRITES,
+    CAP_CACHE_SYMLINKS,
+    CAP_HANDLE_KILLPRIV,
+    LIBFUSE_VERSION,
+    NOW,
+    ROOT_ID,
+    DirectIoMmap,
+    DirEntry,
+    Entry,
+    Opened,
+    SetAttr,
+    kernel_release,
+    request_context,
+)
 from burstctl.fuse_shim.attribution import Caller
 from burstctl.fuse_shim.capabilities import CAPABILITY, AbsentCapabilities
 from burstctl.fuse_shim.config import DIRECT_IO_MODES
 from burstctl.fuse_shim.ownership import give_to_caller, may_access
 from burstctl.fuse_shim.pacing import Pacer
+from burstctl.fuse_shim.setid import mode_after_write, writer_of
 
 logger = logging.getLogger(__name__)
 
-F = TypeVar("F", bound=Callable[..., Any])
-
 # O_DIRECT asks for aligned buffers, which os.pread/os.pwrite do not give: the kernel already
-# sent the request past its page cache, the backing file need not be direct too.
-_DROPPED_OPEN_FLAGS = os.O_DIRECT if hasattr(os, "O_DIRECT") else 0
-# With utime_omit_ok, libfuse passes UTIME_NOW / UTIME_OMIT as tv_nsec with tv_sec 0, which the
-# binding hands over as that many nanoseconds (a real time 1.07 s after the epoch is lost).
-_UTIME_NOW = (1 << 30) - 1
-_UTIME_OMIT = (1 << 30) - 2
-_FUSE_CAP_AUTO_INVAL_DATA = 1 << 12  # fuse_common.h (libfuse 3)
+# sent the request past its page cache, the backing file need not be direct too. O_NOFOLLOW
+# was checked by the kernel; on the handle's /proc link it would fail with ELOOP. O_CREAT,
+# O_EXCL and O_NOCTTY mean nothing on an existing inode.
+_DROPPED_OPEN_FLAGS = (
+    getattr(os, "O_DIRECT", 0) | os.O_NOFOLLOW | os.O_CREAT | os.O_EXCL | os.O_NOCTTY
+)
+_PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_SETID = stat.S_ISUID | stat.S_ISGID
+_CAPABILITY = CAPABILITY.encode()
 
 
-def errno_barrier(method: F) -> F:
-    """Turns whatever a callback raises into a FUSE error; nothing else leaves it."""
-    name = method.__name__
-
-    @functools.wraps(method)
-    def wrapper(*args: Any) -> Any:
-        try:
-            return method(*args)
-        except OSError as err:
-            if isinstance(err.errno, int) and err.errno > 0:
-                if isinstance(err, FuseOSError):
-                    raise
-                raise FuseOSError(err.errno) from None
-            logger.error("%s: OSError without an errno: %r", name, err)
-            raise FuseOSError(errno.EIO) from None
-        except BaseException as err:  # the barrier: not even SystemExit may reach libfuse
-            logger.exception("%s failed on a bug; answering EIO: %r", name, err)
-            raise FuseOSError(errno.EIO) from None
-
-    return cast(F, wrapper)
+def _default_caller(req: int) -> Caller:
+    ctx = request_context(req)
+    return Caller(pid=ctx.pid, uid=ctx.uid, gid=ctx.gid)
 
 
-def _stat_dict(st: os.stat_result) -> dict[str, int]:
-    # Times in nanoseconds: the operations class sets use_ns.
-    return {
-        "st_mode": st.st_mode,
-        "st_ino": st.st_ino,
-        "st_nlink": st.st_nlink,
-        "st_uid": st.st_uid,
-        "st_gid": st.st_gid,
-        "st_size": st.st_size,
-        "st_blocks": st.st_blocks,
-        "st_blksize": st.st_blksize,
-        "st_rdev": st.st_rdev,
-        "st_atime": st.st_atime_ns,
-        "st_mtime": st.st_mtime_ns,
-        "st_ctime": st.st_ctime_ns,
-    }
+def _proc(fd: int) -> str:
+    # The magic link reaches the node of an O_PATH handle for calls that take a path.
+    return f"/proc/self/fd/{fd}"
 
 
-def _dirent_mode(entry: os.DirEntry[str]) -> int:
-    # The kernel takes only the file type from a directory entry; d_type spares a stat.
-    if entry.is_dir(follow_symlinks=False):
-        return stat.S_IFDIR
-    if entry.is_symlink():
-        return stat.S_IFLNK
-    if entry.is_file(follow_symlinks=False):
-        return stat.S_IFREG
-    return stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
+class Inode:
+    """A backing node the kernel knows: its O_PATH handle and the kernel's reference count."""
+
+    __slots__ = ("fd", "key", "node", "nlookup")
+
+    def __init__(self, node: int, fd: int, key: tuple[int, int], nlookup: int) -> None:
+        self.node = node
+        self.fd = fd
+        self.key = key
+        self.nlookup = nlookup
 
 
-def _current_caller() -> Caller:
-    uid, gid, pid = fuse_get_context()
-    return Caller(pid=pid, uid=uid, gid=gid)
+@dataclass
+class _Directory:
+    fd: int
+    entries: list[DirEntry] = field(default_factory=list)
+    read: bool = False
 
 
-class PassthroughFS(Operations):  # type: ignore[misc]
+class PassthroughFS:
     """A passthrough of the directory open as ``root_fd``, paced by an optional `Pacer`.
 
-    ``root_fd`` is owned by the caller (it must outlive the mount). ``caller`` returns the
-    credentials of the current request (the FUSE context by default; tests inject their own).
+    ``root_fd`` is owned by the caller (it must outlive the mount). ``caller(req)`` returns the
+    credentials of a request (libfuse's request context by default; tests inject their own).
     """
-
-    use_ns = True  # timestamps cross as integer nanoseconds, without float rounding
-    # Callbacks on a file that was unlinked while open get a NULL path (and its handle):
-    # with hard_remove nothing is renamed to .fuse_hidden* in the backing directory.
-    flag_nullpath_ok = True
-    flag_nopath = False
-    # UTIME_NOW / UTIME_OMIT reach utimens as they are (see `utimens`).
-    flag_utime_omit_ok = True
 
     def __init__(
         self,
         root_fd: int,
         pacer: Pacer | None = None,
         *,
-        caller: Callable[[], Caller] = _current_caller,
+        caller: Callable[[int], Caller] = _default_caller,
         on_init: Callable[[], None] | None = None,
         on_destroy: Callable[[], None] | None = None,
         max_write: int | None = None,
         read_ahead: int = 0,
         direct_io: str = "writes",
+        big_writes: bool = True,
+        attr_timeout: float = 1.0,
+        entry_timeout: float = 1.0,
+        negative_timeout: float = 1.0,
     ) -> None:
         if direct_io not in DIRECT_IO_MODES:
             raise ValueError(f"direct_io must be one of {', '.join(DIRECT_IO_MODES)}")
         self._root = root_fd
         self._direct_io = direct_io
-        # Whether the kernel allows shared mmap of direct_io files: set by the binding
-        # (burstctl.fuse_shim._fuse.FUSE) during init, before any open.
+        # Whether the kernel allows shared mmap of direct_io files: set during init.
         self.direct_io_mmap = False
         self._pacer = pacer
         self._caller = caller
@@ -151,31 +149,82 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         self._on_destroy = on_destroy
         self._max_write = max_write
         self._read_ahead = read_ahead
-        self._proc_root = f"/proc/self/fd/{root_fd}"
+        self._big_writes = big_writes
+        self.attr_timeout = attr_timeout
+        self.entry_timeout = entry_timeout
+        self.negative_timeout = negative_timeout
         self._is_root = os.geteuid() == 0
         self._pace_metadata = pacer is not None and pacer.paces_metadata
         self._no_capability = AbsentCapabilities()
+        self._lock = threading.Lock()
+        root_st = os.fstat(root_fd)
+        root = Inode(ROOT_ID, root_fd, (root_st.st_dev, root_st.st_ino), 1)
+        self._nodes: dict[int, Inode] = {ROOT_ID: root}
+        self._by_key: dict[tuple[int, int], Inode] = {root.key: root}
+        self._next_node = ROOT_ID + 1
+        self._openers: dict[int, Caller] = {}  # fh -> who opened it
+        self._dirs: dict[int, _Directory] = {}
+        self._mmap_hook: DirectIoMmap | None = None
+
+    # ------------------------------------------------------------------ inodes
+
+    def _inode(self, node: int) -> Inode:
+        inode = self._nodes.get(node)
+        if inode is None:  # the kernel never names a node it forgot; be loud if it does
+            raise OSError(errno.ESTALE, "unknown node")
+        return inode
+
+    def _remember(self, fd: int, st: os.stat_result) -> Entry:
+        """The kernel learns of the node open as ``fd`` (taken over): one more reference."""
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            inode = self._by_key.get(key)
+            if inode is not None:
+                inode.nlookup += 1
+            else:
+                inode = Inode(self._next_node, fd, key, 1)
+                self._next_node += 1
+                self._nodes[inode.node] = inode
+                self._by_key[key] = inode
+                fd = -1
+        if fd >= 0:
+            os.close(fd)
+        return Entry(inode.node, st)
+
+    def _lookup(self, parent_fd: int, name: bytes) -> Entry:
+        fd = os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return self._remember(fd, st)
+
+    def forget(self, node: int, nlookup: int) -> None:
+        with self._lock:
+            inode = self._nodes.get(node)
+            if inode is None or node == ROOT_ID:
+                return
+            inode.nlookup -= nlookup
+            if inode.nlookup > 0:
+                return
+            del self._nodes[node]
+            if self._by_key.get(inode.key) is inode:
+                del self._by_key[inode.key]
+        os.close(inode.fd)
+
+    @property
+    def known_nodes(self) -> int:
+        """How many inodes the kernel holds references to (the root included)."""
+        return len(self._nodes)
 
     # ------------------------------------------------------------------ helpers
 
-    @staticmethod
-    def _rel(path: str | None) -> str:
-        if path is None:
-            raise FuseOSError(errno.ENOENT)  # unlinked while open, and no handle to use
-        rel = path.lstrip("/")
-        return rel or "."
-
-    def _proc_path(self, path: str | None) -> str:
-        # For calls without a dir_fd form (xattrs): the magic link reaches the backing
-        # directory even when the mount sits on top of it.
-        rel = self._rel(path)
-        return self._proc_root if rel == "." else f"{self._proc_root}/{rel}"
-
-    def _metadata(self) -> Caller | None:
+    def _metadata(self, req: int) -> Caller | None:
         """Paces a metadata operation when that is on; returns the caller it looked up."""
         if not self._pace_metadata:
             return None
-        caller = self._caller()
+        caller = self._caller(req)
         self._pace(caller, "metadata", 0)
         return caller
 
@@ -190,239 +239,258 @@ class PassthroughFS(Operations):  # type: ignore[misc]
         except Exception:
             logger.exception("pacing a %s request failed; serving it unpaced", kind)
 
-    def _give_to_caller(
-        self, rel: str, caller: Caller | None, fd: int | None = None, mode: int = 0
-    ) -> None:
+    def _give(
+        self, req: int, caller: Caller | None, parent_fd: int, name: bytes, fd: int | None,
+        mode: int = 0,
+    ) -> None:  # fmt: skip
         """Makes a new node belong to its creator, when the daemon is root (`give_to_caller`)."""
         if self._is_root:
-            give_to_caller(self._root, rel, caller or self._caller(), fd, mode)
+            give_to_caller(parent_fd, name, caller or self._caller(req), fd, mode)
+
+    def _forget_capabilities(self) -> None:
+        self._no_capability.forget_all()
 
     # ------------------------------------------------------------------ lifecycle
 
-    @errno_barrier
-    def init_with_config(self, conn: Any, config: Any) -> None:
-        # ``config`` is libfuse 3's struct fuse_config (None on libfuse 2, where the same
-        # settings are mount options).
-        if config is not None and conn is not None:
+    def init(self, conn: Any, is_v3: bool, session: int) -> None:
+        if is_v3:
             if self._max_write is not None:
                 conn.max_write = min(conn.max_write, self._max_write)
-            # As on libfuse 2 (where it is an option, off): libfuse 3 turns it on, and the
-            # kernel then asks GETATTR before every read(2) to check whether the page cache
-            # is still valid: a request more per small read (docs/benchmarks.md has figures).
-            conn.want &= ~_FUSE_CAP_AUTO_INVAL_DATA
-        if self._read_ahead and conn is not None and self._read_ahead > conn.max_readahead:
+            # As on libfuse 2 (where it is off): with it the kernel asks GETATTR before every
+            # read(2) to check its page cache, a request more per small read.
+            # HANDLE_KILLPRIV off: the kernel clears set-id bits and capabilities itself on
+            # writes through its cache, truncate and chown (it still leaves direct writes to
+            # the daemon, see `write`).
+            conn.want &= ~(CAP_AUTO_INVAL_DATA | CAP_HANDLE_KILLPRIV)
+            if conn.capable & CAP_CACHE_SYMLINKS:
+                conn.want |= CAP_CACHE_SYMLINKS
+            self._ask_direct_io_mmap(session)
+        else:
+            want = CAP_ATOMIC_O_TRUNC | (CAP_BIG_WRITES if self._big_writes else 0)
+            conn.want |= want & conn.capable
+            if self._max_write is not None:
+                conn.max_write = min(conn.max_write, self._max_write)
+        if self._read_ahead and self._read_ahead > conn.max_readahead:
             # The kernel keeps min(its window, this) once init returns; the window itself
             # is raised by on_init (mount.set_read_ahead), so both must say it.
             conn.max_readahead = self._read_ahead
         if self._on_init is not None:
             self._on_init()
 
-    @errno_barrier
-    def destroy(self, path: str) -> None:
+    def _ask_direct_io_mmap(self, session: int) -> None:
+        why_not = DirectIoMmap.unavailable(LIBFUSE_VERSION, kernel_release())
+        if why_not is not None:
+            logger.info("shared mmap of direct_io files cannot be asked for: %s", why_not)
+            return
+
+        def on_reply(granted: bool) -> None:
+            self.direct_io_mmap = granted
+            if granted:
+                logger.info("asked the kernel to allow shared mmap of direct_io files")
+            else:
+                logger.warning("the INIT reply had no room to allow mmap of direct_io files")
+
+        # Kept for the life of the mount: libfuse calls into the hook's ctypes thunk.
+        self._mmap_hook = DirectIoMmap(on_reply)
+        try:
+            self._mmap_hook.install(session)
+        except (OSError, AttributeError) as err:
+            logger.warning("could not ask the kernel to allow mmap of direct_io files: %s", err)
+
+    def destroy(self) -> None:
         if self._on_destroy is not None:
             self._on_destroy()
 
     # ------------------------------------------------------------------ attributes
 
-    @errno_barrier
-    def getattr(self, path: str | None, fh: int | None = None) -> dict[str, int]:
-        self._metadata()
-        if fh is not None:
-            return _stat_dict(os.fstat(fh))
-        return _stat_dict(os.stat(self._rel(path), dir_fd=self._root, follow_symlinks=False))
+    def lookup(self, req: int, parent: int, name: bytes) -> Entry:
+        self._metadata(req)
+        return self._lookup(self._inode(parent).fd, name)
 
-    @errno_barrier
-    def access(self, path: str, amode: int) -> int:
-        # Only reached without default_permissions; checks the caller's uid, not the daemon's.
-        caller = self._metadata() or self._caller()
-        st = os.stat(self._rel(path), dir_fd=self._root, follow_symlinks=False)
-        if not may_access(caller, st, amode):
-            raise FuseOSError(errno.EACCES)
-        return 0
+    def getattr(self, req: int, node: int, fh: int | None) -> os.stat_result:
+        self._metadata(req)
+        return os.fstat(fh if fh is not None else self._inode(node).fd)
 
-    @errno_barrier
-    def chmod(self, path: str | None, mode: int) -> int:
-        self._metadata()
-        os.chmod(self._rel(path), stat.S_IMODE(mode), dir_fd=self._root)
-        return 0
-
-    @errno_barrier
-    def chown(self, path: str | None, uid: int, gid: int) -> int:
-        self._metadata()
-        os.chown(self._rel(path), uid, gid, dir_fd=self._root, follow_symlinks=False)
-        return 0
-
-    @errno_barrier
-    def truncate(self, path: str | None, length: int, fh: int | None = None) -> int:
-        self._metadata()
-        if fh is not None:
-            os.ftruncate(fh, length)
-            return 0
-        fd = os.open(self._rel(path), os.O_WRONLY | os.O_CLOEXEC, dir_fd=self._root)
-        try:
-            os.ftruncate(fd, length)
-        finally:
-            os.close(fd)
-        return 0
-
-    @errno_barrier
-    def utimens(self, path: str | None, times: tuple[int, int] | None = None) -> int:
-        self._metadata()
-        rel = self._rel(path)
-        if times is None:
-            os.utime(rel, dir_fd=self._root, follow_symlinks=False)
-            return 0
-        atime, mtime = (self._utime_value(t, i, rel) for i, t in enumerate(times))
-        os.utime(rel, ns=(atime, mtime), dir_fd=self._root, follow_symlinks=False)
-        return 0
-
-    def _utime_value(self, value: int, index: int, rel: str) -> int:
-        if value == _UTIME_NOW:
-            return time.time_ns()
-        if value == _UTIME_OMIT:
-            st = os.stat(rel, dir_fd=self._root, follow_symlinks=False)
-            return st.st_atime_ns if index == 0 else st.st_mtime_ns
-        return value
-
-    @errno_barrier
-    def statfs(self, path: str) -> dict[str, int]:
-        self._metadata()
-        st = os.statvfs(self._root)
-        return {
-            key: getattr(st, key)
-            for key in (
-                "f_bsize",
-                "f_frsize",
-                "f_blocks",
-                "f_bfree",
-                "f_bavail",
-                "f_files",
-                "f_ffree",
-                "f_favail",
-                "f_namemax",
+    def setattr(self, req: int, node: int, change: SetAttr, fh: int | None) -> os.stat_result:
+        self._metadata(req)
+        inode = self._inode(node)
+        if change.mode is not None:
+            if fh is not None:
+                os.fchmod(fh, stat.S_IMODE(change.mode))
+            else:
+                os.chmod(_proc(inode.fd), stat.S_IMODE(change.mode))
+        if change.uid is not None or change.gid is not None:
+            uid = -1 if change.uid is None else change.uid
+            gid = -1 if change.gid is None else change.gid
+            syscalls.chown_node(inode.fd, uid, gid)
+        if change.size is not None:
+            if fh is not None:
+                os.ftruncate(fh, change.size)
+            else:
+                os.truncate(_proc(inode.fd), change.size)
+        if change.atime is not None or change.mtime is not None:
+            syscalls.set_times(
+                fh if fh is not None else inode.fd,
+                change.atime,
+                change.mtime,
+                now=NOW,
+                handle=fh is not None,
             )
-        }
+        return os.fstat(fh if fh is not None else inode.fd)
+
+    def access(self, req: int, node: int, mask: int) -> None:
+        # Only reached without default_permissions; checks the caller's uid, not the daemon's.
+        caller = self._metadata(req) or self._caller(req)
+        if not may_access(caller, os.fstat(self._inode(node).fd), mask):
+            raise OSError(errno.EACCES, "permission denied")
+
+    def statfs(self, req: int, node: int) -> os.statvfs_result:
+        self._metadata(req)
+        return os.statvfs(self._root)
 
     # ------------------------------------------------------------------ directories and names
 
-    @errno_barrier
-    def readdir(self, path: str, fh: int) -> list[str | tuple[str, dict[str, int], int]]:
-        self._metadata()
-        fd = os.open(
-            self._rel(path), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=self._root
-        )
+    def opendir(self, req: int, node: int) -> Opened:
+        self._metadata(req)
+        fd = os.open(_proc(self._inode(node).fd), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        with self._lock:
+            self._dirs[fd] = _Directory(fd)
+        return Opened(fd)
+
+    def readdir(self, req: int, node: int, offset: int, fh: int) -> Iterator[DirEntry]:
+        directory = self._dirs.get(fh)
+        if directory is None:
+            raise OSError(errno.EBADF, "unknown directory handle")
+        if offset == 0 or not directory.read:
+            self._metadata(req)
+            directory.entries = self._list(directory.fd, node == ROOT_ID)
+            directory.read = True
+        entries = directory.entries
+        return (entries[i] for i in range(offset, len(entries)))
+
+    @staticmethod
+    def _list(fd: int, is_root: bool) -> list[DirEntry]:
+        # Each entry carries its inode number: readdir(3) skips entries whose d_ino is 0.
+        here = os.fstat(fd)
+        up = here if is_root else os.stat("..", dir_fd=fd)
+        entries = [
+            DirEntry(b".", here.st_ino, stat.S_IFDIR, 1),
+            DirEntry(b"..", up.st_ino, stat.S_IFDIR, 2),
+        ]
+        os.lseek(fd, 0, os.SEEK_SET)
+        with os.scandir(fd) as it:
+            for entry in it:
+                entries.append(
+                    DirEntry(
+                        os.fsencode(entry.name), entry.inode(), _dirent_type(entry), len(entries) + 1
+                    )
+                )
+        return entries
+
+    def releasedir(self, req: int, node: int, fh: int) -> None:
+        with self._lock:
+            directory = self._dirs.pop(fh, None)
+        if directory is not None:
+            os.close(directory.fd)
+
+    def fsyncdir(self, req: int, node: int, datasync: bool, fh: int) -> None:
+        self._metadata(req)
+        (os.fdatasync if datasync else os.fsync)(fh)
+
+    def mkdir(self, req: int, parent: int, name: bytes, mode: int) -> Entry:
+        caller = self._metadata(req)
+        parent_fd = self._inode(parent).fd
+        os.mkdir(name, mode, dir_fd=parent_fd)
+        self._give(req, caller, parent_fd, name, None)
+        return self._lookup(parent_fd, name)
+
+    def mknod(self, req: int, parent: int, name: bytes, mode: int, rdev: int) -> Entry:
+        caller = self._metadata(req)
+        parent_fd = self._inode(parent).fd
+        os.mknod(name, mode, rdev, dir_fd=parent_fd)
+        self._give(req, caller, parent_fd, name, None, mode)
+        return self._lookup(parent_fd, name)
+
+    def symlink(self, req: int, target: bytes, parent: int, name: bytes) -> Entry:
+        # ``target`` is the link's content, kept verbatim.
+        caller = self._metadata(req)
+        parent_fd = self._inode(parent).fd
+        os.symlink(target, name, dir_fd=parent_fd)
+        self._give(req, caller, parent_fd, name, None)
+        return self._lookup(parent_fd, name)
+
+    def readlink(self, req: int, node: int) -> bytes:
+        self._metadata(req)
+        return os.readlink(b"", dir_fd=self._inode(node).fd)
+
+    def link(self, req: int, node: int, new_parent: int, new_name: bytes) -> Entry:
+        self._metadata(req)
+        inode = self._inode(node)
+        parent_fd = self._inode(new_parent).fd
         try:
-            # Each entry carries its inode number: readdir(3) skips entries whose d_ino is 0.
-            here = os.fstat(fd)
-            up = os.stat("..", dir_fd=fd) if path not in ("/", "") else here
-            entries: list[str | tuple[str, dict[str, int], int]] = [
-                (".", {"st_ino": here.st_ino, "st_mode": stat.S_IFDIR}, 0),
-                ("..", {"st_ino": up.st_ino, "st_mode": stat.S_IFDIR}, 0),
-            ]
-            with os.scandir(fd) as it:
-                for entry in it:
-                    attrs = {"st_ino": entry.inode(), "st_mode": _dirent_mode(entry)}
-                    entries.append((entry.name, attrs, 0))
-            return entries
+            os.link(_proc(inode.fd), new_name, dst_dir_fd=parent_fd, follow_symlinks=True)
         finally:
-            os.close(fd)
+            self._forget_capabilities()
+        return self._lookup(parent_fd, new_name)
 
-    @errno_barrier
-    def mkdir(self, path: str, mode: int) -> int:
-        caller = self._metadata()
-        rel = self._rel(path)
-        os.mkdir(rel, mode, dir_fd=self._root)
-        self._give_to_caller(rel, caller)
-        return 0
-
-    @errno_barrier
-    def rmdir(self, path: str) -> int:
-        self._metadata()
+    def unlink(self, req: int, parent: int, name: bytes) -> None:
+        self._metadata(req)
         try:
-            os.rmdir(self._rel(path), dir_fd=self._root)
+            os.unlink(name, dir_fd=self._inode(parent).fd)
         finally:
-            self._no_capability.forget_all()
-        return 0
+            self._forget_capabilities()
 
-    @errno_barrier
-    def mknod(self, path: str, mode: int, dev: int) -> int:
-        caller = self._metadata()
-        rel = self._rel(path)
-        os.mknod(rel, mode, dev, dir_fd=self._root)
-        self._give_to_caller(rel, caller, mode=mode)
-        return 0
-
-    @errno_barrier
-    def unlink(self, path: str) -> int:
-        self._metadata()
+    def rmdir(self, req: int, parent: int, name: bytes) -> None:
+        self._metadata(req)
         try:
-            os.unlink(self._rel(path), dir_fd=self._root)
+            os.rmdir(name, dir_fd=self._inode(parent).fd)
         finally:
-            self._no_capability.forget_all()
-        return 0
+            self._forget_capabilities()
 
-    @errno_barrier
-    def rename(self, old: str, new: str) -> int:
-        self._metadata()
+    def rename(
+        self, req: int, parent: int, name: bytes, new_parent: int, new_name: bytes, flags: int
+    ) -> None:
+        self._metadata(req)
+        old_fd = self._inode(parent).fd
+        new_fd = self._inode(new_parent).fd
         try:
-            os.rename(self._rel(old), self._rel(new), src_dir_fd=self._root, dst_dir_fd=self._root)
+            if flags:
+                syscalls.renameat2(old_fd, name, new_fd, new_name, flags)
+            else:
+                os.rename(name, new_name, src_dir_fd=old_fd, dst_dir_fd=new_fd)
         finally:
-            self._no_capability.forget_all()
-        return 0
-
-    @errno_barrier
-    def link(self, target: str, source: str) -> int:
-        # mfusepy's order: ``target`` is the new name, ``source`` the existing file.
-        self._metadata()
-        try:
-            os.link(
-                self._rel(source),
-                self._rel(target),
-                src_dir_fd=self._root,
-                dst_dir_fd=self._root,
-                follow_symlinks=False,
-            )
-        finally:
-            self._no_capability.forget_all()
-        return 0
-
-    @errno_barrier
-    def symlink(self, target: str, source: str) -> int:
-        # ``target`` is the new link's path, ``source`` its content, kept verbatim.
-        caller = self._metadata()
-        rel = self._rel(target)
-        os.symlink(source, rel, dir_fd=self._root)
-        self._give_to_caller(rel, caller)
-        return 0
-
-    @errno_barrier
-    def readlink(self, path: str) -> str:
-        self._metadata()
-        return os.readlink(self._rel(path), dir_fd=self._root)
+            self._forget_capabilities()
 
     # ------------------------------------------------------------------ files
 
-    @errno_barrier
-    def open(self, path: str, flags: int) -> int:
-        caller = self._metadata()
+    def open(self, req: int, node: int, flags: int) -> Opened:
+        caller = self._metadata(req)
         flags = (flags & ~_DROPPED_OPEN_FLAGS) | os.O_CLOEXEC
-        fd = os.open(self._rel(path), flags, dir_fd=self._root)
-        self._opened(fd, caller)
-        return fd
+        fd = os.open(_proc(self._inode(node).fd), flags)
+        self._opened(req, fd, caller)
+        return Opened(fd, direct_io=self.direct_io_for(flags))
 
-    @errno_barrier
-    def create(self, path: str, mode: int, flags: int = os.O_WRONLY | os.O_CREAT) -> int:
-        caller = self._metadata()
-        rel = self._rel(path)
-        flags = (flags & ~_DROPPED_OPEN_FLAGS) | os.O_CREAT | os.O_CLOEXEC
-        fd = os.open(rel, flags, mode, dir_fd=self._root)
+    def create(
+        self, req: int, parent: int, name: bytes, mode: int, flags: int
+    ) -> tuple[Entry, Opened]:
+        caller = self._metadata(req)
+        parent_fd = self._inode(parent).fd
+        flags = (flags & ~getattr(os, "O_DIRECT", 0)) | os.O_CREAT | os.O_CLOEXEC
+        fd = os.open(name, flags, mode, dir_fd=parent_fd)
         try:
-            self._give_to_caller(rel, caller, fd, mode)
+            self._give(req, caller, parent_fd, name, fd, mode)
+            path_fd = os.open(_proc(fd), _PATH_FLAGS & ~os.O_NOFOLLOW)
+            try:
+                st = os.fstat(fd)
+            except BaseException:
+                os.close(path_fd)
+                raise
+            entry = self._remember(path_fd, st)
         except BaseException:
             os.close(fd)
             raise
-        self._opened(fd, caller)
-        return fd
+        self._opened(req, fd, caller)
+        return entry, Opened(fd, direct_io=self.direct_io_for(flags))
 
     def direct_io_for(self, flags: int) -> bool:
         """Whether the file opened with ``flags`` bypasses the kernel's page cache."""
@@ -435,108 +503,129 @@ class PassthroughFS(Operations):  # type: ignore[misc]
             return False
         return self.direct_io_mmap
 
-    def _opened(self, fd: int, caller: Caller | None) -> None:
+    def _opened(self, req: int, fd: int, caller: Caller | None) -> None:
         if self._pacer is None:
             return
+        caller = caller or self._caller(req)
+        with self._lock:
+            self._openers[fd] = caller
         try:
-            self._pacer.opened(caller or self._caller(), fd)
+            self._pacer.opened(caller, fd)
         except Exception:
             logger.exception("recording an open file failed; its job's phase ends by time")
 
-    @errno_barrier
-    def read(self, path: str | None, size: int, offset: int, fh: int) -> bytes:
-        if self._pacer is not None:
-            self._pace(self._caller(), "read", size)
-        return os.pread(fh, size, offset)
+    def _data_caller(self, req: int, fh: int, writepage: bool = False) -> Caller:
+        """Who a read or write is booked to: its caller, or for a request the kernel makes
+        on its own (writeback of a shared mapping: pid 0), whoever opened the file."""
+        caller = self._caller(req)
+        if caller.pid == 0 or writepage:
+            return self._openers.get(fh, caller)
+        return caller
 
-    @errno_barrier
-    def read_into(self, path: str | None, buf: memoryview, offset: int, fh: int) -> int:
-        """``read`` into the caller's buffer (the binding passes libfuse's own): no copy."""
+    def read(self, req: int, node: int, buf: memoryview, offset: int, fh: int) -> int:
         if self._pacer is not None:
-            self._pace(self._caller(), "read", len(buf))
+            self._pace(self._data_caller(req, fh), "read", len(buf))
         return os.preadv(fh, [buf], offset)
 
-    @errno_barrier
-    def write(self, path: str | None, data: bytes, offset: int, fh: int) -> int:
+    def write(
+        self, req: int, node: int, data: memoryview, offset: int, fh: int, writepage: bool = False
+    ) -> int:
         if self._pacer is not None:
-            self._pace(self._caller(), "write", len(data))
-        return os.pwrite(fh, data, offset)
+            self._pace(self._data_caller(req, fh, writepage), "write", len(data))
+        done = os.pwrite(fh, data, offset)
+        if not writepage:
+            self._clear_setid(req, fh)
+        return done
 
-    # The same as `write` for a buffer that is not copied first (the binding passes
-    # libfuse's own); `read_into` likewise. Both are what the mount uses.
-    write_from = write
+    def _clear_setid(self, req: int, fh: int) -> None:
+        """Clears set-user-ID / set-group-ID after a write, as the kernel does on a local file
+        system: for direct_io files it leaves that to the file system (FUSE_WRITE_KILL_SUIDGID,
+        which the low-level API does not pass on), and the daemon writes as root."""
+        st = os.fstat(fh)
+        if not st.st_mode & _SETID or not stat.S_ISREG(st.st_mode):
+            return
+        ctx = self._caller(req)
+        mode = mode_after_write(st.st_mode, st.st_gid, writer_of(ctx.pid, ctx.gid))
+        if mode is not None:
+            os.fchmod(fh, stat.S_IMODE(mode))
 
-    @errno_barrier
-    def flush(self, path: str | None, fh: int) -> int:
+    def flush(self, req: int, node: int, fh: int) -> None:
         # close(2) of a duplicate reports what the backing filesystem reports at close,
         # without closing the handle other duplicates of the application's file still use.
         os.close(os.dup(fh))
-        return 0
 
-    @errno_barrier
-    def fsync(self, path: str | None, datasync: int, fh: int) -> int:
-        self._metadata()
-        if datasync:
-            os.fdatasync(fh)
-        else:
-            os.fsync(fh)
-        return 0
+    def fsync(self, req: int, node: int, datasync: bool, fh: int) -> None:
+        self._metadata(req)
+        (os.fdatasync if datasync else os.fsync)(fh)
 
-    @errno_barrier
-    def release(self, path: str | None, fh: int) -> int:
+    def release(self, req: int, node: int, fh: int) -> None:
         # Forgotten before it is closed: once closed, its number may be reused by an open.
         if self._pacer is not None:
+            with self._lock:
+                self._openers.pop(fh, None)
             try:
                 self._pacer.released(fh)
             except Exception:
                 logger.exception("recording a closed file failed")
         os.close(fh)
-        return 0
 
-    @errno_barrier
-    def fallocate(self, path: str | None, mode: int, offset: int, size: int, fh: int) -> int:
-        self._metadata()
-        if mode != 0:  # punch hole, keep size, ...: not offered by os, say so
-            raise FuseOSError(errno.EOPNOTSUPP)
-        os.posix_fallocate(fh, offset, size)
-        return 0
+    def fallocate(
+        self, req: int, node: int, mode: int, offset: int, length: int, fh: int
+    ) -> None:
+        self._metadata(req)
+        syscalls.fallocate(fh, mode, offset, length)
+
+    def lseek(self, req: int, node: int, offset: int, whence: int, fh: int) -> int:
+        # SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself). The handle's
+        # own position is never used (reads and writes are positional).
+        return os.lseek(fh, offset, whence)
 
     # ------------------------------------------------------------------ extended attributes
 
-    @errno_barrier
-    def getxattr(self, path: str, name: str, position: int = 0) -> bytes:
-        self._metadata()
-        if name != CAPABILITY or path is None:
-            return os.getxattr(self._proc_path(path), name, follow_symlinks=False)
-        if self._no_capability.known_absent(path):
-            raise FuseOSError(errno.ENODATA)
+    def getxattr(self, req: int, node: int, name: bytes) -> bytes:
+        self._metadata(req)
+        path = _proc(self._inode(node).fd)
+        if name != _CAPABILITY:
+            return os.getxattr(path, name)
+        if self._no_capability.known_absent(node):
+            raise OSError(errno.ENODATA, "no such attribute")
         generation = self._no_capability.generation
         try:
-            return os.getxattr(self._proc_path(path), name, follow_symlinks=False)
+            return os.getxattr(path, name)
         except OSError as err:
             if err.errno == errno.ENODATA:
-                self._no_capability.remember(path, generation)
+                self._no_capability.remember(node, generation)
             raise
 
-    @errno_barrier
-    def listxattr(self, path: str) -> list[str]:
-        self._metadata()
-        return os.listxattr(self._proc_path(path), follow_symlinks=False)
+    def listxattr(self, req: int, node: int) -> bytes:
+        self._metadata(req)
+        names = os.listxattr(_proc(self._inode(node).fd))
+        return b"".join(os.fsencode(n) + b"\0" for n in names)
 
-    @errno_barrier
-    def setxattr(self, path: str, name: str, value: bytes, options: int, position: int = 0) -> int:
-        self._metadata()
+    def setxattr(self, req: int, node: int, name: bytes, value: bytes, flags: int) -> None:
+        self._metadata(req)
         try:
-            os.setxattr(self._proc_path(path), name, value, options, follow_symlinks=False)
+            os.setxattr(_proc(self._inode(node).fd), name, value, flags)
         finally:
-            self._no_capability.forget_all()
-        return 0
+            self._forget_capabilities()
 
-    @errno_barrier
-    def removexattr(self, path: str, name: str) -> int:
-        self._metadata()
+    def removexattr(self, req: int, node: int, name: bytes) -> None:
+        self._metadata(req)
         try:
-            os.removexattr(self._proc_path(path), name, follow_symlinks=False)
+            os.removexattr(_proc(self._inode(node).fd), name)
         finally:
-            self._no_capability.forget_all()
-        return 0
+            self._forget_capabilities()
+
+
+def _dirent_type(entry: os.DirEntry[str]) -> int:
+    # The kernel takes only the file type from a directory entry; d_type spares a stat.
+    if entry.is_dir(follow_symlinks=False):
+        return stat.S_IFDIR
+    if entry.is_symlink():
+        return stat.S_IFLNK
+    if entry.is_file(follow_symlinks=False):
+        return stat.S_IFREG
+    return stat.S_IFMT(entry.stat(follow_symlinks=False).st_mode)
+
+
+__all__ = ["Inode", "PassthroughFS"]

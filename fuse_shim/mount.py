@@ -9,10 +9,10 @@ unmounts — lazily if files are still open, so applications keep their open fil
 close them.
 
 FUSE options the mount always uses: ``default_permissions`` (the kernel checks modes against
-the caller), ``use_ino``, ``hard_remove`` (no ``.fuse_hidden*`` files in the backing
-directory), ``attr_timeout=0``, ``atomic_o_trunc``, multithreaded; never the kernel writeback
-cache, under which buffered writes reach the daemon from flusher threads and cannot be
-attributed to the writer.
+the caller), ``atomic_o_trunc``, multithreaded; never the kernel writeback cache, under which
+buffered writes reach the daemon from flusher threads and cannot be attributed to the writer.
+The file system runs on libfuse's low-level API (`_fuse`): inode numbers are the backing
+files', and an unlinked open file is never renamed.
 """
 
 from __future__ import annotations
@@ -121,18 +121,10 @@ def fuse_option_dict(config: MountConfig) -> dict[str, str | bool | int]:
         "fsname": fsname,
         "subtype": "burstctl",
         "default_permissions": True,
-        "use_ino": True,
-        "hard_remove": True,
-        # The high-level libfuse gives each name its own kernel inode, so hard links would
-        # show each other's writes only once cached attributes expire: never cache them.
-        "attr_timeout": 0,
     }
     if LIBFUSE_VERSION[0] == 2:
         # libfuse 3 refuses the option: the limit is set in init (PassthroughFS) there.
         options["max_write"] = config.max_write or FUSE2_MAX_WRITE
-        options["atomic_o_trunc"] = True  # FUSE 3 always has it
-        if config.big_writes:
-            options["big_writes"] = True  # without it, FUSE 2 writes come 4 KiB at a time
     if config.allow_other:
         options["allow_other"] = True
     if config.mountpoint == config.backing and LIBFUSE_VERSION[0] == 2:
@@ -173,7 +165,7 @@ def _wait_ready(child: int, read_end: int) -> int:
 
 
 def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
-    from burstctl.fuse_shim._fuse import FUSE, LIBFUSE_VERSION
+    from burstctl.fuse_shim._fuse import LIBFUSE_VERSION, ConnectionAborted, MountFailed, serve
     from burstctl.fuse_shim.fs import PassthroughFS
 
     # Blocked before any thread starts: every thread (the client runtime's, libfuse's workers)
@@ -233,13 +225,20 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         max_write=config.max_write,
         read_ahead=config.read_ahead,
         direct_io=config.direct_io,
+        big_writes=config.big_writes,
+        attr_timeout=config.attr_timeout,
+        entry_timeout=config.entry_timeout,
+        negative_timeout=config.negative_timeout,
     )
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
     watcher.start()
     code = 0
     try:
-        FUSE(fs, str(config.mountpoint), foreground=True, **options)
-    except RuntimeError as err:
+        serve(fs, str(config.mountpoint), options)
+    except MountFailed as err:
+        logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
+        code = 1
+    except ConnectionAborted as err:
         if stopper.was_mounted and not _is_fuse_mount(config.mountpoint):
             # Once init has run, libfuse 2 ends its loop with an error only when reading
             # /dev/fuse fails with something other than ENODEV: the kernel closing the

@@ -16,9 +16,10 @@ from burstctl.fuse_shim.attribution import Caller
 
 
 def give_to_caller(
-    root_fd: int, rel: str, caller: Caller, fd: int | None = None, mode: int = 0
+    parent_fd: int, name: bytes, caller: Caller, fd: int | None = None, mode: int = 0
 ) -> None:
-    """Makes the new node ``rel`` (under ``root_fd``, open as ``fd`` if given) the caller's.
+    """Makes the new node ``name`` in the directory ``parent_fd`` (open as ``fd`` if given)
+    the caller's.
 
     ``mode``: what the node was created with; set-user/group-id bits that the change of owner
     cleared are put back, as if the caller had created it. Root's own nodes are left alone.
@@ -26,19 +27,18 @@ def give_to_caller(
     if caller.uid == 0 and caller.gid == 0:
         return
     gid = caller.gid
-    parent = os.path.dirname(rel) or "."
-    parent_st = os.stat(parent, dir_fd=root_fd, follow_symlinks=False)
+    parent_st = os.fstat(parent_fd)
     if parent_st.st_mode & stat.S_ISGID:
         gid = parent_st.st_gid
     if fd is not None:
         os.fchown(fd, caller.uid, gid)
     else:
-        os.chown(rel, caller.uid, gid, dir_fd=root_fd, follow_symlinks=False)
+        os.chown(name, caller.uid, gid, dir_fd=parent_fd, follow_symlinks=False)
     if mode & (stat.S_ISUID | stat.S_ISGID) and not stat.S_ISLNK(mode):
         if fd is not None:
             os.fchmod(fd, stat.S_IMODE(mode))
         else:
-            os.chmod(rel, stat.S_IMODE(mode), dir_fd=root_fd)
+            os.chmod(name, stat.S_IMODE(mode), dir_fd=parent_fd)
 
 
 def may_access(caller: Caller, st: os.stat_result, amode: int) -> bool:
