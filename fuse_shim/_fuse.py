@@ -312,9 +312,7 @@ class Operations(Protocol):
     def releasedir(self, req: int, node: int, fh: int) -> None: ...
     def fsyncdir(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
     def statfs(self, req: int, node: int) -> os.statvfs_result: ...
-    def setxattr(
-        self, req: int, node: int, name: bytes, value: bytes, flags: int
-    ) -> None: ...
+    def setxattr(self, req: int, node: int, name: bytes, value: bytes, flags: int) -> None: ...
     def getxattr(self, req: int, node: int, name: bytes) -> bytes: ...
     def listxattr(self, req: int, node: int) -> bytes: ...
     def removexattr(self, req: int, node: int, name: bytes) -> None: ...
@@ -585,9 +583,7 @@ class _Callbacks:
     def _write(self, req: int, node: int, buf: int, size: int, offset: int, fi: Any) -> None:
         try:
             info = fi.contents
-            done = self.fs.write(
-                req, node, _view(buf, size), offset, info.fh, bool(info.writepage)
-            )
+            done = self.fs.write(req, node, _view(buf, size), offset, info.fh, bool(info.writepage))
         except BaseException as err:
             self._fail(req, "write", err)
             return
@@ -623,7 +619,11 @@ class _Callbacks:
                 st.st_ino = entry.ino
                 st.st_mode = entry.mode
                 needed = _add_direntry(
-                    req, address + used, size - used, entry.name, ctypes.byref(st),
+                    req,
+                    address + used,
+                    size - used,
+                    entry.name,
+                    ctypes.byref(st),
                     entry.next_offset,
                 )
                 if needed > size - used:
@@ -647,9 +647,17 @@ class _Callbacks:
             st = self.fs.statfs(req, node)
             out = c_statvfs()
             for key in (
-                "f_bsize", "f_frsize", "f_blocks", "f_bfree", "f_bavail", "f_files",
-                "f_ffree", "f_favail", "f_flag", "f_namemax",
-            ):  # fmt: skip
+                "f_bsize",
+                "f_frsize",
+                "f_blocks",
+                "f_bfree",
+                "f_bavail",
+                "f_files",
+                "f_ffree",
+                "f_favail",
+                "f_flag",
+                "f_namemax",
+            ):
                 setattr(out, key, getattr(st, key))
         except BaseException as err:
             self._fail(req, "statfs", err)
@@ -688,9 +696,7 @@ class _Callbacks:
     def _access(self, req: int, node: int, mask: int) -> None:
         self._done(req, "access", lambda: self.fs.access(req, node, mask))
 
-    def _fallocate(
-        self, req: int, node: int, mode: int, offset: int, length: int, fi: Any
-    ) -> None:
+    def _fallocate(self, req: int, node: int, mode: int, offset: int, length: int, fi: Any) -> None:
         self._done(
             req,
             "fallocate",
@@ -743,11 +749,19 @@ def serve(fs: Operations, mountpoint: str, options: dict[str, str | bool | int])
 
 
 def _serve_v3(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
-    new = _bind("fuse_session_new", ctypes.c_void_p, ctypes.POINTER(fuse_args),
-                ctypes.POINTER(fuse_lowlevel_ops), ctypes.c_size_t, ctypes.c_void_p, lib=_lib)  # fmt: skip
+    new = _bind(
+        "fuse_session_new",
+        ctypes.c_void_p,
+        ctypes.POINTER(fuse_args),
+        ctypes.POINTER(fuse_lowlevel_ops),
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        lib=_lib,
+    )
     mount = _bind("fuse_session_mount", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, lib=_lib)
-    loop = _bind("fuse_session_loop_mt_312", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                 lib=_lib)  # fmt: skip
+    loop = _bind(
+        "fuse_session_loop_mt_312", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, lib=_lib
+    )
     unmount = _bind("fuse_session_unmount", None, ctypes.c_void_p, lib=_lib)
     destroy = _bind("fuse_session_destroy", None, ctypes.c_void_p, lib=_lib)
     session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
@@ -768,10 +782,18 @@ def _serve_v3(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) ->
 
 
 def _serve_v2(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
-    mount = _bind("fuse_mount", ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(fuse_args),
-                  lib=_lib)  # fmt: skip
-    new = _bind("fuse_lowlevel_new", ctypes.c_void_p, ctypes.POINTER(fuse_args),
-                ctypes.POINTER(fuse_lowlevel_ops), ctypes.c_size_t, ctypes.c_void_p, lib=_lib)  # fmt: skip
+    mount = _bind(
+        "fuse_mount", ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(fuse_args), lib=_lib
+    )
+    new = _bind(
+        "fuse_lowlevel_new",
+        ctypes.c_void_p,
+        ctypes.POINTER(fuse_args),
+        ctypes.POINTER(fuse_lowlevel_ops),
+        ctypes.c_size_t,
+        ctypes.c_void_p,
+        lib=_lib,
+    )
     add_chan = _bind("fuse_session_add_chan", None, ctypes.c_void_p, ctypes.c_void_p, lib=_lib)
     remove_chan = _bind("fuse_session_remove_chan", None, ctypes.c_void_p, lib=_lib)
     loop = _bind("fuse_session_loop_mt", ctypes.c_int, ctypes.c_void_p, lib=_lib)

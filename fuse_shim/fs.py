@@ -98,7 +98,7 @@ def _proc(fd: int) -> str:
 class Inode:
     """A backing node the kernel knows: its O_PATH handle and the kernel's reference count."""
 
-    __slots__ = ("fd", "key", "node", "nlookup")
+    __slots__ = ("fd", "key", "nlookup", "node")
 
     def __init__(self, node: int, fd: int, key: tuple[int, int], nlookup: int) -> None:
         self.node = node
@@ -240,9 +240,14 @@ class PassthroughFS:
             logger.exception("pacing a %s request failed; serving it unpaced", kind)
 
     def _give(
-        self, req: int, caller: Caller | None, parent_fd: int, name: bytes, fd: int | None,
+        self,
+        req: int,
+        caller: Caller | None,
+        parent_fd: int,
+        name: bytes,
+        fd: int | None,
         mode: int = 0,
-    ) -> None:  # fmt: skip
+    ) -> None:
         """Makes a new node belong to its creator, when the daemon is root (`give_to_caller`)."""
         if self._is_root:
             give_to_caller(parent_fd, name, caller or self._caller(req), fd, mode)
@@ -382,7 +387,10 @@ class PassthroughFS:
             for entry in it:
                 entries.append(
                     DirEntry(
-                        os.fsencode(entry.name), entry.inode(), _dirent_type(entry), len(entries) + 1
+                        os.fsencode(entry.name),
+                        entry.inode(),
+                        _dirent_type(entry),
+                        len(entries) + 1,
                     )
                 )
         return entries
@@ -569,9 +577,7 @@ class PassthroughFS:
                 logger.exception("recording a closed file failed")
         os.close(fh)
 
-    def fallocate(
-        self, req: int, node: int, mode: int, offset: int, length: int, fh: int
-    ) -> None:
+    def fallocate(self, req: int, node: int, mode: int, offset: int, length: int, fh: int) -> None:
         self._metadata(req)
         syscalls.fallocate(fh, mode, offset, length)
 

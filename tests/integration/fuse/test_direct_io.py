@@ -8,7 +8,6 @@ is how these tests see which files went direct.
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 from collections.abc import Callable
@@ -89,19 +88,16 @@ def test_a_file_open_for_writing_maps_shared(
     assert path.read_bytes() == b"hello" + b"a" * 4091 + b"WORLD" + b"a" * 4091
 
 
-def test_o_direct_io_maps_shared_where_the_kernel_was_asked(
-    fuse_mount: Callable[..., MountProcess], tmp_path: Path, libfuse: str
+def test_path_api_options_are_refused_with_what_to_use_instead(
+    fuse_mount: Callable[..., MountProcess], tmp_path: Path
 ) -> None:
-    # -o direct_io makes every file direct. libfuse 2 cannot have the kernel allow shared
-    # mappings of such files (ENODEV): the reason the mount never makes a mappable file
-    # direct there on its own.
-    mount = fuse_mount(tmp_path / "b", tmp_path / "m", "-o", "direct_io")
-    (mount.backing / "f").write_bytes(b"0123456789" * 500)
-    with open(mount.mountpoint / "f", "rb") as f:
-        if libfuse == "2":
-            with pytest.raises(OSError) as refused:
-                mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-            assert refused.value.errno == errno.ENODEV
-        else:
-            with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as mapping:
-                assert mapping[10:20] == b"0123456789"
+    # -o direct_io, attr_timeout, use_ino...: options of libfuse's path-based API, which the
+    # mount does not use. Refused before anything is mounted, naming the mount's own option.
+    for option, instead in (("direct_io", "--direct-io all"), ("attr_timeout=5", "--attr-timeout")):
+        with pytest.raises(AssertionError) as failed:
+            fuse_mount(tmp_path / "b", tmp_path / "m", "-o", option)
+        assert f"-o {option.split('=')[0]} is an option of libfuse's path-based API" in str(
+            failed.value
+        )
+        assert instead in str(failed.value)
+        assert not os.path.ismount(tmp_path / "m")
