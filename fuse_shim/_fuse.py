@@ -250,6 +250,8 @@ class Opened:
     fh: int
     direct_io: bool = False
     keep_cache: bool = False
+    # No FLUSH request at close(2) (libfuse 3; libfuse 2 always sends it).
+    noflush: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -375,6 +377,31 @@ def _view(address: int | None, size: int) -> memoryview:
     return memoryview((ctypes.c_char * size).from_address(address)).cast("B")
 
 
+_PyGILState_Ensure = ctypes.pythonapi.PyGILState_Ensure
+_PyGILState_Ensure.restype = ctypes.c_int
+_PyGILState_Ensure.argtypes = []
+_pins = threading.local()
+
+
+def _pinned(method: Callable[..., None]) -> Callable[..., None]:
+    """``method``, keeping the Python thread state of the libfuse worker that calls it.
+
+    ctypes enters a callback on a thread Python did not start with ``PyGILState_Ensure`` and
+    leaves it with ``PyGILState_Release``, which creates and destroys a thread state each
+    time: on Python 3.11 that is an mmap and a munmap of its frame stack per request, and
+    every munmap in a multithreaded process shoots down TLBs on the other CPUs. One extra
+    ``PyGILState_Ensure`` per worker thread (never released) keeps its thread state alive.
+    """
+
+    def call(*args: Any) -> None:
+        if not getattr(_pins, "pinned", False):
+            _PyGILState_Ensure()  # the GIL is held here: this only counts one more user
+            _pins.pinned = True
+        method(*args)
+
+    return call
+
+
 class _Callbacks:
     """The C-callable callbacks of one mount: each calls the file system and replies."""
 
@@ -387,7 +414,7 @@ class _Callbacks:
         names = [name for name, kind in fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p]
         for name in names:
             prototype = dict(fuse_lowlevel_ops._fields_)[name]
-            thunk = prototype(getattr(self, "_" + name))
+            thunk = prototype(_pinned(getattr(self, "_" + name)))
             self._keep.append(thunk)
             setattr(ops, name, thunk)
 
@@ -550,6 +577,8 @@ class _Callbacks:
             fi.direct_io = 1
         if opened.keep_cache:
             fi.keep_cache = 1
+        if opened.noflush and _V3:
+            fi.noflush = 1
 
     def _open(self, req: int, node: int, fi: Any) -> None:
         try:

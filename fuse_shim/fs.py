@@ -476,7 +476,7 @@ class PassthroughFS:
         flags = (flags & ~_DROPPED_OPEN_FLAGS) | os.O_CLOEXEC
         fd = os.open(_proc(self._inode(node).fd), flags)
         self._opened(req, fd, caller)
-        return Opened(fd, direct_io=self.direct_io_for(flags))
+        return Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
 
     def create(
         self, req: int, parent: int, name: bytes, mode: int, flags: int
@@ -498,7 +498,7 @@ class PassthroughFS:
             os.close(fd)
             raise
         self._opened(req, fd, caller)
-        return entry, Opened(fd, direct_io=self.direct_io_for(flags))
+        return entry, Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
 
     def direct_io_for(self, flags: int) -> bool:
         """Whether the file opened with ``flags`` bypasses the kernel's page cache."""
