@@ -1,11 +1,11 @@
-"""What the mount knows about ``security.capability``: which paths have none, for a while.
+"""What the mount knows about ``security.capability``: which inodes have none, for a while.
 
 With the kernel page cache on, the kernel asks for ``security.capability`` before every
 ``write(2)`` (to strip it) and almost always hears ENODATA: one GETXATTR request per write.
-`AbsentCapabilities` remembers that answer per path for `CAPABILITY_ABSENT_TTL` seconds, so
+`AbsentCapabilities` remembers that answer per inode for `CAPABILITY_ABSENT_TTL` seconds, so
 `fs.PassthroughFS.getxattr` answers those lookups without touching the backing directory. Its
 docstring says why that is safe; the file system forgets everything on each call that could
-give a path a capability.
+give a node a capability.
 """
 
 from __future__ import annotations
@@ -15,21 +15,21 @@ import time
 from collections.abc import Hashable
 
 CAPABILITY = "security.capability"
-# How long "this path has no security.capability" is believed: the bound on how late a
+# How long "this node has no security.capability" is believed: the bound on how late a
 # capability set on BACKING behind the mount's back is seen through it.
 CAPABILITY_ABSENT_TTL = 1.0
 _ABSENT_MAX = 4096  # entries; past it, expired ones are swept, then all if still full
 
 
 class AbsentCapabilities:
-    """Paths known to have no ``security.capability`` (ENODATA), for at most ``ttl`` seconds.
+    """Nodes known to have no ``security.capability`` (ENODATA), for at most ``ttl`` seconds.
 
     Why answering from it is safe:
 
     - Only absence is remembered, never a value: the cache can hide a capability set behind
       the mount's back for up to ``ttl`` (an exec then gets fewer privileges, never more), it
       can never invent one.
-    - Through the mount, a path can only come to carry a capability by ``setxattr`` or by
+    - Through the mount, a node can only come to carry a capability by ``setxattr`` or by
       a change of names (``rename``, ``link``, ``unlink``, ``rmdir``): each of them (and
       ``removexattr``) forgets everything *after* changing BACKING, and bumps a generation,
       so a lookup that raced with it and read the old state is not remembered.
