@@ -36,7 +36,7 @@ import os
 import re
 import stat
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -155,7 +155,7 @@ _fields: list[tuple[str, Any]] = [
 ]
 if _V3:
     _fields += [
-        ("readdirplus", ctypes.c_void_p),
+        ("readdirplus", _CB(_V, _req_t, _ino_t, ctypes.c_size_t, _off_t, _fi_p)),
         ("copy_file_range", ctypes.c_void_p),
         ("lseek", _CB(_V, _req_t, _ino_t, _off_t, ctypes.c_int, _fi_p)),
     ]
@@ -194,6 +194,20 @@ _add_direntry = _bind(
     ctypes.c_char_p,
     _stat_p,
     _off_t,
+)
+_add_direntry_plus = (
+    _bind(
+        "fuse_add_direntry_plus",
+        ctypes.c_size_t,
+        _req_t,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_char_p,
+        ctypes.POINTER(fuse_entry_param),
+        _off_t,
+    )
+    if _V3
+    else None
 )
 _req_ctx = _bind("fuse_req_ctx", ctypes.POINTER(fuse_ctx), _req_t)
 _reply_lseek = _bind("fuse_reply_lseek", ctypes.c_int, _req_t, _off_t) if _V3 else None
@@ -310,7 +324,8 @@ class Operations(Protocol):
     def release(self, req: int, node: int, fh: int) -> None: ...
     def fsync(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
     def opendir(self, req: int, node: int) -> Opened: ...
-    def readdir(self, req: int, node: int, offset: int, fh: int) -> Sequence[DirEntry]: ...
+    def readdir(self, req: int, node: int, offset: int, fh: int) -> Iterable[DirEntry]: ...
+    def readdir_entry(self, parent: int, name: bytes) -> Entry: ...
     def releasedir(self, req: int, node: int, fh: int) -> None: ...
     def fsyncdir(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
     def statfs(self, req: int, node: int) -> os.statvfs_result: ...
@@ -660,6 +675,47 @@ class _Callbacks:
                 used += needed
         except BaseException as err:
             self._fail(req, "readdir", err)
+            return
+        _reply_buf(req, buffer, used)
+
+    def _readdirplus(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
+        # As readdir, each entry with its attributes: the kernel caches them as if it had
+        # looked each name up (one reference each), so `ls -l` or `git status` after it
+        # sends no LOOKUP. An entry that does not fit gives its reference back.
+        assert _add_direntry_plus is not None
+        try:
+            entries = self.fs.readdir(req, node, offset, fi.contents.fh)
+            buffer, _ = self._buffers.get(size)
+            address = ctypes.addressof(buffer)
+            used = 0
+            for entry in entries:
+                param = fuse_entry_param()
+                looked_up = 0
+                if entry.name in (b".", b".."):
+                    param.attr.st_ino = entry.ino
+                    param.attr.st_mode = entry.mode
+                else:
+                    try:
+                        found = self.fs.readdir_entry(node, entry.name)
+                    except FileNotFoundError:
+                        continue  # removed since the listing was taken
+                    param = self._entry(found)
+                    looked_up = found.node
+                needed = _add_direntry_plus(
+                    req,
+                    address + used,
+                    size - used,
+                    entry.name,
+                    ctypes.byref(param),
+                    entry.next_offset,
+                )
+                if needed > size - used:
+                    if looked_up:
+                        self.fs.forget(looked_up, 1)
+                    break
+                used += needed
+        except BaseException as err:
+            self._fail(req, "readdirplus", err)
             return
         _reply_buf(req, buffer, used)
 

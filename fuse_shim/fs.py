@@ -312,6 +312,10 @@ class PassthroughFS:
         self._metadata(req)
         return self._lookup(self._inode(parent).fd, name)
 
+    def readdir_entry(self, parent: int, name: bytes) -> Entry:
+        """``lookup`` for an entry readdirplus returns (not paced: the readdir was)."""
+        return self._lookup(self._inode(parent).fd, name)
+
     def getattr(self, req: int, node: int, fh: int | None) -> os.stat_result:
         self._metadata(req)
         return os.fstat(fh if fh is not None else self._inode(node).fd)
