@@ -209,6 +209,15 @@ _add_direntry_plus = (
     if _V3
     else None
 )
+_notify_inval_entry = _bind(
+    "fuse_lowlevel_notify_inval_entry",
+    ctypes.c_int,
+    ctypes.c_void_p,
+    _ino_t,
+    ctypes.c_char_p,
+    ctypes.c_size_t,
+    lib=_lib,  # it writes to /dev/fuse and may wait: the GIL is released
+)
 _req_ctx = _bind("fuse_req_ctx", ctypes.POINTER(fuse_ctx), _req_t)
 _reply_lseek = _bind("fuse_reply_lseek", ctypes.c_int, _req_t, _off_t) if _V3 else None
 
@@ -295,6 +304,9 @@ class Operations(Protocol):
     attr_timeout: float
     entry_timeout: float
     negative_timeout: float
+    # Set by `serve` once the session exists: asks the kernel to drop its cached
+    # (parent, name) entry, after which it forgets the inode unless it is in use.
+    invalidate_entry: Callable[[int, bytes], int] | None
 
     def init(self, conn: Any, is_v3: bool, session: int) -> None: ...
     def destroy(self) -> None: ...
@@ -833,6 +845,16 @@ def serve(fs: Operations, mountpoint: str, options: dict[str, str | bool | int])
     del keep
 
 
+def _invalidator(handle: int) -> Callable[[int, bytes], int]:
+    """fuse_lowlevel_notify_inval_entry on the session (libfuse 3) or channel (libfuse 2):
+    0, or a negative errno (-ENOENT when the kernel had no such entry)."""
+
+    def invalidate(parent: int, name: bytes) -> int:
+        return int(_notify_inval_entry(handle, parent, name, len(name)))
+
+    return invalidate
+
+
 def _serve_v3(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
     new = _bind(
         "fuse_session_new",
@@ -853,12 +875,14 @@ def _serve_v3(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) ->
     if not session:
         raise MountFailed("libfuse refused the options")
     callbacks.session = session
+    callbacks.fs.invalidate_entry = _invalidator(session)
     try:
         if mount(session, point) != 0:
             raise MountFailed(f"cannot mount {os.fsdecode(point)}")
         try:
             result = loop(session, None)
         finally:
+            callbacks.fs.invalidate_entry = None
             unmount(session)
         if result != 0:
             raise ConnectionAborted(f"libfuse's loop ended with {result}")
@@ -892,10 +916,12 @@ def _serve_v2(callbacks: _Callbacks, ops: Any, args: fuse_args, point: bytes) ->
         unmount(point, chan)
         raise MountFailed("libfuse refused the options")
     callbacks.session = session
+    callbacks.fs.invalidate_entry = _invalidator(chan)
     add_chan(session, chan)
     try:
         result = loop(session)
     finally:
+        callbacks.fs.invalidate_entry = None
         remove_chan(chan)
         destroy(session)
         unmount(point, chan)

@@ -38,10 +38,13 @@ every call that could give a node a capability forgets what it knows.
 from __future__ import annotations
 
 import errno
+import itertools
 import logging
 import os
+import resource
 import stat
 import threading
+from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -96,15 +99,27 @@ def _proc(fd: int) -> str:
 
 
 class Inode:
-    """A backing node the kernel knows: its O_PATH handle and the kernel's reference count."""
+    """A backing node the kernel knows: its O_PATH handle, the kernel's reference count, and
+    the (parent node, name) it was last looked up by (to ask the kernel to drop it)."""
 
-    __slots__ = ("fd", "key", "nlookup", "node")
+    __slots__ = ("fd", "key", "name", "nlookup", "node", "parent")
 
-    def __init__(self, node: int, fd: int, key: tuple[int, int], nlookup: int) -> None:
+    def __init__(
+        self, node: int, fd: int, key: tuple[int, int], nlookup: int, parent: int, name: bytes
+    ) -> None:
         self.node = node
         self.fd = fd
         self.key = key
         self.nlookup = nlookup
+        self.parent = parent
+        self.name = name
+
+
+def handle_budget(soft_limit: int) -> int:
+    """How many inode handles the mount keeps before it asks the kernel to drop names: the
+    open-file limit less room for open files, directories, sockets and libraries."""
+    reserve = min(4096, soft_limit // 2)
+    return max(64, soft_limit - reserve)
 
 
 @dataclass
@@ -136,6 +151,7 @@ class PassthroughFS:
         attr_timeout: float = 1.0,
         entry_timeout: float = 1.0,
         negative_timeout: float = 1.0,
+        handles: int | None = None,
     ) -> None:
         if direct_io not in DIRECT_IO_MODES:
             raise ValueError(f"direct_io must be one of {', '.join(DIRECT_IO_MODES)}")
@@ -158,13 +174,23 @@ class PassthroughFS:
         self._no_capability = AbsentCapabilities()
         self._lock = threading.Lock()
         root_st = os.fstat(root_fd)
-        root = Inode(ROOT_ID, root_fd, (root_st.st_dev, root_st.st_ino), 1)
-        self._nodes: dict[int, Inode] = {ROOT_ID: root}
+        root = Inode(ROOT_ID, root_fd, (root_st.st_dev, root_st.st_ino), 1, ROOT_ID, b"")
+        # In least recently looked-up order (the root never leaves).
+        self._nodes: OrderedDict[int, Inode] = OrderedDict({ROOT_ID: root})
         self._by_key: dict[tuple[int, int], Inode] = {root.key: root}
         self._next_node = ROOT_ID + 1
         self._openers: dict[int, Caller] = {}  # fh -> who opened it
         self._dirs: dict[int, _Directory] = {}
         self._mmap_hook: DirectIoMmap | None = None
+        # Handles kept open: one per inode the kernel knows, up to a budget under the
+        # open-file limit; past it the valve asks the kernel to drop the oldest names.
+        self.invalidate_entry: Callable[[int, bytes], int] | None = None
+        if handles is None:
+            handles = handle_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self.handle_budget = handles
+        self.invalidated = 0  # names the valve asked the kernel to drop (tests, logs)
+        self._valve_wanted = threading.Event()
+        self._valve: threading.Thread | None = None
 
     # ------------------------------------------------------------------ inodes
 
@@ -174,31 +200,72 @@ class PassthroughFS:
             raise OSError(errno.ESTALE, "unknown node")
         return inode
 
-    def _remember(self, fd: int, st: os.stat_result) -> Entry:
-        """The kernel learns of the node open as ``fd`` (taken over): one more reference."""
+    def _remember(self, fd: int, st: os.stat_result, parent: int, name: bytes) -> Entry:
+        """The kernel learns of the node open as ``fd`` (taken over), as ``name`` in
+        ``parent``: one more reference."""
         key = (st.st_dev, st.st_ino)
         with self._lock:
             inode = self._by_key.get(key)
             if inode is not None:
                 inode.nlookup += 1
+                inode.parent, inode.name = parent, name
+                self._nodes.move_to_end(inode.node)
             else:
-                inode = Inode(self._next_node, fd, key, 1)
+                inode = Inode(self._next_node, fd, key, 1, parent, name)
                 self._next_node += 1
                 self._nodes[inode.node] = inode
                 self._by_key[key] = inode
                 fd = -1
+            over = len(self._nodes) > self.handle_budget
         if fd >= 0:
             os.close(fd)
+        if over:
+            self._open_valve()
         return Entry(inode.node, st)
 
-    def _lookup(self, parent_fd: int, name: bytes) -> Entry:
-        fd = os.open(name, _PATH_FLAGS, dir_fd=parent_fd)
+    def _lookup(self, parent: int, name: bytes) -> Entry:
+        fd = os.open(name, _PATH_FLAGS, dir_fd=self._inode(parent).fd)
         try:
             st = os.fstat(fd)
         except BaseException:
             os.close(fd)
             raise
-        return self._remember(fd, st)
+        return self._remember(fd, st, parent, name)
+
+    def _open_valve(self) -> None:
+        self._valve_wanted.set()
+        if self._valve is not None or self.invalidate_entry is None:
+            return
+        with self._lock:
+            if self._valve is not None:
+                return
+            self._valve = threading.Thread(
+                target=self._drain_handles, name="burstctl-handles", daemon=True
+            )
+        self._valve.start()
+
+    def _drain_handles(self) -> None:
+        """Keeps the handles under budget: asks the kernel to drop the least recently
+        looked-up names (it then forgets their inodes, unless they are in use: open, a
+        working directory, or an ancestor of one). A thread of its own: the kernel takes the
+        parent directory's lock to drop a name, which a request being served may hold."""
+        while True:
+            self._valve_wanted.wait()
+            self._valve_wanted.clear()
+            invalidate = self.invalidate_entry
+            if invalidate is None:
+                return
+            with self._lock:
+                excess = max(0, len(self._nodes) - self.handle_budget * 9 // 10)
+                oldest = list(itertools.islice(self._nodes.values(), 1, 1 + excess))
+                for inode in oldest:
+                    self._nodes.move_to_end(inode.node)  # one in use comes round again later
+                names = [(inode.parent, inode.name) for inode in oldest]
+            for parent, name in names:
+                if invalidate(parent, name) in (0, -errno.ENOENT):
+                    self.invalidated += 1
+            if names:
+                logger.debug("asked the kernel to drop %d names (handle budget)", len(names))
 
     def forget(self, node: int, nlookup: int) -> None:
         with self._lock:
@@ -310,11 +377,11 @@ class PassthroughFS:
 
     def lookup(self, req: int, parent: int, name: bytes) -> Entry:
         self._metadata(req)
-        return self._lookup(self._inode(parent).fd, name)
+        return self._lookup(parent, name)
 
     def readdir_entry(self, parent: int, name: bytes) -> Entry:
         """``lookup`` for an entry readdirplus returns (not paced: the readdir was)."""
-        return self._lookup(self._inode(parent).fd, name)
+        return self._lookup(parent, name)
 
     def getattr(self, req: int, node: int, fh: int | None) -> os.stat_result:
         self._metadata(req)
@@ -414,14 +481,14 @@ class PassthroughFS:
         parent_fd = self._inode(parent).fd
         os.mkdir(name, mode, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None)
-        return self._lookup(parent_fd, name)
+        return self._lookup(parent, name)
 
     def mknod(self, req: int, parent: int, name: bytes, mode: int, rdev: int) -> Entry:
         caller = self._metadata(req)
         parent_fd = self._inode(parent).fd
         os.mknod(name, mode, rdev, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None, mode)
-        return self._lookup(parent_fd, name)
+        return self._lookup(parent, name)
 
     def symlink(self, req: int, target: bytes, parent: int, name: bytes) -> Entry:
         # ``target`` is the link's content, kept verbatim.
@@ -429,7 +496,7 @@ class PassthroughFS:
         parent_fd = self._inode(parent).fd
         os.symlink(target, name, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None)
-        return self._lookup(parent_fd, name)
+        return self._lookup(parent, name)
 
     def readlink(self, req: int, node: int) -> bytes:
         self._metadata(req)
@@ -443,7 +510,7 @@ class PassthroughFS:
             os.link(_proc(inode.fd), new_name, dst_dir_fd=parent_fd, follow_symlinks=True)
         finally:
             self._forget_capabilities()
-        return self._lookup(parent_fd, new_name)
+        return self._lookup(new_parent, new_name)
 
     def unlink(self, req: int, parent: int, name: bytes) -> None:
         self._metadata(req)
@@ -497,7 +564,7 @@ class PassthroughFS:
             except BaseException:
                 os.close(path_fd)
                 raise
-            entry = self._remember(path_fd, st)
+            entry = self._remember(path_fd, st, parent, name)
         except BaseException:
             os.close(fd)
             raise
