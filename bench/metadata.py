@@ -7,7 +7,8 @@ BACKING that paces every request at a real controller (``burstctl controller`` o
 port, 1 TiB/s of capacity and node bandwidth: an allocation nothing here reaches, so the
 pacing never binds but every request still goes through the job's session). Every target
 works in its own fresh directory; what an item builds beforehand (files to stat or unlink,
-the 2,000 files of the git repository) is built through the same target and not timed.
+the 2,000 files of the git repository) is built through the same target and not timed; the
+entries of ``readdir_10k`` are made directly in BACKING, so the mount has never seen them.
 
 Items (``--scale full``; ``small`` is about 1/20 of each, for a quick run):
 
@@ -23,6 +24,11 @@ Items (``--scale full``; ``small`` is about 1/20 of each, for a quick run):
 - ``sqlite_wal``, ``sqlite_rollback``: 50,000 inserts with Python's sqlite3 in transactions
   of 100 rows, ``journal_mode=WAL`` / ``DELETE``, ``synchronous=NORMAL``.
 
+Each item runs in rounds, the targets interleaved within a round (a slow spell of this shared
+machine then hits every target alike): ``--repeat`` rounds (3) of the five calls above,
+``--repeat-workloads`` rounds (1) of git, tar and SQLite; the figure is the median of the rounds
+(every round is in the JSON when there are several).
+
 Prints one JSON document on stdout (progress on stderr): for each item the time on BACKING,
 through the mount and their ratio (mount / BACKING), plus the environment (libfuse version as
 the mount logged it, kernel, CPUs, Python). All I/O belongs to whichever job this process's
@@ -31,7 +37,8 @@ and the controller are stopped by pid, the mount points checked unmounted, the t
 directory removed. Only the mount's command line is used, so any version of the shim runs it.
 
     python bench/metadata.py [--libfuse 2|3] [--scale small|full] [--only ITEM,...]
-        [--controller] [--out FILE] [--dir DIR] [--mount-args="..."]
+        [--controller] [--repeat 3] [--repeat-workloads 1] [--out FILE] [--dir DIR]
+        [--mount-args="..."]
 """
 
 from __future__ import annotations
@@ -53,6 +60,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import median
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support import ControllerProcess, MountProcess, is_mounted
@@ -399,26 +408,38 @@ def figures(unit: str, by_target: dict[str, float]) -> dict[str, float]:
     return out
 
 
-def run_item(name: str, scale: Scale, ctx: Context) -> dict[str, object]:
+WORKLOADS = ("git", "tar_x", "sqlite_wal", "sqlite_rollback")
+
+
+def run_item(name: str, scale: Scale, ctx: Context, repeats: int) -> dict[str, object]:
+    """Runs ``name`` ``repeats`` times on every target, the targets interleaved in each round
+    (a slow spell of the machine hits them alike); the figure is the median of the rounds."""
     fn, unit = ITEM_SPECS[name]
-    results: dict[str, object] = {}
-    for target in ctx.targets:
-        d = target.path / name
-        d.mkdir()
-        progress(f"{name} on {target.name}")
-        results[target.name] = fn(d, scale, ctx)
-        shutil.rmtree(target.backing / name)  # behind the mount's back: no name is reused
+    runs: dict[str, list[Any]] = {t.name: [] for t in ctx.targets}
+    for r in range(repeats):
+        for target in ctx.targets:
+            d = target.path / f"{name}-{r}"
+            d.mkdir()
+            progress(f"{name} on {target.name}" + (f" ({r + 1}/{repeats})" if repeats > 1 else ""))
+            runs[target.name].append(fn(d, scale, ctx))
+            shutil.rmtree(target.backing / d.name)  # behind the mount's back: no name is reused
     out: dict[str, object] = dict(describe(name, scale))
+    out["rounds"] = repeats
     if name == "git":
         steps = {}
-        per_target: dict[str, dict[str, float]] = results  # type: ignore[assignment]
         for step_name in ("write_files", *GIT_TIMED):
-            steps[step_name] = figures("s", {t: s[step_name] for t, s in per_target.items()})
+            steps[step_name] = figures(
+                "s", {t: median(s[step_name] for s in rs) for t, rs in runs.items()}
+            )
         out["steps"] = steps
-        totals = {t: sum(s[k] for k in GIT_TIMED) for t, s in per_target.items()}
-        out.update(figures("s", totals))
+        totals = {t: [sum(s[k] for k in GIT_TIMED) for s in rs] for t, rs in runs.items()}
     else:
-        out.update(figures(unit, results))  # type: ignore[arg-type]
+        totals = runs
+    out.update(figures(unit, {t: median(v) for t, v in totals.items()}))
+    if repeats > 1:
+        digits = 3 if unit == "s" else 1 if unit == "us" else 2
+        for t, v in totals.items():
+            out[f"{t.replace('-', '_')}_{unit}_rounds"] = [round(x, digits) for x in v]
     progress(f"{name}: {json.dumps({k: v for k, v in out.items() if k != 'steps'})}")
     return out
 
@@ -451,6 +472,7 @@ def environment(mount_log: str) -> dict[str, object]:
     return {
         "libfuse": found.group(1) if found else None,
         "kernel": platform.release(),
+        "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
         "cpus": os.cpu_count(),
         "python": platform.python_version(),
         "sqlite": sqlite3.sqlite_version,
@@ -467,6 +489,8 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
     mounts: list[MountProcess] = []
     controller: ControllerProcess | None = None
     started = time.monotonic()
+    code = code_version()  # before anything runs: the tree may change during a long run
+    load_at_start = [round(x, 2) for x in os.getloadavg()]
     try:
         plain = MountProcess(backing, root / "mnt", mount_args)
         (root / "mnt").mkdir()
@@ -496,11 +520,17 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
             warm.read_bytes()
             warm.unlink()
         ctx = Context(root, backing, targets)
-        items = {name: run_item(name, scale, ctx) for name in args.only}
+        items = {
+            name: run_item(
+                name, scale, ctx, args.repeat_workloads if name in WORKLOADS else args.repeat
+            )
+            for name in args.only
+        }
         env = environment(plain.log_text)
+        env["load_average_at_start"] = load_at_start
         return {
             "benchmark": "metadata",
-            "code": code_version(),
+            "code": code,
             "scale": args.scale,
             "controller": bool(args.controller),
             "mount_args": mount_args,
@@ -521,7 +551,7 @@ def run(args: argparse.Namespace, root: Path) -> dict[str, object]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(
-        description=__doc__.split("\n\n")[0],
+        description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="items: " + ", ".join(ITEMS),
     )
@@ -530,15 +560,31 @@ def main() -> None:
         "--scale",
         choices=tuple(SCALES),
         default="full",
-        help="full: the sizes in the module's docstring; small: ~1/20 of them (default: full)",
+        help="full: the sizes above; small: ~1/20 of each, a quick run (default: full)",
     )
     parser.add_argument(
-        "--only", default=",".join(ITEMS), help="comma-separated items to run (default: all)"
+        "--only",
+        metavar="ITEM,...",
+        default=",".join(ITEMS),
+        help="the items to run, comma-separated (default: all)",
     )
     parser.add_argument(
         "--controller",
         action="store_true",
         help="also run every item through a mount paced by a controller at 1 TiB/s",
+    )
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=3,
+        help="rounds of stat, create_close, unlink, pwrite_4k and readdir_10k; the figure is "
+        "the median (default: 3)",
+    )
+    parser.add_argument(
+        "--repeat-workloads",
+        type=int,
+        default=1,
+        help="rounds of git, tar_x and the sqlite items (default: 1)",
     )
     parser.add_argument("--out", type=Path, help="also write the JSON document to this file")
     parser.add_argument("--dir", type=Path, help="parent of the temporary directory")
@@ -546,6 +592,8 @@ def main() -> None:
     args = parser.parse_args()
     args.only = [item.strip() for item in args.only.split(",") if item.strip()]
     unknown = [item for item in args.only if item not in ITEMS]
+    if args.repeat < 1 or args.repeat_workloads < 1:
+        parser.error("--repeat and --repeat-workloads must be at least 1")
     if unknown or not args.only:
         parser.error(f"--only: unknown item(s) {unknown}; choose from {', '.join(ITEMS)}")
     with tempfile.TemporaryDirectory(prefix="burstctl-metadata-", dir=args.dir) as tmp:
