@@ -11,6 +11,7 @@ import hashlib
 import json
 import os
 import random
+import resource
 import sqlite3
 import stat
 import subprocess
@@ -187,6 +188,35 @@ def test_tar_x_of_a_tree_is_identical(fuse_mount: Mount, tmp_path: Path) -> None
     assert len(groups) >= 30
     assert hard_link_groups(out) == groups
     assert hard_link_groups(mount.backing / "x") == groups
+
+
+def test_more_files_than_the_daemons_soft_open_file_limit(
+    fuse_mount: Mount, tmp_path: Path
+) -> None:
+    # A daemon started with a low soft RLIMIT_NOFILE (systemd's default is 1024) must still
+    # serve a tree of more files than that: a binding that keeps a descriptor per inode the
+    # kernel remembers fails here with EMFILE (tar x of 20k entries did on this machine's
+    # limit of 20,000). Rlimits are inherited: the mount is started under the low one.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    low = 256
+    resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
+    try:
+        mount = fuse_mount(tmp_path / "backing", tmp_path / "mnt")
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+    files = 4 * low
+    root = mount.mountpoint / "many"
+    for d in range(8):
+        (root / f"d{d}").mkdir(parents=True)
+    for i in range(files):
+        (root / f"d{i % 8}" / f"f{i}").write_bytes(b"%d\n" % i)
+    # every one is still there, by name, and readable, while the kernel remembers them all
+    for i in range(files):
+        path = root / f"d{i % 8}" / f"f{i}"
+        assert os.stat(path).st_size == len(b"%d\n" % i)
+        assert path.read_bytes() == b"%d\n" % i
+    assert sum(len(os.listdir(root / f"d{d}")) for d in range(8)) == files
+    assert len(list((mount.backing / "many").rglob("f*"))) == files
 
 
 # --------------------------------------------------------------------------- SQLite
