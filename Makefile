@@ -47,6 +47,7 @@ bench: $(STAMP)
 	$(PY) bench/fairness.py
 	$(PY) bench/fuse_throughput.py
 	$(PY) bench/mount_sessions.py
+	$(PY) bench/metadata.py
 
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache
