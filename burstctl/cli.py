@@ -154,6 +154,8 @@ def config_params(config_class: type) -> list[click.Parameter]:
         elif spec.kind == "size":
             options["callback"] = _size  # given as text, such as the default "1MiB"
             default = None if default is None else format_size(default)
+        elif spec.kind == "count":
+            options["type"] = click.IntRange(min=0)
         elif spec.kind == "choice":
             options["type"] = click.Choice(spec.choices, case_sensitive=False)
         elif spec.kind == "file":

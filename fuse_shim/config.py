@@ -64,7 +64,7 @@ PATH_API_OPTIONS = {
 }
 
 CliKind = Literal[
-    "argument", "text", "file", "choice", "flag", "switch", "seconds", "size", "multiple"
+    "argument", "text", "file", "choice", "flag", "switch", "seconds", "size", "multiple", "count"
 ]
 
 
@@ -286,6 +286,19 @@ class MountConfig:
             metavar="SECONDS",
         ),
     )
+    max_handles: int | None = field(
+        default=None,
+        metadata=_cli(
+            ("--max-handles",),
+            "How many backing inodes the mount keeps open (one O_PATH handle per inode the "
+            "kernel remembers); past it the kernel is asked to drop its least recently used "
+            "names. Default: the open-file limit (raised to its hard limit at start) less "
+            "4096 for open files.",
+            kind="count",
+            metavar="N",
+            show_default="the open-file limit less 4096",
+        ),
+    )
     quiet_gap: float = field(
         default=0.05,
         metadata=_cli(
@@ -384,6 +397,8 @@ class MountConfig:
                 f"--read-ahead must be a multiple of 4KiB in [0, {format_size(MAX_READ_AHEAD)}], "
                 f"got {self.read_ahead} bytes"
             )
+        if self.max_handles is not None and self.max_handles < 16:
+            raise MountError(f"--max-handles must be >= 16, got {self.max_handles}")
         if self.metadata_cost < 0:
             raise MountError(f"--metadata-cost must be >= 0 bytes, got {self.metadata_cost}")
         try:

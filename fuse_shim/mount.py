@@ -23,6 +23,7 @@ import ctypes.util
 import dataclasses
 import logging
 import os
+import resource
 import shutil
 import signal
 import subprocess
@@ -175,6 +176,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
 
     # The kernel applied the caller's umask to every mode it sends; ours must not apply again.
     os.umask(0)
+    raise_open_file_limit()
     options = fuse_option_dict(config)
     root_fd = os.open(config.backing, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
     runtime: ClientRuntime | None = None
@@ -229,7 +231,9 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         attr_timeout=config.attr_timeout,
         entry_timeout=config.entry_timeout,
         negative_timeout=config.negative_timeout,
+        handles=config.max_handles,
     )
+    logger.info("keeping up to %d inode handles open", fs.handle_budget)
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
     watcher.start()
     code = 0
@@ -323,6 +327,21 @@ class _Stopper:
                 unmount(self._mountpoint, lazy=True)
             except MountError as lazy_err:
                 logger.error("%s", lazy_err)
+
+
+def raise_open_file_limit() -> int:
+    """Raises the soft open-file limit to the hard one (the mount keeps a handle per inode
+    the kernel remembers); returns the soft limit now in force. The hard limit is the
+    administrator's (systemd: ``LimitNOFILE``) and is left alone."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or hard > soft:
+        target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (OSError, ValueError) as err:
+            logger.warning("could not raise the open-file limit from %d: %s", soft, err)
+    return soft
 
 
 def unmount(mountpoint: Path | str, *, lazy: bool = False, busy_grace: float = 1.0) -> None:

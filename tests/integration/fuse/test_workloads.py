@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from support import MountProcess
+from support import MountProcess, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -196,7 +196,9 @@ def test_more_files_than_the_daemons_soft_open_file_limit(
     # A daemon started with a low soft RLIMIT_NOFILE (systemd's default is 1024) must still
     # serve a tree of more files than that: a binding that keeps a descriptor per inode the
     # kernel remembers fails here with EMFILE (tar x of 20k entries did on this machine's
-    # limit of 20,000). Rlimits are inherited: the mount is started under the low one.
+    # limit of 20,000). Rlimits are inherited: the mount is started under the low one (it
+    # raises its soft limit to the hard one; test_inode_handles_stay_under_max_handles
+    # checks the budget below that).
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     low = 256
     resource.setrlimit(resource.RLIMIT_NOFILE, (low, hard))
@@ -217,6 +219,34 @@ def test_more_files_than_the_daemons_soft_open_file_limit(
         assert path.read_bytes() == b"%d\n" % i
     assert sum(len(os.listdir(root / f"d{d}")) for d in range(8)) == files
     assert len(list((mount.backing / "many").rglob("f*"))) == files
+
+
+def test_inode_handles_stay_under_max_handles(fuse_mount: Mount, tmp_path: Path) -> None:
+    # The mount keeps one O_PATH handle per inode the kernel remembers. Past --max-handles it
+    # asks the kernel to drop the least recently used names, which then forgets their
+    # inodes: the daemon's descriptors stay bounded however many files are touched, and
+    # every file is still reached (looked up again) by name.
+    budget = 100
+    mount = fuse_mount(tmp_path / "backing", tmp_path / "mnt", "--max-handles", str(budget))
+    root = mount.mountpoint / "many"
+    files = 1_000
+    for d in range(8):
+        (root / f"d{d}").mkdir(parents=True)
+    for i in range(files):
+        (root / f"d{i % 8}" / f"f{i}").write_bytes(b"%d\n" % i)
+
+    def daemon_fds() -> int:
+        return len(os.listdir(f"/proc/{mount.pid}/fd"))
+
+    # Everything the kernel remembered beyond the budget was given back (asynchronously).
+    # The slack is for what is not a handle: /dev/fuse, the root, stdio, sockets, libraries.
+    wait_until(lambda: daemon_fds() <= budget + 40, timeout=20, message="handles under budget")
+    for i in range(files):
+        path = root / f"d{i % 8}" / f"f{i}"
+        assert os.stat(path).st_size == len(b"%d\n" % i)
+        assert path.read_bytes() == b"%d\n" % i
+    wait_until(lambda: daemon_fds() <= budget + 40, timeout=20, message="handles under budget")
+    assert sum(len(os.listdir(root / f"d{d}")) for d in range(8)) == files
 
 
 # --------------------------------------------------------------------------- SQLite
