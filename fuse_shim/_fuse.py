@@ -463,7 +463,9 @@ class _Callbacks:
         return param
 
     def _reply_entry(self, req: int, entry: Entry) -> None:
-        _reply_entry(req, ctypes.byref(self._entry(entry)))
+        if _reply_entry(req, ctypes.byref(self._entry(entry))) != 0:
+            # The caller was interrupted: the kernel never took this reference.
+            self.fs.forget(entry.node, 1)
 
     def _init(self, userdata: Any, conn: Any) -> None:
         try:
@@ -626,6 +628,7 @@ class _Callbacks:
         self._set_open(fi.contents, opened)
         if _reply_create(req, ctypes.byref(self._entry(entry)), fi) != 0:
             self.fs.release(req, entry.node, opened.fh)
+            self.fs.forget(entry.node, 1)
 
     def _read(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
         buffer, view = self._buffers.get(size)
@@ -695,6 +698,7 @@ class _Callbacks:
         # looked each name up (one reference each), so `ls -l` or `git status` after it
         # sends no LOOKUP. An entry that does not fit gives its reference back.
         assert _add_direntry_plus is not None
+        sent: list[int] = []
         try:
             entries = self.fs.readdir(req, node, offset, fi.contents.fh)
             buffer, _ = self._buffers.get(size)
@@ -726,10 +730,16 @@ class _Callbacks:
                         self.fs.forget(looked_up, 1)
                     break
                 used += needed
+                if looked_up:
+                    sent.append(looked_up)
         except BaseException as err:
+            for node in sent:
+                self.fs.forget(node, 1)
             self._fail(req, "readdirplus", err)
             return
-        _reply_buf(req, buffer, used)
+        if _reply_buf(req, buffer, used) != 0:
+            for node in sent:  # the kernel never took these references
+                self.fs.forget(node, 1)
 
     def _releasedir(self, req: int, node: int, fi: Any) -> None:
         self._done(req, "releasedir", lambda: self.fs.releasedir(req, node, fi.contents.fh))

@@ -80,9 +80,13 @@ logger = logging.getLogger(__name__)
 # sent the request past its page cache, the backing file need not be direct too. O_NOFOLLOW
 # was checked by the kernel; on the handle's /proc link it would fail with ELOOP. O_CREAT,
 # O_EXCL and O_NOCTTY mean nothing on an existing inode.
+# O_APPEND: the kernel places every write itself (at the end for an O_APPEND file); on the
+# backing handle it would make pwrite(2) append whatever its offset, and the kernel's
+# writeback of a shared mapping may use that handle at any offset.
 _DROPPED_OPEN_FLAGS = (
-    getattr(os, "O_DIRECT", 0) | os.O_NOFOLLOW | os.O_CREAT | os.O_EXCL | os.O_NOCTTY
+    getattr(os, "O_DIRECT", 0) | os.O_NOFOLLOW | os.O_CREAT | os.O_EXCL | os.O_NOCTTY | os.O_APPEND
 )
+_CREATE_DROPPED_FLAGS = getattr(os, "O_DIRECT", 0) | os.O_APPEND
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
 _CAPABILITY = CAPABILITY.encode()
@@ -554,10 +558,22 @@ class PassthroughFS:
     ) -> tuple[Entry, Opened]:
         caller = self._metadata(req)
         parent_fd = self._inode(parent).fd
-        flags = (flags & ~getattr(os, "O_DIRECT", 0)) | os.O_CREAT | os.O_CLOEXEC
-        fd = os.open(name, flags, mode, dir_fd=parent_fd)
+        flags = (flags & ~_CREATE_DROPPED_FLAGS) | os.O_CREAT | os.O_CLOEXEC
         try:
-            self._give(req, caller, parent_fd, name, fd, mode)
+            fd = os.open(name, flags | os.O_EXCL, mode, dir_fd=parent_fd)
+            created = True
+        except FileExistsError:
+            if flags & os.O_EXCL:
+                raise
+            # The name appeared since the kernel found it absent (created behind the mount,
+            # or by another request in between): open it as an existing file, as a local file
+            # system would, with the caller's permission and without taking it over.
+            caller = caller or self._caller(req)
+            fd = self._open_existing(caller, parent_fd, name, flags & ~os.O_CREAT)
+            created = False
+        try:
+            if created:
+                self._give(req, caller, parent_fd, name, fd, mode)
             path_fd = os.open(_proc(fd), _PATH_FLAGS & ~os.O_NOFOLLOW)
             try:
                 st = os.fstat(fd)
@@ -570,6 +586,21 @@ class PassthroughFS:
             raise
         self._opened(req, fd, caller)
         return entry, Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
+
+    @staticmethod
+    def _open_existing(caller: Caller, parent_fd: int, name: bytes, flags: int) -> int:
+        fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=parent_fd)
+        try:
+            access = flags & os.O_ACCMODE
+            wanted = (os.R_OK if access != os.O_WRONLY else 0) | (
+                os.W_OK if access != os.O_RDONLY or flags & os.O_TRUNC else 0
+            )
+            if not may_access(caller, os.fstat(fd), wanted):
+                raise PermissionError(errno.EACCES, "permission denied", os.fsdecode(name))
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
 
     def direct_io_for(self, flags: int) -> bool:
         """Whether the file opened with ``flags`` bypasses the kernel's page cache."""
