@@ -589,7 +589,8 @@ class PassthroughFS:
 
     @staticmethod
     def _open_existing(caller: Caller, parent_fd: int, name: bytes, flags: int) -> int:
-        fd = os.open(name, flags | os.O_NOFOLLOW, dir_fd=parent_fd)
+        # Truncated only once the caller is known to be allowed to write it.
+        fd = os.open(name, flags & ~os.O_TRUNC | os.O_NOFOLLOW, dir_fd=parent_fd)
         try:
             access = flags & os.O_ACCMODE
             wanted = (os.R_OK if access != os.O_WRONLY else 0) | (
@@ -597,6 +598,8 @@ class PassthroughFS:
             )
             if not may_access(caller, os.fstat(fd), wanted):
                 raise PermissionError(errno.EACCES, "permission denied", os.fsdecode(name))
+            if flags & os.O_TRUNC:
+                os.ftruncate(fd, 0)
         except BaseException:
             os.close(fd)
             raise
