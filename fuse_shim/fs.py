@@ -599,7 +599,7 @@ class PassthroughFS:
             if not may_access(caller, os.fstat(fd), wanted):
                 raise PermissionError(errno.EACCES, "permission denied", os.fsdecode(name))
             if flags & os.O_TRUNC:
-                os.ftruncate(fd, 0)
+                os.truncate(_proc(fd), 0)  # O_RDONLY | O_TRUNC truncates too, on Linux
         except BaseException:
             os.close(fd)
             raise
