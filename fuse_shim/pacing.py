@@ -11,7 +11,8 @@ and its open files.
 - I/O phases are the session's implicit operations: the first paced request after a quiet gap
   posts one (volume unknown), and the session completes it after ``quiet_gap`` seconds without
   a request. The pacer adds one rule: a job's last close ends its phase at once
-  (`Session.end_phase`).
+  (`Session.end_phase`), unless the phase began less than `SHORT_PHASE` seconds ago (then the
+  quiet gap ends it: a job working through many small files is one phase).
 - A session is closed (Goodbye) once its job has had no request for ``session_idle`` seconds;
   the next request opens a new one. The idle sweep (`Pacer.sweep`) runs as a timer on the
   runtime's loop, armed when a session opens. A request thread may hold a job's lock while it
@@ -50,6 +51,10 @@ logger = logging.getLogger(__name__)
 
 # When a job's lock is taken during a sweep, how soon the sweep looks at that job again.
 _BUSY_RECHECK = 0.05
+# A job's last close ends its phase at once only once the phase has lasted this long: a job
+# that opens, writes and closes thousands of small files (tar, a build) is one phase ended by
+# the quiet gap, not one operation posted and completed per file.
+SHORT_PHASE = 1.0
 
 
 class SessionLike(Protocol):
@@ -98,7 +103,16 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
 class PacedJob:
     """One job's session and counters, as the pacer sees them; guarded by its own lock."""
 
-    __slots__ = ("forgotten", "inflight", "job", "last_active", "lock", "open_files", "session")
+    __slots__ = (
+        "forgotten",
+        "inflight",
+        "job",
+        "last_active",
+        "lock",
+        "open_files",
+        "phase_started",
+        "session",
+    )
 
     def __init__(self, job: JobInfo, now: float) -> None:
         self.job = job
@@ -107,6 +121,8 @@ class PacedJob:
         self.inflight = 0
         self.open_files = 0
         self.last_active = now
+        # When the job's current I/O phase began, as the pacer saw it (None: none open).
+        self.phase_started: float | None = None
         self.forgotten = False  # dropped from the pacer by a sweep: look the job up again
 
 
@@ -189,16 +205,23 @@ class Pacer:
             self._files[fh] = state
 
     def released(self, fh: int) -> None:
-        """Records the close of ``fh``; the job's last close ends its phase."""
+        """Records the close of ``fh``; the job's last close ends its phase (unless short)."""
         with self._lock:
             state = self._files.pop(fh, None)
         if state is None:
             return
         with state.lock:
             state.open_files -= 1
-            if state.open_files == 0 and state.inflight == 0 and state.session is not None:
+            if (
+                state.open_files == 0
+                and state.inflight == 0
+                and state.session is not None
+                and state.phase_started is not None
+                and self._clock() - state.phase_started >= SHORT_PHASE
+            ):
                 # Under the job's lock, so no request of the job starts in between.
                 state.session.end_phase()
+                state.phase_started = None
 
     def _pace(self, caller: Caller, kind: str, nbytes: int) -> None:
         for _ in range(2):  # a second time only under the caller's own default job
@@ -254,8 +277,15 @@ class Pacer:
         if state.session is None:
             state.session = self._make_session(state.job)
             logger.info("job %s: session opened", state.job.job_id)
+        now = self._clock()
+        if (
+            state.phase_started is None
+            or opened
+            or (state.inflight == 0 and now - state.last_active >= self._config.quiet_gap)
+        ):
+            state.phase_started = now  # a new phase: the session posts a new operation
         state.inflight += 1
-        state.last_active = self._clock()
+        state.last_active = now
         return state.session, opened
 
     # ------------------------------------------------------------------ idle sessions

@@ -203,14 +203,17 @@ def test_a_phase_ends_at_the_last_close(
     paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
 ) -> None:
-    # A quiet gap far longer than the test: only the last close can end the phase.
-    fake, _, mnt = paced_mount("--quiet-gap", "60", initial_rate=64 * MiB)
+    # A quiet gap far longer than the test: only the last close can end the phase. At 1 MiB/s
+    # the 1.5 MiB written make the phase longer than SHORT_PHASE (1 s), so it ends at once.
+    fake, _, mnt = paced_mount("--quiet-gap", "60", initial_rate=1 * MiB)
     app = apps({"BURSTCTL_JOB_ID": "closer"})
     app.do("open", mnt / "a")
     app.do("open", mnt / "b")
+    started = time.monotonic()
     for _ in range(3):
         app.do("write", mnt / "a", 256 * KiB)
         app.do("write", mnt / "b", 256 * KiB)
+    assert time.monotonic() - started >= 1.0  # paced: the phase is not a short one
     app.do("close", mnt / "a")
     stream = stream_of(fake, "closer")
     fake.wait_for(lambda: len(fake.bodies("op_posted", stream)) >= 1)
@@ -222,6 +225,27 @@ def test_a_phase_ends_at_the_last_close(
     fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
     assert fake.received("op_completed", stream)[0].at - closed < 5  # at once, not in 60 s
     assert fake.bodies("op_completed", stream)[0].op_id == posted[0].op_id
+    app.exit()
+
+
+def test_many_small_files_in_a_row_are_one_phase(
+    paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
+    apps: Callable[..., App],
+) -> None:
+    # tar, a build: open, write, close, next file. Each close is the job's last, but the phase
+    # is short: it is left to the quiet gap, so the controller sees one operation, not one per
+    # file (20k files would be 40k messages and decisions).
+    fake, _, mnt = paced_mount("--quiet-gap", "0.5", initial_rate=64 * MiB)
+    app = apps({"BURSTCTL_JOB_ID": "untar"})
+    for i in range(20):
+        app.do("open", mnt / f"f{i}")
+        app.do("write", mnt / f"f{i}", 4 * KiB)
+        app.do("close", mnt / f"f{i}")
+    done = time.monotonic()
+    stream = stream_of(fake, "untar")
+    fake.wait_for(lambda: len(fake.bodies("op_completed", stream)) == 1, timeout=10)
+    assert len(fake.bodies("op_posted", stream)) == 1
+    assert fake.received("op_completed", stream)[0].at - done >= 0.4  # the quiet gap's doing
     app.exit()
 
 

@@ -15,7 +15,7 @@ from burstctl.client import ClientRuntime
 from burstctl.client.job import JobInfo, user_name
 from burstctl.fuse_shim.attribution import Attributor, Caller
 from burstctl.fuse_shim.config import MountConfig
-from burstctl.fuse_shim.pacing import Pacer
+from burstctl.fuse_shim.pacing import SHORT_PHASE, Pacer
 
 
 class FakeSession:
@@ -117,12 +117,38 @@ def test_the_last_close_ends_the_phase_at_once() -> None:
     rig.pacer.opened(A, 10)
     rig.pacer.opened(A2, 11)  # the same job, another process
     rig.pacer.data(A, "write", 1)
+    rig.now += SHORT_PHASE  # a phase that lasted
+    rig.pacer.data(A, "write", 1)
     rig.pacer.released(10)
     (a,) = rig.of("a")
     assert ("end_phase",) not in a.events
     rig.pacer.released(11)
     assert a.events[-1] == ("end_phase",)
     rig.pacer.released(11)  # unknown handles are ignored
+    assert a.events.count(("end_phase",)) == 1
+
+
+def test_the_last_close_of_a_short_phase_leaves_it_to_the_quiet_gap() -> None:
+    # Many small files in a row (tar): each close is the job's last, none ends the phase.
+    rig = Rig(quiet_gap=60)
+    for fh in range(100):
+        rig.pacer.opened(A, fh)
+        rig.pacer.data(A, "write", 4096)
+        rig.pacer.released(fh)
+        rig.now += SHORT_PHASE / 200
+    (a,) = rig.of("a")
+    assert ("end_phase",) not in a.events
+    # Once the phase has lasted SHORT_PHASE, the next last close ends it.
+    rig.now += SHORT_PHASE
+    rig.pacer.opened(A, 1000)
+    rig.pacer.data(A, "write", 4096)
+    rig.pacer.released(1000)
+    assert a.events.count(("end_phase",)) == 1
+    # A request after a quiet gap starts a new (short) phase: its last close waits again.
+    rig.now += 120
+    rig.pacer.opened(A, 1001)
+    rig.pacer.data(A, "write", 4096)
+    rig.pacer.released(1001)
     assert a.events.count(("end_phase",)) == 1
 
 
