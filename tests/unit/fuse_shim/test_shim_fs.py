@@ -109,8 +109,17 @@ def make_fs(made: list[PassthroughFS]) -> Callable[..., PassthroughFS]:
     return make
 
 
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
+def open_fds(root: Path) -> int:
+    """How many descriptors of this process reach into ``root`` (other tests' leftovers and
+    the garbage collector do not move this count)."""
+    count = 0
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            target = os.readlink(f"/proc/self/fd/{name}")
+        except OSError:
+            continue  # closed meanwhile (the listing's own descriptor)
+        count += target == str(root) or target.startswith(f"{root}/")
+    return count
 
 
 def raises_errno(code: int, fn: Callable[..., Any], *args: Any) -> None:
@@ -136,24 +145,24 @@ def test_lookup_and_forget_count_the_kernels_references(
     root, fd = backing
     (root / "f").write_bytes(b"abc")
     fs = make_fs(fd)
-    before = open_fds()
+    before = open_fds(root)
     first = fs.lookup(REQ, ROOT_ID, b"f")
     assert first.node != ROOT_ID
     assert (first.attr.st_ino, first.attr.st_size) == (os.stat(root / "f").st_ino, 3)
     second = fs.lookup(REQ, ROOT_ID, b"f")
     assert second.node == first.node
-    assert open_fds() == before + 1  # one handle per inode, however often it is looked up
+    assert open_fds(root) == before + 1  # one handle per inode, however often it is looked up
     assert fs.known_nodes == 2
     fs.forget(first.node, 1)
-    assert fs.known_nodes == 2 and open_fds() == before + 1  # one reference left
+    assert fs.known_nodes == 2 and open_fds(root) == before + 1  # one reference left
     assert fs.getattr(REQ, first.node, None).st_ino == first.attr.st_ino
     fs.forget(first.node, 1)
-    assert fs.known_nodes == 1 and open_fds() == before  # the handle is closed
+    assert fs.known_nodes == 1 and open_fds(root) == before  # the handle is closed
     raises_errno(errno.ESTALE, fs.getattr, REQ, first.node, None)
     third = fs.lookup(REQ, ROOT_ID, b"f")  # looked up again: a node of its own
     assert third.node not in (first.node, ROOT_ID)
     fs.forget(third.node, 5)  # more than it had (a batch of forgets): gone, not negative
-    assert fs.known_nodes == 1 and open_fds() == before
+    assert fs.known_nodes == 1 and open_fds(root) == before
     fs.forget(third.node, 1)  # unknown nodes are ignored
     fs.forget(ROOT_ID, 1)  # the root is never forgotten
     assert fs.getattr(REQ, ROOT_ID, None).st_ino == os.stat(root).st_ino
@@ -185,18 +194,18 @@ def test_a_missing_name_is_enoent_and_leaks_nothing(
     root, fd = backing
     (root / "f").write_bytes(b"")
     fs = make_fs(fd)
-    before = open_fds()
+    before = open_fds(root)
     raises_errno(errno.ENOENT, fs.lookup, REQ, ROOT_ID, b"missing")
     f = fs.lookup(REQ, ROOT_ID, b"f")
     raises_errno(errno.ENOTDIR, fs.lookup, REQ, f.node, b"x")
     fs.forget(f.node, 1)
-    assert open_fds() == before and fs.known_nodes == 1
+    assert open_fds(root) == before and fs.known_nodes == 1
 
 
 def test_os_errors_are_raised_with_their_errno(
     backing: Backing, make_fs: Callable[..., PassthroughFS]
 ) -> None:
-    _, fd = backing
+    root, fd = backing
     fs = make_fs(fd)
     d = fs.mkdir(REQ, ROOT_ID, b"d", 0o755)
     raises_errno(errno.EEXIST, fs.mkdir, REQ, ROOT_ID, b"d", 0o755)
@@ -207,9 +216,9 @@ def test_os_errors_are_raised_with_their_errno(
     raises_errno(errno.ESTALE, fs.lookup, REQ, 12345, b"x")  # a node the kernel never got
     entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
     fs.release(REQ, entry.node, opened.fh)
-    before = open_fds()
+    before = open_fds(root)
     raises_errno(errno.EEXIST, fs.create, REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY | os.O_EXCL)
-    assert open_fds() == before
+    assert open_fds(root) == before
 
 
 def test_names_a_path_could_not_reach(
@@ -238,7 +247,7 @@ def test_create_open_read_write_release(
     root, fd = backing
     pacer = RecordingPacer()
     fs = make_fs(fd, pacer)
-    before = open_fds()
+    before = open_fds(root)
     entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o640, os.O_RDWR | os.O_CREAT)
     assert stat.S_IMODE(entry.attr.st_mode) == 0o640 and entry.attr.st_size == 0
     assert entry.node == fs.lookup(REQ, ROOT_ID, b"f").node  # create is a lookup too
@@ -253,7 +262,7 @@ def test_create_open_read_write_release(
     fs.fsync(REQ, entry.node, False, opened.fh)
     fs.fsync(REQ, entry.node, True, opened.fh)
     fs.release(REQ, entry.node, opened.fh)
-    assert open_fds() == before + 1  # the node's handle, until the kernel forgets it
+    assert open_fds(root) == before + 1  # the node's handle, until the kernel forgets it
     reopened = fs.open(REQ, entry.node, os.O_RDONLY)
     assert read_all(fs, entry.node, reopened.fh, offset=6) == b"world"
     raises_errno(
@@ -261,7 +270,7 @@ def test_create_open_read_write_release(
     )  # read-only
     fs.release(REQ, entry.node, reopened.fh)
     fs.forget(entry.node, 2)
-    assert open_fds() == before
+    assert open_fds(root) == before
     assert (root / "renamed").read_bytes() == b"hello world"
     assert pacer.calls == [
         ("opened", NOBODY),
@@ -512,7 +521,7 @@ def test_readdir_resumes_where_it_stopped(
     for name in names:
         (root / os.fsdecode(name)).write_bytes(b"")
     fs = make_fs(fd)
-    before = open_fds()
+    before = open_fds(root)
     opened = fs.opendir(REQ, ROOT_ID)
     everything = list(fs.readdir(REQ, ROOT_ID, 0, opened.fh))
     by_name = {e.name: e for e in everything}
@@ -536,7 +545,7 @@ def test_readdir_resumes_where_it_stopped(
     assert b"late" in again and len(again) == len(everything) + 1
     assert list(fs.readdir(REQ, ROOT_ID, len(again), opened.fh)) == []  # past the end
     fs.releasedir(REQ, ROOT_ID, opened.fh)
-    assert open_fds() == before
+    assert open_fds(root) == before
     raises_errno(errno.EBADF, lambda: list(fs.readdir(REQ, ROOT_ID, 0, opened.fh)))
 
 
