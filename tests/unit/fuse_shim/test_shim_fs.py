@@ -304,6 +304,29 @@ def test_open_drops_flags_the_kernel_already_handled(
     assert (root / "f").read_bytes() == b""
 
 
+@pytest.mark.xfail(
+    strict=True,
+    reason="the backing file is opened with the application's O_APPEND, and pwrite(2) on an "
+    "O_APPEND descriptor appends whatever the offset: writeback of a shared mapping of a file "
+    "opened O_RDWR|O_APPEND (a writepage write, at the page's offset) lands at the end of "
+    "the file instead of in place. Seen on a real mount too: open(O_RDWR|O_APPEND), write "
+    "'hello world', mmap MAP_SHARED, m[0]='J', msync -> 'hello worldJello world'",
+)
+def test_writeback_of_a_mapping_of_an_append_only_open_lands_in_place(
+    backing: Backing, make_fs: Callable[..., PassthroughFS]
+) -> None:
+    # The kernel computes the offset of every O_APPEND write itself (under the inode lock),
+    # and writes of a shared mapping go to the mapped page's offset, whichever file's handle
+    # the kernel sends them with.
+    root, fd = backing
+    fs = make_fs(fd)
+    entry, opened = fs.create(REQ, ROOT_ID, b"log", 0o644, os.O_RDWR | os.O_APPEND)
+    fs.write(REQ, entry.node, memoryview(b"hello world"), 0, opened.fh)
+    fs.write(REQ, entry.node, memoryview(b"J"), 0, opened.fh, True)  # writepage
+    fs.release(REQ, entry.node, opened.fh)
+    assert (root / "log").read_bytes() == b"Jello world"
+
+
 def test_a_file_unlinked_while_open_keeps_working(
     backing: Backing, make_fs: Callable[..., PassthroughFS]
 ) -> None:
