@@ -462,18 +462,14 @@ def test_an_interrupted_open_is_released(backing: tuple[Path, int], replies: Rep
     assert fs._dirs == {}
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="an entry reply that fails (-ENOENT: the caller was interrupted) leaves the node's "
-    "lookup count raised: the kernel never got the entry, so it never forgets it, and the "
-    "node's O_PATH handle (which pins an unlinked file's space) stays open until unmount. "
-    "libfuse's own high-level layer forgets the node then (fuse.c reply_entry, "
-    "fuse_lib_create: forget_node(f, e.ino, 1)); _Callbacks._reply_entry and _create do not",
-)
 @pytest.mark.parametrize("request_kind", ["lookup", "mkdir", "create"])
 def test_an_interrupted_entry_reply_forgets_the_node(
     backing: tuple[Path, int], replies: Replies, request_kind: str
 ) -> None:
+    # The kernel never got the entry, so it will never forget it: the reference must be
+    # given back at once, or the node's O_PATH handle (which pins an unlinked file's space)
+    # stays open until unmount. libfuse's high-level layer does the same (fuse.c,
+    # reply_entry and fuse_lib_create: forget_node).
     root, fd = backing
     (root / "f").write_bytes(b"x")
     fs = passthrough(fd)

@@ -304,20 +304,13 @@ def test_open_drops_flags_the_kernel_already_handled(
     assert (root / "f").read_bytes() == b""
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the backing file is opened with the application's O_APPEND, and pwrite(2) on an "
-    "O_APPEND descriptor appends whatever the offset: writeback of a shared mapping of a file "
-    "opened O_RDWR|O_APPEND (a writepage write, at the page's offset) lands at the end of "
-    "the file instead of in place. Seen on a real mount too: open(O_RDWR|O_APPEND), write "
-    "'hello world', mmap MAP_SHARED, m[0]='J', msync -> 'hello worldJello world'",
-)
 def test_writeback_of_a_mapping_of_an_append_only_open_lands_in_place(
     backing: Backing, make_fs: Callable[..., PassthroughFS]
 ) -> None:
     # The kernel computes the offset of every O_APPEND write itself (under the inode lock),
     # and writes of a shared mapping go to the mapped page's offset, whichever file's handle
-    # the kernel sends them with.
+    # the kernel sends them with. On a backing handle opened O_APPEND, pwrite(2) would append
+    # the page at the end instead (seen on a real mount: 'hello worldJello world').
     root, fd = backing
     fs = make_fs(fd)
     entry, opened = fs.create(REQ, ROOT_ID, b"log", 0o644, os.O_RDWR | os.O_APPEND)
@@ -800,22 +793,15 @@ def test_what_a_caller_creates_is_the_callers(
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="create opens the name with O_CREAT as root and then gives the node to the caller: "
-    "when the name exists by then (created behind the mount while the kernel still holds a "
-    "negative entry for it, negative_timeout 1 s by default, or between the kernel's LOOKUP "
-    "and its CREATE) the caller gets a handle to someone else's file without any permission "
-    "check and becomes its owner. Seen on a real mount (root daemon, --allow-other): nobody "
-    "stat()s f (ENOENT), uid 1000 creates f 0600 in BACKING, nobody's open(f, O_CREAT|O_RDWR) "
-    "succeeds, reads it, and f is now nobody's",
-)
 @pytest.mark.parametrize("mode", [0o600, 0o666], ids=["not-the-callers-to-open", "open-to-all"])
 def test_create_of_a_name_that_appeared_meanwhile_takes_nothing(
     backing: Backing, make_fs: Callable[..., PassthroughFS], mode: int
 ) -> None:
-    # On a local file system open(O_CREAT) of an existing file checks the caller's permission
-    # on that file and never changes its owner.
+    # The name appeared since the kernel found it absent (created behind the mount while the
+    # kernel held a negative entry, or between its LOOKUP and its CREATE). On a local file
+    # system open(O_CREAT) of an existing file checks the caller's permission on that file and
+    # never changes its owner; root opening it and giving it away handed the caller someone
+    # else's file (seen on a real mount with --allow-other).
     root, fd = backing
     (root / "f").write_bytes(b"secret")
     os.chown(root / "f", 1000, 1000)
@@ -832,6 +818,43 @@ def test_create_of_a_name_that_appeared_meanwhile_takes_nothing(
     assert (st.st_uid, st.st_gid, stat.S_IMODE(st.st_mode)) == (1000, 1000, mode)
     assert refused is (mode == 0o600)
     assert (root / "f").read_bytes() == b"secret"
+
+
+@ROOT_ONLY
+@pytest.mark.xfail(
+    strict=True,
+    reason="PassthroughFS._open_existing opens the name with the request's flags, O_TRUNC "
+    "included, as root and only then checks the caller's permission: a caller without write "
+    "permission gets EACCES, but the file was already truncated",
+)
+def test_create_of_a_name_that_appeared_meanwhile_truncates_only_with_permission(
+    backing: Backing, make_fs: Callable[..., PassthroughFS]
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"secret")
+    os.chown(root / "f", 1000, 1000)
+    os.chmod(root / "f", 0o644)  # readable by all, writable by its owner only
+    fs = make_fs(fd, caller=Caller(pid=0, uid=65534, gid=65534))
+    raises_errno(errno.EACCES, fs.create, REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY | os.O_TRUNC)
+    assert (root / "f").read_bytes() == b"secret"
+
+
+@ROOT_ONLY
+def test_create_of_a_name_that_appeared_meanwhile_opens_it_with_the_callers_flags(
+    backing: Backing, make_fs: Callable[..., PassthroughFS]
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"old content")
+    os.chown(root / "f", 1000, 1000)
+    os.chmod(root / "f", 0o666)
+    fs = make_fs(fd, caller=Caller(pid=0, uid=65534, gid=65534))
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o600, os.O_RDWR | os.O_TRUNC)
+    assert fs.write(REQ, entry.node, memoryview(b"new"), 0, opened.fh) == 3
+    fs.release(REQ, entry.node, opened.fh)
+    st = os.stat(root / "f")
+    assert (root / "f").read_bytes() == b"new"  # truncated: the caller may write it
+    assert (st.st_uid, stat.S_IMODE(st.st_mode)) == (1000, 0o666)  # create's mode not applied
+    raises_errno(errno.EEXIST, fs.create, REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY | os.O_EXCL)
 
 
 @ROOT_ONLY
