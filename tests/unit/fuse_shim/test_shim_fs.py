@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support import wait_until
 
 from burstctl.fuse_shim import capabilities, syscalls
 from burstctl.fuse_shim._fuse import (
@@ -36,7 +37,7 @@ from burstctl.fuse_shim._fuse import (
     SetAttr,
 )
 from burstctl.fuse_shim.attribution import Caller
-from burstctl.fuse_shim.fs import PassthroughFS
+from burstctl.fuse_shim.fs import PassthroughFS, handle_budget
 from burstctl.fuse_shim.ownership import give_to_caller
 from burstctl.fuse_shim.setid import writer_of
 
@@ -236,6 +237,61 @@ def test_names_a_path_could_not_reach(
     assert fs.write(REQ, entry.node, memoryview(b"bottom"), 0, opened.fh) == 6
     fs.release(REQ, entry.node, opened.fh)
     assert fs.getattr(REQ, entry.node, None).st_size == 6
+
+
+@pytest.mark.parametrize(
+    ("soft_limit", "budget"),
+    [(1 << 20, (1 << 20) - 4096), (20000, 20000 - 4096), (1024, 512), (100, 64)],
+)
+def test_the_handle_budget_leaves_room_for_open_files(soft_limit: int, budget: int) -> None:
+    assert handle_budget(soft_limit) == budget
+
+
+def test_past_the_budget_the_kernel_is_asked_to_drop_the_oldest_names(
+    backing: Backing, make_fs: Callable[..., PassthroughFS]
+) -> None:
+    root, fd = backing
+    names = [b"f%02d" % i for i in range(33)]
+    for name in names:
+        (root / os.fsdecode(name)).write_bytes(b"")
+    fs = make_fs(fd, handles=20)
+    assert fs.handle_budget == 20
+    nodes = {name: fs.lookup(REQ, ROOT_ID, name).node for name in names[:31]}
+    assert fs.known_nodes == 32  # no session to ask yet: nothing is dropped
+    asked: list[tuple[int, bytes]] = []
+    in_use = {b"f00"}  # open, say: the kernel keeps it whatever it is asked
+    answers = {b"f15": -errno.EIO, b"f16": -errno.ENOENT}
+
+    def invalidate(parent: int, name: bytes) -> int:
+        # As the kernel does: drops its entry, then forgets the inode unless it is in use.
+        asked.append((parent, name))
+        if name not in in_use:
+            fs.forget(nodes[name], 1)
+        return answers.get(name, 0)
+
+    fs.invalidate_entry = invalidate
+    try:
+        fs.lookup(REQ, ROOT_ID, names[30])  # again: still over the budget
+        wait_until(lambda: len(asked) >= 14, message="the oldest names dropped")
+        # Down to 90% of the budget (18 nodes, the root included), oldest first.
+        assert asked == [(ROOT_ID, name) for name in names[:14]]
+        wait_until(lambda: fs.invalidated == 14, message="every drop counted")
+        assert fs.known_nodes == 32 - 13  # f00 is still in use
+        assert fs.lookup(REQ, ROOT_ID, b"f00").node == nodes[b"f00"]  # same node
+        nodes[b"f31"] = fs.lookup(REQ, ROOT_ID, b"f31").node
+        nodes[b"f32"] = fs.lookup(REQ, ROOT_ID, b"f32").node  # 21 nodes: over again
+        wait_until(lambda: len(asked) >= 17, message="the next oldest names dropped")
+        # The name in use went to the back: the next round starts after it.
+        assert asked[14:] == [(ROOT_ID, name) for name in (b"f14", b"f15", b"f16")]
+        wait_until(lambda: fs.invalidated == 16, message="every drop counted")
+        assert fs.invalidated == 16  # -EIO: not dropped; -ENOENT: the kernel had none
+    finally:
+        valve = fs._valve
+        fs.invalidate_entry = None
+        fs._valve_wanted.set()
+        if valve is not None:
+            valve.join(10)
+            assert not valve.is_alive()
 
 
 # ---------------------------------------------------------------- files
