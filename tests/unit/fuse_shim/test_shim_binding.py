@@ -32,8 +32,10 @@ class Replies:
 
     def __init__(self) -> None:
         self.sent: list[tuple[Any, ...]] = []
-        # What fuse_reply_entry/open/create return (-ENOENT: the caller was interrupted).
+        # What fuse_reply_entry/open/create and fuse_reply_buf return (-ENOENT: the caller
+        # was interrupted).
         self.open_result = 0
+        self.buf_result = 0
 
     def only(self) -> tuple[Any, ...]:
         assert len(self.sent) == 1, self.sent
@@ -63,6 +65,8 @@ def replies(monkeypatch: pytest.MonkeyPatch) -> Replies:
     def record(name: str, convert: Callable[..., tuple[Any, ...]], result: Any = 0) -> None:
         def reply(req: int, *args: Any) -> Any:
             got.sent.append((name, req, *convert(*args)))
+            if name == "buf":
+                return got.buf_result
             return got.open_result if result is None else result
 
         monkeypatch.setattr(_fuse, "_reply_" + name, reply)
@@ -128,10 +132,12 @@ def test_every_implemented_operation_has_a_thunk() -> None:
     assert len(implemented) >= 33
     for name in implemented:
         assert ctypes.cast(getattr(ops, name), ctypes.c_void_p).value, name
-        method = "forget" if name == "forget_multi" else name
+        # forget_multi forgets node by node; readdirplus lists and looks each entry up.
+        method = {"forget_multi": "forget", "readdirplus": "readdir_entry"}.get(name, name)
         assert hasattr(_fuse.Operations, method), name
         assert callable(getattr(PassthroughFS, method, None)), name
-    assert ("lseek" in implemented) is V3  # libfuse 2 has no lseek
+    assert ("lseek" in implemented) is V3  # libfuse 2 has neither
+    assert ("readdirplus" in implemented) is V3
 
 
 # ---------------------------------------------------------------- errors never escape
@@ -196,6 +202,7 @@ def every_request(ops: Any, keep: list[Any]) -> dict[str, Callable[[], None]]:
     }
     if V3:
         calls["lseek"] = lambda: ops.lseek(REQ, 2, 0, os.SEEK_DATA, file_info(5))
+        calls["readdirplus"] = lambda: ops.readdirplus(REQ, ROOT_ID, 4096, 0, file_info(5))
     return calls
 
 
@@ -534,6 +541,131 @@ def test_readdir_packs_what_fits_and_resumes(backing: tuple[Path, int], replies:
     assert by_name[b"file-07"] == (os.stat(root / "file-07").st_ino, stat.S_IFREG >> 12)
     ops.releasedir(REQ, ROOT_ID, fi)
     assert replies.only() == ("err", REQ, 0)
+
+
+def direntplus(data: bytes) -> list[tuple[bytes, int, int, int, int]]:
+    """(name, node id, ino, next offset, mode) of each ``struct fuse_direntplus``."""
+    found = []
+    at = 0
+    while at < len(data):
+        nodeid = int.from_bytes(data[at : at + 8], "little")
+        attr = at + 40  # struct fuse_entry_out: nodeid, generation, 2 valids, 2 nsecs
+        ino = int.from_bytes(data[attr : attr + 8], "little")
+        mode = int.from_bytes(data[attr + 60 : attr + 64], "little")
+        dirent = at + 128  # sizeof(struct fuse_entry_out)
+        off = int.from_bytes(data[dirent + 8 : dirent + 16], "little")
+        namelen = int.from_bytes(data[dirent + 16 : dirent + 20], "little")
+        found.append((data[dirent + 24 : dirent + 24 + namelen], nodeid, ino, off, mode))
+        at = dirent + ((24 + namelen + 7) & ~7)
+    return found
+
+
+needs_readdirplus = pytest.mark.skipif(not V3, reason="libfuse 2 has no readdirplus")
+
+
+@needs_readdirplus
+def test_readdirplus_looks_up_each_entry_it_sends(
+    backing: tuple[Path, int], replies: Replies
+) -> None:
+    root, fd = backing
+    names = [b"file-%02d" % i for i in range(12)]
+    for name in names:
+        (root / os.fsdecode(name)).write_bytes(b"x" * len(name))
+    (root / "sub").mkdir()
+    fs = passthrough(fd)
+    ops = serving(fs)
+    fi = file_info()
+    ops.opendir(REQ, ROOT_ID, fi)
+    replies.only()
+    listing = []
+    offset, pages = 0, 0
+    while True:
+        ops.readdirplus(REQ, ROOT_ID, 512, offset, fi)  # room for two or three entries
+        kind, _, data = replies.only()
+        assert kind == "buf"
+        if not data:
+            break
+        pages += 1
+        page = direntplus(data)
+        listing += page
+        offset = page[-1][3]
+    assert pages > 3
+    by_name = {name: rest for name, *rest in listing}
+    assert sorted(by_name) == sorted([b".", b"..", b"sub", *names])
+    assert by_name[b"."][:2] == [0, os.stat(root).st_ino]  # no entry: not looked up
+    for name in [b"sub", *names]:
+        node, ino, _, mode = by_name[name]
+        st = os.lstat(root / os.fsdecode(name))
+        assert (ino, mode) == (st.st_ino, st.st_mode), name
+        assert fs._nodes[node].nlookup == 1, name  # one reference per entry sent, no more
+    # Every entry that did not fit a reply gave its reference back.
+    assert fs.known_nodes == 1 + 1 + len(names)
+    ops.releasedir(REQ, ROOT_ID, fi)
+
+
+@needs_readdirplus
+def test_readdirplus_gives_references_back_when_the_reply_fails(
+    backing: tuple[Path, int], replies: Replies, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, fd = backing
+    for i in range(5):
+        (root / f"f{i}").write_bytes(b"")
+    fs = passthrough(fd)
+    ops = serving(fs)
+    fi = file_info()
+    ops.opendir(REQ, ROOT_ID, fi)
+    replies.only()
+    replies.buf_result = -errno.ENOENT  # interrupted: the kernel takes none of them
+    ops.readdirplus(REQ, ROOT_ID, 4096, 0, fi)
+    assert replies.only()[0] == "buf"
+    assert fs.known_nodes == 1
+    replies.buf_result = 0
+    looked_up: list[bytes] = []
+    real = fs.readdir_entry
+
+    def third_fails(parent: int, name: bytes) -> Entry:
+        looked_up.append(name)
+        if len(looked_up) == 3:
+            raise OSError(errno.EIO, "backing failed")
+        return real(parent, name)
+
+    monkeypatch.setattr(fs, "readdir_entry", third_fails)
+    ops.readdirplus(REQ, ROOT_ID, 4096, 0, fi)
+    assert replies.only() == ("err", REQ, errno.EIO)
+    assert fs.known_nodes == 1  # the two looked up before were given back
+    monkeypatch.delattr(fs, "readdir_entry")  # the class's again (the replies stay recorded)
+    os.unlink(root / "f2")  # removed since the listing was taken: skipped
+    ops.readdirplus(REQ, ROOT_ID, 4096, 2, fi)
+    names = sorted(name for name, *_ in direntplus(replies.only()[2]))
+    assert names == [b"f0", b"f1", b"f3", b"f4"]
+    assert fs.known_nodes == 1 + 4
+    ops.releasedir(REQ, ROOT_ID, fi)
+
+
+@needs_readdirplus
+def test_open_and_create_ask_for_no_flush_at_close(
+    backing: tuple[Path, int], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"")
+    sent: list[tuple[int, int]] = []
+
+    def reply(req: int, *args: Any) -> int:
+        info = args[-1].contents
+        sent.append((info.fh, info.noflush))
+        return 0
+
+    monkeypatch.setattr(_fuse, "_reply_open", reply)
+    monkeypatch.setattr(_fuse, "_reply_create", reply)
+    fs = passthrough(fd)
+    ops = serving(fs)
+    ops.open(REQ, fs.lookup(REQ, ROOT_ID, b"f").node, file_info(flags=os.O_RDONLY))
+    ops.create(REQ, ROOT_ID, b"g", 0o644, file_info(flags=os.O_WRONLY))
+    ops.opendir(REQ, ROOT_ID, file_info())
+    assert [noflush for _, noflush in sent] == [1, 1, 0]
+    for fh, _ in sent[:2]:
+        os.close(fh)
+    fs.releasedir(REQ, ROOT_ID, sent[2][0])
 
 
 def test_statfs_readlink_and_xattr_sizes(backing: tuple[Path, int], replies: Replies) -> None:
