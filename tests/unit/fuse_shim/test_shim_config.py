@@ -184,6 +184,8 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
         "2.5",
         "--negative-timeout",
         "0.5",
+        "--max-handles",
+        "5000",
         "--log-level",
         "debug",
         env={"BURSTCTL_CONTROLLER": "127.0.0.1:1"},
@@ -204,6 +206,7 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
             attr_timeout=0.0,
             entry_timeout=2.5,
             negative_timeout=0.5,
+            max_handles=5000,
             log_level="DEBUG",
         )
     )
@@ -222,6 +225,7 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
         (("-o", "entry_timeout=5"), "path-based API, which the mount does not use; use --entry"),
         (("--attr-timeout", "-1"), "--attr-timeout must be a finite number of seconds >= 0"),
         (("--negative-timeout", "inf"), "--negative-timeout must be a finite number of seconds"),
+        (("--max-handles", "15"), "--max-handles must be >= 16, got 15"),
     ],
 )
 def test_bad_values_are_refused_before_mounting(

@@ -213,6 +213,30 @@ def test_a_loop_error_is_a_normal_end_only_once_served_and_unmounted(
     assert says in child.stderr
 
 
+_RAISE_LIMIT = """
+import resource, sys
+from burstctl.fuse_shim.mount import raise_open_file_limit
+
+soft, hard = (int(v) for v in sys.argv[1:])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+@pytest.mark.parametrize(("soft", "hard"), [(256, 1024), (1024, 1024)])
+def test_the_open_file_limit_is_raised_to_the_hard_one(soft: int, hard: int) -> None:
+    # In a child: the limit is the process's own.
+    child = subprocess.run(
+        [sys.executable, "-c", _RAISE_LIMIT, str(soft), str(hard)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == [str(hard), str(hard), str(hard)]  # the hard one is kept
+
+
 class _Loaded:
     """Stands in for the binding module once loaded, with its libfuse version."""
 
