@@ -877,22 +877,31 @@ def test_create_of_a_name_that_appeared_meanwhile_takes_nothing(
 
 
 @ROOT_ONLY
-@pytest.mark.xfail(
-    strict=True,
-    reason="PassthroughFS._open_existing opens the name with the request's flags, O_TRUNC "
-    "included, as root and only then checks the caller's permission: a caller without write "
-    "permission gets EACCES, but the file was already truncated",
+@pytest.mark.parametrize(
+    ("mode", "flags", "allowed"),
+    [
+        (0o644, os.O_WRONLY | os.O_TRUNC, False),
+        (0o644, os.O_RDONLY | os.O_TRUNC, False),  # O_TRUNC needs write permission
+        (0o666, os.O_RDONLY | os.O_TRUNC, True),  # ... and then truncates, on Linux
+    ],
+    ids=["write-denied", "read-only-trunc-denied", "read-only-trunc-allowed"],
 )
 def test_create_of_a_name_that_appeared_meanwhile_truncates_only_with_permission(
-    backing: Backing, make_fs: Callable[..., PassthroughFS]
+    backing: Backing, make_fs: Callable[..., PassthroughFS], mode: int, flags: int, allowed: bool
 ) -> None:
+    # Opening the file as root with the request's O_TRUNC and only then checking the caller's
+    # permission truncated it for a caller that then got EACCES.
     root, fd = backing
     (root / "f").write_bytes(b"secret")
     os.chown(root / "f", 1000, 1000)
-    os.chmod(root / "f", 0o644)  # readable by all, writable by its owner only
+    os.chmod(root / "f", mode)
     fs = make_fs(fd, caller=Caller(pid=0, uid=65534, gid=65534))
-    raises_errno(errno.EACCES, fs.create, REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY | os.O_TRUNC)
-    assert (root / "f").read_bytes() == b"secret"
+    if allowed:
+        entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, flags)
+        fs.release(REQ, entry.node, opened.fh)
+    else:
+        raises_errno(errno.EACCES, fs.create, REQ, ROOT_ID, b"f", 0o644, flags)
+    assert (root / "f").read_bytes() == (b"" if allowed else b"secret")
 
 
 @ROOT_ONLY
