@@ -158,6 +158,8 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
     plain = run_mount_command(str(b), str(m))
     assert plain.returncode == 0, plain.stderr
     assert json.loads(plain.stdout) == as_json(MountConfig(b, m))
+    for cache in ("attr_timeout", "entry_timeout", "negative_timeout"):
+        assert json.loads(plain.stdout)[cache] == 1.0  # the documented default
 
     given = run_mount_command(
         str(b),
@@ -175,7 +177,15 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
         "-o",
         "ro",
         "-o",
-        "entry_timeout=5",
+        "max_read=65536",
+        "--attr-timeout",
+        "0",
+        "--entry-timeout",
+        "2.5",
+        "--negative-timeout",
+        "0.5",
+        "--max-handles",
+        "5000",
         "--log-level",
         "debug",
         env={"BURSTCTL_CONTROLLER": "127.0.0.1:1"},
@@ -192,7 +202,11 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
             direct_io="all",
             big_writes=False,
             foreground=True,
-            fuse_options=("ro", "entry_timeout=5"),
+            fuse_options=("ro", "max_read=65536"),
+            attr_timeout=0.0,
+            entry_timeout=2.5,
+            negative_timeout=0.5,
+            max_handles=5000,
             log_level="DEBUG",
         )
     )
@@ -208,6 +222,10 @@ def test_the_command_line_builds_the_config(tmp_path: Path) -> None:
         (("--fallback", "sometimes"), "invalid fallback 'sometimes'"),
         (("--fallback", "keep-last:0"), "invalid fallback 'keep-last:0'"),
         (("-o", "ro,writeback_cache"), "-o writeback_cache is not allowed"),
+        (("-o", "entry_timeout=5"), "path-based API, which the mount does not use; use --entry"),
+        (("--attr-timeout", "-1"), "--attr-timeout must be a finite number of seconds >= 0"),
+        (("--negative-timeout", "inf"), "--negative-timeout must be a finite number of seconds"),
+        (("--max-handles", "15"), "--max-handles must be >= 16, got 15"),
     ],
 )
 def test_bad_values_are_refused_before_mounting(

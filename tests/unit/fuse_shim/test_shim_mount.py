@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes.util
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -28,34 +29,72 @@ def _restore_library_choice(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_default_fuse_options(tmp_path: Path) -> None:
+    from burstctl.fuse_shim._fuse import LIBFUSE_VERSION
+
     options = fuse_option_dict(MountConfig(tmp_path, tmp_path / "m"))
     assert options["default_permissions"] is True
-    assert options["use_ino"] is True
-    assert options["hard_remove"] is True
-    assert options["attr_timeout"] == 0
-    assert options["max_write"] == 128 * 1024  # libfuse 2 (what the tests load) caps it there
     assert options["subtype"] == "burstctl"
+    assert options["fsname"] == f"burstctl:{tmp_path}"
+    if LIBFUSE_VERSION[0] == 2:
+        assert options["max_write"] == 128 * 1024  # libfuse 2 caps it there
+    else:
+        assert "max_write" not in options  # libfuse 3 refuses it: set in init
+    # Options of the path-based API, which the low-level mount does not use (caching is
+    # given per reply, atomic_o_trunc and big_writes are asked for in init).
+    for gone in ("use_ino", "hard_remove", "attr_timeout", "atomic_o_trunc", "big_writes"):
+        assert gone not in options, gone
     assert "allow_other" not in options
     assert "writeback_cache" not in options
     assert "nonempty" not in options
 
 
 def test_option_flags_reach_libfuse(tmp_path: Path) -> None:
+    from burstctl.fuse_shim._fuse import LIBFUSE_VERSION
+
     config = MountConfig(
         tmp_path,
         tmp_path,
         allow_other=True,
         max_write=65536,
         big_writes=False,
-        fuse_options=("entry_timeout=5,ro", "fsname=x"),
+        fuse_options=("max_read=65536,ro", "fsname=x"),
     )
     options = fuse_option_dict(config)
     assert options["allow_other"] is True
-    assert options["max_write"] == 65536
     assert "big_writes" not in options
-    assert options["entry_timeout"] == "5" and options["ro"] is True
-    assert options["fsname"] == "x"
-    assert options.get("nonempty") is True  # in place
+    assert options["max_read"] == "65536" and options["ro"] is True
+    assert options["fsname"] == "x"  # the user's last
+    if LIBFUSE_VERSION[0] == 2:
+        assert options["max_write"] == 65536
+        assert options.get("nonempty") is True  # in place
+    else:
+        assert "max_write" not in options and "nonempty" not in options
+
+
+@pytest.mark.parametrize(
+    ("option", "instead"),
+    [
+        ("attr_timeout=5", "--attr-timeout"),
+        ("entry_timeout=5", "--entry-timeout"),
+        ("negative_timeout=0", "--negative-timeout"),
+        ("direct_io", "--direct-io all"),
+        ("kernel_cache", "--direct-io none"),
+        ("use_ino", "inode numbers are always the backing files'"),
+        ("hard_remove", "never renamed"),
+        ("umask=022", "chmod on BACKING"),
+    ],
+)
+def test_options_of_the_path_api_are_refused_naming_the_mounts_own(
+    tmp_path: Path, option: str, instead: str
+) -> None:
+    name = option.split("=")[0]
+    with pytest.raises(MountError, match=f"-o {name} is an option of libfuse's path-based API"):
+        MountConfig(tmp_path, tmp_path, fuse_options=(f"ro,{option}",))
+    with pytest.raises(
+        MountError,
+        match=re.escape(f"use {instead}") if instead.startswith("--") else re.escape(instead),
+    ):
+        MountConfig(tmp_path, tmp_path, fuse_options=(option,))
 
 
 def test_commas_in_the_backing_path_are_escaped(tmp_path: Path) -> None:
@@ -123,7 +162,7 @@ def test_read_ahead_goes_to_the_mounts_own_device(tmp_path: Path) -> None:
 
 # libfuse's loop ending with an error cannot be provoked on demand (the kernel must close the
 # connection while a worker is reading a request off /dev/fuse), so a child process runs the
-# real mount lifecycle with the binding's FUSE replaced by one that fails that way.
+# real mount lifecycle with the binding's `serve` replaced by one that fails that way.
 _FAILING_LOOP = """
 import sys
 from pathlib import Path
@@ -132,12 +171,18 @@ from burstctl.fuse_shim import mount
 
 backing, mountpoint, case = sys.argv[1:]
 
-def loop(fs, path, **options):
-    if case != "never-served":
-        fs.init_with_config(None, None)  # as the binding calls it on libfuse 2
-    raise RuntimeError(1)
+class Conn:  # libfuse 2's struct fuse_conn_info, as far as init reads it
+    capable = want = 0
+    max_write = max_readahead = 128 << 10
 
-binding.FUSE = loop
+def serve(fs, path, options):
+    if case == "mount-failed":
+        raise binding.MountFailed(f"cannot mount {path}")
+    if case != "never-served":
+        fs.init(Conn(), False, 0)  # as the binding calls it on libfuse 2
+    raise binding.ConnectionAborted("libfuse's loop ended with -1")
+
+binding.serve = serve
 if case == "still-mounted":
     mount._is_fuse_mount = lambda path: True
 sys.exit(mount.run_mount(mount.MountConfig(Path(backing), Path(mountpoint), foreground=True)))
@@ -150,6 +195,7 @@ sys.exit(mount.run_mount(mount.MountConfig(Path(backing), Path(mountpoint), fore
         ("unmounted", 0, "it had been unmounted"),
         ("never-served", 1, "failed"),
         ("still-mounted", 1, "failed"),
+        ("mount-failed", 1, "failed (libfuse said why above): cannot mount"),
     ],
 )
 def test_a_loop_error_is_a_normal_end_only_once_served_and_unmounted(
@@ -165,6 +211,30 @@ def test_a_loop_error_is_a_normal_end_only_once_served_and_unmounted(
     )
     assert child.returncode == code, child.stderr
     assert says in child.stderr
+
+
+_RAISE_LIMIT = """
+import resource, sys
+from burstctl.fuse_shim.mount import raise_open_file_limit
+
+soft, hard = (int(v) for v in sys.argv[1:])
+resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+print(raise_open_file_limit(), *resource.getrlimit(resource.RLIMIT_NOFILE))
+"""
+
+
+@pytest.mark.parametrize(("soft", "hard"), [(256, 1024), (1024, 1024)])
+def test_the_open_file_limit_is_raised_to_the_hard_one(soft: int, hard: int) -> None:
+    # In a child: the limit is the process's own.
+    child = subprocess.run(
+        [sys.executable, "-c", _RAISE_LIMIT, str(soft), str(hard)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert child.returncode == 0, child.stderr
+    assert child.stdout.split() == [str(hard), str(hard), str(hard)]  # the hard one is kept
 
 
 class _Loaded:
