@@ -334,9 +334,9 @@ class PassthroughFS:
                 conn.max_write = min(conn.max_write, self._max_write)
             # As on libfuse 2 (where it is off): with it the kernel asks GETATTR before every
             # read(2) to check its page cache, a request more per small read.
-            # HANDLE_KILLPRIV off: the kernel clears set-id bits and capabilities itself on
-            # writes through its cache, truncate and chown (it still leaves direct writes to
-            # the daemon, see `write`).
+            # HANDLE_KILLPRIV off (libfuse 3.14 never passes it on to the kernel anyway): the
+            # kernel clears set-id bits and capabilities itself on writes through its cache,
+            # truncates and chowns. It leaves direct_io writes to the daemon (`write`).
             conn.want &= ~(CAP_AUTO_INVAL_DATA | CAP_HANDLE_KILLPRIV)
             if conn.capable & CAP_CACHE_SYMLINKS:
                 conn.want |= CAP_CACHE_SYMLINKS
@@ -408,6 +408,7 @@ class PassthroughFS:
                 os.ftruncate(fh, change.size)
             else:
                 os.truncate(_proc(inode.fd), change.size)
+            self._clear_setid(req, fh if fh is not None else inode.fd, handle=fh is not None)
         if change.atime is not None or change.mtime is not None:
             syscalls.set_times(
                 fh if fh is not None else inode.fd,
@@ -550,6 +551,12 @@ class PassthroughFS:
         caller = self._metadata(req)
         flags = (flags & ~_DROPPED_OPEN_FLAGS) | os.O_CLOEXEC
         fd = os.open(_proc(self._inode(node).fd), flags)
+        if flags & os.O_TRUNC:
+            try:
+                self._clear_setid(req, fd)
+            except BaseException:
+                os.close(fd)
+                raise
         self._opened(req, fd, caller)
         return Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
 
@@ -650,17 +657,22 @@ class PassthroughFS:
             self._clear_setid(req, fh)
         return done
 
-    def _clear_setid(self, req: int, fh: int) -> None:
-        """Clears set-user-ID / set-group-ID after a write, as the kernel does on a local file
-        system: for direct_io files it leaves that to the file system (FUSE_WRITE_KILL_SUIDGID,
-        which the low-level API does not pass on), and the daemon writes as root."""
-        st = os.fstat(fh)
+    def _clear_setid(self, req: int, fd: int, *, handle: bool = True) -> None:
+        """Clears set-user-ID / set-group-ID after a write or truncate, as the kernel does on
+        a local file system when the caller lacks CAP_FSETID. The kernel leaves it to the file
+        system (HANDLE_KILLPRIV, and always for direct_io writes), and the daemon writes as
+        root, so BACKING keeps the bits. ``fd``: an open file (``handle``) or an O_PATH one."""
+        st = os.fstat(fd)
         if not st.st_mode & _SETID or not stat.S_ISREG(st.st_mode):
             return
         ctx = self._caller(req)
         mode = mode_after_write(st.st_mode, st.st_gid, writer_of(ctx.pid, ctx.gid))
-        if mode is not None:
-            os.fchmod(fh, stat.S_IMODE(mode))
+        if mode is None:
+            return
+        if handle:
+            os.fchmod(fd, stat.S_IMODE(mode))
+        else:
+            os.chmod(_proc(fd), stat.S_IMODE(mode))
 
     def flush(self, req: int, node: int, fh: int) -> None:
         # close(2) of a duplicate reports what the backing filesystem reports at close,
