@@ -29,14 +29,17 @@ files (see its docstring).
 
 from __future__ import annotations
 
+import bisect
 import ctypes
 import errno
+import itertools
 import logging
 import os
 import re
 import stat
+import struct
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -185,16 +188,6 @@ _reply_write = _bind("fuse_reply_write", ctypes.c_int, _req_t, ctypes.c_size_t)
 _reply_buf = _bind("fuse_reply_buf", ctypes.c_int, _req_t, ctypes.c_void_p, ctypes.c_size_t)
 _reply_statfs = _bind("fuse_reply_statfs", ctypes.c_int, _req_t, ctypes.POINTER(c_statvfs))
 _reply_xattr = _bind("fuse_reply_xattr", ctypes.c_int, _req_t, ctypes.c_size_t)
-_add_direntry = _bind(
-    "fuse_add_direntry",
-    ctypes.c_size_t,
-    _req_t,
-    ctypes.c_void_p,
-    ctypes.c_size_t,
-    ctypes.c_char_p,
-    _stat_p,
-    _off_t,
-)
 _add_direntry_plus = (
     _bind(
         "fuse_add_direntry_plus",
@@ -336,7 +329,7 @@ class Operations(Protocol):
     def release(self, req: int, node: int, fh: int) -> None: ...
     def fsync(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
     def opendir(self, req: int, node: int) -> Opened: ...
-    def readdir(self, req: int, node: int, offset: int, fh: int) -> Iterable[DirEntry]: ...
+    def readdir(self, req: int, node: int, offset: int, fh: int) -> Listing: ...
     def readdir_entry(self, parent: int, name: bytes) -> Entry: ...
     def releasedir(self, req: int, node: int, fh: int) -> None: ...
     def fsyncdir(self, req: int, node: int, datasync: bool, fh: int) -> None: ...
@@ -361,6 +354,39 @@ class DirEntry:
     ino: int
     mode: int
     next_offset: int
+
+
+_DIRENT = struct.Struct("<QQII")  # fuse_kernel.h struct fuse_dirent, before the name
+
+
+class Listing:
+    """A directory's entries, packed once in the form the kernel reads them (``struct
+    fuse_dirent``, 8-byte aligned): each readdir request is then one slice of whole records,
+    with no Python work per entry."""
+
+    def __init__(self, entries: Sequence[DirEntry]) -> None:
+        self.entries = list(entries)
+        parts: list[bytes] = []
+        ends: list[int] = []
+        end = 0
+        for entry in self.entries:
+            size = (_DIRENT.size + len(entry.name) + 7) & ~7
+            head = _DIRENT.pack(entry.ino, entry.next_offset, len(entry.name), entry.mode >> 12)
+            parts.append(head + entry.name + bytes(size - _DIRENT.size - len(entry.name)))
+            end += size
+            ends.append(end)
+        self._ends = ends
+        self._buffer = ctypes.create_string_buffer(b"".join(parts), max(end, 1))
+        self._address = ctypes.addressof(self._buffer)
+
+    def chunk(self, offset: int, size: int) -> tuple[int, int]:
+        """(address, length) of the records from entry ``offset`` on that fit in ``size``."""
+        if offset >= len(self._ends):
+            return self._address, 0
+        start = self._ends[offset - 1] if offset > 0 else 0
+        fit = bisect.bisect_right(self._ends, start + size)  # entries ending within the size
+        end = self._ends[fit - 1] if fit > offset else start
+        return self._address + start, end - start
 
 
 def _fill_stat(out: Any, st: os.stat_result) -> None:
@@ -669,29 +695,13 @@ class _Callbacks:
 
     def _readdir(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
         try:
-            entries = self.fs.readdir(req, node, offset, fi.contents.fh)
-            buffer, _ = self._buffers.get(size)
-            address = ctypes.addressof(buffer)
-            used = 0
-            st = c_stat()
-            for entry in entries:
-                st.st_ino = entry.ino
-                st.st_mode = entry.mode
-                needed = _add_direntry(
-                    req,
-                    address + used,
-                    size - used,
-                    entry.name,
-                    ctypes.byref(st),
-                    entry.next_offset,
-                )
-                if needed > size - used:
-                    break
-                used += needed
+            address, length = self.fs.readdir(req, node, offset, fi.contents.fh).chunk(
+                offset, size
+            )
         except BaseException as err:
             self._fail(req, "readdir", err)
             return
-        _reply_buf(req, buffer, used)
+        _reply_buf(req, address, length)
 
     def _readdirplus(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
         # As readdir, each entry with its attributes: the kernel caches them as if it had
@@ -700,7 +710,8 @@ class _Callbacks:
         assert _add_direntry_plus is not None
         sent: list[int] = []
         try:
-            entries = self.fs.readdir(req, node, offset, fi.contents.fh)
+            listing = self.fs.readdir(req, node, offset, fi.contents.fh)
+            entries = itertools.islice(listing.entries, offset, None)
             buffer, _ = self._buffers.get(size)
             address = ctypes.addressof(buffer)
             used = 0

@@ -45,8 +45,8 @@ import resource
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from burstctl.fuse_shim import syscalls
@@ -62,6 +62,7 @@ from burstctl.fuse_shim._fuse import (
     DirectIoMmap,
     DirEntry,
     Entry,
+    Listing,
     Opened,
     SetAttr,
     kernel_release,
@@ -129,8 +130,7 @@ def handle_budget(soft_limit: int) -> int:
 @dataclass
 class _Directory:
     fd: int
-    entries: list[DirEntry] = field(default_factory=list)
-    read: bool = False
+    listing: Listing | None = None
 
 
 class PassthroughFS:
@@ -438,16 +438,16 @@ class PassthroughFS:
             self._dirs[fd] = _Directory(fd)
         return Opened(fd)
 
-    def readdir(self, req: int, node: int, offset: int, fh: int) -> Iterator[DirEntry]:
+    def readdir(self, req: int, node: int, offset: int, fh: int) -> Listing:
+        """The directory's listing, taken at its first read and again at each rewind
+        (offset 0); later reads continue in it by offset."""
         directory = self._dirs.get(fh)
         if directory is None:
             raise OSError(errno.EBADF, "unknown directory handle")
-        if offset == 0 or not directory.read:
+        if offset == 0 or directory.listing is None:
             self._metadata(req)
-            directory.entries = self._list(directory.fd, node == ROOT_ID)
-            directory.read = True
-        entries = directory.entries
-        return (entries[i] for i in range(offset, len(entries)))
+            directory.listing = Listing(self._list(directory.fd, node == ROOT_ID))
+        return directory.listing
 
     @staticmethod
     def _list(fd: int, is_root: bool) -> list[DirEntry]:

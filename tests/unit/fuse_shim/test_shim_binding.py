@@ -81,12 +81,22 @@ def replies(monkeypatch: pytest.MonkeyPatch) -> Replies:
     record("write", lambda size: (size,))
     record(
         "buf",
-        lambda buf, size: ((buf if isinstance(buf, bytes) else buf.raw)[:size],),
+        lambda buf, size: (_buffer_bytes(buf, size),),
     )
     record("statfs", lambda st: (st._obj.f_blocks, st._obj.f_namemax))
     record("xattr", lambda size: (size,))
     record("lseek", lambda offset: (offset,))
     return got
+
+
+def _buffer_bytes(buf: Any, size: int) -> bytes:
+    """What fuse_reply_buf would send: ``size`` bytes of a bytes object, a ctypes buffer, or
+    memory at an address (a readdir listing replies from its packed records in place)."""
+    if isinstance(buf, bytes):
+        return buf[:size]
+    if isinstance(buf, int):
+        return ctypes.string_at(buf, size) if size else b""
+    return bytes(buf.raw[:size])
 
 
 @pytest.fixture

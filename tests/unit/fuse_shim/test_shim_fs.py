@@ -33,6 +33,7 @@ from burstctl.fuse_shim._fuse import (
     NOW,
     ROOT_ID,
     DirectIoMmap,
+    DirEntry,
     Entry,
     SetAttr,
 )
@@ -580,6 +581,11 @@ def test_rename_exchange(backing: Backing, make_fs: Callable[..., PassthroughFS]
 # ---------------------------------------------------------------- directories
 
 
+def listed(fs: PassthroughFS, offset: int, fh: int, node: int = ROOT_ID) -> list[DirEntry]:
+    """The entries a readdir at ``offset`` goes on with."""
+    return fs.readdir(REQ, node, offset, fh).entries[offset:]
+
+
 def test_readdir_resumes_where_it_stopped(
     backing: Backing, make_fs: Callable[..., PassthroughFS]
 ) -> None:
@@ -595,7 +601,7 @@ def test_readdir_resumes_where_it_stopped(
     fs = make_fs(fd)
     before = open_fds(root)
     opened = fs.opendir(REQ, ROOT_ID)
-    everything = list(fs.readdir(REQ, ROOT_ID, 0, opened.fh))
+    everything = listed(fs, 0, opened.fh)
     by_name = {e.name: e for e in everything}
     assert set(by_name) == {b".", b"..", b"f", b"d", b"l", b"p"} | names
     assert len(everything) == len(by_name)  # no name twice
@@ -611,14 +617,14 @@ def test_readdir_resumes_where_it_stopped(
     # even when the directory changed in between; offset 0 starts over (and reads again).
     (root / "late").write_bytes(b"")
     taken = everything[:7]
-    rest = list(fs.readdir(REQ, ROOT_ID, taken[-1].next_offset, opened.fh))
+    rest = listed(fs, taken[-1].next_offset, opened.fh)
     assert taken + rest == everything
-    again = [e.name for e in fs.readdir(REQ, ROOT_ID, 0, opened.fh)]
+    again = [e.name for e in listed(fs, 0, opened.fh)]
     assert b"late" in again and len(again) == len(everything) + 1
-    assert list(fs.readdir(REQ, ROOT_ID, len(again), opened.fh)) == []  # past the end
+    assert listed(fs, len(again), opened.fh) == []  # past the end
     fs.releasedir(REQ, ROOT_ID, opened.fh)
     assert open_fds(root) == before
-    raises_errno(errno.EBADF, lambda: list(fs.readdir(REQ, ROOT_ID, 0, opened.fh)))
+    raises_errno(errno.EBADF, lambda: listed(fs, 0, opened.fh))
 
 
 def test_readdir_of_a_subdirectory_names_its_parent(
@@ -630,12 +636,12 @@ def test_readdir_of_a_subdirectory_names_its_parent(
     d = fs.lookup(REQ, ROOT_ID, b"d")
     opened = fs.opendir(REQ, d.node)
     fresh = fs.opendir(REQ, d.node)  # a handle opened after this one's first read
-    entries = {e.name: e for e in fs.readdir(REQ, d.node, 0, opened.fh)}
+    entries = {e.name: e for e in listed(fs, 0, opened.fh, d.node)}
     assert entries[b"."].ino == os.stat(root / "d").st_ino
     assert entries[b".."].ino == os.stat(root).st_ino
     assert set(entries) == {b".", b"..", b"e"}
     # A handle whose first readdir comes with an offset (a seekdir) still lists first.
-    assert [e.name for e in fs.readdir(REQ, d.node, 2, fresh.fh)] == [b"e"]
+    assert [e.name for e in listed(fs, 2, fresh.fh, d.node)] == [b"e"]
     fs.fsyncdir(REQ, d.node, False, opened.fh)
     fs.fsyncdir(REQ, d.node, True, opened.fh)
     fs.releasedir(REQ, d.node, opened.fh)
