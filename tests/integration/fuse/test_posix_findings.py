@@ -31,6 +31,7 @@ from typing import Any, cast
 import pytest
 from fake_controller import FakeController
 from support import MountProcess, is_mounted, run_as
+from test_posix import Outcome, attempt
 
 from burstctl.fuse_shim.attribution import Attributor, Caller
 
@@ -40,16 +41,6 @@ KiB, MiB, GiB = 1 << 10, 1 << 20, 1 << 30
 
 # Writing as another user (support.run_as) and giving files away (chown) need root.
 needs_root = pytest.mark.skipif(os.geteuid() != 0, reason="needs root")
-
-Outcome = tuple[str, Any]
-
-
-def attempt(fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Outcome:
-    """``("ok", value)`` or ``("err", "ENOENT")``: what a call did."""
-    try:
-        return ("ok", fn(*args, **kwargs))
-    except OSError as err:
-        return ("err", errno.errorcode.get(err.errno or 0, str(err.errno)))
 
 
 @pytest.fixture
