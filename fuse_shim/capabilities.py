@@ -45,15 +45,15 @@ class AbsentCapabilities:
         self.generation = 0
         self.hits = 0  # for tests and benchmarks
 
-    def known_absent(self, path: Hashable) -> bool:
-        expiry = self._absent.get(path)
+    def known_absent(self, key: Hashable) -> bool:
+        expiry = self._absent.get(key)
         if expiry is not None and expiry > time.monotonic():
             self.hits += 1
             return True
         return False
 
-    def remember(self, path: Hashable, generation: int) -> None:
-        """Records ENODATA for ``path``, unless something was forgotten since ``generation``."""
+    def remember(self, key: Hashable, generation: int) -> None:
+        """Records ENODATA for ``key``, unless something was forgotten since ``generation``."""
         now = time.monotonic()
         with self._lock:
             if generation != self.generation:
@@ -62,7 +62,7 @@ class AbsentCapabilities:
                 self._absent = {k: v for k, v in self._absent.items() if v > now}
                 if len(self._absent) >= _ABSENT_MAX:
                     self._absent.clear()
-            self._absent[path] = now + self._ttl
+            self._absent[key] = now + self._ttl
 
     def forget_all(self) -> None:
         with self._lock:
