@@ -16,7 +16,6 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from pathlib import Path
 
 import pytest
-from conftest import REPLICA_DEFAULTS
 from support import async_wait_until
 
 from burstctl.client import JobInfo, Session
@@ -37,6 +36,17 @@ PERIOD, START, END = 1.0, 0.0, 0.3
 # thread's wake-up after the grant (two cores shared by the whole test run), plus the
 # one-way delay of the Allocation that anchors the client's phase.
 LATE = 0.03
+
+
+# as tests/conftest.py's replica_factory (B = 40 MiB/s, b = 8 MiB/s, lease 1 s)
+REPLICA = {
+    "grpc_listen": "127.0.0.1:0",
+    "http_listen": "127.0.0.1:0",
+    "capacity": "40MiB/s",
+    "node_bandwidth": "8MiB/s",
+    "heartbeat_timeout": 1.0,
+    "lease": 1.0,
+}
 
 
 class ProbeParams(PolicyParams):
@@ -73,7 +83,7 @@ async def probe_replica(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable
         registry.register(WindowsProbe.name, WindowsProbe)
         config = load_config(
             **{
-                **REPLICA_DEFAULTS,
+                **REPLICA,
                 "state_dir": tmp_path / f"state{len(started)}",
                 "policy": WindowsProbe.name,
                 "policy_params": params,
