@@ -695,7 +695,9 @@ class _Callbacks:
 
     def _readdir(self, req: int, node: int, size: int, offset: int, fi: Any) -> None:
         try:
-            address, length = self.fs.readdir(req, node, offset, fi.contents.fh).chunk(offset, size)
+            address, length = self.fs.readdir(req, node, offset, fi.contents.fh).chunk(
+                offset, size
+            )
         except BaseException as err:
             self._fail(req, "readdir", err)
             return
