@@ -8,6 +8,9 @@ digest). Beyond them a value is taken for a bug or an attack, not a measurement.
 
 from __future__ import annotations
 
+import itertools
+from collections.abc import Sequence
+
 MAX_TEXT = 256  # characters of an identifier: job id, user, group, replica id, host
 MAX_NODES = 1 << 20  # p_i, compute nodes of one job
 MAX_PRIORITY = 1e9
@@ -50,3 +53,45 @@ def identifier_problem(value: object) -> str | None:
 # falls to at most its conservative rate (client/fallback.py); the survivors of a dead
 # replica count that replica's rates as long (controller config ``fallback_grace``).
 DEFAULT_FALLBACK_GRACE = 30.0
+
+
+# A periodic pattern of I/O windows (Allocation.windows, docs/protocol.md): at most this many
+# windows per period, and a period of at most a day.
+MAX_WINDOWS = 64
+MAX_PERIOD = 86_400.0
+
+
+def windows_problem(
+    period: float, windows: Sequence[tuple[float, float, float]]
+) -> tuple[str, str] | None:
+    """Why a pattern of ``(start, end, rate)`` windows over ``period`` seconds is malformed,
+    as ``(field, reason)`` with the field named as on the wire (``period_seconds``,
+    ``window[2].end_seconds``), or None when it is well formed.
+
+    Well formed: ``0 < period <= MAX_PERIOD``; at most ``MAX_WINDOWS`` windows; each with
+    ``0 <= start < period``, ``start < end``, ``end - start <= period`` (an end past the
+    period wraps into the next one) and a finite rate in ``[0, MAX_RATE]``; no two windows
+    overlap, wrap-around included. NaN fails every check.
+    """
+    if not (0.0 < period <= MAX_PERIOD):
+        return "period_seconds", f"must be in (0, {MAX_PERIOD:g}] seconds, got {period!r}"
+    if len(windows) > MAX_WINDOWS:
+        return "window", f"{len(windows)} windows, more than MAX_WINDOWS = {MAX_WINDOWS}"
+    for i, (start, end, rate) in enumerate(windows):
+        if not (0.0 <= start < period):
+            return f"window[{i}].start_seconds", f"must be in [0, period), got {start!r}"
+        if not (start < end <= start + period):
+            return (
+                f"window[{i}].end_seconds",
+                f"must be in (start, start + period] = ({start!r}, {start + period!r}], "
+                f"got {end!r}",
+            )
+        if not (0.0 <= rate <= MAX_RATE):
+            return f"window[{i}].rate", f"must be in [0, {MAX_RATE:g}] bytes/s, got {rate!r}"
+    order = sorted(range(len(windows)), key=lambda i: windows[i][0])
+    for before, after in itertools.pairwise(order):
+        if windows[after][0] < windows[before][1]:
+            return f"window[{after}].start_seconds", f"overlaps window[{before}]"
+    if order and windows[order[-1]][1] - period > windows[order[0]][0]:
+        return f"window[{order[-1]}].end_seconds", f"wraps over window[{order[0]}]"
+    return None

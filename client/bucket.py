@@ -9,12 +9,13 @@ the usage reports are built from, and a hook for the moment an acquire starts wa
 from __future__ import annotations
 
 import asyncio
+import bisect
 import contextlib
 import logging
 import math
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from burstctl.limits import MIN_RATE
@@ -54,6 +55,111 @@ def _check_burst(burst: float) -> float:
     return burst
 
 
+class Pattern:
+    """A periodic pattern of I/O windows on the client's clock (docs/client.md, "Windows").
+
+    Period k is ``[origin + k·period, origin + (k+1)·period)`` for every integer k; each window
+    ``(start, end, rate)`` repeats in every period, ``start`` and ``end`` in seconds from the
+    period's start, an ``end`` past the period wrapping into the next one. The pattern is the
+    rate of the bucket as a function of time: ``volume(a, b)`` is its integral over ``[a, b]``,
+    ``time_to(a, amount)`` the first instant at which that integral reaches ``amount``.
+    Windows must be well formed (``burstctl.limits.windows_problem``); a rate below
+    `MIN_RATE` is paced as 0.
+    """
+
+    __slots__ = ("_cum", "_cum_end", "_ends", "_rates", "_starts", "origin", "period", "total")
+
+    def __init__(
+        self, period: float, origin: float, windows: Sequence[tuple[float, float, float]]
+    ) -> None:
+        if not (0.0 < period < math.inf and math.isfinite(origin)):
+            raise ValueError(f"a pattern needs a finite period > 0 and origin, got {period!r}")
+        self.period = float(period)
+        self.origin = float(origin)
+        # Wrapping windows split in two, so every segment lies inside [0, period].
+        segments: list[tuple[float, float, float]] = []
+        for start, end, rate in windows:
+            rate = _check_rate(rate)
+            if not math.isfinite(rate):
+                raise ValueError(f"a window's rate must be finite, got {rate!r}")
+            if end > period:
+                segments.append((start, period, rate))
+                segments.append((0.0, end - period, rate))
+            else:
+                segments.append((start, end, rate))
+        segments.sort()
+        self._starts = [s for s, _, _ in segments]
+        self._ends = [e for _, e, _ in segments]
+        self._rates = [r for _, _, r in segments]
+        self._cum: list[float] = []  # volume of a period before each segment
+        self._cum_end: list[float] = []  # ... up to each segment's end
+        total = 0.0
+        for start, end, rate in segments:
+            self._cum.append(total)
+            total += (end - start) * rate
+            self._cum_end.append(total)
+        self.total = total  # volume of one period
+
+    def mean_rate(self) -> float:
+        return self.total / self.period
+
+    def rate_at(self, t: float) -> float:
+        """The rate in force at ``t`` (0 between windows)."""
+        _, phase = self._split(t)
+        j = bisect.bisect_right(self._starts, phase) - 1
+        return self._rates[j] if j >= 0 and phase < self._ends[j] else 0.0
+
+    def _split(self, t: float) -> tuple[int, float]:
+        """``t`` as (period number, seconds into it)."""
+        x = t - self.origin
+        k = math.floor(x / self.period)
+        phase = x - k * self.period
+        return k, min(max(phase, 0.0), self.period)
+
+    def _cumulative(self, phase: float) -> float:
+        """Volume moved from the period's start up to ``phase`` seconds into it."""
+        j = bisect.bisect_right(self._starts, phase) - 1
+        if j < 0:
+            return 0.0
+        return self._cum[j] + self._rates[j] * min(
+            phase - self._starts[j], self._ends[j] - self._starts[j]
+        )
+
+    def volume(self, a: float, b: float) -> float:
+        """The pattern's volume over ``[a, b]`` (0 when ``b <= a``)."""
+        if b <= a:
+            return 0.0
+        ka, pa = self._split(a)
+        kb, pb_ = self._split(b)
+        return max(0.0, (kb - ka) * self.total + self._cumulative(pb_) - self._cumulative(pa))
+
+    def time_to(self, a: float, amount: float) -> float:
+        """The first ``t >= a`` with ``volume(a, t) >= amount``; inf if the pattern moves
+        nothing."""
+        if amount <= 0:
+            return a
+        if self.total <= 0:
+            return math.inf
+        k, phase = self._split(a)
+        reach = self._cumulative(phase) + amount  # from the start of period k
+        periods = math.floor(reach / self.total)
+        rest = reach - periods * self.total
+        if rest <= 0.0:  # reached exactly at the end of the last segment of a period
+            periods -= 1
+            rest = self.total
+        # Rounding must not push the answer past a gap: a segment that ends within the slack
+        # of ``rest`` is the one that reaches it, not the next window.
+        slack = _ABSOLUTE_SLACK + _RELATIVE_SLACK * reach
+        j = min(bisect.bisect_left(self._cum_end, rest - slack), len(self._cum_end) - 1)
+        inside = (
+            self._starts[j] + (rest - self._cum[j]) / self._rates[j]
+            if self._rates[j]
+            else self._ends[j]
+        )
+        t = self.origin + (k + periods) * self.period + min(inside, self._ends[j])
+        return max(t, a)
+
+
 class TokenBucket:
     """A token bucket with reservations, kept as two cumulative counters.
 
@@ -68,11 +174,12 @@ class TokenBucket:
     serialises access.
     """
 
-    __slots__ = ("_burst", "_filled", "_rate", "_stamp", "_taken")
+    __slots__ = ("_burst", "_filled", "_pattern", "_rate", "_stamp", "_taken")
 
     def __init__(self, rate: float = 0.0, burst: float = 0.0, now: float = 0.0) -> None:
         self._rate = _check_rate(rate)
         self._burst = _check_burst(burst)
+        self._pattern: Pattern | None = None  # when set, it is the refill rate, not _rate
         # Starts empty: nothing may flow before the first allocation says how fast.
         self._filled = 0.0
         self._taken = 0.0
@@ -85,6 +192,10 @@ class TokenBucket:
     @property
     def burst(self) -> float:
         return self._burst
+
+    @property
+    def pattern(self) -> Pattern | None:
+        return self._pattern
 
     @property
     def filled(self) -> float:
@@ -102,7 +213,11 @@ class TokenBucket:
     def _refill(self, now: float) -> None:
         # filled = min(filled + rate * dt, taken + burst): the cap binds unreserved tokens only.
         dt = now - self._stamp
-        if self._rate == math.inf:
+        if self._pattern is not None:
+            if dt > 0:
+                gained = self._pattern.volume(self._stamp, now)
+                self._filled = min(self._filled + gained, self._taken + self._burst)
+        elif self._rate == math.inf:
             self._filled = self._taken + self._burst
         elif dt > 0:
             self._filled = min(self._filled + self._rate * dt, self._taken + self._burst)
@@ -110,13 +225,18 @@ class TokenBucket:
         if dt > 0:
             self._stamp = now
 
-    def set_rate(self, rate: float, burst: float, now: float) -> None:
-        """Changes rate and depth; tokens earned so far were earned at the old rate."""
+    def set_rate(
+        self, rate: float, burst: float, now: float, pattern: Pattern | None = None
+    ) -> None:
+        """Changes rate and depth; tokens earned so far were earned at the old rate. With a
+        ``pattern`` the bucket refills by the pattern's windows (``rate`` is then only the
+        nominal rate it reports); without one, at ``rate``."""
         rate = _check_rate(rate)
         burst = _check_burst(burst)
         self._refill(now)
         self._rate = rate
         self._burst = burst
+        self._pattern = pattern
         # A shallower bucket loses its surplus now; an unthrottled one is full.
         self._filled = min(self._filled, self._taken + burst)
         self._refill(now)
@@ -127,7 +247,7 @@ class TokenBucket:
             raise ValueError(f"cannot reserve a negative amount: {nbytes!r}")
         self._refill(now)
         self._taken += nbytes
-        if self._rate == math.inf:
+        if self._rate == math.inf and self._pattern is None:
             # Unthrottled: covered at once, but still counted.
             self._filled = self._taken + self._burst
         return self._taken
@@ -138,6 +258,9 @@ class TokenBucket:
         deficit = target - self._filled
         if deficit <= _ABSOLUTE_SLACK + _RELATIVE_SLACK * abs(target):
             return 0.0
+        if self._pattern is not None:
+            # The burst cap cannot bind before the target: filled < target <= taken.
+            return self._pattern.time_to(now, deficit) - now
         if self._rate == 0:
             return math.inf
         return deficit / self._rate
@@ -216,11 +339,16 @@ class Throttle:
     def total_wait_seconds(self) -> float:
         return self.snapshot().wait_seconds
 
-    def set_rate(self, rate: float, burst: float) -> None:
-        """Applies a new rate and wakes every waiter to re-evaluate its wait."""
+    @property
+    def pattern(self) -> Pattern | None:
+        return self._bucket.pattern
+
+    def set_rate(self, rate: float, burst: float, pattern: Pattern | None = None) -> None:
+        """Applies a new rate (and pattern of windows, or none) and wakes every waiter to
+        re-evaluate its wait."""
         with self._cond:
             old = self._bucket.rate
-            self._bucket.set_rate(rate, burst, self._clock())
+            self._bucket.set_rate(rate, burst, self._clock(), pattern)
             self._wake_all()
             if self._on_rate_change is not None and self._bucket.rate != old:
                 try:

@@ -25,7 +25,7 @@ from collections.abc import Callable
 
 import grpc
 
-from burstctl.client.bucket import Throttle
+from burstctl.client.bucket import Pattern, Throttle
 from burstctl.client.kinds import check_nbytes, op_kind
 from burstctl.client.options import SessionOptions
 from burstctl.client.stream import SessionStream, open_channel
@@ -72,6 +72,10 @@ class Engine:
     @property
     def rate(self) -> float:
         return self._throttle.rate
+
+    @property
+    def pattern(self) -> Pattern | None:
+        return self._throttle.pattern
 
     @property
     def attached(self) -> bool:

@@ -11,6 +11,7 @@ import concurrent.futures
 from types import TracebackType
 
 from burstctl.channels import ChannelSecurity
+from burstctl.client.bucket import Pattern
 from burstctl.client.engine import Engine
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
@@ -122,6 +123,12 @@ class _SessionBase:
     def rate(self) -> float:
         """The rate in force, in bytes/s (``math.inf`` when unthrottled)."""
         return self._engine.rate
+
+    @property
+    def pattern(self) -> Pattern | None:
+        """The periodic pattern of windows in force (docs/client.md, "Windows"), None when
+        the session paces at a plain rate."""
+        return self._engine.pattern
 
     @property
     def attached(self) -> bool:

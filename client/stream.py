@@ -25,9 +25,9 @@ from typing import Any
 import grpc
 
 from burstctl.channels import PLAIN, ChannelSecurity
-from burstctl.client.bucket import Throttle, ThrottleStats
+from burstctl.client.bucket import Pattern, Throttle, ThrottleStats
 from burstctl.client.options import SessionOptions
-from burstctl.limits import RETRY_AFTER_KEY
+from burstctl.limits import RETRY_AFTER_KEY, windows_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 from burstctl.units import format_rate
@@ -138,6 +138,8 @@ class SessionStream:
         self._last_rate: float | None = None  # last allotted by a live controller, 0 included
         self._grace_timer: asyncio.TimerHandle | None = None
         self._last_burst: float | None = None
+        # the pattern of windows of the last allocation (None: a plain rate); keep-last keeps it
+        self._last_pattern: Pattern | None = None
         self._last_report = ThrottleStats(bytes=0, acquires=0, wait_seconds=0.0, waiting=False)
         self._last_report_at = 0.0
         self._detached_logged = False
@@ -480,11 +482,17 @@ class SessionStream:
                 lease,
             )
             return
+        pattern = None
+        if allocation.HasField("windows"):
+            pattern = self._pattern(allocation.windows)
+            if pattern is None:
+                return
         self._stream_epoch = allocation.epoch
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
         before = self._throttle.rate
-        self._throttle.set_rate(rate, burst)
+        self._throttle.set_rate(rate, burst, pattern)
+        self._last_pattern = pattern
         self._last_rate = self._throttle.rate  # after the floor: a residue is a 0
         self._cancel_grace()
         if self._last_rate < before:
@@ -505,6 +513,28 @@ class SessionStream:
         self._detached_logged = False
         self._refused = None
         self._set_attached(True)
+
+    def _pattern(self, windows: pb.Windows) -> Pattern | None:
+        """The allocation's pattern on this client's clock, or None (logged) if malformed.
+
+        The period's origin is ``origin_seconds`` from now, the receipt: the controller
+        computed it just before writing, so the phase is late by the message's one-way delay
+        (docs/protocol.md, "Windows").
+        """
+        received = self._clock()
+        period, origin = windows.period_seconds, windows.origin_seconds
+        spans = [(w.start_seconds, w.end_seconds, w.rate) for w in windows.window]
+        problem = windows_problem(period, spans)
+        if problem is None and not (0.0 <= origin < period):
+            problem = ("origin_seconds", f"must be in [0, period), got {origin!r}")
+        if problem is not None:
+            logger.error(
+                "ignoring an allocation with malformed windows from %s: windows.%s: %s",
+                self._options.target,
+                *problem,
+            )
+            return None
+        return Pattern(period, received + origin, spans)
 
     # ------------------------------------------------------------------ lease and fallback
 
@@ -564,7 +594,12 @@ class SessionStream:
         burst = self._last_burst
         if not burst:  # never told how deep, or told 0 along with a rate of 0
             burst = rate * DEFAULT_BURST_SECONDS if math.isfinite(rate) else 0.0
-        self._throttle.set_rate(rate, burst)
+        # keep-last keeps the last pattern of windows along with its rate (its phase goes on
+        # on this client's clock); any other fallback rate is a plain rate.
+        pattern = None
+        if self._options.fallback.mode == "keep-last" and rate == self._last_rate:
+            pattern = self._last_pattern
+        self._throttle.set_rate(rate, burst, pattern)
 
     def _grace_expired(self) -> None:
         """A kept rate outlived ``fallback_grace`` without a controller: the conservative rate

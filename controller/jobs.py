@@ -24,11 +24,12 @@ import enum
 import logging
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 from burstctl.controller.signal import Signal
 from burstctl.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
 from burstctl.policies.accounting import JobAccount, job_view
+from burstctl.policies.schedule import Schedule
 from burstctl.policies.view import JobView, SystemView, job_cap
 
 log = logging.getLogger(__name__)
@@ -43,6 +44,16 @@ class Outbox(Protocol):
     """The session's stream, as the scheduler sees it."""
 
     def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None: ...
+
+
+@runtime_checkable
+class WindowsOutbox(Protocol):
+    """An outbox that also carries a periodic pattern of windows (``Allocation.windows``);
+    one that does not gets the pattern's mean rate only."""
+
+    def offer_windows(
+        self, rate: float, burst: float, epoch: int, lease: float, policy: str, windows: Schedule
+    ) -> None: ...
 
 
 class OpKind(enum.Enum):
@@ -133,6 +144,7 @@ class SessionState:
     epoch: int = 0
     pushed_at: float = 0.0
     outbox: Outbox | None = None  # where the scheduler offers allocations
+    schedule: Schedule | None = None  # the pattern of windows last pushed with ``rate``
     decided: int = 0  # number of the last decision that served it
     claim: JobMeta | None = None  # the metadata its Hello was admitted with (controller/trust.py)
 
@@ -556,6 +568,11 @@ class JobTable:
     # -- views ----------------------------------------------------------------
     def job_demand(self, job: JobState, cap: float) -> float:
         return min(cap, sum(s.demand(cap, self.demand_headroom) for s in job.sessions.values()))
+
+    @property
+    def clock(self) -> Callable[[], float]:
+        """The table's clock: the time of its views (``SystemView.now``)."""
+        return self._clock
 
     def view(self, capacity: float, node_bandwidth: float, seed: int = 0) -> SystemView:
         """The jobs of S(t) (those with an open operation) as policies see them.

@@ -30,11 +30,12 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from burstctl.controller.config import ControllerConfig
-from burstctl.controller.jobs import JobTable, SessionState
+from burstctl.controller.jobs import JobTable, SessionState, WindowsOutbox
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.limits import MIN_RATE
 from burstctl.policies.decision import Decision, decide
+from burstctl.policies.schedule import Schedule
 from burstctl.policies.sharing import water_fill
 from burstctl.policies.view import JobId
 
@@ -47,7 +48,8 @@ decision_log = logging.getLogger("burstctl.decisions")
 # longer.
 INCREASE_HOLD_MAX = 0.25
 
-Offer = tuple[float, float, int, float, str]  # rate, burst, epoch, lease, policy
+# rate, burst, epoch, lease, policy, pattern of windows (None: a plain rate)
+Offer = tuple[float, float, int, float, str, Schedule | None]
 
 
 @dataclass(slots=True)
@@ -166,7 +168,7 @@ class Scheduler:
             now = self._clock()
             for session in list(self.table.sessions.values()):
                 if session.rate is not None and now - session.pushed_at >= lease / 2:
-                    self._push(session, session.rate, now)
+                    self._push(session, session.rate, now, session.schedule)
                     self.stats.renewals += 1
             self._release_held()
 
@@ -186,6 +188,14 @@ class Scheduler:
         targets = self._peers.local_targets if self._peers is not None else None
         decision = self.last = decide(policy, view, targets)
         rates = decision.rates
+        schedules = decision.schedules
+        for job_id, reason in decision.refused:
+            log.warning(
+                "policy %s proposed a malformed schedule for job %s (%s); not sent",
+                policy.name,
+                job_id,
+                reason,
+            )
         if decision.clamped:
             self.stats.clamped += 1
             log.warning("policy %s proposed an infeasible allocation; clamped", policy.name)
@@ -200,13 +210,16 @@ class Scheduler:
             if rate < MIN_RATE:  # a residue (capacity − Σ, rounded) is no allotment
                 rate = 0.0
             sessions = jobs[job_id].sessions
+            schedule = schedules.get(job_id) if schedules else None
             if len(sessions) == 1:
                 for s in sessions.values():  # _offer inlined: this loop is the hot one
                     s.decided = stamp
                     old = s.rate
-                    if old == rate or (old and rate and abs(rate - old) <= tolerance * old):
+                    if (
+                        old == rate or (old and rate and abs(rate - old) <= tolerance * old)
+                    ) and s.schedule == schedule:
                         continue
-                    self._push(s, rate, now)
+                    self._push(s, rate, now, schedule)
             else:  # split the job's rate over its sessions by their demand
                 cap = view.jobs[job_id].cap
                 demand = {
@@ -215,7 +228,10 @@ class Scheduler:
                 split = water_fill(demand, dict.fromkeys(demand, 1.0), rate)
                 for sid, s in sessions.items():
                     s.decided = stamp
-                    offer(s, split[sid], now)
+                    part = split[sid]
+                    # each session paces to the job's windows at its share of their rates
+                    mine = None if schedule is None or not rate else schedule.scaled(part / rate)
+                    offer(s, part, now, mine)
         # Sessions outside S(t) that still hold a rate, and new ones, get 0. A
         # session whose operation just completed keeps its rate for the release
         # delay: it cannot use it without posting again (which triggers a new
@@ -274,20 +290,28 @@ class Scheduler:
         self._recheck_pending = False
         self.request()
 
-    def _offer(self, session: SessionState, rate: float, now: float) -> None:
-        """Pushes ``rate`` unless it is what the session holds, within the push tolerance.
+    def _offer(
+        self, session: SessionState, rate: float, now: float, schedule: Schedule | None = None
+    ) -> None:
+        """Pushes ``rate`` (and ``schedule``) unless it is what the session holds, within the
+        push tolerance.
 
         0 ↔ non-zero is always pushed (the job starts or stops); the first
-        allocation of a session (held rate None) too. A rate below ``MIN_RATE`` is 0.
+        allocation of a session (held rate None) too, and a change of schedule. A rate below
+        ``MIN_RATE`` is 0, without a schedule.
         """
         if rate < MIN_RATE:
-            rate = 0.0
+            rate, schedule = 0.0, None
         old = session.rate
-        if old == rate or (old and rate and abs(rate - old) <= self.config.push_tolerance * old):
+        if (
+            old == rate or (old and rate and abs(rate - old) <= self.config.push_tolerance * old)
+        ) and session.schedule == schedule:
             return
-        self._push(session, rate, now)
+        self._push(session, rate, now, schedule)
 
-    def _push(self, session: SessionState, rate: float, now: float) -> None:
+    def _push(
+        self, session: SessionState, rate: float, now: float, schedule: Schedule | None = None
+    ) -> None:
         outbox = session.outbox
         if outbox is None or session.closed:
             self._nonzero.discard(session)
@@ -302,11 +326,16 @@ class Scheduler:
                 self.stats.pushes_stop += 1
             elif not session.rate:
                 self.stats.pushes_start += 1
+        if not rate:
+            schedule = None
         session.rate = rate
+        session.schedule = schedule
         session.epoch += 1
         session.pushed_at = now
-        burst = max(float(self.config.min_burst), rate * self.config.burst_window) if rate else 0.0
-        offer = (rate, burst, session.epoch, self.config.lease, self.slot.policy.name)
+        # A pattern's bucket refills at its windows' rates: its depth follows the peak.
+        peak = rate if schedule is None else schedule.peak_rate()
+        burst = max(float(self.config.min_burst), peak * self.config.burst_window) if rate else 0.0
+        offer = (rate, burst, session.epoch, self.config.lease, self.slot.policy.name, schedule)
         self.stats.pushes += 1
         if rate > session.offered and (self._deciding or self._unapplied):
             # An increase: offered once the decreases before it are applied (_release_held).
@@ -320,7 +349,11 @@ class Scheduler:
         assert outbox is not None
         lowered = offer[0] < session.offered
         session.offered = offer[0]
-        outbox.offer(*offer)
+        rate, burst, epoch, lease, policy, schedule = offer
+        if schedule is not None and isinstance(outbox, WindowsOutbox):
+            outbox.offer_windows(rate, burst, epoch, lease, policy, schedule)
+        else:  # a plain rate; an outbox that knows no windows gets the pattern's mean rate
+            outbox.offer(rate, burst, epoch, lease, policy)
         if lowered and isinstance(outbox, Acknowledging):
             applied = outbox.applied(offer[2])
             if not applied.done():

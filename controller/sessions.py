@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 import math
+import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable
 
@@ -51,6 +52,7 @@ from burstctl.limits import (
     RETRY_AFTER_KEY,
     identifier_problem,
 )
+from burstctl.policies.schedule import Schedule
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
@@ -95,6 +97,7 @@ class SessionStream:
     __slots__ = (
         "_acked",
         "_allocation",
+        "_clock",
         "_dropped",
         "_end",
         "_errors",
@@ -104,9 +107,15 @@ class SessionStream:
         "max_notices",
     )
 
-    def __init__(self, replica_id: str = "", max_notices: int = DEFAULT_MAX_NOTICES) -> None:
+    def __init__(
+        self,
+        replica_id: str = "",
+        max_notices: int = DEFAULT_MAX_NOTICES,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._event = asyncio.Event()
-        self._allocation: tuple[float, float, int, float, str] | None = None
+        self._allocation: tuple[float, float, int, float, str, Schedule | None] | None = None
+        self._clock = clock  # the clock of the schedules' origins (the job table's)
         self._errors: deque[tuple[str, str, str]] = deque()  # (code, field, message)
         self._dropped = 0  # notices beyond max_notices since the last summary
         self._end: tuple[grpc.StatusCode, str] | None = None
@@ -148,8 +157,31 @@ class SessionStream:
         self._waiting = keep
 
     def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None:
-        self._allocation = (rate, burst, epoch, lease, policy)  # an unsent one is moot
+        self._allocation = (rate, burst, epoch, lease, policy, None)  # an unsent one is moot
         self._event.set()
+
+    def offer_windows(
+        self, rate: float, burst: float, epoch: int, lease: float, policy: str, windows: Schedule
+    ) -> None:
+        """An allocation with a periodic pattern of windows (``rate``: the pattern's mean)."""
+        self._allocation = (rate, burst, epoch, lease, policy, windows)
+        self._event.set()
+
+    def _windows(self, schedule: Schedule) -> pb.Windows:
+        """The pattern on the wire: its origin as seconds from now (the client's receipt,
+        but for the message's one-way delay) to the next start of a period."""
+        period = schedule.period
+        origin = (schedule.origin - self._clock()) % period
+        if not 0.0 <= origin < period:  # rounding of a tiny negative remainder
+            origin = 0.0
+        return pb.Windows(
+            period_seconds=period,
+            origin_seconds=origin,
+            window=[
+                pb.Window(start_seconds=w.start, end_seconds=w.end, rate=w.rate)
+                for w in schedule.windows
+            ],
+        )
 
     def error(self, code: grpc.StatusCode, field_name: str, message: str) -> None:
         """Queues a non-fatal notice (or counts it, beyond ``max_notices``); the session goes on."""
@@ -197,18 +229,20 @@ class SessionStream:
                     )
                 )
             if self._allocation is not None:
-                rate, burst, epoch, lease, policy = self._allocation
+                rate, burst, epoch, lease, policy, schedule = self._allocation
                 self._allocation = None
-                return pb.ServerMessage(
-                    allocation=pb.Allocation(
-                        rate=rate,
-                        burst=burst,
-                        epoch=epoch,
-                        lease_seconds=lease,
-                        policy=policy,
-                        replica_id=self._replica,
-                    )
+                allocation = pb.Allocation(
+                    rate=rate,
+                    burst=burst,
+                    epoch=epoch,
+                    lease_seconds=lease,
+                    policy=policy,
+                    replica_id=self._replica,
                 )
+                if schedule is not None:
+                    # Computed last, just before the write: the origin's error is the delay.
+                    allocation.windows.CopyFrom(self._windows(schedule))
+                return pb.ServerMessage(allocation=allocation)
             self._event.clear()
             await self._event.wait()
 
@@ -413,7 +447,7 @@ class ControllerServicer:
             meta, client_id, host = validate_hello(self._check(first))
             self.admit(client)
             meta = self._admit(meta, context)
-            stream = SessionStream(self.replica_id, self.max_notices)
+            stream = SessionStream(self.replica_id, self.max_notices, self.table.clock)
             session = self.table.open_session(meta, client_id, host)
             session.outbox = stream
             self.streams[session.sid] = stream

@@ -20,6 +20,7 @@ from typing import ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
+from burstctl.policies.schedule import Schedule
 from burstctl.policies.view import JobId, SystemView
 
 
@@ -66,6 +67,13 @@ class Policy:
     def allocate(self, view: SystemView) -> Mapping[JobId, float]:
         """Rates in bytes/s for the active jobs of ``view``; absent jobs get 0."""
         raise NotImplementedError
+
+    def schedules(self, view: SystemView) -> Mapping[JobId, Schedule]:
+        """Periodic patterns of I/O windows for some jobs of ``view`` (a time-dependent
+        allocation, ``policies/schedule.py``); called after ``allocate`` on the same view.
+        A job given one gets the pattern's mean rate instead of its ``allocate`` rate, and
+        its client paces to the windows. Default: none, every job gets a plain rate."""
+        return {}
 
     def period(self, view: SystemView) -> float | None:
         """Seconds after which the policy wants to decide again even if nothing

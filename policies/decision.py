@@ -14,9 +14,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterator, Mapping
+from types import MappingProxyType
 from typing import NamedTuple
 
 from burstctl.policies.base import Policy
+from burstctl.policies.schedule import Schedule
 from burstctl.policies.sharing import water_fill
 from burstctl.policies.view import JobId, SystemView
 
@@ -32,10 +34,14 @@ class Decision(NamedTuple):
     # (job, proposed rate) for every job whose proposal broke a bound and was fixed
     fixes: tuple[tuple[JobId, float], ...] = ()
     scaled: bool = False  # the proposals summed to more than B and were scaled down
+    # periodic patterns of windows for some jobs of ``rates`` (their rate is the mean rate)
+    schedules: Mapping[JobId, Schedule] = MappingProxyType({})
+    # (job, reason) for every schedule the policy proposed malformed: the job got none
+    refused: tuple[tuple[JobId, str], ...] = ()
 
     @property
     def clamped(self) -> bool:
-        return bool(self.fixes) or self.scaled
+        return bool(self.fixes) or self.scaled or bool(self.refused)
 
 
 class Share(Mapping[JobId, float]):
@@ -71,8 +77,38 @@ def decide(
 ) -> Decision:
     """The policy's proposal for ``view`` (blended with ``targets`` when given), enforced."""
     proposed = policy.allocate(view) if targets is None else blend(policy, view, targets)
+    # Schedules only on a replica's own decision: a global split is of rates.
+    wanted = policy.schedules(view) if targets is None else None
+    if not wanted:
+        rates, fixes, scaled = enforce(view, proposed)
+        return Decision(rates, policy.period(view), fixes, scaled)
+    proposed = dict(proposed)
+    schedules: dict[JobId, Schedule] = {}
+    refused: list[tuple[JobId, str]] = []
+    capped: list[tuple[JobId, float]] = []
+    for job_id, schedule in wanted.items():
+        job = view.jobs.get(job_id)
+        if job is None or job.demand <= 0.0:
+            continue  # like a rate: only for jobs with demand
+        problem = schedule.problem()
+        if problem is not None:
+            refused.append((job_id, problem))
+            continue
+        if schedule.peak_rate() > job.cap:
+            capped.append((job_id, schedule.peak_rate()))
+            schedule = schedule.capped(job.cap)
+        schedules[job_id] = schedule
+        proposed[job_id] = schedule.mean_rate()
     rates, fixes, scaled = enforce(view, proposed)
-    return Decision(rates, policy.period(view), fixes, scaled)
+    # A schedule's mean is its job's rate: scaled with it when Σ was scaled down to B, and
+    # gone with it when the job got nothing.
+    schedules = {
+        j: s if rates[j] >= proposed[j] else s.scaled(rates[j] / proposed[j])
+        for j, s in schedules.items()
+        if j in rates
+    }
+    fixes = (*fixes, *capped)
+    return Decision(rates, policy.period(view), fixes, scaled, schedules, tuple(refused))
 
 
 def enforce(

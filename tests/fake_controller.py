@@ -147,11 +147,16 @@ class FakeController(pb_grpc.ControllerServicer):
         lease: float | None = None,
         stream: int = -1,
         epoch: int | None = None,
+        windows: pb.Windows | None = None,
     ) -> None:
-        """Sends an Allocation on a stream (the latest by default), with the next epoch."""
+        """Sends an Allocation on a stream (the latest by default), with the next epoch (and
+        ``windows``, a periodic pattern, when given)."""
         with self._cond:
             target = self._streams[stream]
-        self._put(target, self._allocation(target, rate, burst, lease, epoch))
+        allocation = self._allocation(target, rate, burst, lease, epoch)
+        if windows is not None:
+            allocation.windows.CopyFrom(windows)
+        self._put(target, allocation)
 
     def end_stream(self, code: grpc.StatusCode, stream: int = -1) -> None:
         """Ends a stream with ``code`` (OK ends it normally)."""

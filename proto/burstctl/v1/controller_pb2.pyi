@@ -113,20 +113,42 @@ class ClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id")
+    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows")
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
+    WINDOWS_FIELD_NUMBER: _ClassVar[int]
     rate: float
     burst: float
     epoch: int
     lease_seconds: float
     policy: str
     replica_id: str
-    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ...) -> None: ...
+    windows: Windows
+    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ...) -> None: ...
+
+class Windows(_message.Message):
+    __slots__ = ("period_seconds", "origin_seconds", "window")
+    PERIOD_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    period_seconds: float
+    origin_seconds: float
+    window: _containers.RepeatedCompositeFieldContainer[Window]
+    def __init__(self, period_seconds: _Optional[float] = ..., origin_seconds: _Optional[float] = ..., window: _Optional[_Iterable[_Union[Window, _Mapping]]] = ...) -> None: ...
+
+class Window(_message.Message):
+    __slots__ = ("start_seconds", "end_seconds", "rate")
+    START_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    END_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    start_seconds: float
+    end_seconds: float
+    rate: float
+    def __init__(self, start_seconds: _Optional[float] = ..., end_seconds: _Optional[float] = ..., rate: _Optional[float] = ...) -> None: ...
 
 class Error(_message.Message):
     __slots__ = ("code", "field", "message")
