@@ -49,7 +49,8 @@ class _Builder:
         self.dates: list[float] = [0.0]
         self.used: list[float] = [0.0]
         self.starts: list[list[float]] = [[] for _ in apps]
-        self.io: list[dict[float, tuple[Interval, ...]]] = [{} for _ in apps]
+        # per application: compute start -> I/O sub-intervals, in [0, T] (end <= T)
+        self.io: list[dict[float, list[Interval]]] = [{} for _ in apps]
         self.last: list[float] = [0.0] * len(apps)
         self.last_end: list[float] = [0.0] * len(apps)
 
@@ -156,40 +157,61 @@ class _Builder:
         n_dates = len(dates)
         limit, B = self.caps[k], self.B
         left = app.vol_io
-        sol: list[Interval] = []
+        full: list[int] = []  # intervals used whole
+        subs: list[Interval] = []
+        partial = -1  # the interval used from its start only, if any
         while left > self.tol_data and j != stop:
             rate = B - used[j]
             if rate > limit:
                 rate = limit
             if rate > _BW_EPS:
                 start = dates[j]
-                t = (dates[j + 1] if j + 1 < n_dates else T) - start
-                if left < rate * t:
+                nxt = dates[j + 1] if j + 1 < n_dates else T
+                t = nxt - start
+                if left < rate * t and start + left / rate < nxt - TOL:
                     t = left / rate
-                sol.append((start, start + t, rate))
+                    if t > TOL:  # shorter, it would merge into its start ([PERSCHED-SIM] too)
+                        partial = j
+                        subs.append((start, start + t, rate))
+                else:
+                    full.append(j)
+                    subs.append((start, nxt, rate))
                 left -= rate * t
             j += 1
             if j == n_dates:
                 j = 0
-        if left > self.tol_data:
+        if left > self.tol_data or not subs:
             return False
-        self._commit(k, sol)
+        # addInstance: the rates on the whole intervals, then split the partial one
+        for (_, _, rate), i in zip(subs, full, strict=False):
+            used[i] += rate
+        if partial >= 0:
+            _, stop_at, rate = subs[-1]
+            dates.insert(partial + 1, stop_at)
+            used.insert(partial + 1, used[partial])
+            used[partial] += rate
+        self._record(k, subs)
         return True
 
+    def _record(self, k: int, subs: list[Interval]) -> None:
+        """Add the instance whose I/O is ``subs`` (dates of the timeline, end ≤ T)."""
+        init_w = self.dates[self._add_date(subs[0][0] - self.apps[k].w)]
+        starts = self.starts[k]
+        starts.insert(bisect_right(starts, init_w), init_w)
+        self.io[k][init_w] = subs
+        self.last[k] = init_w
+        last_end = subs[-1][1]
+        self.last_end[k] = 0.0 if last_end >= self.T - TOL else last_end
+
     def _commit(self, k: int, subs: list[Interval]) -> None:
-        """``addInstance``: split at the new dates and add the rates to the intervals."""
-        app = self.apps[k]
+        """``addInstance`` for any sub-intervals: split at the new dates, add the rates."""
         T = self.T
-        self._add_date(subs[0][0] - app.w)
         for start, end, _ in subs:
             self._add_date(start)
             self._add_date(end)
         dates, used = self.dates, self.used
         n_dates = len(dates)
-        init_w = dates[self._find(self._norm(subs[0][0] - app.w))]
-        base = init_w + app.w - TOL
         kept: list[Interval] = []
-        last_end = 0.0
         for start, end, rate in subs:
             i = self._find(self._norm(start))
             stop = self._find(self._norm(end))
@@ -201,19 +223,8 @@ class _Builder:
                 j += 1
                 if j == n_dates:
                     j = 0
-            s, e = dates[i], dates[stop]
-            length = e - s if e > s else e + T - s
-            s += T * math.ceil((base - s) / T) if s < base else 0.0
-            if kept and abs(kept[-1][1] - s) <= TOL and kept[-1][2] == rate:
-                kept[-1] = (kept[-1][0], s + length, rate)
-            else:
-                kept.append((s, s + length, rate))
-            last_end = e
-        starts = self.starts[k]
-        starts.insert(bisect_right(starts, init_w), init_w)
-        self.io[k][init_w] = tuple(kept)
-        self.last[k] = init_w
-        self.last_end[k] = last_end
+            kept.append((dates[i], dates[stop] if stop > 0 else T, rate))
+        self._record(k, kept)
 
     # -- results -------------------------------------------------------------------
     def counts(self) -> list[int]:
@@ -223,10 +234,26 @@ class _Builder:
         return Pattern(
             self.T,
             tuple(
-                AppPattern(app, tuple(Instance(s, self.io[k][s]) for s in self.starts[k]))
+                AppPattern(
+                    app, tuple(self._instance(s, app.w, self.io[k][s]) for s in self.starts[k])
+                )
                 for k, app in enumerate(self.apps)
             ),
         )
+
+    def _instance(self, init_w: float, w: float, subs: list[Interval]) -> Instance:
+        """Sub-intervals unwrapped to follow the compute phase, contiguous ones merged."""
+        T = self.T
+        base = init_w + w - TOL
+        kept: list[Interval] = []
+        for start, end, rate in subs:
+            shift = T * math.ceil((base - start) / T) if start < base else 0.0
+            s, e = start + shift, end + shift
+            if kept and abs(kept[-1][1] - s) <= TOL and kept[-1][2] == rate:
+                kept[-1] = (kept[-1][0], e, rate)
+            else:
+                kept.append((s, e, rate))
+        return Instance(init_w, tuple(kept))
 
 
 def build_pattern(apps: Sequence[App], platform: Platform, period: float) -> _Builder:
