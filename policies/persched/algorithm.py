@@ -102,7 +102,9 @@ class _Builder:
         limit = self.caps[k]
         dates, used, B = self.dates, self.used, self.B
         avail = [min(B - u, limit) for u in used]
-        order = sorted((j for j in range(len(dates)) if avail[j] > _BW_EPS), key=lambda j: -avail[j])
+        order = sorted(
+            (j for j in range(len(dates)) if avail[j] > _BW_EPS), key=lambda j: -avail[j]
+        )
         left = app.vol_io
         spent = 0.0
         chosen: list[Interval] = []
@@ -308,7 +310,9 @@ class PerSchedResult:
         }
 
 
-def _score(builder: _Builder, apps: Sequence[App], platform: Platform, objective: Objective) -> float:
+def _score(
+    builder: _Builder, apps: Sequence[App], platform: Platform, objective: Objective
+) -> float:
     """The objective, larger is better: SysEff, or min_k slowdown (1/Dilation)."""
     counts = builder.counts()
     T = builder.T
@@ -375,32 +379,36 @@ def persched(
     best_score = -1.0
     best: _Builder | None = None
     built = skipped = 0
-    T = t_min
-    while T <= t_max:
-        if prune and best is not None and _bound(apps, platform, T, objective) <= best_score + IMPROVE:
+    period = t_min
+    while period <= t_max:
+        if (
+            prune
+            and best is not None
+            and _bound(apps, platform, period, objective) <= best_score + IMPROVE
+        ):
             skipped += 1
         else:
-            builder = build_pattern(apps, platform, T)
+            builder = build_pattern(apps, platform, period)
             built += 1
             score = _score(builder, apps, platform, objective)
             if score > best_score + IMPROVE:
                 best_score, best = score, builder
-        T = round(T * (1.0 + epsilon) * 1000.0) / 1000.0
+        period = round(period * (1.0 + epsilon) * 1000.0) / 1000.0
     if best is None:  # t_min > t_max cannot happen (K' >= 1); one period was built
         raise AssertionError("no period tried")
     t_opt = best.T
     step = (t_opt - t_opt / (1.0 + epsilon)) * epsilon
     final = best
-    T = t_opt - step
+    period = t_opt - step
     for _ in range(4 * math.ceil(1.0 / epsilon) + 4):
-        if T <= 0.0:
+        if period <= 0.0:
             break
-        builder = build_pattern(apps, platform, T)
+        builder = build_pattern(apps, platform, period)
         built += 1
-        if abs(_score(builder, apps, platform, objective) - best_score * t_opt / T) >= TOL:
+        if abs(_score(builder, apps, platform, objective) - best_score * t_opt / period) >= TOL:
             break
         final = builder
-        T -= step
+        period -= step
     pattern = final.pattern()
     return PerSchedResult(
         pattern=pattern,

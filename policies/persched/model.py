@@ -74,7 +74,9 @@ def slowdown(app: App, n_per: int, period: float, platform: Platform) -> float:
     return n_per * (app.w + time_io(app, platform)) / period
 
 
-def dilation(apps: Sequence[App], counts: Sequence[int], period: float, platform: Platform) -> float:
+def dilation(
+    apps: Sequence[App], counts: Sequence[int], period: float, platform: Platform
+) -> float:
     """max_k ρ/ρ̃_per ([PERSCHED] eq. (2)); ``inf`` when an application has no instance."""
     worst = min(
         (slowdown(app, n, period, platform) for app, n in zip(apps, counts, strict=True)),

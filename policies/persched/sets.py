@@ -127,9 +127,7 @@ def jupiter_set(number: int) -> AppSet:
 def _keys(data: dict[str, Any], expected: tuple[str, ...], prefix: str) -> None:
     for key in data:
         if key not in expected:
-            raise SetFileError(
-                f"{prefix}{key}: unknown key (expected {', '.join(expected)})"
-            )
+            raise SetFileError(f"{prefix}{key}: unknown key (expected {', '.join(expected)})")
     for key in expected:
         if key not in data:
             raise SetFileError(f"{prefix}{key}: missing")

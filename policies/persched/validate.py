@@ -105,9 +105,7 @@ def validate(
         if nxt - t > TIME_TOL / 10 and level > worst[0]:
             worst = (level, t)
     if worst[0] > B * (1 + REL_TOL) + 1e-9:
-        problems.append(
-            f"bandwidth: {worst[0]:.9g} GB/s in use at t = {worst[1]:.6g}, B = {B:.9g}"
-        )
+        problems.append(f"bandwidth: {worst[0]:.9g} GB/s in use at t = {worst[1]:.6g}, B = {B:.9g}")
     if sys_eff is not None:
         actual = pattern.sys_eff(platform)
         if not math.isclose(actual, sys_eff, rel_tol=1e-9, abs_tol=1e-12):
