@@ -144,3 +144,28 @@ def test_every_min_dilation_pattern_validates(raw: list[tuple[float, float, floa
     apps = [App(f"a{i}", w, vol, beta) for i, (w, vol, beta) in enumerate(raw)]
     result = persched(apps, PLATFORM, kprime=3.0, epsilon=0.05, objective="dilation")
     assert validate(result.pattern, PLATFORM, dilation=result.dilation) == []
+
+
+def test_first_instance_span_check_places_compute_in_the_widest_gap() -> None:
+    """[PERSCHED-SIM] would start the compute phase w before the earliest chosen
+    sub-interval (at 65) and overlap the I/O on [60, 70); the span check puts it in
+    the gap [10, 60) instead."""
+    from burstctl.policies.persched.algorithm import _Builder
+
+    app = App("y", 35.0, 10.0, 100.0)  # cap 1 GB/s
+    platform = Platform(B=1.0, b=0.01)
+    builder = _Builder([app], platform, 100.0)
+    # the others' load: half of B on [0, 10) and [60, 70), all of it elsewhere
+    builder.dates[:] = [0.0, 10.0, 60.0, 70.0]
+    builder.used[:] = [0.5, 1.0, 0.5, 1.0]
+    assert builder.insert(0)
+    pattern = builder.pattern()
+    (inst,) = pattern.apps[0].instances
+    assert inst.compute_start == 25.0
+    assert inst.io == ((60.0, 70.0, 0.5), (100.0, 110.0, 0.5))
+    assert validate(pattern, platform) == []
+    # with w = 55 no gap is wide enough: rejected, not overlapped
+    narrow = _Builder([App("y", 55.0, 10.0, 100.0)], platform, 100.0)
+    narrow.dates[:] = [0.0, 10.0, 60.0, 70.0]
+    narrow.used[:] = [0.5, 1.0, 0.5, 1.0]
+    assert not narrow.insert(0)
