@@ -573,14 +573,17 @@ def sim_persched(
                 tmin = JUPITER_TMIN[set_number]
     except SetFileError as exc:
         raise _BadSetFile(f"{set_file}: {exc}") from None
-    result = persched(
-        app_set.apps,
-        app_set.platform,
-        kprime=kprime,
-        epsilon=epsilon,
-        tmin=tmin,
-        objective="dilation" if objective == "dilation" else "syseff",
-    )
+    try:
+        result = persched(
+            app_set.apps,
+            app_set.platform,
+            kprime=kprime,
+            epsilon=epsilon,
+            tmin=tmin,
+            objective="dilation" if objective == "dilation" else "syseff",
+        )
+    except ValueError as exc:  # an application too small for a pattern's resolution
+        raise _BadSetFile(f"{set_file or f'set {set_number}'}: {exc}") from None
     if fmt == "json":
         click.echo(json.dumps(result.to_json()))
         return

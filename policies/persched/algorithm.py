@@ -29,6 +29,8 @@ TOL = 2e-5
 # [PERSCHED-SIM] Simulator.cpp: Simulator::run: a period replaces the incumbent only
 # if it improves the objective by more than this.
 IMPROVE = 1e-6
+# A transfer must last longer than this (the dates of a pattern are TOL apart).
+MIN_TIME_IO = 1e-3
 # Below this many GB/s an interval counts as saturated (float residue of B - Σ rates).
 _BW_EPS = 1e-9
 
@@ -116,7 +118,7 @@ class _Builder:
             chosen.append((dates[j], dates[j] + t, rate))
             left -= rate * t
             spent += t
-        if left > self.tol_data or spent > self.T - app.w + TOL:
+        if not chosen or left > self.tol_data or spent > self.T - app.w + TOL:
             return False
         chosen.sort()
         if chosen[-1][1] - chosen[0][0] > self.T - app.w + TOL:
@@ -129,8 +131,7 @@ class _Builder:
                 return False
             first = (widest + 1) % len(chosen)
             chosen = chosen[first:] + chosen[:first]
-        self._commit(k, chosen)
-        return True
+        return self._commit(k, chosen)
 
     def _insert_next(self, k: int) -> bool:
         """Algorithm 1 after the first instance: a forward fill after the last inserted.
@@ -205,8 +206,11 @@ class _Builder:
         last_end = subs[-1][1]
         self.last_end[k] = 0.0 if last_end >= self.T - TOL else last_end
 
-    def _commit(self, k: int, subs: list[Interval]) -> None:
-        """``addInstance`` for any sub-intervals: split at the new dates, add the rates."""
+    def _commit(self, k: int, subs: list[Interval]) -> bool:
+        """``addInstance`` for any sub-intervals: split at the new dates, add the rates.
+
+        False (nothing added) if every sub-interval is shorter than TOL.
+        """
         T = self.T
         for start, end, _ in subs:
             self._add_date(start)
@@ -226,7 +230,10 @@ class _Builder:
                 if j == n_dates:
                     j = 0
             kept.append((dates[i], dates[stop] if stop > 0 else T, rate))
+        if not kept:
+            return False
         self._record(k, kept)
+        return True
 
     # -- results -------------------------------------------------------------------
     def counts(self) -> list[int]:
@@ -368,6 +375,14 @@ def persched(
     """
     if not apps:
         raise ValueError("apps: at least one application is needed")
+    for i, app in enumerate(apps):
+        if not (app.w > 0 and app.vol_io > 0 and app.beta > 0):
+            raise ValueError(f"apps[{i}] ({app.name}): w, vol_io and beta must be > 0")
+        if time_io(app, platform) < MIN_TIME_IO:
+            raise ValueError(
+                f"apps[{i}] ({app.name}): time_io = {time_io(app, platform):.3g} s is below"
+                f" the {MIN_TIME_IO * 1000:g} ms resolution of a pattern"
+            )
     if not (kprime >= 1.0 and math.isfinite(kprime)):
         raise ValueError(f"kprime: must be >= 1, got {kprime}")
     if not 0.0 < epsilon < 1.0:

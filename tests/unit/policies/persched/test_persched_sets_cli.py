@@ -159,3 +159,12 @@ def test_cli_table() -> None:
     assert code == 0
     assert "SysEff 0.978893" in out and "upper bound (eq. 5) 0.97" in out
     assert out.count("AP-") == 5
+
+
+def test_cli_transfer_below_the_resolution(tmp_path: Path) -> None:
+    path = tmp_path / "tiny.json"
+    tiny = {"name": "tiny", "w": 10, "vol_io": 1e-7, "beta": 64}
+    path.write_text(json.dumps({**GOOD, "apps": [GOOD["apps"][0], tiny]}))
+    code, out, err = _run("--set-file", str(path))
+    assert code == 2 and out == "" and err.count("\n") == 1
+    assert err.startswith(f"Error: {path}: apps[1] (tiny): time_io = 1.56e-07 s is below")
