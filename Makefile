@@ -42,6 +42,7 @@ bench: $(STAMP)
 	$(PY) bench/grpc_ingest_ceiling.py
 	$(PY) bench/controller_events.py
 	$(PY) bench/sim_speed.py
+	$(PY) bench/persched_speed.py
 	$(PY) bench/split_speed.py
 	$(PY) bench/replica_sync.py
 	$(PY) bench/fairness.py

@@ -488,6 +488,121 @@ def sim_plot(csv_file: Path, out: Path, metric: str, policies: tuple[str, ...]) 
         raise click.ClickException(f"{csv_file}: {exc}") from None
 
 
+class _BadSetFile(click.ClickException):
+    """A malformed set file: one line on stderr ("Error: FILE: field: reason"), exit 2."""
+
+    exit_code = 2
+
+
+@sim.command("persched")
+@click.option(
+    "--set",
+    "set_number",
+    type=click.IntRange(1, 10),
+    default=None,
+    help="A Jupiter set of [PERSCHED] Table 2 shipped with burstctl (1-10).",
+)
+@click.option(
+    "--set-file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help='A set file: {"B": GB/s, "b": GB/s per core, "apps": [{"name", "w", "vol_io",'
+    ' "beta"}, ...]} (docs/persched.md).',
+)
+@click.option(
+    "--kprime",
+    type=click.FloatRange(min=1.0),
+    default=10.0,
+    show_default=True,
+    help="K' = T_max/T_min.",
+)
+@click.option(
+    "--epsilon",
+    type=click.FloatRange(0.0, 1.0, min_open=True, max_open=True),
+    default=0.01,
+    show_default=True,
+    help="The period grows by a factor 1+epsilon per step.",
+)
+@click.option(
+    "--tmin",
+    type=float,
+    default=None,
+    callback=_positive,
+    help="T_min in seconds. Default: for --set, the value the paper's authors used;"
+    " otherwise max over the applications of w + time_io.",
+)
+@click.option(
+    "--objective",
+    type=click.Choice(["syseff", "dilation"]),
+    default="syseff",
+    show_default=True,
+    help="Keep the period of the best SysEff (PerSched) or of the least dilation (Min DILATION).",
+)
+@click.option(
+    "--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True
+)
+def sim_persched(
+    set_number: int | None,
+    set_file: Path | None,
+    kprime: float,
+    epsilon: float,
+    tmin: float | None,
+    objective: str,
+    fmt: str,
+) -> None:
+    """Compute a PerSched periodic I/O pattern ([PERSCHED], docs/persched.md)."""
+    import json
+
+    from burstctl.policies.persched import (
+        JUPITER_TMIN,
+        SetFileError,
+        jupiter_set,
+        load_set_file,
+        persched,
+    )
+
+    if (set_number is None) == (set_file is None):
+        raise click.UsageError("give exactly one of --set and --set-file")
+    try:
+        if set_file is not None:
+            app_set = load_set_file(set_file)
+        else:
+            assert set_number is not None
+            app_set = jupiter_set(set_number)
+            if tmin is None:
+                tmin = JUPITER_TMIN[set_number]
+    except SetFileError as exc:
+        raise _BadSetFile(f"{set_file}: {exc}") from None
+    try:
+        result = persched(
+            app_set.apps,
+            app_set.platform,
+            kprime=kprime,
+            epsilon=epsilon,
+            tmin=tmin,
+            objective="dilation" if objective == "dilation" else "syseff",
+        )
+    except ValueError as exc:  # an application too small for a pattern's resolution
+        raise _BadSetFile(f"{set_file or f'set {set_number}'}: {exc}") from None
+    if fmt == "json":
+        click.echo(json.dumps(result.to_json()))
+        return
+    click.echo(
+        f"period {result.period:.6g} s (best of the first loop {result.t_opt:.6g} s;"
+        f" T_min {result.t_min:.6g} s, T_max {result.t_max:.6g} s)"
+    )
+    click.echo(
+        f"SysEff {result.sys_eff:.6g}   Dilation {result.dilation:.6g}"
+        f"   upper bound (eq. 5) {result.upper_bound:.6g}"
+    )
+    click.echo(f"{'app':<12} {'w (s)':>10} {'vol_io (GB)':>12} {'beta':>7} {'n_per':>6}")
+    for entry in result.pattern.apps:
+        app = entry.app
+        click.echo(
+            f"{app.name:<12} {app.w:>10.6g} {app.vol_io:>12.6g} {app.beta:>7.6g} {entry.n_per:>6}"
+        )
+
+
 def _emit(rows: list[dict[str, object]], fmt: str) -> None:
     import csv
     import json
