@@ -162,6 +162,19 @@ class JobIn(BaseModel):
     priority: float = Field(1.0, gt=0, le=MAX_PRIORITY, allow_inf_nan=False)
 
 
+class WindowOut(BaseModel):
+    start_s: float = Field(description="seconds from the start of the period")
+    end_s: float = Field(description="seconds from the start of the period (past it: wraps)")
+    rate: float = Field(description="bytes per second, the job's total over its sessions")
+
+
+class ScheduleOut(BaseModel):
+    job_id: str
+    period_s: float
+    phase_s: float = Field(description="where in its period the job is now, in [0, period_s)")
+    windows: list[WindowOut]
+
+
 class JobOut(BaseModel):
     job_id: str
     user: str
@@ -470,6 +483,44 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         if out is None:
             raise HTTPException(404, f"unknown job {job_id!r}")
         return out
+
+    @app.get(
+        "/v1/schedules",
+        dependencies=reads,
+        tags=["jobs"],
+        response_model=list[ScheduleOut],
+        responses=read_errors,
+    )
+    async def list_schedules() -> list[ScheduleOut]:
+        """The periodic patterns of windows in force (docs/protocol.md, "Windows"): per job
+        with one, its period, where in it the job is now, and its windows with the job's
+        total rate. Jobs paced at a plain rate are not listed."""
+        now = replica.clock()
+        found: dict[str, tuple[float, float, dict[tuple[float, float], float]]] = {}
+        for session in replica.table.sessions.values():
+            schedule = session.schedule
+            if schedule is None:
+                continue
+            job_id = session.job.meta.job_id
+            period, origin, windows = found.setdefault(
+                job_id, (schedule.period, schedule.origin, {})
+            )
+            if (schedule.period, schedule.origin) != (period, origin):
+                continue  # a session not yet moved to the job's new pattern
+            for w in schedule.windows:
+                windows[(w.start, w.end)] = windows.get((w.start, w.end), 0.0) + w.rate
+        return [
+            ScheduleOut(
+                job_id=job_id,
+                period_s=period,
+                phase_s=(now - origin) % period,
+                windows=[
+                    WindowOut(start_s=start, end_s=end, rate=rate)
+                    for (start, end), rate in sorted(windows.items())
+                ],
+            )
+            for job_id, (period, origin, windows) in sorted(found.items())
+        ]
 
     @app.post(
         "/v1/jobs",

@@ -37,6 +37,8 @@
     chart: $("chart"),
     tbody: document.querySelector("#jobs-table tbody"),
     jobsCount: $("jobs-count"),
+    patterns: $("patterns"),
+    patternsPanel: $("patterns-panel"),
   };
 
   const state = {
@@ -48,6 +50,7 @@
     chartKey: null, // the job ids the chart was built for
     series: [], // [{job_id, color, values}] of the last render (raw, not stacked)
     polls: 0,
+    schedules: [], // GET /v1/schedules of the last poll
     selectDirty: false, // the user picked something: polling must not reset the select
     applyAfterToken: false,
   };
@@ -120,6 +123,59 @@
     if (cls) td.className = cls;
     row.appendChild(td);
     return td;
+  }
+
+  // ---- periodic patterns (GET /v1/schedules) --------------------------------------
+
+  const SVG = "http://www.w3.org/2000/svg";
+
+  function svg(tag, attrs) {
+    const node = document.createElementNS(SVG, tag);
+    for (const [k, v] of Object.entries(attrs)) node.setAttribute(k, String(v));
+    return node;
+  }
+
+  // One row per job: its windows over one period (a window past the end wraps to the
+  // start), their height proportional to the rate, and a line where the job is now.
+  function renderSchedules(schedules) {
+    state.schedules = schedules;
+    el.patternsPanel.hidden = schedules.length === 0;
+    el.patterns.replaceChildren();
+    const peak = Math.max(1, ...schedules.flatMap((s) => s.windows.map((w) => w.rate)));
+    for (const s of schedules) {
+      const row = document.createElement("div");
+      row.className = "pattern";
+      const label = document.createElement("span");
+      label.className = "pattern-label";
+      label.textContent = `${s.job_id} · ${s.period_s.toFixed(2)} s`;
+      row.appendChild(label);
+      const width = 600;
+      const height = 28;
+      const box = svg("svg", { viewBox: `0 0 ${width} ${height}`, class: "pattern-bar" });
+      box.appendChild(svg("rect", { x: 0, y: 0, width, height, class: "pattern-period" }));
+      const x = (t) => (t / s.period_s) * width;
+      for (const w of s.windows) {
+        const h = Math.max(2, (w.rate / peak) * height);
+        const parts = w.end_s <= s.period_s
+          ? [[w.start_s, w.end_s]]
+          : [[w.start_s, s.period_s], [0, w.end_s - s.period_s]];
+        for (const [a, b] of parts) {
+          const r = svg("rect", {
+            x: x(a), y: height - h, width: Math.max(1, x(b) - x(a)), height: h,
+            fill: colorOf(s.job_id),
+          });
+          const tip = svg("title", {});
+          tip.textContent = `${w.start_s.toFixed(3)}–${w.end_s.toFixed(3)} s at ${mibs(w.rate)} MiB/s`;
+          r.appendChild(tip);
+          box.appendChild(r);
+        }
+      }
+      box.appendChild(svg("line", {
+        x1: x(s.phase_s), x2: x(s.phase_s), y1: 0, y2: height, class: "pattern-now",
+      }));
+      row.appendChild(box);
+      el.patterns.appendChild(row);
+    }
   }
 
   // ---- throughput ring and chart ------------------------------------------------
@@ -377,13 +433,15 @@
     try {
       if (!state.policies.length) await loadPolicies();
       let total = null;
-      const [jobs, policy] = await Promise.all([
+      const [jobs, policy, schedules] = await Promise.all([
         api("GET", JOBS_PATH, undefined, (h) => (total = Number(h.get("X-Total-Count")))),
         api("GET", "/v1/policy"),
+        api("GET", "/v1/schedules"),
       ]);
       record(jobs);
       renderChart();
       renderJobs(jobs, total);
+      renderSchedules(schedules);
       showPolicy(policy);
       setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
     } catch (e) {
@@ -403,6 +461,7 @@
     polls: () => state.polls,
     samples: () => state.samples.length,
     policy: () => state.policy,
+    schedules: () => state.schedules.map((s) => ({ job_id: s.job_id, windows: s.windows.length })),
     series: () =>
       state.series.map((s) => ({
         job_id: s.job_id,

@@ -27,6 +27,7 @@ from selenium.webdriver.common.by import By
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import Select
 from support import Pump, wait_until
+from test_windows import probe_replica  # noqa: F401  (fixture)
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -176,6 +177,8 @@ def drive(url: str, token: str, out: Path) -> None:
         # the stacked areas are the jobs' own throughput: bounded by the capacity (40 MiB/s)
         assert all(s["max"] < 60 * MiB for s in series.values())
         assert js(driver, "return window.dashboard.policy().name") == "fair-share"
+        # no job has a periodic pattern under fair-share: the panel stays hidden
+        assert not driver.find_element(By.ID, "patterns-panel").is_displayed()
 
         # Switch: the page asks for the token first; a wrong one and a bad parameter
         # are both shown, and the policy stays until the right request succeeds.
@@ -240,6 +243,50 @@ async def test_dashboard_shows_jobs_live_and_switches_the_policy(
     assert not any(p.errors for p in pumps)
     if os.environ.get("BURSTCTL_SCREENSHOT") == "1":
         shutil.copyfile(tmp_path / "dashboard.png", DOCS_SCREENSHOT)
+
+
+def drive_patterns(url: str, out: Path) -> None:
+    """The page draws each job's windows over one period (blocking: runs in a thread)."""
+    with chromium(out / "profile") as driver:
+        driver.get(url + "/")
+        wait_until(
+            lambda: (
+                js(driver, "return window.dashboard.schedules()")
+                == [{"job_id": "periodic", "windows": 1}]
+            ),
+            15,
+            0.05,
+            "the pattern of the periodic job",
+        )
+        assert driver.find_element(By.ID, "patterns-panel").is_displayed()
+        label = driver.find_element(By.CSS_SELECTOR, "#patterns .pattern-label").text
+        assert label.startswith("periodic") and "1.00 s" in label
+        # one window of 0.3 s in a 1 s period: 30 % of the bar's width, in the job's colour
+        bars = js(
+            driver,
+            "return [...document.querySelectorAll('#patterns svg rect[fill]')]"
+            ".map(r => Number(r.getAttribute('width')))",
+        )
+        assert bars == [pytest.approx(0.3 * 600)]
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+
+
+async def test_dashboard_draws_the_periodic_patterns(
+    probe_replica: Callable[..., Awaitable[Replica]],  # noqa: F811
+    tmp_path: Path,
+) -> None:
+    replica = await probe_replica(job="periodic")
+    session = await asyncio.to_thread(
+        Session, replica.grpc_address, JobInfo("periodic", "ann", "phys")
+    )
+    pump = Pump(session).start()
+    try:
+        await asyncio.to_thread(drive_patterns, replica.http_url, tmp_path)
+    finally:
+        await asyncio.to_thread(pump.stop)
+        await asyncio.to_thread(session.close)
+    assert not pump.errors
 
 
 async def test_page_and_vendored_library_are_served_from_the_package(
