@@ -90,6 +90,7 @@ _DROPPED_OPEN_FLAGS = (
 _CREATE_DROPPED_FLAGS = getattr(os, "O_DIRECT", 0) | os.O_APPEND
 _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
+_VALVE_INTERVAL = 0.05  # seconds between two passes of the handle valve, at least
 _CAPABILITY = CAPABILITY.encode()
 
 
@@ -194,6 +195,7 @@ class PassthroughFS:
         self.handle_budget = handles
         self.invalidated = 0  # names the valve asked the kernel to drop (tests, logs)
         self._valve_wanted = threading.Event()
+        self._valve_closed = threading.Event()  # never set: the valve's pacing clock
         self._valve: threading.Thread | None = None
 
     # ------------------------------------------------------------------ inodes
@@ -255,6 +257,9 @@ class PassthroughFS:
         parent directory's lock to drop a name, which a request being served may hold."""
         while True:
             self._valve_wanted.wait()
+            # At most one pass per _VALVE_INTERVAL: when the kernel cannot forget (every name
+            # in use), each lookup past the budget would otherwise start another full pass.
+            self._valve_closed.wait(_VALVE_INTERVAL)
             self._valve_wanted.clear()
             invalidate = self.invalidate_entry
             if invalidate is None:
