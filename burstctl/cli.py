@@ -603,6 +603,143 @@ def sim_persched(
         )
 
 
+@sim.command("persched-compare")
+@click.option(
+    "--set",
+    "set_numbers",
+    type=click.IntRange(1, 10),
+    multiple=True,
+    help="A Jupiter set of [PERSCHED] Table 2 (1-10); repeat for several.",
+)
+@click.option(
+    "--set-file",
+    "set_files",
+    type=click.Path(dir_okay=False, path_type=Path),
+    multiple=True,
+    help="A set file (docs/persched.md); repeat for several.",
+)
+@click.option(
+    "--synthetic",
+    type=click.Choice(["mira", "intrepid"]),
+    default=None,
+    help="Synthetic sets of [PERSCHED] §4.4 (with --count and --seed).",
+)
+@click.option(
+    "--count",
+    type=click.IntRange(min=1),
+    default=1,
+    show_default=True,
+    help="With --synthetic: how many sets.",
+)
+@click.option(
+    "--seed",
+    type=int,
+    default=0,
+    show_default=True,
+    help="With --synthetic: the first set's seed (then seed+1, ...).",
+)
+@click.option(
+    "--periods",
+    type=float,
+    default=10.0,
+    show_default=True,
+    callback=_positive,
+    help="Simulated horizon, in PerSched periods (or in the longest iteration, if longer).",
+)
+@click.option(
+    "--strategy",
+    "strategies",
+    multiple=True,
+    metavar="NAME",
+    help="An online strategy to run (repeat); default: the eight of [BWS].",
+)
+@click.option(
+    "--format",
+    "fmt",
+    type=click.Choice(["table", "json", "csv"]),
+    default="table",
+    show_default=True,
+    help="json: one object with a 'sets' list; csv: one row per set and method.",
+)
+@click.option(
+    "--plot",
+    "plot_file",
+    type=click.Path(dir_okay=False, path_type=Path),
+    default=None,
+    help="Also draw SysEff and Dilation per set into this PNG (needs extra [plot]).",
+)
+def sim_persched_compare(
+    set_numbers: tuple[int, ...],
+    set_files: tuple[Path, ...],
+    synthetic: str | None,
+    count: int,
+    seed: int,
+    periods: float,
+    strategies: tuple[str, ...],
+    fmt: str,
+    plot_file: Path | None,
+) -> None:
+    """PerSched against the online strategies in the simulator (docs/persched.md)."""
+    import json
+
+    from burstctl.policies.persched import SetFileError, load_set_file
+    from burstctl.policies.registry import UnknownPolicyError, default_registry
+    from burstctl.simulator.engine import SimulationError
+    from burstctl.simulator.persched_compare import (
+        ONLINE_STRATEGIES,
+        NamedSet,
+        compare,
+        jupiter,
+        plot,
+        synthetic_sets,
+        table,
+    )
+
+    given = sum(bool(x) for x in (set_numbers, set_files, synthetic))
+    if given != 1:
+        raise click.UsageError("give exactly one of --set, --set-file and --synthetic")
+    registry = default_registry()
+    for name in strategies:
+        try:
+            registry.get(name)
+        except UnknownPolicyError as exc:
+            raise click.BadParameter(str(exc), param_hint="--strategy") from None
+    named: list[NamedSet] = [jupiter(n) for n in set_numbers]
+    for path in set_files:
+        try:
+            named.append(NamedSet(path.name, load_set_file(path)))
+        except SetFileError as exc:
+            raise _BadSetFile(f"{path}: {exc}") from None
+    if synthetic is not None:
+        named = synthetic_sets(synthetic, count, seed)
+    comparisons = []
+    for item in named:
+        try:
+            comparisons.append(
+                compare(item, periods=periods, strategies=strategies or ONLINE_STRATEGIES)
+            )
+        except ValueError as exc:
+            raise _BadSetFile(f"{item.label}: {exc}") from None
+        except SimulationError as exc:
+            raise click.ClickException(f"{item.label}: simulation failed: {exc}") from None
+    if plot_file is not None:
+        try:
+            plot(comparisons, plot_file)
+        except ImportError:
+            raise click.ClickException(
+                "plotting needs matplotlib: pip install 'burstctl[plot]'"
+            ) from None
+        except OSError as exc:
+            raise click.ClickException(f"{plot_file}: {exc}") from None
+    if fmt == "json":
+        click.echo(json.dumps({"periods": periods, "sets": [c.to_json() for c in comparisons]}))
+    elif fmt == "csv":
+        _emit([row for c in comparisons for row in c.rows()], "csv")
+    else:
+        for line in table(comparisons):
+            click.echo(line)
+
+
 def _emit(rows: list[dict[str, object]], fmt: str) -> None:
     import csv
     import json
