@@ -698,6 +698,11 @@ def sim_persched_compare(
     given = sum(bool(x) for x in (set_numbers, set_files, synthetic))
     if given != 1:
         raise click.UsageError("give exactly one of --set, --set-file and --synthetic")
+    if synthetic is None:
+        ctx = click.get_current_context()
+        for name in ("count", "seed"):
+            if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
+                raise click.UsageError(f"--{name} goes with --synthetic only")
     registry = default_registry()
     for name in strategies:
         try:

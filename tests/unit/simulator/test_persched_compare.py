@@ -215,6 +215,8 @@ def test_cli_table(tmp_path: Path) -> None:
         ("--set", "11"),
         ("--set", "1", "--periods", "0"),
         ("--set", "1", "--strategy", "nope"),
+        ("--set", "1", "--count", "3"),  # --count and --seed go with --synthetic only
+        ("--set", "1", "--seed", "7"),
     ],
 )
 def test_cli_usage_errors_exit_2(args: tuple[str, ...]) -> None:
