@@ -416,6 +416,8 @@ class SessionStream:
                 group=job.group,
                 nodes=job.nodes,
                 priority=job.priority,
+                period_w=job.w or 0.0,
+                period_vol=job.vol_io or 0.0,
                 client_id=options.client_id,
                 host=options.host,
             )
