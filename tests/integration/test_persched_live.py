@@ -52,7 +52,9 @@ class Trace:
     pattern: Pattern | None = None
 
 
-def periodic_loop(session: Session, w: float, vol: int, stop: threading.Event, trace: Trace) -> None:
+def periodic_loop(
+    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace
+) -> None:
     while not stop.is_set():
         start = time.monotonic()
         time.sleep(w)  # the application's compute phase
@@ -97,9 +99,7 @@ async def test_three_periodic_jobs_pace_to_their_windows_and_a_fourth_gets_the_r
     try:
         for session, trace, (_, _, w, vol) in zip(sessions, traces, PERIODIC, strict=True):
             workers.append(
-                asyncio.create_task(
-                    asyncio.to_thread(periodic_loop, session, w, vol, stop, trace)
-                )
+                asyncio.create_task(asyncio.to_thread(periodic_loop, session, w, vol, stop, trace))
             )
         names = {name for name, *_ in PERIODIC}
 
@@ -130,7 +130,7 @@ async def test_three_periodic_jobs_pace_to_their_windows_and_a_fourth_gets_the_r
     assert policy.recomputations >= 1
     period = installed.computed.result.period
     report = []
-    for (name, _, _, vol), trace in zip(PERIODIC, traces, strict=True):
+    for (name, *_), trace in zip(PERIODIC, traces, strict=True):
         pattern = trace.pattern
         assert pattern is not None, f"{name} never paced to windows"
         assert pattern.period == pytest.approx(period)
@@ -169,9 +169,7 @@ async def test_switching_to_and_away_from_persched_through_rest(
         ) as http:
             await async_wait_until(lambda: session.rate > 0, 10, message="a plain rate")
             assert session.pattern is None
-            bad = await http.put(
-                "/v1/policy", json={"name": "persched", "params": {"reserve": 2}}
-            )
+            bad = await http.put("/v1/policy", json={"name": "persched", "params": {"reserve": 2}})
             assert bad.status_code == 422 and "reserve" in bad.text
             switched = await http.put(
                 "/v1/policy", json={"name": "persched", "params": {"kprime": 2}}
