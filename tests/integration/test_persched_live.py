@@ -194,3 +194,33 @@ async def test_switching_to_and_away_from_persched_through_rest(
         stop.set()
         await worker
         await asyncio.to_thread(session.close)
+
+
+async def test_post_jobs_takes_a_declared_period_and_names_a_bad_field(
+    replica_factory: Callable[..., Awaitable[Replica]],
+) -> None:
+    replica = await replica_factory()
+    token = (replica.config.state_dir / "admin-token").read_text().strip()
+    base = {"job_id": "r1", "user": "ann", "group": "phys", "nodes": 2}
+    async with httpx.AsyncClient(
+        base_url=replica.http_url, headers={"Authorization": f"Bearer {token}"}
+    ) as http:
+        for extra, field in [
+            ({"w": -1, "vol_io": 10}, "w"),
+            ({"w": 1, "vol_io": "inf"}, "vol_io"),
+            ({"w": 1e6, "vol_io": 10}, "w"),
+            ({"w": 1}, "vol_io"),
+        ]:
+            bad = await http.post("/v1/jobs", json={**base, **extra})
+            assert bad.status_code == 422, bad.text
+            detail = bad.json()["detail"]
+            assert any(field in d["loc"] or d["msg"].find(f"{field}:") >= 0 for d in detail), (
+                extra,
+                detail,
+            )
+        assert "r1" not in replica.table.registered
+        made = await http.post("/v1/jobs", json={**base, "w": 0.5, "vol_io": 4 * MiB})
+        assert made.status_code == 201, made.text
+        assert (made.json()["w"], made.json()["vol_io"]) == (0.5, 4 * MiB)
+    registered = replica.table.registered["r1"]
+    assert (registered.w, registered.vol_io) == (0.5, 4 * MiB)

@@ -168,4 +168,6 @@ def test_windows_are_well_formed_after_wrapping_and_float_residue() -> None:
     from burstctl.limits import windows_problem
 
     assert windows_problem(period, spans) is None
-    assert sum((e - s) * r for s, e, r in spans) == pytest.approx((0.3e-3 + 0.3e-3 * 2 + 0.2e-3) * GB)
+    assert sum((e - s) * r for s, e, r in spans) == pytest.approx(
+        (0.3e-3 + 0.3e-3 * 2 + 0.2e-3) * GB
+    )
