@@ -14,6 +14,8 @@ from collections.abc import Sequence
 MAX_TEXT = 256  # characters of an identifier: job id, user, group, replica id, host
 MAX_NODES = 1 << 20  # p_i, compute nodes of one job
 MAX_PRIORITY = 1e9
+MAX_PERIOD_W = 86_400.0  # s of compute per iteration a periodic job may declare (persched)
+MAX_PERIOD_VOL = float(2**53)  # bytes per iteration a periodic job may declare
 MAX_RATE = 1e15  # bytes/s: 1 PB/s for one storage server or one job
 # bytes/s: the rate floor. A rate below it is 0 ("wait"), on both ends: the controller
 # pushes 0 instead (a residue of rounding in a sum, never an allotment), and a client
@@ -94,4 +96,22 @@ def windows_problem(
             return f"window[{after}].start_seconds", f"overlaps window[{before}]"
     if order and windows[order[-1]][1] - period > windows[order[0]][0]:
         return f"window[{order[-1]}].end_seconds", f"wraps over window[{order[0]}]"
+    return None
+
+
+def period_problem(w: float | None, vol_io: float | None) -> tuple[str, str] | None:
+    """Why a declared period (``w`` seconds of compute, ``vol_io`` bytes per iteration) is
+    malformed, as ``(field, reason)``, or None. Both unset (None or 0) means "not periodic";
+    otherwise both must be finite and in (0, max]."""
+    unset_w = w is None or w == 0
+    unset_vol = vol_io is None or vol_io == 0
+    if unset_w and unset_vol:
+        return None
+    for name, value, top in (("w", w, MAX_PERIOD_W), ("vol_io", vol_io, MAX_PERIOD_VOL)):
+        if value is None or value == 0:
+            return name, "must be set too: a period declares both w and vol_io"
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return name, f"must be a number, got {value!r}"
+        if not (0.0 < value <= top):  # NaN fails
+            return name, f"must be finite and in (0, {top:g}], got {value!r}"
     return None

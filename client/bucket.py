@@ -103,6 +103,15 @@ class Pattern:
     def mean_rate(self) -> float:
         return self.total / self.period
 
+    def same_windows(self, other: Pattern) -> bool:
+        """The same period and windows, whatever the origins."""
+        return (
+            self.period == other.period
+            and self._starts == other._starts
+            and self._ends == other._ends
+            and self._rates == other._rates
+        )
+
     def rate_at(self, t: float) -> float:
         """The rate in force at ``t`` (0 between windows)."""
         _, phase = self._split(t)
@@ -115,6 +124,31 @@ class Pattern:
         k = math.floor(x / self.period)
         phase = x - k * self.period
         return k, min(max(phase, 0.0), self.period)
+
+    def run_start(self, t: float) -> float | None:
+        """The start of the run of windows in force at ``t`` (windows that touch, across the
+        period's end too, are one run), on the pattern's clock; None between windows, and
+        ``-inf`` when the windows cover the whole period (a run without a start)."""
+        k, phase = self._split(t)
+        j = bisect.bisect_right(self._starts, phase) - 1
+        if j < 0 or phase >= self._ends[j] or self._rates[j] <= 0.0:
+            return None
+        base = self.origin + k * self.period
+        for _ in range(len(self._starts)):
+            if j > 0 and self._starts[j] - self._ends[j - 1] <= _ABSOLUTE_SLACK:
+                j -= 1
+            elif j == 0 and self._starts[0] <= _ABSOLUTE_SLACK:
+                last = len(self._starts) - 1
+                if self.period - self._ends[last] > _ABSOLUTE_SLACK:
+                    break
+                j, base = last, base - self.period  # the run began in the period before
+            else:
+                break
+            if self._rates[j] <= 0.0:
+                return base + self._ends[j]
+        else:
+            return -math.inf
+        return base + self._starts[j]
 
     def _cumulative(self, phase: float) -> float:
         """Volume moved from the period's start up to ``phase`` seconds into it."""
@@ -215,8 +249,22 @@ class TokenBucket:
         dt = now - self._stamp
         if self._pattern is not None:
             if dt > 0:
-                gained = self._pattern.volume(self._stamp, now)
-                self._filled = min(self._filled + gained, self._taken + self._burst)
+                # Tokens a window earned are spent in that window: unreserved ones are dropped
+                # between windows (a job computing through its window does not move its
+                # window's bytes afterwards); reserved ones wait for their caller.
+                pattern = self._pattern
+                start = pattern.run_start(now)
+                if start is None:
+                    gained = pattern.volume(self._stamp, now)
+                    self._filled = min(self._filled + gained, self._taken)
+                elif start > self._stamp:
+                    before = pattern.volume(self._stamp, start)
+                    self._filled = min(self._filled + before, self._taken)
+                    gained = pattern.volume(start, now)
+                    self._filled = min(self._filled + gained, self._taken + self._burst)
+                else:
+                    gained = pattern.volume(self._stamp, now)
+                    self._filled = min(self._filled + gained, self._taken + self._burst)
         elif self._rate == math.inf:
             self._filled = self._taken + self._burst
         elif dt > 0:

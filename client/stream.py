@@ -81,6 +81,11 @@ def open_channel(target: str, security: ChannelSecurity = PLAIN) -> grpc.aio.Cha
     return security.open(target, CHANNEL_OPTIONS)
 
 
+# A renewal of the same windows whose origin is within this many seconds of the one in force
+# keeps the phase in force (one-way delays vary by about a millisecond on a LAN).
+PHASE_SLACK = 0.01
+
+
 class Backoff:
     """Exponential backoff with jitter between two stream attempts on a connected channel.
 
@@ -416,6 +421,8 @@ class SessionStream:
                 group=job.group,
                 nodes=job.nodes,
                 priority=job.priority,
+                period_w=job.w or 0.0,
+                period_vol=job.vol_io or 0.0,
                 client_id=options.client_id,
                 host=options.host,
             )
@@ -534,7 +541,16 @@ class SessionStream:
                 *problem,
             )
             return None
-        return Pattern(period, received + origin, spans)
+        pattern = Pattern(period, received + origin, spans)
+        last = self._last_pattern
+        if last is not None and last.same_windows(pattern):
+            # A renewal of the pattern in force: its origin moved only by the jitter of the
+            # messages' delay. Keep the phase: a shifted phase mid-window loses its tokens,
+            # which the job then finds only in its next window (docs/client.md, "Windows").
+            drift = (pattern.origin - last.origin) % period
+            if min(drift, period - drift) <= PHASE_SLACK:
+                return last
+        return pattern
 
     # ------------------------------------------------------------------ lease and fallback
 

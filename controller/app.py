@@ -146,7 +146,9 @@ class Replica:
             log.error("%s; starting with the configured policy and no registered jobs", exc)
             return
         for job in state.jobs:
-            self.table.register(JobMeta(job.job_id, job.user, job.group, job.nodes, job.priority))
+            self.table.register(
+                JobMeta(job.job_id, job.user, job.group, job.nodes, job.priority, job.w, job.vol_io)
+            )
         if state.jobs:
             log.info("resumed %d registered jobs from %s", len(state.jobs), self.store.path)
         self.slot.resume(state)
@@ -160,6 +162,8 @@ class Replica:
                     group=m.group,
                     nodes=m.nodes,
                     priority=m.priority,
+                    w=m.w,
+                    vol_io=m.vol_io,
                 )
                 for m in sorted(self.table.registered.values(), key=lambda m: m.job_id)
             ]

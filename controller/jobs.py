@@ -30,7 +30,7 @@ from burstctl.controller.signal import Signal
 from burstctl.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
 from burstctl.policies.accounting import JobAccount, job_view
 from burstctl.policies.schedule import Schedule
-from burstctl.policies.view import JobView, SystemView, job_cap
+from burstctl.policies.view import JobView, Periodic, SystemView, job_cap
 
 log = logging.getLogger(__name__)
 
@@ -119,6 +119,9 @@ class JobMeta:
     group: str
     nodes: int
     priority: float
+    # a periodic job's declared period (policy persched): compute s and bytes per iteration
+    w: float = 0.0  # 0: not declared
+    vol_io: float = 0.0
 
 
 @dataclass(eq=False, slots=True)
@@ -293,6 +296,7 @@ class JobTable:
         self._next_job = 0
         # Incremental view: rows of jobs in S(t), rebuilt only for jobs that changed.
         self._rows: dict[str, JobView] = {}
+        self._periodic: dict[str, Periodic] = {}  # live jobs with a declared period
         self._dirty: set[str] = set()
         self._row_params: tuple[float, float] | None = None
         self.new_sessions: list[SessionState] = []  # not yet given a first allocation
@@ -366,6 +370,8 @@ class JobTable:
             group=first.group,
             nodes=min(c.nodes for c in claims),
             priority=min(c.priority for c in claims),
+            w=first.w,  # the oldest session's declared period
+            vol_io=first.vol_io,
         )
         if merged != job.meta:
             if len(claims) > 1:
@@ -587,9 +593,15 @@ class JobTable:
             self._row_params = (capacity, node_bandwidth)
             self._dirty.update(self.jobs)
             self._rows.clear()
+        periodic = self._periodic
         for job_id in self._dirty:
             job = self.jobs.get(job_id)
-            if job is None or job.status is not JobStatus.ACTIVE or not job.in_io():
+            live = job is not None and job.status is JobStatus.ACTIVE
+            if live and job is not None and job.meta.w > 0 and job.meta.vol_io > 0:
+                periodic[job_id] = Periodic(job.meta.nodes, job.meta.w, job.meta.vol_io)
+            else:
+                periodic.pop(job_id, None)
+            if job is None or not live or not job.in_io():
                 self._rows.pop(job_id, None)
             else:
                 self._rows[job_id] = self._row(
@@ -597,7 +609,12 @@ class JobTable:
                 )
         self._dirty.clear()
         return SystemView(
-            now=now, capacity=capacity, node_bandwidth=node_bandwidth, jobs=self._rows, seed=seed
+            now=now,
+            capacity=capacity,
+            node_bandwidth=node_bandwidth,
+            jobs=self._rows,
+            seed=seed,
+            periodic=periodic,
         )
 
     def _row(self, job: JobState, now: float, cap: float) -> JobView:

@@ -33,13 +33,20 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, PlainTextResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
 from burstctl.controller.jobs import JobMeta, JobState, JobStatus
 from burstctl.controller.state import ActivePolicy
-from burstctl.limits import MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
+from burstctl.limits import (
+    MAX_NODES,
+    MAX_PERIOD_VOL,
+    MAX_PERIOD_W,
+    MAX_PRIORITY,
+    MAX_TEXT,
+    identifier_problem,
+)
 from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError
 from burstctl.policies.view import job_cap
 
@@ -160,6 +167,27 @@ class JobIn(BaseModel):
     group: Identifier
     nodes: int = Field(ge=1, le=MAX_NODES, description="p_i, compute nodes")
     priority: float = Field(1.0, gt=0, le=MAX_PRIORITY, allow_inf_nan=False)
+    w: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_PERIOD_W,
+        allow_inf_nan=False,
+        description="a periodic job's compute seconds per iteration (policy persched)",
+    )
+    vol_io: float | None = Field(
+        None,
+        gt=0,
+        le=MAX_PERIOD_VOL,
+        allow_inf_nan=False,
+        description="a periodic job's bytes moved per iteration (policy persched)",
+    )
+
+    @model_validator(mode="after")
+    def _both_or_neither(self) -> JobIn:
+        if (self.w is None) != (self.vol_io is None):
+            missing = "w" if self.w is None else "vol_io"
+            raise ValueError(f"{missing}: must be set too: a period declares both w and vol_io")
+        return self
 
 
 class WindowOut(BaseModel):
@@ -181,6 +209,8 @@ class JobOut(BaseModel):
     group: str
     nodes: int
     priority: float
+    w: float | None = Field(default=None, description="declared compute s per iteration")
+    vol_io: float | None = Field(default=None, description="declared bytes per iteration")
     registered: bool = Field(description="metadata from POST /v1/jobs, not from clients")
     active: bool = Field(default=False, description="at least one live client session")
     in_io: bool = Field(default=False, description="an operation is open (the job is in S(t))")
@@ -398,6 +428,8 @@ def build_app(replica: Replica, token: str) -> FastAPI:
                 group=meta.group,
                 nodes=meta.nodes,
                 priority=meta.priority,
+                w=meta.w or None,
+                vol_io=meta.vol_io or None,
                 registered=True,
                 replicas=sorted(replicas),
             )
@@ -409,6 +441,8 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             group=meta.group,
             nodes=meta.nodes,
             priority=meta.priority,
+            w=meta.w or None,
+            vol_io=meta.vol_io or None,
             registered=registered is not None,
             active=state.status is JobStatus.ACTIVE,
             in_io=state.in_io(),
@@ -536,7 +570,15 @@ def build_app(replica: Replica, token: str) -> FastAPI:
     async def register_job(body: JobIn, response: Response) -> JobOut:
         """Register a job with authoritative metadata (a Slurm prolog does this); it
         wins over what clients claim. 201 when new, 200 when it updates one."""
-        meta = JobMeta(body.job_id, body.user, body.group, body.nodes, body.priority)
+        meta = JobMeta(
+            body.job_id,
+            body.user,
+            body.group,
+            body.nodes,
+            body.priority,
+            w=body.w or 0.0,
+            vol_io=body.vol_io or 0.0,
+        )
         if not replica.register_job(meta):
             response.status_code = 200
         out = job_out(body.job_id, replica.clock(), on_peers({body.job_id}))

@@ -27,13 +27,14 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable, SessionState, WindowsOutbox
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.limits import MIN_RATE
+from burstctl.policies.base import Policy
 from burstctl.policies.decision import Decision, decide
 from burstctl.policies.schedule import Schedule
 from burstctl.policies.sharing import water_fill
@@ -135,6 +136,7 @@ class Scheduler:
         self._deciding = False
         self._release_task: asyncio.Task[None] | None = None
         self._hold_max = min(INCREASE_HOLD_MAX, config.lease / 8)
+        self._offloading: Policy | None = None  # the policy last given `_offload`
         table.changed.connect(self.request)
         slot.changed.connect(self.request)
         if peers is not None:
@@ -184,6 +186,9 @@ class Scheduler:
     def _decide(self) -> None:
         started = time.perf_counter()
         policy = self.slot.policy
+        if policy is not self._offloading:
+            self._offloading = policy
+            policy.use_offload(self._offload)
         view = self.table.view(self.config.capacity, self.config.node_bandwidth)
         targets = self._peers.local_targets if self._peers is not None else None
         decision = self.last = decide(policy, view, targets)
@@ -285,6 +290,22 @@ class Scheduler:
                     sort_keys=True,
                 ),
             )
+
+    def _offload(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        """A policy's slow work (PerSched's pattern) in a worker thread; ``done`` gets its
+        result on the loop, then a decision follows (``Policy.use_offload``)."""
+        future = asyncio.get_running_loop().run_in_executor(None, work)
+
+        def finished(f: asyncio.Future[Any]) -> None:
+            if f.cancelled():
+                return
+            try:
+                done(f.result())
+            except Exception:  # a policy bug must not stop the controller
+                log.exception("offloaded policy work failed")
+            self.request()
+
+        future.add_done_callback(finished)
 
     def _recheck(self) -> None:
         self._recheck_pending = False

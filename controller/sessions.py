@@ -51,6 +51,7 @@ from burstctl.limits import (
     MAX_TEXT,
     RETRY_AFTER_KEY,
     identifier_problem,
+    period_problem,
 )
 from burstctl.policies.schedule import Schedule
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -305,7 +306,19 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
     priority = h.priority or 1.0
     if not (math.isfinite(priority) and 0 < priority <= MAX_PRIORITY):
         raise ProtocolError("hello.priority", f"must be in (0, {MAX_PRIORITY:g}], got {priority}")
-    meta = JobMeta(job_id=h.job_id, user=h.user, group=h.group, nodes=h.nodes, priority=priority)
+    bad_period = period_problem(h.period_w, h.period_vol)
+    if bad_period is not None:
+        name = "period_w" if bad_period[0] == "w" else "period_vol"
+        raise ProtocolError(f"hello.{name}", bad_period[1])
+    meta = JobMeta(
+        job_id=h.job_id,
+        user=h.user,
+        group=h.group,
+        nodes=h.nodes,
+        priority=priority,
+        w=h.period_w,
+        vol_io=h.period_vol,
+    )
     return meta, h.client_id, h.host
 
 

@@ -72,6 +72,8 @@ class RegisteredJob(BaseModel):
     group: str
     nodes: int
     priority: float = 1.0
+    w: float = 0.0  # a declared period (policy persched); 0: none
+    vol_io: float = 0.0
 
 
 class ReplicaState(BaseModel):

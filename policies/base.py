@@ -15,8 +15,8 @@ registered policy: the same rates as the view path, bit for bit.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import ClassVar, Protocol
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
 
@@ -51,6 +51,13 @@ class ArrayAllocator(Protocol):
     ) -> list[tuple[int, float]]: ...
 
 
+class Offload(Protocol):
+    """Runs ``work`` away from the decision path (the controller: a worker thread) and then
+    calls ``done`` with its result on the decision path, followed by a new decision."""
+
+    def __call__(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None: ...
+
+
 class Policy:
     """Base class: ``name``, ``Params`` and ``allocate(view)``."""
 
@@ -74,6 +81,11 @@ class Policy:
         A job given one gets the pattern's mean rate instead of its ``allocate`` rate, and
         its client paces to the windows. Default: none, every job gets a plain rate."""
         return {}
+
+    def use_offload(self, offload: Offload | None) -> None:
+        """Where to run slow work (PerSched's pattern) so that it does not hold up decisions
+        for other jobs; the controller gives one before the first decision. Without one (the
+        simulator, tests) such a policy does the work in the decision. Default: ignored."""
 
     def period(self, view: SystemView) -> float | None:
         """Seconds after which the policy wants to decide again even if nothing

@@ -90,6 +90,19 @@ _Twin = make_dataclass(
 )
 
 
+@dataclass(frozen=True, slots=True)
+class Periodic:
+    """A job that declared its period ([PERSCHED]): ``w`` seconds of compute, then
+    ``vol_io`` bytes of I/O, per iteration, on ``nodes`` nodes."""
+
+    nodes: int
+    w: float
+    vol_io: float
+
+
+NO_PERIODIC: Mapping[JobId, Periodic] = MappingProxyType({})
+
+
 @dataclass(frozen=True, slots=True, init=False)
 class SystemView:
     """Everything a policy may read: time, capacity and the jobs.
@@ -102,6 +115,9 @@ class SystemView:
     simulator). A view merged from the digests of several replicas is False: its
     times are offsets and its volumes summaries, so a policy that learns from the
     views it is shown (Set-10) decides from it without learning.
+
+    ``periodic``: every live job that declared its period, computing or not (a job of
+    ``jobs`` is in S(t) only while in I/O); read by ``persched``. Empty by default.
     """
 
     now: float
@@ -111,6 +127,7 @@ class SystemView:
     seed: int = 0  # for policies that draw; same seed → same rates
     horizon: float | None = None  # T_end of the simulated window; None when live
     observed: bool = True
+    periodic: Mapping[JobId, Periodic] = field(default_factory=lambda: NO_PERIODIC)
 
     def __new__(
         cls,
@@ -121,13 +138,15 @@ class SystemView:
         seed: int = 0,
         horizon: float | None = None,
         observed: bool = True,
+        periodic: Mapping[JobId, Periodic] | None = None,
     ) -> SystemView:
         # Built like JobView (one view per decision in the simulator), with the checks
         # a __post_init__ would make.
         if not (math.isfinite(capacity) and capacity >= 0.0):
             raise ValueError(f"capacity must be finite and >= 0, got {capacity!r}")
         rows = MappingProxyType(dict(jobs) if jobs is not None else {})
-        view = _ViewTwin(now, capacity, node_bandwidth, rows, seed, horizon, observed)
+        declared = NO_PERIODIC if not periodic else MappingProxyType(dict(periodic))
+        view = _ViewTwin(now, capacity, node_bandwidth, rows, seed, horizon, observed, declared)
         view.__class__ = cls
         return view  # type: ignore[no-any-return]
 

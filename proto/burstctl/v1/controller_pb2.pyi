@@ -19,7 +19,7 @@ OP_KIND_WRITE: OpKind
 OP_KIND_METADATA: OpKind
 
 class Hello(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,8 @@ class Hello(_message.Message):
     PRIORITY_FIELD_NUMBER: _ClassVar[int]
     CLIENT_ID_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_W_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_VOL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user: str
     group: str
@@ -34,7 +36,9 @@ class Hello(_message.Message):
     priority: float
     client_id: str
     host: str
-    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ...) -> None: ...
+    period_w: float
+    period_vol: float
+    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ...) -> None: ...
 
 class OpPosted(_message.Message):
     __slots__ = ("op_id", "kind", "volume")

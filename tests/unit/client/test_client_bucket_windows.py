@@ -120,11 +120,14 @@ def test_unused_window_time_is_not_carried_over_beyond_the_burst() -> None:
     pattern = Pattern(1.0, 0.0, [(0.0, 0.3, 100.0)])
     bucket = TokenBucket(now=0.0)
     bucket.set_rate(pattern.mean_rate(), burst=5.0, now=0.0, pattern=pattern)
-    # Idle for ten periods: ten windows' worth (300 bytes) went by unused.
-    assert bucket.level(now=10.0) == pytest.approx(5.0)
-    assert bucket.level(now=10.5) == pytest.approx(5.0)
-    # 35 bytes: the burst plus the whole window; one byte more waits for the next window.
-    target = bucket.reserve(35.0, now=10.0)
+    # Idle for ten periods: ten windows' worth (300 bytes) went by unused; inside a window
+    # the bucket holds at most the burst, and between windows nothing (the window's tokens
+    # are spent in the window: test_bucket_window_tokens.py).
+    assert bucket.level(now=9.2) == pytest.approx(5.0)
+    assert bucket.level(now=9.5) == pytest.approx(0.0)
+    # 30 bytes from the next window's start: the whole window; one byte more waits for the
+    # window after.
+    target = bucket.reserve(30.0, now=10.0)
     assert bucket.delay(target, now=10.0) == pytest.approx(0.3)
     target = bucket.reserve(1.0, now=10.0)
     assert bucket.delay(target, now=10.0) == pytest.approx(1.01)
@@ -137,8 +140,8 @@ def test_a_new_rate_without_windows_drops_the_pattern() -> None:
     bucket.set_rate(50.0, burst=1.0, now=0.5)
     assert bucket.pattern is None
     target = bucket.reserve(10.0, now=0.5)
-    # the burst (1 byte) earned in the window, then 50 B/s at once: no window to wait for
-    assert bucket.delay(target, now=0.5) == pytest.approx(9 / 50)
+    # the window's burst was dropped at its end; then 50 B/s at once: no window to wait for
+    assert bucket.delay(target, now=0.5) == pytest.approx(10 / 50)
 
 
 class FakeClock:

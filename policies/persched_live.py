@@ -1,0 +1,255 @@
+"""PerSched, live: periodic jobs get PERSCHED's pattern of I/O windows ([PERSCHED]).
+
+The jobs that declared their period (``SystemView.periodic``: ``w`` seconds of compute and
+``vol_io`` bytes per iteration, on ``nodes`` nodes) are PERSCHED's applications: β = nodes,
+b = the per-node bandwidth, B = the capacity less a ``reserve`` fraction. Each gets one
+``Schedule`` per pattern (its windows over the period, rates in bytes/s, the origin fixed
+while the pattern stands) and, as its rate, the pattern's mean rate. Every other job in
+S(t) shares the reserve, opportunity-fair (FairShare's water-filling, weights b_i). With no
+periodic job at all, every job shares all of B as FairShare does.
+
+The pattern is recomputed whenever the set of periodic jobs changes (an arrival, a
+departure, a new declaration, a new B or b). With an ``Offload`` (the controller's worker
+thread) the computation runs off the decision path; until it lands, jobs of the old pattern
+keep their windows and the others, newcomers included, share the reserve. Without one
+(the simulator, tests) it runs inside the decision. docs/persched.md, "Live policy".
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import Field
+
+from burstctl.policies.base import Offload, Policy, PolicyParams
+from burstctl.policies.persched.algorithm import MIN_TIME_IO, PerSchedResult, persched
+from burstctl.policies.persched.model import App, Platform, time_io
+from burstctl.policies.schedule import Schedule, Window
+from burstctl.policies.sharing import water_fill
+from burstctl.policies.view import JobId, SystemView
+
+GB = 1e9  # PERSCHED's model counts in GB and GB/s; the controller in bytes and bytes/s
+
+# (job, nodes, w, vol_io) of every periodic job, in job order, then (capacity, b)
+Key = tuple[tuple[tuple[str, int, float, float], ...], float, float]
+
+
+class PerSchedParams(PolicyParams):
+    reserve: float = Field(
+        0.1,
+        ge=0.01,
+        le=0.9,
+        description="fraction of B kept for jobs without a declared period (and newcomers)",
+    )
+    kprime: float = Field(10.0, ge=1.0, le=100.0, description="PERSCHED's K': T <= K'·T_min")
+    epsilon: float = Field(0.01, ge=0.001, le=0.5, description="PERSCHED's period step ε")
+    objective: Literal["syseff", "dilation"] = "syseff"
+    headroom: float = Field(
+        1e-3,
+        ge=0.0,
+        le=0.1,
+        description="the pattern carries vol_io·(1 + headroom) per instance: rounding never "
+        "leaves a job's last bytes to its next window",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class Computed:
+    """One pattern, as schedules with origin 0, for the periodic jobs of ``key``."""
+
+    key: Key
+    result: PerSchedResult | None  # None: nothing computed (``error``, or no job fits)
+    schedules: Mapping[JobId, Schedule]  # jobs with at least one window
+    error: str | None = None
+
+    def instances(self, job_id: JobId) -> int:
+        """n_per of ``job_id`` in the pattern (0: not in it)."""
+        if self.result is None:
+            return 0
+        for entry in self.result.pattern.apps:
+            if entry.app.name == job_id:
+                return entry.n_per
+        return 0
+
+
+def compute(key: Key, params: PerSchedParams) -> Computed:
+    """PERSCHED on the periodic jobs of ``key``: pure, safe to run in a worker thread.
+
+    A job whose transfer is below a pattern's resolution (``MIN_TIME_IO``) is left out (it
+    shares the reserve); any error of the computation is returned, not raised."""
+    jobs, capacity, node_bandwidth = key
+    platform = Platform(B=capacity * (1.0 - params.reserve) / GB, b=node_bandwidth / GB)
+    apps = [
+        App(job_id, w, vol_io * (1.0 + params.headroom) / GB, float(nodes))
+        for job_id, nodes, w, vol_io in jobs
+    ]
+    apps = [app for app in apps if time_io(app, platform) >= MIN_TIME_IO]
+    if not apps:
+        return Computed(key, None, {})
+    try:
+        result = persched(
+            apps,
+            platform,
+            kprime=params.kprime,
+            epsilon=params.epsilon,
+            objective=params.objective,
+        )
+    except (ValueError, ArithmeticError) as exc:
+        return Computed(key, None, {}, error=f"{type(exc).__name__}: {exc}")
+    period = result.pattern.period
+    schedules: dict[JobId, Schedule] = {}
+    for entry in result.pattern.apps:
+        windows = windows_of(
+            [iv for inst in entry.instances for iv in inst.io if iv[2] > 0.0], period
+        )
+        if windows:
+            schedules[entry.app.name] = Schedule(period, windows)
+    return Computed(key, result, schedules)
+
+
+def windows_of(intervals: list[tuple[float, float, float]], period: float) -> tuple[Window, ...]:
+    """A pattern's I/O sub-intervals ``(start, end, GB/s)`` (unwrapped, possibly past the
+    period) as well-formed windows in bytes/s: starts in ``[0, period)``, sorted, no two
+    overlapping (float residue clipped)."""
+    placed = []
+    for start, end, rate in intervals:
+        s = start % period
+        placed.append((s, s + (end - start), rate * GB))
+    placed.sort()
+    windows: list[Window] = []
+    for s, e, rate in placed:
+        if windows and s < windows[-1].end:
+            s = windows[-1].end
+        if e - s > 1e-9 and s < period:
+            windows.append(Window(s, e, rate))
+    if len(windows) > 1 and windows[-1].end - period > windows[0].start:
+        last = windows[-1]
+        end = windows[0].start + period
+        windows[-1] = Window(last.start, end, last.rate)
+        if end - last.start <= 1e-9:
+            windows.pop()
+    return tuple(windows)
+
+
+@dataclass(frozen=True, slots=True)
+class Installed:
+    """The pattern in force: its schedules with their origin on the view's clock."""
+
+    computed: Computed
+    origin: float
+    schedules: Mapping[JobId, Schedule]
+
+
+class PerSchedLive(Policy):
+    """Jobs with a declared period get PERSCHED's windows; the others share the reserve."""
+
+    name = "persched"
+    Params = PerSchedParams
+
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        super().__init__(params)
+        self._offload: Offload | None = None
+        self.installed: Installed | None = None
+        self._pending: Key | None = None  # the key a computation is running for
+        self._landing: Computed | None = None  # computed off the decision path, not installed
+        self.recomputations = 0  # computations started
+        self.last_error: str | None = None
+
+    def use_offload(self, offload: Offload | None) -> None:
+        self._offload = offload
+
+    # -- the pattern ---------------------------------------------------------------
+    def _refresh(self, view: SystemView) -> None:
+        key = _key(view)
+        if key is None:
+            return
+        installed = self.installed
+        if installed is not None and installed.computed.key == key:
+            return
+        if self._pending is not None:
+            return  # one computation at a time; its result is checked against the key
+        self._pending = key
+        self.recomputations += 1
+        assert isinstance(self.params, PerSchedParams)
+        params = self.params
+        if self._offload is None:
+            self._landed(compute(key, params), view.now)
+        else:
+            self._offload(lambda: compute(key, params), self._done)
+
+    def _done(self, computed: Any) -> None:
+        """On the decision path, before the decision the offload asks for."""
+        self._landed(computed if isinstance(computed, Computed) else None, None)
+
+    def _landed(self, computed: Computed | None, now: float | None) -> None:
+        """A computation is over; its pattern is installed at the next decision whose view
+        has the same periodic jobs (``now``: at once, the computation ran in the decision)."""
+        self._pending = None
+        if computed is None:
+            return
+        self.last_error = computed.error
+        self._landing = computed
+        if now is not None:
+            self._install(computed, now)
+
+    def _install(self, computed: Computed, now: float) -> None:
+        self._landing = None
+        schedules = {
+            j: Schedule(s.period, s.windows, origin=now) for j, s in computed.schedules.items()
+        }
+        self.installed = Installed(computed, now, schedules)
+
+    def _current(self, view: SystemView) -> Installed | None:
+        key = _key(view)
+        landing = self._landing
+        if landing is not None:
+            if landing.key == key:
+                self._install(landing, view.now)
+            else:
+                self._landing = None  # stale: the set changed while it was computed
+        self._refresh(view)
+        return self.installed if key is not None else None
+
+    # -- the decision -------------------------------------------------------------------
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        installed = self._current(view)
+        demand = {j: v.demand for j, v in view.jobs.items() if v.demand > 0.0}
+        weights = {j: view.jobs[j].cap for j in demand}
+        if not view.periodic:
+            return water_fill(demand, weights, view.capacity)
+        assert isinstance(self.params, PerSchedParams)
+        rates: dict[JobId, float] = {}
+        shared: dict[JobId, float] = {}
+        for job_id, want in demand.items():
+            schedule = installed.schedules.get(job_id) if installed is not None else None
+            if schedule is not None:
+                rates[job_id] = schedule.mean_rate()
+            else:
+                shared[job_id] = want
+        rates.update(water_fill(shared, weights, view.capacity * self.params.reserve))
+        return rates
+
+    def schedules(self, view: SystemView) -> Mapping[JobId, Schedule]:
+        installed = self.installed if view.periodic else None
+        if installed is None:
+            return {}
+        return {
+            j: s for j, s in installed.schedules.items() if j in view.jobs and view.jobs[j].active
+        }
+
+
+def _key(view: SystemView) -> Key | None:
+    if not view.periodic:
+        return None
+    jobs = tuple(sorted((job_id, p.nodes, p.w, p.vol_io) for job_id, p in view.periodic.items()))
+    return jobs, view.capacity, view.node_bandwidth
+
+
+def predicted_iteration(installed: Installed, job_id: JobId) -> float:
+    """T / n_per of ``job_id`` in the pattern in force (``inf`` if it has no instance)."""
+    n = installed.computed.instances(job_id)
+    result = installed.computed.result
+    return math.inf if n == 0 or result is None else result.pattern.period / n

@@ -1,0 +1,173 @@
+"""The live policy ``persched`` on views (issue 17): the pattern becomes one Schedule per
+periodic job, the others share the reserve, and a recomputation runs off the decision path."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from burstctl.policies import JobView, SystemView, default_registry, job_cap
+from burstctl.policies.decision import decide
+from burstctl.policies.persched import Platform, validate
+from burstctl.policies.persched_live import GB, PerSchedLive, compute, windows_of
+from burstctl.policies.view import Periodic
+
+MiB = float(1 << 20)
+B, b = 40 * MiB, 8 * MiB
+
+
+def view(
+    active: dict[str, int], periodic: dict[str, tuple[int, float, float]], now: float = 10.0
+) -> SystemView:
+    jobs = {
+        j: JobView(
+            job_id=j,
+            user="u",
+            group="g",
+            nodes=n,
+            priority=1.0,
+            cap=job_cap(n, b, B),
+            demand=job_cap(n, b, B),
+            index=i,
+        )
+        for i, (j, n) in enumerate(active.items())
+    }
+    declared = {j: Periodic(n, w, v) for j, (n, w, v) in periodic.items()}
+    return SystemView(now=now, capacity=B, node_bandwidth=b, jobs=jobs, periodic=declared)
+
+
+PERIODIC = {"p1": (2, 0.2, 3 * MiB), "p2": (2, 0.3, 4 * MiB), "p3": (1, 0.25, 1 * MiB)}
+ALL = {"p1": 2, "p2": 2, "p3": 1, "np": 1}
+
+
+class Deferred:
+    """An offload that runs the work when the test says so."""
+
+    def __init__(self) -> None:
+        self.queued: list[tuple[Callable[[], Any], Callable[[Any], None]]] = []
+
+    def __call__(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        self.queued.append((work, done))
+
+    def run(self) -> None:
+        work, done = self.queued.pop(0)
+        done(work())
+
+
+def test_registered_with_bounded_parameters() -> None:
+    registry = default_registry()
+    assert registry.get("persched") is PerSchedLive
+    with pytest.raises(ValueError, match="reserve"):
+        registry.create("persched", {"reserve": 0.95})
+    with pytest.raises(ValueError, match="kprime"):
+        registry.create("persched", {"kprime": 0.5})
+
+
+def test_periodic_jobs_get_the_patterns_windows_and_the_others_the_reserve() -> None:
+    policy = PerSchedLive(PerSchedLive.Params(kprime=2))
+    v = view(ALL, PERIODIC)
+    decision = decide(policy, v)
+    assert not decision.clamped
+    assert set(decision.schedules) == {"p1", "p2", "p3"}
+    installed = policy.installed
+    assert installed is not None and installed.computed.result is not None
+    result = installed.computed.result
+    platform = Platform(B=0.9 * B / GB, b=b / GB)
+    assert validate(result.pattern, platform, sys_eff=result.sys_eff) == []
+    for job, schedule in decision.schedules.items():
+        assert schedule.origin == v.now
+        assert schedule.period == pytest.approx(result.period)
+        assert schedule.problem() is None
+        # every instance moves at least vol_io (the headroom)
+        n = installed.computed.instances(job)
+        assert schedule.mean_rate() * schedule.period >= n * PERIODIC[job][2]
+        assert decision.rates[job] == pytest.approx(schedule.mean_rate())
+    assert decision.rates["np"] == pytest.approx(0.1 * B)
+    # Σ of the windows' rates at every instant stays within B less the reserve
+    for t in [i * result.period / 500 for i in range(500)]:
+        total = sum(
+            w.rate
+            for s in decision.schedules.values()
+            for w in s.windows
+            if w.start <= t < w.end or w.start <= t + s.period < w.end
+        )
+        assert total <= 0.9 * B * (1 + 1e-9)
+
+
+def test_the_origin_stays_while_the_pattern_does() -> None:
+    policy = PerSchedLive(PerSchedLive.Params(kprime=2))
+    first = decide(policy, view(ALL, PERIODIC, now=10.0)).schedules
+    later = decide(policy, view({"p1": 2, "np": 1}, PERIODIC, now=12.5)).schedules
+    assert later["p1"] == first["p1"]
+    assert policy.recomputations == 1
+
+
+def test_without_periodic_jobs_it_is_fair_share_on_all_of_b() -> None:
+    policy = PerSchedLive()
+    decision = decide(policy, view({"a": 1, "b": 4}, {}))
+    assert decision.schedules == {}
+    fair = decide(default_registry().create("fair-share"), view({"a": 1, "b": 4}, {}))
+    assert decision.rates == fair.rates
+
+
+def test_off_the_decision_path_the_old_pattern_holds_and_newcomers_share_the_reserve() -> None:
+    policy = PerSchedLive(PerSchedLive.Params(kprime=2))
+    offload = Deferred()
+    policy.use_offload(offload)
+    two = {k: PERIODIC[k] for k in ("p1", "p2")}
+    # The first pattern is computing: everybody shares the reserve meanwhile.
+    d = decide(policy, view({"p1": 2, "p2": 2}, two))
+    assert d.schedules == {} and len(offload.queued) == 1
+    assert sum(d.rates.values()) == pytest.approx(0.1 * B)
+    offload.run()
+    d = decide(policy, view({"p1": 2, "p2": 2}, two, now=11.0))
+    assert set(d.schedules) == {"p1", "p2"}
+    old = dict(d.schedules)
+    # p3 arrives: a recomputation starts; p1 and p2 keep their windows, p3 gets the reserve.
+    d = decide(policy, view(ALL, PERIODIC, now=12.0))
+    assert len(offload.queued) == 1
+    assert d.schedules == old
+    assert d.rates["p3"] + d.rates["np"] == pytest.approx(0.1 * B)
+    # Another decision while it computes starts nothing more.
+    decide(policy, view(ALL, PERIODIC, now=12.1))
+    assert len(offload.queued) == 1
+    offload.run()
+    d = decide(policy, view(ALL, PERIODIC, now=13.0))
+    assert set(d.schedules) == {"p1", "p2", "p3"}
+    assert all(s.origin == 13.0 for s in d.schedules.values())
+
+
+def test_a_result_for_a_set_that_changed_meanwhile_is_dropped_and_recomputed() -> None:
+    policy = PerSchedLive(PerSchedLive.Params(kprime=2))
+    offload = Deferred()
+    policy.use_offload(offload)
+    decide(policy, view(ALL, PERIODIC))
+    gone = {k: PERIODIC[k] for k in ("p1", "p3")}  # p2 left while the pattern was computed
+    offload.run()
+    d = decide(policy, view({"p1": 2, "p3": 1}, gone, now=11.0))
+    assert d.schedules == {} and policy.installed is None
+    assert len(offload.queued) == 1  # the recomputation for {p1, p3}
+    offload.run()
+    d = decide(policy, view({"p1": 2, "p3": 1}, gone, now=12.0))
+    assert set(d.schedules) == {"p1", "p3"}
+
+
+def test_a_transfer_below_a_patterns_resolution_is_left_to_the_reserve() -> None:
+    key = ((("tiny", 1, 0.1, 1000.0), ("p1", 2, 0.2, 3 * MiB)), B, b)
+    computed = compute(key, PerSchedLive.Params(kprime=2))
+    assert computed.error is None
+    assert set(computed.schedules) == {"p1"}
+
+
+def test_windows_are_well_formed_after_wrapping_and_float_residue() -> None:
+    period = 1.0
+    windows = windows_of([(0.9, 1.2, 1e-3), (1.2 - 1e-15, 1.5, 2e-3), (0.5, 0.7, 1e-3)], period)
+    spans = [(w.start, w.end, w.rate) for w in windows]
+    from burstctl.limits import windows_problem
+
+    assert windows_problem(period, spans) is None
+    assert sum((e - s) * r for s, e, r in spans) == pytest.approx(
+        (0.3e-3 + 0.3e-3 * 2 + 0.2e-3) * GB
+    )
