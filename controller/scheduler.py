@@ -242,8 +242,17 @@ class Scheduler:
         # delay: it cannot use it without posting again (which triggers a new
         # decision), and a job that cycles quickly is spared two pushes per cycle.
         release = self.config.release_delay
+        # A policy that paces jobs to patterns (it overrides Policy.schedules), on this
+        # replica's own decision: its periodic jobs keep their windows between iterations.
+        keeps_windows = targets is None and type(policy).schedules is not Policy.schedules
         recheck = 0.0
         for s in [s for s in self._nonzero if s.decided != stamp]:
+            if keeps_windows and s.schedule is not None and s.job.meta.job_id in view.periodic:
+                # A periodic job between its windows (computing: no operation open, so no
+                # demand and no schedule in this decision) keeps those it holds: its next
+                # window comes without a round trip. Its next post brings the pattern in
+                # force then, if it changed.
+                continue
             idle_for = now - s.idle_since if s.idle_since is not None and not s.ops else release
             if idle_for < release:
                 recheck = max(recheck, release - idle_for)

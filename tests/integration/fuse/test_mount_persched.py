@@ -57,9 +57,7 @@ async def test_periodic_applications_through_the_mount_follow_their_windows(
     fuse_dirs: tuple[Path, Path],
     apps: Callable[..., App],  # noqa: F811
 ) -> None:
-    replica = await replica_factory(
-        policy="persched", policy_params={"kprime": 2}, release_delay=1.0
-    )
+    replica = await replica_factory(policy="persched", policy_params={"kprime": 2})
     policy = replica.slot.policy
     assert isinstance(policy, PerSchedLive)
     backing, mnt = fuse_dirs
