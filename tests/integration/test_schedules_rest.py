@@ -3,14 +3,12 @@ draws them), from a real controller whose policy gives one job a schedule."""
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 from support import async_wait_until
-from test_windows import END, PERIOD, START, R, probe_replica  # noqa: F401  (fixture)
+from test_windows import END, PERIOD, START, R, holding, probe_replica  # noqa: F401  (fixture)
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -26,15 +24,7 @@ async def test_schedules_list_the_windows_of_each_job_that_has_them(
     replica = await probe_replica(job="periodic")
     periodic = Session(replica.grpc_address, JobInfo("periodic", "ann", "phys"))
     plain = Session(replica.grpc_address, JobInfo("plain", "bob", "chem"))
-    stop = threading.Event()
-
-    def hold(session: Session) -> None:
-        with session.operation("write"):
-            while not stop.is_set():
-                session.acquire(4 * KiB)
-
-    try:
-        workers = [asyncio.create_task(asyncio.to_thread(hold, s)) for s in (periodic, plain)]
+    async with holding(periodic, plain):
         await async_wait_until(
             lambda: periodic.pattern is not None and plain.rate > 0, 10, message="allocations"
         )
@@ -51,9 +41,3 @@ async def test_schedules_list_the_windows_of_each_job_that_has_them(
             assert schedule["phase_s"] == pytest.approx(replica.clock() % PERIOD, abs=0.5)
             spec = (await http.get("/openapi.json")).json()
             assert "/v1/schedules" in spec["paths"]
-        stop.set()
-        await asyncio.gather(*workers)
-    finally:
-        stop.set()
-        periodic.close()
-        plain.close()

@@ -10,6 +10,7 @@ the controller's clock: this checks the clock agreement too (docs/protocol.md, "
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -99,6 +100,27 @@ async def probe_replica(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable
         await replica.stop(grace=0)
 
 
+@contextlib.asynccontextmanager
+async def holding(*sessions: Session) -> AsyncIterator[None]:
+    """Each session acquires 4 KiB at a time in one open operation until the block ends,
+    in a thread of its own; then the sessions are closed."""
+    stop = threading.Event()
+
+    def hold(session: Session) -> None:
+        with session.operation("write"):
+            while not stop.is_set():
+                session.acquire(4 * KiB)
+
+    workers = [asyncio.create_task(asyncio.to_thread(hold, s)) for s in sessions]
+    try:
+        yield
+    finally:
+        stop.set()
+        await asyncio.gather(*workers)
+        for session in sessions:
+            session.close()
+
+
 def pump(session: Session, chunk: int, seconds: float) -> list[float]:
     """Acquires ``chunk`` bytes back to back for ``seconds``: each completion time."""
     done: list[float] = []
@@ -153,15 +175,7 @@ async def test_a_malformed_schedule_is_refused_and_the_others_are_served(
     replica = await probe_replica(job="good", bad_job="bad")
     good = Session(replica.grpc_address, JobInfo("good", "ann", "phys"))
     bad = Session(replica.grpc_address, JobInfo("bad", "bob", "chem"))
-    stop = threading.Event()
-
-    def hold(session: Session) -> None:
-        with session.operation("write"):
-            while not stop.is_set():
-                session.acquire(4 * KiB)
-
-    try:
-        workers = [asyncio.create_task(asyncio.to_thread(hold, s)) for s in (good, bad)]
+    async with holding(good, bad):
         await async_wait_until(
             lambda: good.pattern is not None and bad.rate > 0, 10, message="both allocations"
         )
@@ -171,9 +185,3 @@ async def test_a_malformed_schedule_is_refused_and_the_others_are_served(
         assert last is not None
         assert [job for job, _ in last.refused] == ["bad"]
         assert "end_seconds" in last.refused[0][1]
-        stop.set()
-        await asyncio.gather(*workers)
-    finally:
-        stop.set()
-        good.close()
-        bad.close()
