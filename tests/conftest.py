@@ -13,6 +13,7 @@ from support import ControllerProcess
 
 from burstctl.controller.app import Replica, build_replica
 from burstctl.controller.config import load_config
+from burstctl.policies.registry import PolicyRegistry
 
 REPLICA_DEFAULTS = {
     "grpc_listen": "127.0.0.1:0",
@@ -26,12 +27,13 @@ REPLICA_DEFAULTS = {
 
 @pytest.fixture
 async def replica_factory(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica]]]:
-    """Starts controller replicas in this test's event loop on OS-chosen loopback ports."""
+    """Starts controller replicas in this test's event loop on OS-chosen loopback ports (with
+    the built-in policies, or those of ``registry``)."""
     started: list[Replica] = []
 
-    async def make(**overrides: object) -> Replica:
+    async def make(registry: PolicyRegistry | None = None, **overrides: object) -> Replica:
         settings = {**REPLICA_DEFAULTS, "state_dir": tmp_path / f"state{len(started)}", **overrides}
-        svc = build_replica(load_config(**settings))
+        svc = build_replica(load_config(**settings), registry)
         started.append(svc)
         await svc.start()
         return svc

@@ -14,14 +14,12 @@ import contextlib
 import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from pathlib import Path
 
 import pytest
 from support import async_wait_until
 
 from burstctl.client import JobInfo, Session
-from burstctl.controller.app import Replica, build_replica
-from burstctl.controller.config import load_config
+from burstctl.controller.app import Replica
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.registry import default_registry
 from burstctl.policies.schedule import Schedule, Window
@@ -37,17 +35,6 @@ PERIOD, START, END = 1.0, 0.0, 0.3
 # thread's wake-up after the grant (two cores shared by the whole test run), plus the
 # one-way delay of the Allocation that anchors the client's phase.
 LATE = 0.03
-
-
-# as tests/conftest.py's replica_factory (B = 40 MiB/s, b = 8 MiB/s, lease 1 s)
-REPLICA = {
-    "grpc_listen": "127.0.0.1:0",
-    "http_listen": "127.0.0.1:0",
-    "capacity": "40MiB/s",
-    "node_bandwidth": "8MiB/s",
-    "heartbeat_timeout": 1.0,
-    "lease": 1.0,
-}
 
 
 class ProbeParams(PolicyParams):
@@ -76,28 +63,17 @@ class WindowsProbe(Policy):
 
 
 @pytest.fixture
-async def probe_replica(tmp_path: Path) -> AsyncIterator[Callable[..., Awaitable[Replica]]]:
-    started: list[Replica] = []
+def probe_replica(
+    replica_factory: Callable[..., Awaitable[Replica]],
+) -> Callable[..., Awaitable[Replica]]:
+    """Replicas (conftest's ``replica_factory``) running `WindowsProbe` with ``params``."""
+    registry = default_registry()
+    registry.register(WindowsProbe.name, WindowsProbe)
 
     async def make(**params: str) -> Replica:
-        registry = default_registry()
-        registry.register(WindowsProbe.name, WindowsProbe)
-        config = load_config(
-            **{
-                **REPLICA,
-                "state_dir": tmp_path / f"state{len(started)}",
-                "policy": WindowsProbe.name,
-                "policy_params": params,
-            }
-        )
-        replica = build_replica(config, registry)
-        started.append(replica)
-        await replica.start()
-        return replica
+        return await replica_factory(registry, policy=WindowsProbe.name, policy_params=params)
 
-    yield make
-    for replica in started:
-        await replica.stop(grace=0)
+    return make
 
 
 @contextlib.asynccontextmanager
