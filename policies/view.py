@@ -101,6 +101,27 @@ class Periodic:
 
 
 NO_PERIODIC: Mapping[JobId, Periodic] = MappingProxyType({})
+NO_BYTES: Mapping[JobId, float] = MappingProxyType({})
+
+
+@dataclass(frozen=True, slots=True)
+class BufferView:
+    """The burst buffer behind the view ([DPSAC] §3.1): its capacity S, what is on it, and
+    the bandwidth B at which it drains to the parallel file system (PFS).
+
+    ``resident`` and ``pending`` hold only jobs with bytes on the buffer; ``used`` also counts
+    space granted to writers and not filled yet, so ``used`` ≥ Σ ``resident``.
+    """
+
+    size: float  # S, bytes
+    used: float  # bytes on the buffer or promised to writers, <= size
+    drain_bandwidth: float  # B of [DPSAC], bytes/s to the PFS; 0 = not configured
+    resident: Mapping[JobId, float] = field(default_factory=lambda: NO_BYTES)
+    pending: Mapping[JobId, float] = field(default_factory=lambda: NO_BYTES)  # not on the PFS yet
+
+    @property
+    def free(self) -> float:
+        return max(0.0, self.size - self.used)
 
 
 @dataclass(frozen=True, slots=True, init=False)
@@ -118,6 +139,9 @@ class SystemView:
 
     ``periodic``: every live job that declared its period, computing or not (a job of
     ``jobs`` is in S(t) only while in I/O); read by ``persched``. Empty by default.
+
+    ``buffer``: the burst buffer's fill, when the controller has a capacity
+    (``--bb-capacity``) or the simulator models one; read by ``dpsac``. None otherwise.
     """
 
     now: float
@@ -128,6 +152,7 @@ class SystemView:
     horizon: float | None = None  # T_end of the simulated window; None when live
     observed: bool = True
     periodic: Mapping[JobId, Periodic] = field(default_factory=lambda: NO_PERIODIC)
+    buffer: BufferView | None = None
 
     def __new__(
         cls,
@@ -139,6 +164,7 @@ class SystemView:
         horizon: float | None = None,
         observed: bool = True,
         periodic: Mapping[JobId, Periodic] | None = None,
+        buffer: BufferView | None = None,
     ) -> SystemView:
         # Built like JobView (one view per decision in the simulator), with the checks
         # a __post_init__ would make.
@@ -146,7 +172,9 @@ class SystemView:
             raise ValueError(f"capacity must be finite and >= 0, got {capacity!r}")
         rows = MappingProxyType(dict(jobs) if jobs is not None else {})
         declared = NO_PERIODIC if not periodic else MappingProxyType(dict(periodic))
-        view = _ViewTwin(now, capacity, node_bandwidth, rows, seed, horizon, observed, declared)
+        view = _ViewTwin(
+            now, capacity, node_bandwidth, rows, seed, horizon, observed, declared, buffer
+        )
         view.__class__ = cls
         return view  # type: ignore[no-any-return]
 

@@ -13,13 +13,20 @@ class OpKind(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     OP_KIND_READ: _ClassVar[OpKind]
     OP_KIND_WRITE: _ClassVar[OpKind]
     OP_KIND_METADATA: _ClassVar[OpKind]
+
+class Purpose(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    PURPOSE_APP: _ClassVar[Purpose]
+    PURPOSE_DRAIN: _ClassVar[Purpose]
 OP_KIND_UNSPECIFIED: OpKind
 OP_KIND_READ: OpKind
 OP_KIND_WRITE: OpKind
 OP_KIND_METADATA: OpKind
+PURPOSE_APP: Purpose
+PURPOSE_DRAIN: Purpose
 
 class Hello(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol", "purpose", "buffer")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -29,6 +36,8 @@ class Hello(_message.Message):
     HOST_FIELD_NUMBER: _ClassVar[int]
     PERIOD_W_FIELD_NUMBER: _ClassVar[int]
     PERIOD_VOL_FIELD_NUMBER: _ClassVar[int]
+    PURPOSE_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user: str
     group: str
@@ -38,7 +47,21 @@ class Hello(_message.Message):
     host: str
     period_w: float
     period_vol: float
-    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ...) -> None: ...
+    purpose: Purpose
+    buffer: Buffer
+    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., buffer: _Optional[_Union[Buffer, _Mapping]] = ...) -> None: ...
+
+class Buffer(_message.Message):
+    __slots__ = ("resident", "pending", "added", "drain_error")
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    ADDED_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_ERROR_FIELD_NUMBER: _ClassVar[int]
+    resident: int
+    pending: int
+    added: int
+    drain_error: str
+    def __init__(self, resident: _Optional[int] = ..., pending: _Optional[int] = ..., added: _Optional[int] = ..., drain_error: _Optional[str] = ...) -> None: ...
 
 class OpPosted(_message.Message):
     __slots__ = ("op_id", "kind", "volume")
@@ -57,7 +80,7 @@ class OpCompleted(_message.Message):
     def __init__(self, op_id: _Optional[int] = ...) -> None: ...
 
 class Usage(_message.Message):
-    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting", "totals", "applied_epoch")
+    __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting", "totals", "applied_epoch", "buffer")
     BYTES_FIELD_NUMBER: _ClassVar[int]
     OPS_FIELD_NUMBER: _ClassVar[int]
     WAIT_SECONDS_FIELD_NUMBER: _ClassVar[int]
@@ -65,6 +88,7 @@ class Usage(_message.Message):
     WAITING_FIELD_NUMBER: _ClassVar[int]
     TOTALS_FIELD_NUMBER: _ClassVar[int]
     APPLIED_EPOCH_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
     bytes: int
     ops: int
     wait_seconds: float
@@ -72,7 +96,8 @@ class Usage(_message.Message):
     waiting: bool
     totals: Counters
     applied_epoch: int
-    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ..., totals: _Optional[_Union[Counters, _Mapping]] = ..., applied_epoch: _Optional[int] = ...) -> None: ...
+    buffer: Buffer
+    def __init__(self, bytes: _Optional[int] = ..., ops: _Optional[int] = ..., wait_seconds: _Optional[float] = ..., interval_seconds: _Optional[float] = ..., waiting: _Optional[bool] = ..., totals: _Optional[_Union[Counters, _Mapping]] = ..., applied_epoch: _Optional[int] = ..., buffer: _Optional[_Union[Buffer, _Mapping]] = ...) -> None: ...
 
 class Counters(_message.Message):
     __slots__ = ("bytes", "bytes_read", "bytes_written", "ops", "metadata_ops", "wait_seconds")
@@ -117,7 +142,7 @@ class ClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows")
+    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space")
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -125,6 +150,7 @@ class Allocation(_message.Message):
     POLICY_FIELD_NUMBER: _ClassVar[int]
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
+    SPACE_FIELD_NUMBER: _ClassVar[int]
     rate: float
     burst: float
     epoch: int
@@ -132,7 +158,14 @@ class Allocation(_message.Message):
     policy: str
     replica_id: str
     windows: Windows
-    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ...) -> None: ...
+    space: Space
+    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
+
+class Space(_message.Message):
+    __slots__ = ("limit",)
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    limit: int
+    def __init__(self, limit: _Optional[int] = ...) -> None: ...
 
 class Windows(_message.Message):
     __slots__ = ("period_seconds", "origin_seconds", "window")
