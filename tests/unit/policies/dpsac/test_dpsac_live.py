@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import random
+
 import pytest
 
 from burstctl.policies import JobView, SystemView, default_registry
@@ -129,3 +131,40 @@ def test_the_rng_comes_from_the_view_seed() -> None:
         tuple(sorted(DpsacPolicy().allocate(view(jobs, buffer=b, seed=s)))) for s in range(20)
     }
     assert len(outcomes) > 1  # line 14's draws differ between seeds
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_invariants_on_random_views_with_a_buffer(seed: int) -> None:
+    """The conformance suite's views carry no buffer; these do (with the same bounds,
+    except work conservation: DPSAC defers on purpose)."""
+    rng = random.Random(seed)
+    base = random_view(rng)
+    resident = {j: rng.uniform(0, 64 * MiB) for j in base.jobs if rng.random() < 0.5}
+    size = rng.choice([64, 300, 4096]) * MiB
+    buf = BufferView(size, min(size, sum(resident.values())), rng.choice([0.0, 10 * MiB, 1e9]),
+                     resident)  # fmt: skip
+    v = SystemView(now=base.now, capacity=base.capacity, node_bandwidth=base.node_bandwidth,
+                   jobs=base.jobs, seed=seed, buffer=buf)  # fmt: skip
+    name = rng.choice(["st", "dt", "ok"])
+    policy = DpsacPolicy(DpsacParams(updater=name))
+    rates = policy.allocate(v)
+    for j, rate in rates.items():
+        job_ = v.jobs[j]
+        assert 0.0 < rate <= job_.demand + 1e-9 * v.capacity and job_.active
+    assert sum(rates.values()) <= v.capacity * (1 + 1e-12)
+    assert DpsacPolicy(DpsacParams(updater=name)).allocate(v) == rates == policy.allocate(v)
+    assert not decide(DpsacPolicy(DpsacParams(updater=name)), v).clamped
+
+
+def random_view(rng: random.Random) -> SystemView:
+    capacity = rng.choice([10, 400, 4096]) * MiB
+    jobs = []
+    for i in range(rng.randint(0, 14)):
+        cap = min(rng.choice([1, 2, 16, 128]) * 8 * MiB, capacity)
+        state = rng.random()
+        demand = 0.0 if state < 0.2 else cap if state < 0.7 else rng.uniform(0.01, 1) * cap
+        jobs.append(
+            job(i, cap, demand=demand, work=rng.uniform(0, 100), nodes=rng.randint(1, 64),
+                volume=rng.choice([0.0, rng.uniform(1, 1 << 34)]), progress=rng.uniform(0, 99))
+        )  # fmt: skip
+    return view(jobs, buffer=None, capacity=capacity)
