@@ -37,7 +37,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from burstctl.simulator.dpsac_workloads import B_PFS, S_BUFFER, AppKind
+from burstctl.policies.dpsac.algorithm3 import full_probability, schedule
+from burstctl.policies.dpsac.clustering import cluster
+from burstctl.policies.dpsac.dist import LoadDistribution, to_units
+from burstctl.policies.dpsac.model import App
+from burstctl.policies.dpsac.partition import partition
+from burstctl.policies.dpsac.priorities import Efficiency, minmax
+from burstctl.simulator.dpsac_workloads import (
+    B_PFS,
+    JOINERS,
+    KINDS,
+    NODE_RATE,
+    S_BUFFER,
+    AppKind,
+    set_apps,
+    table3_apps,
+    teio,
+    with_instances,
+)
 
 DEFAULT_DT = 1.0  # s
 DEFAULT_KNEE = 0.8
@@ -360,3 +377,315 @@ def mean_unit(kinds: Sequence[AppKind]) -> float:
 def stderr(xs: Sequence[float]) -> float:
     """The standard error of the mean (0 for one value)."""
     return statistics.stdev(xs) / math.sqrt(len(xs)) if len(xs) > 1 else 0.0
+
+
+# -- experiments ------------------------------------------------------------------------
+
+METHODS: tuple[str, ...] = ("dpsac", "mcios", "bios")
+UPDATERS: tuple[str, ...] = ("st", "dt", "ok")
+DEFAULT_JOINS = 5
+
+
+def run_seeds(seed: int, runs: int) -> list[int]:
+    """The seeds of ``runs`` runs derived from ``seed``: seed, seed + 1, …"""
+    return [seed + r for r in range(runs)]
+
+
+def simulate(
+    apps: Sequence[tuple[AppKind, float]],
+    method: str,
+    seed: int,
+    params: Params | None = None,
+    updater: str | None = None,
+    on_step: Callable[[Step], None] | None = None,
+) -> Result:
+    """One run of ``method`` on ``apps`` ((kind, arrival) pairs) with ``random.Random(seed)``
+    (the releases first, so every method of one seed sees the same releases)."""
+    sim = Simulation(
+        apps, make_scheduler(method, updater), params or Params(), random.Random(seed), on_step
+    )
+    sim.run()
+    return sim.result(seed)
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    """A method's mean over runs."""
+
+    label: str  # "set 3" or "join eap"
+    method: str
+    runs: int
+    sys_eff: float
+    sys_eff_se: float
+    dilation: float
+    dilation_se: float
+    sched_seconds: float  # mean CPU seconds in the scheduler per run
+    teio_over_b: float
+    results: tuple[Result, ...]
+
+    def to_json(self) -> dict[str, object]:
+        return {
+            "label": self.label,
+            "method": self.method,
+            "runs": self.runs,
+            "sys_eff": self.sys_eff,
+            "sys_eff_se": self.sys_eff_se,
+            "dilation": self.dilation,
+            "dilation_se": self.dilation_se,
+            "sched_seconds": self.sched_seconds,
+            "teio_over_b": self.teio_over_b,
+        }
+
+
+def summarise(label: str, method: str, results: Sequence[Result], teio_over_b: float) -> Summary:
+    se = [r.sys_eff for r in results]
+    dil = [r.dilation for r in results]
+    return Summary(
+        label,
+        method,
+        len(results),
+        statistics.fmean(se),
+        stderr(se),
+        statistics.fmean(dil),
+        stderr(dil),
+        statistics.fmean(r.sched_seconds for r in results),
+        teio_over_b,
+        tuple(results),
+    )
+
+
+def set_workload(number: int) -> list[tuple[AppKind, float]]:
+    """Table 2's set ``number``: every application arrives at t = 0."""
+    return [(k, 0.0) for k in set_apps(number)]
+
+
+def join_workload(joiner: str, joins: int = DEFAULT_JOINS) -> list[tuple[AppKind, float]]:
+    """Table 3's batch at t = 0, then one ``joiner`` (Table 4) at each m·period, m = 1..joins."""
+    if joiner not in JOINERS:
+        raise ValueError(f"joiner: must be one of {', '.join(JOINERS)}, got {joiner!r}")
+    if joins < 0:
+        raise ValueError(f"joins must be >= 0, got {joins}")
+    j = JOINERS[joiner]
+    kind = with_instances(KINDS[j.kind], j.instances)
+    return [(k, 0.0) for k in table3_apps()] + [(kind, m * j.period) for m in range(1, joins + 1)]
+
+
+def run_set(
+    number: int,
+    methods: Sequence[str] = METHODS,
+    runs: int = 5,
+    seed: int = 0,
+    params: Params | None = None,
+) -> list[Summary]:
+    """Each method on set ``number``, ``runs`` runs, seeds from ``seed``."""
+    apps = set_workload(number)
+    ratio = teio([k for k, _ in apps]) / (params or Params()).bandwidth
+    return [
+        summarise(
+            f"set {number}",
+            m,
+            [simulate(apps, m, s, params) for s in run_seeds(seed, runs)],
+            ratio,
+        )
+        for m in methods
+    ]
+
+
+def run_join(
+    joiner: str,
+    updaters: Sequence[str] = UPDATERS,
+    runs: int = 5,
+    seed: int = 0,
+    params: Params | None = None,
+    joins: int = DEFAULT_JOINS,
+) -> list[Summary]:
+    """DPSAC with each updater on Table 3's batch plus ``joins`` joiners of kind ``joiner``."""
+    apps = join_workload(joiner, joins)
+    ratio = teio([k for k, _ in apps]) / (params or Params()).bandwidth
+    return [
+        summarise(
+            f"join {joiner}",
+            u,
+            [simulate(apps, "dpsac", s, params, updater=u) for s in run_seeds(seed, runs)],
+            ratio,
+        )
+        for u in updaters
+    ]
+
+
+def table(summaries: Sequence[Summary], head: str = "method") -> list[str]:
+    """A text table: one line per summary."""
+    lines = [
+        f"{'':<10} {head:<7} {'runs':>4} {'SysEff':>8} {'±se':>7} {'Dilation':>9} {'±se':>7}"
+        f" {'sched s':>8} {'TEIO/B':>7}"
+    ]
+    for s in summaries:
+        lines.append(
+            f"{s.label:<10} {s.method:<7} {s.runs:>4} {s.sys_eff:>8.4f} {s.sys_eff_se:>7.4f}"
+            f" {s.dilation:>9.4f} {s.dilation_se:>7.4f} {s.sched_seconds:>8.3f} {s.teio_over_b:>7.4f}"
+        )
+    return lines
+
+
+# -- the three methods --------------------------------------------------------------------
+
+K_MAX = 5  # K_C, the most clusters DPSAC makes ([DPSAC] §4.2)
+GAMMA = 0.5  # MinMax-0.5, the priority of all three methods ([DPSAC] §5.2)
+
+
+def _order(sim: Simulation, apps: Sequence[SimApp]) -> list[SimApp]:
+    """``apps`` in MinMax-0.5 order at ``sim.t`` (``policies.dpsac.priorities``)."""
+    effs = [Efficiency(str(a.index), a.rho_tilde(sim.t), a.kind.rho, a.kind.nodes) for a in apps]
+    by_id = {str(a.index): a for a in apps}
+    return [by_id[e.app_id] for e in minmax(effs, GAMMA)]
+
+
+class Bios:
+    """BIOS ([DPSAC] §5.2, after [BWS]-style greedy ordering): one partition (all of S and
+    B), every application in I/O granted its B_i in MinMax-0.5 order, whatever the buffer
+    holds. The platform then serves them in that order: the PFS first, the buffer while it
+    has room, and the rest blocks."""
+
+    name = "bios"
+
+    def layout(self, sim: Simulation) -> None:
+        p = sim.params
+        sim.partitions = [Partition(p.capacity, p.bandwidth, mean_unit([a.kind for a in sim.apps]))]
+        for a in sim.apps:
+            a.partition = 0
+
+    def decide(self, sim: Simulation, k: int, active: list[SimApp]) -> list[tuple[SimApp, float]]:
+        return [(a, a.kind.bandwidth) for a in _order(sim, active)]
+
+    def join(self, sim: Simulation, app: SimApp) -> None:
+        app.partition = 0
+
+    def exit(self, sim: Simulation, app: SimApp) -> None:
+        pass
+
+
+class Probabilistic:
+    """DPSAC and MCIOS: Algorithm 3 per partition and time unit ([DPSAC] §4.4.3).
+
+    DPSAC clusters the I/O-phase lengths l_i (Algorithm 1, K ≤ K_C by the elbow rule),
+    gives cluster k the quota U_k·S and the PFS share U_k·B (§4.3) and the time unit
+    Δ_k = the mean l_i of the cluster; MCIOS is the same with one cluster (U = 1, Δ the
+    mean l_i of all applications). Algorithm 3 works in volumes per time unit: a rate B_i
+    becomes B_i·Δ_k, and Dist counts in quanta of one node's rate × Δ_k (so B_i is β_i
+    quanta). Its grants (volumes per Δ_k) become rates again.
+
+    With an ``updater`` (the join experiment) joins and exits go through it, and when it
+    reports that the clusters changed, the partitions are laid out again: the data already
+    buffered is spread over the new partitions in proportion to their quotas."""
+
+    def __init__(self, name: str, clustered: bool, updater: str | None = None) -> None:
+        self.name = name
+        self.clustered = clustered
+        self.updater_name = updater
+        self.updater: Updater | None = None
+        self.dists: list[LoadDistribution] = []
+
+    def model(self, a: SimApp) -> App:
+        return App(str(a.index), a.kind.bandwidth, a.kind.p, a.kind.checkpoint)
+
+    def _clusters(self, apps: Sequence[SimApp]) -> list[list[SimApp]]:
+        if not self.clustered or len(apps) <= 1:
+            return [list(apps)]
+        c = cluster([a.kind.checkpoint for a in apps], K_MAX)
+        return [[apps[i] for i in members] for members in c.members]
+
+    def layout(self, sim: Simulation) -> None:
+        present = [a for a in sim.apps if sim.joined[a.index]]
+        if self.updater_name is not None:
+            self.updater = make_updater(
+                self.updater_name, [self.model(a) for a in present], sim.rng
+            )
+            by_id = {str(a.index): a for a in sim.apps}
+            groups = [[by_id[i] for i in members] for members in self.updater.clusters()]
+        else:
+            groups = self._clusters(present)
+        self._lay_out(sim, groups)
+
+    def _lay_out(self, sim: Simulation, groups: list[list[SimApp]]) -> None:
+        groups = [g for g in groups if g] or [[]]
+        p = sim.params
+        models = {str(a.index): self.model(a) for g in groups for a in g}
+        parts = partition(
+            [[str(a.index) for a in g] for g in groups], models, p.capacity, p.bandwidth
+        )
+        total = sum(q.level for q in sim.partitions)
+        sim.partitions = []
+        self.dists = []
+        for k, (g, part) in enumerate(zip(groups, parts, strict=True)):
+            unit = mean_unit([a.kind for a in g])
+            sim.partitions.append(Partition(part.quota, part.pfs, unit, level=total * part.share))
+            dist = LoadDistribution(quantum=NODE_RATE * unit)
+            for a in g:
+                a.partition = k
+                if a.finish is None:
+                    dist.add(to_units(a.kind.bandwidth * unit, dist.quantum), a.kind.p)
+            self.dists.append(dist)
+
+    def decide(self, sim: Simulation, k: int, active: list[SimApp]) -> list[tuple[SimApp, float]]:
+        part = sim.partitions[k]
+        unit = part.unit
+        ordered = _order(sim, active)
+        p_full = full_probability(self.dists[k], part.cap, part.share * unit, part.level)
+        tick = schedule(
+            [(str(a.index), a.kind.bandwidth * unit) for a in ordered],
+            part.share * unit,
+            part.cap,
+            part.level,
+            min(1.0, max(0.0, p_full)),
+            sim.rng,
+        )
+        by_id = {str(a.index): a for a in active}
+        return [(by_id[i], v / unit) for i, v in tick.granted]
+
+    def join(self, sim: Simulation, app: SimApp) -> None:
+        if self.updater is None:  # no updater: the closest cluster by centroid
+            k = min(
+                range(len(sim.partitions)),
+                key=lambda k: abs(sim.partitions[k].unit - app.kind.checkpoint),
+            )
+            self._add(sim, k, app)
+            return
+        self.updater.on_join(self.model(app))
+        self._after_update(sim)
+
+    def _add(self, sim: Simulation, k: int, app: SimApp) -> None:
+        app.partition = k
+        dist = self.dists[k]
+        dist.add(to_units(app.kind.bandwidth * sim.partitions[k].unit, dist.quantum), app.kind.p)
+
+    def exit(self, sim: Simulation, app: SimApp) -> None:
+        if self.updater is not None:
+            self.updater.on_exit(str(app.index))
+            if self._after_update(sim):
+                return
+        dist = self.dists[app.partition]
+        dist.remove(
+            to_units(app.kind.bandwidth * sim.partitions[app.partition].unit, dist.quantum),
+            app.kind.p,
+        )
+
+    def _after_update(self, sim: Simulation) -> bool:
+        """Lays the partitions out again from the updater's clusters (True if it did)."""
+        assert self.updater is not None
+        by_id = {str(a.index): a for a in sim.apps}
+        groups = [[by_id[i] for i in members] for members in self.updater.clusters()]
+        self._lay_out(sim, groups)
+        for p in sim.partitions:
+            p.dirty = True
+        return True
+
+
+def make_scheduler(method: str, updater: str | None = None) -> Scheduler:
+    """``dpsac``, ``mcios`` or ``bios`` (an updater only with ``dpsac``)."""
+    if method not in METHODS:
+        raise ValueError(f"method: must be one of {', '.join(METHODS)}, got {method!r}")
+    if updater is not None and method != "dpsac":
+        raise ValueError("an updater goes with the dpsac method only")
+    if method == "bios":
+        return Bios()
+    return Probabilistic(method, clustered=method == "dpsac", updater=updater)
