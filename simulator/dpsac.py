@@ -29,12 +29,14 @@ its grants hold until the next decision.
 
 from __future__ import annotations
 
+import csv
 import math
 import random
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Protocol
 
 from burstctl.policies.dpsac.algorithm3 import full_probability, schedule
@@ -689,3 +691,59 @@ def make_scheduler(method: str, updater: str | None = None) -> Scheduler:
     if method == "bios":
         return Bios()
     return Probabilistic(method, clustered=method == "dpsac", updater=updater)
+
+
+CSV_FIELDS = (
+    "label",
+    "method",
+    "runs",
+    "sys_eff",
+    "sys_eff_se",
+    "dilation",
+    "dilation_se",
+    "sched_seconds",
+    "teio_over_b",
+)
+
+
+def write_csv(summaries: Sequence[Summary], out: Path) -> Path:
+    """One row per summary (``CSV_FIELDS``)."""
+    with out.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=CSV_FIELDS, lineterminator="\n")
+        writer.writeheader()
+        for s in summaries:
+            writer.writerow(s.to_json())
+    return out
+
+
+def plot_sets(summaries: Sequence[Summary], out: Path) -> Path:
+    """SysEff and Dilation per set, one line per method with standard-error bars (the
+    layout of [DPSAC] Fig. 6). matplotlib is imported here only (extra ``[plot]``)."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    labels = list(dict.fromkeys(s.label for s in summaries))
+    methods = list(dict.fromkeys(s.method for s in summaries))
+    by = {(s.label, s.method): s for s in summaries}
+    xs = range(1, len(labels) + 1)
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4))
+    for m in methods:
+        rows = [by[(lab, m)] for lab in labels]
+        axes[0].errorbar(
+            xs, [r.sys_eff for r in rows], yerr=[r.sys_eff_se for r in rows], marker="o", label=m
+        )
+        axes[1].errorbar(
+            xs, [r.dilation for r in rows], yerr=[r.dilation_se for r in rows], marker="o", label=m
+        )
+    for ax, title in zip(axes, ("SysEff", "Dilation"), strict=True):
+        ax.set_xticks(list(xs), [lab.replace("set ", "#") for lab in labels])
+        ax.set_xlabel("set (Table 2)")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=120)
+    plt.close(fig)
+    return out
