@@ -524,7 +524,8 @@ def table(summaries: Sequence[Summary], head: str = "method") -> list[str]:
     for s in summaries:
         lines.append(
             f"{s.label:<10} {s.method:<7} {s.runs:>4} {s.sys_eff:>8.4f} {s.sys_eff_se:>7.4f}"
-            f" {s.dilation:>9.4f} {s.dilation_se:>7.4f} {s.sched_seconds:>8.3f} {s.teio_over_b:>7.4f}"
+            f" {s.dilation:>9.4f} {s.dilation_se:>7.4f} {s.sched_seconds:>8.3f}"
+            f" {s.teio_over_b:>7.4f}"
         )
     return lines
 
