@@ -18,9 +18,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# The elbow's threshold: the smallest K whose step to K + 1 removes less than this fraction of
-# the SSE of one cluster (docs/dpsac.md, "Readings": the elbow rule).
+# The elbow rule (docs/dpsac.md, "Readings"): values are clustered only if some step from K − 1
+# to K clusters keeps less than ELBOW_STRUCTURE times what evenly spread values keep
+# (((K − 1)/K)²); then K is the smallest whose next step removes less than ELBOW_FRACTION of
+# the SSE of one cluster.
 ELBOW_FRACTION = 0.1
+ELBOW_STRUCTURE = 0.5
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,13 +144,26 @@ def wss_curve(values: Sequence[float], k_max: int) -> list[float]:
     )
 
 
-def elbow(wss: Sequence[float], fraction: float = ELBOW_FRACTION) -> int:
-    """The elbow of an SSE curve ``wss`` (wss[K − 1] = SSE with K clusters): the smallest K
-    whose step to K + 1 removes less than ``fraction`` of wss[0], the SSE of one cluster.
+def elbow(
+    wss: Sequence[float], fraction: float = ELBOW_FRACTION, structure: float = ELBOW_STRUCTURE
+) -> int:
+    """The elbow of an SSE curve ``wss`` (wss[K − 1] = SSE with K clusters).
 
-    Deterministic; 1 when the curve is empty, has one point, or wss[0] is 0 (all values
-    equal); len(wss) when every step removes at least the fraction. docs/dpsac.md."""
+    First, is there any cluster structure? Evenly spread values keep ((K − 1)/K)² of the SSE
+    at the step from K − 1 to K clusters (1/4, 4/9, 9/16, ...); the values count as
+    clustered only if some step keeps less than ``structure`` times that. If not: 1. If so:
+    the smallest K whose next step removes less than ``fraction`` of wss[0] (the SSE of one
+    cluster), or len(wss) when every step removes more.
+
+    Deterministic; 1 for an empty or one-point curve or wss[0] = 0 (all values equal).
+    docs/dpsac.md, "Readings"."""
     if len(wss) <= 1 or not wss[0] > 0.0:
+        return 1
+    clustered = any(
+        wss[k - 2] > 0.0 and wss[k - 1] / wss[k - 2] < structure * ((k - 1) / k) ** 2
+        for k in range(2, len(wss) + 1)
+    )
+    if not clustered:
         return 1
     floor = fraction * wss[0]
     for k in range(1, len(wss)):
@@ -157,7 +173,9 @@ def elbow(wss: Sequence[float], fraction: float = ELBOW_FRACTION) -> int:
 
 
 def cluster(values: Sequence[float], k_max: int = 5) -> Clustering:
-    """``kmeans_1d`` with the elbow's K over K = 1..k_max (Algorithm 1, line 8)."""
+    """``kmeans_1d`` with the elbow's K over K = 1..min(k_max, n − 1) (Algorithm 1, line 8;
+    K = n, every value alone, always has SSE 0 and says nothing of structure)."""
     if not values:
         return EMPTY
-    return kmeans_1d(values, elbow(wss_curve(values, k_max)))
+    top = max(1, min(k_max, len(values) - 1))
+    return kmeans_1d(values, elbow(wss_curve(values, top)))

@@ -121,12 +121,24 @@ def test_elbow_rule() -> None:
     assert elbow([]) == 1
     assert elbow([5.0]) == 1
     assert elbow([0.0, 0.0, 0.0]) == 1  # all equal
-    # a big drop, then small ones: K = 2
-    assert elbow([100.0, 10.0, 5.0, 4.0]) == 2
-    # every step removes ≥ 10 %: the last K
-    assert elbow([100.0, 60.0, 30.0, 10.0]) == 4
-    # exactly 10 % is not "less than": go on
-    assert elbow([100.0, 90.0, 80.0, 79.0]) == 3
+    # evenly spread values keep 1/4, 4/9, 9/16 of the SSE: no structure, one cluster
+    assert elbow([144.0, 36.0, 16.0, 9.0]) == 1
+    # structure (a step keeps 10 % < 0.5 · 1/4); the step 2 → 3 removes 5 % of wss[0]: K = 2
+    assert elbow([100.0, 10.0, 5.0, 2.5]) == 2
+    # three evenly spaced tight groups: 2 keeps 1/4 (as even values), 3 keeps ~0: K = 3
+    assert elbow([100.0, 25.0, 0.15, 0.1]) == 3
+    # every step removes at least 10 % of wss[0]: the last K
+    assert elbow([100.0, 5.0e1, 2.0, 1.0e-3][:3]) == 3
+    # removing exactly the fraction is not "less than": go on
+    assert elbow([100.0, 10.0, 0.0]) == 3
+    assert elbow([100.0, 1.0, 0.0, 0.0]) == 2
+
+
+def test_cluster_needs_structure_to_split() -> None:
+    assert cluster([10.0, 12.0, 14.0]).k == 1
+    assert cluster([float(x) for x in range(10, 19)]).k == 1
+    assert cluster([1.0, 1.0, 100.0]).members == ((0, 1), (2,))
+    assert cluster([1.0, 100.0]).k == 1  # two values: no evidence of two groups
 
 
 def test_cluster_finds_the_three_size_classes_of_the_paper() -> None:
