@@ -43,8 +43,9 @@ from burstctl.policies.dpsac.algorithm3 import full_probability, schedule
 from burstctl.policies.dpsac.clustering import cluster
 from burstctl.policies.dpsac.dist import LoadDistribution, to_units
 from burstctl.policies.dpsac.model import App
-from burstctl.policies.dpsac.partition import partition
+from burstctl.policies.dpsac.partition import Part, partition
 from burstctl.policies.dpsac.priorities import Efficiency, minmax
+from burstctl.policies.dpsac.updaters import Updater, make_updater
 from burstctl.simulator.dpsac_workloads import (
     B_PFS,
     JOINERS,
@@ -577,9 +578,13 @@ class Probabilistic:
     becomes B_i·Δ_k, and Dist counts in quanta of one node's rate × Δ_k (so B_i is β_i
     quanta). Its grants (volumes per Δ_k) become rates again.
 
-    With an ``updater`` (the join experiment) joins and exits go through it, and when it
-    reports that the clusters changed, the partitions are laid out again: the data already
-    buffered is spread over the new partitions in proportion to their quotas."""
+    With an ``updater`` (the join experiment) the clusters are the updater's: a join goes
+    into the cluster it names, Dist takes one more pass and U_k are recomputed for every
+    partition (levels kept; Δ_k kept); an exit leaves the parameters alone (§4.5: "corrected
+    when a new application is added") and takes the application out of Dist. When the
+    updater reports ``changed`` (a split, a dropped cluster, a replaced centre), the
+    partitions are laid out anew and the data already buffered is spread over them in
+    proportion to their quotas."""
 
     def __init__(self, name: str, clustered: bool, updater: str | None = None) -> None:
         self.name = name
@@ -588,46 +593,50 @@ class Probabilistic:
         self.updater: Updater | None = None
         self.dists: list[LoadDistribution] = []
 
-    def model(self, a: SimApp) -> App:
+    @staticmethod
+    def model(a: SimApp) -> App:
         return App(str(a.index), a.kind.bandwidth, a.kind.p, a.kind.checkpoint)
-
-    def _clusters(self, apps: Sequence[SimApp]) -> list[list[SimApp]]:
-        if not self.clustered or len(apps) <= 1:
-            return [list(apps)]
-        c = cluster([a.kind.checkpoint for a in apps], K_MAX)
-        return [[apps[i] for i in members] for members in c.members]
 
     def layout(self, sim: Simulation) -> None:
         present = [a for a in sim.apps if sim.joined[a.index]]
         if self.updater_name is not None:
-            self.updater = make_updater(
-                self.updater_name, [self.model(a) for a in present], sim.rng
-            )
-            by_id = {str(a.index): a for a in sim.apps}
-            groups = [[by_id[i] for i in members] for members in self.updater.clusters()]
+            self.updater = make_updater(self.updater_name, K_MAX, sim.rng)
+            self.updater.on_batch([(str(a.index), a.kind.checkpoint) for a in present])
+            self.updater.changed = False
+            self._lay_out(sim, self._groups(sim))
+        elif not self.clustered or len(present) <= 1:
+            self._lay_out(sim, [present])
         else:
-            groups = self._clusters(present)
-        self._lay_out(sim, groups)
+            c = cluster([a.kind.checkpoint for a in present], K_MAX)
+            self._lay_out(sim, [[present[i] for i in members] for members in c.members])
+
+    def _groups(self, sim: Simulation) -> list[list[SimApp]]:
+        assert self.updater is not None
+        return [[sim.apps[int(i)] for i in members] for members in self.updater.clusters]
+
+    def _parts(self, sim: Simulation, groups: list[list[SimApp]]) -> list[Part]:
+        models = {str(a.index): self.model(a) for g in groups for a in g}
+        ids = [[str(a.index) for a in g] for g in groups]
+        return partition(ids, models, sim.params.capacity, sim.params.bandwidth)
 
     def _lay_out(self, sim: Simulation, groups: list[list[SimApp]]) -> None:
-        groups = [g for g in groups if g] or [[]]
-        p = sim.params
-        models = {str(a.index): self.model(a) for g in groups for a in g}
-        parts = partition(
-            [[str(a.index) for a in g] for g in groups], models, p.capacity, p.bandwidth
-        )
+        groups = groups or [[]]  # empty clusters stay: indices are the updater's
         total = sum(q.level for q in sim.partitions)
         sim.partitions = []
         self.dists = []
-        for k, (g, part) in enumerate(zip(groups, parts, strict=True)):
+        for k, (g, part) in enumerate(zip(groups, self._parts(sim, groups), strict=True)):
             unit = mean_unit([a.kind for a in g])
             sim.partitions.append(Partition(part.quota, part.pfs, unit, level=total * part.share))
             dist = LoadDistribution(quantum=NODE_RATE * unit)
             for a in g:
                 a.partition = k
                 if a.finish is None:
-                    dist.add(to_units(a.kind.bandwidth * unit, dist.quantum), a.kind.p)
+                    dist.add(self._units(a, unit, dist), a.kind.p)
             self.dists.append(dist)
+
+    @staticmethod
+    def _units(a: SimApp, unit: float, dist: LoadDistribution) -> int:
+        return to_units(a.kind.bandwidth * unit, dist.quantum)
 
     def decide(self, sim: Simulation, k: int, active: list[SimApp]) -> list[tuple[SimApp, float]]:
         part = sim.partitions[k]
@@ -642,45 +651,45 @@ class Probabilistic:
             min(1.0, max(0.0, p_full)),
             sim.rng,
         )
-        by_id = {str(a.index): a for a in active}
-        return [(by_id[i], v / unit) for i, v in tick.granted]
+        return [(sim.apps[int(i)], v / unit) for i, v in tick.granted]
 
     def join(self, sim: Simulation, app: SimApp) -> None:
-        if self.updater is None:  # no updater: the closest cluster by centroid
+        if self.updater is None:  # no updater: into the closest cluster by time unit
             k = min(
                 range(len(sim.partitions)),
                 key=lambda k: abs(sim.partitions[k].unit - app.kind.checkpoint),
             )
-            self._add(sim, k, app)
-            return
-        self.updater.on_join(self.model(app))
-        self._after_update(sim)
-
-    def _add(self, sim: Simulation, k: int, app: SimApp) -> None:
+            groups = [
+                [a for a in sim.members(j) if a is not app] for j in range(len(sim.partitions))
+            ]
+            groups[k].append(app)
+        else:
+            k = self.updater.on_join(str(app.index), app.kind.checkpoint)
+            if self.updater.changed:
+                self.updater.changed = False
+                self._relayout(sim)
+                return
+            groups = self._groups(sim)
         app.partition = k
-        dist = self.dists[k]
-        dist.add(to_units(app.kind.bandwidth * sim.partitions[k].unit, dist.quantum), app.kind.p)
+        self.dists[k].add(self._units(app, sim.partitions[k].unit, self.dists[k]), app.kind.p)
+        for part, new in zip(sim.partitions, self._parts(sim, groups), strict=True):
+            part.cap, part.share = new.quota, new.pfs  # U_k again; levels and Δ_k kept
+            part.dirty = True
 
     def exit(self, sim: Simulation, app: SimApp) -> None:
         if self.updater is not None:
             self.updater.on_exit(str(app.index))
-            if self._after_update(sim):
+            if self.updater.changed:
+                self.updater.changed = False
+                self._relayout(sim)
                 return
-        dist = self.dists[app.partition]
-        dist.remove(
-            to_units(app.kind.bandwidth * sim.partitions[app.partition].unit, dist.quantum),
-            app.kind.p,
-        )
+        k = app.partition
+        self.dists[k].remove(self._units(app, sim.partitions[k].unit, self.dists[k]), app.kind.p)
 
-    def _after_update(self, sim: Simulation) -> bool:
-        """Lays the partitions out again from the updater's clusters (True if it did)."""
-        assert self.updater is not None
-        by_id = {str(a.index): a for a in sim.apps}
-        groups = [[by_id[i] for i in members] for members in self.updater.clusters()]
-        self._lay_out(sim, groups)
+    def _relayout(self, sim: Simulation) -> None:
+        self._lay_out(sim, self._groups(sim))
         for p in sim.partitions:
             p.dirty = True
-        return True
 
 
 def make_scheduler(method: str, updater: str | None = None) -> Scheduler:

@@ -248,3 +248,35 @@ def test_csv_and_plot(tmp_path: Path) -> None:
     assert lines[0].split(",") == list(dpsac.CSV_FIELDS) and len(lines) == 7
     png = dpsac.plot_sets(rows, tmp_path / "x.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
+
+
+@pytest.mark.parametrize("updater", dpsac.UPDATERS)
+def test_join_runs_conserve_bytes_and_repartition_s_and_b(updater: str) -> None:
+    work = dpsac.join_workload("eap", joins=3)
+    steps: list[Step] = []
+    r = simulate(work, "dpsac", 2, updater=updater, on_step=steps.append)
+    expected = sum(k.instances * k.io_volume for k, _ in work)
+    assert r.io_total == pytest.approx(expected) and r.pfs == pytest.approx(expected)
+    for s in steps:
+        assert sum(s.levels) <= S_BUFFER + 1e-6
+        assert sum(s.caps) == pytest.approx(S_BUFFER)  # U_k always sums to 1
+        assert s.direct + s.drained <= B_PFS * s.dt + 1e-6
+    # the joiners ran: their last instance ends after the last join
+    assert r.makespan > 3 * JOINERS["eap"].period
+
+
+def test_joins_go_through_the_updater() -> None:
+    work = dpsac.join_workload("silverton", joins=2)
+    sim = Simulation(work, make_scheduler("dpsac", "st"), Params(), random.Random(0))
+    sched = sim.scheduler
+    assert isinstance(sched, dpsac.Probabilistic)
+    sim.scheduler.layout(sim)
+    assert sched.updater is not None and len(sched.updater) == 7  # Table 3's batch
+    joiner = sim.apps[7]
+    sim.joined[7] = True
+    sim.scheduler.join(sim, joiner)
+    assert str(joiner.index) in sched.updater
+    assert sched.updater.cluster_of("7") == joiner.partition
+    assert sum(p.share for p in sim.partitions) == pytest.approx(B_PFS)
+    with pytest.raises(ValueError, match="dpsac method only"):
+        make_scheduler("mcios", "st")
