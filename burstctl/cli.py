@@ -745,14 +745,22 @@ def sim_persched_compare(
             click.echo(line)
 
 
-def _dpsac_params(knee: float, floor: float, dt: float, spread: float) -> Any:
+def _dpsac_params(values: dict[str, Any]) -> Any:
+    """The model options (``_dpsac_model``) as ``simulator.dpsac.Params``; pops them."""
     from burstctl.simulator.dpsac import Params
 
-    return Params(knee=knee, floor=floor, dt=dt, release_spread=spread)
+    return Params(
+        knee=values.pop("knee"),
+        floor=values.pop("floor"),
+        dt=values.pop("dt"),
+        release_spread=values.pop("release_spread"),
+        unit=values.pop("unit"),
+    )
 
 
 def _dpsac_common(f: Any) -> Any:
     """The options `sim dpsac` and `sim dpsac-join` share."""
+    f = _dpsac_model(f)
     options = [
         click.option(
             "--runs",
@@ -772,6 +780,15 @@ def _dpsac_common(f: Any) -> Any:
             show_default=True,
             help="json: one object per line per method.",
         ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _dpsac_model(f: Any) -> Any:
+    """The model's options (docs/simulator.md, "DPSAC")."""
+    options = [
         click.option(
             "--knee",
             type=click.FloatRange(0.0, 1.0, min_open=True),
@@ -800,6 +817,13 @@ def _dpsac_common(f: Any) -> Any:
             default=1.0,
             show_default=True,
             help="Release r_i drawn from U(0, spread x T_i).",
+        ),
+        click.option(
+            "--unit",
+            type=float,
+            default=None,
+            callback=_positive,
+            help="Time unit (s) of every partition [default: the paper's mean I/O-phase length].",
         ),
     ]
     for option in reversed(options):
@@ -842,21 +866,13 @@ def _dpsac_emit(summaries: list[Any], fmt: str, key: str, head: str) -> None:
 )
 @_dpsac_common
 def sim_dpsac(
-    set_number: int,
-    methods: tuple[str, ...],
-    runs: int,
-    seed: int,
-    fmt: str,
-    knee: float,
-    floor: float,
-    dt: float,
-    release_spread: float,
+    set_number: int, methods: tuple[str, ...], runs: int, seed: int, fmt: str, **model: Any
 ) -> None:
     """SysEff and Dilation of DPSAC, MCIOS and BIOS on a Table 2 set ([DPSAC] §5.2;
     docs/simulator.md, "DPSAC")."""
     from burstctl.simulator.dpsac import METHODS, run_set
 
-    params = _dpsac_params(knee, floor, dt, release_spread)
+    params = _dpsac_params(model)
     summaries = run_set(set_number, methods or METHODS, runs, seed, params)
     _dpsac_emit(summaries, fmt, "set", "method")
 
@@ -890,16 +906,13 @@ def sim_dpsac_join(
     runs: int,
     seed: int,
     fmt: str,
-    knee: float,
-    floor: float,
-    dt: float,
-    release_spread: float,
+    **model: Any,
 ) -> None:
     """DPSAC's updaters ST, DT and OK on Table 3's batch with periodic joiners of Table 4
     ([DPSAC] §5.3; docs/simulator.md, "DPSAC")."""
     from burstctl.simulator.dpsac import UPDATERS, run_join
 
-    params = _dpsac_params(knee, floor, dt, release_spread)
+    params = _dpsac_params(model)
     summaries = run_join(joiner, updaters or UPDATERS, runs, seed, params, joins)
     _dpsac_emit(summaries, fmt, "joiner", "updater")
 
@@ -915,12 +928,14 @@ def sim_dpsac_join(
     "--runs", type=click.IntRange(min=1), default=5, show_default=True, help="Runs per set."
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first run.")
-def sim_dpsac_plot(out: Path, runs: int, seed: int) -> None:
+@_dpsac_model
+def sim_dpsac_plot(out: Path, runs: int, seed: int, **model: Any) -> None:
     """Run the ten Table 2 sets with the three methods; write a CSV and a PNG of SysEff
     and Dilation per set (needs extra [plot])."""
     from burstctl.simulator.dpsac import METHODS, plot_sets, run_set, write_csv
 
-    summaries = [s for n in range(1, 11) for s in run_set(n, METHODS, runs, seed)]
+    params = _dpsac_params(model)
+    summaries = [s for n in range(1, 11) for s in run_set(n, METHODS, runs, seed, params)]
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_csv(summaries, out / "dpsac_sets.csv")

@@ -75,6 +75,7 @@ class Params:
     knee: float = DEFAULT_KNEE  # fill fraction where the SSD slowdown starts (1 = none)
     floor: float = DEFAULT_FLOOR  # absorb factor at full
     release_spread: float = 1.0  # r_i ~ U(0, spread·T_i)
+    unit: float | None = None  # Δ for every partition, s (None: the paper's mean l_i)
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0 or not self.capacity > 0 or not self.dt > 0:
@@ -83,6 +84,12 @@ class Params:
             raise ValueError("knee and floor must be in (0, 1]")
         if self.release_spread < 0:
             raise ValueError("release_spread must be >= 0")
+        if self.unit is not None and not self.unit > 0:
+            raise ValueError("unit must be > 0")
+
+    def time_unit(self, kinds: Sequence[AppKind]) -> float:
+        """Δ of a partition holding ``kinds``: ``unit`` if set, else their mean l_i."""
+        return self.unit if self.unit is not None else mean_unit(kinds)
 
     def absorb_factor(self, fill: float) -> float:
         """The SSD model: 1 up to ``knee``, then linear down to ``floor`` at full."""
@@ -554,7 +561,9 @@ class Bios:
 
     def layout(self, sim: Simulation) -> None:
         p = sim.params
-        sim.partitions = [Partition(p.capacity, p.bandwidth, mean_unit([a.kind for a in sim.apps]))]
+        sim.partitions = [
+            Partition(p.capacity, p.bandwidth, p.time_unit([a.kind for a in sim.apps]))
+        ]
         for a in sim.apps:
             a.partition = 0
 
@@ -625,7 +634,7 @@ class Probabilistic:
         sim.partitions = []
         self.dists = []
         for k, (g, part) in enumerate(zip(groups, self._parts(sim, groups), strict=True)):
-            unit = mean_unit([a.kind for a in g])
+            unit = sim.params.time_unit([a.kind for a in g])
             sim.partitions.append(Partition(part.quota, part.pfs, unit, level=total * part.share))
             dist = LoadDistribution(quantum=NODE_RATE * unit)
             for a in g:
