@@ -227,6 +227,9 @@ class DT(Updater):
 
     def _baseline(self) -> None:
         lengths = [length for c in self._clusters for _, length in c]
+        if not lengths:
+            self._counts, self._p, self.changes = {}, {}, 0
+            return
         lo, hi = min(lengths), max(lengths)
         self.origin = lo
         if hi > lo:
@@ -336,11 +339,11 @@ class OK(Updater):
             (a - b) ** 2 / 2.0 for i, a in enumerate(self.centres) for b in self.centres[i + 1 :]
         ]
         w = min(gaps) if gaps else 0.0
-        if w <= 0.0:
+        if w <= 0.0 and self._where:
             lengths = [x for c in self._clusters for _, x in c]
             mean = math.fsum(lengths) / len(lengths)
             w = math.fsum((x - mean) ** 2 for x in lengths) / len(lengths) or 1.0
-        self.f = w / k
+        self.f = (w if w > 0.0 else 1.0) / max(k, 1)
         self.q = 0
         self.r = 1
         self.n = len(self._where)

@@ -140,3 +140,16 @@ def test_ok_replacement_probability_is_d2_over_f() -> None:
     assert sorted(up.clusters[0]) == ["a", "a2", "b", "b2", "same"] and up.clusters[1] == ["far"]
     with pytest.raises(ValueError, match="unknown updater"):
         make_updater("zz")
+
+
+@pytest.mark.parametrize("name", ["st", "dt", "ok"])
+def test_empty_batches_and_everyone_leaving(name: str) -> None:
+    up = make_updater(name, k_max=3, rng=random.Random(0))
+    up.on_batch([])
+    assert up.clusters == [] and len(up) == 0
+    up.on_batch(BATCH)
+    for a, _ in BATCH:
+        up.on_exit(a)
+    assert len(up) == 0
+    k = up.on_join("again", 50.0)  # with nobody left, an arrival starts afresh
+    assert up.clusters[k] == ["again"]
