@@ -183,3 +183,86 @@ def test_sweep_with_known_omega_matches_single_runs(tmp_path: Path) -> None:
 def test_sweep_rejects_bad_pressure() -> None:
     done = burstctl("sweep", "--policy", "fcfs", "--pressure", "0", "--seeds", "1")
     assert done.returncode == 2 and "--pressure" in done.stderr
+
+
+# -- DPSAC (docs/simulator.md, "DPSAC") ---------------------------------------------------
+
+DPSAC_KEYS = {
+    "method",
+    "runs",
+    "sys_eff",
+    "sys_eff_se",
+    "dilation",
+    "dilation_se",
+    "sched_seconds",
+    "teio_over_b",
+}
+
+
+def test_dpsac_prints_one_json_object_per_method() -> None:
+    done = burstctl("dpsac", "--set", "2", "--runs", "2", "--seed", "3", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["method"] for r in rows] == ["dpsac", "mcios", "bios"]
+    for r in rows:
+        assert set(r) == DPSAC_KEYS | {"set"}
+        assert r["set"] == 2 and r["runs"] == 2
+        assert 0 < r["sys_eff"] < 1 and r["dilation"] > 1
+        assert r["sys_eff_se"] >= 0 and r["dilation_se"] >= 0 and r["sched_seconds"] > 0
+    again = burstctl("dpsac", "--set", "2", "--runs", "2", "--seed", "3", "--format", "json")
+    strip = [
+        {k: v for k, v in json.loads(x).items() if k != "sched_seconds"}
+        for x in again.stdout.splitlines()
+    ]
+    assert strip == [{k: v for k, v in r.items() if k != "sched_seconds"} for r in rows]
+
+
+def test_dpsac_table_with_one_method() -> None:
+    done = burstctl("dpsac", "--set", "10", "--runs", "1", "--method", "bios")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert "SysEff" in lines[0] and "Dilation" in lines[0]
+    assert len(lines) == 2 and lines[1].startswith("set 10") and "bios" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["dpsac", "--set", "0"], "--set"),
+        (["dpsac", "--set", "11"], "--set"),
+        (["dpsac", "--set", "1", "--runs", "0"], "--runs"),
+        (["dpsac", "--set", "1", "--method", "sjf"], "--method"),
+        (["dpsac", "--set", "1", "--knee", "0"], "--knee"),
+        (["dpsac-join", "--joiner", "vpic"], "--joiner"),
+        (["dpsac-join", "--joiner", "eap", "--updater", "km"], "--updater"),
+        (["dpsac-join", "--joiner", "eap", "--runs", "0"], "--runs"),
+    ],
+)
+def test_dpsac_bad_input_names_the_option(args: list[str], name: str) -> None:
+    done = burstctl(*args)
+    assert done.returncode == 2
+    assert name in done.stderr and "Traceback" not in done.stderr
+
+
+def test_dpsac_join_prints_one_json_object_per_updater() -> None:
+    done = burstctl(
+        "dpsac-join", "--joiner", "silverton", "--joins", "2", "--runs", "1", "--format", "json"
+    )
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [r["updater"] for r in rows] == ["st", "dt", "ok"]
+    for r in rows:
+        assert set(r) == (DPSAC_KEYS - {"method"}) | {"joiner", "updater"}
+        assert r["joiner"] == "silverton" and r["runs"] == 1
+        assert 0 < r["sys_eff"] < 1 and r["dilation"] > 1 and r["sched_seconds"] > 0
+
+
+def test_dpsac_plot_writes_csv_and_png(tmp_path: Path) -> None:
+    done = burstctl("dpsac-plot", "--out", tmp_path / "out", "--runs", "1")
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "dpsac_sets.csv").read_text())))
+    assert len(rows) == 30
+    assert {r["label"] for r in rows} == {f"set {n}" for n in range(1, 11)}
+    assert {r["method"] for r in rows} == {"dpsac", "mcios", "bios"}
+    png = (tmp_path / "out" / "dpsac_sets.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
