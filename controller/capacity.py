@@ -139,6 +139,7 @@ class CapacityBooks:
         self.changed = Signal()  # the view of the buffer moved by a step (docs/capacity.md)
         self._fill_step = 0
         self._pending_steps: dict[str, int] = {}
+        self._view: BufferView | None = None  # cached until the books move by a step
 
     # ------------------------------------------------------------------ holders
 
@@ -345,17 +346,23 @@ class CapacityBooks:
         return sorted({h.job_id for h in self.holders.values() if h.waiting})
 
     def view(self) -> BufferView | None:
-        """The buffer as the policies see it (``SystemView.buffer``); None without a size."""
+        """The buffer as the policies see it (``SystemView.buffer``); None without a size.
+
+        Built again only when the books moved by a step (`_maybe_changed`), so a decision
+        does not pay for every holder: between two steps it is within ``VIEW_STEP`` × S."""
         if self.size is None:
             return None
+        if self._view is not None:
+            return self._view
         jobs = self.jobs()
-        return BufferView(
+        self._view = BufferView(
             size=float(self.size),
             used=float(min(self.used, self.size)),
             drain_bandwidth=float(self.drain_bandwidth or 0.0),
             resident={j: float(b.resident) for j, b in jobs.items() if b.resident},
             pending={j: float(b.pending) for j, b in jobs.items() if b.pending},
         )
+        return self._view
 
     def _job_pending(self, job_id: str) -> int:
         total = sum(self.holders[sid].pending for sid in self._by_job.get(job_id, ()))
@@ -382,4 +389,5 @@ class CapacityBooks:
                 else:
                     self._pending_steps[job_id] = mark
         if moved:
+            self._view = None
             self.changed()
