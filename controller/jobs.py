@@ -310,6 +310,7 @@ class JobTable:
         self._row_params: tuple[float, float] | None = None
         self.new_sessions: list[SessionState] = []  # not yet given a first allocation
         self.draining: dict[str, None] = {}  # jobs with a drain stream open (docs/capacity.md)
+        self.drained_total = 0  # bytes drain streams copied to the PFS since start (/metrics)
         # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
         self.registered: dict[str, JobMeta] = {}
         # Called with each job new to the table (the ledger carries its saved counters in).
@@ -571,10 +572,13 @@ class JobTable:
         job = session.job
         if totals is None:
             job.drained += nbytes
+            self.drained_total += nbytes
             return
         key = session.client_id
         booked = job.drain_booked.pop(key, None)
-        job.drained += max(0, totals.bytes - booked) if booked is not None else totals.bytes
+        more = max(0, totals.bytes - booked) if booked is not None else totals.bytes
+        job.drained += more
+        self.drained_total += more
         job.drain_booked[key] = max(totals.bytes, booked or 0)
         while len(job.drain_booked) > MAX_BOOKED_SESSIONS:
             del job.drain_booked[next(iter(job.drain_booked))]

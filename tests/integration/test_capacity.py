@@ -114,6 +114,12 @@ def test_writers_wait_for_space_and_the_buffer_never_overflows(controller_factor
         assert {j["job_id"] for j in seen["jobs"]} <= set(names)
         assert sum(j["resident"] for j in seen["jobs"]) > 0
         assert set(seen["waiting"]) <= set(names)
+        metrics = httpx.get(f"{ctl.url}/metrics", timeout=5).text
+        assert 'burstctl_bb_capacity_bytes{replica="' in metrics
+        assert any(
+            line.startswith("burstctl_bb_resident_bytes{") and 'job="ckpt-' in line
+            for line in metrics.splitlines()
+        ), metrics
         drainer.start()
         for t in threads:
             t.join(60)
@@ -162,6 +168,14 @@ def test_drain_streams_share_the_pfs_bandwidth_and_are_booked_as_drained(
         body = capacity(ctl.url)
         assert body["size"] is None and body["drain_bandwidth"] == 4 * MiB
         assert body["drain_rate"] == pytest.approx(4 * MiB, rel=0.05)
+        metrics = {
+            line.split("{")[0]: float(line.rsplit(" ", 1)[1])
+            for line in httpx.get(f"{ctl.url}/metrics", timeout=5).text.splitlines()
+            if line.startswith(("burstctl_drained_bytes_total", "burstctl_drain_rate"))
+        }
+        assert metrics["burstctl_drained_bytes_total"] >= sum(j["drained"] for j in body["jobs"])
+        assert metrics["burstctl_drain_rate_bytes_per_second"] > 0
+        assert "burstctl_bb_capacity_bytes" not in metrics  # no capacity set
         jobs = httpx.get(f"{ctl.url}/v1/jobs", timeout=5).json()
         for row in jobs:  # a drain's bytes are not the job's own I/O
             assert row["bytes_written"] == 0 and row["bytes_moved"] == 0, row
