@@ -15,6 +15,7 @@ from support import async_wait_until
 from test_protocol import RawSession, hello, post
 
 from burstctl.controller.app import Replica
+from burstctl.controller.jobs import JobMeta
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 MiB = 1 << 20
@@ -101,3 +102,35 @@ async def test_a_drain_stream_is_no_row_and_gets_the_pfs_bandwidth(
     view = bb.table.view(bb.config.capacity, bb.config.node_bandwidth)
     assert "d" not in view.jobs  # not in S(t): the policy never sees it
     assert bb.table.jobs["d"].drains and not bb.table.jobs["d"].sessions
+
+
+async def test_the_scheduler_gives_policies_the_buffer_view(
+    channel: grpc.aio.Channel, bb: Replica, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    seen: list[object] = []
+    real_view = bb.table.view
+
+    def spy(*args: object, **kwargs: object) -> object:
+        seen.append(kwargs.get("buffer"))
+        return real_view(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(bb.table, "view", spy)
+    s = RawSession(channel)
+    await s.send(hello(job="ckpt", buffer=pb.Buffer(resident=2 * MiB, pending=MiB, added=0)))
+    await s.send(post(1))
+    await s.rate_becomes(lambda r: r > 0)
+    await async_wait_until(lambda: any(v is not None for v in seen))
+    view = next(v for v in reversed(seen) if v is not None)
+    assert view.size == 8 * MiB and view.drain_bandwidth == 4 * MiB  # type: ignore[attr-defined]
+    assert view.resident == {"ckpt": 2 * MiB}  # type: ignore[attr-defined]
+    assert view.pending == {"ckpt": MiB}  # type: ignore[attr-defined]
+
+
+async def test_a_drain_stream_passes_the_same_trust_checks(
+    channel: grpc.aio.Channel, bb: Replica
+) -> None:
+    bb.register_job(JobMeta("owned", "bob", "g", 1, 1.0))
+    drain = RawSession(channel)
+    await drain.send(hello(job="owned", purpose=pb.PURPOSE_DRAIN))  # user alice
+    err = await drain.status()
+    assert err.code() == grpc.StatusCode.PERMISSION_DENIED

@@ -217,3 +217,22 @@ async def test_async_acquire_space_waits_and_resumes(
         controller.push(8 * MiB, space=128 * KiB)
         await asyncio.wait_for(pending, 5)
         assert session.buffer_added == 64 * KiB + 1
+
+
+def test_a_rise_in_a_copy_of_the_allocation_in_force_is_taken(
+    make_controller: Callable[..., Any], wait_until: Callable[..., None]
+) -> None:
+    """The controller sends a raised limit in a copy of the allocation in force (same epoch):
+    the client takes the limit, and its rate stays (docs/capacity.md)."""
+    controller = make_controller(lease_seconds=30)
+    with Session(controller.address, JOB, buffer=True) as session:
+        controller.wait_for(lambda: controller.received("hello"))
+        controller.push(8 * MiB, space=1 * MiB)
+        wait_until(lambda: session.space_limit == 1 * MiB, message="limit")
+        controller.push(1 * MiB, space=3 * MiB, epoch=1)  # stale epoch: only space counts
+        wait_until(lambda: session.space_limit == 3 * MiB, message="raised limit")
+        assert session.rate == 8 * MiB
+        controller.push(8 * MiB, space=2 * MiB, epoch=1)  # never lowered on a stream
+        controller.push(2 * MiB, space=3 * MiB)  # a fresh allocation, handled after the copy
+        wait_until(lambda: session.rate == 2 * MiB, message="the fresh allocation")
+        assert session.space_limit == 3 * MiB
