@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -27,6 +28,7 @@ import grpc
 from burstctl.channels import PLAIN, ChannelSecurity
 from burstctl.client.bucket import Pattern, Throttle, ThrottleStats
 from burstctl.client.options import SessionOptions
+from burstctl.client.space import SpaceGate
 from burstctl.limits import RETRY_AFTER_KEY, windows_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
@@ -116,10 +118,19 @@ class Backoff:
 class SessionStream:
     """The stream of one session: kept open, fed, and obeyed, for the life of the session."""
 
-    def __init__(self, options: SessionOptions, throttle: Throttle, clock: Callable[[], float]):
+    def __init__(
+        self,
+        options: SessionOptions,
+        throttle: Throttle,
+        clock: Callable[[], float],
+        space: SpaceGate | None = None,
+    ):
         self._options = options
         self._throttle = throttle
         self._clock = clock
+        # The burst buffer's space contract (client/space.py), on a session with buffer=True.
+        self._space = space
+        self._space_timer: asyncio.TimerHandle | None = None
 
         # Attachment is read by any thread and waited on by threads or coroutines.
         self._attached = False
@@ -136,6 +147,7 @@ class SessionStream:
         self._stream_task: asyncio.Task[None] | None = None
         self._open_ops: dict[int, pb.OpPosted] = {}
         self._stream_epoch: int | None = None
+        self._stream_epoch_before: int | None = None  # before the allocation being handled
         self._stream_had_allocation = False
         self._lease_deadline = math.inf
         self._lease_changed = asyncio.Event()
@@ -202,6 +214,7 @@ class SessionStream:
         """Says Goodbye, ends the stream and stops every task (the channel stays open)."""
         self._stopping = True
         self._cancel_grace()
+        self._cancel_space_timer()
         try:
             await self._say_goodbye()
             tasks = list(self._tasks)
@@ -281,6 +294,17 @@ class SessionStream:
         now = self._clock()
         # The immediate report says "waiting" even if that acquire has been served since.
         stats = self._throttle.snapshot(reported=True, assume_waiting=force_waiting)
+        buffer: pb.Buffer | None = None
+        if self._space is not None:
+            # A writer waiting for space waits like one waiting for tokens: the controller
+            # sees it in the flag and the wait seconds (docs/capacity.md).
+            space = self._space.snapshot(reported=True)
+            buffer = space.buffer
+            stats = dataclasses.replace(
+                stats,
+                waiting=stats.waiting or space.waiting,
+                wait_seconds=stats.wait_seconds + space.wait_seconds,
+            )
         previous = self._last_report
         usage = pb.Usage(
             bytes=stats.bytes - previous.bytes,
@@ -297,6 +321,7 @@ class SessionStream:
                 wait_seconds=stats.wait_seconds,
             ),
             applied_epoch=self._stream_epoch or 0,
+            buffer=buffer,
         )
         self._last_report, self._last_report_at = stats, now
         return pb.ClientMessage(usage=usage)
@@ -356,6 +381,8 @@ class SessionStream:
         self._call, self._outbox = call, outbox
         self._stream_epoch = None
         self._stream_had_allocation = False
+        if self._space is not None:
+            self._space.new_stream()
         writer = self._writer = self._spawn(self._write(call, outbox), "writer")
         try:
             while True:
@@ -414,6 +441,7 @@ class SessionStream:
 
     def _hello(self) -> pb.ClientMessage:
         job, options = self._options.job, self._options
+        buffer = self._space.snapshot().buffer if self._space is not None else None
         return pb.ClientMessage(
             hello=pb.Hello(
                 job_id=job.job_id,
@@ -425,6 +453,8 @@ class SessionStream:
                 period_vol=job.vol_io or 0.0,
                 client_id=options.client_id,
                 host=options.host,
+                purpose=pb.PURPOSE_DRAIN if options.purpose == "drain" else pb.PURPOSE_APP,
+                buffer=buffer,
             )
         )
 
@@ -476,7 +506,12 @@ class SessionStream:
             logger.debug("ignoring a server message without a known body: %r", body)
 
     def _on_allocation(self, allocation: pb.Allocation) -> None:
-        if self._stream_epoch is not None and allocation.epoch <= self._stream_epoch:
+        stale = self._stream_epoch is not None and allocation.epoch <= self._stream_epoch
+        if stale and self._space is not None and allocation.HasField("space"):
+            # A rise of the space limit comes in a copy of the allocation in force (same
+            # epoch): the limit is cumulative and only rises on a stream, so the larger wins.
+            self._space.raise_limit(allocation.space.limit)
+        if stale:
             logger.debug("ignoring stale allocation epoch %d", allocation.epoch)
             return
         rate, burst, lease = allocation.rate, allocation.burst, allocation.lease_seconds
@@ -494,7 +529,7 @@ class SessionStream:
             pattern = self._pattern(allocation.windows)
             if pattern is None:
                 return
-        self._stream_epoch = allocation.epoch
+        self._stream_epoch_before, self._stream_epoch = self._stream_epoch, allocation.epoch
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
         before = self._throttle.rate
@@ -508,6 +543,14 @@ class SessionStream:
             # interval 0: an acknowledgement only, not a (short, noisy) usage sample.
             self._send(pb.ClientMessage(usage=pb.Usage(applied_epoch=allocation.epoch)))
         self._last_burst = burst
+        if self._space is not None:
+            self._cancel_space_timer()
+            if not allocation.HasField("space"):
+                self._space.set_limit(None)  # the controller has no capacity
+            elif self._stream_epoch_before is None:
+                self._space.set_limit(allocation.space.limit)  # the stream's first word
+            else:
+                self._space.raise_limit(allocation.space.limit)
         self._stream_had_allocation = True
         if self._in_fallback or self._detached_logged:
             logger.info(
@@ -591,6 +634,11 @@ class SessionStream:
             assert self._loop is not None
             self._cancel_grace()
             self._grace_timer = self._loop.call_later(grace, self._grace_expired)
+        if self._space is not None:
+            self._space.attach_timed_out()
+            if math.isfinite(grace) and self._space_timer is None:
+                assert self._loop is not None
+                self._space_timer = self._loop.call_later(grace, self._space_grace_expired)
         if self._stream_had_allocation and self._call is not None:
             # The controller on this stream stopped renewing: treat the stream as dead.
             self._call.cancel()
@@ -632,6 +680,26 @@ class SessionStream:
             self._options.fallback_grace,
             format_rate(rate),
         )
+
+    def _space_grace_expired(self) -> None:
+        """No controller for ``fallback_grace`` after the lease ran out: the space limit is no
+        longer enforced (a dead controller must not stop the application's writes for ever;
+        docs/capacity.md). The next allocation enforces it again."""
+        self._space_timer = None
+        if self._space is None or not self._in_fallback or self._stopping:
+            return
+        self._space.release()
+        logger.warning(
+            "no controller at %s for %gs after the lease ran out; the burst buffer's space"
+            " limit is no longer enforced",
+            self._options.target,
+            self._options.fallback_grace,
+        )
+
+    def _cancel_space_timer(self) -> None:
+        if self._space_timer is not None:
+            self._space_timer.cancel()
+            self._space_timer = None
 
     def _cancel_grace(self) -> None:
         if self._grace_timer is not None:
