@@ -214,6 +214,14 @@ class DpsacPolicy(Policy):
                 left -= give
         return rates
 
+    def period(self, view: SystemView) -> float | None:
+        """Δ while a burst buffer is modelled and a job does I/O: Algorithm 3 draws again every
+        time unit ([DPSAC] §4.4.3), not only at events. None for BIOS (no draws)."""
+        if view.buffer is None or not any(j.demand > 0.0 for j in view.jobs.values()):
+            return None
+        assert isinstance(self.params, DpsacParams)
+        return self.params.time_unit
+
     @property
     def clustering(self) -> list[list[JobId]]:
         """The current clusters' job ids (empty before the first view with a buffer)."""

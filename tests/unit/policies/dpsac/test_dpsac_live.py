@@ -168,3 +168,14 @@ def random_view(rng: random.Random) -> SystemView:
                 volume=rng.choice([0.0, rng.uniform(1, 1 << 34)]), progress=rng.uniform(0, 99))
         )  # fmt: skip
     return view(jobs, buffer=None, capacity=capacity)
+
+
+def test_it_asks_to_decide_again_every_time_unit_with_a_buffer_and_io() -> None:
+    """Algorithm 3 draws every time unit ([DPSAC] §4.4.3): the controller's scheduler and the
+    simulator decide again after ``period`` even when no event comes."""
+    policy = DpsacPolicy(DpsacParams(time_unit=2.5))
+    busy = [job(0, 100 * MiB), job(1, 50 * MiB)]
+    assert policy.period(view(busy, buffer=buffer(300 * MiB, 100 * MiB))) == 2.5
+    assert policy.period(view(busy, buffer=None)) is None  # BIOS: no draws
+    idle = [job(0, 100 * MiB, demand=0.0)]
+    assert policy.period(view(idle, buffer=buffer(300 * MiB, 100 * MiB))) is None
