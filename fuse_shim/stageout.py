@@ -1,0 +1,779 @@
+"""Stage-out: the mount copies the files written through it to the parallel file system.
+
+`StageOut` keeps, per job, an index of the files the job wrote through the mount (tagged on the
+backing file with the xattr ``user.burstctl.job``, so that a restart rebuilds the index by
+scanning BACKING), and drains them to ``PFS_DIR``:
+
+- `PassthroughFS` tells it of every modification (`modified`: write, truncate, fallocate,
+  create), which bumps the file's *write generation*, and of every open and close; the last
+  close of a file it tracks queues the file.
+- One worker thread copies a queued file ``BACKING/rel`` to ``PFS_DIR/rel``: into a temporary
+  ``.NAME.burstctl-part-XXXX`` in the same directory, in `CHUNK` pieces each paced by the job's
+  drain stream (`DrainHooks.drain`), then fsync, rename over the final name and fsync of the
+  directory; mode and times are kept. The generation is read before and after: a file written
+  during its copy is queued again (the copy, complete, stays) and is not evicted. A good copy
+  marks the backing file ``user.burstctl.copied = "<mtime_ns>:<size>"``.
+- ``evict``: a copied file that nobody has open is marked ``user.burstctl.evicted`` (JSON
+  ``{size, mtime_ns, pfs}``) and truncated to 0; the mount then serves it from the PFS copy
+  (`evicted`, `open_pfs`) until it is opened for writing, which `restore`s it first.
+- A failed copy is retried with a backoff (`RETRY_MIN` doubling to `RETRY_MAX`), logged once per
+  cause, and reported as the job's ``drain_error`` until a copy of the job succeeds.
+- Every `report_interval` (and after each eviction) each job's ``resident`` (allocated bytes of
+  its files on the buffer) and ``pending`` (those of its files not copied yet) go to
+  `DrainHooks.report_buffer`.
+
+Crash safety (`start`): temporaries left in PFS_DIR are removed; a file marked evicted but not
+yet truncated is truncated (its copy was complete before the mark); every tagged file whose
+copied marker does not match its current mtime and size is queued again.
+
+Nothing here raises into the application's I/O: the file system calls that cannot fail.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import heapq
+import itertools
+import json
+import logging
+import os
+import secrets
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from burstctl.client.job import JobInfo
+
+logger = logging.getLogger(__name__)
+
+XATTR_JOB = "user.burstctl.job"
+XATTR_COPIED = "user.burstctl.copied"
+XATTR_EVICTED = "user.burstctl.evicted"
+TEMP_MARK = ".burstctl-part-"  # a temporary copy: ".<name>.burstctl-part-<random>"
+CHUNK = 1 << 20
+RETRY_MIN = 1.0
+RETRY_MAX = 30.0
+REPORT_INTERVAL = 0.5
+RESCAN_INTERVAL = 5.0  # at most one rescan of BACKING this often (a tracked file lost its path)
+
+Key = tuple[int, int]  # (st_dev, st_ino) of the backing file
+
+
+class DrainHooks(Protocol):
+    """What the drain needs of the controller's side (the `Pacer`; tests pass fakes)."""
+
+    def drain(self, job: JobInfo, nbytes: int) -> None:
+        """Paces ``nbytes`` of the job's copy to the PFS (its drain stream)."""
+
+    def drain_done(self, job: JobInfo) -> None:
+        """The job's queue is empty for now (its drain stream may close when idle)."""
+
+    def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
+        """The job's gauges on the buffer."""
+
+
+@dataclass(frozen=True, slots=True)
+class Evicted:
+    """A file whose data is only on the PFS: its size and mtime then, and where it went."""
+
+    size: int
+    mtime_ns: int
+    pfs: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"size": self.size, "mtime_ns": self.mtime_ns, "pfs": self.pfs}).encode()
+
+    @classmethod
+    def decode(cls, raw: bytes) -> Evicted:
+        value = json.loads(raw)
+        size, mtime_ns, pfs = value["size"], value["mtime_ns"], value["pfs"]
+        if not (isinstance(size, int) and isinstance(mtime_ns, int) and isinstance(pfs, str)):
+            raise ValueError("bad evicted mark")
+        return cls(size, mtime_ns, pfs)
+
+
+def encode_job(job: JobInfo | None) -> bytes:
+    if job is None:
+        return b"{}"
+    return json.dumps(
+        {
+            "job_id": job.job_id,
+            "user": job.user,
+            "group": job.group,
+            "nodes": job.nodes,
+            "priority": job.priority,
+        },
+        sort_keys=True,
+    ).encode()
+
+
+def decode_job(raw: bytes) -> JobInfo | None:
+    value = json.loads(raw)
+    if not value:
+        return None
+    return JobInfo(
+        value["job_id"],
+        value["user"],
+        value["group"],
+        nodes=value.get("nodes", 1),
+        priority=value.get("priority", 1.0),
+    )
+
+
+def _signature(st: os.stat_result) -> tuple[int, int]:
+    return st.st_mtime_ns, st.st_size
+
+
+def _parse_copied(raw: bytes) -> tuple[int, int] | None:
+    try:
+        mtime, size = raw.decode().split(":")
+        return int(mtime), int(size)
+    except ValueError:
+        return None
+
+
+@dataclass(slots=True)
+class Tracked:
+    """A file some job wrote through the mount."""
+
+    job: JobInfo | None
+    tag: bytes  # the encoded job, as in the xattr
+    rel: str  # its path relative to BACKING, when last known
+    copied: tuple[int, int] | None = None  # (mtime_ns, size) of its last good copy
+    copied_gen: int | None = None  # the write generation that copy saw (None: unknown)
+    evicted: Evicted | None = None
+    attempts: int = 0  # failed copies in a row
+    allocated: int = 0  # st_blocks * 512, at the last report
+    lost: bool = False
+
+
+@dataclass(order=True, slots=True)
+class _Due:
+    at: float
+    seq: int
+    key: Key = field(compare=False)
+
+
+class CopyError(Exception):
+    """A copy that failed for a reason worth reporting (``cause``: one line for the log)."""
+
+    def __init__(self, cause: str) -> None:
+        super().__init__(cause)
+        self.cause = cause
+
+
+class StageOut:
+    """The drain of one mount's BACKING (open as ``backing_fd``, at ``backing``) to ``pfs``.
+
+    Without ``pfs`` (a mount with a controller but no ``--stage-out``) it keeps the index and
+    reports the jobs' resident bytes; nothing is copied, nothing evicted.
+    """
+
+    def __init__(
+        self,
+        backing_fd: int,
+        backing: Path,
+        pfs: Path | None,
+        *,
+        evict: bool,
+        hooks: DrainHooks | None = None,
+        report_interval: float = REPORT_INTERVAL,
+        retry_min: float = RETRY_MIN,
+        retry_max: float = RETRY_MAX,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._root = backing_fd
+        self._backing = str(backing)
+        self._pfs = pfs
+        self._evict = evict
+        self._hooks = hooks
+        self._report_interval = report_interval
+        self._retry_min = retry_min
+        self._retry_max = retry_max
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._wake = threading.Condition(self._lock)
+        self._files: dict[Key, Tracked] = {}
+        self._gen: dict[Key, int] = {}
+        self._opens: dict[Key, int] = {}  # open handles through the mount, per node
+        self._key_locks: dict[Key, threading.Lock] = {}
+        self._queue: list[_Due] = []
+        self._queued: dict[Key, _Due] = {}
+        self._seq = itertools.count()
+        self._errors: dict[bytes, str] = {}  # job tag -> why its copies fail
+        self._logged: set[str] = set()  # causes logged since the last good copy
+        self._stopping = threading.Event()
+        self._threads: list[threading.Thread] = []
+        self._busy: Key | None = None
+        self._last_rescan = -RESCAN_INTERVAL
+        # Where a node lives now, asked of the file system (its O_PATH handle), if it knows.
+        self.path_of: Callable[[Key], str | None] = lambda key: None
+        self.copies = 0  # good copies (tests, logs)
+        self.evictions = 0
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def start(self) -> None:
+        """Recovers from a crash (module docstring), then starts the worker and the reports."""
+        if self._pfs is not None:
+            self._remove_temporaries()
+        self._scan(initial=True)
+        targets = [(self._report_loop, "burstctl-bb")]
+        if self._pfs is not None:
+            targets.append((self._work, "burstctl-drain"))
+        for target, name in targets:
+            thread = threading.Thread(target=target, name=name, daemon=True)
+            thread.start()
+            self._threads.append(thread)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Stops the worker (a copy in progress is abandoned: its temporary is removed at the
+        next start) and the reports. Idempotent."""
+        self._stopping.set()
+        with self._wake:
+            self._wake.notify_all()
+        for thread in self._threads:
+            thread.join(timeout)
+
+    def _remove_temporaries(self) -> None:
+        assert self._pfs is not None
+        removed = 0
+        for dirpath, _, names in os.walk(self._pfs):
+            for name in names:
+                if name.startswith(".") and TEMP_MARK in name:
+                    with contextlib.suppress(OSError):
+                        os.unlink(os.path.join(dirpath, name))
+                        removed += 1
+        if removed:
+            logger.info("stage-out: removed %d unfinished copies from %s", removed, self._pfs)
+
+    def _scan(self, *, initial: bool) -> None:
+        """Rebuilds the index from the tags on BACKING; queues what is not copied."""
+        found: dict[Key, Tracked] = {}
+        for dirpath, _, names in os.walk(self._backing):
+            for name in names:
+                path = os.path.join(dirpath, name)
+                try:
+                    st = os.lstat(path)
+                    if not stat.S_ISREG(st.st_mode):
+                        continue
+                    tag = os.getxattr(path, XATTR_JOB, follow_symlinks=False)
+                except OSError:
+                    continue
+                try:
+                    job = decode_job(tag)
+                except (ValueError, KeyError, TypeError):
+                    logger.warning("stage-out: %s has an unreadable job tag; not drained", path)
+                    continue
+                tracked = Tracked(job, tag, os.path.relpath(path, self._backing))
+                with contextlib.suppress(OSError):
+                    copied = _parse_copied(os.getxattr(path, XATTR_COPIED))
+                    tracked.copied = copied
+                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+                    tracked.evicted = Evicted.decode(os.getxattr(path, XATTR_EVICTED))
+                if initial and tracked.evicted is not None and self._pfs is not None:
+                    self._finish_eviction(path, st, tracked)
+                tracked.allocated = st.st_blocks * 512
+                found[(st.st_dev, st.st_ino)] = tracked
+        with self._lock:
+            if initial:
+                self._files = found
+            else:
+                for key, tracked in found.items():
+                    mine = self._files.get(key)
+                    if mine is not None:
+                        mine.rel, mine.lost = tracked.rel, False
+                for key in [k for k, t in self._files.items() if t.lost and k not in found]:
+                    del self._files[key]
+            queue = [
+                key
+                for key, t in self._files.items()
+                if t.evicted is None
+                and not self._opens.get(key)
+                and t.copied != self._stat_signature(t)
+            ]
+        if initial:
+            for key in queue:
+                self._enqueue(key)
+            if found:
+                logger.info(
+                    "stage-out: %d files tagged on %s, %d to copy",
+                    len(found),
+                    self._backing,
+                    len(queue),
+                )
+
+    def _stat_signature(self, tracked: Tracked) -> tuple[int, int] | None:
+        try:
+            return _signature(os.lstat(os.path.join(self._backing, tracked.rel)))
+        except OSError:
+            return None
+
+    def _finish_eviction(self, path: str, st: os.stat_result, tracked: Tracked) -> None:
+        """A file marked evicted at start: truncated if the crash came before that, or kept
+        (its mark cleared) if its PFS copy is not what the mark says."""
+        assert tracked.evicted is not None and self._pfs is not None
+        if st.st_size == 0:
+            return  # truncated already (or empty all along)
+        try:
+            pfs_size = os.stat(self._pfs / tracked.evicted.pfs).st_size
+        except OSError:
+            pfs_size = -1
+        if pfs_size != tracked.evicted.size:
+            logger.warning(
+                "stage-out: %s is marked evicted but its PFS copy is missing or differs; kept",
+                path,
+            )
+            with contextlib.suppress(OSError):
+                os.removexattr(path, XATTR_EVICTED)
+                os.removexattr(path, XATTR_COPIED)
+            tracked.evicted = None
+            tracked.copied = None
+            return
+        os.truncate(path, 0)
+        logger.info("stage-out: finished evicting %s (interrupted by a restart)", path)
+
+    # ------------------------------------------------------------------ the file system's calls
+
+    @contextlib.contextmanager
+    def holding(self, key: Key) -> Iterator[None]:
+        """Holds the file's residency still (no eviction, no restore by anyone else)."""
+        with self._lock:
+            lock = self._key_locks.get(key)
+            if lock is None:
+                lock = self._key_locks[key] = threading.Lock()
+        with lock:
+            yield
+
+    def tracks(self, key: Key) -> bool:
+        return key in self._files
+
+    def modified(self, key: Key, path_fd: int, job: JobInfo | None) -> None:
+        """A write, truncate, fallocate or create through the mount, by ``job``: bumps the
+        write generation and tags the file as the job's (``path_fd``: any handle on it)."""
+        tag = encode_job(job)
+        with self._lock:
+            self._gen[key] = self._gen.get(key, 0) + 1
+            tracked = self._files.get(key)
+            if tracked is not None and tracked.tag == tag:
+                return
+        try:
+            os.setxattr(f"/proc/self/fd/{path_fd}", XATTR_JOB, tag)
+        except OSError as err:
+            logger.warning("stage-out: cannot tag a file for its job (not drained): %s", err)
+            return
+        with self._lock:
+            tracked = self._files.get(key)
+            if tracked is None:
+                self._files[key] = Tracked(job, tag, "")
+            else:
+                tracked.job, tracked.tag = job, tag
+
+    def opened(self, key: Key) -> None:
+        """An open of a file through the mount (of a tracked one: under `holding`)."""
+        with self._lock:
+            self._opens[key] = self._opens.get(key, 0) + 1
+
+    def released(self, key: Key, path: str | None) -> None:
+        """A close; the last one queues a tracked file (``path``: where it is now, absolute)."""
+        with self._lock:
+            left = self._opens.get(key, 1) - 1
+            if left > 0:
+                self._opens[key] = left
+            else:
+                self._opens.pop(key, None)
+            tracked = self._files.get(key)
+            if tracked is None:
+                return
+            if path is not None:
+                rel = self._relative(path)
+                if rel is not None:
+                    tracked.rel, tracked.lost = rel, False
+        if left <= 0:
+            self._enqueue(key)
+
+    def renamed(self, key: Key, path: str) -> None:
+        with self._lock:
+            tracked = self._files.get(key)
+            rel = self._relative(path)
+            if tracked is not None and rel is not None:
+                tracked.rel, tracked.lost = rel, False
+
+    def _relative(self, path: str) -> str | None:
+        if path.endswith(" (deleted)"):
+            return None
+        rel = os.path.relpath(path, self._backing)
+        return None if rel.startswith("..") or rel == "." else rel
+
+    def forget(self, key: Key) -> None:
+        """The file's last name is gone (unlinked, or replaced by a rename)."""
+        with self._lock:
+            self._files.pop(key, None)
+            self._gen.pop(key, None)
+
+    def evicted(self, key: Key) -> Evicted | None:
+        tracked = self._files.get(key)
+        return None if tracked is None else tracked.evicted
+
+    def open_pfs(self, evicted: Evicted) -> int:
+        """A read-only descriptor of the PFS copy of an evicted file."""
+        if self._pfs is None:
+            raise OSError(errno.EIO, "evicted, and no --stage-out to read it from")
+        return os.open(self._pfs / evicted.pfs, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+
+    def discard_evicted(self, key: Key, path_fd: int) -> None:
+        """An evicted file about to be truncated to 0 (under `holding`): nothing to bring
+        back; the mark goes."""
+        tracked = self._files.get(key)
+        if tracked is None or tracked.evicted is None:
+            return
+        with contextlib.suppress(OSError):
+            os.removexattr(f"/proc/self/fd/{path_fd}", XATTR_EVICTED)
+        with self._lock:
+            tracked.evicted = None
+
+    def restore(self, key: Key, path_fd: int, pace: Callable[[int], None]) -> None:
+        """Brings an evicted file back onto the buffer (under `holding`): copies its PFS copy
+        into the backing file, ``pace(n)`` before each chunk (space and the opener's I/O),
+        restores its mtime and clears the mark. OSError if the PFS copy cannot be read."""
+        tracked = self._files.get(key)
+        if tracked is None or tracked.evicted is None:
+            return
+        evicted = tracked.evicted
+        src = self.open_pfs(evicted)
+        try:
+            dst = os.open(f"/proc/self/fd/{path_fd}", os.O_WRONLY | os.O_CLOEXEC)
+            try:
+                offset = 0
+                while True:
+                    chunk = os.pread(src, CHUNK, offset)
+                    if not chunk:
+                        break
+                    pace(len(chunk))
+                    os.pwrite(dst, chunk, offset)
+                    offset += len(chunk)
+                os.ftruncate(dst, offset)
+                os.utime(dst, ns=(time.time_ns(), evicted.mtime_ns))
+                st = os.fstat(dst)
+                os.setxattr(dst, XATTR_COPIED, f"{st.st_mtime_ns}:{st.st_size}".encode())
+                os.removexattr(dst, XATTR_EVICTED)
+            finally:
+                os.close(dst)
+        finally:
+            os.close(src)
+        with self._lock:
+            tracked.evicted = None
+            tracked.copied = _signature(st)
+            tracked.copied_gen = self._gen.get(key, 0)
+            tracked.allocated = st.st_blocks * 512
+        logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, offset)
+
+    # ------------------------------------------------------------------ the queue
+
+    def _enqueue(self, key: Key, delay: float = 0.0) -> None:
+        if self._pfs is None:
+            return
+        with self._wake:
+            if key in self._queued:
+                return
+            due = _Due(self._clock() + delay, next(self._seq), key)
+            self._queued[key] = due
+            heapq.heappush(self._queue, due)
+            self._wake.notify()
+
+    def pending_copies(self) -> int:
+        """Files queued or being copied (tests)."""
+        with self._lock:
+            return len(self._queued) + (self._busy is not None)
+
+    def _next(self) -> Key | None:
+        with self._wake:
+            while not self._stopping.is_set():
+                if self._queue:
+                    wait = self._queue[0].at - self._clock()
+                    if wait <= 0:
+                        due = heapq.heappop(self._queue)
+                        del self._queued[due.key]
+                        self._busy = due.key
+                        return due.key
+                    self._wake.wait(wait)
+                else:
+                    self._wake.wait()
+            return None
+
+    def _work(self) -> None:
+        while (key := self._next()) is not None:
+            tracked = self._files.get(key)
+            try:
+                if tracked is not None:
+                    self._drain_one(key, tracked)
+            except Exception:
+                logger.exception("stage-out: draining a file failed unexpectedly")
+                self._enqueue(key, self._retry_max)
+            finally:
+                with self._lock:
+                    self._busy = None
+                    idle_jobs = self._idle_jobs()
+                for job in idle_jobs:
+                    self._hook_call("drain_done", job)
+
+    def _idle_jobs(self) -> list[JobInfo]:
+        """Jobs with nothing queued (lock held)."""
+        waiting = {self._files[k].tag for k in self._queued if k in self._files}
+        jobs = {t.tag: t.job for t in self._files.values() if t.job is not None}
+        return [job for tag, job in jobs.items() if tag not in waiting]
+
+    def _hook_call(self, name: str, *args: object) -> None:
+        if self._hooks is None:
+            return
+        try:
+            getattr(self._hooks, name)(*args)
+        except Exception:
+            logger.exception("stage-out: %s failed", name)
+
+    # ------------------------------------------------------------------ one file
+
+    def _drain_one(self, key: Key, tracked: Tracked) -> None:
+        if tracked.evicted is not None or self._stopping.is_set():
+            return
+        rel = self._where(key, tracked)
+        if rel is None:
+            return
+        try:
+            src = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._root)
+        except OSError:
+            self._lose(key, tracked)
+            return
+        try:
+            st0 = os.fstat(src)
+            if (st0.st_dev, st0.st_ino) != key:
+                self._lose(key, tracked)
+                return
+            with self._lock:
+                gen0 = self._gen.get(key, 0)
+                done = tracked.copied == _signature(st0) and tracked.copied_gen in (None, gen0)
+                if tracked.copied_gen is None and gen0 != 0:
+                    done = False  # written since the start: the marker alone cannot tell
+            if not done:
+                try:
+                    self._copy(src, st0, rel, tracked.job)
+                except CopyError as err:
+                    self._failed(key, tracked, err.cause)
+                    return
+                if self._stopping.is_set():
+                    return
+                st1 = os.fstat(src)
+                with self._lock:
+                    changed = self._gen.get(key, 0) != gen0 or _signature(st1) != _signature(st0)
+                if changed:
+                    logger.debug("stage-out: %s changed during its copy; again", rel)
+                    self._succeeded(tracked)
+                    self._enqueue(key)
+                    return
+                try:
+                    os.setxattr(
+                        f"/proc/self/fd/{src}",
+                        XATTR_COPIED,
+                        f"{st0.st_mtime_ns}:{st0.st_size}".encode(),
+                    )
+                except OSError as err:
+                    self._failed(key, tracked, f"cannot mark {rel} copied: {err.strerror}")
+                    return
+                with self._lock:
+                    tracked.copied, tracked.copied_gen = _signature(st0), gen0
+                self.copies += 1
+                self._succeeded(tracked)
+            if self._evict:
+                self._evict_one(key, tracked, src, rel, gen0)
+        finally:
+            os.close(src)
+
+    def _where(self, key: Key, tracked: Tracked) -> str | None:
+        """The file's path relative to BACKING, checked against its key."""
+        for rel in (tracked.rel, self._relative(self.path_of(key) or "")):
+            if not rel:
+                continue
+            try:
+                st = os.stat(rel, dir_fd=self._root, follow_symlinks=False)
+            except OSError:
+                continue
+            if (st.st_dev, st.st_ino) == key:
+                tracked.rel = rel
+                return rel
+        self._lose(key, tracked)
+        return None
+
+    def _lose(self, key: Key, tracked: Tracked) -> None:
+        """The file is not where it was: deleted (forgotten) or renamed behind us (a rescan
+        finds it by its tag)."""
+        tracked.lost = True
+        now = self._clock()
+        if now - self._last_rescan >= RESCAN_INTERVAL:
+            self._last_rescan = now
+            self._scan(initial=False)
+            if not tracked.lost and not self._opens.get(key):
+                self._enqueue(key)
+
+    def _copy(self, src: int, st: os.stat_result, rel: str, job: JobInfo | None) -> None:
+        assert self._pfs is not None
+        target = self._pfs / rel
+        directory = target.parent
+        temp = directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except OSError as err:
+            raise CopyError(f"PFS_DIR not writable: {err.strerror}") from None
+        renamed = False
+        try:
+            offset = 0
+            while not self._stopping.is_set():
+                try:
+                    chunk = os.pread(src, CHUNK, offset)
+                except OSError as err:
+                    raise CopyError(f"cannot read {rel} on the buffer: {err.strerror}") from None
+                if not chunk:
+                    break
+                if job is not None and self._hooks is not None:
+                    self._hook_call("drain", job, len(chunk))
+                try:
+                    view = memoryview(chunk)
+                    while view:
+                        view = view[os.write(out, view) :]
+                except OSError as err:
+                    raise CopyError(f"cannot write to PFS_DIR: {err.strerror}") from None
+                offset += len(chunk)
+            if self._stopping.is_set():
+                return
+            try:
+                os.fchmod(out, stat.S_IMODE(st.st_mode))
+                os.fsync(out)
+                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
+                os.rename(temp, target)
+                renamed = True
+                dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    os.fsync(dfd)
+                finally:
+                    os.close(dfd)
+            except OSError as err:
+                raise CopyError(f"cannot finish a copy on PFS_DIR: {err.strerror}") from None
+        finally:
+            os.close(out)
+            if not renamed:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp)
+
+    def _evict_one(self, key: Key, tracked: Tracked, src: int, rel: str, gen: int) -> None:
+        with self.holding(key):
+            st = os.fstat(src)
+            with self._lock:
+                if (
+                    self._opens.get(key)
+                    or self._gen.get(key, 0) != gen
+                    or tracked.copied != _signature(st)
+                    or tracked.evicted is not None
+                ):
+                    return
+            evicted = Evicted(st.st_size, st.st_mtime_ns, rel)
+            proc = f"/proc/self/fd/{src}"
+            try:
+                os.setxattr(proc, XATTR_EVICTED, evicted.encode())
+            except OSError as err:
+                logger.warning("stage-out: cannot mark %s evicted (kept): %s", rel, err)
+                return
+            with self._lock:
+                tracked.evicted = evicted
+            try:
+                os.truncate(proc, 0)
+            except OSError as err:
+                # Served from the PFS all the same; its blocks come back at the next start.
+                logger.warning("stage-out: cannot truncate evicted %s: %s", rel, err)
+        self.evictions += 1
+        logger.debug("stage-out: evicted %s (%d bytes)", rel, st.st_size)
+        self.report()
+
+    def _failed(self, key: Key, tracked: Tracked, cause: str) -> None:
+        tracked.attempts += 1
+        delay = min(self._retry_max, self._retry_min * 2 ** (tracked.attempts - 1))
+        with self._lock:
+            new_cause = cause not in self._logged
+            self._logged.add(cause)
+            self._errors[tracked.tag] = cause
+        if new_cause:
+            logger.error(
+                "stage-out to %s: %s (retrying, files stay on the buffer)", self._pfs, cause
+            )
+        self._enqueue(key, delay)
+        self.report()
+
+    def _succeeded(self, tracked: Tracked) -> None:
+        tracked.attempts = 0
+        with self._lock:
+            had = self._errors.pop(tracked.tag, None)
+            if had is not None:
+                self._logged.discard(had)
+        if had is not None:
+            logger.info("stage-out to %s works again (was: %s)", self._pfs, had)
+
+    # ------------------------------------------------------------------ reports
+
+    def _report_loop(self) -> None:
+        while not self._stopping.wait(self._report_interval):
+            try:
+                self.report()
+            except Exception:
+                logger.exception("stage-out: reporting the buffer failed")
+
+    def gauges(self) -> dict[bytes, tuple[JobInfo | None, int, int, str]]:
+        """Per job tag: (job, resident, pending, drain_error), from a stat of each file."""
+        with self._lock:
+            files = list(self._files.items())
+            errors = dict(self._errors)
+        out: dict[bytes, tuple[JobInfo | None, int, int, str]] = {}
+        for key, tracked in files:
+            job, resident, pending, _ = out.get(tracked.tag, (tracked.job, 0, 0, ""))
+            if tracked.evicted is None and tracked.rel:
+                try:
+                    st = os.stat(tracked.rel, dir_fd=self._root, follow_symlinks=False)
+                    if (st.st_dev, st.st_ino) == key:
+                        tracked.allocated = st.st_blocks * 512
+                        resident += tracked.allocated
+                        if tracked.copied != _signature(st) or tracked.copied_gen not in (
+                            None,
+                            self._gen.get(key, 0),
+                        ):
+                            pending += tracked.allocated
+                except OSError as err:
+                    if err.errno != errno.ENOENT:
+                        raise
+            out[tracked.tag] = (job, resident, pending, errors.get(tracked.tag, ""))
+        return out
+
+    def report(self) -> None:
+        for job, resident, pending, error in self.gauges().values():
+            if job is not None:
+                self._hook_call("report_buffer", job, resident, pending, error)
+
+    def errors(self) -> dict[str, str]:
+        """Why copies fail, per job id (tests, logs)."""
+        with self._lock:
+            tags = dict(self._errors)
+        return {(job.job_id if (job := decode_job(tag)) else ""): c for tag, c in tags.items()}
+
+
+__all__ = [
+    "CHUNK",
+    "TEMP_MARK",
+    "XATTR_COPIED",
+    "XATTR_EVICTED",
+    "XATTR_JOB",
+    "DrainHooks",
+    "Evicted",
+    "StageOut",
+]
