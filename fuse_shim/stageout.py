@@ -125,6 +125,12 @@ def decode_job(raw: bytes) -> JobInfo | None:
     )
 
 
+def _give(fd: int, st: os.stat_result) -> None:
+    """Gives a copy the owner of its original, when the daemon may (root)."""
+    if os.geteuid() == 0:
+        os.fchown(fd, st.st_uid, st.st_gid)
+
+
 def _signature(st: os.stat_result) -> tuple[int, int]:
     return st.st_mtime_ns, st.st_size
 
@@ -405,7 +411,7 @@ class StageOut:
                 tracked.rel, tracked.lost = rel, False
 
     def _relative(self, path: str) -> str | None:
-        if path.endswith(" (deleted)"):
+        if not path or path.endswith(" (deleted)"):
             return None
         rel = os.path.relpath(path, self._backing)
         return None if rel.startswith("..") or rel == "." else rel
@@ -595,7 +601,12 @@ class StageOut:
 
     def _where(self, key: Key, tracked: Tracked) -> str | None:
         """The file's path relative to BACKING, checked against its key."""
-        for rel in (tracked.rel, self._relative(self.path_of(key) or "")):
+        for candidate in range(2):
+            if candidate == 0:
+                rel: str | None = tracked.rel
+            else:
+                path = self.path_of(key)
+                rel = None if path is None else self._relative(path)
             if not rel:
                 continue
             try:
@@ -625,7 +636,7 @@ class StageOut:
         directory = target.parent
         temp = directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
         try:
-            directory.mkdir(parents=True, exist_ok=True)
+            self._make_dirs(os.path.dirname(rel))
             out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
         except OSError as err:
             raise CopyError(f"PFS_DIR not writable: {err.strerror}") from None
@@ -651,6 +662,7 @@ class StageOut:
             if self._stopping.is_set():
                 return
             try:
+                _give(out, st)
                 os.fchmod(out, stat.S_IMODE(st.st_mode))
                 os.fsync(out)
                 os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
@@ -668,6 +680,32 @@ class StageOut:
             if not renamed:
                 with contextlib.suppress(OSError):
                     os.unlink(temp)
+
+    def _make_dirs(self, rel_dir: str) -> None:
+        """Creates the missing directories of ``rel_dir`` under PFS_DIR with the modes (and, as
+        root, the owners) of their namesakes on BACKING."""
+        assert self._pfs is not None
+        here = self._pfs
+        for part in Path(rel_dir).parts:
+            here = here / part
+            if here.is_dir():
+                continue
+            try:
+                st = os.stat(os.path.relpath(here, self._pfs), dir_fd=self._root)
+                mode = stat.S_IMODE(st.st_mode)
+            except OSError:
+                st, mode = None, 0o755
+            try:
+                os.mkdir(here, mode)
+            except FileExistsError:
+                continue
+            if st is not None:
+                fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+                try:
+                    _give(fd, st)
+                    os.fchmod(fd, mode)  # exact, whatever the umask
+                finally:
+                    os.close(fd)
 
     def _evict_one(self, key: Key, tracked: Tracked, src: int, rel: str, gen: int) -> None:
         with self.holding(key):
