@@ -183,10 +183,8 @@ def test_a_file_written_during_its_copy_is_copied_again_not_evicted_stale(
     assert (pfs / "f").read_bytes() == b"b" * 10 + b"a" * (2 * CHUNK - 10)
 
 
-def test_an_open_file_is_evicted_only_after_its_last_close(
-    make, dirs: tuple[Path, Path]
-) -> None:
-    backing, pfs = dirs
+def test_an_open_file_is_evicted_only_after_its_last_close(make, dirs: tuple[Path, Path]) -> None:
+    backing, _ = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()
     engine = make(hooks)
@@ -203,7 +201,7 @@ def test_an_open_file_is_evicted_only_after_its_last_close(
 
 
 def test_restore_brings_the_pfs_copy_back(make, dirs: tuple[Path, Path]) -> None:
-    backing, pfs = dirs
+    backing, _ = dirs
     engine = make(Hooks())
     path = backing / "f"
     data = os.urandom(CHUNK + 5)
@@ -251,9 +249,7 @@ def test_a_restart_finishes_what_a_crash_left(make, dirs: tuple[Path, Path]) -> 
     assert temporaries(pfs) == []
 
 
-def test_an_evicted_mark_without_its_pfs_copy_keeps_the_data(
-    make, dirs: tuple[Path, Path]
-) -> None:
+def test_an_evicted_mark_without_its_pfs_copy_keeps_the_data(make, dirs: tuple[Path, Path]) -> None:
     backing, pfs = dirs
     (backing / "b").write_bytes(b"z" * 10)
     os.setxattr(backing / "b", XATTR_JOB, encode_job(JOB))
