@@ -25,6 +25,8 @@ MIN_RATE = 1.0
 MAX_JOBS = 100_000  # jobs in one digest, and the default cap of a replica's job table
 MAX_COUNTER = 2**63 - 1  # incarnations, sequence numbers, versions: int64 on the wire
 MAX_BATCH = 1024  # client messages in one Batch
+MAX_BUFFER_BYTES = 2**63 - 1  # Buffer.resident/pending/added: int64 on the wire
+MAX_DRAIN_ERROR = 1024  # bytes (UTF-8) of Buffer.drain_error
 
 # Defaults of the configurable limits of a replica (controller/config.py, docs/configuration.md).
 # Beyond one, the controller answers RESOURCE_EXHAUSTED with a message naming it.
@@ -114,4 +116,22 @@ def period_problem(w: float | None, vol_io: float | None) -> tuple[str, str] | N
             return name, f"must be a number, got {value!r}"
         if not (0.0 < value <= top):  # NaN fails
             return name, f"must be finite and in (0, {top:g}], got {value!r}"
+    return None
+
+
+def buffer_problem(
+    resident: int, pending: int, added: int, drain_error: str
+) -> tuple[str, str] | None:
+    """Why a Buffer report (docs/capacity.md) is malformed, as ``(field, reason)`` with the
+    field named as on the wire (``resident``, ``pending``...), or None: sizes in
+    ``[0, MAX_BUFFER_BYTES]``, ``pending <= resident``, ``drain_error`` at most
+    ``MAX_DRAIN_ERROR`` bytes. (That ``added`` never decreases is the session's check.)"""
+    for name, value in (("resident", resident), ("pending", pending), ("added", added)):
+        if not (0 <= value <= MAX_BUFFER_BYTES):
+            return name, f"must be in [0, 2**63 - 1] bytes, got {value!r}"
+    if pending > resident:
+        return "pending", f"must be <= resident ({resident}), got {pending}"
+    size = len(drain_error.encode())
+    if size > MAX_DRAIN_ERROR:
+        return "drain_error", f"is {size} bytes, more than {MAX_DRAIN_ERROR}"
     return None

@@ -28,6 +28,7 @@ import grpc
 from burstctl.client.bucket import Pattern, Throttle
 from burstctl.client.kinds import check_nbytes, op_kind
 from burstctl.client.options import SessionOptions
+from burstctl.client.space import SpaceGate
 from burstctl.client.stream import SessionStream, open_channel
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -44,7 +45,16 @@ class Engine:
         self._throttle = Throttle(
             clock, on_wait_start=self._on_wait_start, on_rate_change=options.rate_observer
         )
-        self._stream = SessionStream(options, self._throttle, clock)
+        self._space = (
+            SpaceGate(
+                clock,
+                on_wait_start=self._on_wait_start,
+                on_error_change=self._on_drain_error_change,
+            )
+            if options.buffer
+            else None
+        )
+        self._stream = SessionStream(options, self._throttle, clock, self._space)
 
         # Hot-path state, shared with application threads: guarded by _lock.
         self._lock = threading.Lock()
@@ -96,7 +106,18 @@ class Engine:
 
     @property
     def total_wait_seconds(self) -> float:
-        return self._throttle.total_wait_seconds
+        space = self._space.snapshot().wait_seconds if self._space is not None else 0.0
+        return self._throttle.total_wait_seconds + space
+
+    @property
+    def space_limit(self) -> int | None:
+        """The burst buffer's space limit in force (None: none received, nothing limited)."""
+        return self._space.limit if self._space is not None else None
+
+    @property
+    def buffer_added(self) -> int:
+        """Bytes `acquire_space` let through since the session started."""
+        return self._space.added if self._space is not None else 0
 
     def wait_attached(self, timeout: float | None) -> bool:
         """Blocks a thread until an allocation from a live controller is in force."""
@@ -123,6 +144,36 @@ class Engine:
             await self._throttle.acquire_async(nbytes, kind_value)
         finally:
             self._end_acquire()
+
+    def _gate(self) -> SpaceGate:
+        if self._space is None:
+            raise RuntimeError("acquire_space and report_buffer need a session with buffer=True")
+        return self._space
+
+    def acquire_space(self, nbytes: int) -> None:
+        """Blocks until ``nbytes`` more fit under the space limit (docs/capacity.md)."""
+        gate, nbytes = self._gate(), check_nbytes(nbytes)
+        gate.acquire(nbytes)
+
+    async def acquire_space_async(self, nbytes: int) -> None:
+        gate, nbytes = self._gate(), check_nbytes(nbytes)
+        await gate.acquire_async(nbytes)
+
+    def report_buffer(self, resident: int, pending: int, drain_error: str = "") -> None:
+        """Sets the buffer gauges sent with the next Usage (at once if drain_error changed)."""
+        gate = self._gate()
+        resident = check_nbytes(resident, "resident")
+        pending = check_nbytes(pending, "pending")
+        if pending > resident:
+            raise ValueError(f"pending ({pending}) must be <= resident ({resident})")
+        if not isinstance(drain_error, str):
+            raise ValueError(f"drain_error must be a string, got {drain_error!r}")
+        gate.report(resident, pending, drain_error)
+
+    def _on_drain_error_change(self) -> None:
+        loop = self._loop
+        if loop is not None and not self._closed:
+            loop.call_soon_threadsafe(self._stream.send_usage, False)
 
     def open_operation(self, kind: pb.OpKind, volume: int) -> int:
         """Posts an explicit operation; it replaces the implicit one while it is open."""
@@ -220,6 +271,8 @@ class Engine:
                 await self._closed_event.wait()
             return
         self._throttle.close()
+        if self._space is not None:
+            self._space.close()
         if not started:
             return
         try:

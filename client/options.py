@@ -13,6 +13,7 @@ import socket
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Literal
 
 from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
@@ -32,6 +33,11 @@ DEFAULT_ATTACH_TIMEOUT = 2.0
 
 # Called with the new rate (bytes/s, inf = unthrottled) whenever a session's rate in force changes.
 RateObserver = Callable[[float], None]
+
+# What a session's stream carries (Hello.purpose, docs/capacity.md): the job's own I/O, or the
+# copy of its closed files from the burst buffer to the parallel file system.
+Purpose = Literal["app", "drain"]
+PURPOSES: tuple[Purpose, ...] = ("app", "drain")
 
 
 def default_client_id() -> str:
@@ -54,6 +60,8 @@ class SessionOptions:
     security: ChannelSecurity  # TLS, client certificate, shared secret (docs/security.md)
     fallback_grace: float = DEFAULT_FALLBACK_GRACE
     rate_observer: RateObserver | None = None
+    purpose: Purpose = "app"
+    buffer: bool = False  # the session tracks a burst buffer (Buffer reports, space limits)
 
     @classmethod
     def build(
@@ -69,6 +77,8 @@ class SessionOptions:
         security: ChannelSecurity | None = None,
         fallback_grace: float = DEFAULT_FALLBACK_GRACE,
         rate_observer: RateObserver | None = None,
+        purpose: Purpose = "app",
+        buffer: bool = False,
     ) -> SessionOptions:
         if not isinstance(target, str) or not target:
             raise ValueError(f"target must be a non-empty 'host:port' string, got {target!r}")
@@ -82,6 +92,12 @@ class SessionOptions:
         _check_seconds("fallback_grace", fallback_grace, allow_zero=True, allow_inf=True)
         if rate_observer is not None and not callable(rate_observer):
             raise ValueError(f"rate_observer must be callable, got {rate_observer!r}")
+        if purpose not in PURPOSES:
+            raise ValueError(f"purpose must be 'app' or 'drain', got {purpose!r}")
+        if not isinstance(buffer, bool):
+            raise ValueError(f"buffer must be a bool, got {buffer!r}")
+        if buffer and purpose == "drain":
+            raise ValueError("buffer=True needs purpose='app': a drain stream carries no Buffer")
         if client_id is not None and (not isinstance(client_id, str) or not client_id):
             raise ValueError(f"client_id must be a non-empty string, got {client_id!r}")
         if security is None:
@@ -100,6 +116,8 @@ class SessionOptions:
             security=security,
             fallback_grace=float(fallback_grace),
             rate_observer=rate_observer,
+            purpose=purpose,
+            buffer=buffer,
         )
 
 

@@ -22,6 +22,7 @@ from burstctl.client.options import (
     DEFAULT_FALLBACK_GRACE,
     DEFAULT_QUIET_GAP,
     DEFAULT_REPORT_INTERVAL,
+    Purpose,
     RateObserver,
     SessionOptions,
 )
@@ -96,6 +97,8 @@ class _SessionBase:
         security: ChannelSecurity | None = None,
         fallback_grace: float = DEFAULT_FALLBACK_GRACE,
         rate_observer: RateObserver | None = None,
+        purpose: Purpose = "app",
+        buffer: bool = False,
     ) -> None:
         options = SessionOptions.build(
             target,
@@ -108,6 +111,8 @@ class _SessionBase:
             security=security,
             fallback_grace=fallback_grace,
             rate_observer=rate_observer,
+            purpose=purpose,
+            buffer=buffer,
         )
         self._engine = Engine(options)
 
@@ -149,8 +154,35 @@ class _SessionBase:
 
     @property
     def total_wait_seconds(self) -> float:
-        """Seconds acquire calls have spent waiting for tokens, in total."""
+        """Seconds acquire and acquire_space calls have spent waiting, in total."""
         return self._engine.total_wait_seconds
+
+    @property
+    def purpose(self) -> Purpose:
+        """``"app"`` (the job's own I/O) or ``"drain"`` (its copy to the PFS)."""
+        return self._engine.options.purpose
+
+    @property
+    def space_limit(self) -> int | None:
+        """The burst buffer's space limit in force: the most `buffer_added` may reach. None
+        when the session tracks no buffer or the controller sent no space (no capacity)."""
+        return self._engine.space_limit
+
+    @property
+    def buffer_added(self) -> int:
+        """Bytes `acquire_space` let through since the session started (never decreases)."""
+        return self._engine.buffer_added
+
+    def report_buffer(self, resident: int, pending: int, drain_error: str = "") -> None:
+        """Sets the session's burst-buffer gauges (``buffer=True`` sessions): ``resident`` bytes
+        of the job this client holds on the buffer, ``pending`` of them not on the parallel
+        file system yet (<= resident), ``drain_error`` why they do not drain ("" = they do).
+        Sent with the next Usage, at once when ``drain_error`` changes. Thread-safe."""
+        self._engine.report_buffer(resident, pending, drain_error)
+
+    async def acquire_space_async(self, nbytes: int) -> None:
+        """`Session.acquire_space` for a coroutine (on any loop): suspends instead of blocking."""
+        await self._engine.acquire_space_async(nbytes)
 
     def end_phase(self) -> None:
         """Completes the implicit operation now, instead of after ``quiet_gap`` without I/O.
@@ -177,6 +209,11 @@ class Session(_SessionBase):
     ``runtime``: the `ClientRuntime` to run on, shared with other sessions (its loop thread
     and its channel to ``target``); closing the session leaves it open. Without one the session
     runs on a runtime of its own, closed with it.
+
+    ``purpose="drain"``: the stream copies the job's closed files from the burst buffer to the
+    parallel file system (paced from the controller's ``--pfs-bandwidth``, booked as the job's
+    ``drained`` bytes). ``buffer=True``: the session tracks a burst buffer — `report_buffer`
+    and `acquire_space` (docs/capacity.md); only with ``purpose="app"``.
     """
 
     def __init__(
@@ -193,6 +230,8 @@ class Session(_SessionBase):
         security: ChannelSecurity | None = None,
         fallback_grace: float = DEFAULT_FALLBACK_GRACE,
         rate_observer: RateObserver | None = None,
+        purpose: Purpose = "app",
+        buffer: bool = False,
     ) -> None:
         super().__init__(
             target,
@@ -205,6 +244,8 @@ class Session(_SessionBase):
             security=security,
             fallback_grace=fallback_grace,
             rate_observer=rate_observer,
+            purpose=purpose,
+            buffer=buffer,
         )
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")
@@ -227,6 +268,17 @@ class Session(_SessionBase):
     def acquire(self, nbytes: int, kind: str = "write") -> None:
         """Blocks until the job's token bucket allows ``nbytes`` of I/O of ``kind``."""
         self._engine.acquire(nbytes, kind)
+
+    def acquire_space(self, nbytes: int) -> None:
+        """Blocks until ``nbytes`` more bytes fit on the burst buffer (``buffer=True`` sessions;
+        docs/capacity.md, "The space contract"), then counts them in `buffer_added`.
+
+        No wait when the controller sent no space (no capacity). Before the first allocation
+        it waits for it like `acquire` (at most ``attach_timeout``); beyond the granted space
+        it waits for more, also while the controller is unreachable, until ``fallback_grace``
+        after the lease ran out (then space is no longer enforced). Closing the session lets
+        every waiter through. Never raises for a controller problem."""
+        self._engine.acquire_space(nbytes)
 
     def operation(self, kind: str, volume: int = 0) -> Operation:
         """An explicit I/O operation of ``volume`` bytes (0 = unknown) for a ``with`` block."""
@@ -281,6 +333,10 @@ class AsyncSession(_SessionBase):
     async def acquire(self, nbytes: int, kind: str = "write") -> None:
         """Waits until the job's token bucket allows ``nbytes`` of I/O of ``kind``."""
         await self._engine.acquire_async(nbytes, kind)
+
+    async def acquire_space(self, nbytes: int) -> None:
+        """Waits until ``nbytes`` more bytes fit on the burst buffer (`Session.acquire_space`)."""
+        await self._engine.acquire_space_async(nbytes)
 
     def operation(self, kind: str, volume: int = 0) -> AsyncOperation:
         """An explicit I/O operation of ``volume`` bytes for an ``async with`` block."""

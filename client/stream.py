@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import random
@@ -27,6 +28,7 @@ import grpc
 from burstctl.channels import PLAIN, ChannelSecurity
 from burstctl.client.bucket import Pattern, Throttle, ThrottleStats
 from burstctl.client.options import SessionOptions
+from burstctl.client.space import SpaceGate
 from burstctl.limits import RETRY_AFTER_KEY, windows_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
@@ -116,10 +118,19 @@ class Backoff:
 class SessionStream:
     """The stream of one session: kept open, fed, and obeyed, for the life of the session."""
 
-    def __init__(self, options: SessionOptions, throttle: Throttle, clock: Callable[[], float]):
+    def __init__(
+        self,
+        options: SessionOptions,
+        throttle: Throttle,
+        clock: Callable[[], float],
+        space: SpaceGate | None = None,
+    ):
         self._options = options
         self._throttle = throttle
         self._clock = clock
+        # The burst buffer's space contract (client/space.py), on a session with buffer=True.
+        self._space = space
+        self._space_timer: asyncio.TimerHandle | None = None
 
         # Attachment is read by any thread and waited on by threads or coroutines.
         self._attached = False
@@ -202,6 +213,7 @@ class SessionStream:
         """Says Goodbye, ends the stream and stops every task (the channel stays open)."""
         self._stopping = True
         self._cancel_grace()
+        self._cancel_space_timer()
         try:
             await self._say_goodbye()
             tasks = list(self._tasks)
@@ -281,6 +293,17 @@ class SessionStream:
         now = self._clock()
         # The immediate report says "waiting" even if that acquire has been served since.
         stats = self._throttle.snapshot(reported=True, assume_waiting=force_waiting)
+        buffer: pb.Buffer | None = None
+        if self._space is not None:
+            # A writer waiting for space waits like one waiting for tokens: the controller
+            # sees it in the flag and the wait seconds (docs/capacity.md).
+            space = self._space.snapshot(reported=True)
+            buffer = space.buffer
+            stats = dataclasses.replace(
+                stats,
+                waiting=stats.waiting or space.waiting,
+                wait_seconds=stats.wait_seconds + space.wait_seconds,
+            )
         previous = self._last_report
         usage = pb.Usage(
             bytes=stats.bytes - previous.bytes,
@@ -297,6 +320,7 @@ class SessionStream:
                 wait_seconds=stats.wait_seconds,
             ),
             applied_epoch=self._stream_epoch or 0,
+            buffer=buffer,
         )
         self._last_report, self._last_report_at = stats, now
         return pb.ClientMessage(usage=usage)
@@ -356,6 +380,8 @@ class SessionStream:
         self._call, self._outbox = call, outbox
         self._stream_epoch = None
         self._stream_had_allocation = False
+        if self._space is not None:
+            self._space.new_stream()
         writer = self._writer = self._spawn(self._write(call, outbox), "writer")
         try:
             while True:
@@ -414,6 +440,7 @@ class SessionStream:
 
     def _hello(self) -> pb.ClientMessage:
         job, options = self._options.job, self._options
+        buffer = self._space.snapshot().buffer if self._space is not None else None
         return pb.ClientMessage(
             hello=pb.Hello(
                 job_id=job.job_id,
@@ -425,6 +452,8 @@ class SessionStream:
                 period_vol=job.vol_io or 0.0,
                 client_id=options.client_id,
                 host=options.host,
+                purpose=pb.PURPOSE_DRAIN if options.purpose == "drain" else pb.PURPOSE_APP,
+                buffer=buffer,
             )
         )
 
@@ -508,6 +537,10 @@ class SessionStream:
             # interval 0: an acknowledgement only, not a (short, noisy) usage sample.
             self._send(pb.ClientMessage(usage=pb.Usage(applied_epoch=allocation.epoch)))
         self._last_burst = burst
+        if self._space is not None:
+            self._cancel_space_timer()
+            space = allocation.space.limit if allocation.HasField("space") else None
+            self._space.set_limit(space)
         self._stream_had_allocation = True
         if self._in_fallback or self._detached_logged:
             logger.info(
@@ -591,6 +624,11 @@ class SessionStream:
             assert self._loop is not None
             self._cancel_grace()
             self._grace_timer = self._loop.call_later(grace, self._grace_expired)
+        if self._space is not None:
+            self._space.attach_timed_out()
+            if math.isfinite(grace) and self._space_timer is None:
+                assert self._loop is not None
+                self._space_timer = self._loop.call_later(grace, self._space_grace_expired)
         if self._stream_had_allocation and self._call is not None:
             # The controller on this stream stopped renewing: treat the stream as dead.
             self._call.cancel()
@@ -632,6 +670,26 @@ class SessionStream:
             self._options.fallback_grace,
             format_rate(rate),
         )
+
+    def _space_grace_expired(self) -> None:
+        """No controller for ``fallback_grace`` after the lease ran out: the space limit is no
+        longer enforced (a dead controller must not stop the application's writes for ever;
+        docs/capacity.md). The next allocation enforces it again."""
+        self._space_timer = None
+        if self._space is None or not self._in_fallback or self._stopping:
+            return
+        self._space.release()
+        logger.warning(
+            "no controller at %s for %gs after the lease ran out; the burst buffer's space"
+            " limit is no longer enforced",
+            self._options.target,
+            self._options.fallback_grace,
+        )
+
+    def _cancel_space_timer(self) -> None:
+        if self._space_timer is not None:
+            self._space_timer.cancel()
+            self._space_timer = None
 
     def _cancel_grace(self) -> None:
         if self._grace_timer is not None:

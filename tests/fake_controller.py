@@ -148,12 +148,13 @@ class FakeController(pb_grpc.ControllerServicer):
         stream: int = -1,
         epoch: int | None = None,
         windows: pb.Windows | None = None,
+        space: int | None = None,
     ) -> None:
         """Sends an Allocation on a stream (the latest by default), with the next epoch (and
-        ``windows``, a periodic pattern, when given)."""
+        ``windows``, a periodic pattern, and ``space``, a space limit, when given)."""
         with self._cond:
             target = self._streams[stream]
-        allocation = self._allocation(target, rate, burst, lease, epoch)
+        allocation = self._allocation(target, rate, burst, lease, epoch, space)
         if windows is not None:
             allocation.windows.CopyFrom(windows)
         self._put(target, allocation)
@@ -171,6 +172,7 @@ class FakeController(pb_grpc.ControllerServicer):
         burst: float | None = None,
         lease: float | None = None,
         epoch: int | None = None,
+        space: int | None = None,
     ) -> pb.Allocation:
         with self._cond:
             if epoch is None:
@@ -184,6 +186,8 @@ class FakeController(pb_grpc.ControllerServicer):
                 policy="scripted",
                 replica_id="fake",
             )
+            if space is not None:
+                allocation.space.limit = space
             stream.last = allocation
             return allocation
 
@@ -274,8 +278,9 @@ class FakeController(pb_grpc.ControllerServicer):
             with self._cond:
                 last = stream.last
             if last is not None:
+                space = last.space.limit if last.HasField("space") else None
                 stream.outbox.put_nowait(
-                    self._allocation(stream, last.rate, last.burst, last.lease_seconds)
+                    self._allocation(stream, last.rate, last.burst, last.lease_seconds, None, space)
                 )
 
 
