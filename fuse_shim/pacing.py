@@ -34,7 +34,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import inspect
 import logging
 import math
 import threading
@@ -79,10 +78,6 @@ _NOT_YOURS = "PERMISSION_DENIED"
 SessionFactory = Callable[[JobInfo], SessionLike]
 
 
-def _session_accepts(name: str) -> bool:
-    return name in inspect.signature(Session.__init__).parameters
-
-
 def client_session_factory(
     config: MountConfig, runtime: ClientRuntime, purpose: str = "app"
 ) -> SessionFactory:
@@ -95,17 +90,10 @@ def client_session_factory(
         raise ValueError("pacing needs a controller")
     controller = config.controller
     security = config.channel_security()
-    extra: dict[str, object] = {}
-    if purpose == "drain":
-        if _session_accepts("purpose"):
-            extra["purpose"] = "drain"
-        else:  # an older client: the copies are paced as the job's own I/O
-            logger.warning("this client has no drain streams: copies are paced as job I/O")
-    elif _session_accepts("buffer"):
-        extra["buffer"] = True
+    drain = purpose == "drain"
 
     def make(job: JobInfo) -> SessionLike:
-        return Session(  # type: ignore[no-any-return, unused-ignore]
+        return Session(
             controller,
             job,
             config.fallback,
@@ -114,7 +102,8 @@ def client_session_factory(
             fallback_grace=config.fallback_grace,
             runtime=runtime,
             security=security,
-            **extra,  # type: ignore[arg-type, unused-ignore]
+            purpose="drain" if drain else "app",
+            buffer=not drain,
         )
 
     return make
