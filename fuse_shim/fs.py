@@ -31,6 +31,12 @@ for reading, or reading and writing) goes direct only where the kernel was asked
 ``mmap`` of such files (``direct_io_mmap``, set at init): elsewhere that mapping would fail with
 ENODEV. A write-only file cannot be mapped at all.
 
+Stage-out (`stageout.StageOut`, when given): every change through the mount is reported to
+it, the last close of a file queues it for its copy to the PFS, and a file it evicted is shown
+with its PFS copy's size, read from that copy, and restored before it is opened for writing
+(docs/fuse.md, "Stage-out to the parallel file system"). Its ``user.burstctl.*`` xattrs are
+hidden.
+
 ``security.capability``: answered from `capabilities.AbsentCapabilities` when known absent;
 every call that could give a node a capability forgets what it knows.
 """

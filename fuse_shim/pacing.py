@@ -19,6 +19,12 @@ and its open files.
   waits for that loop (starting the job's session), so the sweep never waits for a job's lock:
   a busy job is looked at again shortly.
 
+The burst buffer (docs/capacity.md): the jobs' sessions track it
+(``buffer=True``): a write acquires its bandwidth, then its space (`Pacer.data` with
+``space``); `Pacer.report_buffer` hands each job's gauges (from the stage-out's index) to its
+session, and to its next one. The stage-out's copies are paced on a second session per job,
+its drain session (``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
+
 Controller trouble never fails a request: the session falls back as configured, and a session
 closed under a request (unmount, idle race) lets the request through unpaced.
 
