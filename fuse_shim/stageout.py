@@ -261,31 +261,24 @@ class StageOut:
     def _scan(self, *, initial: bool) -> None:
         """Rebuilds the index from the tags on BACKING; queues what is not copied."""
         found: dict[Key, Tracked] = {}
-        for dirpath, _, names in os.walk(self._backing):
+        # Through the backing directory's own handle: with the mount in place, its path now
+        # leads into the mount.
+        for dirpath, _, names, dir_fd in os.fwalk(".", dir_fd=self._root):
             for name in names:
-                path = os.path.join(dirpath, name)
+                rel = os.path.normpath(os.path.join(dirpath, name))
                 try:
-                    st = os.lstat(path)
+                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                     if not stat.S_ISREG(st.st_mode):
                         continue
-                    tag = os.getxattr(path, XATTR_JOB, follow_symlinks=False)
+                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
                 except OSError:
                     continue
                 try:
-                    job = decode_job(tag)
-                except (ValueError, KeyError, TypeError):
-                    logger.warning("stage-out: %s has an unreadable job tag; not drained", path)
-                    continue
-                tracked = Tracked(job, tag, os.path.relpath(path, self._backing))
-                with contextlib.suppress(OSError):
-                    copied = _parse_copied(os.getxattr(path, XATTR_COPIED))
-                    tracked.copied = copied
-                with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-                    tracked.evicted = Evicted.decode(os.getxattr(path, XATTR_EVICTED))
-                if initial and tracked.evicted is not None and self._pfs is not None:
-                    self._finish_eviction(path, st, tracked)
-                tracked.allocated = st.st_blocks * 512
-                found[(st.st_dev, st.st_ino)] = tracked
+                    tracked = self._scanned(fd, rel, st, initial)
+                finally:
+                    os.close(fd)
+                if tracked is not None:
+                    found[(st.st_dev, st.st_ino)] = tracked
         with self._lock:
             if initial:
                 self._files = found
@@ -314,9 +307,31 @@ class StageOut:
                     len(queue),
                 )
 
+    def _scanned(self, fd: int, rel: str, st: os.stat_result, initial: bool) -> Tracked | None:
+        """What the marks on one backing file (open as ``fd``) say; None: not tagged."""
+        path = f"/proc/self/fd/{fd}"
+        try:
+            tag = os.getxattr(path, XATTR_JOB)
+        except OSError:
+            return None
+        try:
+            job = decode_job(tag)
+        except (ValueError, KeyError, TypeError):
+            logger.warning("stage-out: %s has an unreadable job tag; not drained", rel)
+            return None
+        tracked = Tracked(job, tag, rel)
+        with contextlib.suppress(OSError):
+            tracked.copied = _parse_copied(os.getxattr(path, XATTR_COPIED))
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            tracked.evicted = Evicted.decode(os.getxattr(path, XATTR_EVICTED))
+        if initial and tracked.evicted is not None and self._pfs is not None:
+            self._finish_eviction(path, st, tracked)
+        tracked.allocated = st.st_blocks * 512
+        return tracked
+
     def _stat_signature(self, tracked: Tracked) -> tuple[int, int] | None:
         try:
-            return _signature(os.lstat(os.path.join(self._backing, tracked.rel)))
+            return _signature(os.stat(tracked.rel, dir_fd=self._root, follow_symlinks=False))
         except OSError:
             return None
 
@@ -333,7 +348,7 @@ class StageOut:
         if pfs_size != tracked.evicted.size:
             logger.warning(
                 "stage-out: %s is marked evicted but its PFS copy is missing or differs; kept",
-                path,
+                tracked.rel,
             )
             with contextlib.suppress(OSError):
                 os.removexattr(path, XATTR_EVICTED)
@@ -342,7 +357,7 @@ class StageOut:
             tracked.copied = None
             return
         os.truncate(path, 0)
-        logger.info("stage-out: finished evicting %s (interrupted by a restart)", path)
+        logger.info("stage-out: finished evicting %s (interrupted by a restart)", tracked.rel)
 
     # ------------------------------------------------------------------ the file system's calls
 

@@ -177,6 +177,28 @@ def test_a_file_rewritten_during_its_copy_is_copied_again_never_evicted_stale(
     assert (mnt / "f").read_bytes() == data
 
 
+def test_a_mount_in_place_drains_and_resumes_after_a_restart(
+    fuse_mount: Callable[..., MountProcess], dirs: tuple[Path, Path, Path]
+) -> None:
+    backing, _, pfs = dirs
+    (backing / "old").write_bytes(b"there before")  # never written through the mount
+    mount = fuse_mount(backing, backing, "--stage-out", str(pfs), "--log-level", "DEBUG")
+    (backing / "d").mkdir()
+    data = os.urandom(MiB + 1)
+    (backing / "d" / "f").write_bytes(data)
+    wait_until(lambda: "evicted d/f" in mount.log_text, 20, message="the eviction")
+    assert (backing / "d" / "f").read_bytes() == data  # through the mount: from the PFS
+    mount.stop()
+    assert os.stat(backing / "d" / "f").st_size == 0  # evicted, under the mount
+    assert not (pfs / "old").exists()
+    fuse_mount(backing, backing, "--stage-out", str(pfs))  # the index rebuilt by the scan
+    assert (backing / "d" / "f").read_bytes() == data
+    with open(backing / "d" / "f", "ab") as f:
+        f.write(b"+")
+    wait_until(lambda: (pfs / "d" / "f").stat().st_size == len(data) + 1, 20, message="the recopy")
+    assert (pfs / "d" / "f").read_bytes() == data + b"+"
+
+
 def _chattr(flag: str, path: Path) -> bool:
     done = subprocess.run(["chattr", flag, str(path)], capture_output=True, check=False)
     return done.returncode == 0
