@@ -518,6 +518,9 @@ class PassthroughFS:
                 now=NOW,
                 handle=fh is not None,
             )
+            if change.mtime is not None and self._stage is not None:
+                # An evicted file shows the mtime of its mark: the new one goes there.
+                self._stage.retimed(inode.key, inode.fd)
         return self._shown(os.fstat(fh if fh is not None else inode.fd))
 
     @staticmethod

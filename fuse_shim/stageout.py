@@ -458,6 +458,24 @@ class StageOut:
         with self._lock:
             tracked.evicted = None
 
+    def retimed(self, key: Key, path_fd: int) -> None:
+        """The file's mtime was set through the mount: an evicted file's mark takes it."""
+        tracked = self._files.get(key)
+        if tracked is None or tracked.evicted is None:
+            return
+        with self.holding(key):
+            evicted = tracked.evicted
+            if evicted is None:
+                return
+            proc = f"/proc/self/fd/{path_fd}"
+            moved = Evicted(evicted.size, os.stat(proc).st_mtime_ns, evicted.pfs)
+            try:
+                os.setxattr(proc, XATTR_EVICTED, moved.encode())
+            except OSError as err:
+                logger.warning("stage-out: cannot keep the new mtime of %s: %s", evicted.pfs, err)
+                return
+            tracked.evicted = moved
+
     def restore(self, key: Key, path_fd: int, pace: Callable[[int], None]) -> None:
         """Brings an evicted file back onto the buffer (under `holding`): copies its PFS copy
         into the backing file, ``pace(n)`` before each chunk (space and the opener's I/O),

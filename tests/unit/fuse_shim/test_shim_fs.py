@@ -1357,6 +1357,19 @@ def test_writes_wait_for_space_and_closed_files_are_staged_out_and_served_from_t
     assert (pfs / "f").read_bytes() == data + b"tail"
 
 
+def test_setting_the_mtime_of_an_evicted_file_shows(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, _, _, _ = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    fs.write(REQ, entry.node, memoryview(b"x" * 5000), 0, opened.fh)
+    fs.release(REQ, entry.node, opened.fh)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    st = fs.setattr(REQ, entry.node, SetAttr(mtime=1_000_000_000_123), None)
+    assert st.st_mtime_ns == 1_000_000_000_123 and st.st_size == 5000
+    assert fs.getattr(REQ, entry.node, None).st_mtime_ns == 1_000_000_000_123
+
+
 def test_truncating_an_evicted_file_needs_no_restore(
     staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
 ) -> None:
