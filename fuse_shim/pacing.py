@@ -259,9 +259,6 @@ class Pacer:
                 state.drain_inflight -= 1
                 state.drain_last = self._clock()
 
-    def drain_done(self, job: JobInfo) -> None:
-        """The job has nothing left to copy for now: its drain session closes once idle."""
-
     def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
         """The job's bytes on the buffer, given to its session (and to its next one)."""
         state = self._locked_state(job)

@@ -70,9 +70,6 @@ class DrainHooks(Protocol):
     def drain(self, job: JobInfo, nbytes: int) -> None:
         """Paces ``nbytes`` of the job's copy to the PFS (its drain stream)."""
 
-    def drain_done(self, job: JobInfo) -> None:
-        """The job's queue is empty for now (its drain stream may close when idle)."""
-
     def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
         """The job's gauges on the buffer."""
 
@@ -154,7 +151,9 @@ class Tracked:
     copied_gen: int | None = None  # the write generation that copy saw (None: unknown)
     evicted: Evicted | None = None
     attempts: int = 0  # failed copies in a row
-    allocated: int = 0  # st_blocks * 512, at the last report
+    allocated: int = 0  # st_blocks * 512, at the last look
+    signature: tuple[int, int] | None = None  # (mtime_ns, size) at the last look
+    seen_gen: int = -1  # the write generation at the last look (a look again once it moves)
     lost: bool = False
 
 
@@ -214,6 +213,7 @@ class StageOut:
         self._errors: dict[bytes, str] = {}  # job tag -> why its copies fail
         self._logged: set[str] = set()  # causes logged since the last good copy
         self._stopping = threading.Event()
+        self._report_now = threading.Event()
         self._threads: list[threading.Thread] = []
         self._busy: Key | None = None
         self._last_rescan = -RESCAN_INTERVAL
@@ -241,6 +241,7 @@ class StageOut:
         """Stops the worker (a copy in progress is abandoned: its temporary is removed at the
         next start) and the reports. Idempotent."""
         self._stopping.set()
+        self._report_now.set()
         with self._wake:
             self._wake.notify_all()
         for thread in self._threads:
@@ -326,7 +327,11 @@ class StageOut:
             tracked.evicted = Evicted.decode(os.getxattr(path, XATTR_EVICTED))
         if initial and tracked.evicted is not None and self._pfs is not None:
             self._finish_eviction(path, st, tracked)
-        tracked.allocated = st.st_blocks * 512
+        tracked.allocated, tracked.signature, tracked.seen_gen = (
+            st.st_blocks * 512,
+            _signature(st),
+            0,
+        )
         return tracked
 
     def _stat_signature(self, tracked: Tracked) -> tuple[int, int] | None:
@@ -388,10 +393,14 @@ class StageOut:
         except OSError as err:
             logger.warning("stage-out: cannot tag a file for its job (not drained): %s", err)
             return
+        try:
+            rel = self._relative(os.readlink(f"/proc/self/fd/{path_fd}")) or ""
+        except OSError:
+            rel = ""
         with self._lock:
             tracked = self._files.get(key)
             if tracked is None:
-                self._files[key] = Tracked(job, tag, "")
+                self._files[key] = Tracked(job, tag, rel)
             else:
                 tracked.job, tracked.tag = job, tag
 
@@ -509,7 +518,8 @@ class StageOut:
             tracked.evicted = None
             tracked.copied = _signature(st)
             tracked.copied_gen = self._gen.get(key, 0)
-            tracked.allocated = st.st_blocks * 512
+            tracked.allocated, tracked.signature = st.st_blocks * 512, _signature(st)
+            tracked.seen_gen = tracked.copied_gen
         logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, offset)
 
     # ------------------------------------------------------------------ the queue
@@ -557,15 +567,6 @@ class StageOut:
             finally:
                 with self._lock:
                     self._busy = None
-                    idle_jobs = self._idle_jobs()
-                for job in idle_jobs:
-                    self._hook_call("drain_done", job)
-
-    def _idle_jobs(self) -> list[JobInfo]:
-        """Jobs with nothing queued (lock held)."""
-        waiting = {self._files[k].tag for k in self._queued if k in self._files}
-        jobs = {t.tag: t.job for t in self._files.values() if t.job is not None}
-        return [job for tag, job in jobs.items() if tag not in waiting]
 
     def _hook_call(self, name: str, *args: object) -> None:
         if self._hooks is None:
@@ -760,6 +761,7 @@ class StageOut:
                 return
             with self._lock:
                 tracked.evicted = evicted
+                tracked.allocated = 0
             try:
                 os.truncate(proc, 0)
             except OSError as err:
@@ -767,7 +769,7 @@ class StageOut:
                 logger.warning("stage-out: cannot truncate evicted %s: %s", rel, err)
         self.evictions += 1
         logger.debug("stage-out: evicted %s (%d bytes)", rel, st.st_size)
-        self.report()
+        self._report_now.set()
 
     def _failed(self, key: Key, tracked: Tracked, cause: str) -> None:
         tracked.attempts += 1
@@ -781,7 +783,7 @@ class StageOut:
                 "stage-out to %s: %s (retrying, files stay on the buffer)", self._pfs, cause
             )
         self._enqueue(key, delay)
-        self.report()
+        self._report_now.set()
 
     def _succeeded(self, tracked: Tracked) -> None:
         tracked.attempts = 0
@@ -795,36 +797,42 @@ class StageOut:
     # ------------------------------------------------------------------ reports
 
     def _report_loop(self) -> None:
-        while not self._stopping.wait(self._report_interval):
+        while not self._stopping.is_set():
+            self._report_now.wait(self._report_interval)
+            self._report_now.clear()
+            if self._stopping.is_set():
+                return
             try:
                 self.report()
             except Exception:
                 logger.exception("stage-out: reporting the buffer failed")
 
     def gauges(self) -> dict[bytes, tuple[JobInfo | None, int, int, str]]:
-        """Per job tag: (job, resident, pending, drain_error), from a stat of each file."""
+        """Per job tag: (job, resident, pending, drain_error). A file is looked at (stat) again
+        only once written through the mount since the last look."""
         with self._lock:
-            files = list(self._files.items())
+            files = [(key, t, self._gen.get(key, 0)) for key, t in self._files.items()]
             errors = dict(self._errors)
         out: dict[bytes, tuple[JobInfo | None, int, int, str]] = {}
-        for key, tracked in files:
+        for key, tracked, gen in files:
             job, resident, pending, _ = out.get(tracked.tag, (tracked.job, 0, 0, ""))
             if tracked.evicted is None and tracked.rel:
-                try:
-                    st = os.stat(tracked.rel, dir_fd=self._root, follow_symlinks=False)
-                    if (st.st_dev, st.st_ino) == key:
-                        tracked.allocated = st.st_blocks * 512
-                        resident += tracked.allocated
-                        if tracked.copied != _signature(st) or tracked.copied_gen not in (
-                            None,
-                            self._gen.get(key, 0),
-                        ):
-                            pending += tracked.allocated
-                except OSError as err:
-                    if err.errno != errno.ENOENT:
-                        raise
+                if tracked.seen_gen != gen:
+                    self._look(key, tracked, gen)
+                resident += tracked.allocated
+                if tracked.copied != tracked.signature or tracked.copied_gen not in (None, gen):
+                    pending += tracked.allocated
             out[tracked.tag] = (job, resident, pending, errors.get(tracked.tag, ""))
         return out
+
+    def _look(self, key: Key, tracked: Tracked, gen: int) -> None:
+        try:
+            st = os.stat(tracked.rel, dir_fd=self._root, follow_symlinks=False)
+        except OSError:
+            return
+        if (st.st_dev, st.st_ino) == key:
+            tracked.allocated, tracked.signature = st.st_blocks * 512, _signature(st)
+            tracked.seen_gen = gen
 
     def report(self) -> None:
         for job, resident, pending, error in self.gauges().values():

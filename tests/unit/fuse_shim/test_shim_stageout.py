@@ -46,9 +46,6 @@ class Hooks:
             self.waiting.set()
             assert self.gate.wait(10)
 
-    def drain_done(self, job: JobInfo) -> None:
-        pass
-
     def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
         with self.lock:
             self.reports.append((job.job_id, resident, pending, error))
@@ -296,3 +293,26 @@ def test_a_deleted_file_is_forgotten(make, dirs: tuple[Path, Path]) -> None:
     engine.forget(key)
     assert not engine.tracks(key)
     hooks.gate.set()
+
+
+def test_a_file_still_being_written_counts_as_resident_and_pending(
+    make, dirs: tuple[Path, Path]
+) -> None:
+    backing, _ = dirs
+    hooks = Hooks()
+    engine = make(hooks)
+    path = backing / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        engine.opened(key_of(path))
+        os.pwrite(fd, b"w" * 100_000, 0)
+        engine.modified(key_of(path), fd, JOB)  # never closed yet
+        blocks = os.stat(path).st_blocks * 512
+        assert blocks >= 100_000
+        wait_until(lambda: hooks.last_report() == ("j1", blocks, blocks, ""), message="resident")
+        os.pwrite(fd, b"w" * 100_000, 100_000)
+        engine.modified(key_of(path), fd, JOB)
+        more = os.stat(path).st_blocks * 512
+        wait_until(lambda: hooks.last_report() == ("j1", more, more, ""), message="grown")
+    finally:
+        os.close(fd)
