@@ -232,7 +232,7 @@ class PassthroughFS:
         # The burst buffer's index and drain (docs/fuse.md, "Stage-out"): the node of each
         # open file, and the PFS copy an evicted file's reads are served from.
         self._stage = stage_out
-        self._fh_keys: dict[int, tuple[int, int]] = {}
+        self._fh_keys: dict[int, tuple[tuple[int, int], bool]] = {}  # fh -> (node, writing)
         self._pfs_fds: dict[int, int] = {}
         if stage_out is not None:
             stage_out.path_of = self._path_of
@@ -729,15 +729,17 @@ class PassthroughFS:
             if pfs_fd is not None:
                 os.close(pfs_fd)
             raise
+        writing = flags & os.O_ACCMODE != os.O_RDONLY
         with self._lock:
-            self._fh_keys[fd] = inode.key
+            self._fh_keys[fd] = (inode.key, writing)
             if pfs_fd is not None:
                 self._pfs_fds[fd] = pfs_fd
-        self._stage.opened(inode.key)
+        self._stage.opened(inode.key, writing)
         return fd
 
-    def _forget_handle(self, fh: int) -> tuple[int, int] | None:
-        """Drops what the stage-out kept of an open file; returns its node's key."""
+    def _forget_handle(self, fh: int) -> tuple[tuple[int, int], bool] | None:
+        """Drops what the stage-out kept of an open file; returns its node's key and whether
+        it was open for writing."""
         with self._lock:
             key = self._fh_keys.pop(fh, None)
             pfs_fd = self._pfs_fds.pop(fh, None)
@@ -777,19 +779,30 @@ class PassthroughFS:
             os.close(fd)
             raise
         if self._stage is not None:
-            self._created(req, entry.node, fd, caller)
+            try:
+                self._created(req, entry.node, fd, flags, caller)
+            except BaseException:
+                self._forget_handle(fd)
+                os.close(fd)
+                raise
         self._opened(req, fd, caller)
         return entry, Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
 
-    def _created(self, req: int, node: int, fd: int, caller: Caller | None) -> None:
-        """A file created (or opened by create) through the mount: the stage-out tracks it."""
+    def _created(self, req: int, node: int, fd: int, flags: int, caller: Caller | None) -> None:
+        """A file created (or an existing one opened by create) through the mount: the
+        stage-out tracks it; an evicted one is brought back (or unmarked, when truncated)."""
         assert self._stage is not None
         inode = self._inode(node)
-        self._modified(req, inode, caller)
         with self._stage.holding(inode.key):
+            if self._stage.evicted(inode.key) is not None:
+                if flags & os.O_TRUNC:
+                    self._stage.discard_evicted(inode.key, inode.fd)
+                else:
+                    self._restore(req, inode, caller)
             with self._lock:
-                self._fh_keys[fd] = inode.key
-            self._stage.opened(inode.key)
+                self._fh_keys[fd] = (inode.key, True)
+            self._stage.opened(inode.key, True)
+        self._modified(req, inode, caller)
 
     @staticmethod
     def _open_existing(caller: Caller, parent_fd: int, name: bytes, flags: int) -> int:
@@ -887,10 +900,11 @@ class PassthroughFS:
     def release(self, req: int, node: int, fh: int) -> None:
         # Forgotten before it is closed: once closed, its number may be reused by an open.
         if self._stage is not None:
-            key = self._forget_handle(fh)
-            if key is not None:
+            known = self._forget_handle(fh)
+            if known is not None:
+                key, writing = known
                 try:
-                    self._stage.released(key, self._path_of(key))
+                    self._stage.released(key, self._path_of(key), writing)
                 except Exception:
                     logger.exception("queueing a closed file for the stage-out failed")
         if self._pacer is not None:

@@ -122,6 +122,15 @@ def decode_job(raw: bytes) -> JobInfo | None:
     )
 
 
+def _decrement(counts: dict[Key, int], key: Key) -> int:
+    left = counts.get(key, 1) - 1
+    if left > 0:
+        counts[key] = left
+    else:
+        counts.pop(key, None)
+    return max(0, left)
+
+
 def _give(fd: int, st: os.stat_result) -> None:
     """Gives a copy the owner of its original, when the daemon may (root)."""
     if os.geteuid() == 0:
@@ -206,6 +215,7 @@ class StageOut:
         self._files: dict[Key, Tracked] = {}
         self._gen: dict[Key, int] = {}
         self._opens: dict[Key, int] = {}  # open handles through the mount, per node
+        self._writers: dict[Key, int] = {}  # of which open for writing
         self._key_locks: dict[Key, threading.Lock] = {}
         self._queue: list[_Due] = []
         self._queued: dict[Key, _Due] = {}
@@ -294,7 +304,7 @@ class StageOut:
                 key
                 for key, t in self._files.items()
                 if t.evicted is None
-                and not self._opens.get(key)
+                and not self._writers.get(key)
                 and t.copied != self._stat_signature(t)
             ]
         if initial:
@@ -404,19 +414,19 @@ class StageOut:
             else:
                 tracked.job, tracked.tag = job, tag
 
-    def opened(self, key: Key) -> None:
-        """An open of a file through the mount (of a tracked one: under `holding`)."""
+    def opened(self, key: Key, writing: bool = True) -> None:
+        """An open of a file through the mount (under `holding`)."""
         with self._lock:
             self._opens[key] = self._opens.get(key, 0) + 1
+            if writing:
+                self._writers[key] = self._writers.get(key, 0) + 1
 
-    def released(self, key: Key, path: str | None) -> None:
-        """A close; the last one queues a tracked file (``path``: where it is now, absolute)."""
+    def released(self, key: Key, path: str | None, writing: bool = True) -> None:
+        """A close. The last close, or the last writer's, queues a tracked file: it is copied
+        once no one writes it, evicted once no one has it open (``path``: where it is now)."""
         with self._lock:
-            left = self._opens.get(key, 1) - 1
-            if left > 0:
-                self._opens[key] = left
-            else:
-                self._opens.pop(key, None)
+            left = _decrement(self._opens, key)
+            writers = _decrement(self._writers, key) if writing else self._writers.get(key, 0)
             tracked = self._files.get(key)
             if tracked is None:
                 return
@@ -424,7 +434,7 @@ class StageOut:
                 rel = self._relative(path)
                 if rel is not None:
                     tracked.rel, tracked.lost = rel, False
-        if left <= 0:
+        if left == 0 or (writing and writers == 0):
             self._enqueue(key)
 
     def renamed(self, key: Key, path: str) -> None:
@@ -581,6 +591,9 @@ class StageOut:
     def _drain_one(self, key: Key, tracked: Tracked) -> None:
         if tracked.evicted is not None or self._stopping.is_set():
             return
+        with self._lock:
+            if self._writers.get(key):
+                return  # open for writing again: its writer's last close queues it
         rel = self._where(key, tracked)
         if rel is None:
             return
@@ -611,9 +624,13 @@ class StageOut:
                 with self._lock:
                     changed = self._gen.get(key, 0) != gen0 or _signature(st1) != _signature(st0)
                 if changed:
+                    # Again, now unless a writer still has it open (its close queues it).
                     logger.debug("stage-out: %s changed during its copy; again", rel)
                     self._succeeded(tracked)
-                    self._enqueue(key)
+                    with self._lock:
+                        written = bool(self._writers.get(key))
+                    if not written:
+                        self._enqueue(key)
                     return
                 try:
                     os.setxattr(

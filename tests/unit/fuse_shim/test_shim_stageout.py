@@ -188,11 +188,11 @@ def test_an_open_file_is_evicted_only_after_its_last_close(make, dirs: tuple[Pat
     path = backing / "f"
     write_through(engine, path, b"x" * 1000)
     assert hooks.waiting.wait(5)  # copying
-    engine.opened(key_of(path))  # opened again meanwhile (not changed)
+    engine.opened(key_of(path), writing=False)  # a reader meanwhile
     hooks.gate.set()
     wait_until(lambda: engine.copies == 1 and engine.pending_copies() == 0, message="copy")
     assert engine.evictions == 0 and os.stat(path).st_size == 1000
-    engine.released(key_of(path), str(path))
+    engine.released(key_of(path), str(path), writing=False)
     wait_until(lambda: engine.evictions == 1, message="the eviction at the last close")
     assert engine.copies == 1  # no second copy: it had not changed
 
@@ -316,3 +316,32 @@ def test_a_file_still_being_written_counts_as_resident_and_pending(
         wait_until(lambda: hooks.last_report() == ("j1", more, more, ""), message="grown")
     finally:
         os.close(fd)
+
+
+def test_a_file_reopened_for_writing_is_copied_at_its_writers_close_and_a_reader_waits_not(
+    make, dirs: tuple[Path, Path]
+) -> None:
+    backing, pfs = dirs
+    hooks = Hooks()
+    hooks.gate = threading.Event()
+    engine = make(hooks)
+    write_through(engine, backing / "first", b"0" * 1000)
+    assert hooks.waiting.wait(5)  # the drain is busy with "first"
+    write_through(engine, backing / "busy", b"1" * 1000)  # queued behind it
+    key = key_of(backing / "busy")
+    engine.opened(key, writing=True)  # a writer again before the drain gets to it
+    engine.opened(key, writing=False)  # and a reader, who stays
+    hooks.gate.set()
+    wait_until(lambda: engine.pending_copies() == 0, message="the queue")
+    assert engine.copies == 1  # "first"; "busy" skipped: still written
+    fd = os.open(backing / "busy", os.O_WRONLY)
+    os.pwrite(fd, b"2" * 1000, 0)
+    engine.modified(key, fd, JOB)
+    os.close(fd)
+    engine.released(key, str(backing / "busy"), writing=True)  # the writer's close
+    wait_until(lambda: engine.copies == 2, message="the copy at the writer's close")
+    assert (pfs / "busy").read_bytes() == b"2" * 1000
+    assert engine.evictions == 1  # "first" only: the reader still has "busy" open
+    engine.released(key, str(backing / "busy"), writing=False)
+    wait_until(lambda: engine.evictions == 2, message="the eviction at the reader's close")
+    assert engine.copies == 2
