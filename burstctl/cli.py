@@ -46,6 +46,22 @@ def main() -> None:
 @click.option("--capacity", metavar="RATE", help="B, this replica's bandwidth, e.g. 400MiB/s.")
 @click.option("--node-bandwidth", metavar="RATE", help="b, per-node bandwidth, e.g. 8MiB/s.")
 @click.option(
+    "--bb-capacity",
+    metavar="SIZE",
+    help=(
+        "S, the burst buffer's capacity on this replica, e.g. 200MiB: mounts' writers wait for"
+        " space instead of filling it (docs/capacity.md) [default: no limit]."
+    ),
+)
+@click.option(
+    "--pfs-bandwidth",
+    metavar="RATE",
+    help=(
+        "B, the drain bandwidth to the parallel file system, shared equally by the jobs that"
+        " drain, e.g. 40MiB/s [default: drains share --capacity instead]."
+    ),
+)
+@click.option(
     "--policy",
     metavar="NAME",
     help=(

@@ -168,6 +168,15 @@ class SpaceGate:
             self._enforced = True
             self._wake_all()
 
+    def raise_limit(self, limit: int) -> None:
+        """A later allocation of the same stream: the limit only rises on a stream."""
+        with self._cond:
+            self._attaching = False
+            self._enforced = True
+            if self._limit is None or limit > self._limit:
+                self._limit = limit
+            self._wake_all()
+
     def new_stream(self) -> None:
         """A new stream starts with no unused reservation: the limit drops to ``added`` until
         the new stream's first allocation says otherwise."""

@@ -147,6 +147,7 @@ class SessionStream:
         self._stream_task: asyncio.Task[None] | None = None
         self._open_ops: dict[int, pb.OpPosted] = {}
         self._stream_epoch: int | None = None
+        self._stream_epoch_before: int | None = None  # before the allocation being handled
         self._stream_had_allocation = False
         self._lease_deadline = math.inf
         self._lease_changed = asyncio.Event()
@@ -505,7 +506,12 @@ class SessionStream:
             logger.debug("ignoring a server message without a known body: %r", body)
 
     def _on_allocation(self, allocation: pb.Allocation) -> None:
-        if self._stream_epoch is not None and allocation.epoch <= self._stream_epoch:
+        stale = self._stream_epoch is not None and allocation.epoch <= self._stream_epoch
+        if stale and self._space is not None and allocation.HasField("space"):
+            # A rise of the space limit comes in a copy of the allocation in force (same
+            # epoch): the limit is cumulative and only rises on a stream, so the larger wins.
+            self._space.raise_limit(allocation.space.limit)
+        if stale:
             logger.debug("ignoring stale allocation epoch %d", allocation.epoch)
             return
         rate, burst, lease = allocation.rate, allocation.burst, allocation.lease_seconds
@@ -523,7 +529,7 @@ class SessionStream:
             pattern = self._pattern(allocation.windows)
             if pattern is None:
                 return
-        self._stream_epoch = allocation.epoch
+        self._stream_epoch_before, self._stream_epoch = self._stream_epoch, allocation.epoch
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
         before = self._throttle.rate
@@ -539,8 +545,12 @@ class SessionStream:
         self._last_burst = burst
         if self._space is not None:
             self._cancel_space_timer()
-            space = allocation.space.limit if allocation.HasField("space") else None
-            self._space.set_limit(space)
+            if not allocation.HasField("space"):
+                self._space.set_limit(None)  # the controller has no capacity
+            elif self._stream_epoch_before is None:
+                self._space.set_limit(allocation.space.limit)  # the stream's first word
+            else:
+                self._space.raise_limit(allocation.space.limit)
         self._stream_had_allocation = True
         if self._in_fallback or self._detached_logged:
             logger.info(

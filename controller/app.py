@@ -23,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from burstctl.channels import ChannelSecurity, read_secret
+from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.jobs import JobMeta, JobTable
 from burstctl.controller.ledger import Ledger
@@ -93,6 +94,16 @@ class Replica:
                 clock,
                 max_jobs=config.max_digest_jobs,
             )
+        # The burst buffer's books (docs/capacity.md): S per replica; without --bb-capacity
+        # they still hold the mounts' reports (GET /v1/capacity) and grant no space.
+        self.books = CapacityBooks(
+            config.bb_capacity,
+            config.pfs_bandwidth,
+            clock=clock,
+            retention=config.job_retention,
+            min_chunk=config.bb_min_grant,
+            horizon=config.bb_grant_horizon,
+        )
         self.metrics = Metrics(self)
         self.scheduler = Scheduler(
             self.table,
@@ -101,6 +112,7 @@ class Replica:
             peers=self.peer_sync,
             clock=clock,
             observe_latency=self.metrics.decision_latency.observe,
+            books=self.books,
         )
         self.servicer = ControllerServicer(
             self.table,
@@ -115,6 +127,7 @@ class Replica:
                 max_nodes=config.max_unregistered_nodes,
                 max_priority=config.max_unregistered_priority,
             ),
+            books=self.books,
         )
         self.http: HttpServer | None = None
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
@@ -330,6 +343,9 @@ class Replica:
                     self.config.heartbeat_timeout,
                 )
                 self.servicer.kill(session, "no heartbeat within the timeout")
+            if self.books.parked:  # parked residents past the retention leave the books
+                self.books.expire()
+                self.servicer.request_grant()
 
     async def _keep_ledger(self) -> None:
         while True:

@@ -35,7 +35,7 @@ from burstctl.limits import (
     MAX_PRIORITY,
     identifier_problem,
 )
-from burstctl.units import Rate, parse_rate
+from burstctl.units import Rate, parse_rate, parse_size
 
 
 def _default_state_dir() -> Path:
@@ -140,6 +140,26 @@ class ControllerConfig(BaseSettings):
         le=10_000,
         description="GET /metrics has per-job series for this many jobs, those with the "
         "highest rate; every job counts in the aggregate series",
+    )
+    # -- the burst buffer (docs/capacity.md) ----------------------------------------------
+    bb_capacity: int | None = Field(
+        None,
+        description="S: the burst buffer's capacity per replica (a size such as 200MiB); "
+        "writers of mounts wait for space rather than fill it; unset = no limit",
+    )
+    pfs_bandwidth: Rate | None = Field(
+        None,
+        description="B of [DPSAC]: bandwidth of the drain to the parallel file system, shared "
+        "by the jobs' drain streams; unset = drains share the capacity B instead",
+    )
+    bb_grant_horizon: float = Field(
+        1.0,
+        gt=0,
+        le=3600,
+        description="s of a writer's rate one space grant covers (chunk = rate * horizon)",
+    )
+    bb_min_grant: int = Field(
+        1 << 20, ge=1, description="smallest space grant topped up at once, bytes"
     )
     # -- limits (docs/configuration.md, "Limits"): beyond one, RESOURCE_EXHAUSTED naming it ----
     max_sessions: int = Field(
@@ -258,6 +278,28 @@ class ControllerConfig(BaseSettings):
         problem = identifier_problem(value)  # what a peer checks in this replica's digests
         if problem:
             raise ValueError(problem)
+        return value
+
+    @field_validator("bb_capacity", mode="before")
+    @classmethod
+    def _parse_bb_capacity(cls, value: object) -> object:
+        if value is None:
+            return None
+        if isinstance(value, str | int) and not isinstance(value, bool):
+            try:
+                size = parse_size(value)  # "200MiB"
+            except ValueError as exc:
+                raise ValueError(f"--bb-capacity: {exc}") from None
+            if size <= 0:
+                raise ValueError(f"--bb-capacity must be > 0 (unset = no limit), got {value!r}")
+            return size
+        raise ValueError(f"--bb-capacity: not a size: {value!r}")
+
+    @field_validator("pfs_bandwidth")
+    @classmethod
+    def _check_pfs_bandwidth(cls, value: float | None) -> float | None:
+        if value is not None and value <= 0:
+            raise ValueError(f"--pfs-bandwidth must be > 0 (unset = not paced), got {value!r}")
         return value
 
     @field_validator("log_level")

@@ -2,7 +2,8 @@
 
 Owns only the serving of the page; the page itself (``static/index.html``,
 ``dashboard.js``, ``dashboard.css``) is plain JavaScript that polls the REST API
-(``/v1/jobs``, ``/v1/policy``, ``/v1/policies``) once a second and switches the
+(``/v1/jobs``, ``/v1/policy``, ``/v1/schedules``, ``/v1/capacity``, ``/v1/policies``) once a
+second and switches the
 policy with ``PUT /v1/policy``, so it needs nothing of the ``Replica`` and sees
 exactly what any other API client sees, ``protect_reads`` included. The chart
 library is vendored under ``static/vendor/`` (see its README): controllers run on

@@ -30,7 +30,7 @@ from burstctl.controller.signal import Signal
 from burstctl.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
 from burstctl.policies.accounting import JobAccount, job_view
 from burstctl.policies.schedule import Schedule
-from burstctl.policies.view import JobView, Periodic, SystemView, job_cap
+from burstctl.policies.view import BufferView, JobView, Periodic, SystemView, job_cap
 
 log = logging.getLogger(__name__)
 
@@ -150,6 +150,10 @@ class SessionState:
     schedule: Schedule | None = None  # the pattern of windows last pushed with ``rate``
     decided: int = 0  # number of the last decision that served it
     claim: JobMeta | None = None  # the metadata its Hello was admitted with (controller/trust.py)
+    # A drain stream (Hello.purpose = DRAIN, docs/capacity.md): the job's copy from the burst
+    # buffer to the PFS. Not a session of ``job.sessions`` (no row, no phase, no fairness):
+    # one of ``job.drains``, its bytes booked as ``job.drained``.
+    drain: bool = False
 
     def demand(self, cap: float, headroom: float) -> float:
         if not self.ops or self.closed:
@@ -198,6 +202,11 @@ class JobState(JobAccount):
     # cumulative totals as last booked, by client_id (see ``JobTable.usage``).
     counters: Counters = field(default_factory=Counters)
     booked: dict[str, Counters] = field(default_factory=dict)
+    # Drain streams (docs/capacity.md) and the bytes they copied to the PFS, booked apart
+    # from the job's own I/O (``drain_booked``: each drain client's totals as last booked).
+    drains: dict[int, SessionState] = field(default_factory=dict)
+    drained: int = 0
+    drain_booked: dict[str, int] = field(default_factory=dict)
 
     @property
     def bytes_moved(self) -> int:
@@ -300,6 +309,8 @@ class JobTable:
         self._dirty: set[str] = set()
         self._row_params: tuple[float, float] | None = None
         self.new_sessions: list[SessionState] = []  # not yet given a first allocation
+        self.draining: dict[str, None] = {}  # jobs with a drain stream open (docs/capacity.md)
+        self.drained_total = 0  # bytes drain streams copied to the PFS since start (/metrics)
         # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
         self.registered: dict[str, JobMeta] = {}
         # Called with each job new to the table (the ledger carries its saved counters in).
@@ -312,9 +323,11 @@ class JobTable:
         self.changed()
 
     # -- sessions -------------------------------------------------------------
-    def open_session(self, meta: JobMeta, client_id: str, host: str) -> SessionState:
+    def open_session(
+        self, meta: JobMeta, client_id: str, host: str, *, drain: bool = False
+    ) -> SessionState:
         """Opens a session with the metadata it was admitted with (``controller/trust.py``
-        decides who may join which job).
+        decides who may join which job). ``drain``: a drain stream (`SessionState.drain`).
 
         A registered job's metadata is the registration's. An unregistered job's is the most
         conservative claim of its live sessions (fewest nodes, lowest priority; user and
@@ -345,10 +358,16 @@ class JobTable:
             opened_at=now,
             last_heard=now,
             claim=claim,
+            drain=drain,
         )
         self._next_sid += 1
-        job.sessions[session.sid] = session
         self.sessions[session.sid] = session
+        if drain:  # the scheduler's drain pass gives it its first allocation
+            job.drains[session.sid] = session
+            self.draining[job.job_id] = None
+            self.changed()
+            return session
+        job.sessions[session.sid] = session
         self.new_sessions.append(session)
         self._merge_claims(job)
         self._changed(job)
@@ -387,8 +406,10 @@ class JobTable:
         self.sessions.pop(session.sid, None)
         job = session.job
         job.sessions.pop(session.sid, None)
+        if job.drains.pop(session.sid, None) is not None and not job.drains:
+            self.draining.pop(job.job_id, None)
         self._update_phase(job, now)
-        if not job.sessions:
+        if not job.sessions and not job.drains:
             job.status = JobStatus.INACTIVE
             job.inactive_since = now
             self._inactive[job.job_id] = None
@@ -463,7 +484,8 @@ class JobTable:
         op = session.ops.pop(op_id, None)
         if op is None:
             return False
-        session.job.op_completed(op.volume, op.moved)
+        if not session.drain:  # a drain's operations are no phase of the job's
+            session.job.op_completed(op.volume, op.moved)
         if not session.ops:
             session.idle_since = now
         self._update_phase(session.job, now)
@@ -488,12 +510,16 @@ class JobTable:
         now = self._clock()
         session.last_heard = now
         job = session.job
-        if job.in_io() and nbytes:
+        if session.drain:
+            self._drained(session, nbytes, totals)
+        elif job.in_io() and nbytes:
             job.transfer(nbytes)
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         by_kind = session.attribute(nbytes) if nbytes else {}
         before, booked_moved = job.counters, False
-        if totals is not None:
+        if session.drain:
+            pass  # booked as drained above, never as the job's own I/O
+        elif totals is not None:
             key = session.client_id
             booked = job.booked.pop(key, None)
             job.counters += totals.beyond(booked) if booked is not None else totals
@@ -540,9 +566,29 @@ class JobTable:
             session.signalled_rate = session.measured_rate
             self._changed(job)
 
+    def _drained(self, session: SessionState, nbytes: int, totals: Counters | None) -> None:
+        """Books a drain stream's bytes as the job's ``drained`` (totals beyond what was
+        booked for its client, as `usage` does for the job's own counters)."""
+        job = session.job
+        if totals is None:
+            job.drained += nbytes
+            self.drained_total += nbytes
+            return
+        key = session.client_id
+        booked = job.drain_booked.pop(key, None)
+        more = max(0, totals.bytes - booked) if booked is not None else totals.bytes
+        job.drained += more
+        self.drained_total += more
+        job.drain_booked[key] = max(totals.bytes, booked or 0)
+        while len(job.drain_booked) > MAX_BOOKED_SESSIONS:
+            del job.drain_booked[next(iter(job.drain_booked))]
+
     def goodbye(self, session: SessionState) -> None:
         """The session leaves on purpose, after its last report: its booked totals are not
         needed any more (a later session with the same client_id starts from 0)."""
+        if session.drain:
+            session.job.drain_booked.pop(session.client_id, None)
+            return
         if session.job.booked.pop(session.client_id, None) is not None:
             self.counters_version += 1  # the ledger forgets it too
             self.counted.add(session.job.job_id)
@@ -580,7 +626,13 @@ class JobTable:
         """The table's clock: the time of its views (``SystemView.now``)."""
         return self._clock
 
-    def view(self, capacity: float, node_bandwidth: float, seed: int = 0) -> SystemView:
+    def view(
+        self,
+        capacity: float,
+        node_bandwidth: float,
+        seed: int = 0,
+        buffer: BufferView | None = None,
+    ) -> SystemView:
         """The jobs of S(t) (those with an open operation) as policies see them.
 
         Rows are cached and rebuilt only for jobs that changed since the last
@@ -615,6 +667,7 @@ class JobTable:
             jobs=self._rows,
             seed=seed,
             periodic=periodic,
+            buffer=buffer,
         )
 
     def _row(self, job: JobState, now: float, cap: float) -> JobView:

@@ -40,7 +40,12 @@ Series (all prefixed ``burstctl_``):
   ``policy_switches_total``, ``policy_info`` (labels ``policy``, ``version``),
   ``metrics_render_seconds`` (the previous scrape's render time);
 - per peer, labels ``replica``, ``peer``: ``peer_exchange_age_seconds``,
-  ``peer_live``.
+  ``peer_live``;
+- the burst buffer (docs/capacity.md), label ``replica``: ``bb_capacity_bytes`` (S; only
+  with ``bb_capacity``), ``bb_used_bytes``, ``bb_pending_bytes``,
+  ``drain_rate_bytes_per_second`` (Σ drain streams' rates), ``drained_bytes_total`` (bytes
+  drain streams copied to the PFS since start); per job, labels ``job``, ``user``,
+  ``group``, for the top N jobs only: ``bb_resident_bytes`` (jobs with bytes on the buffer).
 """
 
 from __future__ import annotations
@@ -56,6 +61,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
+from burstctl.controller.capacity import JobBuffer
 from burstctl.controller.jobs import JobState, JobStatus
 from burstctl.policies.view import job_cap
 
@@ -86,6 +92,11 @@ class _Scalars:
     version: int
     render_seconds: float
     peers: list[tuple[str, float, bool]] | None  # (peer, seconds since heard, live)
+    bb_size: int | None = None  # the burst buffer (docs/capacity.md)
+    bb_used: int = 0
+    bb_pending: int = 0
+    drain_rate: float = 0.0
+    drained: int = 0
 
 
 @dataclass(slots=True)
@@ -115,6 +126,7 @@ class _JobRow:
     wait: float
     yield_: float | None
     active: bool
+    resident: int = 0  # bytes on the burst buffer
 
 
 def _rank(
@@ -222,6 +234,14 @@ class _Exposition(Collector):
         )
         info.add_metric([replica, s.policy, str(s.version)], 1.0)
         yield info
+        if s.bb_size is not None:
+            yield gauge("bb_capacity_bytes", "S, the burst buffer's capacity.", s.bb_size)
+        yield gauge("bb_used_bytes", "Bytes on the burst buffer or granted to writers.", s.bb_used)
+        yield gauge(
+            "bb_pending_bytes", "Bytes on the burst buffer not yet on the PFS.", s.bb_pending
+        )
+        yield gauge("drain_rate_bytes_per_second", "Sum of the drain streams' rates.", s.drain_rate)
+        yield counter("drained_bytes", "Bytes drain streams copied to the PFS.", s.drained)
         if s.peers is not None:
             age = GaugeMetricFamily(
                 "burstctl_peer_exchange_age_seconds",
@@ -267,7 +287,13 @@ class _Exposition(Collector):
             if r.yield_ is not None:
                 yields.add_metric(labels, r.yield_)
             active.add_metric(labels, 1.0 if r.active else 0.0)
-        yield from (rate, read, written, moved, ops, meta_ops, wait, yields, active)
+        resident = GaugeMetricFamily(
+            "burstctl_bb_resident_bytes", "Bytes of the job on the burst buffer.", labels=JOB_LABELS
+        )
+        for r in self.rows:
+            if r.resident:
+                resident.add_metric(r.labels, r.resident)
+        yield from (rate, read, written, moved, ops, meta_ops, wait, yields, active, resident)
 
 
 class Metrics:
@@ -318,10 +344,11 @@ class Metrics:
         # On the loop, O(sessions) and a C-speed copy: nothing per job in Python.
         rates: dict[str, float] = {}
         for session in svc.table.sessions.values():
-            if session.rate:
+            if session.rate and not session.drain:  # a drain's rate is no rate of the job's
                 job_id = session.job.meta.job_id
                 rates[job_id] = rates.get(job_id, 0.0) + session.rate
         jobs = list(svc.table.jobs.values())
+        buffers = svc.books.jobs()  # O(holders): the buffer's part of the scrape
         stats = svc.scheduler.stats
         peers = None
         if svc.peer_sync is not None:
@@ -342,10 +369,15 @@ class Metrics:
             version=svc.slot.version,
             render_seconds=self.render_seconds,
             peers=peers,
+            bb_size=svc.books.size,
+            bb_used=svc.books.used,
+            bb_pending=sum(b.pending for b in buffers.values()),
+            drain_rate=sum(svc.scheduler.drain_rates.values()),
+            drained=svc.table.drained_total,
         )
         shown, totals = await asyncio.to_thread(_rank, jobs, rates, svc.config.metrics_top_jobs)
         # Back on the loop for the N jobs shown: their fields are read where they change.
-        rows = [self._row(job, rates, scalars.now) for job in shown]
+        rows = [self._row(job, rates, scalars.now, buffers) for job in shown]
         body = await asyncio.to_thread(
             generate_latest, _Exposition(self.registry, scalars, rows, totals)
         )
@@ -354,7 +386,9 @@ class Metrics:
         self._last = (snapshot_at, body)
         return body
 
-    def _row(self, job: JobState, rates: dict[str, float], now: float) -> _JobRow:
+    def _row(
+        self, job: JobState, rates: dict[str, float], now: float, buffers: dict[str, JobBuffer]
+    ) -> _JobRow:
         m = job.meta
         config = self.replica.config
         elapsed = now - job.first_seen
@@ -370,4 +404,5 @@ class Metrics:
             wait=job.wait_seconds,
             yield_=job.progress(now, cap) / elapsed if elapsed > 0 else None,
             active=job.status is JobStatus.ACTIVE,
+            resident=buffers[m.job_id].resident if m.job_id in buffers else 0,
         )

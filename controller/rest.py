@@ -232,6 +232,32 @@ class JobOut(BaseModel):
     age_s: float = Field(default=0.0, description="seconds since this replica first saw the job")
 
 
+class CapacityJobOut(BaseModel):
+    job_id: str
+    resident: int = Field(description="bytes of the job on the burst buffer (its mounts' reports)")
+    pending: int = Field(description="of them, bytes not yet copied to the PFS")
+    reserved: int = Field(description="resident + space granted and not filled yet")
+    drain_rate: float = Field(description="bytes/s allotted to the job's drain streams now")
+    drained: int = Field(description="bytes the job's drain streams copied to the PFS")
+    drain_error: str = Field(description="why the job's files do not drain; empty if they do")
+
+
+class CapacityOut(BaseModel):
+    """The burst buffer of this replica (docs/capacity.md)."""
+
+    size: int | None = Field(description="S, bytes (--bb-capacity); null: no capacity set")
+    used: int = Field(description="bytes on the buffer or granted to writers (<= size)")
+    free: int | None = Field(description="size - used; null without a capacity")
+    resident: int = Field(description="bytes on the buffer, all jobs")
+    pending: int = Field(description="bytes not yet on the PFS, all jobs")
+    drain_bandwidth: float | None = Field(
+        description="B to the PFS, bytes/s (--pfs-bandwidth); null: drains share --capacity"
+    )
+    drain_rate: float = Field(description="bytes/s allotted to all drain streams now")
+    waiting: list[str] = Field(description="jobs with a writer waiting for space")
+    jobs: list[CapacityJobOut]
+
+
 class ErrorOut(BaseModel):
     """Any error but a validation 422 (FastAPI's shape: ``HTTPException``'s detail)."""
 
@@ -555,6 +581,51 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             )
             for job_id, (period, origin, windows) in sorted(found.items())
         ]
+
+    @app.get(
+        "/v1/capacity",
+        dependencies=reads,
+        tags=["capacity"],
+        response_model=CapacityOut,
+        responses=read_errors,
+    )
+    async def capacity() -> CapacityOut:
+        """The burst buffer (docs/capacity.md): S, what is used, per job what is resident,
+        pending, reserved, its drain rate, its bytes drained and its drain error; the jobs
+        waiting for space. Without ``--bb-capacity``, ``size`` and ``free`` are null and the
+        mounts' reports and the drains are shown all the same."""
+        books = replica.books
+        buffers = books.jobs()
+        drain_rates = replica.scheduler.drain_rates
+        table = replica.table.jobs
+        ids = set(buffers) | set(drain_rates)
+        ids.update(j for j, state in table.items() if state.drained)
+        rows = []
+        for job_id in sorted(ids):
+            b = buffers.get(job_id)
+            state = table.get(job_id)
+            rows.append(
+                CapacityJobOut(
+                    job_id=job_id,
+                    resident=b.resident if b else 0,
+                    pending=b.pending if b else 0,
+                    reserved=b.reserved if b else 0,
+                    drain_rate=drain_rates.get(job_id, 0.0),
+                    drained=state.drained if state is not None else 0,
+                    drain_error=b.drain_error if b else "",
+                )
+            )
+        return CapacityOut(
+            size=books.size,
+            used=books.used,
+            free=books.free,
+            resident=sum(r.resident for r in rows),
+            pending=sum(r.pending for r in rows),
+            drain_bandwidth=replica.config.pfs_bandwidth,
+            drain_rate=sum(drain_rates.values()),
+            waiting=books.waiting_jobs(),
+            jobs=rows,
+        )
 
     @app.post(
         "/v1/jobs",

@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable, SessionState, WindowsOutbox
 from burstctl.controller.signal import Signal
@@ -114,8 +115,11 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         timer: Timer | None = None,
         observe_latency: Callable[[float], None] | None = None,
+        books: CapacityBooks | None = None,
     ) -> None:
         self.table = table
+        # The burst buffer's books (controller/capacity.py): SystemView.buffer, when S is set.
+        self.books = books
         self.slot = slot  # the active policy: its one live instance decides
         self.config = config
         self._peers = peers
@@ -141,6 +145,8 @@ class Scheduler:
         slot.changed.connect(self.request)
         if peers is not None:
             peers.updated.connect(self.request)
+        if books is not None:
+            books.changed.connect(self.request)  # the fill moved by a step: dpsac reads it
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -189,7 +195,8 @@ class Scheduler:
         if policy is not self._offloading:
             self._offloading = policy
             policy.use_offload(self._offload)
-        view = self.table.view(self.config.capacity, self.config.node_bandwidth)
+        buffer = self.books.view() if self.books is not None else None
+        view = self.table.view(self.config.capacity, self.config.node_bandwidth, buffer=buffer)
         targets = self._peers.local_targets if self._peers is not None else None
         decision = self.last = decide(policy, view, targets)
         rates = decision.rates
@@ -237,6 +244,8 @@ class Scheduler:
                     # each session paces to the job's windows at its share of their rates
                     mine = None if schedule is None or not rate else schedule.scaled(part / rate)
                     offer(s, part, now, mine)
+        if self.table.draining:
+            self._drain(stamp, now)
         # Sessions outside S(t) that still hold a rate, and new ones, get 0. A
         # session whose operation just completed keeps its rate for the release
         # delay: it cannot use it without posting again (which triggers a new
@@ -299,6 +308,37 @@ class Scheduler:
                     sort_keys=True,
                 ),
             )
+
+    def _drain(self, stamp: int, now: float) -> None:
+        """The drain streams' rates (docs/capacity.md, "Drains"): the PFS bandwidth B
+        (``pfs_bandwidth``; unset: the capacity B) water-filled over the jobs with a drain
+        stream by their demand, equal weights, then each job's share over its drain streams
+        the same way. Apart from the policy's decision: drains are no rows of S(t)."""
+        total = self.config.pfs_bandwidth or self.config.capacity
+        headroom = self.table.demand_headroom
+        jobs = self.table.jobs
+        demands: dict[JobId, dict[int, float]] = {}
+        for job_id in self.table.draining:
+            job = jobs.get(job_id)
+            if job is not None and job.drains:
+                demands[job_id] = {sid: s.demand(total, headroom) for sid, s in job.drains.items()}
+        wanted = {j: min(total, sum(d.values())) for j, d in demands.items()}
+        shares = water_fill(wanted, dict.fromkeys(wanted, 1.0), total)
+        for job_id, demand in demands.items():
+            split = water_fill(demand, dict.fromkeys(demand, 1.0), shares[job_id])
+            for sid, s in jobs[job_id].drains.items():
+                s.decided = stamp
+                self._offer(s, split.get(sid, 0.0), now)
+
+    @property
+    def drain_rates(self) -> dict[JobId, float]:
+        """The rates in force of each job's drain streams, summed (``/v1/capacity``)."""
+        rates: dict[JobId, float] = {}
+        for job_id in self.table.draining:
+            job = self.table.jobs.get(job_id)
+            if job is not None:
+                rates[job_id] = sum(s.rate or 0.0 for s in job.drains.values())
+        return rates
 
     def _offload(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
         """A policy's slow work (PerSched's pattern) in a worker thread; ``done`` gets its

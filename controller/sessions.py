@@ -29,6 +29,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
+from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.jobs import (
     Counters,
     JobMeta,
@@ -50,6 +51,7 @@ from burstctl.limits import (
     MAX_PRIORITY,
     MAX_TEXT,
     RETRY_AFTER_KEY,
+    buffer_problem,
     identifier_problem,
     period_problem,
 )
@@ -103,7 +105,9 @@ class SessionStream:
         "_end",
         "_errors",
         "_event",
+        "_last",
         "_replica",
+        "_space",
         "_waiting",
         "max_notices",
     )
@@ -124,6 +128,10 @@ class SessionStream:
         self.max_notices = max_notices
         self._acked = 0  # the newest epoch the client reported in force (Usage.applied_epoch)
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # see `applied`
+        # The burst buffer's space limit every Allocation carries (None: no capacity), and the
+        # last allocation written, re-sent as it was when only the limit rises (`offer_space`).
+        self._space: int | None = None
+        self._last: tuple[float, float, int, float, str, Schedule | None] | None = None
 
     def applied(self, epoch: int) -> asyncio.Future[None]:
         """Done once the client reports an allocation of ``epoch`` or newer in force (or the
@@ -166,6 +174,19 @@ class SessionStream:
     ) -> None:
         """An allocation with a periodic pattern of windows (``rate``: the pattern's mean)."""
         self._allocation = (rate, burst, epoch, lease, policy, windows)
+        self._event.set()
+
+    def offer_space(self, limit: int | None) -> None:
+        """Sets the space limit every allocation carries from now on. A rise reaches the
+        client at once, in a copy of the last allocation written (its epoch unchanged: the
+        client takes the limit from it and leaves its rate as it is, docs/capacity.md);
+        rises in quick succession coalesce into one message. Not held behind decreases:
+        space is not a rate."""
+        if limit == self._space:
+            return
+        self._space = limit
+        if self._allocation is None and self._last is not None:
+            self._allocation = self._last
         self._event.set()
 
     def _windows(self, schedule: Schedule) -> pb.Windows:
@@ -230,7 +251,7 @@ class SessionStream:
                     )
                 )
             if self._allocation is not None:
-                rate, burst, epoch, lease, policy, schedule = self._allocation
+                rate, burst, epoch, lease, policy, schedule = self._last = self._allocation
                 self._allocation = None
                 allocation = pb.Allocation(
                     rate=rate,
@@ -240,6 +261,8 @@ class SessionStream:
                     policy=policy,
                     replica_id=self._replica,
                 )
+                if self._space is not None:
+                    allocation.space.limit = self._space
                 if schedule is not None:
                     # Computed last, just before the write: the origin's error is the delay.
                     allocation.windows.CopyFrom(self._windows(schedule))
@@ -322,6 +345,24 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
     return meta, h.client_id, h.host
 
 
+def validate_purpose(h: pb.Hello) -> bool:
+    """True for a drain stream (Hello.purpose = DRAIN), False for an APP one; a drain stream
+    carries no Buffer (docs/capacity.md)."""
+    if h.purpose not in (pb.PURPOSE_APP, pb.PURPOSE_DRAIN):
+        raise ProtocolError("hello.purpose", f"unknown purpose {h.purpose}")
+    drain = h.purpose == pb.PURPOSE_DRAIN
+    if drain and h.HasField("buffer"):
+        raise ProtocolError("hello.buffer", "a drain stream carries no buffer report")
+    return drain
+
+
+def check_buffer(buffer: pb.Buffer, name: str) -> None:
+    """A Buffer report against burstctl/limits.py; ``name`` is where it was (``usage.buffer``)."""
+    problem = buffer_problem(buffer.resident, buffer.pending, buffer.added, buffer.drain_error)
+    if problem is not None:
+        raise ProtocolError(f"{name}.{problem[0]}", problem[1])
+
+
 def _totals(u: pb.Usage, where: str) -> Counters:
     """The session's cumulative counters of a Usage, checked."""
     t = u.totals
@@ -364,8 +405,12 @@ class ControllerServicer:
         shed_loop_lag: float = DEFAULT_SHED_LOOP_LAG,
         gate: Gate | None = None,
         unregistered: UnregisteredLimits | None = None,
+        books: CapacityBooks | None = None,
     ) -> None:
         self.table = table
+        # The burst buffer's books (controller/capacity.py): Buffer reports and space grants.
+        self.books = books
+        self._grant_soon = False
         self.replica_id = replica_id
         self.max_op_volume = max_op_volume
         self.max_sessions = max_sessions
@@ -381,6 +426,7 @@ class ControllerServicer:
         )
         self.denied = 0  # sessions refused by the trust rules (PERMISSION_DENIED, ...)
         self.streams: dict[int, SessionStream] = {}
+        self._goodbyes: set[int] = set()  # sessions that said Goodbye (their books close clean)
         self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
         self.rejected = 0  # sessions ended with INVALID_ARGUMENT
@@ -457,13 +503,20 @@ class ControllerServicer:
                 first = await anext(aiter(requests))
             except StopAsyncIteration:
                 return
-            meta, client_id, host = validate_hello(self._check(first))
+            hello = self._check(first)
+            meta, client_id, host = validate_hello(hello)
+            drain = validate_purpose(hello.hello)
+            buffer = hello.hello.buffer if hello.hello.HasField("buffer") else None
+            if buffer is not None:
+                self._check_buffer(buffer, client_id, "hello.buffer")
             self.admit(client)
             meta = self._admit(meta, context)
             stream = SessionStream(self.replica_id, self.max_notices, self.table.clock)
-            session = self.table.open_session(meta, client_id, host)
+            session = self.table.open_session(meta, client_id, host, drain=drain)
             session.outbox = stream
             self.streams[session.sid] = stream
+            if buffer is not None:
+                self._open_holder(session, buffer)
             self._per_client[client] = self._per_client.get(client, 0) + 1
             log.debug(
                 "session %d opened: job %s from %s (%s)",
@@ -496,6 +549,9 @@ class ControllerServicer:
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
             if session is not None:
+                if self.books is not None and session.sid in self.books.holders:
+                    self.books.close(session.sid, clean=session.sid in self._goodbyes)
+                    self.request_grant()
                 ended = self.streams.pop(session.sid, None)
                 if ended is not None:
                     ended.end()  # releases whoever waits for an acknowledgement that cannot come
@@ -505,6 +561,7 @@ class ControllerServicer:
                     else:
                         del self._per_client[client]
                 self.table.close_session(session)
+                self._goodbyes.discard(session.sid)
                 log.debug("session %d closed", session.sid)
 
     async def _refuse(self, exc: LimitError, context: grpc.aio.ServicerContext) -> None:
@@ -585,6 +642,8 @@ class ControllerServicer:
                         f"{where}usage.{name}", f"must be finite and >= 0, got {value}"
                     )
             totals = _totals(u, where) if u.HasField("totals") else None
+            if u.HasField("buffer"):
+                self._buffer_report(session, u, f"{where}usage.buffer")
             self.table.usage(
                 session, u.bytes, u.ops, u.wait_seconds, u.interval_seconds, u.waiting, totals
             )
@@ -617,6 +676,7 @@ class ControllerServicer:
                 )
         elif kind == "goodbye":
             self.table.goodbye(session)
+            self._goodbyes.add(session.sid)
             return False
         elif kind == "hello":
             raise ProtocolError(f"{where}hello", "only the first message of a session")
@@ -625,6 +685,79 @@ class ControllerServicer:
         else:
             raise ProtocolError(f"{where}body", "empty message")
         return True
+
+    # ------------------------------------------------------------------ the burst buffer
+
+    def _check_buffer(self, buffer: pb.Buffer, client_id: str, name: str) -> None:
+        check_buffer(buffer, name)
+        if self.books is not None:
+            problem = self.books.added_problem(client_id, buffer.added)
+            if problem is not None:
+                raise ProtocolError(f"{name}.added", problem)
+
+    def _open_holder(self, session: SessionState, buffer: pb.Buffer) -> None:
+        """An APP session with a Buffer: a holder of the books, with no unused grant yet."""
+        if self.books is None:
+            return
+        self.books.open(
+            session.sid,
+            session.job.job_id,
+            session.client_id,
+            session.host,
+            buffer.resident,
+            buffer.pending,
+            buffer.added,
+            buffer.drain_error,
+        )
+        stream = self.streams.get(session.sid)
+        if stream is not None:
+            stream.offer_space(self.books.limit_of(session.sid))
+        self.request_grant()
+
+    def _buffer_report(self, session: SessionState, u: pb.Usage, name: str) -> None:
+        if session.drain:
+            raise ProtocolError(name, "a drain stream carries no buffer report")
+        buffer = u.buffer
+        check_buffer(buffer, name)
+        books = self.books
+        if books is None:
+            return
+        holder = books.holders.get(session.sid)
+        if holder is None:  # its Hello had no Buffer: it becomes a holder now
+            self._check_buffer(buffer, session.client_id, name)
+            self._open_holder(session, buffer)
+            return
+        if buffer.added < holder.added:
+            raise ProtocolError(
+                f"{name}.added", f"must never decrease: {buffer.added} after {holder.added}"
+            )
+        rate = max(session.rate or 0.0, session.measured_rate or 0.0)
+        books.report(
+            session.sid,
+            buffer.resident,
+            buffer.pending,
+            buffer.added,
+            buffer.drain_error,
+            u.waiting,
+            rate,
+        )
+        self.request_grant()
+
+    def request_grant(self) -> None:
+        """Grants space once the messages at hand are applied (one pass for a burst)."""
+        if self.books is None or self.books.size is None or self._grant_soon:
+            return
+        self._grant_soon = True
+        asyncio.get_running_loop().call_soon(self._grant)
+
+    def _grant(self) -> None:
+        self._grant_soon = False
+        if self.books is None:
+            return
+        for sid, limit in self.books.grant().items():
+            stream = self.streams.get(sid)
+            if stream is not None:
+                stream.offer_space(limit)
 
     def _acknowledge(self, session: SessionState, epoch: int) -> None:
         stream = self.streams.get(session.sid)

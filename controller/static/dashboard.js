@@ -39,6 +39,12 @@
     jobsCount: $("jobs-count"),
     patterns: $("patterns"),
     patternsPanel: $("patterns-panel"),
+    bufferPanel: $("buffer-panel"),
+    bufferSummary: $("buffer-summary"),
+    bufferUsed: $("buffer-used"),
+    bufferFill: $("buffer-fill"),
+    bufferWaiting: $("buffer-waiting"),
+    bufferBody: document.querySelector("#buffer-table tbody"),
   };
 
   const state = {
@@ -51,6 +57,7 @@
     series: [], // [{job_id, color, values}] of the last render (raw, not stacked)
     polls: 0,
     schedules: [], // GET /v1/schedules of the last poll
+    capacity: null, // GET /v1/capacity of the last poll
     selectDirty: false, // the user picked something: polling must not reset the select
     applyAfterToken: false,
   };
@@ -175,6 +182,43 @@
       }));
       row.appendChild(box);
       el.patterns.appendChild(row);
+    }
+  }
+
+  // ---- the burst buffer (GET /v1/capacity) -----------------------------------------
+
+  // The fill bar (used of S), and per job what is on the buffer, what waits to drain, the
+  // drain's rate, what it copied and why it does not drain. Hidden while there is neither
+  // a capacity nor a job with bytes or a drain.
+  function renderCapacity(cap) {
+    state.capacity = cap;
+    el.bufferPanel.hidden = cap.size == null && cap.jobs.length === 0;
+    const fraction = cap.size ? Math.min(1, cap.used / cap.size) : 0;
+    el.bufferUsed.style.width = `${(fraction * 100).toFixed(1)}%`;
+    el.bufferUsed.classList.toggle("full", fraction >= 0.95);
+    el.bufferFill.setAttribute("aria-valuenow", String(Math.round(fraction * 100)));
+    el.bufferFill.hidden = cap.size == null;
+    el.bufferSummary.textContent = cap.size == null
+      ? `(no capacity set; drain ${mibs(cap.drain_rate)} MiB/s)`
+      : `(${mibs(cap.used)} of ${mibs(cap.size)} MiB used, ${(fraction * 100).toFixed(0)} %; ` +
+        `drain ${mibs(cap.drain_rate)} MiB/s)`;
+    el.bufferWaiting.textContent = cap.waiting.length
+      ? `waiting for space: ${cap.waiting.join(", ")}`
+      : "";
+    el.bufferBody.replaceChildren();
+    for (const j of cap.jobs) {
+      const tr = document.createElement("tr");
+      const name = cell(tr, "");
+      const swatch = document.createElement("span");
+      swatch.className = "swatch";
+      swatch.style.background = colorOf(j.job_id);
+      name.append(swatch, j.job_id);
+      cell(tr, mibs(j.resident), "num");
+      cell(tr, mibs(j.pending), "num");
+      cell(tr, mibs(j.drain_rate), "num");
+      cell(tr, mibs(j.drained), "num");
+      cell(tr, j.drain_error, j.drain_error ? "error" : "");
+      el.bufferBody.appendChild(tr);
     }
   }
 
@@ -433,15 +477,17 @@
     try {
       if (!state.policies.length) await loadPolicies();
       let total = null;
-      const [jobs, policy, schedules] = await Promise.all([
+      const [jobs, policy, schedules, capacity] = await Promise.all([
         api("GET", JOBS_PATH, undefined, (h) => (total = Number(h.get("X-Total-Count")))),
         api("GET", "/v1/policy"),
         api("GET", "/v1/schedules"),
+        api("GET", "/v1/capacity"),
       ]);
       record(jobs);
       renderChart();
       renderJobs(jobs, total);
       renderSchedules(schedules);
+      renderCapacity(capacity);
       showPolicy(policy);
       setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
     } catch (e) {
@@ -462,6 +508,7 @@
     samples: () => state.samples.length,
     policy: () => state.policy,
     schedules: () => state.schedules.map((s) => ({ job_id: s.job_id, windows: s.windows.length })),
+    capacity: () => state.capacity,
     series: () =>
       state.series.map((s) => ({
         job_id: s.job_id,

@@ -289,6 +289,54 @@ async def test_dashboard_draws_the_periodic_patterns(
     assert not pump.errors
 
 
+def drive_buffer(url: str, out: Path) -> None:
+    """The page shows the burst buffer: its fill, a job's resident/pending/drain rate and
+    its drain error (blocking: runs in a thread)."""
+    with chromium(out / "profile") as driver:
+        driver.get(url + "/")
+
+        def shown() -> dict[str, Any] | None:
+            cap = js(driver, "return window.dashboard.capacity()")
+            if not cap or not cap["jobs"]:
+                return None
+            row = cap["jobs"][0]
+            ok = row["resident"] == 3 * MiB and row["drain_rate"] > 0 and row["drain_error"]
+            return cap if ok else None
+
+        cap = wait_until(shown, 15, 0.05, "the burst buffer panel with the job's bytes")
+        assert isinstance(cap, dict)
+        assert driver.find_element(By.ID, "buffer-panel").is_displayed()
+        cells = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#buffer-table tbody td")]
+        assert cells[:3] == ["ckpt", "3.00", "2.00"], cells
+        assert cells[5] == "PFS unwritable: EACCES"
+        assert float(cells[3]) == pytest.approx(4.0, rel=0.05)  # --pfs-bandwidth 4MiB/s
+        # the fill bar: used of S, as wide as the share
+        width = js(driver, "return document.getElementById('buffer-used').style.width")
+        assert float(width.rstrip("%")) == pytest.approx(100 * cap["used"] / cap["size"], abs=0.1)
+        assert "of 8.00 MiB used" in driver.find_element(By.ID, "buffer-summary").text
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+
+
+async def test_dashboard_shows_the_burst_buffer(
+    replica_factory: Callable[..., Awaitable[Replica]], tmp_path: Path
+) -> None:
+    replica = await replica_factory(bb_capacity=8 * MiB, pfs_bandwidth=4 * MiB)
+    info = JobInfo("ckpt", "ann", "phys")
+    mount = await asyncio.to_thread(Session, replica.grpc_address, info, buffer=True)
+    drain = await asyncio.to_thread(Session, replica.grpc_address, info, purpose="drain")
+    pump = Pump(drain).start()
+    try:
+        await asyncio.to_thread(mount.acquire_space, 3 * MiB)
+        mount.report_buffer(3 * MiB, 2 * MiB, "PFS unwritable: EACCES")
+        await asyncio.to_thread(drive_buffer, replica.http_url, tmp_path)
+    finally:
+        await asyncio.to_thread(pump.stop)
+        await asyncio.to_thread(drain.close)
+        await asyncio.to_thread(mount.close)
+    assert not pump.errors
+
+
 async def test_page_and_vendored_library_are_served_from_the_package(
     replica_factory: Callable[..., Awaitable[Replica]],
 ) -> None:

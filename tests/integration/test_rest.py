@@ -171,6 +171,7 @@ STATUSES = {
     ("post", "/v1/jobs"): {"200", "201", "422", "503"} | TOKEN_CHECK,
     ("get", "/v1/jobs/{job_id}"): {"200", "404", "422"},
     ("get", "/v1/schedules"): {"200"},
+    ("get", "/v1/capacity"): {"200"},
     ("delete", "/v1/jobs/{job_id}"): {"204", "404", "422", "503"} | TOKEN_CHECK,
     ("get", "/metrics"): {"200"},
 }
