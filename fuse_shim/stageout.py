@@ -7,20 +7,24 @@ scanning BACKING), and drains them to ``PFS_DIR``:
 - `PassthroughFS` tells it of every modification (`modified`: write, truncate, fallocate,
   create), which bumps the file's *write generation*, and of every open and close; the last
   close of a file it tracks queues the file.
-- One worker thread copies a queued file ``BACKING/rel`` to ``PFS_DIR/rel``: into a temporary
-  ``.NAME.burstctl-part-XXXX`` in the same directory, in `CHUNK` pieces each paced by the job's
-  drain stream (`DrainHooks.drain`), then fsync, rename over the final name and fsync of the
-  directory; mode and times are kept. The generation is read before and after: a file written
-  during its copy is queued again (the copy, complete, stays) and is not evicted. A good copy
-  marks the backing file ``user.burstctl.copied = "<mtime_ns>:<size>"``.
+- Worker threads (`DRAIN_WORKERS`, never two on one file) copy a queued file ``BACKING/rel`` to
+  ``PFS_DIR/rel``: into a temporary ``.NAME.burstctl-part-XXXX`` in the same directory, in
+  `CHUNK` pieces each paced by the job's drain stream (`DrainHooks.drain`), then fsync, rename
+  over the final name and fsync of the directory; mode, owner and times are kept. The
+  generation is read before and after: a file written during its copy is queued again (the
+  copy, complete, stays) and is not evicted. A good copy marks the backing file
+  ``user.burstctl.copied = "<mtime_ns>:<size>"``. A file open for writing is copied after its
+  writer's last close.
 - ``evict``: a copied file that nobody has open is marked ``user.burstctl.evicted`` (JSON
   ``{size, mtime_ns, pfs}``) and truncated to 0; the mount then serves it from the PFS copy
   (`evicted`, `open_pfs`) until it is opened for writing, which `restore`s it first.
 - A failed copy is retried with a backoff (`RETRY_MIN` doubling to `RETRY_MAX`), logged once per
   cause, and reported as the job's ``drain_error`` until a copy of the job succeeds.
-- Every `report_interval` (and after each eviction) each job's ``resident`` (allocated bytes of
-  its files on the buffer) and ``pending`` (those of its files not copied yet) go to
-  `DrainHooks.report_buffer`.
+- Each job's ``resident`` (allocated bytes of its files on the buffer, kept as a running sum as
+  files are written, evicted, restored, unlinked) and ``pending`` (those not copied yet) go to
+  `DrainHooks.report_buffer` after every write through the mount (the controller compares
+  ``resident`` with the bytes the client ``added``: a resident that lagged behind the writes
+  would let it grant more than S), every `report_interval`, and soon after an eviction.
 
 Crash safety (`start`): temporaries left in PFS_DIR are removed; a file marked evicted but not
 yet truncated is truncated (its copy was complete before the mark); every tagged file whose
@@ -59,7 +63,8 @@ CHUNK = 1 << 20
 RETRY_MIN = 1.0
 RETRY_MAX = 30.0
 REPORT_INTERVAL = 0.5
-RESCAN_INTERVAL = 5.0  # at most one rescan of BACKING this often (a tracked file lost its path)
+RESCAN_INTERVAL = 5.0
+DRAIN_WORKERS = 2  # at most one rescan of BACKING this often (a tracked file lost its path)
 
 Key = tuple[int, int]  # (st_dev, st_ino) of the backing file
 
@@ -199,6 +204,7 @@ class StageOut:
         report_interval: float = REPORT_INTERVAL,
         retry_min: float = RETRY_MIN,
         retry_max: float = RETRY_MAX,
+        workers: int = DRAIN_WORKERS,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._root = backing_fd
@@ -209,6 +215,7 @@ class StageOut:
         self._report_interval = report_interval
         self._retry_min = retry_min
         self._retry_max = retry_max
+        self._workers = workers
         self._clock = clock
         self._lock = threading.Lock()
         self._wake = threading.Condition(self._lock)
@@ -216,6 +223,10 @@ class StageOut:
         self._gen: dict[Key, int] = {}
         self._opens: dict[Key, int] = {}  # open handles through the mount, per node
         self._writers: dict[Key, int] = {}  # of which open for writing
+        # Per job tag: Σ allocated bytes of its files not evicted (kept as files change), and
+        # the pending bytes as the last report computed them (raised by growth since).
+        self._resident: dict[bytes, int] = {}
+        self._pending: dict[bytes, int] = {}
         self._key_locks: dict[Key, threading.Lock] = {}
         self._queue: list[_Due] = []
         self._queued: dict[Key, _Due] = {}
@@ -225,7 +236,8 @@ class StageOut:
         self._stopping = threading.Event()
         self._report_now = threading.Event()
         self._threads: list[threading.Thread] = []
-        self._busy: Key | None = None
+        self._busy: set[Key] = set()  # being drained by a worker
+        self._again: dict[Key, float] = {}  # queued while busy: (re)queued when done, delay
         self._last_rescan = -RESCAN_INTERVAL
         # Where a node lives now, asked of the file system (its O_PATH handle), if it knows.
         self.path_of: Callable[[Key], str | None] = lambda key: None
@@ -241,7 +253,9 @@ class StageOut:
         self._scan(initial=True)
         targets = [(self._report_loop, "burstctl-bb")]
         if self._pfs is not None:
-            targets.append((self._work, "burstctl-drain"))
+            # Two: one copies while the other fsyncs, renames or evicts, so the job's drain
+            # stream is not left idle between files.
+            targets += [(self._work, f"burstctl-drain-{i}") for i in range(self._workers)]
         for target, name in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -293,13 +307,18 @@ class StageOut:
         with self._lock:
             if initial:
                 self._files = found
+                self._resident = {}
+                for tracked in found.values():
+                    self._resident[tracked.tag] = (
+                        self._resident.get(tracked.tag, 0) + tracked.allocated
+                    )
             else:
                 for key, tracked in found.items():
                     mine = self._files.get(key)
                     if mine is not None:
                         mine.rel, mine.lost = tracked.rel, False
                 for key in [k for k, t in self._files.items() if t.lost and k not in found]:
-                    del self._files[key]
+                    self._set_allocated(self._files.pop(key), 0)
             queue = [
                 key
                 for key, t in self._files.items()
@@ -338,7 +357,7 @@ class StageOut:
         if initial and tracked.evicted is not None and self._pfs is not None:
             self._finish_eviction(path, st, tracked)
         tracked.allocated, tracked.signature, tracked.seen_gen = (
-            st.st_blocks * 512,
+            0 if tracked.evicted is not None else st.st_blocks * 512,
             _signature(st),
             0,
         )
@@ -391,28 +410,68 @@ class StageOut:
 
     def modified(self, key: Key, path_fd: int, job: JobInfo | None) -> None:
         """A write, truncate, fallocate or create through the mount, by ``job``: bumps the
-        write generation and tags the file as the job's (``path_fd``: any handle on it)."""
-        tag = encode_job(job)
+        write generation, tags the file as the job's (``path_fd``: any handle on it), and
+        reports the job's resident bytes at once: the controller compares them with the
+        bytes the client added, so they must not lag behind the writes."""
+        try:
+            st: os.stat_result | None = os.fstat(path_fd)
+        except OSError:
+            st = None
         with self._lock:
-            self._gen[key] = self._gen.get(key, 0) + 1
+            gen = self._gen[key] = self._gen.get(key, 0) + 1
             tracked = self._files.get(key)
-            if tracked is not None and tracked.tag == tag:
-                return
+            known = tracked is not None and tracked.job == job
+            if tracked is not None and known and st is not None:
+                self._observe(tracked, st, gen)
+        if not known:
+            tracked = self._tag(key, path_fd, job, st, gen)
+        if tracked is not None and tracked.job is not None and self._hooks is not None:
+            with self._lock:
+                resident = self._resident.get(tracked.tag, 0)
+                pending = min(resident, self._pending.get(tracked.tag, 0))
+                error = self._errors.get(tracked.tag, "")
+            self._hook_call("report_buffer", tracked.job, resident, pending, error)
+
+    def _tag(
+        self, key: Key, path_fd: int, job: JobInfo | None, st: os.stat_result | None, gen: int
+    ) -> Tracked | None:
+        """Tags a file as ``job``'s (it was untracked, or another job's)."""
+        tag = encode_job(job)
         try:
             os.setxattr(f"/proc/self/fd/{path_fd}", XATTR_JOB, tag)
         except OSError as err:
             logger.warning("stage-out: cannot tag a file for its job (not drained): %s", err)
-            return
+            return None
         try:
             rel = self._relative(os.readlink(f"/proc/self/fd/{path_fd}")) or ""
+            st = os.fstat(path_fd)  # again: the tag may have taken a block
         except OSError:
             rel = ""
         with self._lock:
             tracked = self._files.get(key)
             if tracked is None:
-                self._files[key] = Tracked(job, tag, rel)
+                tracked = self._files[key] = Tracked(job, tag, rel)
             else:
+                self._set_allocated(tracked, 0)  # moves to the new job's books below
                 tracked.job, tracked.tag = job, tag
+            if st is not None:
+                self._observe(tracked, st, gen)
+            return tracked
+
+    def _observe(self, tracked: Tracked, st: os.stat_result, gen: int) -> None:
+        """A fresh stat of a tracked file (lock held)."""
+        tracked.signature, tracked.seen_gen = _signature(st), gen
+        if tracked.evicted is None:
+            self._set_allocated(tracked, st.st_blocks * 512)
+
+    def _set_allocated(self, tracked: Tracked, allocated: int) -> None:
+        """A file's allocated bytes, kept in its job's resident sum (lock held)."""
+        delta = allocated - tracked.allocated
+        tracked.allocated = allocated
+        if delta:
+            self._resident[tracked.tag] = self._resident.get(tracked.tag, 0) + delta
+            if delta > 0:  # grown: pending until its next copy
+                self._pending[tracked.tag] = self._pending.get(tracked.tag, 0) + delta
 
     def opened(self, key: Key, writing: bool = True) -> None:
         """An open of a file through the mount (under `holding`)."""
@@ -453,7 +512,9 @@ class StageOut:
     def forget(self, key: Key) -> None:
         """The file's last name is gone (unlinked, or replaced by a rename)."""
         with self._lock:
-            self._files.pop(key, None)
+            tracked = self._files.pop(key, None)
+            if tracked is not None:
+                self._set_allocated(tracked, 0)
             self._gen.pop(key, None)
 
     def evicted(self, key: Key) -> Evicted | None:
@@ -528,8 +589,7 @@ class StageOut:
             tracked.evicted = None
             tracked.copied = _signature(st)
             tracked.copied_gen = self._gen.get(key, 0)
-            tracked.allocated, tracked.signature = st.st_blocks * 512, _signature(st)
-            tracked.seen_gen = tracked.copied_gen
+            self._observe(tracked, st, tracked.copied_gen)
         logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, offset)
 
     # ------------------------------------------------------------------ the queue
@@ -538,6 +598,9 @@ class StageOut:
         if self._pfs is None:
             return
         with self._wake:
+            if key in self._busy:  # never two copies of one file at once
+                self._again[key] = min(delay, self._again.get(key, delay))
+                return
             if key in self._queued:
                 return
             due = _Due(self._clock() + delay, next(self._seq), key)
@@ -548,7 +611,7 @@ class StageOut:
     def pending_copies(self) -> int:
         """Files queued or being copied (tests)."""
         with self._lock:
-            return len(self._queued) + (self._busy is not None)
+            return len(self._queued) + len(self._busy)
 
     def _next(self) -> Key | None:
         with self._wake:
@@ -558,7 +621,7 @@ class StageOut:
                     if wait <= 0:
                         due = heapq.heappop(self._queue)
                         del self._queued[due.key]
-                        self._busy = due.key
+                        self._busy.add(due.key)
                         return due.key
                     self._wake.wait(wait)
                 else:
@@ -576,7 +639,10 @@ class StageOut:
                 self._enqueue(key, self._retry_max)
             finally:
                 with self._lock:
-                    self._busy = None
+                    self._busy.discard(key)
+                    again = self._again.pop(key, None)
+                if again is not None:
+                    self._enqueue(key, again)
 
     def _hook_call(self, name: str, *args: object) -> None:
         if self._hooks is None:
@@ -778,7 +844,7 @@ class StageOut:
                 return
             with self._lock:
                 tracked.evicted = evicted
-                tracked.allocated = 0
+                self._set_allocated(tracked, 0)
             try:
                 os.truncate(proc, 0)
             except OSError as err:
@@ -826,20 +892,28 @@ class StageOut:
 
     def gauges(self) -> dict[bytes, tuple[JobInfo | None, int, int, str]]:
         """Per job tag: (job, resident, pending, drain_error). A file is looked at (stat) again
-        only once written through the mount since the last look."""
+        only if it changed since the last look (written through the mount: its write
+        generation moved)."""
         with self._lock:
             files = [(key, t, self._gen.get(key, 0)) for key, t in self._files.items()]
-            errors = dict(self._errors)
-        out: dict[bytes, tuple[JobInfo | None, int, int, str]] = {}
         for key, tracked, gen in files:
-            job, resident, pending, _ = out.get(tracked.tag, (tracked.job, 0, 0, ""))
-            if tracked.evicted is None and tracked.rel:
-                if tracked.seen_gen != gen:
-                    self._look(key, tracked, gen)
-                resident += tracked.allocated
-                if tracked.copied != tracked.signature or tracked.copied_gen not in (None, gen):
-                    pending += tracked.allocated
-            out[tracked.tag] = (job, resident, pending, errors.get(tracked.tag, ""))
+            if tracked.evicted is None and tracked.rel and tracked.seen_gen != gen:
+                self._look(key, tracked, gen)
+        out: dict[bytes, tuple[JobInfo | None, int, int, str]] = {}
+        with self._lock:
+            pending: dict[bytes, int] = {}
+            jobs: dict[bytes, JobInfo | None] = {}
+            for key, tracked in self._files.items():
+                jobs[tracked.tag] = tracked.job
+                if tracked.evicted is None and (
+                    tracked.copied != tracked.signature
+                    or tracked.copied_gen not in (None, self._gen.get(key, 0))
+                ):
+                    pending[tracked.tag] = pending.get(tracked.tag, 0) + tracked.allocated
+            for tag, job in jobs.items():
+                resident = self._resident.get(tag, 0)
+                self._pending[tag] = min(resident, pending.get(tag, 0))
+                out[tag] = (job, resident, self._pending[tag], self._errors.get(tag, ""))
         return out
 
     def _look(self, key: Key, tracked: Tracked, gen: int) -> None:
@@ -848,8 +922,9 @@ class StageOut:
         except OSError:
             return
         if (st.st_dev, st.st_ino) == key:
-            tracked.allocated, tracked.signature = st.st_blocks * 512, _signature(st)
-            tracked.seen_gen = gen
+            with self._lock:
+                if tracked.evicted is None:
+                    self._observe(tracked, st, gen)
 
     def report(self) -> None:
         for job, resident, pending, error in self.gauges().values():

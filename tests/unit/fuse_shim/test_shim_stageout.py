@@ -11,6 +11,7 @@ import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from support import wait_until
@@ -69,7 +70,7 @@ def make(dirs: tuple[Path, Path]) -> Iterator[object]:
     engines: list[StageOut] = []
     fds: list[int] = []
 
-    def build(hooks: Hooks | None = None, *, evict: bool = True, **kwargs: float) -> StageOut:
+    def build(hooks: Hooks | None = None, *, evict: bool = True, **kwargs: Any) -> StageOut:
         fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY)
         fds.append(fd)
         engine = StageOut(
@@ -324,7 +325,7 @@ def test_a_file_reopened_for_writing_is_copied_at_its_writers_close_and_a_reader
     backing, pfs = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()
-    engine = make(hooks)
+    engine = make(hooks, workers=1)  # "busy" waits behind "first"
     write_through(engine, backing / "first", b"0" * 1000)
     assert hooks.waiting.wait(5)  # the drain is busy with "first"
     write_through(engine, backing / "busy", b"1" * 1000)  # queued behind it
