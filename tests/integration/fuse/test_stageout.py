@@ -11,7 +11,9 @@ import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
 from fake_controller import FakeController
 from support import MountProcess, wait_until
@@ -224,6 +226,58 @@ def test_an_unwritable_pfs_evicts_nothing_and_says_why(
     wait_until(lambda: drained(backing, pfs, ["f"]), 40, message="the copy once writable")
     assert (pfs / "f").read_bytes() == data
     assert "works again" in mount.log_text
+
+
+def test_an_unwritable_pfs_fills_the_buffer_then_writes_wait_and_the_controller_says_why(
+    controller_factory: Any,
+    fuse_mount: Callable[..., MountProcess],
+    dirs: tuple[Path, Path, Path],
+) -> None:
+    backing, mnt, pfs = dirs
+    ctl = controller_factory(
+        "--bb-capacity", "8MiB", "--capacity", "4GiB/s", "--node-bandwidth", "4GiB/s"
+    )
+    assert ctl.url is not None
+    if not _chattr("+i", pfs):
+        pytest.skip("chattr +i does not work here (root on ext4/xfs needed)")
+    writer = None
+    try:
+        fuse_mount(backing, mnt, "--controller", ctl.address, "--stage-out", str(pfs))
+        env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+        script = (
+            "import sys\n"
+            "for i in range(4):\n"
+            "    with open(f'{sys.argv[1]}/f{i}', 'wb', buffering=0) as f:\n"
+            "        for _ in range(4): f.write(bytes([i]) * (1 << 20))\n"
+        )
+        writer = subprocess.Popen(
+            [sys.executable, "-c", script, str(mnt)], env={**env, "BURSTCTL_JOB_ID": "stuck"}
+        )
+        cause = "PFS_DIR not writable: Operation not permitted"
+
+        def blocked() -> dict[str, Any] | None:
+            body = httpx.get(f"{ctl.url}/v1/capacity", timeout=5).json()
+            jobs = {j["job_id"]: j for j in body["jobs"]}
+            if "stuck" in body["waiting"] and jobs.get("stuck", {}).get("drain_error") == cause:
+                return body
+            return None
+
+        body = wait_until(blocked, 20, message="the writer waiting, the cause in /v1/capacity")
+        # S, plus what the books take as it comes: a block per file for the mount's xattrs.
+        assert isinstance(body, dict) and body["used"] <= 8 * MiB + 4 * 4096
+        assert writer.poll() is None  # waits, does not fail
+        on_buffer = sum(os.stat(p).st_blocks * 512 for p in backing.iterdir())
+        assert 4 * MiB <= on_buffer <= 9 * MiB  # filled up to S (one write in flight)
+        assert not any(os.stat(p).st_size == 0 for p in backing.iterdir())  # nothing evicted
+    finally:
+        _chattr("-i", pfs)
+    assert writer is not None
+    assert writer.wait(60) == 0  # the drain frees the buffer: the writer completes
+    names = [f"f{i}" for i in range(4)]
+    wait_until(lambda: drained(backing, pfs, names), 40, message="every file drained")
+    for i, name in enumerate(names):
+        assert (pfs / name).read_bytes() == bytes([i]) * (4 << 20)
+        assert (mnt / name).read_bytes() == bytes([i]) * (4 << 20)
 
 
 def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
