@@ -73,9 +73,8 @@ def make(dirs: tuple[Path, Path]) -> Iterator[object]:
     def build(hooks: Hooks | None = None, *, evict: bool = True, **kwargs: Any) -> StageOut:
         fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY)
         fds.append(fd)
-        engine = StageOut(
-            fd, backing, pfs, evict=evict, hooks=hooks, report_interval=0.05, **kwargs
-        )
+        kwargs.setdefault("report_interval", 0.05)
+        engine = StageOut(fd, backing, pfs, evict=evict, hooks=hooks, **kwargs)
         engines.append(engine)
         engine.start()
         return engine
@@ -346,3 +345,23 @@ def test_a_file_reopened_for_writing_is_copied_at_its_writers_close_and_a_reader
     engine.released(key, str(backing / "busy"), writing=False)
     wait_until(lambda: engine.evictions == 2, message="the eviction at the reader's close")
     assert engine.copies == 2
+
+
+def test_every_write_reports_the_jobs_resident_at_once(make, dirs: tuple[Path, Path]) -> None:
+    # The controller bounds a job by resident + limit - added, with added as of the moment a
+    # report is sent: a resident measured a report interval earlier would miss what was
+    # added since (issue 18: the live test saw the books 48 MiB over S).
+    backing, _ = dirs
+    hooks = Hooks()
+    engine = make(hooks, evict=False, report_interval=3600.0)
+    path = backing / "f"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
+    try:
+        engine.opened(key_of(path))
+        for n in range(1, 4):
+            os.pwrite(fd, b"w" * CHUNK, (n - 1) * CHUNK)
+            engine.modified(key_of(path), fd, JOB)
+            on_disk = os.stat(path).st_blocks * 512
+            assert hooks.last_report() == ("j1", on_disk, on_disk, "")
+    finally:
+        os.close(fd)
