@@ -722,7 +722,13 @@ class PassthroughFS:
         elif evicted is not None and flags & os.O_ACCMODE != os.O_RDONLY:
             self._restore(req, inode, caller)
             evicted = None
-        pfs_fd = self._stage.open_pfs(evicted) if evicted is not None else None
+        pfs_fd = None
+        if evicted is not None:
+            try:
+                pfs_fd = self._stage.open_pfs(evicted)
+            except OSError as err:
+                logger.error("the PFS copy of an evicted file cannot be opened: %s", err)
+                raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None
         try:
             fd = os.open(_proc(inode.fd), flags)
         except BaseException:

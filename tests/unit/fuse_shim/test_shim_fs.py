@@ -1412,3 +1412,18 @@ def test_an_unlinked_file_leaves_the_index(
     fs.unlink(REQ, ROOT_ID, b"f")
     assert not stage.tracks(key)
     fs.release(REQ, entry.node, opened.fh)
+
+
+def test_an_evicted_file_whose_pfs_copy_is_gone_fails_with_eio(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, _, _, pfs = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    fs.write(REQ, entry.node, memoryview(b"x" * 5000), 0, opened.fh)
+    fs.release(REQ, entry.node, opened.fh)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    (pfs / "f").unlink()
+    for flags in (os.O_RDONLY, os.O_RDWR):
+        with pytest.raises(OSError) as failed:
+            fs.open(REQ, entry.node, flags)
+        assert failed.value.errno == errno.EIO
