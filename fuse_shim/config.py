@@ -30,6 +30,8 @@ from burstctl.client.options import (
 DIRECT_IO_MODES = ("writes", "all", "none")
 LIBFUSE_CHOICES = ("auto", "2", "3")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# What becomes of a file's copy on the burst buffer once it is safely on the PFS (--evict).
+EVICT_MODES = ("after-copy", "keep")
 FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its default there)
 MAX_READ_AHEAD = 64 << 20
 # How long a pid's job is cached by the `attribution.Attributor`.
@@ -364,6 +366,30 @@ class MountConfig:
             show_default=False,
         ),
     )
+    stage_out: Path | None = field(
+        default=None,
+        metadata=_cli(
+            ("--stage-out",),
+            "Copy every file written through the mount, once closed, to the same relative path"
+            " under PFS_DIR (the parallel file system), paced by the job's drain stream"
+            ' (docs/fuse.md, "Stage-out to the parallel file system").',
+            metavar="PFS_DIR",
+            show_default=False,
+        ),
+    )
+    evict: str | None = field(
+        default=None,
+        metadata=_cli(
+            ("--evict",),
+            "With --stage-out: after-copy frees a file's blocks on the buffer once its PFS copy"
+            " is complete and fsynced (the file stays readable through the mount, served from"
+            " the PFS); keep keeps both copies.",
+            kind="choice",
+            choices=EVICT_MODES,
+            metavar="after-copy|keep",
+            show_default="after-copy with --stage-out",
+        ),
+    )
     log_file: Path | None = field(
         default=None,
         metadata=_cli(
@@ -380,6 +406,9 @@ class MountConfig:
     )
 
     def __post_init__(self) -> None:
+        if self.stage_out is not None and not isinstance(self.stage_out, Path):
+            # A directory: given as text on the command line (the "file" kind takes files).
+            object.__setattr__(self, "stage_out", Path(self.stage_out))
         for f in dataclasses.fields(self):
             spec = cli_of(f)
             value = getattr(self, f.name)
@@ -388,7 +417,7 @@ class MountConfig:
                 isinstance(value, int | float) and math.isfinite(value) and value >= 0
             ):
                 raise MountError(f"{flag} must be a finite number of seconds >= 0, got {value!r}")
-            if spec.kind == "choice" and value not in spec.choices:
+            if spec.kind == "choice" and value not in spec.choices and value is not None:
                 raise MountError(f"{flag} must be one of {', '.join(spec.choices)}, got {value!r}")
         if self.max_write is not None and self.max_write <= 0:
             raise MountError(f"--max-write must be > 0 bytes, got {self.max_write}")
@@ -399,6 +428,8 @@ class MountConfig:
             )
         if self.max_handles is not None and self.max_handles < 16:
             raise MountError(f"--max-handles must be >= 16, got {self.max_handles}")
+        if self.evict is not None and self.stage_out is None:
+            raise MountError("--evict needs --stage-out PFS_DIR (there is nothing to evict to)")
         if self.metadata_cost < 0:
             raise MountError(f"--metadata-cost must be >= 0 bytes, got {self.metadata_cost}")
         try:
@@ -414,6 +445,13 @@ class MountConfig:
                     f"-o {key} is an option of libfuse's path-based API, which the mount does "
                     f"not use; use {PATH_API_OPTIONS[key]}"
                 )
+
+    @property
+    def evict_mode(self) -> str | None:
+        """What ``--evict`` means here: None without --stage-out, else after-copy or keep."""
+        if self.stage_out is None:
+            return None
+        return self.evict or "after-copy"
 
     def channel_security(self) -> ChannelSecurity:
         """The credentials of the mount's channel to the controller (ValueError if unusable)."""

@@ -31,12 +31,19 @@ for reading, or reading and writing) goes direct only where the kernel was asked
 ``mmap`` of such files (``direct_io_mmap``, set at init): elsewhere that mapping would fail with
 ENODEV. A write-only file cannot be mapped at all.
 
+Stage-out (`stageout.StageOut`, when given): every change through the mount is reported to
+it, the last close of a file queues it for its copy to the PFS, and a file it evicted is shown
+with its PFS copy's size, read from that copy, and restored before it is opened for writing
+(docs/fuse.md, "Stage-out to the parallel file system"). Its ``user.burstctl.*`` xattrs are
+hidden.
+
 ``security.capability``: answered from `capabilities.AbsentCapabilities` when known absent;
 every call that could give a node a capability forgets what it knows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
@@ -74,6 +81,7 @@ from burstctl.fuse_shim.config import DIRECT_IO_MODES
 from burstctl.fuse_shim.ownership import give_to_caller, may_access
 from burstctl.fuse_shim.pacing import Pacer
 from burstctl.fuse_shim.setid import mode_after_write, writer_of
+from burstctl.fuse_shim.stageout import Evicted, StageOut
 
 logger = logging.getLogger(__name__)
 
@@ -92,6 +100,9 @@ _PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _SETID = stat.S_ISUID | stat.S_ISGID
 _VALVE_INTERVAL = 0.05  # seconds between two passes of the handle valve, at least
 _CAPABILITY = CAPABILITY.encode()
+# The stage-out's marks on backing files (`stageout`): hidden from applications.
+_OWN_XATTRS_TEXT = "user.burstctl."
+_OWN_XATTRS = _OWN_XATTRS_TEXT.encode()
 
 
 def _default_caller(req: int) -> Caller:
@@ -102,6 +113,26 @@ def _default_caller(req: int) -> Caller:
 def _proc(fd: int) -> str:
     # The magic link reaches the node of an O_PATH handle for calls that take a path.
     return f"/proc/self/fd/{fd}"
+
+
+def _as_evicted(st: os.stat_result, evicted: Evicted) -> os.stat_result:
+    """The attributes of an evicted file: its size and mtime when it was evicted, and blocks
+    as if its data were there (tools take a file with no blocks for a hole)."""
+    values = [
+        *st,
+        st.st_atime,
+        evicted.mtime_ns / 1e9,
+        st.st_ctime,
+        st.st_atime_ns,
+        evicted.mtime_ns,
+        st.st_ctime_ns,
+        st.st_blksize,
+        -(-evicted.size // 512),
+        st.st_rdev,
+    ]
+    values[6] = evicted.size
+    values[8] = evicted.mtime_ns // 1_000_000_000
+    return os.stat_result(values)
 
 
 class Inode:
@@ -157,6 +188,7 @@ class PassthroughFS:
         entry_timeout: float = 1.0,
         negative_timeout: float = 1.0,
         handles: int | None = None,
+        stage_out: StageOut | None = None,
     ) -> None:
         if direct_io not in DIRECT_IO_MODES:
             raise ValueError(f"direct_io must be one of {', '.join(DIRECT_IO_MODES)}")
@@ -197,6 +229,13 @@ class PassthroughFS:
         self._valve_wanted = threading.Event()
         self._valve_closed = threading.Event()  # never set: the valve's pacing clock
         self._valve: threading.Thread | None = None
+        # The burst buffer's index and drain (docs/fuse.md, "Stage-out"): the node of each
+        # open file, and the PFS copy an evicted file's reads are served from.
+        self._stage = stage_out
+        self._fh_keys: dict[int, tuple[tuple[int, int], bool]] = {}  # fh -> (node, writing)
+        self._pfs_fds: dict[int, int] = {}
+        if stage_out is not None:
+            stage_out.path_of = self._path_of
 
     # ------------------------------------------------------------------ inodes
 
@@ -227,7 +266,7 @@ class PassthroughFS:
             os.close(fd)
         if over:
             self._open_valve()
-        return Entry(inode.node, st)
+        return Entry(inode.node, self._shown(st))
 
     def _lookup(self, parent: int, name: bytes) -> Entry:
         fd = os.open(name, _PATH_FLAGS, dir_fd=self._inode(parent).fd)
@@ -306,12 +345,13 @@ class PassthroughFS:
 
     def _pace(self, caller: Caller, kind: str, nbytes: int) -> None:
         # Pacing must never fail the application's I/O: a pacing bug is logged, the I/O goes.
+        # A write waits for the job's space on the burst buffer too (after its bandwidth).
         assert self._pacer is not None
         try:
             if kind == "metadata":
                 self._pacer.metadata(caller)
             else:
-                self._pacer.data(caller, kind, nbytes)
+                self._pacer.data(caller, kind, nbytes, space=kind == "write")
         except Exception:
             logger.exception("pacing a %s request failed; serving it unpaced", kind)
 
@@ -394,7 +434,55 @@ class PassthroughFS:
 
     def getattr(self, req: int, node: int, fh: int | None) -> os.stat_result:
         self._metadata(req)
-        return os.fstat(fh if fh is not None else self._inode(node).fd)
+        return self._shown(os.fstat(fh if fh is not None else self._inode(node).fd))
+
+    def _shown(self, st: os.stat_result) -> os.stat_result:
+        """What the mount shows of a backing file: an evicted one as its PFS copy."""
+        if self._stage is None:
+            return st
+        evicted = self._stage.evicted((st.st_dev, st.st_ino))
+        return st if evicted is None else _as_evicted(st, evicted)
+
+    def _path_of(self, key: tuple[int, int]) -> str | None:
+        """Where the node ``key`` is now, if the kernel knows it (its O_PATH handle's link)."""
+        with self._lock:
+            inode = self._by_key.get(key)
+            fd = None if inode is None else inode.fd
+        if fd is None:
+            return None
+        try:
+            return os.readlink(_proc(fd))
+        except OSError:
+            return None
+
+    def _modified(self, req: int, inode: Inode, caller: Caller | None = None) -> None:
+        """Tells the stage-out of a change to a file through the mount (never fails)."""
+        if self._stage is None:
+            return
+        try:
+            job = None
+            if self._pacer is not None:
+                job = self._pacer.job_of(caller or self._caller(req))
+            self._stage.modified(inode.key, inode.fd, job)
+        except Exception:
+            logger.exception("recording a change for the stage-out failed")
+
+    def _restore(self, req: int, inode: Inode, caller: Caller | None) -> None:
+        """Brings an evicted file back onto the buffer before it is changed (under
+        `StageOut.holding`); its bytes are the caller's job's writes to the buffer."""
+        assert self._stage is not None
+        pacer = self._pacer
+        who = caller or self._caller(req)
+
+        def pace(nbytes: int) -> None:
+            if pacer is not None:
+                self._pace(who, "write", nbytes)
+
+        try:
+            self._stage.restore(inode.key, inode.fd, pace)
+        except OSError as err:
+            logger.error("cannot bring an evicted file back from the PFS: %s", err)
+            raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None
 
     def setattr(self, req: int, node: int, change: SetAttr, fh: int | None) -> os.stat_result:
         self._metadata(req)
@@ -409,10 +497,18 @@ class PassthroughFS:
             gid = -1 if change.gid is None else change.gid
             syscalls.chown_node(inode.fd, uid, gid)
         if change.size is not None:
-            if fh is not None:
-                os.ftruncate(fh, change.size)
+            if self._stage is not None and self._stage.tracks(inode.key):
+                with self._stage.holding(inode.key):
+                    if self._stage.evicted(inode.key) is None:
+                        pass
+                    elif change.size == 0:
+                        self._stage.discard_evicted(inode.key, inode.fd)
+                    else:
+                        self._restore(req, inode, None)
+                    self._truncate(fh, inode, change.size)
             else:
-                os.truncate(_proc(inode.fd), change.size)
+                self._truncate(fh, inode, change.size)
+            self._modified(req, inode)
             self._clear_setid(req, fh if fh is not None else inode.fd, handle=fh is not None)
         if change.atime is not None or change.mtime is not None:
             syscalls.set_times(
@@ -422,7 +518,17 @@ class PassthroughFS:
                 now=NOW,
                 handle=fh is not None,
             )
-        return os.fstat(fh if fh is not None else inode.fd)
+            if change.mtime is not None and self._stage is not None:
+                # An evicted file shows the mtime of its mark: the new one goes there.
+                self._stage.retimed(inode.key, inode.fd)
+        return self._shown(os.fstat(fh if fh is not None else inode.fd))
+
+    @staticmethod
+    def _truncate(fh: int | None, inode: Inode, size: int) -> None:
+        if fh is not None:
+            os.ftruncate(fh, size)
+        else:
+            os.truncate(_proc(inode.fd), size)
 
     def access(self, req: int, node: int, mask: int) -> None:
         # Only reached without default_permissions; checks the caller's uid, not the daemon's.
@@ -524,10 +630,25 @@ class PassthroughFS:
 
     def unlink(self, req: int, parent: int, name: bytes) -> None:
         self._metadata(req)
+        parent_fd = self._inode(parent).fd
+        gone = self._last_name(parent_fd, name)
         try:
-            os.unlink(name, dir_fd=self._inode(parent).fd)
+            os.unlink(name, dir_fd=parent_fd)
         finally:
             self._forget_capabilities()
+        if gone is not None and self._stage is not None:
+            self._stage.forget(gone)
+
+    def _last_name(self, parent_fd: int, name: bytes) -> tuple[int, int] | None:
+        """The node of a file the stage-out tracks whose only name this is (None otherwise)."""
+        if self._stage is None:
+            return None
+        try:
+            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        return key if st.st_nlink == 1 and self._stage.tracks(key) else None
 
     def rmdir(self, req: int, parent: int, name: bytes) -> None:
         self._metadata(req)
@@ -542,6 +663,7 @@ class PassthroughFS:
         self._metadata(req)
         old_fd = self._inode(parent).fd
         new_fd = self._inode(new_parent).fd
+        replaced = self._last_name(new_fd, new_name)
         try:
             if flags:
                 syscalls.renameat2(old_fd, name, new_fd, new_name, flags)
@@ -549,21 +671,87 @@ class PassthroughFS:
                 os.rename(name, new_name, src_dir_fd=old_fd, dst_dir_fd=new_fd)
         finally:
             self._forget_capabilities()
+        if self._stage is not None:
+            self._renamed(new_fd, new_name, replaced)
+
+    def _renamed(self, new_fd: int, new_name: bytes, replaced: tuple[int, int] | None) -> None:
+        assert self._stage is not None
+        try:
+            st = os.stat(new_name, dir_fd=new_fd, follow_symlinks=False)
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino)
+        if replaced is not None and replaced != key:
+            self._stage.forget(replaced)
+        if self._stage.tracks(key):
+            with contextlib.suppress(OSError):
+                dir_path = os.readlink(_proc(new_fd))
+                self._stage.renamed(key, os.path.join(dir_path, os.fsdecode(new_name)))
 
     # ------------------------------------------------------------------ files
 
     def open(self, req: int, node: int, flags: int) -> Opened:
         caller = self._metadata(req)
         flags = (flags & ~_DROPPED_OPEN_FLAGS) | os.O_CLOEXEC
-        fd = os.open(_proc(self._inode(node).fd), flags)
+        inode = self._inode(node)
+        if self._stage is not None:
+            with self._stage.holding(inode.key):
+                fd = self._open_tracked(req, inode, flags, caller)
+        else:
+            fd = os.open(_proc(inode.fd), flags)
         if flags & os.O_TRUNC:
             try:
                 self._clear_setid(req, fd)
+                self._modified(req, inode, caller)
             except BaseException:
+                self._forget_handle(fd)
                 os.close(fd)
                 raise
         self._opened(req, fd, caller)
         return Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
+
+    def _open_tracked(self, req: int, inode: Inode, flags: int, caller: Caller | None) -> int:
+        """Opens a file with the stage-out on (under `StageOut.holding`): an evicted one is
+        restored first when opened to change it (merely unmarked when truncated by the open),
+        else its reads are served from the PFS."""
+        assert self._stage is not None
+        evicted = self._stage.evicted(inode.key)
+        if evicted is not None and flags & os.O_TRUNC:
+            self._stage.discard_evicted(inode.key, inode.fd)
+            evicted = None
+        elif evicted is not None and flags & os.O_ACCMODE != os.O_RDONLY:
+            self._restore(req, inode, caller)
+            evicted = None
+        pfs_fd = None
+        if evicted is not None:
+            try:
+                pfs_fd = self._stage.open_pfs(evicted)
+            except OSError as err:
+                logger.error("the PFS copy of an evicted file cannot be opened: %s", err)
+                raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None
+        try:
+            fd = os.open(_proc(inode.fd), flags)
+        except BaseException:
+            if pfs_fd is not None:
+                os.close(pfs_fd)
+            raise
+        writing = flags & os.O_ACCMODE != os.O_RDONLY
+        with self._lock:
+            self._fh_keys[fd] = (inode.key, writing)
+            if pfs_fd is not None:
+                self._pfs_fds[fd] = pfs_fd
+        self._stage.opened(inode.key, writing)
+        return fd
+
+    def _forget_handle(self, fh: int) -> tuple[tuple[int, int], bool] | None:
+        """Drops what the stage-out kept of an open file; returns its node's key and whether
+        it was open for writing."""
+        with self._lock:
+            key = self._fh_keys.pop(fh, None)
+            pfs_fd = self._pfs_fds.pop(fh, None)
+        if pfs_fd is not None:
+            os.close(pfs_fd)
+        return key
 
     def create(
         self, req: int, parent: int, name: bytes, mode: int, flags: int
@@ -596,8 +784,31 @@ class PassthroughFS:
         except BaseException:
             os.close(fd)
             raise
+        if self._stage is not None:
+            try:
+                self._created(req, entry.node, fd, flags, caller)
+            except BaseException:
+                self._forget_handle(fd)
+                os.close(fd)
+                raise
         self._opened(req, fd, caller)
         return entry, Opened(fd, direct_io=self.direct_io_for(flags), noflush=True)
+
+    def _created(self, req: int, node: int, fd: int, flags: int, caller: Caller | None) -> None:
+        """A file created (or an existing one opened by create) through the mount: the
+        stage-out tracks it; an evicted one is brought back (or unmarked, when truncated)."""
+        assert self._stage is not None
+        inode = self._inode(node)
+        with self._stage.holding(inode.key):
+            if self._stage.evicted(inode.key) is not None:
+                if flags & os.O_TRUNC:
+                    self._stage.discard_evicted(inode.key, inode.fd)
+                else:
+                    self._restore(req, inode, caller)
+            with self._lock:
+                self._fh_keys[fd] = (inode.key, True)
+            self._stage.opened(inode.key, True)
+        self._modified(req, inode, caller)
 
     @staticmethod
     def _open_existing(caller: Caller, parent_fd: int, name: bytes, flags: int) -> int:
@@ -650,16 +861,20 @@ class PassthroughFS:
     def read(self, req: int, node: int, buf: memoryview, offset: int, fh: int) -> int:
         if self._pacer is not None:
             self._pace(self._data_caller(req, fh), "read", len(buf))
-        return os.preadv(fh, [buf], offset)
+        return os.preadv(self._pfs_fds.get(fh, fh), [buf], offset)
 
     def write(
         self, req: int, node: int, data: memoryview, offset: int, fh: int, writepage: bool = False
     ) -> int:
+        caller = None
         if self._pacer is not None:
-            self._pace(self._data_caller(req, fh, writepage), "write", len(data))
+            caller = self._data_caller(req, fh, writepage)
+            self._pace(caller, "write", len(data))
         done = os.pwrite(fh, data, offset)
         if not writepage:
             self._clear_setid(req, fh)
+        if self._stage is not None:
+            self._modified(req, self._inode(node), caller)
         return done
 
     def _clear_setid(self, req: int, fd: int, *, handle: bool = True) -> None:
@@ -690,6 +905,14 @@ class PassthroughFS:
 
     def release(self, req: int, node: int, fh: int) -> None:
         # Forgotten before it is closed: once closed, its number may be reused by an open.
+        if self._stage is not None:
+            known = self._forget_handle(fh)
+            if known is not None:
+                key, writing = known
+                try:
+                    self._stage.released(key, self._path_of(key), writing)
+                except Exception:
+                    logger.exception("queueing a closed file for the stage-out failed")
         if self._pacer is not None:
             with self._lock:
                 self._openers.pop(fh, None)
@@ -702,16 +925,19 @@ class PassthroughFS:
     def fallocate(self, req: int, node: int, mode: int, offset: int, length: int, fh: int) -> None:
         self._metadata(req)
         syscalls.fallocate(fh, mode, offset, length)
+        self._modified(req, self._inode(node))
 
     def lseek(self, req: int, node: int, offset: int, whence: int, fh: int) -> int:
         # SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself). The handle's
         # own position is never used (reads and writes are positional).
-        return os.lseek(fh, offset, whence)
+        return os.lseek(self._pfs_fds.get(fh, fh), offset, whence)
 
     # ------------------------------------------------------------------ extended attributes
 
     def getxattr(self, req: int, node: int, name: bytes) -> bytes:
         self._metadata(req)
+        if name.startswith(_OWN_XATTRS):
+            raise OSError(errno.ENODATA, "no such attribute")
         path = _proc(self._inode(node).fd)
         if name != _CAPABILITY:
             return os.getxattr(path, name)
@@ -728,10 +954,11 @@ class PassthroughFS:
     def listxattr(self, req: int, node: int) -> bytes:
         self._metadata(req)
         names = os.listxattr(_proc(self._inode(node).fd))
-        return b"".join(os.fsencode(n) + b"\0" for n in names)
+        return b"".join(os.fsencode(n) + b"\0" for n in names if not n.startswith(_OWN_XATTRS_TEXT))
 
     def setxattr(self, req: int, node: int, name: bytes, value: bytes, flags: int) -> None:
         self._metadata(req)
+        _refuse_own(name)
         try:
             os.setxattr(_proc(self._inode(node).fd), name, value, flags)
         finally:
@@ -739,10 +966,16 @@ class PassthroughFS:
 
     def removexattr(self, req: int, node: int, name: bytes) -> None:
         self._metadata(req)
+        _refuse_own(name)
         try:
             os.removexattr(_proc(self._inode(node).fd), name)
         finally:
             self._forget_capabilities()
+
+
+def _refuse_own(name: bytes) -> None:
+    if name.startswith(_OWN_XATTRS):
+        raise OSError(errno.EPERM, "the mount's own attribute")
 
 
 def _dirent_type(entry: os.DirEntry[str]) -> int:

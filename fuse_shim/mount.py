@@ -42,6 +42,7 @@ from burstctl.fuse_shim.config import (
     MountError,
 )
 from burstctl.fuse_shim.pacing import Pacer
+from burstctl.fuse_shim.stageout import StageOut
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,43 @@ def validate(config: MountConfig) -> MountConfig:
         )
     if not os.access("/dev/fuse", os.R_OK | os.W_OK):
         raise MountError("/dev/fuse is missing or not accessible (install fuse, load the module)")
-    return dataclasses.replace(config, backing=backing, mountpoint=mountpoint)
+    stage_out = None
+    if config.stage_out is not None:
+        stage_out = validate_stage_out(config.stage_out, backing, mountpoint)
+    return dataclasses.replace(config, backing=backing, mountpoint=mountpoint, stage_out=stage_out)
+
+
+def validate_stage_out(pfs: Path, backing: Path, mountpoint: Path) -> Path:
+    """The ``--stage-out`` directory, absolute, once it is known not to loop (MountError).
+
+    A PFS directory inside the mount point or BACKING would have the drain copy files into
+    the buffer it drains (and, inside the mount, through itself); BACKING inside the PFS
+    directory would have the PFS copies land in the buffer. An unwritable directory is not
+    refused: the drain reports why it cannot copy and retries (docs/fuse.md).
+    """
+    real = Path(os.path.realpath(pfs))
+    if not real.exists():
+        raise MountError(f"--stage-out {pfs}: no such directory")
+    if not real.is_dir():
+        raise MountError(f"--stage-out {pfs} is not a directory")
+    for name, other in (("MOUNTPOINT", mountpoint), ("BACKING", backing)):
+        if real == other or real.is_relative_to(other):
+            raise MountError(
+                f"--stage-out {real} is {'' if real == other else 'inside '}{name} {other}: "
+                "the drain would copy the buffer into itself"
+            )
+    for name, other in (("BACKING", backing), ("MOUNTPOINT", mountpoint)):
+        if other.is_relative_to(real):
+            raise MountError(
+                f"--stage-out {real} contains {name} {other}: the PFS copies would land on "
+                "the buffer they drain"
+            )
+    if not os.access(real, os.W_OK | os.X_OK):
+        logger.warning(
+            "--stage-out %s is not writable now: files are kept on the buffer until it is",
+            real,
+        )
+    return real
 
 
 _chosen: str | None = None  # what choose_libfuse set FUSE_LIBRARY_PATH to in this process
@@ -190,6 +227,20 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         # One loop thread and one channel for the sessions of every job.
         runtime = ClientRuntime()
         pacer = Pacer(config, Attributor(config.attribution_ttl), runtime=runtime)
+    stage: StageOut | None = None
+    if config.stage_out is not None or pacer is not None:
+        # The jobs' files on the buffer (their space, reported to the controller) and, with
+        # --stage-out, their drain to the PFS (docs/fuse.md, "Stage-out").
+        stage = StageOut(
+            root_fd,
+            config.backing,
+            config.stage_out,
+            evict=config.evict_mode == "after-copy",
+            hooks=pacer,
+        )
+        stage.start()
+        if config.stage_out is not None:
+            logger.info("staging out to %s (evict: %s)", config.stage_out, config.evict_mode)
     stopper = _Stopper(config.mountpoint, pacer)
 
     def on_init() -> None:
@@ -232,6 +283,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         entry_timeout=config.entry_timeout,
         negative_timeout=config.negative_timeout,
         handles=config.max_handles,
+        stage_out=stage,
     )
     logger.info("keeping up to %d inode handles open", fs.handle_budget)
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
@@ -262,6 +314,8 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             code = 1
     finally:
         stopper.finished()
+        if stage is not None:
+            stage.stop()
         if pacer is not None:
             pacer.close()
         if runtime is not None:

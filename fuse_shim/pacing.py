@@ -19,6 +19,12 @@ and its open files.
   waits for that loop (starting the job's session), so the sweep never waits for a job's lock:
   a busy job is looked at again shortly.
 
+The burst buffer (docs/capacity.md): the jobs' sessions track it
+(``buffer=True``): a write acquires its bandwidth, then its space (`Pacer.data` with
+``space``); `Pacer.report_buffer` hands each job's gauges (from the stage-out's index) to its
+session, and to its next one. The stage-out's copies are paced on a second session per job,
+its drain session (``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
+
 Controller trouble never fails a request: the session falls back as configured, and a session
 closed under a request (unmount, idle race) lets the request through unpaced.
 
@@ -78,12 +84,19 @@ _NOT_YOURS = "PERMISSION_DENIED"
 SessionFactory = Callable[[JobInfo], SessionLike]
 
 
-def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> SessionFactory:
-    """Sessions of the client runtime, one per job, with the mount's options, on ``runtime``."""
+def client_session_factory(
+    config: MountConfig, runtime: ClientRuntime, purpose: str = "app"
+) -> SessionFactory:
+    """Sessions of the client runtime, one per job, with the mount's options, on ``runtime``.
+
+    ``purpose``: ``app`` for the jobs' I/O through the mount (sessions that track the burst
+    buffer: ``buffer=True``), ``drain`` for the stage-out's copies to the PFS.
+    """
     if not config.controller:
         raise ValueError("pacing needs a controller")
     controller = config.controller
     security = config.channel_security()
+    drain = purpose == "drain"
 
     def make(job: JobInfo) -> SessionLike:
         return Session(
@@ -95,6 +108,8 @@ def client_session_factory(config: MountConfig, runtime: ClientRuntime) -> Sessi
             fallback_grace=config.fallback_grace,
             runtime=runtime,
             security=security,
+            purpose="drain" if drain else "app",
+            buffer=not drain,
         )
 
     return make
@@ -104,6 +119,10 @@ class PacedJob:
     """One job's session and counters, as the pacer sees them; guarded by its own lock."""
 
     __slots__ = (
+        "buffer",
+        "drain",
+        "drain_inflight",
+        "drain_last",
         "forgotten",
         "inflight",
         "job",
@@ -124,6 +143,12 @@ class PacedJob:
         # When the job's current I/O phase began, as the pacer saw it (None: none open).
         self.phase_started: float | None = None
         self.forgotten = False  # dropped from the pacer by a sweep: look the job up again
+        # The stage-out: the job's drain session, its copies in flight, when it last copied,
+        # and the job's last buffer report (resident, pending, drain_error).
+        self.drain: SessionLike | None = None
+        self.drain_inflight = 0
+        self.drain_last = now
+        self.buffer: tuple[int, int, str] | None = None
 
 
 class Pacer:
@@ -141,12 +166,16 @@ class Pacer:
         *,
         runtime: ClientRuntime | None = None,
         session_factory: SessionFactory | None = None,
+        drain_session_factory: SessionFactory | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if session_factory is None:
             if runtime is None:
                 raise ValueError("a Pacer needs a client runtime or a session factory")
             session_factory = client_session_factory(config, runtime)
+            if drain_session_factory is None and config.stage_out is not None:
+                drain_session_factory = client_session_factory(config, runtime, "drain")
+        self._make_drain = drain_session_factory
         self.attributor = attributor
         self._config = config
         self._runtime = runtime
@@ -169,25 +198,77 @@ class Pacer:
 
     def _job_state(self, caller: Caller) -> PacedJob:
         """The state of the caller's job, created on first sight."""
-        job = self.attributor.job_for(caller)
+        return self._state_of(self.attributor.job_for(caller))
+
+    def _state_of(self, job: JobInfo) -> PacedJob:
         with self._lock:
             state = self._jobs.get((job.job_id, job.user))
             if state is None:
                 state = self._jobs[job.job_id, job.user] = PacedJob(job, self._clock())
             return state
 
-    def _locked_state(self, caller: Caller) -> PacedJob:
+    def _locked_state(self, caller: Caller | JobInfo) -> PacedJob:
         """`_job_state`, returned with its lock held, never one a sweep has dropped."""
         while True:
-            state = self._job_state(caller)
+            if isinstance(caller, JobInfo):
+                state = self._state_of(caller)
+            else:
+                state = self._job_state(caller)
             state.lock.acquire()
             if not state.forgotten:
                 return state
             state.lock.release()
 
-    def data(self, caller: Caller, kind: str, nbytes: int) -> None:
-        """Paces a read or write of ``nbytes`` before it is done."""
-        self._pace(caller, kind, nbytes)
+    def data(self, caller: Caller, kind: str, nbytes: int, *, space: bool = False) -> None:
+        """Paces a read or write of ``nbytes`` before it is done; with ``space`` (a write to
+        the burst buffer), then waits until the job's space grant covers the bytes too."""
+        self._pace(caller, kind, nbytes, space=space)
+
+    def job_of(self, caller: Caller) -> JobInfo:
+        """The job a caller's requests are booked to."""
+        return self.attributor.job_for(caller)
+
+    # ------------------------------------------------------------------ the stage-out
+
+    def drain(self, job: JobInfo, nbytes: int) -> None:
+        """Paces ``nbytes`` of the job's copy to the PFS on its drain session (opened on first
+        use, closed by the sweep once idle). Without a drain factory: unpaced."""
+        if self._make_drain is None:
+            return
+        state = self._locked_state(job)
+        try:
+            if self._closing:
+                return
+            opened = state.drain is None
+            if state.drain is None:
+                state.drain = self._make_drain(state.job)
+                logger.info("job %s: drain session opened", job.job_id)
+            drain = state.drain
+            state.drain_inflight += 1
+            state.drain_last = self._clock()
+        finally:
+            state.lock.release()
+        if opened:
+            self._sweep_by(self._clock() + self._config.session_idle)
+        try:
+            drain.acquire(nbytes, "write")
+        except RuntimeError:
+            pass  # closed under us (unmount, idle race): the copy goes on unpaced
+        finally:
+            with state.lock:
+                state.drain_inflight -= 1
+                state.drain_last = self._clock()
+
+    def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
+        """The job's bytes on the buffer, given to its session (and to its next one)."""
+        state = self._locked_state(job)
+        try:
+            state.buffer = (resident, pending, error)
+            session = state.session
+        finally:
+            state.lock.release()
+        if session is not None:
+            _report(session, state.buffer)
 
     def metadata(self, caller: Caller) -> None:
         """Paces one metadata operation (a no-op while the metadata cost is 0)."""
@@ -223,7 +304,7 @@ class Pacer:
                 state.session.end_phase()
                 state.phase_started = None
 
-    def _pace(self, caller: Caller, kind: str, nbytes: int) -> None:
+    def _pace(self, caller: Caller, kind: str, nbytes: int, *, space: bool = False) -> None:
         for _ in range(2):  # a second time only under the caller's own default job
             state = self._locked_state(caller)
             try:
@@ -241,6 +322,10 @@ class Pacer:
                 if self._redirected(state, session, caller):
                     continue
                 session.acquire(nbytes, kind)
+                if space:
+                    acquire_space = getattr(session, "acquire_space", None)
+                    if acquire_space is not None:
+                        acquire_space(nbytes)
             except RuntimeError:
                 pass  # the session was closed under us (unmount or idle close): let the I/O go
             finally:
@@ -277,6 +362,8 @@ class Pacer:
         if state.session is None:
             state.session = self._make_session(state.job)
             logger.info("job %s: session opened", state.job.job_id)
+            if state.buffer is not None:
+                _report(state.session, state.buffer)
         now = self._clock()
         if (
             state.phase_started is None
@@ -316,7 +403,20 @@ class Pacer:
                         # In flight: idle at the earliest ``idle`` after it ends.
                         since = now if state.inflight else state.last_active
                         next_at = min(next_at, since + idle)
-                idle_job = state.session is None and state.open_files == 0 and state.inflight == 0
+                drain = state.drain
+                if drain is not None:
+                    if state.drain_inflight == 0 and now - state.drain_last >= idle:
+                        to_close.append((state.job, drain))
+                        state.drain = None
+                    else:
+                        since = now if state.drain_inflight else state.drain_last
+                        next_at = min(next_at, since + idle)
+                idle_job = (
+                    state.session is None
+                    and state.drain is None
+                    and state.open_files == 0
+                    and state.inflight == 0
+                )
             finally:
                 state.lock.release()
             if idle_job:
@@ -333,7 +433,12 @@ class Pacer:
             if not state.lock.acquire(blocking=False):
                 return  # busy again: not idle
             try:
-                if state.session is None and state.open_files == 0 and state.inflight == 0:
+                if (
+                    state.session is None
+                    and state.drain is None
+                    and state.open_files == 0
+                    and state.inflight == 0
+                ):
                     state.forgotten = True
                     del self._jobs[key]
             finally:
@@ -394,9 +499,25 @@ class Pacer:
         for state in states:
             with state.lock:
                 session, state.session = state.session, None
-            if session is not None:
-                closing.append(_close_session(state.job, session, "unmount"))
+                drain, state.drain = state.drain, None
+            for one in (session, drain):
+                if one is not None:
+                    closing.append(_close_session(state.job, one, "unmount"))
         concurrent.futures.wait(closing, CLOSE_TIMEOUT)
+
+
+def _report(session: SessionLike, buffer: tuple[int, int, str]) -> None:
+    """Gives a session the job's buffer gauges, if its client tracks the buffer."""
+    report_buffer = getattr(session, "report_buffer", None)
+    if report_buffer is None:
+        return
+    resident, pending, error = buffer
+    try:
+        report_buffer(resident, pending, drain_error=error)
+    except RuntimeError:
+        pass  # closed under us
+    except Exception:
+        logger.exception("reporting the buffer failed")
 
 
 def _close_session(job: JobInfo, session: SessionLike, why: str) -> concurrent.futures.Future[None]:

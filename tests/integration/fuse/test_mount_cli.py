@@ -47,6 +47,8 @@ def test_help_lists_the_options() -> None:
         "--attribution-ttl",
         "--log-level",
         "--log-file",
+        "--stage-out",
+        "--evict",
     ):
         assert flag in out, flag
     assert "--lazy" in burstctl("umount", "--help").stdout

@@ -23,6 +23,7 @@ from typing import Any
 import pytest
 from support import wait_until
 
+from burstctl.client.job import JobInfo
 from burstctl.fuse_shim import capabilities, syscalls
 from burstctl.fuse_shim._fuse import (
     CAP_ATOMIC_O_TRUNC,
@@ -41,6 +42,7 @@ from burstctl.fuse_shim.attribution import Caller
 from burstctl.fuse_shim.fs import PassthroughFS, handle_budget
 from burstctl.fuse_shim.ownership import give_to_caller
 from burstctl.fuse_shim.setid import writer_of
+from burstctl.fuse_shim.stageout import XATTR_JOB, StageOut
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
 NOBODY = Caller(pid=0, uid=65534, gid=65534)
@@ -54,9 +56,12 @@ class RecordingPacer:
         self.calls: list[tuple[Any, ...]] = []
         self.fail = fail
         self.paces_metadata = paces_metadata
+        self.space: list[int] = []  # bytes of the writes that waited for the buffer's space
 
-    def data(self, caller: Caller, kind: str, nbytes: int) -> None:
+    def data(self, caller: Caller, kind: str, nbytes: int, *, space: bool = False) -> None:
         self.calls.append(("data", caller, kind, nbytes))
+        if space:
+            self.space.append(nbytes)
         if self.fail:
             raise ZeroDivisionError("a pacing bug")
 
@@ -68,6 +73,9 @@ class RecordingPacer:
 
     def released(self, fh: int) -> None:
         self.calls.append(("released",))
+
+    def job_of(self, caller: Caller) -> JobInfo:
+        return JobInfo(f"user:{caller.uid}", str(caller.uid), str(caller.gid))
 
 
 Backing = tuple[Path, int]
@@ -1297,3 +1305,125 @@ def test_backing_strips_the_capability_on_the_daemons_own_write(
         with pytest.raises(OSError) as info:
             os.getxattr(root / "f", _CAP)
         assert info.value.errno == errno.ENODATA, change
+
+
+# ---------------------------------------------------------------- the stage-out
+
+
+@pytest.fixture
+def staged(
+    backing: Backing, tmp_path: Path, make_fs: Callable[..., PassthroughFS]
+) -> Iterator[tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path]]:
+    """A file system with a stage-out to ``tmp_path/pfs`` that evicts after the copy."""
+    root, fd = backing
+    pfs = tmp_path / "pfs"
+    pfs.mkdir()
+    stage = StageOut(fd, root, pfs, evict=True, report_interval=0.05)
+    stage.start()
+    pacer = RecordingPacer()
+    fs = make_fs(fd, pacer, stage_out=stage)
+    yield fs, stage, pacer, root, pfs
+    stage.stop()
+
+
+def test_writes_wait_for_space_and_closed_files_are_staged_out_and_served_from_the_pfs(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, pacer, root, pfs = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    data = os.urandom(100_000)
+    assert fs.write(REQ, entry.node, memoryview(data), 0, opened.fh) == len(data)
+    assert pacer.space == [len(data)]  # the write waited for its space on the buffer
+    fs.release(REQ, entry.node, opened.fh)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    assert (pfs / "f").read_bytes() == data
+    assert os.stat(root / "f").st_size == 0
+    st = fs.getattr(REQ, entry.node, None)
+    assert st.st_size == len(data) and st.st_blocks * 512 >= len(data)
+    assert st.st_mtime_ns == os.stat(pfs / "f").st_mtime_ns
+    assert fs.lookup(REQ, ROOT_ID, b"f").attr.st_size == len(data)
+    # Read through the mount: served from the PFS copy.
+    reader = fs.open(REQ, entry.node, os.O_RDONLY)
+    assert read_all(fs, entry.node, reader.fh, size=200_000) == data
+    fs.release(REQ, entry.node, reader.fh)
+    assert os.stat(root / "f").st_size == 0  # reading did not bring it back
+    # Opening it for writing brings it back, then the write lands on it; copied again.
+    writer = fs.open(REQ, entry.node, os.O_WRONLY)
+    assert (root / "f").read_bytes() == data
+    fs.write(REQ, entry.node, memoryview(b"tail"), len(data), writer.fh)
+    assert pacer.space == [len(data), len(data), 4]  # the restore took space too
+    fs.release(REQ, entry.node, writer.fh)
+    wait_until(lambda: stage.evictions == 2, message="the second eviction")
+    assert (pfs / "f").read_bytes() == data + b"tail"
+
+
+def test_setting_the_mtime_of_an_evicted_file_shows(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, _, _, _ = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    fs.write(REQ, entry.node, memoryview(b"x" * 5000), 0, opened.fh)
+    fs.release(REQ, entry.node, opened.fh)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    st = fs.setattr(REQ, entry.node, SetAttr(mtime=1_000_000_000_123), None)
+    assert st.st_mtime_ns == 1_000_000_000_123 and st.st_size == 5000
+    assert fs.getattr(REQ, entry.node, None).st_mtime_ns == 1_000_000_000_123
+
+
+def test_truncating_an_evicted_file_needs_no_restore(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, pacer, _, _ = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    fs.write(REQ, entry.node, memoryview(b"x" * 5000), 0, opened.fh)
+    fs.release(REQ, entry.node, opened.fh)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    writer = fs.open(REQ, entry.node, os.O_WRONLY | os.O_TRUNC)
+    assert pacer.space == [5000]  # nothing copied back
+    assert fs.getattr(REQ, entry.node, writer.fh).st_size == 0
+    fs.release(REQ, entry.node, writer.fh)
+    wait_until(lambda: stage.evictions == 2, message="the empty file's eviction")
+
+
+def test_the_stage_outs_marks_are_hidden_from_applications(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, _, _, root, _ = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, opened.fh)
+    assert XATTR_JOB in os.listxattr(root / "f")
+    assert b"user.burstctl" not in fs.listxattr(REQ, entry.node)
+    with pytest.raises(OSError) as nodata:
+        fs.getxattr(REQ, entry.node, XATTR_JOB.encode())
+    assert nodata.value.errno == errno.ENODATA
+    with pytest.raises(OSError) as refused:
+        fs.setxattr(REQ, entry.node, XATTR_JOB.encode(), b"{}", 0)
+    assert refused.value.errno == errno.EPERM
+    fs.release(REQ, entry.node, opened.fh)
+
+
+def test_an_unlinked_file_leaves_the_index(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, _, root, _ = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    key = (os.stat(root / "f").st_dev, os.stat(root / "f").st_ino)
+    assert stage.tracks(key)
+    fs.unlink(REQ, ROOT_ID, b"f")
+    assert not stage.tracks(key)
+    fs.release(REQ, entry.node, opened.fh)
+
+
+def test_an_evicted_file_whose_pfs_copy_is_gone_fails_with_eio(
+    staged: tuple[PassthroughFS, StageOut, RecordingPacer, Path, Path],
+) -> None:
+    fs, stage, _, _, pfs = staged
+    entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_WRONLY)
+    fs.write(REQ, entry.node, memoryview(b"x" * 5000), 0, opened.fh)
+    fs.release(REQ, entry.node, opened.fh)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    (pfs / "f").unlink()
+    for flags in (os.O_RDONLY, os.O_RDWR):
+        with pytest.raises(OSError) as failed:
+            fs.open(REQ, entry.node, flags)
+        assert failed.value.errno == errno.EIO

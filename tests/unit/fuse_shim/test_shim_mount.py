@@ -317,3 +317,30 @@ def test_a_process_cannot_switch_library_once_one_is_loaded(
         choose_libfuse("3")
     with pytest.raises(MountError, match="libfuse 2 is already loaded"):
         validate(MountConfig(Path("/"), Path("/"), libfuse="3"))
+
+
+def test_validate_checks_the_stage_out_directory(tmp_path: Path) -> None:
+    backing, mnt, pfs = tmp_path / "b", tmp_path / "m", tmp_path / "pfs"
+    for d in (backing, mnt, pfs, backing / "inner", mnt / "inner"):
+        d.mkdir()
+    config = validate(MountConfig(backing, mnt, stage_out=tmp_path / "pfs" / ".." / "pfs"))
+    assert config.stage_out == pfs and config.evict_mode == "after-copy"
+    kept = validate(MountConfig(backing, mnt, stage_out=pfs, evict="keep"))
+    assert kept.evict_mode == "keep"
+    assert validate(MountConfig(backing, mnt)).evict_mode is None
+    for bad, message in (
+        (tmp_path / "missing", "--stage-out .*missing: no such directory"),
+        (backing / "inner", "--stage-out .* is inside BACKING"),
+        (backing, "--stage-out .* is BACKING"),
+        (mnt / "inner", "--stage-out .* is inside MOUNTPOINT"),
+        (tmp_path, "--stage-out .* contains BACKING .*: the PFS copies would land on the buffer"),
+    ):
+        with pytest.raises(MountError, match=message):
+            validate(MountConfig(backing, mnt, stage_out=bad))
+    (tmp_path / "file").write_bytes(b"")
+    with pytest.raises(MountError, match=r"--stage-out .*file is not a directory"):
+        validate(MountConfig(backing, mnt, stage_out=tmp_path / "file"))
+    with pytest.raises(MountError, match="--evict needs --stage-out PFS_DIR"):
+        MountConfig(backing, mnt, evict="keep")
+    with pytest.raises(MountError, match="--evict must be one of after-copy, keep"):
+        MountConfig(backing, mnt, stage_out=pfs, evict="never")

@@ -317,3 +317,75 @@ def test_two_users_naming_one_job_get_a_session_each() -> None:
     rig.pacer.data(other, "write", 1)
     sessions = rig.of("a")
     assert sorted(s.job.user for s in sessions) == sorted([user_name(5000), user_name(6000)])
+
+
+class BufferSession(FakeSession):
+    """A fake of a ``buffer=True`` client session: space and buffer reports recorded."""
+
+    def acquire_space(self, nbytes: int) -> None:
+        self.events.append(("space", nbytes))
+
+    def report_buffer(self, resident: int, pending: int, drain_error: str = "") -> None:
+        self.events.append(("buffer", resident, pending, drain_error))
+
+
+class BufferRig(Rig):
+    """A pacer whose app sessions track the buffer, with drain sessions of their own."""
+
+    def __init__(self, **options: Any) -> None:
+        self.now = 0.0
+        self.sessions: list[FakeSession] = []
+        self.drains: list[FakeSession] = []
+        self.pacer = Pacer(
+            config(**options),
+            attributor(),
+            session_factory=self._make,
+            drain_session_factory=self._drain,
+            clock=lambda: self.now,
+        )
+
+    def _make(self, job: JobInfo) -> FakeSession:
+        session = BufferSession(job)
+        self.sessions.append(session)
+        return session
+
+    def _drain(self, job: JobInfo) -> FakeSession:
+        session = FakeSession(job)
+        self.drains.append(session)
+        return session
+
+
+def test_a_write_waits_for_its_space_after_its_bandwidth_a_read_does_not() -> None:
+    rig = BufferRig()
+    rig.pacer.data(A, "write", 4096, space=True)
+    rig.pacer.data(A, "read", 100)
+    (a,) = rig.of("a")
+    assert a.events == [("acquire", 4096, "write"), ("space", 4096), ("acquire", 100, "read")]
+
+
+def test_copies_are_paced_on_a_drain_session_of_their_own_closed_when_idle() -> None:
+    rig = BufferRig(session_idle=10)
+    job = rig.pacer.job_of(A)
+    rig.pacer.data(A, "write", 10, space=True)
+    rig.pacer.drain(job, 1 << 20)
+    rig.pacer.drain(job, 5)
+    (drain,) = rig.drains
+    assert drain.events == [("acquire", 1 << 20, "write"), ("acquire", 5, "write")]
+    (app,) = rig.of("a")
+    assert ("acquire", 5, "write") not in app.events  # not booked as the job's I/O
+    rig.now += 11
+    rig.pacer.sweep()
+    assert drain.closed and app.closed
+    rig.pacer.drain(job, 7)  # a later copy opens another
+    assert len(rig.drains) == 2 and rig.drains[1].events == [("acquire", 7, "write")]
+
+
+def test_buffer_reports_reach_the_jobs_session_and_its_next_one() -> None:
+    rig = BufferRig(session_idle=10)
+    job = rig.pacer.job_of(A)
+    rig.pacer.report_buffer(job, 100, 50, "")  # no session yet: kept
+    rig.pacer.data(A, "write", 1, space=True)
+    (first,) = rig.of("a")
+    assert first.events[0] == ("buffer", 100, 50, "")
+    rig.pacer.report_buffer(job, 200, 0, "PFS_DIR not writable: Permission denied")
+    assert first.events[-1] == ("buffer", 200, 0, "PFS_DIR not writable: Permission denied")
