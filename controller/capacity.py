@@ -17,7 +17,7 @@ holder's reservation (added grows by what resident grows, or resident shrinks by
 — except a resident that grew beyond what was added, which the books take as it comes.
 
 Grants (`CapacityBooks.grant`): a holder that is writing — its ``added`` grew since its
-previous report, it reports waiting, or its unused grant is below half a chunk — is topped up
+previous report, or it reports waiting — is topped up
 to an unused grant of one chunk, ``max(min_chunk, rate × horizon)``, doubled for every report
 in which it still waits with space in hand and has added nothing (a write larger than a
 chunk then gets through), at most S. When ``free`` does not cover every top-up it is shared
@@ -268,7 +268,9 @@ class CapacityBooks:
         for sid, h in self.holders.items():
             chunk = self._chunk(h)
             unused = h.unused
-            if (h.grew or h.waiting or unused < chunk / 2) and unused < chunk:
+            # Only a holder that writes now: one that never wrote (a reader) or stopped
+            # writing holds no space it does not use (what it holds stays its own).
+            if (h.grew or h.waiting) and unused < chunk:
                 wants[sid] = float(chunk - unused)
                 weights[sid] = float(chunk)
         if not wants:

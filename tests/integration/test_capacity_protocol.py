@@ -70,9 +70,13 @@ async def test_space_comes_in_allocations_and_a_rise_is_sent_at_once(
     s = RawSession(channel)
     await s.send(hello(buffer=pb.Buffer(added=0)))
     first = await s.allocation()
-    assert first.HasField("space")
-    # Opened with nothing unused; the grant follows at once: a copy with the same epoch.
-    alloc = first if first.space.limit > 0 else await s.allocation()
+    # Opened with nothing unused, and a session that does not write gets no space: a reader
+    # holds none of S.
+    assert first.HasField("space") and first.space.limit == 0
+    assert bb.books.used == 0
+    # Its first write waits and says so: the grant follows at once, a copy with the same epoch.
+    await s.send(usage(pb.Buffer(), waiting=True))
+    alloc = await s.allocation()
     assert alloc.space.limit == MiB and alloc.epoch == first.epoch
     # It writes its MiB and says it waits: topped up again, without any rate change.
     await s.send(usage(pb.Buffer(resident=MiB, pending=MiB, added=MiB), waiting=True))
