@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) bench/controller_events.py
 	$(PY) bench/sim_speed.py
 	$(PY) bench/persched_speed.py
+	$(PY) bench/dpsac_speed.py --drain
 	$(PY) bench/split_speed.py
 	$(PY) bench/replica_sync.py
 	$(PY) bench/fairness.py
