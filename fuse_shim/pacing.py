@@ -395,13 +395,17 @@ class Pacer:
                 continue
             try:
                 session = state.session
+                # A job whose files still wait for the PFS keeps its session: the evictions
+                # to come must reach the controller (a closed session's resident stays parked
+                # at its last value there, holding space that the drain has freed).
+                pending = state.buffer is not None and state.buffer[1] > 0
                 if session is not None:
-                    if state.inflight == 0 and now - state.last_active >= idle:
+                    if state.inflight == 0 and now - state.last_active >= idle and not pending:
                         to_close.append((state.job, session))
                         state.session = None
                     else:
-                        # In flight: idle at the earliest ``idle`` after it ends.
-                        since = now if state.inflight else state.last_active
+                        # In flight or pending: idle at the earliest ``idle`` after it ends.
+                        since = now if state.inflight or pending else state.last_active
                         next_at = min(next_at, since + idle)
                 drain = state.drain
                 if drain is not None:

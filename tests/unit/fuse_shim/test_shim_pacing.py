@@ -389,3 +389,21 @@ def test_buffer_reports_reach_the_jobs_session_and_its_next_one() -> None:
     assert first.events[0] == ("buffer", 100, 50, "")
     rig.pacer.report_buffer(job, 200, 0, "PFS_DIR not writable: Permission denied")
     assert first.events[-1] == ("buffer", 200, 0, "PFS_DIR not writable: Permission denied")
+
+
+def test_a_job_whose_files_still_drain_keeps_its_session_until_they_are_on_the_pfs() -> None:
+    """The evictions must reach the controller: a session closed while files pend would
+    leave its resident parked at the last value, holding space the drain frees."""
+    rig = BufferRig(session_idle=10)
+    job = rig.pacer.job_of(A)
+    rig.pacer.data(A, "write", 10, space=True)
+    rig.pacer.report_buffer(job, 10 << 20, 10 << 20, "")  # written, not copied yet
+    rig.now += 11
+    rig.pacer.sweep()
+    (app,) = rig.of("a")
+    assert not app.closed  # idle, but its files pend
+    rig.pacer.report_buffer(job, 0, 0, "")  # copied and evicted
+    assert app.events[-1] == ("buffer", 0, 0, "")  # reported on the open session
+    rig.now += 11
+    rig.pacer.sweep()
+    assert app.closed
