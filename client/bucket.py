@@ -332,7 +332,63 @@ def _wake(future: asyncio.Future[None]) -> None:
         future.set_result(None)
 
 
-class Throttle:
+class Waiters:
+    """The waiting side shared by `Throttle` and the space gate (`client/space.py`): a lock
+    and condition for threads, futures for coroutines, and the wait bookkeeping a usage report
+    takes (how many wait, for how long so far, and whether the controller was told).
+
+    ``on_wait_start`` is called, with the lock held, when a wait starts while the last
+    reported snapshot said nobody waited (one notice per transition); it may not block nor
+    call back. Subclasses call `_start_wait` / `_finish_wait` around a wait and `_wake_all`
+    on every change that may end one, all with ``_cond`` held.
+    """
+
+    def __init__(
+        self, clock: Callable[[], float], on_wait_start: Callable[[], None] | None
+    ) -> None:
+        self._clock = clock
+        self._on_wait_start = on_wait_start
+        self._cond = threading.Condition(threading.Lock())
+        self._wakeups: set[asyncio.Future[None]] = set()
+        # Wait time of finished waits, plus (waiters * now - sum of their start times) for the
+        # ongoing ones, so a report mid-wait accounts the wait so far.
+        self._wait_done = 0.0
+        self._waiters = 0
+        self._wait_starts = 0.0
+        self._reported_waiting = False
+
+    @property
+    def waiting(self) -> bool:
+        with self._cond:
+            return self._waiters > 0
+
+    def _waited(self, now: float) -> float:
+        """Seconds spent waiting so far, finished and ongoing waits (lock held)."""
+        return self._wait_done + self._waiters * now - self._wait_starts
+
+    def _start_wait(self, now: float) -> None:
+        self._waiters += 1
+        self._wait_starts += now
+        if not self._reported_waiting and self._on_wait_start is not None:
+            # One notice per transition: the next one needs a report that said "not waiting".
+            self._reported_waiting = True
+            self._on_wait_start()
+
+    def _finish_wait(self, start: float) -> None:
+        self._waiters -= 1
+        # Reset when idle so the running sum of start times cannot drift by rounding.
+        self._wait_starts = self._wait_starts - start if self._waiters else 0.0
+        self._wait_done += self._clock() - start
+
+    def _wake_all(self) -> None:
+        self._cond.notify_all()
+        for future in self._wakeups:
+            # RuntimeError: its loop is closed, and the coroutine waiting on it is gone with it.
+            with contextlib.suppress(RuntimeError):
+                future.get_loop().call_soon_threadsafe(_wake, future)
+
+
+class Throttle(Waiters):
     """A `TokenBucket` shared by threads and coroutines.
 
     Blocking callers wait on a `threading.Condition`, coroutines on a future, both with the
@@ -350,12 +406,9 @@ class Throttle:
         on_wait_start: Callable[[], None] | None = None,
         on_rate_change: Callable[[float], None] | None = None,
     ) -> None:
-        self._clock = clock
-        self._on_wait_start = on_wait_start
+        super().__init__(clock, on_wait_start)
         self._on_rate_change = on_rate_change
-        self._cond = threading.Condition(threading.Lock())
         self._bucket = TokenBucket(now=clock())
-        self._wakeups: set[asyncio.Future[None]] = set()
         self._closed = False
         self._bytes = 0
         self._acquires = 0
@@ -363,12 +416,6 @@ class Throttle:
         # of the acquire that moved it (not of whatever operation happens to be open)
         self._by_kind = [0, 0, 0, 0]  # indexed by the wire OpKind: -, read, write, metadata
         self._kind_acquires = [0, 0, 0, 0]
-        # Wait time of finished waits, plus (waiters * now - sum of their start times) for the
-        # ongoing ones, so a report mid-wait accounts the wait so far.
-        self._wait_done = 0.0
-        self._waiters = 0
-        self._wait_starts = 0.0
-        self._reported_waiting = False
 
     @property
     def rate(self) -> float:
@@ -377,11 +424,6 @@ class Throttle:
     @property
     def burst(self) -> float:
         return self._bucket.burst
-
-    @property
-    def waiting(self) -> bool:
-        with self._cond:
-            return self._waiters > 0
 
     @property
     def total_wait_seconds(self) -> float:
@@ -422,7 +464,7 @@ class Throttle:
             stats = ThrottleStats(
                 bytes=self._bytes,
                 acquires=self._acquires,
-                wait_seconds=self._wait_done + self._waiters * now - self._wait_starts,
+                wait_seconds=self._waited(now),
                 waiting=self._waiters > 0 or assume_waiting,
                 bytes_read=self._by_kind[pb.OP_KIND_READ],
                 bytes_written=self._by_kind[pb.OP_KIND_WRITE],
@@ -495,24 +537,3 @@ class Throttle:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("session is closed")
-
-    def _start_wait(self, now: float) -> None:
-        self._waiters += 1
-        self._wait_starts += now
-        if not self._reported_waiting and self._on_wait_start is not None:
-            # One notice per transition: the next one needs a report that said "not waiting".
-            self._reported_waiting = True
-            self._on_wait_start()
-
-    def _finish_wait(self, start: float) -> None:
-        self._waiters -= 1
-        # Reset when idle so the running sum of start times cannot drift by rounding.
-        self._wait_starts = self._wait_starts - start if self._waiters else 0.0
-        self._wait_done += self._clock() - start
-
-    def _wake_all(self) -> None:
-        self._cond.notify_all()
-        for future in self._wakeups:
-            # RuntimeError: its loop is closed, and the coroutine waiting on it is gone with it.
-            with contextlib.suppress(RuntimeError):
-                future.get_loop().call_soon_threadsafe(_wake, future)

@@ -22,13 +22,11 @@ at most `MAX_WAIT_SLICE` and re-checked on every change.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from burstctl.client.bucket import MAX_WAIT_SLICE
+from burstctl.client.bucket import MAX_WAIT_SLICE, Waiters
 from burstctl.limits import MAX_DRAIN_ERROR
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -42,12 +40,7 @@ class SpaceStats:
     wait_seconds: float
 
 
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class SpaceGate:
+class SpaceGate(Waiters):
     """``added``, the space limit, the buffer gauges, and the writers waiting for space.
 
     ``on_wait_start`` is called with the lock held when a writer starts waiting while the last
@@ -61,11 +54,8 @@ class SpaceGate:
         on_wait_start: Callable[[], None] | None = None,
         on_error_change: Callable[[], None] | None = None,
     ) -> None:
-        self._clock = clock
-        self._on_wait_start = on_wait_start
+        super().__init__(clock, on_wait_start)
         self._on_error_change = on_error_change
-        self._cond = threading.Condition(threading.Lock())
-        self._wakeups: set[asyncio.Future[None]] = set()
         self._added = 0
         self._limit: int | None = None  # the controller's last space limit, None = none
         self._attaching = True  # no allocation yet and the attach timeout has not passed
@@ -74,10 +64,6 @@ class SpaceGate:
         self._resident = 0
         self._pending = 0
         self._drain_error = ""
-        self._waiters = 0
-        self._wait_starts = 0.0
-        self._wait_done = 0.0
-        self._reported_waiting = False
 
     # ------------------------------------------------------------------ state
 
@@ -91,11 +77,6 @@ class SpaceGate:
     def added(self) -> int:
         with self._cond:
             return self._added
-
-    @property
-    def waiting(self) -> bool:
-        with self._cond:
-            return self._waiters > 0
 
     # ------------------------------------------------------------------ the writers' side
 
@@ -112,7 +93,7 @@ class SpaceGate:
         """Blocks until ``nbytes`` more fit under the limit, then adds them to ``added``."""
         with self._cond:
             if self._blocked(nbytes):
-                start = self._start_wait()
+                start = self._begin_wait()
                 try:
                     while self._blocked(nbytes):
                         self._cond.wait(MAX_WAIT_SLICE)
@@ -127,7 +108,7 @@ class SpaceGate:
             if not self._blocked(nbytes):
                 self._added += nbytes
                 return
-            start = self._start_wait()
+            start = self._begin_wait()
         try:
             while True:
                 wakeup: asyncio.Future[None] = loop.create_future()
@@ -217,7 +198,7 @@ class SpaceGate:
                     drain_error=self._drain_error,
                 ),
                 waiting=self._waiters > 0,
-                wait_seconds=self._wait_done + self._waiters * now - self._wait_starts,
+                wait_seconds=self._waited(now),
             )
             if reported:
                 self._reported_waiting = stats.waiting
@@ -225,22 +206,7 @@ class SpaceGate:
 
     # ------------------------------------------------------------------ internals (lock held)
 
-    def _start_wait(self) -> float:
+    def _begin_wait(self) -> float:
         now = self._clock()
-        self._waiters += 1
-        self._wait_starts += now
-        if not self._reported_waiting and self._on_wait_start is not None:
-            self._reported_waiting = True
-            self._on_wait_start()
+        self._start_wait(now)
         return now
-
-    def _finish_wait(self, start: float) -> None:
-        self._waiters -= 1
-        self._wait_starts = self._wait_starts - start if self._waiters else 0.0
-        self._wait_done += self._clock() - start
-
-    def _wake_all(self) -> None:
-        self._cond.notify_all()
-        for future in self._wakeups:
-            with contextlib.suppress(RuntimeError):
-                future.get_loop().call_soon_threadsafe(_wake, future)
