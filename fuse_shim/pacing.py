@@ -385,6 +385,7 @@ class Pacer:
         """
         now = self._clock() if now is None else now
         idle = self._config.session_idle
+        draining = self._config.stage_out is not None  # else nothing pending ever leaves
         next_at = math.inf
         to_close: list[tuple[JobInfo, SessionLike]] = []
         with self._lock:
@@ -395,10 +396,11 @@ class Pacer:
                 continue
             try:
                 session = state.session
-                # A job whose files still wait for the PFS keeps its session: the evictions
-                # to come must reach the controller (a closed session's resident stays parked
-                # at its last value there, holding space that the drain has freed).
-                pending = state.buffer is not None and state.buffer[1] > 0
+                # A job whose files still wait for the PFS (with --stage-out) keeps its
+                # session: the evictions to come must reach the controller (a closed
+                # session's resident stays parked at its last value there, holding space
+                # that the drain has freed).
+                pending = draining and state.buffer is not None and state.buffer[1] > 0
                 if session is not None:
                     if state.inflight == 0 and now - state.last_active >= idle and not pending:
                         to_close.append((state.job, session))

@@ -105,7 +105,7 @@ def test_writers_wait_for_space_and_the_buffer_never_overflows(controller_factor
         assert ctl.url is not None
         # While they write, the controller knows the residents and who waits for space.
         seen = wait_until(
-            lambda: (c := capacity(ctl.url))["waiting"] and c["used"] > 0 and c,
+            lambda: (c := capacity(ctl.url))["waiting"] and c["resident"] > 0 and c,
             10,
             message="a writer waiting for space, in /v1/capacity",
         )

@@ -394,7 +394,7 @@ def test_buffer_reports_reach_the_jobs_session_and_its_next_one() -> None:
 def test_a_job_whose_files_still_drain_keeps_its_session_until_they_are_on_the_pfs() -> None:
     """The evictions must reach the controller: a session closed while files pend would
     leave its resident parked at the last value, holding space the drain frees."""
-    rig = BufferRig(session_idle=10)
+    rig = BufferRig(session_idle=10, stage_out=Path("/pfs"))
     job = rig.pacer.job_of(A)
     rig.pacer.data(A, "write", 10, space=True)
     rig.pacer.report_buffer(job, 10 << 20, 10 << 20, "")  # written, not copied yet
@@ -406,4 +406,15 @@ def test_a_job_whose_files_still_drain_keeps_its_session_until_they_are_on_the_p
     assert app.events[-1] == ("buffer", 0, 0, "")  # reported on the open session
     rig.now += 11
     rig.pacer.sweep()
+    assert app.closed
+
+
+def test_without_stage_out_nothing_drains_so_pending_bytes_keep_no_session_open() -> None:
+    rig = BufferRig(session_idle=10)
+    job = rig.pacer.job_of(A)
+    rig.pacer.data(A, "write", 10, space=True)
+    rig.pacer.report_buffer(job, 10 << 20, 10 << 20, "")  # on the buffer for good
+    rig.now += 11
+    rig.pacer.sweep()
+    (app,) = rig.of("a")
     assert app.closed
