@@ -1,4 +1,4 @@
-"""``burstctl policy|jobs|job ...``: admin commands over the REST API (docs/rest.md).
+"""``burstctl policy|jobs|job|placement ...``: admin commands over the REST API (docs/rest.md).
 
 Every command takes ``--url`` (``BURSTCTL_URL``, default the controller's
 default ``--http-listen``) and, for mutations, a bearer token: ``--token``
@@ -223,6 +223,12 @@ def job() -> None:
 @click.option("--group", required=True, help="Owner group (or account) name.")
 @click.option("--nodes", type=int, required=True, help="p_i, compute nodes of the job.")
 @click.option("--priority", type=float, default=1.0, show_default=True)
+@click.option(
+    "--app",
+    default=None,
+    help="Application name, the key of its profile for placement advice"
+    " [default: the job id's prefix].",
+)
 @_connection_options
 def job_register(
     job_id: str,
@@ -230,12 +236,21 @@ def job_register(
     group: str,
     nodes: int,
     priority: float,
+    app: str | None,
     url: str,
     token: str | None,
     token_file: Path | None,
 ) -> None:
     """Register JOB_ID; its metadata wins over what its clients claim."""
-    body = {"job_id": job_id, "user": user, "group": group, "nodes": nodes, "priority": priority}
+    body: dict[str, Any] = {
+        "job_id": job_id,
+        "user": user,
+        "group": group,
+        "nodes": nodes,
+        "priority": priority,
+    }
+    if app:
+        body["app"] = app
     j = Api(url, token, token_file).request("POST", "/v1/jobs", body)
     click.echo(f"job {j['job_id']} registered ({j['user']}/{j['group']}, {j['nodes']} nodes)")
 
@@ -247,6 +262,108 @@ def job_retire(job_id: str, url: str, token: str | None, token_file: Path | None
     """Retire JOB_ID's registration (its open sessions keep going until they close)."""
     Api(url, token, token_file).request("DELETE", f"/v1/jobs/{quote(job_id, safe='')}")
     click.echo(f"job {job_id} retired")
+
+
+ALLOCATOR_CHOICES = ("random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp")
+PLACEMENT_CHOICES = ("random", "greedy-non-clairvoyant", "greedy-clairvoyant")
+
+
+@click.command()
+@_connection_options
+@click.option(
+    "--allocator",
+    type=click.Choice(ALLOCATOR_CHOICES),
+    default=None,
+    help="Allocator to ask for [default: chosen by each job's information level].",
+)
+@click.option(
+    "--placement",
+    "placement_name",
+    type=click.Choice(PLACEMENT_CHOICES),
+    default=None,
+    help="Placement to ask for [default: chosen by information level].",
+)
+@click.option(
+    "--job",
+    "job_id",
+    default=None,
+    help="Advise this one job about to start (POST /v1/placement) instead of all"
+    " (needs --user, --group, --nodes).",
+)
+@click.option("--user", default=None, help="With --job: its user.")
+@click.option("--group", default=None, help="With --job: its group.")
+@click.option("--nodes", type=int, default=None, help="With --job: its compute nodes (Q_j).")
+@click.option("--app", default=None, help="With --job: its application name.")
+@click.option(
+    "--export",
+    "as_export",
+    is_flag=True,
+    help="With --job: print `export BURSTCTL_REPLICAS=host:port,...` (a Slurm TaskProlog).",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print the raw JSON.")
+def placement(
+    url: str,
+    token: str | None,
+    token_file: Path | None,
+    allocator: str | None,
+    placement_name: str | None,
+    job_id: str | None,
+    user: str | None,
+    group: str | None,
+    nodes: int | None,
+    app: str | None,
+    as_export: bool,
+    as_json: bool,
+) -> None:
+    """Placement advice over the live replicas ([DIST-IO]; docs/placement-live.md): how many
+    and which replicas each job should use, the allocator and information level used, and the
+    I/O-load."""
+    api = Api(url, token, token_file)
+    if job_id is None:
+        if as_export:
+            raise click.UsageError("--export needs --job")
+        query = "&".join(
+            f"{k}={v}" for k, v in (("allocator", allocator), ("placement", placement_name)) if v
+        )
+        advice = api.request("GET", "/v1/placement" + (f"?{query}" if query else ""))
+    else:
+        missing = [
+            f"--{n}" for n, v in (("user", user), ("group", group), ("nodes", nodes)) if v is None
+        ]
+        if missing:
+            raise click.UsageError(f"--job needs {', '.join(missing)}")
+        body: dict[str, Any] = {"job_id": job_id, "user": user, "group": group, "nodes": nodes}
+        for key, value in (("app", app), ("allocator", allocator), ("placement", placement_name)):
+            if value:
+                body[key] = value
+        advice = api.request("POST", "/v1/placement", body)
+    if as_json:
+        click.echo(json.dumps(advice, indent=2))
+        return
+    if as_export:
+        mine = advice["jobs"][0]["addresses"] if advice["jobs"] else []
+        click.echo(f"export BURSTCTL_REPLICAS={','.join(mine)}")
+        return
+    load = advice["io_load"]
+    click.echo(
+        f"{len(advice['replicas'])} live replicas: {', '.join(advice['replicas'])}; "
+        f"I/O-load {'-' if load is None else f'{load:.3f}'}"
+    )
+    columns = ("job", "count", "replicas", "allocator", "level", "fallback")
+    table = [columns] + [
+        (
+            j["job_id"],
+            str(j["count"]),
+            ",".join(j["replicas"]),
+            j["allocator_used"],
+            str(j["level"]),
+            j["fallback"] or "-",
+        )
+        for j in advice["jobs"]
+    ]
+    widths = [max(len(r[i]) for r in table) for i in range(len(columns))]
+    for r in table:
+        click.echo("  ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)).rstrip())
 
 
 @click.command()

@@ -983,6 +983,7 @@ main.add_command(admin_cli.policy)
 main.add_command(admin_cli.jobs)
 main.add_command(admin_cli.job)
 main.add_command(admin_cli.top)
+main.add_command(admin_cli.placement)
 
 if __name__ == "__main__":
     sys.exit(main())

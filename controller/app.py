@@ -14,6 +14,7 @@ import asyncio
 import gc
 import json
 import logging
+import socket
 import time
 from collections.abc import Callable
 from typing import Any
@@ -23,12 +24,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from burstctl.channels import ChannelSecurity, read_secret
+from burstctl.controller.advice import JobInput, Resource
 from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.jobs import JobMeta, JobTable
+from burstctl.controller.jobs import JobMeta, JobState, JobStatus, JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
+from burstctl.controller.profiles import AppKey, PhaseRecorder, ProfileStore, app_name
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
@@ -67,6 +70,14 @@ class Replica:
         )
         self.ledger = Ledger(config.state_dir, retention=config.job_retention, clock=clock)
         self.table.on_new_job = self.ledger.restore
+        # What applications did in their I/O phases: the input of placement advice.
+        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
+        self.table.on_phase = PhaseRecorder(
+            self.profiles,
+            key_of=self.app_key,
+            count_of=lambda job_id: len(self.presence({job_id}).get(job_id, ())),
+            bytes_of=lambda job: job.counters.bytes,
+        )
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
         # Credentials are read in start(), so a missing file fails there, as a port does.
@@ -158,9 +169,21 @@ class Replica:
         except StateError as exc:
             log.error("%s; starting with the configured policy and no registered jobs", exc)
             return
+        loaded = self.profiles.load()
+        if loaded:
+            log.info("loaded %d application profiles from %s", loaded, self.profiles.path)
         for job in state.jobs:
             self.table.register(
-                JobMeta(job.job_id, job.user, job.group, job.nodes, job.priority, job.w, job.vol_io)
+                JobMeta(
+                    job.job_id,
+                    job.user,
+                    job.group,
+                    job.nodes,
+                    job.priority,
+                    job.w,
+                    job.vol_io,
+                    app=job.app,
+                )
             )
         if state.jobs:
             log.info("resumed %d registered jobs from %s", len(state.jobs), self.store.path)
@@ -177,6 +200,7 @@ class Replica:
                     priority=m.priority,
                     w=m.w,
                     vol_io=m.vol_io,
+                    app=m.app,
                 )
                 for m in sorted(self.table.registered.values(), key=lambda m: m.job_id)
             ]
@@ -222,6 +246,71 @@ class Replica:
                 )
                 self.table.close_session(session)
         return previous is None
+
+    # -- placement advice (controller/advice.py) -------------------------------
+    def app_key(self, job: JobState | JobMeta) -> AppKey:
+        meta = job.meta if isinstance(job, JobState) else job
+        return app_name(meta.job_id, meta.app), meta.nodes
+
+    def placement_resources(self) -> list[Resource]:
+        """This replica and its live peers, with their gRPC addresses and capacities."""
+        out = [Resource(self.config.replica_id, self.advertised_address, self.config.capacity)]
+        sync = self.peer_sync
+        if sync is None:
+            return out
+        addresses = {
+            link.replica_id: link.address for link in sync.links if link.replica_id is not None
+        }
+        for rid in sync.membership.live_peers():
+            heard = sync.membership.last_heard(rid)
+            if heard is not None and rid in addresses:
+                out.append(Resource(rid, addresses[rid], heard[0].capacity))
+        return out
+
+    @property
+    def advertised_address(self) -> str:
+        """The gRPC address clients reach this replica at: the listen address, the host
+        name in place of a wildcard."""
+        host, _ = split_host_port(self.config.grpc_listen)
+        if host in ("0.0.0.0", "[::]", "::"):
+            host = socket.getfqdn()
+        return f"{host}:{self.grpc_port}"
+
+    def presence(self, wanted: set[str] | None = None) -> dict[str, list[str]]:
+        """Job id -> the replicas it has live sessions on (this one, and the live peers whose
+        last digest lists it), for the ``wanted`` jobs (None: every job)."""
+        where: dict[str, list[str]] = {}
+        for job_id, job in self.table.jobs.items():
+            if job.sessions and (wanted is None or job_id in wanted):
+                where[job_id] = [self.config.replica_id]
+        if self.peer_sync is not None:
+            for d in self.peer_sync.membership.digests():
+                ids = d.jobs.job_id if wanted is None else wanted.intersection(d.jobs.job_id)
+                for job_id in ids:
+                    where.setdefault(job_id, []).append(d.replica_id)
+        return where
+
+    def placement_jobs(self) -> list[JobInput]:
+        """The jobs advice is given for: registered ones and those with live sessions here,
+        each with what its application's profile knows."""
+        metas: dict[str, JobMeta] = dict(self.table.registered)
+        for job_id, job in self.table.jobs.items():
+            if job.status is JobStatus.ACTIVE and job.sessions:
+                metas.setdefault(job_id, job.meta)
+        return [self.job_input(metas[job_id]) for job_id in sorted(metas)]
+
+    def job_input(self, meta: JobMeta) -> JobInput:
+        profile = self.profiles.get(self.app_key(meta))
+        if profile is None or profile.phases == 0:
+            return JobInput(meta.job_id, meta.nodes)
+        return JobInput(
+            meta.job_id,
+            meta.nodes,
+            volume_per_phase=profile.volume_per_phase or None,
+            compute_seconds=profile.compute_seconds if profile.gaps else None,
+            phases=profile.phases,
+            bandwidth=dict(profile.bandwidth),
+        )
 
     def retire_job(self, job_id: str) -> bool:
         """Forgets a registration, persisted; False if the job was not registered."""
@@ -351,6 +440,20 @@ class Replica:
         while True:
             await asyncio.sleep(self.config.ledger_interval)
             await self._save_ledger()
+            await self._save_profiles()
+
+    async def _save_profiles(self) -> None:
+        """Saves the application profiles if they changed; the file is written off the loop."""
+        store = self.profiles
+        version = store.version
+        if version == store.saved_version:
+            return
+        try:
+            await asyncio.to_thread(store.write, store.snapshot())
+        except OSError as exc:
+            log.warning("cannot save the application profiles to %s: %s", store.path, exc)
+        else:
+            store.saved_version = version
 
     async def _save_ledger(self) -> None:
         """Saves the jobs' counters if they changed; the file is written off the loop."""
@@ -379,6 +482,7 @@ class Replica:
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
         await self._save_ledger()
+        await self._save_profiles()
         if self.peer_sync is not None:
             await self.peer_sync.close()
         self._stopped.set()

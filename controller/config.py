@@ -116,6 +116,19 @@ class ControllerConfig(BaseSettings):
         le=3600,
         description="s between two saves of the jobs' counters to <state_dir>/ledger.json",
     )
+    placement_compute_nodes: int | None = Field(
+        None,
+        ge=1,
+        le=MAX_NODES * MAX_JOBS,
+        description="Q^cpu for placement advice: compute nodes of the machine "
+        "(default: the sum of the nodes of the jobs advised)",
+    )
+    profile_max_keys: int = Field(
+        10_000,
+        ge=1,
+        le=1_000_000,
+        description="application profiles kept (<state_dir>/profiles.json)",
+    )
     log_level: str = Field("INFO", description="logging level")
     peers: Annotated[list[str], NoDecode] = Field(
         default_factory=list,

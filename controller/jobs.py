@@ -122,6 +122,7 @@ class JobMeta:
     # a periodic job's declared period (policy persched): compute s and bytes per iteration
     w: float = 0.0  # 0: not declared
     vol_io: float = 0.0
+    app: str = ""  # the application name of its profile (controller/profiles.py); "": none
 
 
 @dataclass(eq=False, slots=True)
@@ -317,6 +318,8 @@ class JobTable:
         self.on_new_job: Callable[[JobState], None] | None = None
         self.counters_version = 0  # bumped whenever a job's counters change
         self.counted: set[str] = set()  # jobs whose counters changed since the ledger looked
+        # Called with (job, in_io, now) whenever a job starts or ends an I/O phase (profiles).
+        self.on_phase: Callable[[JobState, bool, float], None] | None = None
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
@@ -391,6 +394,7 @@ class JobTable:
             priority=min(c.priority for c in claims),
             w=first.w,  # the oldest session's declared period
             vol_io=first.vol_io,
+            app=first.app,
         )
         if merged != job.meta:
             if len(claims) > 1:
@@ -457,6 +461,8 @@ class JobTable:
 
     def _update_phase(self, job: JobState, now: float) -> None:
         if job.update_phase(now):
+            if self.on_phase is not None:
+                self.on_phase(job, job.in_io(), now)
             self.io_changed()
 
     # -- client events --------------------------------------------------------

@@ -35,6 +35,14 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
+from burstctl.controller.advice import (
+    Advice,
+    AllocatorName,
+    JobInput,
+    PlacementName,
+    advise_all,
+    advise_one,
+)
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
 from burstctl.controller.jobs import JobMeta, JobState, JobStatus
@@ -182,12 +190,85 @@ class JobIn(BaseModel):
         description="a periodic job's bytes moved per iteration (policy persched)",
     )
 
+    app: Identifier | None = Field(
+        None, description="application name of its profile (default: the job id's prefix)"
+    )
+
     @model_validator(mode="after")
     def _both_or_neither(self) -> JobIn:
         if (self.w is None) != (self.vol_io is None):
             missing = "w" if self.w is None else "vol_io"
             raise ValueError(f"{missing}: must be set too: a period declares both w and vol_io")
         return self
+
+
+class PlacementJobIn(BaseModel):
+    """A job about to start, as a Slurm prolog describes it (``POST /v1/placement``)."""
+
+    model_config = ConfigDict(extra="forbid")
+    job_id: Identifier
+    user: Identifier
+    group: Identifier
+    nodes: int = Field(ge=1, le=MAX_NODES, description="Q_j, compute nodes")
+    app: Identifier | None = Field(None, description="application name (its profile's key)")
+    volume_per_phase: float | None = Field(
+        None, gt=0, le=MAX_PERIOD_VOL, allow_inf_nan=False, description="bytes per I/O phase"
+    )
+    compute_seconds: float | None = Field(
+        None, ge=0, le=MAX_PERIOD_W, allow_inf_nan=False, description="s between I/O phases"
+    )
+    phases: int | None = Field(None, ge=1, le=1_000_000, description="number of I/O phases")
+    bandwidth: dict[int, Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
+        None, description="b_j(n): bytes/s at n replicas, as {n: bytes/s}, n >= 1"
+    )
+    allocator: AllocatorName | None = None
+    placement: PlacementName | None = None
+
+    @model_validator(mode="after")
+    def _counts(self) -> PlacementJobIn:
+        for n in self.bandwidth or {}:
+            if n < 1:
+                raise ValueError(f"bandwidth: replica count {n} must be >= 1")
+        return self
+
+
+class PlacementJobOut(BaseModel):
+    job_id: str
+    replicas: list[str] = Field(description="ids of the advised replicas")
+    addresses: list[str] = Field(description="their gRPC addresses (BURSTCTL_REPLICAS)")
+    count: int = Field(description="n_j, the number of replicas")
+    allocator_used: str = Field(description="the allocator the job's information allowed")
+    level: int = Field(description="information level 0, 1 or 2 ([DIST-IO] Table II)")
+    fallback: str | None = Field(description="why not the allocator asked for; null if it was")
+
+
+class PlacementOut(BaseModel):
+    replicas: list[str] = Field(description="ids of the live replicas (N), capacity first")
+    io_load: float | None = Field(description="I/O-load of the advised allocation")
+    allocator: str | None = Field(description="the allocator asked for (null: by level)")
+    placement: str | None = Field(description="the placement asked for (null: by level)")
+    jobs: list[PlacementJobOut]
+
+
+def _placement_out(advice: Advice) -> PlacementOut:
+    return PlacementOut(
+        replicas=advice.replicas,
+        io_load=advice.io_load,
+        allocator=advice.allocator,
+        placement=advice.placement,
+        jobs=[
+            PlacementJobOut(
+                job_id=j.job_id,
+                replicas=j.replicas,
+                addresses=j.addresses,
+                count=j.count,
+                allocator_used=j.allocator_used,
+                level=j.level,
+                fallback=j.fallback,
+            )
+            for j in advice.jobs
+        ],
+    )
 
 
 class WindowOut(BaseModel):
@@ -583,6 +664,68 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         ]
 
     @app.get(
+        "/v1/placement",
+        dependencies=reads,
+        tags=["placement"],
+        response_model=PlacementOut,
+        responses=read_errors,
+    )
+    async def get_placement(
+        allocator: Annotated[
+            AllocatorName | None, Query(description="allocator (default: by information level)")
+        ] = None,
+        placement: Annotated[
+            PlacementName | None, Query(description="placement (default: by information level)")
+        ] = None,
+    ) -> PlacementOut:
+        """Placement advice ([DIST-IO]; docs/placement-live.md): for every registered job and
+        every job with live sessions here, how many and which live replicas it should use,
+        with the allocator and information level its profile allowed, and the I/O-load."""
+        advice = advise_all(
+            replica.placement_resources(),
+            replica.placement_jobs(),
+            compute_nodes=replica.config.placement_compute_nodes,
+            allocator=allocator,
+            placement=placement,
+        )
+        return _placement_out(advice)
+
+    @app.post(
+        "/v1/placement",
+        dependencies=reads,
+        tags=["placement"],
+        response_model=PlacementOut,
+        responses=read_errors,
+    )
+    async def post_placement(body: PlacementJobIn) -> PlacementOut:
+        """The advice for one job about to start, given the others (which keep their
+        placement). Advisory: nothing is stored, so it is protected as reads are."""
+        registered = replica.table.registered.get(body.job_id)
+        app_of = body.app or (registered.app if registered is not None else "")
+        meta = JobMeta(body.job_id, body.user, body.group, body.nodes, 1.0, app=app_of)
+        known = replica.job_input(meta)
+        new = JobInput(
+            body.job_id,
+            body.nodes,
+            volume_per_phase=body.volume_per_phase or known.volume_per_phase,
+            compute_seconds=(
+                body.compute_seconds if body.compute_seconds is not None else known.compute_seconds
+            ),
+            phases=body.phases or known.phases,
+            bandwidth=body.bandwidth or known.bandwidth,
+        )
+        advice = advise_one(
+            replica.placement_resources(),
+            new,
+            replica.placement_jobs(),
+            replica.presence(),
+            compute_nodes=replica.config.placement_compute_nodes,
+            allocator=body.allocator,
+            placement=body.placement,
+        )
+        return _placement_out(advice)
+
+    @app.get(
         "/v1/capacity",
         dependencies=reads,
         tags=["capacity"],
@@ -649,6 +792,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             body.priority,
             w=body.w or 0.0,
             vol_io=body.vol_io or 0.0,
+            app=body.app or "",
         )
         if not replica.register_job(meta):
             response.status_code = 200

@@ -74,6 +74,7 @@ class RegisteredJob(BaseModel):
     priority: float = 1.0
     w: float = 0.0  # a declared period (policy persched); 0: none
     vol_io: float = 0.0
+    app: str = ""  # application name of its profile (controller/profiles.py); "": none
 
 
 class ReplicaState(BaseModel):

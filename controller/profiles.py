@@ -1,0 +1,250 @@
+"""The profile store: what each application did in its past I/O phases (docs/placement-live.md).
+
+An *application* is keyed by ``(name, nodes)``: ``name`` is the ``app`` a job was registered
+with (``POST /v1/jobs``, field ``app``), else the job id's prefix before its first ``.``, ``_``
+or ``-`` (a Slurm array ``1234_7`` and a step ``1234.0`` share ``1234``); ``nodes`` is the job's
+node count Q_j. For each key the store keeps what the placement heuristics of [DIST-IO] read:
+
+- ``volume_per_phase``: the mean bytes of one I/O phase (v_io);
+- ``compute_seconds``: the mean time between two I/O phases (t_cpu, the compute gap);
+- ``phases``: how many phases were measured;
+- ``bandwidth``: b_j(n), bytes/s observed during phases at ``n`` replicas (EWMA per n).
+
+It is filled by :class:`PhaseRecorder` from the job table's phase changes: a phase starts with
+a job's first open operation and ends when its last one completes (``JobAccount.set_phase``);
+its volume is what the job's sessions booked on this replica during it. A job striped evenly
+over ``n`` replicas moves about ``n`` times that in all, so the volume and the bandwidth are
+scaled by ``n`` — the approximation of even striping ([DIST-IO] §III: n equal transfers). ``n``
+is this replica plus the live peers whose last digest lists the job.
+
+Bounded (``max_keys``, least recently updated dropped first) and persisted as JSON in the state
+directory (``profiles.json``, written to a temporary file and renamed: never half a file).
+Pure but for ``load``/``save``; the caller passes times.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import re
+import tempfile
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+PROFILES_FILE = "profiles.json"
+DEFAULT_MAX_KEYS = 10_000
+# Weight of the newest sample in the per-count bandwidth EWMA.
+BANDWIDTH_ALPHA = 0.5
+# A phase shorter than this gives no bandwidth sample (its duration is mostly noise).
+MIN_PHASE_SECONDS = 1e-3
+# Jobs whose current phase the recorder follows at most (the job table holds fewer).
+MAX_TRACKED_JOBS = 100_000
+
+AppKey = tuple[str, int]
+
+_PREFIX = re.compile(r"[._-]")
+
+
+def app_name(job_id: str, app: str = "") -> str:
+    """The application name of a job: its registered ``app``, else its id's prefix."""
+    if app:
+        return app
+    return _PREFIX.split(job_id, maxsplit=1)[0] or job_id
+
+
+@dataclass(slots=True)
+class AppProfile:
+    """What one application key did (module docstring)."""
+
+    volume_per_phase: float = 0.0  # mean bytes per phase
+    compute_seconds: float = 0.0  # mean gap between phases
+    phases: int = 0  # phases measured (volume and gap means)
+    gaps: int = 0  # gaps measured
+    bandwidth: dict[int, float] = field(default_factory=dict)  # n -> bytes/s
+
+    def observe(self, volume: float, seconds: float, gap: float | None, count: int) -> None:
+        self.phases += 1
+        self.volume_per_phase += (volume - self.volume_per_phase) / self.phases
+        if gap is not None and gap >= 0:
+            self.gaps += 1
+            self.compute_seconds += (gap - self.compute_seconds) / self.gaps
+        if seconds >= MIN_PHASE_SECONDS and volume > 0 and count >= 1:
+            sample = volume / seconds
+            prev = self.bandwidth.get(count)
+            self.bandwidth[count] = (
+                sample if prev is None else BANDWIDTH_ALPHA * sample + (1 - BANDWIDTH_ALPHA) * prev
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "volume_per_phase": self.volume_per_phase,
+            "compute_seconds": self.compute_seconds,
+            "phases": self.phases,
+            "gaps": self.gaps,
+            "bandwidth": {str(n): b for n, b in sorted(self.bandwidth.items())},
+        }
+
+    @classmethod
+    def from_json(cls, raw: dict[str, Any]) -> AppProfile:
+        bandwidth = {int(n): float(b) for n, b in dict(raw.get("bandwidth", {})).items()}
+        profile = cls(
+            volume_per_phase=float(raw.get("volume_per_phase", 0.0)),
+            compute_seconds=float(raw.get("compute_seconds", 0.0)),
+            phases=int(raw.get("phases", 0)),
+            gaps=int(raw.get("gaps", 0)),
+            bandwidth={n: b for n, b in bandwidth.items() if n >= 1 and b > 0 and math.isfinite(b)},
+        )
+        numbers = (profile.volume_per_phase, profile.compute_seconds)
+        if profile.phases < 0 or profile.gaps < 0 or not all(math.isfinite(x) for x in numbers):
+            raise ValueError("bad numbers")
+        return profile
+
+
+class ProfileStore:
+    """Profiles by application key, at most ``max_keys`` (LRU), saved under ``state_dir``."""
+
+    def __init__(self, state_dir: Path | None, max_keys: int = DEFAULT_MAX_KEYS) -> None:
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be >= 1, got {max_keys}")
+        self.path = state_dir / PROFILES_FILE if state_dir is not None else None
+        self.max_keys = max_keys
+        self._profiles: OrderedDict[AppKey, AppProfile] = OrderedDict()
+        self.version = 0  # bumped at every change
+        self.saved_version = 0
+
+    def __len__(self) -> int:
+        return len(self._profiles)
+
+    def get(self, key: AppKey) -> AppProfile | None:
+        return self._profiles.get(key)
+
+    def keys(self) -> list[AppKey]:
+        return list(self._profiles)
+
+    def observe(
+        self, key: AppKey, volume: float, seconds: float, gap: float | None, count: int
+    ) -> AppProfile:
+        """One I/O phase of ``key``: ``volume`` bytes in ``seconds`` at ``count`` replicas,
+        ``gap`` seconds after its previous phase (None: the first one seen)."""
+        profile = self._profiles.pop(key, None) or AppProfile()
+        profile.observe(volume, seconds, gap, count)
+        self._profiles[key] = profile
+        while len(self._profiles) > self.max_keys:
+            self._profiles.popitem(last=False)
+        self.version += 1
+        return profile
+
+    # -- persistence ----------------------------------------------------------
+    def load(self) -> int:
+        """Reads the saved profiles (a missing or unreadable file: none); how many."""
+        if self.path is None:
+            return 0
+        try:
+            raw = json.loads(self.path.read_text())
+            entries = raw["profiles"]
+        except FileNotFoundError:
+            return 0
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            log.warning("cannot read the profiles in %s: %s; starting empty", self.path, exc)
+            return 0
+        self._profiles.clear()
+        for entry in entries[-self.max_keys :] if isinstance(entries, list) else ():
+            try:
+                key = (str(entry["app"]), int(entry["nodes"]))
+                self._profiles[key] = AppProfile.from_json(entry)
+            except (KeyError, TypeError, ValueError) as exc:
+                log.warning("%s: skipped a bad profile entry (%s)", self.path, exc)
+        self.saved_version = self.version
+        return len(self._profiles)
+
+    def snapshot(self) -> dict[str, Any]:
+        """What ``save`` writes (least recently updated first), as plain values."""
+        return {
+            "profiles": [
+                {"app": name, "nodes": nodes, **p.to_json()}
+                for (name, nodes), p in self._profiles.items()
+            ]
+        }
+
+    def write(self, snapshot: dict[str, Any]) -> None:
+        """Writes a snapshot atomically (temporary file, fsync, rename); OSError if it cannot."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=".profiles-", dir=self.path.parent)
+        try:
+            with os.fdopen(fd, "w") as f:
+                json.dump(snapshot, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+            raise
+
+    def save(self) -> None:
+        version = self.version
+        self.write(self.snapshot())
+        self.saved_version = version
+
+
+@dataclass(slots=True)
+class _Phase:
+    started: float
+    bytes_at_start: int
+    last_end: float | None = None
+
+
+class PhaseRecorder:
+    """Turns a job table's phase changes into profile samples (module docstring).
+
+    ``key_of(job)`` gives the job's application key, ``count_of(job_id)`` the number of
+    replicas it is present on, ``bytes_of(job)`` the bytes it booked here so far. Holds one
+    small record per job with a phase seen; ``forget`` drops it.
+    """
+
+    def __init__(
+        self,
+        store: ProfileStore,
+        key_of: Callable[[Any], AppKey],
+        count_of: Callable[[str], int],
+        bytes_of: Callable[[Any], int],
+    ) -> None:
+        self.store = store
+        self._key_of = key_of
+        self._count_of = count_of
+        self._bytes_of = bytes_of
+        self._phases: dict[str, _Phase] = {}  # oldest first: the bound drops those
+
+    def __call__(self, job: Any, in_io: bool, now: float) -> None:
+        job_id: str = job.job_id
+        record = self._phases.get(job_id)
+        if in_io:
+            last_end = record.last_end if record is not None else None
+            self._phases.pop(job_id, None)
+            self._phases[job_id] = _Phase(now, self._bytes_of(job), last_end)
+            while len(self._phases) > MAX_TRACKED_JOBS:
+                del self._phases[next(iter(self._phases))]
+            return
+        if record is None:
+            return
+        count = max(1, self._count_of(job_id))
+        volume = max(0, self._bytes_of(job) - record.bytes_at_start) * count
+        gap = record.started - record.last_end if record.last_end is not None else None
+        self.store.observe(self._key_of(job), volume, now - record.started, gap, count)
+        record.last_end = now
+
+    def forget(self, job_id: str) -> None:
+        self._phases.pop(job_id, None)
+
+    def __len__(self) -> int:
+        return len(self._phases)
