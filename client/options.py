@@ -11,7 +11,7 @@ import math
 import os
 import socket
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -119,6 +119,55 @@ class SessionOptions:
             purpose=purpose,
             buffer=buffer,
         )
+
+
+CONTROLLERS_VAR = "BURSTCTL_CONTROLLERS"
+FOLLOW_ADVICE_VAR = "BURSTCTL_FOLLOW_ADVICE"
+REPLICAS_VAR = "BURSTCTL_REPLICAS"
+
+
+def _addresses(value: str | Sequence[str] | None, name: str) -> list[str]:
+    if value is None:
+        return []
+    items = value.split(",") if isinstance(value, str) else list(value)
+    out: list[str] = []
+    for item in items:
+        if not isinstance(item, str):
+            raise ValueError(f"{name} must hold 'host:port' strings, got {item!r}")
+        item = item.strip()
+        if item and item not in out:
+            out.append(item)
+    return out
+
+
+def resolve_targets(
+    target: str | Sequence[str] | None,
+    replicas: Sequence[str] | None,
+    follow_advice: bool | None,
+) -> list[str]:
+    """The addresses a session opens its streams on (docs/client.md, "Placement advice").
+
+    ``target``: one controller address or several (None or empty: ``BURSTCTL_CONTROLLERS``, a
+    comma list). Without advice the session uses the first. ``follow_advice`` (None:
+    ``BURSTCTL_FOLLOW_ADVICE=1``): the advised replicas, ``replicas`` or else
+    ``BURSTCTL_REPLICAS`` (written by the Slurm task prolog), one stream on each; with no
+    advice to follow, the first controller. ``replicas`` given is advice followed.
+    """
+    controllers = _addresses(target, "target") or _addresses(
+        os.environ.get(CONTROLLERS_VAR), CONTROLLERS_VAR
+    )
+    if follow_advice is None:
+        follow_advice = os.environ.get(FOLLOW_ADVICE_VAR, "").strip() in ("1", "true", "yes")
+    advised = _addresses(replicas, "replicas")
+    if not advised and follow_advice:
+        advised = _addresses(os.environ.get(REPLICAS_VAR), REPLICAS_VAR)
+    if advised:
+        return advised
+    if not controllers:
+        raise ValueError(
+            f"target must be a non-empty 'host:port' string or list (or set {CONTROLLERS_VAR})"
+        )
+    return controllers[:1]
 
 
 def _check_seconds(name: str, value: float, *, allow_zero: bool, allow_inf: bool) -> None:

@@ -8,6 +8,7 @@ hopping threads on the hot path; `AsyncSession` runs it on the caller's loop.
 from __future__ import annotations
 
 import concurrent.futures
+from collections.abc import Sequence
 from types import TracebackType
 
 from burstctl.channels import ChannelSecurity
@@ -25,6 +26,7 @@ from burstctl.client.options import (
     Purpose,
     RateObserver,
     SessionOptions,
+    resolve_targets,
 )
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
 
@@ -81,6 +83,35 @@ class AsyncOperation(_OperationBase):
         self._close()
 
 
+def _shares(nbytes: int, k: int) -> list[int]:
+    """``nbytes`` split evenly over ``k`` streams (the remainder one byte each to the first)."""
+    if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
+        return [nbytes] + [0] * (k - 1)  # the first engine's check raises for it
+    base, extra = divmod(nbytes, k)
+    return [base + (1 if i < extra else 0) for i in range(k)]
+
+
+class _Striped:
+    """Several explicit operations, one per stream, entered and left together."""
+
+    def __init__(self, parts: list[Operation]) -> None:
+        self._parts = parts
+
+    def __enter__(self) -> _Striped:
+        for part in self._parts:
+            part.__enter__()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        for part in self._parts:
+            part.__exit__(exc_type, exc, tb)
+
+
 class _SessionBase:
     """What both session flavours share: options, the engine and its read-only state."""
 
@@ -99,6 +130,7 @@ class _SessionBase:
         rate_observer: RateObserver | None = None,
         purpose: Purpose = "app",
         buffer: bool = False,
+        extra_targets: Sequence[str] = (),
     ) -> None:
         options = SessionOptions.build(
             target,
@@ -115,6 +147,30 @@ class _SessionBase:
             buffer=buffer,
         )
         self._engine = Engine(options)
+        # Striping over advised replicas (`Session`): one more stream per extra target, the
+        # same job and client id; the first engine holds the buffer and the rate observer.
+        self._engines = [self._engine] + [
+            Engine(
+                SessionOptions.build(
+                    extra,
+                    options.job,
+                    options.fallback,
+                    report_interval=report_interval,
+                    quiet_gap=quiet_gap,
+                    attach_timeout=attach_timeout,
+                    client_id=options.client_id,
+                    security=security,
+                    fallback_grace=fallback_grace,
+                    purpose=purpose,
+                )
+            )
+            for extra in extra_targets
+        ]
+
+    @property
+    def targets(self) -> list[str]:
+        """The replica addresses the session has a stream on (several: striped)."""
+        return [e.options.target for e in self._engines]
 
     @property
     def job(self) -> JobInfo:
@@ -126,8 +182,9 @@ class _SessionBase:
 
     @property
     def rate(self) -> float:
-        """The rate in force, in bytes/s (``math.inf`` when unthrottled)."""
-        return self._engine.rate
+        """The rate in force, in bytes/s (``math.inf`` when unthrottled); striped: the sum
+        over the streams."""
+        return sum(e.rate for e in self._engines)
 
     @property
     def pattern(self) -> Pattern | None:
@@ -137,8 +194,8 @@ class _SessionBase:
 
     @property
     def attached(self) -> bool:
-        """True while an allocation from a live controller is in force."""
-        return self._engine.attached
+        """True while an allocation from a live controller is in force (on every stream)."""
+        return all(e.attached for e in self._engines)
 
     @property
     def refused(self) -> str | None:
@@ -150,12 +207,12 @@ class _SessionBase:
 
     @property
     def closed(self) -> bool:
-        return self._engine.closed
+        return all(e.closed for e in self._engines)
 
     @property
     def total_wait_seconds(self) -> float:
         """Seconds acquire and acquire_space calls have spent waiting, in total."""
-        return self._engine.total_wait_seconds
+        return sum(e.total_wait_seconds for e in self._engines)
 
     @property
     def purpose(self) -> Purpose:
@@ -190,7 +247,8 @@ class _SessionBase:
         For a caller that knows its burst of I/O is over; the next ``acquire`` posts a new
         implicit operation. A no-op when none is open (explicit operations are not touched).
         """
-        self._engine.end_phase()
+        for engine in self._engines:
+            engine.end_phase()
 
 
 class Session(_SessionBase):
@@ -214,11 +272,18 @@ class Session(_SessionBase):
     parallel file system (paced from the controller's ``--pfs-bandwidth``, booked as the job's
     ``drained`` bytes). ``buffer=True``: the session tracks a burst buffer — `report_buffer`
     and `acquire_space` (docs/capacity.md); only with ``purpose="app"``.
+
+    Placement advice (docs/client.md, "Placement advice"): ``target`` may be a list of
+    controller addresses (None: ``BURSTCTL_CONTROLLERS``); without advice the first is used.
+    With ``follow_advice=True`` (None: ``BURSTCTL_FOLLOW_ADVICE=1``) or ``replicas=[...]``, the
+    session opens one stream on each advised replica (``replicas``, else ``BURSTCTL_REPLICAS``
+    as the Slurm task prolog writes it) and splits every ``acquire`` and explicit operation
+    evenly over them ([DIST-IO]: even striping); buffer space is kept on the first.
     """
 
     def __init__(
         self,
-        target: str,
+        target: str | Sequence[str] | None,
         job: JobInfo | None = None,
         fallback: str | Fallback = DEFAULT_FALLBACK,
         *,
@@ -232,9 +297,12 @@ class Session(_SessionBase):
         rate_observer: RateObserver | None = None,
         purpose: Purpose = "app",
         buffer: bool = False,
+        replicas: Sequence[str] | None = None,
+        follow_advice: bool | None = None,
     ) -> None:
+        targets = resolve_targets(target, replicas, follow_advice)
         super().__init__(
-            target,
+            targets[0],
             job,
             fallback,
             report_interval=report_interval,
@@ -246,11 +314,13 @@ class Session(_SessionBase):
             rate_observer=rate_observer,
             purpose=purpose,
             buffer=buffer,
+            extra_targets=targets[1:],
         )
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")
         try:
-            self._runtime.start_engine(self._engine)
+            for engine in self._engines:
+                self._runtime.start_engine(engine)
         except BaseException:
             if self._owns_runtime:
                 self._runtime.close()
@@ -262,12 +332,18 @@ class Session(_SessionBase):
         return self._runtime
 
     def wait_attached(self, timeout: float | None = None) -> bool:
-        """Waits until the session is attached; returns whether it is."""
-        return self._engine.wait_attached(timeout)
+        """Waits until the session is attached (every stream); returns whether it is."""
+        return all([e.wait_attached(timeout) for e in self._engines])
 
     def acquire(self, nbytes: int, kind: str = "write") -> None:
-        """Blocks until the job's token bucket allows ``nbytes`` of I/O of ``kind``."""
-        self._engine.acquire(nbytes, kind)
+        """Blocks until the job's token bucket allows ``nbytes`` of I/O of ``kind``; striped,
+        each stream's bucket its even share."""
+        if len(self._engines) == 1:
+            self._engine.acquire(nbytes, kind)
+            return
+        for engine, share in zip(self._engines, _shares(nbytes, len(self._engines)), strict=True):
+            if share or engine is self._engine:
+                engine.acquire(share, kind)
 
     def acquire_space(self, nbytes: int) -> None:
         """Blocks until ``nbytes`` more bytes fit on the burst buffer (``buffer=True`` sessions;
@@ -280,9 +356,13 @@ class Session(_SessionBase):
         every waiter through. Never raises for a controller problem."""
         self._engine.acquire_space(nbytes)
 
-    def operation(self, kind: str, volume: int = 0) -> Operation:
-        """An explicit I/O operation of ``volume`` bytes (0 = unknown) for a ``with`` block."""
-        return Operation(self._engine, kind, volume)
+    def operation(self, kind: str, volume: int = 0) -> Operation | _Striped:
+        """An explicit I/O operation of ``volume`` bytes (0 = unknown) for a ``with`` block;
+        striped, one on each stream with its share of the volume."""
+        if len(self._engines) == 1:
+            return Operation(self._engine, kind, volume)
+        shares = _shares(volume, len(self._engines))
+        return _Striped([Operation(e, kind, v) for e, v in zip(self._engines, shares, strict=True)])
 
     def close(self) -> None:
         """Says Goodbye and ends the stream (and its own runtime's thread); idempotent."""
@@ -291,7 +371,8 @@ class Session(_SessionBase):
         if self._owns_runtime:
             self._runtime.close(CLOSE_TIMEOUT)
         else:
-            self._runtime.close_engine(self._engine).result(CLOSE_TIMEOUT)
+            for engine in self._engines:
+                self._runtime.close_engine(engine).result(CLOSE_TIMEOUT)
 
     def close_soon(self) -> concurrent.futures.Future[None]:
         """Starts closing without waiting; the future is done once the session said Goodbye.
@@ -301,6 +382,8 @@ class Session(_SessionBase):
         """
         if self._owns_runtime:
             return self._runtime.close_soon()
+        for engine in self._engines[1:]:
+            self._runtime.close_engine(engine)
         return self._runtime.close_engine(self._engine)
 
     def __enter__(self) -> Session:

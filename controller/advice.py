@@ -1,4 +1,4 @@
-"""Live placement advice: the adapter between a replica and ``policies/placement`` (docs/placement-live.md).
+"""Live placement advice: the adapter from a replica to ``policies/placement``.
 
 The mapping of [DIST-IO] onto burstctl (its §IV and the notes' runtime mapping): an I/O
 resource is one live replica (this one and the peers the membership holds live), N their
