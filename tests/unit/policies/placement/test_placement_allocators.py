@@ -22,7 +22,7 @@ from burstctl.policies.placement.allocators import (
     tcpu_reference,
     tcpu_rounds,
 )
-from burstctl.policies.placement.model import App, Profile, io_load, n_perf, n_sys
+from burstctl.policies.placement.model import App, Profile, cpu_load, io_load, n_perf, n_sys
 
 RNG = random.Random(0)
 
@@ -105,6 +105,31 @@ def test_tcpu_line_15_reading_gain_against_the_current_count() -> None:
     assert n_perf(app, 3) == 3
     assert tcpu_allocator([app], 3, Q_CPU, RNG) == [3]
     assert tcpu_rounds([app], 3, Q_CPU)[1] == 1
+
+
+def test_tcpu_line_15_reading_never_trades_cpuload_away() -> None:
+    """b = 1, 0.5, 0.8, 1.1 and room for n = 3 but not n = 4. The literal layout of line 15
+    would move π̃(a) to 2, then accept n = 3 for its gain over n = 2 although CPUload(a, 3) <
+    CPUload(a, 1); measured against π(a) = 1 (the reading implemented) no step is taken."""
+    a = App("a", q=4, t_cpu=100.0, v_io=100.0, profile=Profile((1.0, 0.5, 0.8, 1.1)))
+    other = App("o", q=1, t_cpu=400.0, v_io=100.0, profile=Profile((1.0,)))
+    # stress(a): 0.5, 4/3, 5/3, ≈1.905; 11 others of stress 0.2; N = 4: room while
+    # stress(a) ≤ 4 − 2.2 = 1.8
+    apps = [a] + [other] * 11
+    assert io_load(apps, [3] + [1] * 11, 4) <= 1 < io_load(apps, [4] + [1] * 11, 4)
+    assert cpu_load(a, 3) < cpu_load(a, 1) < cpu_load(a, 4)
+    assert tcpu_allocator(apps, 4, Q_CPU, RNG) == [1] * 12
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_tcpu_never_lowers_the_sum_of_cpuload(seed: int) -> None:
+    """Every committed step has a gain ≥ 0 against π(i), so Σ CPUload(π) ≥ Σ CPUload(π_sys)
+    and ≥ that of any single step's start (the line-15 reading)."""
+    apps, N = instance(seed)
+    pi = tcpu_allocator(apps, N, Q_CPU, RNG)
+    sys_ = nsys_allocator(apps, N, Q_CPU, RNG)
+    for app, n, s in zip(apps, pi, sys_, strict=True):
+        assert cpu_load(app, n) >= cpu_load(app, s)
 
 
 @pytest.mark.parametrize("seed", SEEDS)
