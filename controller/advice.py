@@ -73,6 +73,8 @@ class Advice:
     allocator: str | None
     placement: str | None
     jobs: list[JobAdvice]
+    placement_used: str | None = None
+    placement_note: str = ""
 
 
 def order(resources: Sequence[Resource]) -> list[Resource]:
@@ -136,7 +138,15 @@ def advise_all(
         return Advice(ids, 0.0 if ordered else None, allocator, placement, [])
     result = _advise(jobs, len(ordered), q_cpu(jobs, compute_nodes), allocator, placement)
     out = [_job_advice(result, i, j, ordered) for i, j in enumerate(jobs)]
-    return Advice(ids, float(result.io_load), allocator, placement, out)
+    return Advice(
+        ids,
+        float(result.io_load),
+        allocator,
+        placement,
+        out,
+        result.placement_used,
+        result.placement_note,
+    )
 
 
 def advise_one(
@@ -187,33 +197,19 @@ def advise_one(
         mine.level,
         mine.fallback,
     )
-    return Advice(ids, float(result.io_load), allocator, placement, [job])
+    return Advice(ids, float(result.io_load), allocator, placement, [job], "incremental")
 
 
 def _job_advice(result: Any, i: int, job: JobInput, ordered: Sequence[Resource]) -> JobAdvice:
+    """Job ``i`` of an ``information.Advice``, resources as replicas."""
     count = int(result.allocation[i])
     indices = sorted(int(k) for k in result.placement[i])
-    replicas = [ordered[k].replica_id for k in indices]
     return JobAdvice(
         job.job_id,
-        replicas,
+        [ordered[k].replica_id for k in indices],
         [ordered[k].address for k in indices],
         count,
-        _per_job(result.allocator_used, i),
-        int(_per_job(result.level, i)),
-        _fallback(result.fallbacks, i, job.job_id),
+        str(result.per_app_allocator[i]),
+        to_app(job).level,
+        result.fallbacks.get(job.job_id),
     )
-
-
-def _per_job(value: Any, i: int) -> Any:
-    return value[i] if isinstance(value, list | tuple) else value
-
-
-def _fallback(fallbacks: Any, i: int, job_id: str) -> str | None:
-    if isinstance(fallbacks, Mapping):
-        reason = fallbacks.get(job_id, fallbacks.get(i))
-    elif isinstance(fallbacks, list | tuple):
-        reason = fallbacks[i] if i < len(fallbacks) else None
-    else:
-        reason = None
-    return str(reason) if reason else None

@@ -247,6 +247,10 @@ class PlacementOut(BaseModel):
     io_load: float | None = Field(description="I/O-load of the advised allocation")
     allocator: str | None = Field(description="the allocator asked for (null: by level)")
     placement: str | None = Field(description="the placement asked for (null: by level)")
+    placement_used: str | None = Field(
+        description="the placement applied; `incremental` for POST (the others stay put)"
+    )
+    placement_note: str = Field(description="why not the placement asked for; empty if it was")
     jobs: list[PlacementJobOut]
 
 
@@ -256,6 +260,8 @@ def _placement_out(advice: Advice) -> PlacementOut:
         io_load=advice.io_load,
         allocator=advice.allocator,
         placement=advice.placement,
+        placement_used=advice.placement_used,
+        placement_note=advice.placement_note,
         jobs=[
             PlacementJobOut(
                 job_id=j.job_id,
