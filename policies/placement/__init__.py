@@ -20,18 +20,29 @@ docs/placement.md gives every reading of a gap in the paper.
 """
 
 from .allocators import ALLOCATORS, REQUIRED_LEVEL, allocate
+from .information import Advice, advise
 from .model import App, Profile, cpu_load, io_load, io_stress, n_perf, n_sys, t_cf_io
+from .placements import PLACEMENT_LEVEL, PLACEMENTS, place
+from .profiles import SHAPES, class_curve, shape_curve
 
 __all__ = [
     "ALLOCATORS",
+    "PLACEMENTS",
+    "PLACEMENT_LEVEL",
     "REQUIRED_LEVEL",
+    "SHAPES",
+    "Advice",
     "App",
     "Profile",
+    "advise",
     "allocate",
+    "class_curve",
     "cpu_load",
     "io_load",
     "io_stress",
     "n_perf",
     "n_sys",
+    "place",
+    "shape_curve",
     "t_cf_io",
 ]

@@ -220,10 +220,17 @@ def mckp(apps: Sequence[App], N: int, q_cpu: int, rng: random.Random) -> list[in
     dynamic programming. Ties: the smallest total count, then the smallest counts for the
     first applications. Needs b_j (a profile) for every application."""
     _check(N, q_cpu)
+    return mckp_with_capacity(apps, N, N * math.ceil(len(apps) / N))
+
+
+def mckp_with_capacity(apps: Sequence[App], N: int, cap: int) -> list[int]:
+    """The exact multiple-choice knapsack of ``mckp`` with an explicit capacity ``cap``
+    (≥ the number of applications): maximise Σ_j b_j(n_j) with Σ_j n_j ≤ cap, 1 ≤ n_j ≤ N."""
     K = len(apps)
     if K == 0:
         return []
-    cap = N * math.ceil(K / N)
+    if cap < K:
+        raise ValueError(f"capacity {cap} cannot give {K} applications one resource each")
     rows: list[NDArray[np.float64]] = []
     for a in apps:
         if a.profile is None:
