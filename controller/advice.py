@@ -188,7 +188,7 @@ def advise_one(
     chosen = sorted(ids, key=lambda rid: (held[rid], rank[rid]))[: mine.count]
     chosen.sort(key=rank.__getitem__)
     address = {r.replica_id: r.address for r in ordered}
-    job = JobAdvice(
+    advised = JobAdvice(
         new.job_id,
         chosen,
         [address[rid] for rid in chosen],
@@ -197,7 +197,7 @@ def advise_one(
         mine.level,
         mine.fallback,
     )
-    return Advice(ids, float(result.io_load), allocator, placement, [job], "incremental")
+    return Advice(ids, float(result.io_load), allocator, placement, [advised], "incremental")
 
 
 def _job_advice(result: Any, i: int, job: JobInput, ordered: Sequence[Resource]) -> JobAdvice:

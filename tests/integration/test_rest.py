@@ -172,6 +172,8 @@ STATUSES = {
     ("get", "/v1/jobs/{job_id}"): {"200", "404", "422"},
     ("get", "/v1/schedules"): {"200"},
     ("get", "/v1/capacity"): {"200"},
+    ("get", "/v1/placement"): {"200", "422"},
+    ("post", "/v1/placement"): {"200", "422"},
     ("delete", "/v1/jobs/{job_id}"): {"204", "404", "422", "503"} | TOKEN_CHECK,
     ("get", "/metrics"): {"200"},
 }
