@@ -298,6 +298,9 @@ class JobOut(BaseModel):
     priority: float
     w: float | None = Field(default=None, description="declared compute s per iteration")
     vol_io: float | None = Field(default=None, description="declared bytes per iteration")
+    app: str | None = Field(
+        default=None, description="application name of its profile (placement advice)"
+    )
     registered: bool = Field(description="metadata from POST /v1/jobs, not from clients")
     active: bool = Field(default=False, description="at least one live client session")
     in_io: bool = Field(default=False, description="an operation is open (the job is in S(t))")
@@ -543,6 +546,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
                 priority=meta.priority,
                 w=meta.w or None,
                 vol_io=meta.vol_io or None,
+                app=meta.app or None,
                 registered=True,
                 replicas=sorted(replicas),
             )
@@ -556,6 +560,7 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             priority=meta.priority,
             w=meta.w or None,
             vol_io=meta.vol_io or None,
+            app=meta.app or None,
             registered=registered is not None,
             active=state.status is JobStatus.ACTIVE,
             in_io=state.in_io(),

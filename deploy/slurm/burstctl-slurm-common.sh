@@ -12,6 +12,10 @@
 #   BURSTCTL_SLURM_TIMEOUT      seconds one call may take before it is killed (default 5)
 #   BURSTCTL_SLURM_GROUP        gid (default): the job's group name; account: its account
 #   BURSTCTL_SLURM_SYSLOG       1 (default): also log to syslog with logger(1); 0: stderr only
+#   BURSTCTL_APP                the application name of the job's profile (placement advice;
+#                               default: SLURM_JOB_NAME when it is a plain identifier)
+#   BURSTCTL_ALLOCATOR          allocator asked for in the placement advice (default: by the
+#                               job's information level); BURSTCTL_PLACEMENT likewise
 #
 # Nothing here may fail the job: every problem is logged and the scripts exit 0.
 
@@ -83,4 +87,78 @@ burstctl_call() {
 burstctl_urls() { # one URL a line
   local urls=${BURSTCTL_URLS//,/ } url
   for url in $urls; do printf '%s\n' "$url"; done
+}
+
+# burstctl_job_identity: sets nodes, user, group and app from the job's environment (the
+# prolog's and the task prolog's); returns 1, logged, when user or group cannot be found.
+burstctl_job_identity() {
+  # p_i: SLURM_JOB_NUM_NODES (set for PrologSlurmctld and most prologs), SLURM_NNODES, else the
+  # node list counted by scontrol, else 1.
+  nodes=${SLURM_JOB_NUM_NODES:-${SLURM_NNODES:-}}
+  if ! [[ $nodes =~ ^[1-9][0-9]*$ ]]; then
+    nodes=
+    if [ -n "${SLURM_JOB_NODELIST:-}" ] && command -v scontrol >/dev/null 2>&1; then
+      nodes=$(timeout 2 scontrol show hostnames "$SLURM_JOB_NODELIST" 2>/dev/null | grep -c .)
+    fi
+    if ! [[ $nodes =~ ^[1-9][0-9]*$ ]]; then
+      burstctl_log warning "job $SLURM_JOB_ID: no node count in the environment and none from" \
+        "scontrol; registering 1 node"
+      nodes=1
+    fi
+  fi
+
+  user=${SLURM_JOB_USER:-}
+  if [ -z "$user" ] && [ -n "${SLURM_JOB_UID:-}" ]; then
+    user=$(getent passwd "$SLURM_JOB_UID" | cut -d: -f1)
+    user=${user:-$SLURM_JOB_UID}
+  fi
+
+  # The group: the name of the job's gid by default, as the mounts name a caller's group;
+  # BURSTCTL_SLURM_GROUP=account registers the Slurm account instead (group-fair by account).
+  group=
+  if [ "${BURSTCTL_SLURM_GROUP:-gid}" = account ]; then
+    group=${SLURM_JOB_ACCOUNT:-}
+  else
+    group=${SLURM_JOB_GROUP:-}
+    if [ -z "$group" ] && [ -n "${SLURM_JOB_GID:-}" ]; then
+      group=$(getent group "$SLURM_JOB_GID" | cut -d: -f1)
+      group=${group:-$SLURM_JOB_GID}
+    fi
+    group=${group:-${SLURM_JOB_ACCOUNT:-}}
+  fi
+
+  # The application of its profile: BURSTCTL_APP, else the job name if it is an identifier.
+  app=${BURSTCTL_APP:-${SLURM_JOB_NAME:-}}
+  if ! [[ $app =~ ^[A-Za-z0-9][A-Za-z0-9._+-]{0,127}$ ]]; then
+    app=
+  fi
+
+  if [ -z "$user" ] || [ -z "$group" ]; then
+    burstctl_log err "job $SLURM_JOB_ID: no user or group in the environment" \
+      "(SLURM_JOB_USER/SLURM_JOB_UID, SLURM_JOB_GID/SLURM_JOB_ACCOUNT); not registered"
+    return 1
+  fi
+}
+
+# burstctl_advice [--export]: the placement advice for the job (POST /v1/placement through
+# `burstctl placement --job`) from the first replica that answers, on stdout: the table, or
+# with --export the line `export BURSTCTL_REPLICAS=host:port,...`. Needs burstctl_job_identity.
+# Returns 1 (logged) when no replica answered.
+burstctl_advice() {
+  local url out rc args=(placement --job "$SLURM_JOB_ID" --user "$user" --group "$group"
+    --nodes "$nodes")
+  [ -z "$app" ] || args+=(--app "$app")
+  [ -z "${BURSTCTL_ALLOCATOR:-}" ] || args+=(--allocator "$BURSTCTL_ALLOCATOR")
+  [ -z "${BURSTCTL_PLACEMENT:-}" ] || args+=(--placement "$BURSTCTL_PLACEMENT")
+  args+=("$@")
+  while IFS= read -r url; do
+    out=$(timeout -k 1 "$BURSTCTL_SLURM_TIMEOUT" "$BURSTCTL_BIN" "${args[@]}" --url "$url" \
+      2>/dev/null) && rc=0 || rc=$?
+    if [ "$rc" -eq 0 ] && [ -n "$out" ]; then
+      printf '%s\n' "$out"
+      return 0
+    fi
+    burstctl_log notice "job $SLURM_JOB_ID: no placement advice from $url (exit $rc)"
+  done < <(burstctl_urls)
+  return 1
 }

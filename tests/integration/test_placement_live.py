@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -246,3 +247,69 @@ def test_bad_job_descriptions_are_refused_naming_the_field(
         resp = httpx.get(f"{ctl.url}/v1/placement", params=query, timeout=5)
         assert resp.status_code == 422
         assert resp.json()["detail"][0]["loc"] == ["query", next(iter(query))]
+
+
+SLURM = Path(__file__).resolve().parents[2] / "deploy" / "slurm"
+
+
+def run_slurm(name: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A Slurm script as Slurm runs it: no search path but the venv's, a clean environment."""
+    full = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": "/root",
+        "LANG": "C.UTF-8",
+        "BURSTCTL_SLURM_ENV": "/nonexistent/slurm.env",
+        "BURSTCTL_SLURM_SYSLOG": "0",
+        **env,
+    }
+    return subprocess.run(
+        ["bash", str(SLURM / name)], env=full, capture_output=True, text=True, timeout=60
+    )
+
+
+def test_prolog_registers_the_app_and_the_task_prolog_exports_the_advice(
+    cluster: list[ControllerProcess],
+) -> None:
+    r1 = cluster[0]
+    env = {
+        "BURSTCTL_URLS": f"{r1.url}",
+        "BURSTCTL_ADMIN_TOKEN": TOKEN,
+        "SLURM_JOB_ID": "8001",
+        "SLURM_JOB_NAME": "ior",  # the application of J1's profile, at J1's 16 nodes
+        "SLURM_JOB_USER": "alice",
+        "SLURM_JOB_GID": "0",
+        "SLURM_JOB_NUM_NODES": "16",
+        "BURSTCTL_ALLOCATOR": "best-bdw",
+    }
+    done = run_slurm("burstctl-prolog", env)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == ""  # a prolog's stdout is not the job's environment
+    assert "placement advice" in done.stderr, done.stderr
+    job = httpx.get(f"{r1.url}/v1/jobs/8001", timeout=5).json()
+    assert job["registered"] and job["nodes"] == 16 and job["app"] == "ior"
+    # The task prolog prints exactly one export line: the advised replicas' addresses.
+    done = run_slurm("burstctl-task-prolog", env)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("export BURSTCTL_REPLICAS="), done.stdout
+    addresses = lines[0].split("=", 1)[1].split(",")
+    body = {"job_id": "8001", "user": "alice", "group": "root", "nodes": 16,
+            "allocator": "best-bdw"}  # fmt: skip
+    mine = httpx.post(f"{r1.url}/v1/placement", json=body, timeout=5).json()["jobs"][0]
+    assert addresses == mine["addresses"]
+    # J1's profile (app ior, 16 nodes) has its best bandwidth at 3 replicas: level 2
+    assert mine["level"] == 2 and mine["count"] == 3
+    by_address = {r.address for r in cluster}
+    assert set(addresses) == by_address
+
+
+def test_task_prolog_prints_nothing_when_no_replica_answers(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    env = {"BURSTCTL_URL": url, "SLURM_JOB_ID": "9", "SLURM_JOB_USER": "a",
+           "SLURM_JOB_GID": "0", "SLURM_JOB_NUM_NODES": "1"}  # fmt: skip
+    done = run_slurm("burstctl-task-prolog", env)
+    assert done.returncode == 0
+    assert done.stdout == ""
+    assert "no placement advice" in done.stderr
