@@ -692,7 +692,10 @@ def build_app(replica: Replica, token: str) -> FastAPI:
         """Placement advice ([DIST-IO]; docs/placement-live.md): for every registered job and
         every job with live sessions here, how many and which live replicas it should use,
         with the allocator and information level its profile allowed, and the I/O-load."""
-        advice = advise_all(
+        # The inputs are gathered on the loop, the advice (pure, ~0.1 s for 1,000 jobs over
+        # 200 replicas) runs in a worker thread so that sessions are not held up.
+        advice = await asyncio.to_thread(
+            advise_all,
             replica.placement_resources(),
             replica.placement_jobs(),
             compute_nodes=replica.config.placement_compute_nodes,
@@ -725,7 +728,8 @@ def build_app(replica: Replica, token: str) -> FastAPI:
             phases=body.phases or known.phases,
             bandwidth=body.bandwidth or known.bandwidth,
         )
-        advice = advise_one(
+        advice = await asyncio.to_thread(
+            advise_one,
             replica.placement_resources(),
             new,
             replica.placement_jobs(),
