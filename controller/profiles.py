@@ -45,6 +45,9 @@ DEFAULT_MAX_KEYS = 10_000
 BANDWIDTH_ALPHA = 0.5
 # A phase shorter than this gives no bandwidth sample (its duration is mostly noise).
 MIN_PHASE_SECONDS = 1e-3
+# The largest replica count a bandwidth sample or a job description may name (b_j(n) is a
+# table of n entries: a bound on memory as much as on sense).
+MAX_REPLICA_COUNT = 4096
 # Jobs whose current phase the recorder follows at most (the job table holds fewer).
 MAX_TRACKED_JOBS = 100_000
 
@@ -76,7 +79,7 @@ class AppProfile:
         if gap is not None and gap >= 0:
             self.gaps += 1
             self.compute_seconds += (gap - self.compute_seconds) / self.gaps
-        if seconds >= MIN_PHASE_SECONDS and volume > 0 and count >= 1:
+        if seconds >= MIN_PHASE_SECONDS and volume > 0 and 1 <= count <= MAX_REPLICA_COUNT:
             sample = volume / seconds
             prev = self.bandwidth.get(count)
             self.bandwidth[count] = (
@@ -100,7 +103,11 @@ class AppProfile:
             compute_seconds=float(raw.get("compute_seconds", 0.0)),
             phases=int(raw.get("phases", 0)),
             gaps=int(raw.get("gaps", 0)),
-            bandwidth={n: b for n, b in bandwidth.items() if n >= 1 and b > 0 and math.isfinite(b)},
+            bandwidth={
+                n: b
+                for n, b in bandwidth.items()
+                if 1 <= n <= MAX_REPLICA_COUNT and b > 0 and math.isfinite(b)
+            },
         )
         numbers = (profile.volume_per_phase, profile.compute_seconds)
         if profile.phases < 0 or profile.gaps < 0 or not all(math.isfinite(x) for x in numbers):

@@ -46,12 +46,14 @@ from burstctl.controller.advice import (
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
 from burstctl.controller.jobs import JobMeta, JobState, JobStatus
+from burstctl.controller.profiles import MAX_REPLICA_COUNT
 from burstctl.controller.state import ActivePolicy
 from burstctl.limits import (
     MAX_NODES,
     MAX_PERIOD_VOL,
     MAX_PERIOD_W,
     MAX_PRIORITY,
+    MAX_RATE,
     MAX_TEXT,
     identifier_problem,
 )
@@ -218,8 +220,12 @@ class PlacementJobIn(BaseModel):
         None, ge=0, le=MAX_PERIOD_W, allow_inf_nan=False, description="s between I/O phases"
     )
     phases: int | None = Field(None, ge=1, le=1_000_000, description="number of I/O phases")
-    bandwidth: dict[int, Annotated[float, Field(gt=0, allow_inf_nan=False)]] | None = Field(
-        None, description="b_j(n): bytes/s at n replicas, as {n: bytes/s}, n >= 1"
+    bandwidth: dict[int, Annotated[float, Field(gt=0, le=MAX_RATE, allow_inf_nan=False)]] | None = (
+        Field(
+            None,
+            max_length=MAX_REPLICA_COUNT,
+            description="b_j(n): bytes/s at n replicas, as {n: bytes/s}, n in 1..4096",
+        )
     )
     allocator: AllocatorName | None = None
     placement: PlacementName | None = None
@@ -227,8 +233,8 @@ class PlacementJobIn(BaseModel):
     @model_validator(mode="after")
     def _counts(self) -> PlacementJobIn:
         for n in self.bandwidth or {}:
-            if n < 1:
-                raise ValueError(f"bandwidth: replica count {n} must be >= 1")
+            if not 1 <= n <= MAX_REPLICA_COUNT:
+                raise ValueError(f"bandwidth: replica count {n} must be in 1..{MAX_REPLICA_COUNT}")
         return self
 
 
