@@ -1,5 +1,5 @@
-"""The allocators of [DIST-IO] §IV-A and MCKP: definitions, the invariants of the notes §3.6
-item 1, TCPU-Allocator against its round-by-round transcription, and speed."""
+"""The allocators of [DIST-IO] §IV-A and MCKP: definitions, the invariants of issue 19
+("Acceptance"), TCPU-Allocator against its round-by-round transcription, and speed."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The model of [DIST-IO] §III: profiles and their domain, I/O-Stress, n_perf, n_sys,
-I/O-load; the invariants of the notes §3.6 item 1 that concern the model."""
+I/O-load; the issue-19 invariants that concern the model."""
 
 from __future__ import annotations
 
