@@ -50,9 +50,9 @@ def test_every_allocator_gives_counts_in_range(name: str) -> None:
 
 
 def test_static_rounds_half_up_and_clamps() -> None:
-    apps = [App(str(q), q) for q in (1, 12, 36, 360, 480)]
-    # Q·N/Q^cpu with N = 20, Q^cpu = 480: 0.04, 0.5, 1.5, 15, 20
-    assert static(apps, 20, 480, RNG) == [1, 1, 2, 15, 20]
+    apps = [App(str(q), q) for q in (1, 12, 36, 60, 360, 480)]
+    # Q·N/Q^cpu with N = 20, Q^cpu = 480: 0.04, 0.5, 1.5, 2.5 (half up: 3, not 2), 15, 20
+    assert static(apps, 20, 480, RNG) == [1, 1, 2, 3, 15, 20]
     assert static([App("x", 600)], 20, 480, RNG) == [20]
 
 
@@ -119,6 +119,18 @@ def test_tcpu_line_15_reading_never_trades_cpuload_away() -> None:
     assert io_load(apps, [3] + [1] * 11, 4) <= 1 < io_load(apps, [4] + [1] * 11, 4)
     assert cpu_load(a, 3) < cpu_load(a, 1) < cpu_load(a, 4)
     assert tcpu_allocator(apps, 4, Q_CPU, RNG) == [1] * 12
+
+
+def test_tcpu_accepts_a_zero_gain() -> None:
+    """Algorithm 1 line 17 stops only on a negative gain: with b = 1, 1, 1.5 and room for
+    n = 2 but not n = 3, the application takes the step to 2 (gain 0)."""
+    a = App("a", q=4, t_cpu=100.0, v_io=100.0, profile=Profile((1.0, 1.0, 1.5)))
+    other = App("o", q=1, t_cpu=900.0, v_io=100.0, profile=Profile((1.0,)))
+    # stress(a): 0.5, 1.0, 1.2; 19 others of stress 0.1; N = 3: room while stress(a) ≤ 1.1
+    apps = [a] + [other] * 19
+    assert io_load(apps, [2] + [1] * 19, 3) <= 1 < io_load(apps, [3] + [1] * 19, 3)
+    assert cpu_load(a, 2) == cpu_load(a, 1)
+    assert tcpu_allocator(apps, 3, Q_CPU, RNG) == [2] + [1] * 19
 
 
 @pytest.mark.parametrize("seed", SEEDS)
