@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 from placement_instances import Q_CPU, SEEDS, instance
@@ -181,10 +180,11 @@ def test_mckp_favours_exclusive_access() -> None:
         mckp([App("x", 1, n_perf_hint=2)], 4, Q_CPU, RNG)
 
 
-def test_tcpu_speed_1000_apps_200_resources() -> None:
-    """The live-advice target: TCPU-Allocator for 1,000 applications over 200 resources in
-    under 100 ms (the light-load regime, where it walks every application from n_sys to
-    n_perf, Σ(n_perf − n_sys) ≈ 2,000 rounds)."""
+def test_tcpu_at_the_live_advice_size_equals_the_round_by_round_transcription() -> None:
+    """1,000 applications over 200 resources, the live-advice size, in the light-load regime
+    where it walks every application from n_sys to n_perf (Σ(n_perf − n_sys) > 1,000 rounds):
+    the event-driven allocator gives Algorithm 1's answer. Its speed is measured by
+    bench/placement_speed.py, not here."""
     rng = random.Random(7)
     from burstctl.policies.placement.profiles import random_profile
 
@@ -197,10 +197,4 @@ def test_tcpu_speed_1000_apps_200_resources() -> None:
         )
     t = Tables.build(apps, 200)
     assert sum(p - s for p, s in zip(t.n_perf, t.n_sys, strict=True)) > 1000
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        tcpu_allocator(apps, 200, Q_CPU, rng)
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.1, f"TCPU-Allocator took {best * 1000:.1f} ms"
     assert tcpu_allocator(apps, 200, Q_CPU, rng) == tcpu_reference(apps, 200, Q_CPU, rng)
