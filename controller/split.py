@@ -421,7 +421,12 @@ def _within_caps(problem: SplitProblem, base: Matrix, rates: Matrix) -> Matrix:
         return rates
     routed = base.sum(axis=0)  # ≤ t_j ≤ b_j
     surplus = total - routed
-    keep = np.divide(np.maximum(cap - routed, 0.0), surplus, out=np.ones_like(surplus), where=over)
+    # A job over its cap by rounding alone has no surplus to scale (routed ≥ cap, surplus 0):
+    # 0/0 there; the cut at the end takes it back to its cap.
+    scalable = over & (surplus > 0.0)
+    keep = np.divide(
+        np.maximum(cap - routed, 0.0), surplus, out=np.ones_like(surplus), where=scalable
+    )
     keep = np.minimum(keep, 1.0)
     capped = base + (rates - base) * keep
     flow = _Flow(cap, problem.demand, problem.scale)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import random
 import time
+import warnings
 from collections import deque
 from typing import Any
 
@@ -489,3 +490,27 @@ def test_split_problem_rejects_bad_input(change: dict[str, Any], message: str) -
     assert split(SplitProblem(**good)).tolist() == [1.0, 1.0, 1.0]
     with pytest.raises(ValueError, match=message):
         SplitProblem(**{**good, **change})
+
+
+def test_a_job_over_its_cap_by_rounding_alone_is_cut_to_it_without_a_nan() -> None:
+    """Found by hypothesis: pass 1's rates sum past the cap by one ulp (0.1 + 0.2 > 0.3) and
+    the job has no surplus to scale: 0/0 there made a NaN (a RuntimeWarning, an error under
+    the test suite's filters); it is cut back to the cap instead."""
+    from burstctl.controller.split import _within_caps
+
+    problem = SplitProblem(
+        ["j"],
+        ["a", "b"],
+        np.array([0.3]),
+        np.array([1.0, 1.0]),
+        np.array([0, 0], dtype=np.intp),
+        np.array([0, 1], dtype=np.intp),
+        np.array([0.1, 0.2]),
+        cap=np.array([0.3]),
+    )
+    base = np.array([[0.1], [0.2]])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        out = _within_caps(problem, base, base.copy())
+    assert np.isfinite(out).all()
+    assert out.sum(axis=0)[0] <= 0.3
