@@ -60,9 +60,7 @@ class Measured:
 Audit = Callable[[float, dict[int, float]], None]
 
 
-def simulate(
-    apps: Sequence[SimApp], n_resources: int, audit: Audit | None = None
-) -> Measured:
+def simulate(apps: Sequence[SimApp], n_resources: int, audit: Audit | None = None) -> Measured:
     """Runs the applications until each has done all its phases once (module docstring)."""
     k = len(apps)
     for j, a in enumerate(apps):

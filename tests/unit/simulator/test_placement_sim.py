@@ -30,9 +30,7 @@ def _flat(rng: random.Random) -> tuple[str, list[float]]:
     return "neutral", [1.0] * N_RESOURCES
 
 
-@pytest.mark.parametrize(
-    ("c", "b"), [(0.1, 36.15), (0.25, 9.347), (0.5, 2.513), (0.9, 0.2302)]
-)
+@pytest.mark.parametrize(("c", "b"), [(0.1, 36.15), (0.25, 9.347), (0.5, 2.513), (0.9, 0.2302)])
 def test_x_bound_matches_the_notes_lambert_values(c: float, b: float) -> None:
     got = x_bound(c)
     assert got == pytest.approx(b, rel=5e-4)
@@ -180,10 +178,15 @@ def _random_apps(rng: random.Random, k: int, n: int) -> list[SimApp]:
 def test_every_byte_moves_no_resource_exceeds_its_capacity_and_rho_is_at_least_1() -> None:
     rng = random.Random(5)
     n = 6
+    steps: list[tuple[float, dict[int, float]]] = []
+
+    def record(dt: float, shares: dict[int, float]) -> None:
+        steps.append((dt, dict(shares)))
+
     for _ in range(5):
         apps = _random_apps(rng, 8, n)
-        steps: list[tuple[float, dict[int, float]]] = []
-        m = simulate(apps, n, audit=lambda dt, shares: steps.append((dt, dict(shares))))
+        steps.clear()
+        m = simulate(apps, n, audit=record)
         for dt, shares in steps:  # capacity: the shares of a busy resource add up to 1
             assert dt >= 0.0
             for share in shares.values():
