@@ -39,7 +39,7 @@ from typing import Any
 
 from burstctl.policies.placement import metrics
 from burstctl.policies.placement.allocators import allocate
-from burstctl.policies.placement.model import App, Profile, io_load, n_perf, n_sys
+from burstctl.policies.placement.model import App, Profile, io_load, n_sys
 from burstctl.policies.placement.placements import place
 from burstctl.policies.placement.profiles import class_curve, random_profile
 from burstctl.simulator.placement_workloads import N_RESOURCES, Q_CPU, generate
@@ -229,25 +229,17 @@ def make_set(load: float, seed: int, index: int) -> PlacementSet:
     """Set ``index`` of target load ``load`` for ``seed`` (its own seed: reproducible
     alone, whatever else runs)."""
     rng = _rng("dist-io-set", seed, float(load), index)
-    profiles: dict[str, Profile] = {}
+    profiles: list[Profile] = []
 
     def draw(r: random.Random) -> tuple[str, Sequence[float]]:
-        shape, profile = random_profile(r)
-        key = f"{len(profiles)}"
-        profiles[key] = profile
+        shape, profile = random_profile(r)  # b_j on 1..8, capped beyond (policies.placement)
+        profiles.append(profile)
         return shape, [profile(n) for n in range(1, N_RESOURCES + 1)]
 
     gen = generate(load, rng, draw)
     apps = tuple(
-        App(
-            app_id=g.name,
-            q=g.q,
-            t_cpu=g.t_cpu,
-            v_io=g.v_io,
-            phases=g.phases,
-            profile=profiles[str(j)],
-        )
-        for j, g in enumerate(gen)
+        App(g.name, q=g.q, t_cpu=g.t_cpu, v_io=g.v_io, phases=g.phases, profile=profile)
+        for g, profile in zip(gen, profiles, strict=True)
     )
     pi_sys = [n_sys(a, N_RESOURCES) for a in apps]
     return PlacementSet(
@@ -390,20 +382,19 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def measure(apps: Sequence[App], counts: Sequence[int], m: Measured) -> dict[str, float]:
-    """The metrics of [DIST-IO] §V-C from what the engine measured (true b_j): the mean
-    over applications of ρ_j, ρ_j^io and ρ_j^con, Max-I/O-SlowDown, I/O-spread of the
-    resources' occupancy and Machine-IdleTime."""
-    rho, rio = [], []
+    """The metrics of [DIST-IO] §V-C (``policies.placement.metrics``) from what the engine
+    measured, against the true b_j: Mean- and Max-I/O-SlowDown, the mean over applications
+    of ρ_j^io and ρ_j^con, I/O-spread of the resources' occupancy, Machine-IdleTime."""
+    slow = []
     for a, n, t, v in zip(apps, counts, m.io_time, m.volume, strict=True):
         assert a.profile is not None
-        best = a.profile(n_perf(a, N_RESOURCES))
-        rho.append(metrics.io_slowdown(t, v, best))
-        rio.append(metrics.rho_io(best, a.profile(n)))
+        slow.append(metrics.slowdown(t, v, n, a.profile, N_RESOURCES))
+    rhos = [s.rho for s in slow]
     return {
-        "mean_slowdown": statistics.fmean(rho),
-        "max_slowdown": max(rho),
+        "mean_slowdown": metrics.mean_slowdown(rhos),
+        "max_slowdown": metrics.max_slowdown(rhos),
         "io_spread": metrics.io_spread(m.busy),
-        "rho_io": statistics.fmean(rio),
-        "rho_con": statistics.fmean(r - i for r, i in zip(rho, rio, strict=True)),
+        "rho_io": statistics.fmean(s.rho_io for s in slow),
+        "rho_con": statistics.fmean(s.rho_con for s in slow),
         "machine_idle_time": metrics.machine_idle_time(m.io_time, [a.q for a in apps], m.t, Q_CPU),
     }
