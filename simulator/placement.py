@@ -278,7 +278,8 @@ def run_one(
     """Allocates, places, simulates one set and measures: one row of ``FIELDS``."""
     apps = list(pset.apps)
     known = _class_apps(pset) if inaccurate else apps
-    rng = _rng("dist-io-run", seed, pset.target, pset.index, allocator, placement, inaccurate)
+    # the same draws with exact and inaccurate inputs: the pairs differ by information only
+    rng = _rng("dist-io-run", seed, pset.target, pset.index, allocator, placement)
     counts = allocate(allocator, known, N_RESOURCES, Q_CPU, rng)
     sets = place(placement, known, counts, N_RESOURCES, rng)
     sim_apps = []

@@ -7,9 +7,12 @@ from __future__ import annotations
 import math
 import random
 import statistics
+from pathlib import Path
 
 import pytest
 
+from burstctl.policies.placement.model import io_load
+from burstctl.simulator import placement, placement_report
 from burstctl.simulator.placement import SimApp, simulate
 from burstctl.simulator.placement_workloads import (
     C_MAX,
@@ -210,3 +213,87 @@ def test_engine_refuses_bad_applications() -> None:
         simulate([SimApp(2, 1.0, 1.0, 1.0, (0, 0))], 2)
     with pytest.raises(ValueError, match="outside"):
         simulate([SimApp(2, 1.0, 1.0, 1.0, (2,))], 2)
+
+
+# ------------------------------------------------------------ sets, runs, sweep
+
+
+def test_sets_are_reproducible_by_seed_and_differ_across_seeds() -> None:
+    a, b = placement.make_set(0.6, 7, 3), placement.make_set(0.6, 7, 3)
+    assert a == b
+    assert placement.make_set(0.6, 8, 3).apps != a.apps
+    assert placement.make_set(0.6, 7, 4).apps != a.apps
+    # I/O-load(π_sys) ≤ I/O-load(π_1) (notes §3.6), and the set's load is π_sys's
+    pi_1 = [1] * len(a.apps)
+    assert a.load_sys <= io_load(a.apps, pi_1, N_RESOURCES) + 1e-12
+    assert set(a.shapes) <= {"ascent", "descent", "peak", "neutral"}
+
+
+def test_rows_are_reproducible_and_slowdowns_consistent() -> None:
+    pset = placement.make_set(0.5, 1, 0)
+    rows = placement.run_set(pset, placement.ALLOCATOR_NAMES, placement.PLACEMENT_NAMES, 1)
+    again = placement.run_set(pset, placement.ALLOCATOR_NAMES, placement.PLACEMENT_NAMES, 1)
+    assert rows == again
+    assert len(rows) == 18
+    for r in rows:
+        assert set(r) == set(placement.FIELDS)
+        assert r["max_slowdown"] >= r["mean_slowdown"] >= 1.0 - 1e-9  # ρ ≥ 1, measured
+        assert r["rho_io"] >= 1.0 - 1e-12
+        assert r["mean_slowdown"] == pytest.approx(r["rho_io"] + r["rho_con"])
+        assert r["rho_con"] >= -1e-9
+        assert 0.0 <= r["io_spread"] <= 1.0 and 0.0 < r["machine_idle_time"] < 1.0
+    best = [r for r in rows if r["allocator"] == "best-bdw"]
+    assert all(r["rho_io"] == pytest.approx(1.0) for r in best)  # BestBdw: ρ_io ≡ 1
+
+
+def test_inaccurate_inputs_change_what_the_allocators_see_only() -> None:
+    pset = placement.make_set(0.9, 2, 0)
+    exact = placement.run_one(pset, "tcpu-allocator", "greedy-non-clairvoyant", 2)
+    rough = placement.run_one(pset, "tcpu-allocator", "greedy-non-clairvoyant", 2, True)
+    assert rough["inaccurate"] and not exact["inaccurate"]
+    assert rough["load"] == exact["load"]  # the set (true b_j) is the same
+    assert rough["mean_slowdown"] >= 1.0 - 1e-9
+    # GNC and Random ignore b_j: same rows whatever the inputs (by construction, §VI-B)
+    for alloc in ("random", "static"):
+        a = placement.run_one(pset, alloc, "greedy-non-clairvoyant", 2)
+        b = placement.run_one(pset, alloc, "greedy-non-clairvoyant", 2, True)
+        assert {k: v for k, v in a.items() if k != "inaccurate"} == {
+            k: v for k, v in b.items() if k != "inaccurate"
+        }
+
+
+def test_sweep_rows_are_the_same_whatever_the_worker_count() -> None:
+    one = placement.sweep([0.2, 0.4], sets=2, seed=3, workers=1)
+    two = placement.sweep([0.2, 0.4], sets=2, seed=3, workers=2)
+    assert one == two
+    per_set = len(placement.ALLOCATOR_NAMES) * len(placement.PLACEMENT_NAMES) + len(
+        placement.ROBUSTNESS
+    )
+    assert len(one) == 4 * per_set
+    assert [(r["target"], r["set"]) for r in one[::per_set]] == [
+        (0.2, 0),
+        (0.2, 1),
+        (0.4, 0),
+        (0.4, 1),
+    ]
+
+
+def test_csv_round_trip_and_readings(tmp_path: Path) -> None:
+    rows = placement.sweep([0.3], sets=3, seed=0)
+    path = placement.write_csv(rows, tmp_path / "p.csv")
+    back = placement.read_csv(path)
+    assert len(back) == len(rows)
+    for a, b in zip(rows, back, strict=True):
+        for key in placement.FIELDS:
+            assert (
+                b[key] == pytest.approx(a[key]) if isinstance(a[key], float) else b[key] == a[key]
+            )
+    text = "\n".join(placement_report.readings(back))
+    assert "I/O-spread: GC < GNC < Random" in text and "3 sets" in text
+
+
+def test_linear_fit_and_ci() -> None:
+    slope, icpt, r2 = placement_report.linear_fit([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 7.0])
+    assert (slope, icpt, r2) == pytest.approx((2.0, 1.0, 1.0))
+    mean, half = placement_report.ci95([1.0, 2.0, 3.0, 4.0])
+    assert mean == 2.5 and half == pytest.approx(1.96 * statistics.stdev([1, 2, 3, 4]) / 2)
