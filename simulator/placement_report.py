@@ -173,7 +173,7 @@ def readings(rows: Sequence[Row]) -> list[str]:
                     " %",
                 )
             )
-    out += ["", "### ρ_con of BestBdw against I/O-load(π_sys) (GNC), least squares"]
+    out += ["", "### ρ_con against I/O-load(π_sys) per allocator (GNC), least squares"]
     for al in allocs:
         pts = [
             (float(r["load"]), float(r["rho_con"]))
@@ -194,7 +194,7 @@ def readings(rows: Sequence[Row]) -> list[str]:
             )
         )
     out += ["", "### Robustness: % worsening of Mean-I/O-SlowDown with profile-class inputs"]
-    for al, pl in {(r["allocator"], r["placement"]) for r in rows if r["inaccurate"]}:
+    for al, pl in dict.fromkeys((r["allocator"], r["placement"]) for r in rows if r["inaccurate"]):
         for name, keep in (("all", lambda r: True), ("low load", _low), ("high load", _high)):
             out.append(
                 _fmt(
