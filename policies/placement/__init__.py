@@ -7,11 +7,11 @@ passed in), shared by the simulator and the controller's placement advice:
 - ``model``: ``Profile`` (b_j(n) and its domain), ``App``, T_cf_io, I/O-Stress, n_perf,
   n_sys, I/O-load, CPUload ([DIST-IO] §III);
 - ``allocators``: Random, Static, BestBdw, Nsys-Allocator, TCPU-Allocator (Algorithm 1) and
-  the MCKP baseline, registry ``ALLOCATORS`` ([DIST-IO] §IV-A, §VI-A);
+  the MCKP baseline, registry ``ALLOCATORS`` ([DIST-IO] §IV-A, §V-B);
 - ``placements``: Random, Greedy-Non-Clairvoyant, Greedy-Clairvoyant, registry
   ``PLACEMENTS`` ([DIST-IO] §IV-B);
 - ``metrics``: ρ_j, ρ_j^io, ρ_j^con, Mean/Max-I/O-SlowDown, I/O-spread, Machine-IdleTime
-  ([DIST-IO] §V-C);
+  ([DIST-IO] §III-C);
 - ``information``: the information levels 0/1/2 of [DIST-IO] Table II and ``advise``, which
   picks what the known data allow and says which fallbacks it took;
 - ``profiles``: the four profile shapes of [DIST-IO] §VI-B and their class curves.

@@ -13,7 +13,7 @@ Readings of the paper's gaps (docs/placement.md, "Readings"):
   CPUload(i, n) − CPUload(i, π(i)) (the stated intent, "maximise the sum of CPUload"), not
   against the intermediate π̃(i) of the literal layout. The feasibility test is written
   I/O-load ≤ 1 − ΔStress/N. Ties in argmax go to the lowest index.
-- MCKP (Bez et al., [DIST-IO] §VI-A): maximise Σ_j b_j(n_j) subject to Σ_j n_j ≤ C, n_j ≥ 1,
+- MCKP (Bez et al., [DIST-IO] §V-B, §VII-A): maximise Σ_j b_j(n_j) subject to Σ_j n_j ≤ C, n_j ≥ 1,
   with C = N·⌈K/N⌉: exclusive resources when K ≤ N, and otherwise the fewest applications per
   resource that lets every application have one. Exact, by dynamic programming over
   (applications × capacity).
@@ -215,7 +215,7 @@ def tcpu_rounds(apps: Sequence[App], N: int, q_cpu: int) -> tuple[list[int], int
 
 
 def mckp(apps: Sequence[App], N: int, q_cpu: int, rng: random.Random) -> list[int]:
-    """MCKP, the baseline of Bez et al. as [DIST-IO] §VI-A runs it (reading in the module
+    """MCKP, the baseline of Bez et al. as [DIST-IO] §V-B runs it (reading in the module
     docstring): maximise Σ_j b_j(n_j) with Σ_j n_j ≤ N·⌈K/N⌉ and every n_j ≥ 1, exactly, by
     dynamic programming. Ties: the smallest total count, then the smallest counts for the
     first applications. Needs b_j (a profile) for every application."""

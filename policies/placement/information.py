@@ -1,4 +1,4 @@
-"""Information levels ([DIST-IO] Table II, §IV-C; notes §2.4, §4.6) and the advice that
+"""Information levels ([DIST-IO] Table II, §IV-C) and the advice that
 uses what is known.
 
 An application's level (``App.level``): 0 knows Q_j only; 1 knows n_perf (a hint, or a

@@ -1,4 +1,4 @@
-"""The objective metrics of [DIST-IO] §V-C (notes §1.4): I/O-SlowDown ρ_j and its parts
+"""The objective metrics of [DIST-IO] §III-C: I/O-SlowDown ρ_j and its parts
 ρ_j^io and ρ_j^con, Mean- and Max-I/O-SlowDown, I/O-spread and Machine-IdleTime. Pure."""
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def mean_slowdown(rhos: Sequence[float]) -> float:
 
 
 def max_slowdown(rhos: Sequence[float]) -> float:
-    """Max-I/O-SlowDown, read as max_j ρ_j (the paper does not define it, notes §1.4)."""
+    """Max-I/O-SlowDown, read as max_j ρ_j ([DIST-IO] does not define it)."""
     if not rhos:
         raise ValueError("no slowdowns")
     return max(rhos)

@@ -5,7 +5,7 @@ CPUload. Pure: no I/O, no clock, no threads.
 Units are the caller's: ``v_io`` in bytes (or any volume) and a ``Profile`` in the same
 volume per second; ``t_cpu`` in seconds. Only ratios enter the allocators.
 
-The domain of b_j(n) (notes §3.6 item 3, which the paper leaves open) is settled here, see
+The domain of b_j(n), which the paper leaves open ([DIST-IO] §V-A), is settled here, see
 ``Profile``: b_j is known on 1..n_max (measured, interpolated between measured counts, or
 scaled down linearly below the smallest measured count) and **capped** beyond n_max:
 b_j(n) = b_j(n_max) for n > n_max. n_perf and n_sys are searched on 1..min(n_max, N) only, so
@@ -31,7 +31,7 @@ class Profile:
     others were filled by ``from_points``).
 
     Beyond n_max, b_j(n) = b_j(n_max) (capped: the paper's OST data cover 1..8 OSTs while
-    Static may give 15 of 20 resources, [DIST-IO] §V-A; notes §3.6 item 3). A capped count
+    Static may give 15 of 20 resources, [DIST-IO] §V-A). A capped count
     never beats n_max (same bandwidth, more resources, strictly more I/O-Stress), so n_perf
     and n_sys stay within 1..n_max.
     """
@@ -135,7 +135,7 @@ class App:
 
     @property
     def level(self) -> int:
-        """The information level of this application ([DIST-IO] Table II, notes §4.6):
+        """The information level of this application ([DIST-IO] Table II, §IV-C):
         2 with V_io, T_cpu and b_j; 1 with n_perf only (a hint or a profile without V_io or
         T_cpu); 0 with Q_j only."""
         if self.profile is not None and self.t_cpu is not None and self.v_io is not None:
@@ -205,9 +205,10 @@ def cpu_row(app: App, N: int) -> NDArray[np.float64]:
 def n_sys(app: App, N: int) -> int:
     """n_sys^j = argmin_n I/O-Stress(j, n), ties toward the smallest n.
 
-    Searched on 1..n_perf: for n > n_perf, T_cf_io(n) ≥ T_cf_io(n_perf) and n > n_perf, so the
-    stress is strictly larger (Lemma 1, proof in the notes §1.2); restricting the search makes
-    n_sys ≤ n_perf hold exactly in floating point too, and the minimum is that over 1..N."""
+    Searched on 1..n_perf: for n > n_perf, T_cf_io(n) ≥ T_cf_io(n_perf) and n > n_perf, so
+    the stress is strictly larger (Lemma 1 of [DIST-IO] §III-B, whose proof the paper omits);
+    restricting the search makes n_sys ≤ n_perf hold exactly in floating point too, and the
+    minimum is that over 1..N."""
     top = n_perf(app, N)
     row = stress_row(app, top)
     return int(np.argmin(row)) + 1

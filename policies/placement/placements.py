@@ -47,9 +47,9 @@ def greedy_non_clairvoyant(
     apps: Sequence[App], allocation: Sequence[int], N: int, rng: random.Random
 ) -> list[list[int]]:
     """Greedy-Non-Clairvoyant: applications by decreasing n_j (ties by index), each given the
-    next n_j resources of a round-robin cursor that persists across applications (notes §2.2:
-    persistence is what balances the number of applications per resource, the counts differ
-    by at most one). Needs no application data."""
+    next n_j resources of a round-robin cursor that persists across applications (burstctl's
+    reading: persistence is what balances the number of applications per resource, the
+    counts differ by at most one). Needs no application data."""
     _check(apps, allocation, N)
     out: list[list[int]] = [[] for _ in apps]
     cursor = 0
@@ -90,8 +90,8 @@ def greedy_clairvoyant(
 ) -> list[list[int]]:
     """Greedy-Clairvoyant: applications by decreasing r_j = T_cf_io(n_j)/(T_cpu + T_cf_io(n_j))
     (ties by index), each placed on the n_j resources of lowest *predicted* I/O-res-occ (the
-    sum of r of the applications already there; ties by lowest index), notes §2.2. Needs
-    V_io, T_cpu and b_j."""
+    sum of r of the applications already there, burstctl's reading of "I/O-res-occ"; ties by
+    lowest index). Needs V_io, T_cpu and b_j."""
     return greedy_clairvoyant_occupancy(apps, allocation, N)[0]
 
 

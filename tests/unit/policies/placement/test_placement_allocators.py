@@ -1,11 +1,10 @@
-"""The allocators of [DIST-IO] §IV-A and MCKP: definitions, the invariants of the notes §3.6
-item 1, TCPU-Allocator against its round-by-round transcription, and speed."""
+"""The allocators of [DIST-IO] §IV-A and MCKP: definitions, the invariants of issue 19
+("Acceptance"), TCPU-Allocator against its round-by-round transcription, and speed."""
 
 from __future__ import annotations
 
 import math
 import random
-import time
 
 import pytest
 from placement_instances import Q_CPU, SEEDS, instance
@@ -50,9 +49,9 @@ def test_every_allocator_gives_counts_in_range(name: str) -> None:
 
 
 def test_static_rounds_half_up_and_clamps() -> None:
-    apps = [App(str(q), q) for q in (1, 12, 36, 360, 480)]
-    # Q·N/Q^cpu with N = 20, Q^cpu = 480: 0.04, 0.5, 1.5, 15, 20
-    assert static(apps, 20, 480, RNG) == [1, 1, 2, 15, 20]
+    apps = [App(str(q), q) for q in (1, 12, 36, 60, 360, 480)]
+    # Q·N/Q^cpu with N = 20, Q^cpu = 480: 0.04, 0.5, 1.5, 2.5 (half up: 3, not 2), 15, 20
+    assert static(apps, 20, 480, RNG) == [1, 1, 2, 3, 15, 20]
     assert static([App("x", 600)], 20, 480, RNG) == [20]
 
 
@@ -121,6 +120,18 @@ def test_tcpu_line_15_reading_never_trades_cpuload_away() -> None:
     assert tcpu_allocator(apps, 4, Q_CPU, RNG) == [1] * 12
 
 
+def test_tcpu_accepts_a_zero_gain() -> None:
+    """Algorithm 1 line 17 stops only on a negative gain: with b = 1, 1, 1.5 and room for
+    n = 2 but not n = 3, the application takes the step to 2 (gain 0)."""
+    a = App("a", q=4, t_cpu=100.0, v_io=100.0, profile=Profile((1.0, 1.0, 1.5)))
+    other = App("o", q=1, t_cpu=900.0, v_io=100.0, profile=Profile((1.0,)))
+    # stress(a): 0.5, 1.0, 1.2; 19 others of stress 0.1; N = 3: room while stress(a) ≤ 1.1
+    apps = [a] + [other] * 19
+    assert io_load(apps, [2] + [1] * 19, 3) <= 1 < io_load(apps, [3] + [1] * 19, 3)
+    assert cpu_load(a, 2) == cpu_load(a, 1)
+    assert tcpu_allocator(apps, 3, Q_CPU, RNG) == [2] + [1] * 19
+
+
 @pytest.mark.parametrize("seed", SEEDS)
 def test_tcpu_never_lowers_the_sum_of_cpuload(seed: int) -> None:
     """Every committed step has a gain ≥ 0 against π(i), so Σ CPUload(π) ≥ Σ CPUload(π_sys)
@@ -169,10 +180,11 @@ def test_mckp_favours_exclusive_access() -> None:
         mckp([App("x", 1, n_perf_hint=2)], 4, Q_CPU, RNG)
 
 
-def test_tcpu_speed_1000_apps_200_resources() -> None:
-    """The live-advice target: TCPU-Allocator for 1,000 applications over 200 resources in
-    under 100 ms (the light-load regime, where it walks every application from n_sys to
-    n_perf, Σ(n_perf − n_sys) ≈ 2,000 rounds)."""
+def test_tcpu_at_the_live_advice_size_equals_the_round_by_round_transcription() -> None:
+    """1,000 applications over 200 resources, the live-advice size, in the light-load regime
+    where it walks every application from n_sys to n_perf (Σ(n_perf − n_sys) > 1,000 rounds):
+    the event-driven allocator gives Algorithm 1's answer. Its speed is measured by
+    bench/placement_speed.py, not here."""
     rng = random.Random(7)
     from burstctl.policies.placement.profiles import random_profile
 
@@ -185,10 +197,4 @@ def test_tcpu_speed_1000_apps_200_resources() -> None:
         )
     t = Tables.build(apps, 200)
     assert sum(p - s for p, s in zip(t.n_perf, t.n_sys, strict=True)) > 1000
-    best = math.inf
-    for _ in range(3):
-        start = time.perf_counter()
-        tcpu_allocator(apps, 200, Q_CPU, rng)
-        best = min(best, time.perf_counter() - start)
-    assert best < 0.1, f"TCPU-Allocator took {best * 1000:.1f} ms"
     assert tcpu_allocator(apps, 200, Q_CPU, rng) == tcpu_reference(apps, 200, Q_CPU, rng)

@@ -1,4 +1,4 @@
-"""The metrics of [DIST-IO] §V-C: ρ ≥ 1, ρ_io ≥ 1, BestBdw gives ρ_io ≡ 1, and the formulas."""
+"""The metrics of [DIST-IO] §III-C: ρ ≥ 1, ρ_io ≥ 1, BestBdw gives ρ_io ≡ 1, and the formulas."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The model of [DIST-IO] §III: profiles and their domain, I/O-Stress, n_perf, n_sys,
-I/O-load; the invariants of the notes §3.6 item 1 that concern the model."""
+I/O-load; the issue-19 invariants that concern the model."""
 
 from __future__ import annotations
 
@@ -84,6 +84,10 @@ def test_ties_go_to_the_smallest_count() -> None:
     flat = App("a", q=1, t_cpu=1.0, v_io=1.0, profile=Profile((2.0, 2.0, 2.0)))
     assert n_perf(flat, 5) == 1
     assert n_sys(flat, 5) == 1
+    # a tie in stress: T_cpu = 1, T(1) = 2, T(2) = 0.5 give I/O-Stress 2/3 at n = 1 and 2
+    tie = App("t", q=1, t_cpu=1.0, v_io=2.0, profile=Profile((1.0, 4.0)))
+    assert io_stress(tie, 1) == io_stress(tie, 2)
+    assert n_sys(tie, 5) == 1
     hint = App("b", q=1, n_perf_hint=7)
     assert n_perf(hint, 5) == 5
     assert n_perf(hint, 9) == 7
