@@ -12,12 +12,12 @@ alone; the subphase ends when the last of its transfers ends ([DIST-IO] §III, F
 A resource on which k applications have an unfinished transfer gives each of them 1/k of
 its time, so each transfer moves at b_j(n_j)/(n_j·k). Between two events (a compute
 subphase or a transfer ends) every rate is constant, so the loop jumps from event to
-event. This is the limit of the paper's time-based simulator ([DIST-IO] §V-A: colliding
+event. This is the limit of the paper's time-based simulator ([DIST-IO] §V-B: colliding
 applications alternate one time unit each), where over many units each of k colliders
 holds the resource 1/k of the time; the fluid form has no unit rounding and is far
 faster.
 
-Measurement window ([DIST-IO] §V-B asks for an interval where no application finishes
+Measurement window ([DIST-IO] §V-D asks for an interval where no application finishes
 and every one completes at least one phase). Every application repeats its phase
 sequence from the start when it is done, so none leaves, and the window is [0, t_end]
 where t_end is the first moment every application has run all its p_j phases at least
@@ -383,7 +383,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def measure(apps: Sequence[App], counts: Sequence[int], m: Measured) -> dict[str, float]:
-    """The metrics of [DIST-IO] §V-C (``policies.placement.metrics``) from what the engine
+    """The metrics of [DIST-IO] §III-C (``policies.placement.metrics``) from what the engine
     measured, against the true b_j: Mean- and Max-I/O-SlowDown, the mean over applications
     of ρ_j^io and ρ_j^con, I/O-spread of the resources' occupancy, Machine-IdleTime."""
     slow = []

@@ -1,4 +1,4 @@
-"""The [DIST-IO] workload generator (§V-B; docs/simulator.md, "[DIST-IO] placement").
+"""The [DIST-IO] workload generator (§V-C; docs/simulator.md, "[DIST-IO] placement").
 
 A set is K applications on N = 20 I/O resources and Q^cpu = 480 compute resources:
 

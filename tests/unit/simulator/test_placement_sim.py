@@ -34,7 +34,7 @@ def _flat(rng: random.Random) -> tuple[str, list[float]]:
 
 
 @pytest.mark.parametrize(("c", "b"), [(0.1, 36.15), (0.25, 9.347), (0.5, 2.513), (0.9, 0.2302)])
-def test_x_bound_matches_the_notes_lambert_values(c: float, b: float) -> None:
+def test_x_bound_matches_the_lambert_w_values(c: float, b: float) -> None:
     got = x_bound(c)
     assert got == pytest.approx(b, rel=5e-4)
     assert math.log1p(got) == pytest.approx(c * got, rel=1e-12)
@@ -81,7 +81,7 @@ def test_generated_apps_follow_the_horizon_and_ranges() -> None:
 
 @pytest.mark.parametrize("load", [0.2, 0.8, 1.5])
 def test_mean_io_load_of_pi_1_is_the_target_within_its_standard_error(load: float) -> None:
-    """Notes §3.6: E[I/O-load(π_1)] = Θ over generated sets."""
+    """[DIST-IO] §V-C: E[I/O-load(π_1)] = Θ over generated sets."""
     rng = random.Random(f"theta:{load}")
     loads = [io_load_one(generate(load, rng, _flat)) for _ in range(300)]
     mean = statistics.fmean(loads)
@@ -94,7 +94,7 @@ def test_mean_io_load_of_pi_1_is_the_target_within_its_standard_error(load: floa
 
 
 def _unit_step(apps: list[tuple[int, int, int, tuple[int, ...]]], n: int) -> list[int]:
-    """The paper's time-based rule ([DIST-IO] §V-A), written independently for the
+    """The paper's time-based rule ([DIST-IO] §V-B), written independently for the
     comparison: unit steps, each transfer moves 1 unit when it holds its resource, and
     colliding applications take turns one unit each. ``apps`` are (phases, compute
     units per phase, units per transfer, resources). Returns the I/O time of each
@@ -223,7 +223,7 @@ def test_sets_are_reproducible_by_seed_and_differ_across_seeds() -> None:
     assert a == b
     assert placement.make_set(0.6, 8, 3).apps != a.apps
     assert placement.make_set(0.6, 7, 4).apps != a.apps
-    # I/O-load(π_sys) ≤ I/O-load(π_1) (notes §3.6), and the set's load is π_sys's
+    # I/O-load(π_sys) ≤ I/O-load(π_1) ([DIST-IO] §III-B), and the set's load is π_sys's
     pi_1 = [1] * len(a.apps)
     assert a.load_sys <= io_load(a.apps, pi_1, N_RESOURCES) + 1e-12
     assert set(a.shapes) <= {"ascent", "descent", "peak", "neutral"}
