@@ -266,3 +266,122 @@ def test_dpsac_plot_writes_csv_and_png(tmp_path: Path) -> None:
     assert {r["method"] for r in rows} == {"dpsac", "mcios", "bios"}
     png = (tmp_path / "out" / "dpsac_sets.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+PLACEMENT_KEYS = {
+    "set",
+    "load",
+    "allocator",
+    "placement",
+    "mean_slowdown",
+    "max_slowdown",
+    "io_spread",
+    "rho_io",
+    "rho_con",
+    "machine_idle_time",
+}
+
+
+def test_placement_prints_one_json_object_per_set_allocator_placement() -> None:
+    done = burstctl("placement", "--load", "0.4", "--sets", "2", "--seed", "3", "--format", "json")
+    assert done.returncode == 0, done.stderr
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert len(rows) == 2 * 6 * 3  # default: every allocator and placement
+    assert {r["allocator"] for r in rows} == {
+        "random",
+        "static",
+        "best-bdw",
+        "nsys-allocator",
+        "tcpu-allocator",
+        "mckp",
+    }
+    assert {r["placement"] for r in rows} == {
+        "random",
+        "greedy-non-clairvoyant",
+        "greedy-clairvoyant",
+    }
+    assert [r["set"] for r in rows] == [0] * 18 + [1] * 18
+    for r in rows:
+        assert set(r) >= PLACEMENT_KEYS
+        assert 0 < r["load"] <= 0.4 * 1.5  # I/O-load(π_sys) of a Θ = 0.4 set
+        assert r["max_slowdown"] >= r["mean_slowdown"] >= 1 - 1e-9
+    assert len({r["load"] for r in rows}) == 2  # one load per set, two different sets
+
+
+def test_placement_options_repeat_and_the_seed_reproduces() -> None:
+    args = [
+        "placement",
+        "--allocator",
+        "best-bdw",
+        "--allocator",
+        "tcpu-allocator",
+        "--placement",
+        "greedy-clairvoyant",
+        "--load",
+        "1.2",
+        "--seed",
+        "9",
+        "--format",
+        "json",
+    ]
+    done, again = burstctl(*args), burstctl(*args)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == again.stdout
+    rows = [json.loads(line) for line in done.stdout.splitlines()]
+    assert [(r["allocator"], r["placement"]) for r in rows] == [
+        ("best-bdw", "greedy-clairvoyant"),
+        ("tcpu-allocator", "greedy-clairvoyant"),
+    ]
+    rough = burstctl(*args, "--inaccurate")
+    assert rough.returncode == 0, rough.stderr
+    assert all(json.loads(line)["inaccurate"] for line in rough.stdout.splitlines())
+
+
+def test_placement_table_has_a_header_and_a_line_per_row() -> None:
+    done = burstctl("placement", "--allocator", "static", "--placement", "random")
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].split()[:4] == ["set", "load", "allocator", "placement"]
+    assert len(lines) == 2 and "static" in lines[1]
+
+
+@pytest.mark.parametrize(
+    ("args", "name"),
+    [
+        (["placement", "--load", "0"], "--load"),
+        (["placement", "--load", "2.5"], "--load"),
+        (["placement", "--load", "-1"], "--load"),
+        (["placement", "--allocator", "best"], "--allocator"),
+        (["placement", "--placement", "round-robin"], "--placement"),
+        (["placement", "--sets", "0"], "--sets"),
+        (["placement-sweep", "--loads", "3", "--out", "/nonexistent/x"], "--loads"),
+        (["placement-sweep", "--loads", "0.5"], "--out"),
+    ],
+)
+def test_placement_bad_input_names_the_option(args: list[str], name: str) -> None:
+    done = burstctl(*args)
+    assert done.returncode == 2
+    assert name in done.stderr and "Traceback" not in done.stderr
+
+
+def test_placement_sweep_writes_csv_readings_and_pngs(tmp_path: Path) -> None:
+    out = tmp_path / "sweep"
+    done = burstctl(
+        "placement-sweep", "--loads", "0.2", "--loads", "0.9", "--sets", "6", "--out", out
+    )
+    assert done.returncode == 0, done.stderr
+    rows = list(csv.DictReader(io.StringIO((out / "placement.csv").read_text())))
+    assert len(rows) == 2 * 6 * (18 + 3)
+    assert {r["target"] for r in rows} == {"0.2", "0.9"}
+    assert {r["inaccurate"] for r in rows} == {"True", "False"}
+    assert "Nsys-Allocator better than BestBdw" in (out / "readings.md").read_text()
+    pngs = sorted(p.name for p in out.glob("*.png"))
+    assert pngs == [
+        "io_spread_vs_load.png",
+        "machine_idle_time_vs_load.png",
+        "mean_slowdown_vs_load.png",
+        "rho_io_rho_con_vs_load.png",
+        "robustness_vs_load.png",
+    ]
+    for p in pngs:
+        assert (out / p).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
