@@ -7,6 +7,7 @@ hopping threads on the hot path; `AsyncSession` runs it on the caller's loop.
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 from collections.abc import Sequence
 from types import TracebackType
@@ -341,9 +342,21 @@ class Session(_SessionBase):
         if len(self._engines) == 1:
             self._engine.acquire(nbytes, kind)
             return
-        for engine, share in zip(self._engines, _shares(nbytes, len(self._engines)), strict=True):
-            if share or engine is self._engine:
-                engine.acquire(share, kind)
+        parts = [
+            (engine, share)
+            for engine, share in zip(
+                self._engines, _shares(nbytes, len(self._engines)), strict=True
+            )
+            if share or engine is self._engine
+        ]
+
+        async def every_share() -> None:
+            # All at once, on the session's loop: in turn, each stream's wait would add up
+            # (a bucket refills only to its depth while another stream is waited on), and
+            # the job would get less than the sum of its streams' rates.
+            await asyncio.gather(*(e.acquire_async(share, kind) for e, share in parts))
+
+        self._runtime.run(every_share())
 
     def acquire_space(self, nbytes: int) -> None:
         """Blocks until ``nbytes`` more bytes fit on the burst buffer (``buffer=True`` sessions;
