@@ -16,6 +16,8 @@ from urllib.parse import quote
 
 import click
 
+from burstctl.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 DEFAULT_URL = "http://127.0.0.1:8080"
@@ -264,22 +266,18 @@ def job_retire(job_id: str, url: str, token: str | None, token_file: Path | None
     click.echo(f"job {job_id} retired")
 
 
-ALLOCATOR_CHOICES = ("random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp")
-PLACEMENT_CHOICES = ("random", "greedy-non-clairvoyant", "greedy-clairvoyant")
-
-
 @click.command()
 @_connection_options
 @click.option(
     "--allocator",
-    type=click.Choice(ALLOCATOR_CHOICES),
+    type=click.Choice(ALLOCATOR_NAMES),
     default=None,
     help="Allocator to ask for [default: chosen by each job's information level].",
 )
 @click.option(
     "--placement",
     "placement_name",
-    type=click.Choice(PLACEMENT_CHOICES),
+    type=click.Choice(PLACEMENT_NAMES),
     default=None,
     help="Placement to ask for [default: chosen by information level].",
 )

@@ -18,6 +18,7 @@ from typing import Any
 import click
 
 from burstctl import __version__, admin_cli
+from burstctl.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -965,10 +966,6 @@ def sim_dpsac_plot(out: Path, runs: int, seed: int, **model: Any) -> None:
     click.echo(f"wrote {out / 'dpsac_sets.csv'} and {out / 'dpsac_sets.png'}")
 
 
-_PLACEMENT_ALLOCATORS = ("random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp")
-_PLACEMENT_PLACEMENTS = ("random", "greedy-non-clairvoyant", "greedy-clairvoyant")
-
-
 def _dist_io_load(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
     """A target I/O-load Θ in (0, 2] (the generator's range, docs/simulator.md)."""
     if value is not None and not 0.0 < value <= 2.0:
@@ -1000,14 +997,14 @@ def _dist_io_loads(
 @click.option(
     "--allocator",
     "allocators",
-    type=click.Choice(_PLACEMENT_ALLOCATORS),
+    type=click.Choice(ALLOCATOR_NAMES),
     multiple=True,
     help="An allocator (repeat); default: all six.",
 )
 @click.option(
     "--placement",
     "placements",
-    type=click.Choice(_PLACEMENT_PLACEMENTS),
+    type=click.Choice(PLACEMENT_NAMES),
     multiple=True,
     help="A placement (repeat); default: all three.",
 )
@@ -1046,8 +1043,8 @@ def sim_placement(
         pset = make_set(load, seed, index)
         rows += run_set(
             pset,
-            allocators or _PLACEMENT_ALLOCATORS,
-            placements or _PLACEMENT_PLACEMENTS,
+            allocators or ALLOCATOR_NAMES,
+            placements or PLACEMENT_NAMES,
             seed,
             inaccurate,
         )

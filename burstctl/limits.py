@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from typing import Literal, get_args
 
 MAX_TEXT = 256  # characters of an identifier: job id, user, group, replica id, host
 MAX_NODES = 1 << 20  # p_i, compute nodes of one job
@@ -135,3 +136,12 @@ def buffer_problem(
     if size > MAX_DRAIN_ERROR:
         return "drain_error", f"is {size} bytes, more than {MAX_DRAIN_ERROR}"
     return None
+
+
+# Names of [DIST-IO]'s allocators and placements (policies/placement: ALLOCATORS, PLACEMENTS;
+# a unit test keeps them equal), here so that the REST API and the command line check them
+# without importing the numerical code.
+AllocatorName = Literal["random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp"]
+PlacementName = Literal["random", "greedy-non-clairvoyant", "greedy-clairvoyant"]
+ALLOCATOR_NAMES: tuple[str, ...] = get_args(AllocatorName)
+PLACEMENT_NAMES: tuple[str, ...] = get_args(PlacementName)

@@ -19,16 +19,12 @@ from __future__ import annotations
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from burstctl.policies.placement.model import App
 
 # The names the REST API accepts (those of policies/placement's registries; a unit test checks).
-AllocatorName = Literal["random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp"]
-PlacementName = Literal["random", "greedy-non-clairvoyant", "greedy-clairvoyant"]
-ALLOCATOR_NAMES: tuple[str, ...] = get_args(AllocatorName)
-PLACEMENT_NAMES: tuple[str, ...] = get_args(PlacementName)
 
 # The advice is deterministic for one state: the same seed for every request.
 ADVICE_SEED = 19

@@ -35,14 +35,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from burstctl.controller.advice import (
-    Advice,
-    AllocatorName,
-    JobInput,
-    PlacementName,
-    advise_all,
-    advise_one,
-)
+from burstctl.controller.advice import Advice, JobInput, advise_all, advise_one
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
 from burstctl.controller.jobs import JobMeta, JobState, JobStatus
@@ -55,6 +48,8 @@ from burstctl.limits import (
     MAX_PRIORITY,
     MAX_RATE,
     MAX_TEXT,
+    AllocatorName,
+    PlacementName,
     identifier_problem,
 )
 from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError

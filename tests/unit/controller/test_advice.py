@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 from burstctl.controller.advice import (
-    ALLOCATOR_NAMES,
-    PLACEMENT_NAMES,
     JobInput,
     Resource,
     advise_all,
     advise_one,
 )
+from burstctl.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 from burstctl.policies.placement.allocators import ALLOCATORS
 from burstctl.policies.placement.placements import PLACEMENTS
 
