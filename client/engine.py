@@ -150,14 +150,18 @@ class Engine:
             raise RuntimeError("acquire_space and report_buffer need a session with buffer=True")
         return self._space
 
-    def acquire_space(self, nbytes: int) -> None:
+    def acquire_space(self, nbytes: int, landed: bool = True) -> None:
         """Blocks until ``nbytes`` more fit under the space limit (docs/capacity.md)."""
         gate, nbytes = self._gate(), check_nbytes(nbytes)
-        gate.acquire(nbytes)
+        gate.acquire(nbytes, landed)
 
-    async def acquire_space_async(self, nbytes: int) -> None:
+    async def acquire_space_async(self, nbytes: int, landed: bool = True) -> None:
         gate, nbytes = self._gate(), check_nbytes(nbytes)
-        await gate.acquire_async(nbytes)
+        await gate.acquire_async(nbytes, landed)
+
+    def space_landed(self, nbytes: int) -> None:
+        """Bytes acquired with ``landed=False`` are on the buffer, reported (`SpaceGate.land`)."""
+        self._gate().land(check_nbytes(nbytes))
 
     def report_buffer(self, resident: int, pending: int, drain_error: str = "") -> None:
         """Sets the buffer gauges sent with the next Usage (at once if drain_error changed)."""

@@ -238,9 +238,15 @@ class _SessionBase:
         Sent with the next Usage, at once when ``drain_error`` changes. Thread-safe."""
         self._engine.report_buffer(resident, pending, drain_error)
 
-    async def acquire_space_async(self, nbytes: int) -> None:
+    async def acquire_space_async(self, nbytes: int, landed: bool = True) -> None:
         """`Session.acquire_space` for a coroutine (on any loop): suspends instead of blocking."""
-        await self._engine.acquire_space_async(nbytes)
+        await self._engine.acquire_space_async(nbytes, landed)
+
+    def space_landed(self, nbytes: int) -> None:
+        """Bytes acquired with ``acquire_space(n, landed=False)`` are now on the buffer and in
+        the last `report_buffer` (or were never written): only then do the reports count them
+        as added. Thread-safe."""
+        self._engine.space_landed(nbytes)
 
     def end_phase(self) -> None:
         """Completes the implicit operation now, instead of after ``quiet_gap`` without I/O.
@@ -358,16 +364,18 @@ class Session(_SessionBase):
 
         self._runtime.run(every_share())
 
-    def acquire_space(self, nbytes: int) -> None:
+    def acquire_space(self, nbytes: int, landed: bool = True) -> None:
         """Blocks until ``nbytes`` more bytes fit on the burst buffer (``buffer=True`` sessions;
         docs/capacity.md, "The space contract"), then counts them in `buffer_added`.
+        ``landed=False``: the caller writes them next and calls `space_landed` once they are
+        in its `report_buffer`; until then reports count them as granted, not as added.
 
         No wait when the controller sent no space (no capacity). Before the first allocation
         it waits for it like `acquire` (at most ``attach_timeout``); beyond the granted space
         it waits for more, also while the controller is unreachable, until ``fallback_grace``
         after the lease ran out (then space is no longer enforced). Closing the session lets
         every waiter through. Never raises for a controller problem."""
-        self._engine.acquire_space(nbytes)
+        self._engine.acquire_space(nbytes, landed)
 
     def operation(self, kind: str, volume: int = 0) -> Operation | _Striped:
         """An explicit I/O operation of ``volume`` bytes (0 = unknown) for a ``with`` block;
@@ -430,9 +438,9 @@ class AsyncSession(_SessionBase):
         """Waits until the job's token bucket allows ``nbytes`` of I/O of ``kind``."""
         await self._engine.acquire_async(nbytes, kind)
 
-    async def acquire_space(self, nbytes: int) -> None:
+    async def acquire_space(self, nbytes: int, landed: bool = True) -> None:
         """Waits until ``nbytes`` more bytes fit on the burst buffer (`Session.acquire_space`)."""
-        await self._engine.acquire_space_async(nbytes)
+        await self._engine.acquire_space_async(nbytes, landed)
 
     def operation(self, kind: str, volume: int = 0) -> AsyncOperation:
         """An explicit I/O operation of ``volume`` bytes for an ``async with`` block."""

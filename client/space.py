@@ -57,6 +57,9 @@ class SpaceGate(Waiters):
         super().__init__(clock, on_wait_start)
         self._on_error_change = on_error_change
         self._added = 0
+        # Of ``added``, bytes the caller said are on the buffer and in its ``resident`` report
+        # (`land`); the reports carry this, so bytes in flight stay counted as unused space.
+        self._landed = 0
         self._limit: int | None = None  # the controller's last space limit, None = none
         self._attaching = True  # no allocation yet and the attach timeout has not passed
         self._enforced = True  # False once the session fell back past its grace
@@ -89,8 +92,13 @@ class SpaceGate(Waiters):
             return False
         return self._added + nbytes > self._limit
 
-    def acquire(self, nbytes: int) -> None:
-        """Blocks until ``nbytes`` more fit under the limit, then adds them to ``added``."""
+    def acquire(self, nbytes: int, landed: bool = True) -> None:
+        """Blocks until ``nbytes`` more fit under the limit, then adds them to ``added``.
+
+        ``landed=False``: the bytes are not written yet; the caller calls `land` once they
+        are on the buffer and in its ``resident`` report. Until then the reports count them
+        as granted and unused, so a report taken while a write is in flight never tells the
+        controller about less than what the buffer will hold (docs/capacity.md)."""
         with self._cond:
             if self._blocked(nbytes):
                 start = self._begin_wait()
@@ -99,14 +107,14 @@ class SpaceGate(Waiters):
                         self._cond.wait(MAX_WAIT_SLICE)
                 finally:
                     self._finish_wait(start)
-            self._added += nbytes
+            self._take(nbytes, landed)
 
-    async def acquire_async(self, nbytes: int) -> None:
+    async def acquire_async(self, nbytes: int, landed: bool = True) -> None:
         """`acquire` for a coroutine: suspends instead of blocking its loop."""
         loop = asyncio.get_running_loop()
         with self._cond:
             if not self._blocked(nbytes):
-                self._added += nbytes
+                self._take(nbytes, landed)
                 return
             start = self._begin_wait()
         try:
@@ -114,7 +122,7 @@ class SpaceGate(Waiters):
                 wakeup: asyncio.Future[None] = loop.create_future()
                 with self._cond:
                     if not self._blocked(nbytes):
-                        self._added += nbytes
+                        self._take(nbytes, landed)
                         return
                     self._wakeups.add(wakeup)
                 try:
@@ -128,6 +136,12 @@ class SpaceGate(Waiters):
         finally:
             with self._cond:
                 self._finish_wait(start)
+
+    def land(self, nbytes: int) -> None:
+        """``nbytes`` acquired with ``landed=False`` are now on the buffer and in the last
+        ``resident`` given to `report` (or were never written)."""
+        with self._cond:
+            self._landed = min(self._added, self._landed + max(0, nbytes))
 
     def report(self, resident: int, pending: int, drain_error: str) -> None:
         """Sets the gauges sent with the next Usage (``drain_error`` changes are sent at once)."""
@@ -194,7 +208,7 @@ class SpaceGate(Waiters):
                 buffer=pb.Buffer(
                     resident=self._resident,
                     pending=self._pending,
-                    added=self._added,
+                    added=self._landed,
                     drain_error=self._drain_error,
                 ),
                 waiting=self._waiters > 0,
@@ -205,6 +219,11 @@ class SpaceGate(Waiters):
             return stats
 
     # ------------------------------------------------------------------ internals (lock held)
+
+    def _take(self, nbytes: int, landed: bool) -> None:
+        self._added += nbytes
+        if landed:
+            self._landed += nbytes
 
     def _begin_wait(self) -> float:
         now = self._clock()

@@ -79,7 +79,7 @@ from burstctl.fuse_shim.attribution import Caller
 from burstctl.fuse_shim.capabilities import CAPABILITY, AbsentCapabilities
 from burstctl.fuse_shim.config import DIRECT_IO_MODES
 from burstctl.fuse_shim.ownership import give_to_caller, may_access
-from burstctl.fuse_shim.pacing import Pacer
+from burstctl.fuse_shim.pacing import Pacer, SessionLike
 from burstctl.fuse_shim.setid import mode_after_write, writer_of
 from burstctl.fuse_shim.stageout import Evicted, StageOut
 
@@ -343,17 +343,24 @@ class PassthroughFS:
         self._pace(caller, "metadata", 0)
         return caller
 
-    def _pace(self, caller: Caller, kind: str, nbytes: int) -> None:
+    def _pace(self, caller: Caller, kind: str, nbytes: int) -> SessionLike | None:
         # Pacing must never fail the application's I/O: a pacing bug is logged, the I/O goes.
-        # A write waits for the job's space on the burst buffer too (after its bandwidth).
+        # A write waits for the job's space on the burst buffer too (after its bandwidth);
+        # the session that granted it is returned, to be told when the bytes landed.
         assert self._pacer is not None
         try:
             if kind == "metadata":
                 self._pacer.metadata(caller)
             else:
-                self._pacer.data(caller, kind, nbytes, space=kind == "write")
+                return self._pacer.data(caller, kind, nbytes, space=kind == "write")
         except Exception:
             logger.exception("pacing a %s request failed; serving it unpaced", kind)
+        return None
+
+    def _landed(self, granted: SessionLike | None, nbytes: int) -> None:
+        """The bytes of a write are on the buffer and reported (`Pacer.landed`)."""
+        if granted is not None and self._pacer is not None:
+            self._pacer.landed(granted, nbytes)
 
     def _give(
         self,
@@ -474,15 +481,23 @@ class PassthroughFS:
         pacer = self._pacer
         who = caller or self._caller(req)
 
+        granted: list[tuple[SessionLike, int]] = []
+
         def pace(nbytes: int) -> None:
             if pacer is not None:
-                self._pace(who, "write", nbytes)
+                session = self._pace(who, "write", nbytes)
+                if session is not None:
+                    granted.append((session, nbytes))
 
         try:
             self._stage.restore(inode.key, inode.fd, pace)
+            self._modified(req, inode, caller)  # the restored bytes in the job's resident
         except OSError as err:
             logger.error("cannot bring an evicted file back from the PFS: %s", err)
             raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None
+        finally:
+            for session, nbytes in granted:
+                self._landed(session, nbytes)
 
     def setattr(self, req: int, node: int, change: SetAttr, fh: int | None) -> os.stat_result:
         self._metadata(req)
@@ -867,14 +882,18 @@ class PassthroughFS:
         self, req: int, node: int, data: memoryview, offset: int, fh: int, writepage: bool = False
     ) -> int:
         caller = None
+        granted = None
         if self._pacer is not None:
             caller = self._data_caller(req, fh, writepage)
-            self._pace(caller, "write", len(data))
-        done = os.pwrite(fh, data, offset)
-        if not writepage:
-            self._clear_setid(req, fh)
-        if self._stage is not None:
-            self._modified(req, self._inode(node), caller)
+            granted = self._pace(caller, "write", len(data))
+        try:
+            done = os.pwrite(fh, data, offset)
+            if not writepage:
+                self._clear_setid(req, fh)
+            if self._stage is not None:
+                self._modified(req, self._inode(node), caller)  # reports the job's resident
+        finally:
+            self._landed(granted, len(data))  # only now counted as added in the reports
         return done
 
     def _clear_setid(self, req: int, fd: int, *, handle: bool = True) -> None:

@@ -219,10 +219,26 @@ class Pacer:
                 return state
             state.lock.release()
 
-    def data(self, caller: Caller, kind: str, nbytes: int, *, space: bool = False) -> None:
+    def data(
+        self, caller: Caller, kind: str, nbytes: int, *, space: bool = False
+    ) -> SessionLike | None:
         """Paces a read or write of ``nbytes`` before it is done; with ``space`` (a write to
-        the burst buffer), then waits until the job's space grant covers the bytes too."""
-        self._pace(caller, kind, nbytes, space=space)
+        the burst buffer), then waits until the job's space grant covers the bytes too.
+
+        Returns the session that granted the space (None: none did): the caller calls
+        `landed` with it once the write is done and the job's resident bytes are reported,
+        so that a report taken meanwhile counts the bytes as granted, not as on the buffer
+        (docs/capacity.md, "The space contract")."""
+        return self._pace(caller, kind, nbytes, space=space)
+
+    def landed(self, session: SessionLike, nbytes: int) -> None:
+        """``nbytes`` granted by ``session`` (`data`) are written and reported. Never raises."""
+        land = getattr(session, "space_landed", None)
+        if land is not None:
+            try:
+                land(nbytes)
+            except Exception:  # a closed session: nothing left to report
+                logger.debug("space landed on a closed session", exc_info=True)
 
     def job_of(self, caller: Caller) -> JobInfo:
         """The job a caller's requests are booked to."""
@@ -304,7 +320,9 @@ class Pacer:
                 state.session.end_phase()
                 state.phase_started = None
 
-    def _pace(self, caller: Caller, kind: str, nbytes: int, *, space: bool = False) -> None:
+    def _pace(
+        self, caller: Caller, kind: str, nbytes: int, *, space: bool = False
+    ) -> SessionLike | None:
         for _ in range(2):  # a second time only under the caller's own default job
             state = self._locked_state(caller)
             try:
@@ -312,7 +330,7 @@ class Pacer:
             finally:
                 state.lock.release()
             if session is None:
-                return
+                return None
             if opened:
                 self._sweep_by(self._clock() + self._config.session_idle)
             try:
@@ -325,14 +343,16 @@ class Pacer:
                 if space:
                     acquire_space = getattr(session, "acquire_space", None)
                     if acquire_space is not None:
-                        acquire_space(nbytes)
+                        acquire_space(nbytes, landed=False)
+                        return session
             except RuntimeError:
                 pass  # the session was closed under us (unmount or idle close): let the I/O go
             finally:
                 with state.lock:
                     state.inflight -= 1
                     state.last_active = self._clock()
-            return
+            return None
+        return None
 
     def _redirected(self, state: PacedJob, session: SessionLike, caller: Caller) -> bool:
         """True when the controller refused ``caller``'s uid the job of ``state``: the session is

@@ -270,10 +270,20 @@ def test_an_unwritable_pfs_fills_the_buffer_then_writes_wait_and_the_controller_
         on_buffer = sum(os.stat(p).st_blocks * 512 for p in backing.iterdir())
         assert 4 * MiB <= on_buffer <= 9 * MiB  # filled up to S (one write in flight)
         assert not any(os.stat(p).st_size == 0 for p in backing.iterdir())  # nothing evicted
+    except BaseException:
+        if writer is not None:  # never leave the writer running behind a failed check
+            writer.kill()
+            writer.wait()
+        raise
     finally:
         _chattr("-i", pfs)
     assert writer is not None
-    assert writer.wait(60) == 0  # the drain frees the buffer: the writer completes
+    try:
+        assert writer.wait(60) == 0  # the drain frees the buffer: the writer completes
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
     names = [f"f{i}" for i in range(4)]
     wait_until(lambda: drained(backing, pfs, names), 40, message="every file drained")
     for i, name in enumerate(names):

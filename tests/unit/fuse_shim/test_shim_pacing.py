@@ -322,8 +322,11 @@ def test_two_users_naming_one_job_get_a_session_each() -> None:
 class BufferSession(FakeSession):
     """A fake of a ``buffer=True`` client session: space and buffer reports recorded."""
 
-    def acquire_space(self, nbytes: int) -> None:
-        self.events.append(("space", nbytes))
+    def acquire_space(self, nbytes: int, landed: bool = True) -> None:
+        self.events.append(("space", nbytes) if landed else ("space", nbytes, "in flight"))
+
+    def space_landed(self, nbytes: int) -> None:
+        self.events.append(("landed", nbytes))
 
     def report_buffer(self, resident: int, pending: int, drain_error: str = "") -> None:
         self.events.append(("buffer", resident, pending, drain_error))
@@ -357,10 +360,18 @@ class BufferRig(Rig):
 
 def test_a_write_waits_for_its_space_after_its_bandwidth_a_read_does_not() -> None:
     rig = BufferRig()
-    rig.pacer.data(A, "write", 4096, space=True)
-    rig.pacer.data(A, "read", 100)
+    granted = rig.pacer.data(A, "write", 4096, space=True)
+    assert rig.pacer.data(A, "read", 100) is None  # no space for a read
     (a,) = rig.of("a")
-    assert a.events == [("acquire", 4096, "write"), ("space", 4096), ("acquire", 100, "read")]
+    assert granted is a
+    # the write's space is in flight until the write landed and was reported
+    assert a.events == [
+        ("acquire", 4096, "write"),
+        ("space", 4096, "in flight"),
+        ("acquire", 100, "read"),
+    ]
+    rig.pacer.landed(a, 4096)
+    assert a.events[-1] == ("landed", 4096)
 
 
 def test_copies_are_paced_on_a_drain_session_of_their_own_closed_when_idle() -> None:
