@@ -380,6 +380,26 @@ class Waiters:
         self._wait_starts = self._wait_starts - start if self._waiters else 0.0
         self._wait_done += self._clock() - start
 
+    async def _wait_for(self, pending: Callable[[], float | None]) -> None:
+        """Suspends until ``pending`` (called with ``_cond`` held) returns None; otherwise it
+        returns the longest the next sleep may last, cut short by `_wake_all`."""
+        loop = asyncio.get_running_loop()
+        while True:
+            wakeup: asyncio.Future[None] = loop.create_future()
+            with self._cond:
+                timeout = pending()
+                if timeout is None:
+                    return
+                self._wakeups.add(wakeup)
+            try:
+                async with asyncio.timeout(timeout):
+                    await wakeup
+            except TimeoutError:
+                pass
+            finally:
+                with self._cond:
+                    self._wakeups.discard(wakeup)
+
     def _wake_all(self) -> None:
         self._cond.notify_all()
         for future in self._wakeups:
@@ -496,29 +516,19 @@ class Throttle(Waiters):
         A cancelled acquire keeps its reservation: refunding it could not move the targets of
         the reservations made after it, so it would only let later callers burst.
         """
-        loop = asyncio.get_running_loop()
         with self._cond:
             target, delay, start = self._reserve(nbytes, kind)
             if delay == 0:
                 return
             self._start_wait(start)
+
+        def pending() -> float | None:
+            self._check_open()
+            delay = self._bucket.delay(target, self._clock())
+            return None if delay == 0 else wait_slice(delay)
+
         try:
-            while True:
-                wakeup: asyncio.Future[None] = loop.create_future()
-                with self._cond:
-                    self._check_open()
-                    delay = self._bucket.delay(target, self._clock())
-                    if delay == 0:
-                        return
-                    self._wakeups.add(wakeup)
-                try:
-                    async with asyncio.timeout(wait_slice(delay)):
-                        await wakeup
-                except TimeoutError:
-                    pass
-                finally:
-                    with self._cond:
-                        self._wakeups.discard(wakeup)
+            await self._wait_for(pending)
         finally:
             with self._cond:
                 self._finish_wait(start)

@@ -21,7 +21,6 @@ at most `MAX_WAIT_SLICE` and re-checked on every change.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -111,28 +110,20 @@ class SpaceGate(Waiters):
 
     async def acquire_async(self, nbytes: int, landed: bool = True) -> None:
         """`acquire` for a coroutine: suspends instead of blocking its loop."""
-        loop = asyncio.get_running_loop()
         with self._cond:
             if not self._blocked(nbytes):
                 self._take(nbytes, landed)
                 return
             start = self._begin_wait()
+
+        def pending() -> float | None:
+            if self._blocked(nbytes):
+                return MAX_WAIT_SLICE
+            self._take(nbytes, landed)
+            return None
+
         try:
-            while True:
-                wakeup: asyncio.Future[None] = loop.create_future()
-                with self._cond:
-                    if not self._blocked(nbytes):
-                        self._take(nbytes, landed)
-                        return
-                    self._wakeups.add(wakeup)
-                try:
-                    async with asyncio.timeout(MAX_WAIT_SLICE):
-                        await wakeup
-                except TimeoutError:
-                    pass
-                finally:
-                    with self._cond:
-                        self._wakeups.discard(wakeup)
+            await self._wait_for(pending)
         finally:
             with self._cond:
                 self._finish_wait(start)
