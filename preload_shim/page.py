@@ -1,0 +1,241 @@
+"""One job's pacing page: the shared memory between the node agent and the preload library.
+
+The agent creates one page per (job, user) as an anonymous ``memfd`` and passes it, with an
+``eventfd``, over its Unix socket (``SCM_RIGHTS``) to each process of the job that attaches.
+The library maps it ``MAP_SHARED`` and draws tokens from it with atomic operations: no socket
+round trip per read or write. The layout (little-endian, native alignment, `PAGE_SIZE` bytes)
+is the contract with ``preload_shim/preload.c``; both sides check `MAGIC` and `VERSION`.
+
+===== ====== ============== ==========================================================
+off   type   name           meaning (writer)
+===== ====== ============== ==========================================================
+0     u32    magic          `MAGIC` (agent, once)
+4     u32    version        `VERSION` (agent, once)
+8     u64    seq            seqlock over t0/filled0/rate/burst: odd while written (agent)
+16    i64    t0_ns          CLOCK_MONOTONIC ns the supply is anchored at (agent)
+24    i64    filled0        tokens (bytes, cumulative) supplied up to t0 (agent)
+32    f64    rate           bytes/s from t0 on; 0 = wait; +inf = unlimited (agent)
+40    i64    burst          bytes: unused tokens beyond this are not kept (agent)
+48    i64    heartbeat_ns   CLOCK_MONOTONIC ns of the agent's last tick (agent)
+56    u32    flags          `FLAG_CLOSED`: the agent dropped the page: stop, reconnect
+64    i64    taken          tokens reserved so far (library, compare-and-swap)
+128   u64    req_read       bytes asked for by paced reads (library, atomic add)
+136   u64    req_write      bytes asked for by paced writes
+144   u64    moved_read     bytes paced reads returned
+152   u64    moved_write    bytes paced writes returned
+160   u64    calls_read     paced read calls
+168   u64    calls_write    paced write calls
+192   i64    waiters        library threads waiting for tokens now (atomic add/sub)
+200   u64    wait_ns        ns waited, added when each wait ends
+208   u64    waits          waits started
+===== ====== ============== ==========================================================
+
+The supply is ``filled(t) = filled0 + rate * (t - t0)`` (``filled0`` while the rate is 0). A
+paced call of n bytes reserves with one compare-and-swap on ``taken``:
+``new = max(taken, filled(now) - burst) + n`` (tokens beyond the burst that nobody used are
+skipped, as the client's token bucket caps them), then waits until ``filled(now) >= new``,
+re-reading the supply (a rate change re-times the wait), in slices, and stops waiting when the
+agent's heartbeat is older than the library's dead-agent bound. The first waiter (``waiters``
+0 → 1) writes 1 to the eventfd so that the agent tells the controller at once.
+
+This module is the agent's side: create, publish, beat, read the counters.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import mmap
+import os
+import time
+from dataclasses import dataclass
+
+PAGE_SIZE = 4096
+MAGIC = 0x31504342  # "BCP1"
+VERSION = 1
+FLAG_CLOSED = 1
+
+OFF_MAGIC = 0
+OFF_VERSION = 4
+OFF_SEQ = 8
+OFF_T0 = 16
+OFF_FILLED0 = 24
+OFF_RATE = 32
+OFF_BURST = 40
+OFF_HEARTBEAT = 48
+OFF_FLAGS = 56
+OFF_TAKEN = 64
+OFF_REQ_READ = 128
+OFF_REQ_WRITE = 136
+OFF_MOVED_READ = 144
+OFF_MOVED_WRITE = 152
+OFF_CALLS_READ = 160
+OFF_CALLS_WRITE = 168
+OFF_WAITERS = 192
+OFF_WAIT_NS = 200
+OFF_WAITS = 208
+
+
+def monotonic_ns() -> int:
+    """CLOCK_MONOTONIC in ns, the clock both sides of a page use."""
+    return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """A page's library-side counters, as read at one moment."""
+
+    taken: int
+    req_read: int
+    req_write: int
+    moved_read: int
+    moved_write: int
+    calls_read: int
+    calls_write: int
+    waiters: int
+    wait_ns: int
+    waits: int
+
+
+class JobPage:
+    """The agent's handle on one job's page: a memfd, its mapping and its eventfd.
+
+    Only the agent's threads call it (under its own lock where they may race); the library's
+    fields are only read here. Aligned 8-byte loads and stores are single instructions on the
+    platforms burstctl supports, and the seqlock's stores are made in program order.
+    """
+
+    def __init__(self, name: str = "burstctl-page") -> None:
+        self.fd = os.memfd_create(name, os.MFD_CLOEXEC | os.MFD_ALLOW_SEALING)
+        try:
+            os.ftruncate(self.fd, PAGE_SIZE)
+            # Nobody may grow or shrink it under a mapping (a SIGBUS in the application).
+            import fcntl
+
+            fcntl.fcntl(self.fd, fcntl.F_ADD_SEALS, fcntl.F_SEAL_SHRINK | fcntl.F_SEAL_GROW)
+            self._map = mmap.mmap(self.fd, PAGE_SIZE, mmap.MAP_SHARED)
+            self.eventfd = os.eventfd(0, os.EFD_CLOEXEC | os.EFD_NONBLOCK)
+        except BaseException:
+            os.close(self.fd)
+            raise
+        self._seq = ctypes.c_uint64.from_buffer(self._map, OFF_SEQ)
+        self._t0 = ctypes.c_int64.from_buffer(self._map, OFF_T0)
+        self._filled0 = ctypes.c_int64.from_buffer(self._map, OFF_FILLED0)
+        self._rate = ctypes.c_double.from_buffer(self._map, OFF_RATE)
+        self._burst = ctypes.c_int64.from_buffer(self._map, OFF_BURST)
+        self._heartbeat = ctypes.c_int64.from_buffer(self._map, OFF_HEARTBEAT)
+        self._flags = ctypes.c_uint32.from_buffer(self._map, OFF_FLAGS)
+        self._i64 = {
+            off: ctypes.c_int64.from_buffer(self._map, off)
+            for off in (
+                OFF_TAKEN,
+                OFF_REQ_READ,
+                OFF_REQ_WRITE,
+                OFF_MOVED_READ,
+                OFF_MOVED_WRITE,
+                OFF_CALLS_READ,
+                OFF_CALLS_WRITE,
+                OFF_WAITERS,
+                OFF_WAIT_NS,
+                OFF_WAITS,
+            )
+        }
+        now = monotonic_ns()
+        self._t0.value = now
+        self._filled0.value = 0
+        self._rate.value = 0.0  # nothing flows before the first allocation, as in a session
+        self._burst.value = 0
+        self._heartbeat.value = now
+        ctypes.c_uint32.from_buffer(self._map, OFF_VERSION).value = VERSION
+        ctypes.c_uint32.from_buffer(self._map, OFF_MAGIC).value = MAGIC
+
+    # ------------------------------------------------------------------ the supply
+
+    def filled(self, now_ns: int) -> float:
+        """Tokens supplied up to ``now_ns`` by the curve in force (inf while unlimited)."""
+        rate = self._rate.value
+        if rate == math.inf:
+            return math.inf
+        return self._filled0.value + rate * max(0, now_ns - self._t0.value) / 1e9
+
+    def publish(self, rate: float, burst: float, now_ns: int | None = None) -> None:
+        """The job's rate (bytes/s; 0 = wait, inf = unlimited) and burst from ``now_ns`` on;
+        tokens supplied so far were supplied at the old rate."""
+        now = monotonic_ns() if now_ns is None else now_ns
+        rate = float(rate)
+        if math.isnan(rate) or rate < 0:
+            raise ValueError(f"rate must be >= 0, got {rate!r}")
+        burst_bytes = int(min(max(float(burst), 0.0), 2.0**62))
+        filled = self.filled(now)
+        if filled == math.inf:
+            # Unlimited until now: full, as an unthrottled bucket is.
+            filled = self._i64[OFF_TAKEN].value + burst_bytes
+        self._write(now, int(min(filled, 2.0**62)), rate, burst_bytes)
+
+    def drop_unreserved(self, now_ns: int | None = None) -> None:
+        """Drops the tokens nobody reserved (a pattern's window ended)."""
+        now = monotonic_ns() if now_ns is None else now_ns
+        filled = self.filled(now)
+        if filled == math.inf:
+            return
+        taken = self._i64[OFF_TAKEN].value
+        self._write(now, int(min(filled, taken)), self._rate.value, self._burst.value)
+
+    def _write(self, t0: int, filled0: int, rate: float, burst: int) -> None:
+        seq = self._seq.value
+        self._seq.value = seq + 1  # odd: being written
+        self._t0.value = t0
+        self._filled0.value = filled0
+        self._rate.value = rate
+        self._burst.value = burst
+        self._seq.value = seq + 2
+
+    @property
+    def rate(self) -> float:
+        return self._rate.value
+
+    @property
+    def burst(self) -> int:
+        return self._burst.value
+
+    # ------------------------------------------------------------------ liveness and counters
+
+    def beat(self, now_ns: int | None = None) -> None:
+        """The agent is alive (the library stops pacing on a page whose heartbeat is stale)."""
+        self._heartbeat.value = monotonic_ns() if now_ns is None else now_ns
+
+    def mark_closed(self) -> None:
+        """Tells the library to stop drawing from this page (it reconnects on its next open)."""
+        self._flags.value = self._flags.value | FLAG_CLOSED
+
+    def counters(self) -> Counters:
+        """The library's counters (each a single aligned load; the set is not one snapshot)."""
+        v = self._i64
+        return Counters(
+            taken=v[OFF_TAKEN].value,
+            req_read=v[OFF_REQ_READ].value,
+            req_write=v[OFF_REQ_WRITE].value,
+            moved_read=v[OFF_MOVED_READ].value,
+            moved_write=v[OFF_MOVED_WRITE].value,
+            calls_read=v[OFF_CALLS_READ].value,
+            calls_write=v[OFF_CALLS_WRITE].value,
+            waiters=v[OFF_WAITERS].value,
+            wait_ns=v[OFF_WAIT_NS].value,
+            waits=v[OFF_WAITS].value,
+        )
+
+    def drain_events(self) -> int:
+        """Reads (and resets) the eventfd's count of wait notices; 0 when none."""
+        try:
+            return os.eventfd_read(self.eventfd)
+        except BlockingIOError:
+            return 0
+
+    def close(self) -> None:
+        """Marks the page closed and releases the agent's handles (mapped copies live on)."""
+        self.mark_closed()
+        del self._seq, self._t0, self._filled0, self._rate, self._burst, self._heartbeat
+        del self._flags, self._i64
+        self._map.close()
+        os.close(self.fd)
+        os.close(self.eventfd)
