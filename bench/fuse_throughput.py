@@ -55,9 +55,10 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import psutil
 from controller_events import start_controller
@@ -197,10 +198,12 @@ def _workload_job(
     directory: Path,
     name: str,
     regime: str,
-    target: str,
+    own_cache: bool,
     args: argparse.Namespace,
     profiling: bool = False,
 ) -> str:
+    """fio's job for one cell; ``own_cache``: the target reads BACKING's own pages (direct),
+    so a cached run keeps them instead of invalidating them on open."""
     rw, bs, _, random_io = WORKLOADS[name]
     filename = "rand.dat" if random_io else "seq.dat"
     options: dict[str, object] = {
@@ -213,7 +216,7 @@ def _workload_job(
         "fallocate": "none",
         # direct in the cached regime keeps the warm backing pages; anything through the mount
         # drops the mount's own pages on open so the shim serves every byte
-        "invalidate": 0 if (target == "direct" and regime == "cached") else 1,
+        "invalidate": 0 if (own_cache and regime == "cached") else 1,
     }
     if random_io:
         options.update({"time_based": 1, "runtime": args.seconds, "randrepeat": 1})
@@ -306,13 +309,34 @@ def summarize_profile(path: Path, top: int = 10) -> dict[str, object]:
     return {"samples": samples, "categories": shares(categories), "leaves": shares(leaves, top)}
 
 
-def run(args: argparse.Namespace) -> dict[str, object]:
+class ExtraTarget(Protocol):
+    """A target another benchmark adds to the same run (bench/preload_throughput.py): fio runs
+    in ``mountpoint`` with ``env`` on top of the run's; ``cpu_seconds`` is its daemon's CPU;
+    ``shares_cache``: it reads BACKING's own pages (a cached run keeps them warm, as direct)."""
+
+    mountpoint: Path
+    env: dict[str, str]
+    shares_cache: bool
+
+    def cpu_seconds(self) -> tuple[float, float]: ...
+
+    def stop(self) -> None: ...
+
+
+# Builds an extra target from (root, backing, the run's environment); stopped by `run`.
+ExtraFactory = Callable[[Path, Path, dict[str, str]], ExtraTarget]
+
+
+def run(
+    args: argparse.Namespace, extra: Mapping[str, ExtraFactory] | None = None
+) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="fuse-bench-", dir=args.dir))
     backing = root / "backing"
     backing.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
     env.update({"SLURM_JOB_ID": "bench", "SLURM_NNODES": "1"})
     controller = mounts = None
+    extras: dict[str, ExtraTarget] = {}
     results: dict[tuple[str, str, str], Result] = {}
     profiles: dict[str, object] = {}
     try:
@@ -334,7 +358,11 @@ def run(args: argparse.Namespace) -> dict[str, object]:
             mounts["fuse-controller"] = Mount(
                 backing, root / "mnt-ctl", ["--controller", address, *extra], env, args.launcher
             )
-        dirs = {"direct": backing} | {t: m.mountpoint for t, m in mounts.items()}
+        for name, factory in (extra or {}).items():
+            if name in args.targets:
+                extras[name] = factory(root, backing, env)
+        daemons: dict[str, Mount | ExtraTarget] = {**mounts, **extras}
+        dirs = {"direct": backing} | {t: m.mountpoint for t, m in daemons.items()}
         for repeat in range(args.repeats):
             for regime in args.regimes:
                 for name in args.workloads:
@@ -345,13 +373,17 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                             continue  # its writes never reach the device
                         if ddir == "read":
                             _warm(data) if regime == "cached" else _evict(data)
-                        mount = mounts.get(target)
+                        mount = daemons.get(target)
                         cpu0 = mount.cpu_seconds() if mount else (0.0, 0.0)
                         tag = f"{name}-{regime}-{target}"
+                        extra_target = extras.get(target)
+                        own_cache = target == "direct" or bool(
+                            extra_target and extra_target.shares_cache
+                        )
                         fio = run_fio(
                             root / f"run-{repeat}-{tag}",
-                            _workload_job(dirs[target], name, regime, target, args),
-                            env=env,
+                            _workload_job(dirs[target], name, regime, own_cache, args),
+                            env={**env, **(extra_target.env if extra_target else {})},
                         )
                         _check(fio)
                         moved = fio.moved(ddir) / GiB
@@ -377,13 +409,13 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                         _warm(backing / ("rand.dat" if random_io else "seq.dat"))
                     tag = f"{name}-cached-{target}"
                     profiler = Profiler(mount.proc.pid, args.profile / f"{tag}.txt")
-                    job = _workload_job(dirs[target], name, "cached", target, args, profiling=True)
+                    job = _workload_job(dirs[target], name, "cached", False, args, profiling=True)
                     fio = run_fio(root / f"profile-{tag}", job, env=env)
                     profiles[tag] = {"mib_s_while_sampled": round(fio.bandwidth(ddir) / MiB, 1)}
                     profiles[tag].update(profiler.stop())
                     _check(fio)
     finally:
-        for mount in (mounts or {}).values():
+        for mount in [*(mounts or {}).values(), *extras.values()]:
             mount.stop()
         if controller is not None:
             controller.terminate()
@@ -412,8 +444,11 @@ def _check(fio: FioRun) -> None:
         raise SystemExit(f"fio failed in {fio.workdir}: {fio.errors()}")
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def arguments(
+    description: str, targets: Sequence[str], default_targets: Sequence[str]
+) -> argparse.ArgumentParser:
+    """The command line of this benchmark, with ``targets`` to choose from."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--size", default="1G", help="sequential file size (fio syntax)")
     parser.add_argument("--rand-size", default="256M", help="random-I/O file size (fio syntax)")
     parser.add_argument("--seconds", type=float, default=3.0, help="random-I/O run length")
@@ -429,10 +464,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         "to measure an experimental variant of the shim without changing it",
     )
     parser.add_argument("--profile", type=Path, help="write py-spy profiles of the mount here")
-    parser.add_argument("--targets", nargs="+", choices=TARGETS, default=list(TARGETS))
+    parser.add_argument("--targets", nargs="+", choices=targets, default=list(default_targets))
     parser.add_argument("--regimes", nargs="+", choices=REGIMES, default=list(REGIMES))
     parser.add_argument("--workloads", nargs="+", choices=WORKLOADS, default=list(WORKLOADS))
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = arguments(__doc__.splitlines()[0], TARGETS, TARGETS).parse_args(argv)
     if "direct" not in args.targets:
         args.targets.insert(0, "direct")
     json.dump(run(args), sys.stdout, indent=2)
