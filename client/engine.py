@@ -43,7 +43,10 @@ class Engine:
         self._options = options
         self._clock = clock
         self._throttle = Throttle(
-            clock, on_wait_start=self._on_wait_start, on_rate_change=options.rate_observer
+            clock,
+            on_wait_start=self._on_wait_start,
+            on_rate_change=options.rate_observer,
+            on_bucket=options.bucket_observer,
         )
         self._space = (
             SpaceGate(
@@ -144,6 +147,20 @@ class Engine:
             await self._throttle.acquire_async(nbytes, kind_value)
         finally:
             self._end_acquire()
+
+    def record(self, nbytes: int, kind: str = "write") -> None:
+        """Books ``nbytes`` paced elsewhere, without waiting: the counters and the implicit
+        operation move as for an `acquire` that did not wait."""
+        kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
+        self._begin_acquire(kind_value)
+        try:
+            self._throttle.count(nbytes, kind_value)
+        finally:
+            self._end_acquire()
+
+    def hold_waiting(self, waiting: bool) -> None:
+        """I/O paced elsewhere is (not) waiting for tokens: one waiter on the throttle."""
+        self._throttle.hold_wait(bool(waiting))
 
     def _gate(self) -> SpaceGate:
         if self._space is None:
