@@ -68,6 +68,7 @@ class Engine:
         self._implicit_op: int | None = None
         self._acquiring = 0
         self._last_acquire_end = 0.0
+        self._held = False  # hold_waiting(True) in force
 
         # Loop-only state.
         self._quiet_timer: asyncio.TimerHandle | None = None
@@ -159,7 +160,13 @@ class Engine:
             self._end_acquire()
 
     def hold_waiting(self, waiting: bool) -> None:
-        """I/O paced elsewhere is (not) waiting for tokens: one waiter on the throttle."""
+        """I/O paced elsewhere is (not) waiting for tokens: one waiter on the throttle, and
+        the implicit operation stays open while it waits, as for a blocked `acquire`."""
+        with self._lock:
+            if waiting != self._held:
+                self._held = waiting
+                self._acquiring += 1 if waiting else -1
+                self._last_acquire_end = self._clock()
         self._throttle.hold_wait(bool(waiting))
 
     def _gate(self) -> SpaceGate:

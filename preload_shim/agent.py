@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import itertools
 import json
 import logging
@@ -166,10 +167,12 @@ class Agent:
         at = pattern.next_edge(now)
         slot.edge = self._loop.call_later(max(0.0, at - now), self._on_edge, slot, pattern)
 
-    def _on_edge(self, slot: JobSlot, pattern: Pattern) -> None:
+    def _on_edge(self, slot: JobSlot, pattern: Pattern | None) -> None:
         """A window of the pattern starts or ends: its rate goes to the page."""
         slot.edge = None
         if slot.page is None or slot.bucket is None or slot.bucket[2] is not pattern:
+            return  # closed, or another bucket came since
+        if pattern is None:
             return
         now = self._clock()
         rate = pattern.rate_at(now)
@@ -378,7 +381,7 @@ class Agent:
                 entry["rate"] = None if math.isinf(rate) else rate
                 entry["unlimited"] = math.isinf(rate)
                 entry["burst"] = slot.page.burst
-                entry["counters"] = dict(vars(slot.page.counters()))
+                entry["counters"] = dataclasses.asdict(slot.page.counters())
             if slot.bucket is not None:
                 entry["pattern"] = slot.bucket[2] is not None
             jobs.append(entry)

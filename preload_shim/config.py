@@ -36,12 +36,15 @@ class AgentError(Exception):
     """An agent that cannot start, with a message for the user naming the flag."""
 
 
-def _as_mount(name: str, **changes: Any) -> Any:
-    """A field spelled, defaulted and explained as the mount's field ``name`` (with the
-    `Cli` ``changes`` where the agent differs)."""
-    mount = _MOUNT[name]
-    spec = dataclasses.replace(cli_of(mount), **changes)
-    return field(default=mount.default, metadata={"cli": spec})
+def _like_mount(name: str, **changes: Any) -> dict[str, Cli]:
+    """The metadata of the mount's field ``name``: its spelling and help (with the `Cli`
+    ``changes`` where the agent differs)."""
+    return {"cli": dataclasses.replace(cli_of(_MOUNT[name]), **changes)}
+
+
+def _mount_default(name: str) -> Any:
+    """The default of the mount's field ``name``."""
+    return _MOUNT[name].default
 
 
 def _cli(flags: tuple[str, ...], help: str, **spelling: Any) -> dict[str, Cli]:
@@ -52,9 +55,13 @@ def _cli(flags: tuple[str, ...], help: str, **spelling: Any) -> dict[str, Cli]:
 class AgentConfig:
     """Everything ``burstctl agent`` is given; docs/preload.md says what each does."""
 
-    controller: str | None = _as_mount(
-        "controller",
-        help="Controller replica that allots the jobs' rates [env BURSTCTL_CONTROLLER]; required.",
+    controller: str | None = field(
+        default=None,
+        metadata=_like_mount(
+            "controller",
+            help="Controller replica that allots the jobs' rates [env BURSTCTL_CONTROLLER];"
+            " required.",
+        ),
     )
     paths: tuple[str, ...] = field(
         default=(),
@@ -76,16 +83,28 @@ class AgentConfig:
             metavar="PATH",
         ),
     )
-    fallback: str = _as_mount("fallback")
-    tls_ca: Path | None = _as_mount("tls_ca")
-    tls_cert: Path | None = _as_mount("tls_cert")
-    tls_key: Path | None = _as_mount("tls_key")
-    secret_file: Path | None = _as_mount("secret_file")
-    quiet_gap: float = _as_mount("quiet_gap")
-    session_idle: float = _as_mount("session_idle")
-    attach_timeout: float = _as_mount("attach_timeout")
-    fallback_grace: float = _as_mount("fallback_grace")
-    attribution_ttl: float = _as_mount("attribution_ttl")
+    fallback: str = field(default=_mount_default("fallback"), metadata=_like_mount("fallback"))
+    tls_ca: Path | None = field(default=_mount_default("tls_ca"), metadata=_like_mount("tls_ca"))
+    tls_cert: Path | None = field(
+        default=_mount_default("tls_cert"), metadata=_like_mount("tls_cert")
+    )
+    tls_key: Path | None = field(default=_mount_default("tls_key"), metadata=_like_mount("tls_key"))
+    secret_file: Path | None = field(
+        default=_mount_default("secret_file"), metadata=_like_mount("secret_file")
+    )
+    quiet_gap: float = field(default=_mount_default("quiet_gap"), metadata=_like_mount("quiet_gap"))
+    session_idle: float = field(
+        default=_mount_default("session_idle"), metadata=_like_mount("session_idle")
+    )
+    attach_timeout: float = field(
+        default=_mount_default("attach_timeout"), metadata=_like_mount("attach_timeout")
+    )
+    fallback_grace: float = field(
+        default=_mount_default("fallback_grace"), metadata=_like_mount("fallback_grace")
+    )
+    attribution_ttl: float = field(
+        default=_mount_default("attribution_ttl"), metadata=_like_mount("attribution_ttl")
+    )
     tick: float = field(
         default=DEFAULT_TICK,
         metadata=_cli(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import logging
 import os
 import socket
 import stat
@@ -25,6 +26,8 @@ from pathlib import Path
 
 from burstctl.fuse_shim.attribution import Caller
 from burstctl.preload_shim.config import AgentError
+
+logger = logging.getLogger(__name__)
 
 ATTACH = b"ATTACH 1"
 PROTOCOL = 1
@@ -60,7 +63,8 @@ def listen(path: Path) -> socket.socket:
             raise AgentError(f"--socket: {str(path)!r} exists and is not a socket")
         if _answers(path):
             raise AgentError(f"--socket: an agent already listens on {str(path)!r}")
-        path.unlink()  # stale: left by an agent that died
+        path.unlink()
+        logger.info("removed the stale socket %s (left by an agent that died)", path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET | socket.SOCK_CLOEXEC)
     try:
         sock.bind(str(path))
