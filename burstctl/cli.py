@@ -334,9 +334,9 @@ def exec_(
     def warn(message: str) -> None:
         click.echo(message, err=True)
 
-    env = preload_env(os.environ, agent_socket, job, warn)
+    env, paced = preload_env(os.environ, agent_socket, job, warn)
     if export:
-        for line in export_lines(os.environ, env):
+        for line in export_lines(env, paced, job):
             click.echo(line)
         return
     sys.stdout.flush()

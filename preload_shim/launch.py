@@ -34,8 +34,9 @@ def preload_env(
     agent_socket: str | None,
     job: str | None,
     warn: Callable[[str], None],
-) -> dict[str, str]:
-    """``environ`` as a command runs under the shim with; ``warn`` gets the one warning."""
+) -> tuple[dict[str, str], bool]:
+    """``environ`` as a command runs under the shim with, and whether it is paced (False: the
+    agent or the library is missing); ``warn`` gets the one warning."""
     env = dict(environ)
     if job:
         env["BURSTCTL_JOB_ID"] = job
@@ -45,24 +46,21 @@ def preload_env(
         paths = agent_paths(socket_path)
     except (OSError, ValueError) as err:
         warn(f"{WARNING_PREFIX}{err}; running unpaced")
-        return env
+        return env, False
     if not paths:
         warn(f"{WARNING_PREFIX}the agent at {socket_path} paces no paths; running unpaced")
-        return env
+        return env, False
     preloaded = [p for p in env.get("LD_PRELOAD", "").replace(" ", ":").split(":") if p]
     env["LD_PRELOAD"] = ":".join([lib, *(p for p in preloaded if p != lib)])
     env[SOCKET_VAR] = os.path.abspath(socket_path)
     env[PATHS_VAR] = ":".join(paths)
-    return env
+    return env, True
 
 
-EXPORTED = ("LD_PRELOAD", SOCKET_VAR, PATHS_VAR, "BURSTCTL_JOB_ID")
-
-
-def export_lines(before: Mapping[str, str], after: Mapping[str, str]) -> list[str]:
-    """``export NAME=value`` lines for what `preload_env` changed (a Slurm task prolog)."""
-    return [
-        f"export {name}={after[name]}"
-        for name in EXPORTED
-        if name in after and after[name] != before.get(name)
-    ]
+def export_lines(env: Mapping[str, str], paced: bool, job: str | None) -> list[str]:
+    """``export NAME=value`` lines of the shim's variables in ``env`` (a Slurm task prolog):
+    none when not ``paced``; ``BURSTCTL_JOB_ID`` when a ``job`` was given."""
+    names = ["LD_PRELOAD", SOCKET_VAR, PATHS_VAR] if paced else []
+    if job:
+        names.append("BURSTCTL_JOB_ID")
+    return [f"export {name}={env[name]}" for name in names]
