@@ -32,6 +32,7 @@ pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 FAKE_LIBRARY = Path(__file__).with_name("fake_library.py")
+NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
 CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
 
 
@@ -107,7 +108,7 @@ class Library:
         if as_nobody:
             # setpriv, not Popen(user=...): that forks this process, whose gRPC threads may
             # make the child crash before exec.
-            argv = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", *argv]
+            argv = [*NOBODY, *argv]
         self.proc = subprocess.Popen(
             argv,
             stdin=subprocess.PIPE,
@@ -346,6 +347,33 @@ def test_a_process_of_another_uid_never_gets_a_root_jobs_page(
         interval=0.05,
         message="each uid's bytes in its own job",
     )
+    # Nor can it reach the owner's page through /proc: the memfd and its mapping are there,
+    # and the kernel lets no other uid open them.
+    fds = Path(f"/proc/{owner.pid}/fd")
+    pages = [fd for fd in fds.iterdir() if "burstctl-job-777" in os.readlink(fd)]
+    maps = [
+        f"/proc/{owner.pid}/map_files/{line.split()[0]}"
+        for line in Path(f"/proc/{owner.pid}/maps").read_text().splitlines()
+        if "burstctl-job-777" in line
+    ]
+    assert pages and maps
+    probe = (
+        "import sys\n"
+        "for path in sys.argv[1:]:\n"
+        "    try:\n"
+        "        open(path, 'r+b').close()\n"
+        "        print('opened', path)\n"
+        "    except OSError as err:\n"
+        "        print('refused', err.errno)\n"
+    )
+    done = subprocess.run(
+        [*NOBODY, sys.executable, "-c", probe, *map(str, pages), *maps],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=True,
+    )
+    assert "opened" not in done.stdout and done.stdout.count("refused") == len(pages) + len(maps)
     status = {(j["job_id"], j["user"]): j for j in agent.status()["jobs"]}
     assert status["777", "root"]["connections"] == [owner.pid]
     assert status["user:nobody", "nobody"]["connections"] == [intruder.pid]
