@@ -10,6 +10,8 @@ line on stdout:
 - ``write N`` / ``read N`` → reserves N tokens from the page and waits for them as the library
   does (a waiter while it waits, the eventfd written by the first waiter), bumps the req_*,
   calls_* and moved_* counters → ``ok <seconds waited>``;
+- ``flat SECONDS CHUNK`` → paced writes of CHUNK bytes, flat out, for SECONDS →
+  ``ok <bytes moved> <seconds taken>``;
 - ``ask N`` → only bumps req_write by N (bytes asked for, not waited for) → ``ok``;
 - ``hold`` / ``unhold`` → one waiter more / less, the eventfd written on 0 → 1 → ``ok``;
 - ``rate`` → ``ok <rate> <burst> <flags> <heartbeat age s>``;
@@ -127,6 +129,13 @@ def main() -> None:
         assert page is not None, "attach first"
         if cmd in ("write", "read"):
             print(f"ok {page.paced(cmd, int(args[0])):.6f}", flush=True)
+        elif cmd == "flat":
+            seconds, chunk = float(args[0]), int(args[1])
+            moved, start = 0, time.monotonic()
+            while time.monotonic() - start < seconds:
+                page.paced("write", chunk)
+                moved += chunk
+            print(f"ok {moved} {time.monotonic() - start:.6f}", flush=True)
         elif cmd == "ask":
             page.add(layout.OFF_REQ_WRITE, int(args[0]))
             print("ok", flush=True)

@@ -260,6 +260,31 @@ def test_attach_gives_each_job_a_page_at_its_allocation_and_books_its_bytes(
     wait_until(lambda: agent.job("alpha")["connections"] == [], message="alpha's EOF")  # type: ignore[index]
 
 
+def test_paced_writes_on_the_page_move_at_the_jobs_allocation(
+    controller_factory: Callable[..., ControllerProcess],
+    agents: Callable[..., AgentProcess],
+    libraries: Callable[..., Library],
+    world: Path,
+) -> None:
+    # One job alone: fair share gives it the whole 4 MiB/s.
+    ctl = controller_factory("--capacity", "4MiB/s", "--node-bandwidth", "1GiB/s")
+    agents(*agent_args(ctl, world))
+    lib = libraries({"BURSTCTL_JOB_ID": "flat"})
+    assert lib.attach() == "flat"
+    lib.do("ask", 1)
+    wait_until(lambda: lib.rate()[0] == 4 * MiB, timeout=10, interval=0.05)
+    _, moved, seconds = lib.do("flat", 3, 64 * 1024)
+    rate = int(moved) / float(seconds)
+    # Generous: the burst at the start and a loaded 2-core machine.
+    assert 0.75 * 4 * MiB < rate < 1.35 * 4 * MiB, rate / MiB
+    wait_until(
+        lambda: jobs_of(ctl)["flat"]["bytes_written"] == int(moved) + 1,
+        timeout=10,
+        interval=0.05,
+        message="every byte booked",
+    )
+
+
 def test_a_wait_on_the_page_reaches_the_controller(
     controller_factory: Callable[..., ControllerProcess],
     agents: Callable[..., AgentProcess],
