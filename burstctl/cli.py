@@ -254,6 +254,100 @@ def mount(**values: Any) -> None:
     os._exit(code)
 
 
+class _AgentCommand(click.Command):
+    """`burstctl agent`: its options are `AgentConfig`'s fields, read when first needed."""
+
+    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
+        if not self.params:
+            from burstctl.preload_shim.config import AgentConfig
+
+            self.params = config_params(AgentConfig)
+        return super().get_params(ctx)
+
+
+@main.command(cls=_AgentCommand)
+def agent(**values: Any) -> None:
+    """Run the node agent of the LD_PRELOAD shim: one controller session per job, and each
+    job's shared pacing page for its processes (`burstctl exec`).
+
+    Processes attach over the agent's Unix socket; the agent identifies each by its
+    credentials (SO_PEERCRED) and its environment, as the mount does. SIGTERM or SIGINT stop
+    it. See docs/preload.md.
+    """
+    from burstctl.preload_shim.agent import run_agent
+    from burstctl.preload_shim.config import AgentConfig, AgentError
+
+    try:
+        config = AgentConfig(**values)
+    except AgentError as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.basicConfig(
+        level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        code = run_agent(config)
+    except AgentError as exc:
+        raise click.UsageError(str(exc)) from None
+    logging.shutdown()
+    sys.exit(code)
+
+
+@main.command(
+    "exec",
+    context_settings={"ignore_unknown_options": True, "allow_interspersed_args": False},
+)
+@click.option(
+    "--agent",
+    "agent_socket",
+    metavar="SOCKET",
+    help="The node agent's socket [default: $BURSTCTL_AGENT_SOCKET, else"
+    " /run/burstctl/agent.sock].",
+)
+@click.option(
+    "--job",
+    metavar="ID",
+    help="The job the command's I/O is booked to (BURSTCTL_JOB_ID); inside a Slurm job,"
+    " SLURM_JOB_ID names it already.",
+)
+@click.option(
+    "--export",
+    "export",
+    is_flag=True,
+    help="Print the environment as `export NAME=value` lines instead of running a command"
+    " (a Slurm task prolog).",
+)
+@click.argument("command", nargs=-1, type=click.UNPROCESSED)
+def exec_(
+    agent_socket: str | None, job: str | None, export: bool, command: tuple[str, ...]
+) -> None:
+    """Run COMMAND under the LD_PRELOAD shim: its reads and writes under the agent's
+    burst-buffer paths are paced as its job's. An agent that does not answer is one warning
+    and the command runs unpaced; the command's exit code is burstctl's. See docs/preload.md.
+    """
+    from burstctl.preload_shim.launch import export_lines, preload_env
+
+    if not export and not command:
+        raise click.UsageError("a COMMAND to run is required (burstctl exec -- CMD ARGS...)")
+    if export and command:
+        raise click.UsageError("--export runs no COMMAND")
+
+    def warn(message: str) -> None:
+        click.echo(message, err=True)
+
+    env, paced = preload_env(os.environ, agent_socket, job, warn)
+    if export:
+        for line in export_lines(env, paced, job):
+            click.echo(line)
+        return
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(command[0], list(command), env)
+    except OSError as exc:
+        click.echo(f"burstctl exec: {command[0]}: {exc.strerror}", err=True)
+        sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
+
+
 @main.command()
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option(

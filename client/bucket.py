@@ -118,6 +118,19 @@ class Pattern:
         j = bisect.bisect_right(self._starts, phase) - 1
         return self._rates[j] if j >= 0 and phase < self._ends[j] else 0.0
 
+    def next_edge(self, t: float) -> float:
+        """The first instant after ``t`` at which a window starts or ends (or a period does):
+        where the rate may change. The node agent republishes a pattern's rate there."""
+        k, _ = self._split(t)
+        base = self.origin + k * self.period
+        edges = sorted({e for e in (*self._starts, *self._ends, self.period) if e > 0})
+        for cycle in range(3):  # the next period's edges too (rounding at a period's end)
+            for edge in edges:
+                at = base + cycle * self.period + edge
+                if at > t:
+                    return at
+        return t + self.period
+
     def _split(self, t: float) -> tuple[int, float]:
         """``t`` as (period number, seconds into it)."""
         x = t - self.origin
@@ -417,7 +430,12 @@ class Throttle(Waiters):
     raise. ``on_wait_start`` is called, with the throttle's lock held, when an acquire starts
     waiting while the last reported snapshot said nobody waited; ``on_rate_change`` with the new
     rate (after the floor) whenever the rate in force changes, also under the lock. Neither may
-    block nor call back into the throttle.
+    block nor call back into the throttle. ``on_bucket`` is called with (rate, burst, pattern)
+    after every `set_rate`, changed or not, once the lock is released.
+
+    Bytes paced elsewhere (the preload library's shared page, docs/preload.md) are booked with
+    `count`, and waits made elsewhere with `hold_wait`: the usage reports then carry them as
+    if they had been acquired and waited for here.
     """
 
     def __init__(
@@ -425,9 +443,12 @@ class Throttle(Waiters):
         clock: Callable[[], float] = time.monotonic,
         on_wait_start: Callable[[], None] | None = None,
         on_rate_change: Callable[[float], None] | None = None,
+        on_bucket: Callable[[float, float, Pattern | None], None] | None = None,
     ) -> None:
         super().__init__(clock, on_wait_start)
         self._on_rate_change = on_rate_change
+        self._on_bucket = on_bucket
+        self._held_since: float | None = None  # hold_wait(True) in force since
         self._bucket = TokenBucket(now=clock())
         self._closed = False
         self._bytes = 0
@@ -465,11 +486,38 @@ class Throttle(Waiters):
                     self._on_rate_change(self._bucket.rate)
                 except Exception:  # an observer's bug must not stop the session's pacing
                     logger.exception("rate observer failed")
+            applied = (self._bucket.rate, self._bucket.burst, self._bucket.pattern)
+        if self._on_bucket is not None:
+            try:
+                self._on_bucket(*applied)
+            except Exception:  # an observer's bug must not stop the session's pacing
+                logger.exception("bucket observer failed")
+
+    def count(self, nbytes: int, kind: int = 0) -> None:
+        """Books ``nbytes`` of ``kind`` (the wire OpKind) paced elsewhere, as an acquire that
+        did not wait: the counters move, the bucket does not."""
+        with self._cond:
+            self._check_open()
+            self._book(nbytes, kind)
+
+    def hold_wait(self, waiting: bool) -> None:
+        """I/O paced elsewhere waits (True) or no longer waits (False) for tokens: one waiter
+        while held, with its wait time and the one wait notice per transition. Idempotent."""
+        with self._cond:
+            if waiting and self._held_since is None and not self._closed:
+                self._held_since = self._clock()
+                self._start_wait(self._held_since)
+            elif not waiting and self._held_since is not None:
+                self._finish_wait(self._held_since)
+                self._held_since = None
 
     def close(self) -> None:
-        """Refuses further acquires and makes the blocked ones raise."""
+        """Refuses further acquires and makes the blocked ones raise (a held wait ends)."""
         with self._cond:
             self._closed = True
+            if self._held_since is not None:
+                self._finish_wait(self._held_since)
+                self._held_since = None
             self._wake_all()
 
     def snapshot(self, *, reported: bool = False, assume_waiting: bool = False) -> ThrottleStats:
@@ -536,13 +584,16 @@ class Throttle(Waiters):
     def _reserve(self, nbytes: int, kind: int) -> tuple[float, float, float]:
         self._check_open()
         now = self._clock()
+        self._book(nbytes, kind)
+        target = self._bucket.reserve(nbytes, now)
+        return target, self._bucket.delay(target, now), now
+
+    def _book(self, nbytes: int, kind: int) -> None:
         self._bytes += nbytes
         self._acquires += 1
         if 0 < kind < len(self._by_kind):
             self._by_kind[kind] += nbytes
             self._kind_acquires[kind] += 1
-        target = self._bucket.reserve(nbytes, now)
-        return target, self._bucket.delay(target, now), now
 
     def _check_open(self) -> None:
         if self._closed:

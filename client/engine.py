@@ -43,7 +43,10 @@ class Engine:
         self._options = options
         self._clock = clock
         self._throttle = Throttle(
-            clock, on_wait_start=self._on_wait_start, on_rate_change=options.rate_observer
+            clock,
+            on_wait_start=self._on_wait_start,
+            on_rate_change=options.rate_observer,
+            on_bucket=options.bucket_observer,
         )
         self._space = (
             SpaceGate(
@@ -65,6 +68,7 @@ class Engine:
         self._implicit_op: int | None = None
         self._acquiring = 0
         self._last_acquire_end = 0.0
+        self._held = False  # hold_waiting(True) in force
 
         # Loop-only state.
         self._quiet_timer: asyncio.TimerHandle | None = None
@@ -144,6 +148,26 @@ class Engine:
             await self._throttle.acquire_async(nbytes, kind_value)
         finally:
             self._end_acquire()
+
+    def record(self, nbytes: int, kind: str = "write") -> None:
+        """Books ``nbytes`` paced elsewhere, without waiting: the counters and the implicit
+        operation move as for an `acquire` that did not wait."""
+        kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
+        self._begin_acquire(kind_value)
+        try:
+            self._throttle.count(nbytes, kind_value)
+        finally:
+            self._end_acquire()
+
+    def hold_waiting(self, waiting: bool) -> None:
+        """I/O paced elsewhere is (not) waiting for tokens: one waiter on the throttle, and
+        the implicit operation stays open while it waits, as for a blocked `acquire`."""
+        with self._lock:
+            if waiting != self._held:
+                self._held = waiting
+                self._acquiring += 1 if waiting else -1
+                self._last_acquire_end = self._clock()
+        self._throttle.hold_wait(bool(waiting))
 
     def _gate(self) -> SpaceGate:
         if self._space is None:

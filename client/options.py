@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from burstctl.channels import ChannelSecurity
+from burstctl.client.bucket import Pattern
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
 from burstctl.limits import DEFAULT_FALLBACK_GRACE
@@ -33,6 +34,10 @@ DEFAULT_ATTACH_TIMEOUT = 2.0
 
 # Called with the new rate (bytes/s, inf = unthrottled) whenever a session's rate in force changes.
 RateObserver = Callable[[float], None]
+
+# Called with (rate, burst, pattern) every time a session applies an allocation or its fallback,
+# changed or not (the node agent publishes them to a job's shared page, docs/preload.md).
+BucketObserver = Callable[[float, float, Pattern | None], None]
 
 # What a session's stream carries (Hello.purpose, docs/capacity.md): the job's own I/O, or the
 # copy of its closed files from the burst buffer to the parallel file system.
@@ -62,6 +67,7 @@ class SessionOptions:
     rate_observer: RateObserver | None = None
     purpose: Purpose = "app"
     buffer: bool = False  # the session tracks a burst buffer (Buffer reports, space limits)
+    bucket_observer: BucketObserver | None = None
 
     @classmethod
     def build(
@@ -79,6 +85,7 @@ class SessionOptions:
         rate_observer: RateObserver | None = None,
         purpose: Purpose = "app",
         buffer: bool = False,
+        bucket_observer: BucketObserver | None = None,
     ) -> SessionOptions:
         if not isinstance(target, str) or not target:
             raise ValueError(f"target must be a non-empty 'host:port' string, got {target!r}")
@@ -92,6 +99,8 @@ class SessionOptions:
         _check_seconds("fallback_grace", fallback_grace, allow_zero=True, allow_inf=True)
         if rate_observer is not None and not callable(rate_observer):
             raise ValueError(f"rate_observer must be callable, got {rate_observer!r}")
+        if bucket_observer is not None and not callable(bucket_observer):
+            raise ValueError(f"bucket_observer must be callable, got {bucket_observer!r}")
         if purpose not in PURPOSES:
             raise ValueError(f"purpose must be 'app' or 'drain', got {purpose!r}")
         if not isinstance(buffer, bool):
@@ -118,6 +127,7 @@ class SessionOptions:
             rate_observer=rate_observer,
             purpose=purpose,
             buffer=buffer,
+            bucket_observer=bucket_observer,
         )
 
 

@@ -24,6 +24,7 @@ from burstctl.client.options import (
     DEFAULT_FALLBACK_GRACE,
     DEFAULT_QUIET_GAP,
     DEFAULT_REPORT_INTERVAL,
+    BucketObserver,
     Purpose,
     RateObserver,
     SessionOptions,
@@ -132,6 +133,7 @@ class _SessionBase:
         purpose: Purpose = "app",
         buffer: bool = False,
         extra_targets: Sequence[str] = (),
+        bucket_observer: BucketObserver | None = None,
     ) -> None:
         options = SessionOptions.build(
             target,
@@ -146,6 +148,7 @@ class _SessionBase:
             rate_observer=rate_observer,
             purpose=purpose,
             buffer=buffer,
+            bucket_observer=bucket_observer,
         )
         self._engine = Engine(options)
         # Striping over advised replicas (`Session`): one more stream per extra target, the
@@ -248,6 +251,23 @@ class _SessionBase:
         as added. Thread-safe."""
         self._engine.space_landed(nbytes)
 
+    def record(self, nbytes: int, kind: str = "write") -> None:
+        """Books ``nbytes`` of ``kind`` that were paced elsewhere (the preload library's shared
+        page, docs/preload.md) without waiting: the usage reports count them as they count an
+        ``acquire``, and they begin (or keep open) the implicit operation as an ``acquire``
+        does. Striped: split evenly over the streams. Thread-safe."""
+        shares = _shares(nbytes, len(self._engines))
+        for engine, share in zip(self._engines, shares, strict=True):
+            if share or engine is self._engine:
+                engine.record(share, kind)
+
+    def hold_waiting(self, waiting: bool) -> None:
+        """The job's I/O is (True) or is no longer (False) waiting for tokens elsewhere: it
+        counts as one waiter of the session (the controller is told the job waits, once per
+        transition, and the wait time is reported). Idempotent. Thread-safe."""
+        for engine in self._engines:
+            engine.hold_waiting(waiting)
+
     def end_phase(self) -> None:
         """Completes the implicit operation now, instead of after ``quiet_gap`` without I/O.
 
@@ -270,6 +290,9 @@ class Session(_SessionBase):
     ran out before the conservative rate applies (client/fallback.py). ``rate_observer``: called
     with the new rate whenever the rate in force changes, on the session's loop thread with the
     throttle's lock held (it must return quickly and not call into the session).
+    ``bucket_observer``: called with (rate, burst, pattern) every time the session applies an
+    allocation or its fallback, changed or not, on the session's loop thread with no lock of
+    the session held (it must return quickly).
 
     ``runtime``: the `ClientRuntime` to run on, shared with other sessions (its loop thread
     and its channel to ``target``); closing the session leaves it open. Without one the session
@@ -306,6 +329,7 @@ class Session(_SessionBase):
         buffer: bool = False,
         replicas: Sequence[str] | None = None,
         follow_advice: bool | None = None,
+        bucket_observer: BucketObserver | None = None,
     ) -> None:
         targets = resolve_targets(target, replicas, follow_advice)
         super().__init__(
@@ -322,6 +346,7 @@ class Session(_SessionBase):
             purpose=purpose,
             buffer=buffer,
             extra_targets=targets[1:],
+            bucket_observer=bucket_observer,
         )
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")

@@ -45,13 +45,15 @@ import math
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Protocol
 
+from burstctl.channels import ChannelSecurity
 from burstctl.client.job import JobInfo
+from burstctl.client.options import BucketObserver
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
 from burstctl.client.session import Session
 from burstctl.fuse_shim.attribution import Attributor, Caller
-from burstctl.fuse_shim.config import MountConfig
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +69,10 @@ class SessionLike(Protocol):
     """The part of `burstctl.client.Session` the pacer uses (tests pass fakes)."""
 
     def acquire(self, nbytes: int, kind: str = "write") -> None: ...
+
+    def record(self, nbytes: int, kind: str = "write") -> None: ...
+
+    def hold_waiting(self, waiting: bool) -> None: ...
 
     def end_phase(self) -> None: ...
 
@@ -84,19 +90,58 @@ _NOT_YOURS = "PERMISSION_DENIED"
 SessionFactory = Callable[[JobInfo], SessionLike]
 
 
+class PacingConfig(Protocol):
+    """What a `Pacer` and its sessions are configured with: `MountConfig`, and the node
+    agent's `burstctl.preload_shim.config.AgentConfig`."""
+
+    @property
+    def controller(self) -> str | None: ...
+
+    @property
+    def fallback(self) -> str: ...
+
+    @property
+    def quiet_gap(self) -> float: ...
+
+    @property
+    def session_idle(self) -> float: ...
+
+    @property
+    def attach_timeout(self) -> float: ...
+
+    @property
+    def fallback_grace(self) -> float: ...
+
+    @property
+    def metadata_cost(self) -> int: ...
+
+    @property
+    def stage_out(self) -> Path | None: ...
+
+    def channel_security(self) -> ChannelSecurity: ...
+
+
 def client_session_factory(
-    config: MountConfig, runtime: ClientRuntime, purpose: str = "app"
+    config: PacingConfig,
+    runtime: ClientRuntime,
+    purpose: str = "app",
+    *,
+    buffer: bool | None = None,
+    observer_for: Callable[[JobInfo], BucketObserver] | None = None,
 ) -> SessionFactory:
     """Sessions of the client runtime, one per job, with the mount's options, on ``runtime``.
 
     ``purpose``: ``app`` for the jobs' I/O through the mount (sessions that track the burst
-    buffer: ``buffer=True``), ``drain`` for the stage-out's copies to the PFS.
+    buffer: ``buffer=True`` unless ``buffer`` says otherwise), ``drain`` for the stage-out's
+    copies to the PFS. ``observer_for``: each job's session gets ``observer_for(job)`` as its
+    bucket observer (the node agent publishes the job's allocations to its page).
     """
     if not config.controller:
         raise ValueError("pacing needs a controller")
     controller = config.controller
     security = config.channel_security()
     drain = purpose == "drain"
+    tracks_buffer = not drain if buffer is None else buffer and not drain
 
     def make(job: JobInfo) -> SessionLike:
         return Session(
@@ -109,7 +154,8 @@ def client_session_factory(
             runtime=runtime,
             security=security,
             purpose="drain" if drain else "app",
-            buffer=not drain,
+            buffer=tracks_buffer,
+            bucket_observer=None if observer_for is None else observer_for(job),
         )
 
     return make
@@ -124,6 +170,7 @@ class PacedJob:
         "drain_inflight",
         "drain_last",
         "forgotten",
+        "held",
         "inflight",
         "job",
         "last_active",
@@ -149,6 +196,8 @@ class PacedJob:
         self.drain_inflight = 0
         self.drain_last = now
         self.buffer: tuple[int, int, str] | None = None
+        # The session a wait elsewhere is held on (`Pacer.waiting`), counted in ``inflight``.
+        self.held: SessionLike | None = None
 
 
 class Pacer:
@@ -161,7 +210,7 @@ class Pacer:
 
     def __init__(
         self,
-        config: MountConfig,
+        config: PacingConfig,
         attributor: Attributor,
         *,
         runtime: ClientRuntime | None = None,
@@ -323,6 +372,30 @@ class Pacer:
     def _pace(
         self, caller: Caller, kind: str, nbytes: int, *, space: bool = False
     ) -> SessionLike | None:
+        entered = self._enter(caller)
+        if entered is None:
+            return None
+        state, session = entered
+        try:
+            if session is None:
+                return None  # closed under us while attaching: let the I/O go
+            session.acquire(nbytes, kind)
+            if space:
+                acquire_space = getattr(session, "acquire_space", None)
+                if acquire_space is not None:
+                    acquire_space(nbytes, landed=False)
+                    return session
+        except RuntimeError:
+            pass  # the session was closed under us (unmount or idle close): let the I/O go
+        finally:
+            self._leave(state)
+        return None
+
+    def _enter(self, caller: Caller) -> tuple[PacedJob, SessionLike | None] | None:
+        """Counts a request in flight on the caller's job, opening its session if needed; a
+        new session of a job the caller named first waits for the controller's answer, and a
+        refusal sends the caller to its own default job. Returns the job's state and session
+        (None: closed under us) — the caller then calls `_leave` — or None once closing."""
         for _ in range(2):  # a second time only under the caller's own default job
             state = self._locked_state(caller)
             try:
@@ -338,21 +411,89 @@ class Pacer:
                     # A job the caller named: is it the caller's to join? (module docstring)
                     session.wait_attached(self._config.attach_timeout)
                 if self._redirected(state, session, caller):
+                    self._leave(state)
                     continue
-                session.acquire(nbytes, kind)
-                if space:
-                    acquire_space = getattr(session, "acquire_space", None)
-                    if acquire_space is not None:
-                        acquire_space(nbytes, landed=False)
-                        return session
             except RuntimeError:
-                pass  # the session was closed under us (unmount or idle close): let the I/O go
-            finally:
-                with state.lock:
-                    state.inflight -= 1
-                    state.last_active = self._clock()
-            return None
+                return state, None  # closed under us (unmount or idle close)
+            except BaseException:
+                self._leave(state)
+                raise
+            return state, session
         return None
+
+    def _leave(self, state: PacedJob) -> None:
+        """A request counted by `_enter` or `_begin` is over."""
+        with state.lock:
+            state.inflight -= 1
+            state.last_active = self._clock()
+
+    # ------------------------------------------------------------------ pacing done elsewhere
+
+    def admit(self, caller: Caller) -> JobInfo | None:
+        """The job ``caller``'s I/O is booked to, its session opened as the first paced request
+        opens it (waiting for the controller's answer for a named job; a refusal: the caller's
+        own default job). For I/O paced elsewhere (the node agent, docs/preload.md), which
+        then books it with `record`. None once closing."""
+        entered = self._enter(caller)
+        if entered is None:
+            return None
+        state, _ = entered
+        self._leave(state)
+        return state.job
+
+    def record(self, job: JobInfo, kind: str, nbytes: int) -> None:
+        """Books ``nbytes`` of ``kind`` that the job moved, paced elsewhere, on its session
+        without waiting (opening one if the sweep closed it). Never raises for a closed
+        session."""
+        state = self._locked_state(job)
+        try:
+            session, opened = self._begin(state)
+        finally:
+            state.lock.release()
+        if session is None:
+            return
+        if opened:
+            self._sweep_by(self._clock() + self._config.session_idle)
+        try:
+            session.record(nbytes, kind)
+        except RuntimeError:
+            pass  # closed under us: nothing to book it on
+        finally:
+            self._leave(state)
+
+    def waiting(self, job: JobInfo, waiting: bool) -> None:
+        """The job's I/O paced elsewhere is (not) waiting for tokens: one waiter on its
+        session while it is (`Session.hold_waiting`), which keeps the session from the idle
+        sweep as a blocked request does. Idempotent."""
+        state = self._locked_state(job)
+        try:
+            if waiting == (state.held is not None):
+                return
+            if waiting:
+                session, opened = self._begin(state)
+                if session is None:
+                    return
+                state.held = session
+            else:
+                session, opened, state.held = state.held, False, None
+        finally:
+            state.lock.release()
+        if opened:
+            self._sweep_by(self._clock() + self._config.session_idle)
+        assert session is not None
+        try:
+            session.hold_waiting(waiting)
+        except RuntimeError:
+            pass  # closed under us
+        finally:
+            if not waiting:
+                self._leave(state)
+
+    def session_of(self, job: JobInfo) -> SessionLike | None:
+        """The job's open session (None: none now)."""
+        with self._lock:
+            state = self._jobs.get((job.job_id, job.user))
+        return None if state is None else state.session
 
     def _redirected(self, state: PacedJob, session: SessionLike, caller: Caller) -> bool:
         """True when the controller refused ``caller``'s uid the job of ``state``: the session is

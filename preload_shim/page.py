@@ -38,6 +38,12 @@ re-reading the supply (a rate change re-times the wait), in slices, and stops wa
 agent's heartbeat is older than the library's dead-agent bound. The first waiter (``waiters``
 0 → 1) writes 1 to the eventfd so that the agent tells the controller at once.
 
+A paced call adds its bytes to ``req_*`` (and 1 to ``calls_*``) when it is asked for, before it
+waits: the agent books ``req_*`` on the job's session every tick, which is what opens the job's
+I/O phase at the controller; under a policy that allots a rate only to jobs in I/O (fair
+share), a call that counted its bytes only after its wait would wait for a rate that never
+comes.
+
 This module is the agent's side: create, publish, beat, read the counters.
 """
 

@@ -255,6 +255,23 @@ def test_mount_template_unit() -> None:
     assert unit["Unit"]["Wants"] == "network-online.target"
 
 
+def test_agent_unit() -> None:
+    unit = read_unit("burstctl-agent.service")
+    assert unit.sections() == ["Unit", "Service", "Install"]
+    service = unit["Service"]
+    exec_start = service["ExecStart"].split()
+    assert (
+        exec_start[0] == read_unit("burstctl-controller.service")["Service"]["ExecStart"].split()[0]
+    )
+    assert exec_start[1] == "agent"
+    # The socket where `burstctl exec` and the task prolog look by default.
+    assert exec_start[exec_start.index("--socket") + 1] == "/run/burstctl/agent.sock"
+    assert service["RuntimeDirectoryMode"] == "0755"
+    assert service["EnvironmentFile"] == "/etc/burstctl/agent.env"
+    assert service["Restart"] == "on-failure"
+    assert "slurmd.service" in unit["Unit"]["Before"].split()
+
+
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="no systemd-analyze")
 def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
     # ExecStart must exist for verify: point it at this venv's burstctl instead of /opt.
@@ -268,6 +285,7 @@ def test_units_pass_systemd_analyze_verify(tmp_path: Path) -> None:
             "--man=no",
             str(tmp_path / "burstctl-controller.service"),
             str(tmp_path / "burstctl-mount@local-bb.service"),
+            str(tmp_path / "burstctl-agent.service"),
         ],
         capture_output=True,
         text=True,

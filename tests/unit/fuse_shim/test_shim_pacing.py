@@ -45,6 +45,16 @@ class FakeSession:
             if self.closed:
                 raise RuntimeError("session is closed")
 
+    def record(self, nbytes: int, kind: str = "write") -> None:
+        if self.closed:
+            raise RuntimeError("session is closed")
+        self.events.append(("record", nbytes, kind))
+
+    def hold_waiting(self, waiting: bool) -> None:
+        if self.closed:
+            raise RuntimeError("session is closed")
+        self.events.append(("hold", waiting))
+
     def open_gate(self) -> None:
         with self.cond:
             assert self.gate is not None
@@ -429,3 +439,71 @@ def test_without_stage_out_nothing_drains_so_pending_bytes_keep_no_session_open(
     rig.pacer.sweep()
     (app,) = rig.of("a")
     assert app.closed
+
+
+# ---------------------------------------------------------------------- pacing done elsewhere
+# (the node agent: the preload library paces from a shared page, the pacer books it)
+
+
+def test_admit_opens_the_session_and_a_refusal_admits_the_callers_own_job() -> None:
+    rig = Rig()
+    make = rig.pacer._make_session
+
+    def refusing(job: JobInfo) -> FakeSession:
+        session = make(job)
+        assert isinstance(session, FakeSession)
+        if job.job_id == "b":
+            session.refused = "PERMISSION_DENIED: job 'b' is registered to another user"
+        return session
+
+    rig.pacer._make_session = refusing
+    job = rig.pacer.admit(A)
+    assert job is not None and job.job_id == "a"
+    (a,) = rig.of("a")
+    assert a.waited_attached == 1 and a.events == []  # admitted: nothing booked yet
+    own = rig.pacer.admit(B)
+    assert own is not None and own.job_id == f"user:{user_name(B.uid)}"
+    (b,) = rig.of("b")
+    assert b.closed and rig.pacer.attributor.denied("b", B.uid)
+    rig.pacer.record(own, "write", 7)
+    assert rig.of(own.job_id)[0].events == [("record", 7, "write")]
+    rig.pacer.close()
+    assert rig.pacer.admit(A) is None
+
+
+def test_record_books_without_waiting_and_reopens_a_swept_session() -> None:
+    rig = Rig(session_idle=1.0)
+    job = rig.pacer.admit(A)
+    assert job is not None
+    (a,) = rig.of("a")
+    a.gate = threading.Event()  # an acquire would block: record must not
+    rig.now = 0.5
+    rig.pacer.record(job, "write", 100)
+    rig.pacer.record(job, "read", 5)
+    assert a.events == [("record", 100, "write"), ("record", 5, "read")]
+    assert rig.pacer.sweep() == pytest.approx(1.5)  # idle counted from the last record
+    rig.now = 2.0
+    rig.pacer.sweep()
+    assert a.closed and rig.pacer.session_of(job) is None
+    rig.pacer.record(job, "write", 1)  # the next bytes open a session again
+    assert len(rig.of("a")) == 2 and rig.of("a")[1].events == [("record", 1, "write")]
+    assert rig.of("a")[1].waited_attached == 0  # booking never waits for the controller
+
+
+def test_a_held_wait_is_one_waiter_and_keeps_the_session_from_the_sweep() -> None:
+    rig = Rig(session_idle=1.0)
+    job = rig.pacer.admit(A)
+    assert job is not None
+    rig.pacer.waiting(job, True)
+    rig.pacer.waiting(job, True)
+    (a,) = rig.of("a")
+    assert a.events == [("hold", True)]
+    rig.now = 10.0
+    assert rig.pacer.sweep() == pytest.approx(11.0)
+    assert not a.closed
+    rig.pacer.waiting(job, False)
+    rig.pacer.waiting(job, False)
+    assert a.events == [("hold", True), ("hold", False)]
+    rig.now = 11.5
+    rig.pacer.sweep()
+    assert a.closed
