@@ -254,6 +254,17 @@ def mount(**values: Any) -> None:
     os._exit(code)
 
 
+@main.command("preload-path")
+def preload_path() -> None:
+    """Print the path of the LD_PRELOAD library (for LD_PRELOAD=...). See docs/preload.md."""
+    from burstctl.preload_shim.library import LibraryMissing, library_path
+
+    try:
+        click.echo(str(library_path()))
+    except LibraryMissing as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @main.command()
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))
 @click.option(
