@@ -36,6 +36,7 @@
 #include <sys/resource.h>
 #include <sys/sendfile.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/syscall.h>
 #include <sys/time.h>
 #include <sys/uio.h>
@@ -759,31 +760,47 @@ fail:
     return NULL;
 }
 
+/* Waits (no lock held) until the attach another thread makes is over, bounded by the time
+ * its answer may take: the threads of a process then start paced together. */
+static void wait_for_attach(void) {
+    int64_t deadline = mono_ns() + (ATTACH_TIMEOUT_S + 1) * 1000000000LL;
+    struct timespec ms = {.tv_sec = 0, .tv_nsec = 1000000};
+    while (__atomic_load_n(&g_attaching, __ATOMIC_ACQUIRE) && mono_ns() < deadline)
+        nanosleep(&ms, NULL);
+}
+
 /* Attaches when there is no live attachment and the last try is a second old or more. */
 static void maybe_attach(void) {
     struct attachment *cur = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (cur && !__atomic_load_n(&cur->dead, __ATOMIC_ACQUIRE))
         return;
+    SAVE_ERRNO();
+    if (__atomic_load_n(&g_attaching, __ATOMIC_ACQUIRE)) {
+        wait_for_attach();
+        RESTORE_ERRNO();
+        return;
+    }
     int64_t now = mono_ns();
     int64_t last = __atomic_load_n(&g_last_try_ns, __ATOMIC_RELAXED);
-    if (last != 0 && now - last < RETRY_NS)
-        return;
     int expect = 0;
-    if (!__atomic_compare_exchange_n(&g_attaching, &expect, 1, 0, __ATOMIC_ACQUIRE,
-                                     __ATOMIC_RELAXED))
-        return; /* another thread attaches; this call runs unpaced */
-    SAVE_ERRNO();
-    t_in_lib++;
-    __atomic_store_n(&g_last_try_ns, now, __ATOMIC_RELAXED);
-    char why[300];
-    struct attachment *att = attach_now(why, sizeof why);
-    if (att) {
-        __atomic_store_n(&g_att, att, __ATOMIC_RELEASE);
-    } else if (!__atomic_exchange_n(&g_warned_attach, 1, __ATOMIC_RELAXED)) {
-        warn_line("cannot attach to the burstctl agent (%s): running unpaced", why);
+    if (last != 0 && now - last < RETRY_NS) {
+        /* tried less than a second ago: run unpaced */
+    } else if (!__atomic_compare_exchange_n(&g_attaching, &expect, 1, 0, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED)) {
+        wait_for_attach();
+    } else {
+        t_in_lib++;
+        __atomic_store_n(&g_last_try_ns, now, __ATOMIC_RELAXED);
+        char why[300];
+        struct attachment *att = attach_now(why, sizeof why);
+        if (att) {
+            __atomic_store_n(&g_att, att, __ATOMIC_RELEASE);
+        } else if (!__atomic_exchange_n(&g_warned_attach, 1, __ATOMIC_RELAXED)) {
+            warn_line("cannot attach to the burstctl agent (%s): running unpaced", why);
+        }
+        t_in_lib--;
+        __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
     }
-    t_in_lib--;
-    __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
     RESTORE_ERRNO();
 }
 
@@ -824,8 +841,9 @@ static void notify_waiting(int eventfd) {
 
 /* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
 static int reserve_and_wait(void *page, int64_t n, int eventfd, int64_t dead_after_ns,
-                            const char **why) {
+                            const char **why, int64_t *drawn) {
     struct supply s;
+    *drawn = 0;
     int64_t now = mono_ns();
     if (!page_alive(page, now, dead_after_ns, why))
         return 1;
@@ -849,6 +867,7 @@ static int reserve_and_wait(void *page, int64_t n, int eventfd, int64_t dead_aft
         target = base + n;
     } while (!__atomic_compare_exchange_n(taken, &cur, target, 1, __ATOMIC_ACQ_REL,
                                           __ATOMIC_RELAXED));
+    *drawn = n;
     if (supply_filled(&s, now) >= (double)target)
         return 0;
     int64_t start = now;
@@ -892,13 +911,40 @@ EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd) {
     SAVE_ERRNO();
     ensure_init();
     const char *why = "";
-    int r = reserve_and_wait(page, n, eventfd, g_dead_after_ns, &why);
+    int64_t drawn;
+    int r = reserve_and_wait(page, n, eventfd, g_dead_after_ns, &why, &drawn);
     RESTORE_ERRNO();
     return r;
 }
 
-/* Paces a call of n bytes: returns the attachment to count moved bytes on, or NULL (unpaced). */
-static struct attachment *pace(int kind, size_t n) {
+/* A read larger than this is first bounded by what the file still holds (an fstat and, for
+ * a read at the file position, an lseek): a 1 GiB buffer for a 4 KiB file must not wait for
+ * 1 GiB of tokens, nor cp's copy_file_range of "everything" for ever. */
+#define LARGE_READ (256 * 1024)
+
+static size_t clamp_read(int fd, size_t n, int64_t off) {
+    if (n <= LARGE_READ || fd < 0)
+        return n;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return n;
+    if (off < 0 && (off = lseek(fd, 0, SEEK_CUR)) < 0)
+        return n;
+    int64_t left = (int64_t)st.st_size - off;
+    if (left < 0)
+        left = 0;
+    return (uint64_t)left < n ? (size_t)left : n;
+}
+
+/* What a paced call drew: the attachment to count on (NULL: unpaced) and the tokens. */
+struct paced {
+    struct attachment *att;
+    int64_t drawn;
+};
+
+/* Paces a call of n bytes (a read on fd at off, -1: its position, is bounded first). */
+static struct paced pace(int kind, size_t n, int fd, int64_t off) {
+    struct paced p = {NULL, 0};
     SAVE_ERRNO();
     struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (UNLIKELY(!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE))) {
@@ -906,9 +952,12 @@ static struct attachment *pace(int kind, size_t n) {
         att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
         if (!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE)) {
             RESTORE_ERRNO();
-            return NULL;
+            return p;
         }
     }
+    t_in_lib++;
+    if (kind == KIND_READ)
+        n = clamp_read(fd, n, off);
     void *page = att->page;
     int64_t bytes = n > (size_t)INT64_MAX ? INT64_MAX : (int64_t)n;
     __atomic_fetch_add(I64(page, kind == KIND_READ ? OFF_REQ_READ : OFF_REQ_WRITE), bytes,
@@ -916,18 +965,25 @@ static struct attachment *pace(int kind, size_t n) {
     __atomic_fetch_add(I64(page, kind == KIND_READ ? OFF_CALLS_READ : OFF_CALLS_WRITE), 1,
                        __ATOMIC_RELAXED);
     const char *why = "";
-    t_in_lib++;
-    if (reserve_and_wait(page, bytes, att->eventfd, g_dead_after_ns, &why) != 0)
+    if (reserve_and_wait(page, bytes, att->eventfd, g_dead_after_ns, &why, &p.drawn) != 0)
         mark_dead(att, why);
     t_in_lib--;
+    p.att = att;
     RESTORE_ERRNO();
-    return att;
+    return p;
 }
 
-static inline void moved(struct attachment *att, int kind, ssize_t r) {
-    if (att && r > 0)
-        __atomic_fetch_add(I64(att->page, kind == KIND_READ ? OFF_MOVED_READ : OFF_MOVED_WRITE),
-                           (int64_t)r, __ATOMIC_RELAXED);
+/* After the real call: the bytes it moved are counted, and the tokens it drew and did not
+ * use (a short read at the end of a file, a failed call) go back. */
+static inline void settle(struct paced p, int kind, ssize_t r) {
+    if (!p.att)
+        return;
+    int64_t used = r > 0 ? (int64_t)r : 0;
+    if (used > 0)
+        __atomic_fetch_add(I64(p.att->page, kind == KIND_READ ? OFF_MOVED_READ : OFF_MOVED_WRITE),
+                           used, __ATOMIC_RELAXED);
+    if (p.drawn > used)
+        __atomic_fetch_sub(I64(p.att->page, OFF_TAKEN), p.drawn - used, __ATOMIC_RELAXED);
 }
 
 static size_t iov_bytes(const struct iovec *iov, int cnt) {
@@ -1187,105 +1243,106 @@ EXPORT int fcntl64(int fd, int cmd, ...) {
 /* ------------------------------------------------------------------ reads and writes */
 
 /* The body of a paced-or-not call on fd moving `n` bytes of `kind`. */
-#define IO_BODY(name, fd, kind, n, call)                                                        \
+#define IO_BODY(name, fd, kind, n, off, call)                                                   \
     do {                                                                                        \
         NEED(name, NULL, -1);                                                                   \
         if (t_in_lib || LIKELY(fd_state(fd) != ST_PACED))                                       \
             return call;                                                                        \
-        struct attachment *att_ = pace(kind, n);                                                \
+        struct paced p_ = pace(kind, n, fd, off);                                               \
         ssize_t r_ = call;                                                                      \
-        if (att_) {                                                                             \
+        if (p_.att) {                                                                           \
             SAVE_ERRNO();                                                                       \
-            moved(att_, kind, r_);                                                              \
+            settle(p_, kind, r_);                                                               \
             RESTORE_ERRNO();                                                                    \
         }                                                                                       \
         return r_;                                                                              \
     } while (0)
 
 EXPORT ssize_t read(int fd, void *buf, size_t n) {
-    IO_BODY(read, fd, KIND_READ, n, real_read(fd, buf, n));
+    IO_BODY(read, fd, KIND_READ, n, -1, real_read(fd, buf, n));
 }
 
 EXPORT ssize_t write(int fd, const void *buf, size_t n) {
-    IO_BODY(write, fd, KIND_WRITE, n, real_write(fd, buf, n));
+    IO_BODY(write, fd, KIND_WRITE, n, -1, real_write(fd, buf, n));
 }
 
 EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off) {
-    IO_BODY(pread, fd, KIND_READ, n, real_pread(fd, buf, n, off));
+    IO_BODY(pread, fd, KIND_READ, n, off, real_pread(fd, buf, n, off));
 }
 
 EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off) {
-    IO_BODY(pread64, fd, KIND_READ, n, real_pread64(fd, buf, n, off));
+    IO_BODY(pread64, fd, KIND_READ, n, off, real_pread64(fd, buf, n, off));
 }
 
 EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
-    IO_BODY(pwrite, fd, KIND_WRITE, n, real_pwrite(fd, buf, n, off));
+    IO_BODY(pwrite, fd, KIND_WRITE, n, off, real_pwrite(fd, buf, n, off));
 }
 
 EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off) {
-    IO_BODY(pwrite64, fd, KIND_WRITE, n, real_pwrite64(fd, buf, n, off));
+    IO_BODY(pwrite64, fd, KIND_WRITE, n, off, real_pwrite64(fd, buf, n, off));
 }
 
 EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt) {
-    IO_BODY(readv, fd, KIND_READ, iov_bytes(iov, cnt), real_readv(fd, iov, cnt));
+    IO_BODY(readv, fd, KIND_READ, iov_bytes(iov, cnt), -1, real_readv(fd, iov, cnt));
 }
 
 EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt) {
-    IO_BODY(writev, fd, KIND_WRITE, iov_bytes(iov, cnt), real_writev(fd, iov, cnt));
+    IO_BODY(writev, fd, KIND_WRITE, iov_bytes(iov, cnt), -1, real_writev(fd, iov, cnt));
 }
 
 EXPORT ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off) {
-    IO_BODY(preadv, fd, KIND_READ, iov_bytes(iov, cnt), real_preadv(fd, iov, cnt, off));
+    IO_BODY(preadv, fd, KIND_READ, iov_bytes(iov, cnt), off, real_preadv(fd, iov, cnt, off));
 }
 
 EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off64_t off) {
-    IO_BODY(preadv64, fd, KIND_READ, iov_bytes(iov, cnt), real_preadv64(fd, iov, cnt, off));
+    IO_BODY(preadv64, fd, KIND_READ, iov_bytes(iov, cnt), off, real_preadv64(fd, iov, cnt, off));
 }
 
 EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off) {
-    IO_BODY(pwritev, fd, KIND_WRITE, iov_bytes(iov, cnt), real_pwritev(fd, iov, cnt, off));
+    IO_BODY(pwritev, fd, KIND_WRITE, iov_bytes(iov, cnt), off, real_pwritev(fd, iov, cnt, off));
 }
 
 EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off64_t off) {
-    IO_BODY(pwritev64, fd, KIND_WRITE, iov_bytes(iov, cnt), real_pwritev64(fd, iov, cnt, off));
+    IO_BODY(pwritev64, fd, KIND_WRITE, iov_bytes(iov, cnt), off, real_pwritev64(fd, iov, cnt, off));
 }
 
 EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int cnt, off_t off, int flags) {
-    IO_BODY(preadv2, fd, KIND_READ, iov_bytes(iov, cnt), real_preadv2(fd, iov, cnt, off, flags));
+    IO_BODY(preadv2, fd, KIND_READ, iov_bytes(iov, cnt), off,
+            real_preadv2(fd, iov, cnt, off, flags));
 }
 
 EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t off, int flags) {
-    IO_BODY(pwritev2, fd, KIND_WRITE, iov_bytes(iov, cnt),
+    IO_BODY(pwritev2, fd, KIND_WRITE, iov_bytes(iov, cnt), off,
             real_pwritev2(fd, iov, cnt, off, flags));
 }
 
 EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int cnt, off64_t off, int flags) {
-    IO_BODY(preadv64v2, fd, KIND_READ, iov_bytes(iov, cnt),
+    IO_BODY(preadv64v2, fd, KIND_READ, iov_bytes(iov, cnt), off,
             real_preadv64v2(fd, iov, cnt, off, flags));
 }
 
 EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int cnt, off64_t off, int flags) {
-    IO_BODY(pwritev64v2, fd, KIND_WRITE, iov_bytes(iov, cnt),
+    IO_BODY(pwritev64v2, fd, KIND_WRITE, iov_bytes(iov, cnt), off,
             real_pwritev64v2(fd, iov, cnt, off, flags));
 }
 
 ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen);
 EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen) {
-    IO_BODY(__read_chk, fd, KIND_READ, n, real___read_chk(fd, buf, n, buflen));
+    IO_BODY(__read_chk, fd, KIND_READ, n, -1, real___read_chk(fd, buf, n, buflen));
 }
 
 ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen);
 EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen) {
-    IO_BODY(__pread_chk, fd, KIND_READ, n, real___pread_chk(fd, buf, n, off, buflen));
+    IO_BODY(__pread_chk, fd, KIND_READ, n, off, real___pread_chk(fd, buf, n, off, buflen));
 }
 
 ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen);
 EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen) {
-    IO_BODY(__pread64_chk, fd, KIND_READ, n, real___pread64_chk(fd, buf, n, off, buflen));
+    IO_BODY(__pread64_chk, fd, KIND_READ, n, off, real___pread64_chk(fd, buf, n, off, buflen));
 }
 
 /* Two fds: a read paced on `in` when it is paced, a write on `out` when it is. */
-#define TWO_FD_BODY(name, in, out, n, call)                                                     \
+#define TWO_FD_BODY(name, in, in_off_, out, n, call)                                            \
     do {                                                                                        \
         NEED(name, NULL, -1);                                                                   \
         if (t_in_lib)                                                                           \
@@ -1293,28 +1350,39 @@ EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t bu
         int pin_ = fd_state(in) == ST_PACED, pout_ = fd_state(out) == ST_PACED;                 \
         if (LIKELY(!pin_ && !pout_))                                                            \
             return call;                                                                        \
-        struct attachment *ain_ = pin_ ? pace(KIND_READ, n) : NULL;                             \
-        struct attachment *aout_ = pout_ ? pace(KIND_WRITE, n) : NULL;                          \
+        size_t n_ = n;                                                                          \
+        if (in_off_ != -2) { /* bounded by what `in` still holds, when it is a file */         \
+            SAVE_ERRNO();                                                                       \
+            t_in_lib++;                                                                         \
+            n_ = clamp_read(in, n_, in_off_);                                                   \
+            t_in_lib--;                                                                         \
+            RESTORE_ERRNO();                                                                    \
+        }                                                                                       \
+        struct paced pin2_ = {NULL, 0}, pout2_ = {NULL, 0};                                     \
+        if (pin_)                                                                               \
+            pin2_ = pace(KIND_READ, n_, -1, -1);                                                \
+        if (pout_)                                                                              \
+            pout2_ = pace(KIND_WRITE, n_, -1, -1);                                              \
         ssize_t r_ = call;                                                                      \
         SAVE_ERRNO();                                                                           \
-        moved(ain_, KIND_READ, r_);                                                             \
-        moved(aout_, KIND_WRITE, r_);                                                           \
+        settle(pin2_, KIND_READ, r_);                                                           \
+        settle(pout2_, KIND_WRITE, r_);                                                         \
         RESTORE_ERRNO();                                                                        \
         return r_;                                                                              \
     } while (0)
 
 EXPORT ssize_t copy_file_range(int in, off64_t *off_in, int out, off64_t *off_out, size_t n,
                                unsigned int flags) {
-    TWO_FD_BODY(copy_file_range, in, out, n,
+    TWO_FD_BODY(copy_file_range, in, off_in ? *off_in : -1, out, n,
                 real_copy_file_range(in, off_in, out, off_out, n, flags));
 }
 
 EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n) {
-    TWO_FD_BODY(sendfile, in, out, n, real_sendfile(out, in, off, n));
+    TWO_FD_BODY(sendfile, in, off ? *off : -1, out, n, real_sendfile(out, in, off, n));
 }
 
 EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n) {
-    TWO_FD_BODY(sendfile64, in, out, n, real_sendfile64(out, in, off, n));
+    TWO_FD_BODY(sendfile64, in, off ? *off : -1, out, n, real_sendfile64(out, in, off, n));
 }
 
 /* ------------------------------------------------------------------ stdio */
@@ -1335,10 +1403,10 @@ static size_t mul_clamp(size_t a, size_t b) {
         ensure_init();                                                                          \
         if (LIKELY(!g_enabled) || fd_state(fileno_unlocked(stream)) != ST_PACED)                \
             return call;                                                                        \
-        struct attachment *att_ = pace(kind, mul_clamp(size, nmemb));                           \
+        struct paced p_ = pace(kind, mul_clamp(size, nmemb), -1, -1);                           \
         size_t r_ = call;                                                                       \
         SAVE_ERRNO();                                                                           \
-        moved(att_, kind, (ssize_t)mul_clamp(r_, size));                                        \
+        settle(p_, kind, (ssize_t)mul_clamp(r_, size));                                         \
         RESTORE_ERRNO();                                                                        \
         return r_;                                                                              \
     } while (0)
