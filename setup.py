@@ -1,8 +1,9 @@
 """Builds the LD_PRELOAD library (preload_shim/preload.c) with the system's C compiler.
 
 Everything else about the package is in pyproject.toml. The library is a plain shared object,
-not a Python extension (it carries setuptools' extension suffix, but nobody imports it); `burstctl.preload_shim.library.library_path()` finds
-it, and `burstctl exec` preloads it. It links only libc (libdl, libpthread), never libpython.
+not a Python extension (it carries setuptools' extension suffix, but nobody imports it):
+``burstctl.preload_shim.library.library_path()`` finds it, ``burstctl exec`` preloads it. It
+links only libc (libdl, libpthread), never libpython.
 """
 
 from __future__ import annotations

@@ -39,7 +39,15 @@ def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """probe.c, built as dd and fio are (64-bit file offsets, optimised)."""
     out = tmp_path_factory.mktemp("probe") / "probe"
     subprocess.run(
-        ["gcc", "-O2", "-D_FILE_OFFSET_BITS=64", "-o", str(out), str(HERE / "probe.c"), "-lpthread"],
+        [
+            "gcc",
+            "-O2",
+            "-D_FILE_OFFSET_BITS=64",
+            "-o",
+            str(out),
+            str(HERE / "probe.c"),
+            "-lpthread",
+        ],
         check=True,
     )
     return out
@@ -129,15 +137,18 @@ def test_library_is_built_with_only_its_interface_exported() -> None:
     lib = library_path()
     nm = run(["nm", "-D", "--defined-only", str(lib)], None)
     exported = {line.split()[-1] for line in nm.stdout.splitlines() if line.strip()}
+    # fmt: off
     intercepted = {
-        *"open open64 openat openat64 creat creat64 __open_2 __open64_2 __openat_2".split(),
-        *"__openat64_2 close dup dup2 dup3 fcntl fcntl64 read write pread pread64".split(),
-        *"pwrite pwrite64 readv writev preadv preadv64 pwritev pwritev64 preadv2".split(),
-        *"pwritev2 preadv64v2 pwritev64v2 __read_chk __pread_chk __pread64_chk".split(),
-        *"copy_file_range sendfile sendfile64 fopen fopen64 fdopen freopen freopen64".split(),
-        *"fread fwrite fread_unlocked fwrite_unlocked __fread_chk __fread_unlocked_chk".split(),
-        *"fclose fflush chdir fchdir".split(),
+        "open", "open64", "openat", "openat64", "creat", "creat64", "__open_2", "__open64_2",
+        "__openat_2", "__openat64_2", "close", "dup", "dup2", "dup3", "fcntl", "fcntl64",
+        "read", "write", "pread", "pread64", "pwrite", "pwrite64", "readv", "writev", "preadv",
+        "preadv64", "pwritev", "pwritev64", "preadv2", "pwritev2", "preadv64v2", "pwritev64v2",
+        "__read_chk", "__pread_chk", "__pread64_chk", "copy_file_range", "sendfile",
+        "sendfile64", "fopen", "fopen64", "fdopen", "freopen", "freopen64", "fread", "fwrite",
+        "fread_unlocked", "fwrite_unlocked", "__fread_chk", "__fread_unlocked_chk", "fclose",
+        "fflush", "chdir", "fchdir",
     }
+    # fmt: on
     helpers = {name for name in exported if name.startswith("burstctl_page_")}
     assert {"burstctl_page_publish", "burstctl_page_load", "burstctl_page_store"} <= helpers
     assert "burstctl_page_reserve_and_wait" in helpers
@@ -268,9 +279,7 @@ def test_dup_copies_are_paced_and_close_forgets(agent: FakeAgent, bb: Path, prob
     assert c.req_read == 0
 
 
-def test_vector_range_and_sendfile_calls_are_paced(
-    agent: FakeAgent, bb: Path, probe: Path
-) -> None:
+def test_vector_range_and_sendfile_calls_are_paced(agent: FakeAgent, bb: Path, probe: Path) -> None:
     agent.publish(INF)
     out = run([str(probe), "vec", f"{bb}/v", f"{bb}/v.copy"], shim_env(agent.socket_path, str(bb)))
     assert out.returncode == 0, out.stderr
@@ -318,7 +327,8 @@ def test_stdio_is_paced_and_round_trips(agent: FakeAgent, bb: Path, probe: Path)
 def test_python_open_write_is_paced(agent: FakeAgent, bb: Path) -> None:
     agent.publish(INF)
     n = 3 * MiB + 7
-    code = f"open({str(bb / 'p')!r}, 'wb').write(bytes(range(256)) * ({n} // 256) + b'x' * ({n} % 256))"
+    data = f"bytes(range(256)) * ({n} // 256) + b'x' * ({n} % 256)"
+    code = f"open({str(bb / 'p')!r}, 'wb').write({data})"
     out = run([sys.executable, "-c", code], shim_env(agent.socket_path, str(bb)))
     assert out.returncode == 0, out.stderr
     assert (bb / "p").stat().st_size == n
@@ -432,7 +442,9 @@ def test_dd_cp_tar_move_the_same_bytes_as_without_the_shim(
 def test_errno_is_what_it_is_without_the_shim(agent: FakeAgent, bb: Path, probe: Path) -> None:
     agent.publish(MiB, burst=0)  # the paced 64 KiB write waits about 60 ms
     (bb / "ro").write_bytes(b"r")
-    shimmed = run([str(probe), "errno", f"{bb}/ro", f"{bb}/w"], shim_env(agent.socket_path, str(bb)))
+    shimmed = run(
+        [str(probe), "errno", f"{bb}/ro", f"{bb}/w"], shim_env(agent.socket_path, str(bb))
+    )
     plain = run([str(probe), "errno", f"{bb}/ro", f"{bb}/w2"], plain_env())
     assert shimmed.returncode == 0 and plain.returncode == 0, shimmed.stderr
     assert shimmed.stdout == plain.stdout
