@@ -20,6 +20,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -198,6 +199,9 @@ DEFINE_REAL(int, __open64_2, (const char *, int));
 DEFINE_REAL(int, __openat_2, (int, const char *, int));
 DEFINE_REAL(int, __openat64_2, (int, const char *, int));
 DEFINE_REAL(int, close, (int));
+DEFINE_REAL(int, close_range, (unsigned int, unsigned int, int));
+DEFINE_REAL(void, closefrom, (int));
+DEFINE_REAL(int, closedir, (DIR *));
 DEFINE_REAL(int, dup, (int));
 DEFINE_REAL(int, dup2, (int, int));
 DEFINE_REAL(int, dup3, (int, int, int));
@@ -284,6 +288,9 @@ __attribute__((constructor)) static void resolve_all(void) {
     RESOLVE(__openat_2, NULL);
     RESOLVE(__openat64_2, "__openat_2");
     RESOLVE(close, NULL);
+    RESOLVE(close_range, NULL);
+    RESOLVE(closefrom, NULL);
+    RESOLVE(closedir, NULL);
     RESOLVE(dup, NULL);
     RESOLVE(dup2, NULL);
     RESOLVE(dup3, NULL);
@@ -1117,6 +1124,59 @@ EXPORT int close(int fd) {
         }
     }
     return real_close(fd);
+}
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* Closes the library does not see one by one would leave a number's state behind for the
+ * next descriptor that a call it does not intercept (socket, pipe, accept...) gets. */
+static void forget_range(unsigned int first, unsigned int last) {
+    if (!g_enabled)
+        return;
+    SAVE_ERRNO();
+    for (unsigned int fd = first; fd <= last && fd < (unsigned int)g_nfds; fd++)
+        if (__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) != ST_UNKNOWN)
+            set_state((int)fd, ST_UNKNOWN);
+    RESTORE_ERRNO();
+}
+
+EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
+    NEED(close_range, NULL, -1);
+    if (!t_in_lib && !(flags & CLOSE_RANGE_CLOEXEC)) {
+        ensure_init();
+        forget_range(first, last);
+    }
+    return real_close_range(first, last, flags);
+}
+
+EXPORT void closefrom(int lowfd) {
+    RESOLVE(closefrom, NULL);
+    if (!real_closefrom)
+        return;
+    if (!t_in_lib && lowfd >= 0) {
+        ensure_init();
+        forget_range((unsigned int)lowfd, ~0u);
+    }
+    real_closefrom(lowfd);
+}
+
+/* closedir closes its fd inside glibc: a directory opened with open(O_DIRECTORY) and passed to
+ * fdopendir (tar, cp -r, find) would leave its state and cached path behind. */
+EXPORT int closedir(DIR *dir) {
+    NEED(closedir, NULL, -1);
+    if (!t_in_lib) {
+        ensure_init();
+        if (g_enabled) {
+            SAVE_ERRNO();
+            int fd = dirfd(dir);
+            if (fd >= 0)
+                set_state(fd, ST_UNKNOWN);
+            RESTORE_ERRNO();
+        }
+    }
+    return real_closedir(dir);
 }
 
 static void copy_state(int oldfd, int newfd) {

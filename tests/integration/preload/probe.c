@@ -3,6 +3,7 @@
  * with gcc -O2 -D_FILE_OFFSET_BITS=64 (the 64-bit forms, as dd, tar and fio are built).
  * Exit status 0 on success; anything the test checks is printed on stdout. */
 #define _GNU_SOURCE
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -91,6 +92,26 @@ int main(int argc, char **argv) {
         printf("fd=%d dup=%d pipe=%d,%d\n", copies[0], copies[1], p[0], p[1]);
         if (write(p[1], buf, 4096) != 4096 || read(p[0], buf, 4096) != 4096)
             die("pipe io");
+    } else if (!strcmp(mode, "closes")) { /* DIR: closedir and close_range forget numbers */
+        int dfd = open(argv[2], O_RDONLY | O_DIRECTORY);
+        DIR *d = fdopendir(dfd);
+        if (dfd < 0 || !d || !readdir(d))
+            die("fdopendir");
+        closedir(d); /* glibc closes dfd inside */
+        int p[2];
+        if (pipe(p) != 0 || write(p[1], buf, 4096) != 4096 || read(p[0], buf, 4096) != 4096)
+            die("pipe 1");
+        close(p[0]);
+        close(p[1]);
+        char path[4200];
+        snprintf(path, sizeof path, "%s/closes.bin", argv[2]);
+        int fd = create(path);
+        if (close_range((unsigned)fd, (unsigned)fd, 0) != 0) /* closes fd */
+            die("close_range");
+        int q[2];
+        if (pipe(q) != 0 || write(q[1], buf, 4096) != 4096 || read(q[0], buf, 4096) != 4096)
+            die("pipe 2");
+        printf("dir=%d pipe1=%d file=%d pipe2=%d\n", dfd, p[0], fd, q[0]);
     } else if (!strcmp(mode, "fork")) { /* FILE: the child writes 256 KiB, then the parent */
         int fd = create(argv[2]);
         pid_t pid = fork();

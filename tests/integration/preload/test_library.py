@@ -146,7 +146,7 @@ def test_library_is_built_with_only_its_interface_exported() -> None:
         "__read_chk", "__pread_chk", "__pread64_chk", "copy_file_range", "sendfile",
         "sendfile64", "fopen", "fopen64", "fdopen", "freopen", "freopen64", "fread", "fwrite",
         "fread_unlocked", "fwrite_unlocked", "__fread_chk", "__fread_unlocked_chk", "fclose",
-        "fflush", "chdir", "fchdir",
+        "fflush", "chdir", "fchdir", "closedir", "close_range", "closefrom",
     }
     # fmt: on
     helpers = {name for name in exported if name.startswith("burstctl_page_")}
@@ -277,6 +277,20 @@ def test_dup_copies_are_paced_and_close_forgets(agent: FakeAgent, bb: Path, prob
     # ... and its 4 KiB each way are not counted: close reset the numbers' state.
     assert c.req_write == 6 * K64 and c.moved_write == 6 * K64
     assert c.req_read == 0
+
+
+def test_closedir_and_close_range_forget_the_numbers(
+    agent: FakeAgent, bb: Path, probe: Path
+) -> None:
+    agent.publish(INF)
+    out = run([str(probe), "closes", str(bb)], shim_env(agent.socket_path, str(bb)))
+    assert out.returncode == 0, out.stderr
+    dir_fd, pipe1, file_fd, pipe2 = (int(x.split("=")[1]) for x in out.stdout.split())
+    assert pipe1 == dir_fd and pipe2 == file_fd  # the pipes reused the closed numbers
+    attaches, _ = agent.snapshot()
+    assert len(attaches) == 1  # the opens under bb were seen, and attached
+    c = agent.page.counters()
+    assert (c.req_read, c.req_write) == (0, 0)  # ... but the pipes' bytes were not paced
 
 
 def test_vector_range_and_sendfile_calls_are_paced(agent: FakeAgent, bb: Path, probe: Path) -> None:
