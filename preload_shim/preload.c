@@ -337,7 +337,9 @@ __attribute__((constructor)) static void resolve_all(void) {
 
 /* ------------------------------------------------------------------ configuration and state */
 
-enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED = 4 };
+/* A state byte: the state in the low bits; ST_DIRCACHED: the directory's path is cached;
+ * ST_OWN: the library's own descriptor (the agent connection or the eventfd). */
+enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED = 4, ST_OWN = 8 };
 
 #define MAX_FDS (1 << 20)
 #define MAX_ROOTS 32
@@ -371,10 +373,12 @@ static struct {
  * never unmapped (another thread may still be reading it): a page's worth per re-attach. */
 struct attachment {
     void *page;
-    int eventfd;
-    int conn;
+    int eventfd; /* -1 once the application closed or replaced that number */
+    int conn;    /* -1 once hung up, or closed or replaced by the application */
     int dead;
+    struct attachment *next; /* every attachment this image made, newest first */
 };
+static struct attachment *g_atts;
 static struct attachment *g_att;  /* current attachment (acquire/release) */
 static int g_attaching;           /* one thread attaches at a time; the others run unpaced */
 static int64_t g_last_try_ns;     /* when the last attach was tried (0: never) */
@@ -623,6 +627,20 @@ static int dircache_get(int fd, char *out, size_t cap) {
     return found;
 }
 
+/* The application closes or replaces one of the library's own descriptors: the library
+ * stops using that number at once (never writing its eventfd's 8 bytes into a file that
+ * reuses it). Its connection then ends: the agent drops this process; the page stays. */
+static void own_fd_lost(int fd) {
+    for (struct attachment *a = __atomic_load_n(&g_atts, __ATOMIC_ACQUIRE); a; a = a->next) {
+        int expect = fd;
+        __atomic_compare_exchange_n(&a->eventfd, &expect, -1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED);
+        expect = fd;
+        __atomic_compare_exchange_n(&a->conn, &expect, -1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED);
+    }
+}
+
 /* Sets fd's state, dropping a cached directory path it had. */
 static void set_state(int fd, int st) {
     if (fd < 0 || fd >= g_nfds)
@@ -630,6 +648,23 @@ static void set_state(int fd, int st) {
     unsigned char old = __atomic_exchange_n(&g_fds[fd], (unsigned char)st, __ATOMIC_RELAXED);
     if (UNLIKELY(old & ST_DIRCACHED))
         dircache_drop(fd);
+    if (UNLIKELY(old & ST_OWN))
+        own_fd_lost(fd);
+}
+
+/* Before a call that replaces fd (dup2 and dup3 onto it): the library lets go of it first. */
+static void before_replace(int fd) {
+    if (g_enabled && fd >= 0 && fd < g_nfds &&
+        UNLIKELY(__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_OWN)) {
+        SAVE_ERRNO();
+        set_state(fd, ST_UNKNOWN);
+        RESTORE_ERRNO();
+    }
+}
+
+static void mark_own(int fd) {
+    if (fd >= 0 && fd < g_nfds)
+        __atomic_store_n(&g_fds[fd], (unsigned char)(ST_UNPACED | ST_OWN), __ATOMIC_RELAXED);
 }
 
 static int classify_norm(const char *norm) {
@@ -801,6 +836,10 @@ static void maybe_attach(void) {
         char why[300];
         struct attachment *att = attach_now(why, sizeof why);
         if (att) {
+            mark_own(att->conn);
+            mark_own(att->eventfd);
+            att->next = __atomic_load_n(&g_atts, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_atts, att, __ATOMIC_RELEASE);
             __atomic_store_n(&g_att, att, __ATOMIC_RELEASE);
         } else if (!__atomic_exchange_n(&g_warned_attach, 1, __ATOMIC_RELAXED)) {
             warn_line("cannot attach to the burstctl agent (%s): running unpaced", why);
@@ -818,7 +857,12 @@ static void mark_dead(struct attachment *att, const char *why) {
         return;
     /* The agent sees EOF: this process image is done with that page. The eventfd stays open
      * (a thread may be about to write to it; its number must not be reused under it). */
-    real_close(att->conn);
+    int conn = __atomic_exchange_n(&att->conn, -1, __ATOMIC_ACQ_REL);
+    if (conn >= 0) {
+        if (conn < g_nfds)
+            __atomic_store_n(&g_fds[conn], (unsigned char)ST_UNKNOWN, __ATOMIC_RELAXED);
+        real_close(conn);
+    }
     __atomic_store_n(&g_last_try_ns, mono_ns(), __ATOMIC_RELAXED);
     if (!__atomic_exchange_n(&g_warned_dead, 1, __ATOMIC_RELAXED))
         warn_line("the burstctl agent's page is %s: running unpaced until it answers again", why);
@@ -840,14 +884,15 @@ static int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char
     return 1;
 }
 
-static void notify_waiting(int eventfd) {
+static void notify_waiting(int *eventfd_slot) {
     uint64_t one = 1;
+    int eventfd = __atomic_load_n(eventfd_slot, __ATOMIC_ACQUIRE);
     if (eventfd >= 0 && real_write)
         (void)!real_write(eventfd, &one, sizeof one);
 }
 
 /* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
-static int reserve_and_wait(void *page, int64_t n, int eventfd, int64_t dead_after_ns,
+static int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
                             const char **why, int64_t *drawn) {
     struct supply s;
     *drawn = 0;
@@ -919,7 +964,7 @@ EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd) {
     ensure_init();
     const char *why = "";
     int64_t drawn;
-    int r = reserve_and_wait(page, n, eventfd, g_dead_after_ns, &why, &drawn);
+    int r = reserve_and_wait(page, n, &eventfd, g_dead_after_ns, &why, &drawn);
     RESTORE_ERRNO();
     return r;
 }
@@ -972,7 +1017,7 @@ static struct paced pace(int kind, size_t n, int fd, int64_t off) {
     __atomic_fetch_add(I64(page, kind == KIND_READ ? OFF_CALLS_READ : OFF_CALLS_WRITE), 1,
                        __ATOMIC_RELAXED);
     const char *why = "";
-    if (reserve_and_wait(page, bytes, att->eventfd, g_dead_after_ns, &why, &p.drawn) != 0)
+    if (reserve_and_wait(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.drawn) != 0)
         mark_dead(att, why);
     t_in_lib--;
     p.att = att;
@@ -1205,6 +1250,8 @@ EXPORT int dup2(int oldfd, int newfd) {
     if (t_in_lib)
         return real_dup2(oldfd, newfd);
     ensure_init();
+    if (oldfd != newfd)
+        before_replace(newfd);
     int fd = real_dup2(oldfd, newfd);
     if (fd >= 0 && oldfd != newfd)
         copy_state(oldfd, fd);
@@ -1216,6 +1263,8 @@ EXPORT int dup3(int oldfd, int newfd, int flags) {
     if (t_in_lib)
         return real_dup3(oldfd, newfd, flags);
     ensure_init();
+    if (oldfd != newfd)
+        before_replace(newfd);
     int fd = real_dup3(oldfd, newfd, flags);
     copy_state(oldfd, fd);
     return fd;

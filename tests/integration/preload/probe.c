@@ -112,6 +112,20 @@ int main(int argc, char **argv) {
         if (pipe(q) != 0 || write(q[1], buf, 4096) != 4096 || read(q[0], buf, 4096) != 4096)
             die("pipe 2");
         printf("dir=%d pipe1=%d file=%d pipe2=%d\n", dfd, p[0], fd, q[0]);
+    } else if (!strcmp(mode, "closeall")) { /* DIR: close 3..63 as daemons do, then 6 files */
+        char path[4200];
+        snprintf(path, sizeof path, "%s/first.bin", argv[2]);
+        int fd = create(path); /* attaches: the library's descriptors come after it */
+        write_all(fd, 4096);
+        for (int i = 3; i < 64; i++)
+            close(i);
+        for (int i = 0; i < 6; i++) {
+            snprintf(path, sizeof path, "%s/f%d.bin", argv[2], i);
+            int fds = create(path);
+            printf("f%d=%d\n", i, fds);
+        }
+        for (int i = 0; i < 6; i++)
+            write_all(3 + i, K64);
     } else if (!strcmp(mode, "fork")) { /* FILE: the child writes 256 KiB, then the parent */
         int fd = create(argv[2]);
         pid_t pid = fork();

@@ -293,6 +293,25 @@ def test_closedir_and_close_range_forget_the_numbers(
     assert (c.req_read, c.req_write) == (0, 0)  # ... but the pipes' bytes were not paced
 
 
+def test_the_application_closing_the_librarys_descriptors_costs_it_nothing(
+    agent: FakeAgent, bb: Path, probe: Path
+) -> None:
+    agent.publish(8 * MiB, burst=0)  # every write waits: the first waiter rings the eventfd
+    out = run([str(probe), "closeall", str(bb)], shim_env(agent.socket_path, str(bb)))
+    assert out.returncode == 0, out.stderr
+    # The files reused the numbers of the library's connection and eventfd; not one byte of
+    # the library's went into them.
+    assert sorted(int(x.split("=")[1]) for x in out.stdout.split()) == list(range(3, 9))
+    want = bytes((i * 7 + 3) & 0xFF for i in range(K64))
+    for i in range(6):
+        assert (bb / f"f{i}.bin").read_bytes() == want
+    attaches, _ = agent.snapshot()
+    # The agent saw the connection end when the application closed it (the pid is done).
+    wait_until(lambda: agent.snapshot()[1] == attaches, message="the connection's end")
+    c = agent.page.counters()
+    assert c.moved_write == 4096 + 6 * K64  # the page stayed mapped: still paced
+
+
 def test_vector_range_and_sendfile_calls_are_paced(agent: FakeAgent, bb: Path, probe: Path) -> None:
     agent.publish(INF)
     out = run([str(probe), "vec", f"{bb}/v", f"{bb}/v.copy"], shim_env(agent.socket_path, str(bb)))
