@@ -1078,7 +1078,8 @@ static void after_open(int dirfd, const char *path, int fd, int flags) {
     }
     int st = ok == 0 ? classify_norm(norm) : ST_UNPACED;
     set_state(fd, st);
-    if (ok == 0 && (flags & (O_DIRECTORY | O_PATH)) && fd < g_nfds &&
+    int is_dir = (flags & (O_DIRECTORY | O_PATH)) && (flags & O_TMPFILE) != O_TMPFILE;
+    if (ok == 0 && is_dir && fd < g_nfds &&
         dircache_add(fd, norm) == 0)
         __atomic_fetch_or(&g_fds[fd], (unsigned char)ST_DIRCACHED, __ATOMIC_RELAXED);
     t_in_lib--;

@@ -346,6 +346,50 @@ def test_exec_child_attaches_itself(agent: FakeAgent, bb: Path, probe: Path) -> 
     assert sorted(closed) == sorted([parent, child])
 
 
+def test_programs_a_shell_execs_attach_each_under_its_own_pid(agent: FakeAgent, bb: Path) -> None:
+    agent.publish(INF)
+    script = (
+        f"dd if=/dev/zero of={bb}/a bs=64k count=2 status=none && "
+        f"dd if={bb}/a of={bb}/b bs=64k status=none && echo $$"
+    )
+    out = run(["sh", "-c", script], shim_env(agent.socket_path, str(bb)))
+    assert out.returncode == 0, out.stderr
+    shell = int(out.stdout)
+    wait_until(lambda: len(agent.snapshot()[1]) == 2, message="both dd done")
+    attaches, closed = agent.snapshot()
+    assert len(set(attaches)) == 2 and shell not in attaches  # the shell opened nothing paced
+    assert sorted(closed) == sorted(attaches)
+    c = agent.page.counters()
+    assert c.moved_write == 4 * K64 and c.moved_read == 2 * K64
+
+
+@pytest.mark.parametrize("engine", ["psync", "sync"])
+def test_fio_moves_and_verifies_its_data_under_the_shim(
+    agent: FakeAgent, bb: Path, engine: str
+) -> None:
+    agent.publish(64 * MiB, burst=MiB)
+    size = 4 * MiB
+    cmd = [
+        "/usr/bin/fio",
+        "--name=w",
+        f"--filename={bb}/fio.dat",
+        f"--ioengine={engine}",
+        "--rw=write",
+        "--bs=64k",
+        f"--size={size}",
+        "--verify=crc32c",
+        "--do_verify=1",
+        "--output-format=terse",
+    ]
+    out = run(cmd, shim_env(agent.socket_path, str(bb)), timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert warnings_of(out.stderr) == []
+    c = agent.page.counters()
+    # fio wrote the file, then read it all back to verify it (each block's checksum).
+    assert c.moved_write >= size and c.moved_read >= size
+    assert c.waits > 0  # 8 MiB at 64 MiB/s: paced
+
+
 def test_stdio_is_paced_and_round_trips(agent: FakeAgent, bb: Path, probe: Path) -> None:
     agent.publish(32 * MiB, burst=256 * 1024)
     n = 4 * MiB + 12345
