@@ -825,13 +825,15 @@ static void maybe_attach(void) {
     int64_t now = mono_ns();
     int64_t last = __atomic_load_n(&g_last_try_ns, __ATOMIC_RELAXED);
     int expect = 0;
+    /* Set before the attach is claimed: a signal handler that does paced I/O in this thread
+     * meanwhile passes straight through instead of waiting for this very attach. */
+    t_in_lib++;
     if (last != 0 && now - last < RETRY_NS) {
         /* tried less than a second ago: run unpaced */
     } else if (!__atomic_compare_exchange_n(&g_attaching, &expect, 1, 0, __ATOMIC_ACQUIRE,
                                             __ATOMIC_RELAXED)) {
         wait_for_attach();
     } else {
-        t_in_lib++;
         __atomic_store_n(&g_last_try_ns, now, __ATOMIC_RELAXED);
         char why[300];
         struct attachment *att = attach_now(why, sizeof why);
@@ -844,9 +846,9 @@ static void maybe_attach(void) {
         } else if (!__atomic_exchange_n(&g_warned_attach, 1, __ATOMIC_RELAXED)) {
             warn_line("cannot attach to the burstctl agent (%s): running unpaced", why);
         }
-        t_in_lib--;
         __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
     }
+    t_in_lib--;
     RESTORE_ERRNO();
 }
 
