@@ -126,6 +126,23 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < 6; i++)
             write_all(3 + i, K64);
+    } else if (!strcmp(mode, "chk")) { /* FILE FLAGS: the fortified forms (_FORTIFY_SOURCE) */
+        int flags = atoi(argv[3]); /* not a constant: open becomes __open64_2 */
+        int fd = open(argv[2], flags);
+        if (fd < 0)
+            die("open");
+        char local[K64];
+        size_t n = sizeof local - (size_t)(argc - 4); /* 64 KiB, unknown to the compiler */
+        if (read(fd, local, n) != (ssize_t)n) /* __read_chk: 64 KiB */
+            die("read");
+        if (pread(fd, local, n, K64) != (ssize_t)n) /* __pread64_chk: 64 KiB */
+            die("pread");
+        FILE *f = fdopen(fd, "r");
+        if (!f || fread(local, 1, n, f) != n) /* __fread_chk: 64 KiB */
+            die("fread");
+        if (fread_unlocked(local, 1, n, f) != n) /* __fread_unlocked_chk: 64 KiB */
+            die("fread_unlocked");
+        fclose(f);
     } else if (!strcmp(mode, "fork")) { /* FILE: the child writes 256 KiB, then the parent */
         int fd = create(argv[2]);
         pid_t pid = fork();

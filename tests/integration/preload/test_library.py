@@ -34,23 +34,23 @@ HERE = Path(__file__).resolve().parent
 INF = float("inf")
 
 
+def build_probe(out: Path, *flags: str) -> Path:
+    src = str(HERE / "probe.c")
+    subprocess.run(["gcc", "-O2", *flags, "-o", str(out), src, "-lpthread"], check=True)
+    return out
+
+
 @pytest.fixture(scope="module")
 def probe(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """probe.c, built as dd and fio are (64-bit file offsets, optimised)."""
-    out = tmp_path_factory.mktemp("probe") / "probe"
-    subprocess.run(
-        [
-            "gcc",
-            "-O2",
-            "-D_FILE_OFFSET_BITS=64",
-            "-o",
-            str(out),
-            str(HERE / "probe.c"),
-            "-lpthread",
-        ],
-        check=True,
-    )
-    return out
+    return build_probe(tmp_path_factory.mktemp("probe") / "probe", "-D_FILE_OFFSET_BITS=64")
+
+
+@pytest.fixture(scope="module")
+def probe_fortified(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """probe.c with _FORTIFY_SOURCE: its reads become the checked forms (__read_chk...)."""
+    out = tmp_path_factory.mktemp("probe") / "probe-fortified"
+    return build_probe(out, "-D_FORTIFY_SOURCE=2", "-D_FILE_OFFSET_BITS=64")
 
 
 @pytest.fixture
@@ -323,6 +323,20 @@ def test_vector_range_and_sendfile_calls_are_paced(agent: FakeAgent, bb: Path, p
     assert c.req_read == 4 * K64 + 2 * K64 + 3 * K64
     assert c.moved_read == c.req_read and c.moved_write == c.req_write
     assert (bb / "v.copy").read_bytes() == (bb / "v").read_bytes()[: 2 * K64]
+
+
+def test_the_fortified_forms_are_paced(agent: FakeAgent, bb: Path, probe_fortified: Path) -> None:
+    imported = run(["nm", "-D", "--undefined-only", str(probe_fortified)], None).stdout
+    for name in ("__open64_2", "__read_chk", "__pread64_chk", "__fread_chk"):
+        assert name in imported  # what this test is about
+    agent.publish(INF)
+    (bb / "c").write_bytes(os.urandom(4 * K64))
+    out = run([str(probe_fortified), "chk", f"{bb}/c", "0"], shim_env(agent.socket_path, str(bb)))
+    assert out.returncode == 0, out.stderr
+    c = agent.page.counters()
+    # read, pread, fread, fread_unlocked: 64 KiB each (stdio's own reads are not seen).
+    assert c.req_read == 4 * K64 and c.moved_read == 4 * K64
+    assert c.calls_read == 4
 
 
 def test_fork_child_is_counted_on_the_same_page(agent: FakeAgent, bb: Path, probe: Path) -> None:
