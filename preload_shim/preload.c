@@ -893,6 +893,38 @@ static void notify_waiting(int *eventfd_slot) {
         (void)!real_write(eventfd, &one, sizeof one);
 }
 
+static void waiter_gone(void *page) {
+    __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
+}
+
+/* Sleeps in slices until the supply covers `target`, re-reading it each slice. 0: covered (or
+ * unlimited now); 1: the page died. `now` is the time of the last look. */
+static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t *now,
+                           int64_t dead_after_ns, const char **why) {
+    for (;;) {
+        double missing = (double)target - supply_filled(s, *now);
+        if (missing <= 0)
+            return 0;
+        int64_t slice = SLICE_NS;
+        if (s->rate > 0) {
+            double t = missing / s->rate * 1e9;
+            if (t < (double)slice)
+                slice = t < 1000 ? 1000 : (int64_t)t;
+        }
+        struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
+        nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
+        *now = mono_ns();
+        if (!page_alive(page, *now, dead_after_ns, why))
+            return 1;
+        if (read_supply(page, s, dead_after_ns) != 0) {
+            *why = "stuck mid-update";
+            return 1;
+        }
+        if (isinf(s->rate) && s->rate > 0)
+            return 0;
+    }
+}
+
 /* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
 static int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
                             const char **why, int64_t *drawn) {
@@ -927,34 +959,14 @@ static int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_af
     int64_t start = now;
     if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
         notify_waiting(eventfd);
-    int dead = 0;
-    for (;;) {
-        double missing = (double)target - supply_filled(&s, now);
-        if (missing <= 0)
-            break;
-        int64_t slice = SLICE_NS;
-        if (s.rate > 0) {
-            double t = missing / s.rate * 1e9;
-            if (t < (double)slice)
-                slice = t < 1000 ? 1000 : (int64_t)t;
-        }
-        struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
-        nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
-        now = mono_ns();
-        if (!page_alive(page, now, dead_after_ns, why)) {
-            dead = 1;
-            break;
-        }
-        if (read_supply(page, &s, dead_after_ns) != 0) {
-            *why = "stuck mid-update";
-            dead = 1;
-            break;
-        }
-        if (isinf(s.rate) && s.rate > 0)
-            break;
-    }
-    __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
-    __atomic_fetch_add(I64(page, OFF_WAIT_NS), now - start, __ATOMIC_RELAXED);
+    /* nanosleep is a cancellation point: a thread cancelled while waiting is no waiter. */
+    int64_t end = now;
+    int dead;
+    pthread_cleanup_push(waiter_gone, page);
+    dead = wait_for_tokens(page, target, &s, &end, dead_after_ns, why);
+    pthread_cleanup_pop(0);
+    waiter_gone(page);
+    __atomic_fetch_add(I64(page, OFF_WAIT_NS), end - start, __ATOMIC_RELAXED);
     __atomic_fetch_add(I64(page, OFF_WAITS), 1, __ATOMIC_RELAXED);
     return dead;
 }

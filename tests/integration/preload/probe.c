@@ -41,6 +41,11 @@ static int create(const char *path) {
     return fd;
 }
 
+static void *paced_write(void *arg) {
+    write_all(*(int *)arg, K64);
+    return NULL;
+}
+
 static void *thread_main(void *arg) {
     char *path = arg;
     int fd = create(path);
@@ -143,6 +148,20 @@ int main(int argc, char **argv) {
         if (fread_unlocked(local, 1, n, f) != n) /* __fread_unlocked_chk: 64 KiB */
             die("fread_unlocked");
         fclose(f);
+    } else if (!strcmp(mode, "cancel")) { /* FILE: a thread cancelled while it waits */
+        int fd = create(argv[2]);
+        pthread_t t;
+        pthread_create(&t, NULL, paced_write, &fd);
+        char line[16];
+        if (!fgets(line, sizeof line, stdin)) /* the test: "it waits" */
+            return 3;
+        pthread_cancel(t);
+        void *res;
+        pthread_join(t, &res);
+        printf("%s\n", res == PTHREAD_CANCELED ? "cancelled" : "finished");
+        fflush(stdout);
+        if (fgets(line, sizeof line, stdin)) /* the test looked at the page: exit */
+            return 0;
     } else if (!strcmp(mode, "fork")) { /* FILE: the child writes 256 KiB, then the parent */
         int fd = create(argv[2]);
         pid_t pid = fork();

@@ -227,6 +227,34 @@ def test_threads_share_the_page_rate(agent: FakeAgent, bb: Path, probe: Path) ->
     assert c.waiters == 0
 
 
+def test_a_thread_cancelled_while_it_waits_is_no_waiter(
+    agent: FakeAgent, bb: Path, probe: Path
+) -> None:
+    agent.publish(0.0, burst=0)
+    proc = subprocess.Popen(
+        [str(probe), "cancel", f"{bb}/c"],
+        env=shim_env(agent.socket_path, str(bb)),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        wait_until(lambda: agent.page.counters().waiters == 1, timeout=10, message="a waiter")
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "cancelled"
+        c = agent.page.counters()
+        assert c.waiters == 0 and c.moved_write == 0
+        proc.stdin.write("done\n")
+        proc.stdin.flush()
+        assert proc.wait(timeout=10) == 0
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, 9)
+        proc.communicate(timeout=10)
+
+
 # ---------------------------------------------------------------------- what is paced
 
 
