@@ -30,6 +30,10 @@ off   type   name           meaning (writer)
 208   u64    waits          waits started
 ===== ====== ============== ==========================================================
 
+The library maps a page only if it is at least `PAGE_SIZE` bytes and sealed against shrinking
+(``F_SEAL_SHRINK``, which `JobPage` sets): a page that shrank under a mapping would kill the
+application with ``SIGBUS``.
+
 The supply is ``filled(t) = filled0 + rate * (t - t0)`` (``filled0`` while the rate is 0). A
 paced call of n bytes reserves with one compare-and-swap on ``taken``:
 ``new = max(taken, filled(now) - burst) + n`` (tokens beyond the burst that nobody used are

@@ -771,6 +771,15 @@ static struct attachment *attach_now(char *why, size_t why_cap) {
         snprintf(why, why_cap, "the agent's answer carried %d descriptors, not 2", nfds);
         goto fail;
     }
+    /* A page shorter than PAGE_BYTES, or one that may shrink later, would SIGBUS the
+     * application on a load: the agent's pages are sealed against it (page.py). */
+    struct stat st;
+    int seals = real_fcntl(fds[0], F_GET_SEALS);
+    if (fstat(fds[0], &st) != 0 || st.st_size < PAGE_BYTES || seals < 0 ||
+        !(seals & F_SEAL_SHRINK)) {
+        snprintf(why, why_cap, "the page is not a sealed memfd of %d bytes", PAGE_BYTES);
+        goto fail;
+    }
     page = mmap(NULL, PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
     if (page == MAP_FAILED) {
         snprintf(why, why_cap, "mmap of the page: %s", strerror(errno));

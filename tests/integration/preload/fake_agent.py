@@ -29,6 +29,7 @@ class FakeAgent:
         self.job_id = job_id
         self.page = JobPage("fake-agent-page")
         self.refuse: str | None = None  # when set, ATTACH gets "NO <refuse>"
+        self.page_fd: int | None = None  # when set, ATTACH hands this fd instead of the page's
         self.attaches: list[int] = []  # peer pids, in order
         self.closed_pids: list[int] = []  # peers whose attached connection saw EOF
         self.old_pages: list[JobPage] = []
@@ -137,7 +138,8 @@ class FakeAgent:
                     conn.send(f"NO {self.refuse}".encode())
                     return
                 page = self.page
-                socket.send_fds(conn, [f"OK 1 {self.job_id}".encode()], [page.fd, page.eventfd])
+                page_fd = page.fd if self.page_fd is None else self.page_fd
+                socket.send_fds(conn, [f"OK 1 {self.job_id}".encode()], [page_fd, page.eventfd])
                 self.attaches.append(pid)
                 self._attached.add(conn)
         elif text == "PATHS":

@@ -481,6 +481,24 @@ def test_agent_refusal_runs_unpaced_with_its_reason(
     assert agent.page.counters().calls_write == 0
 
 
+@pytest.mark.parametrize("size", [100, 4096])
+def test_a_page_that_could_shrink_is_refused(
+    agent: FakeAgent, bb: Path, probe: Path, size: int
+) -> None:
+    # A short or unsealed memfd would SIGBUS the application the day it shrank.
+    fd = os.memfd_create("unsealed", os.MFD_CLOEXEC)
+    try:
+        os.ftruncate(fd, size)
+        os.pwrite(fd, (0x31504342 | 1 << 32).to_bytes(8, "little"), 0)  # magic and version
+        agent.page_fd = fd
+        out = run([str(probe), "many", str(bb), "2"], shim_env(agent.socket_path, str(bb)))
+    finally:
+        os.close(fd)
+    assert out.returncode == 0, out.stderr
+    lines = warnings_of(out.stderr)
+    assert len(lines) == 1 and "not a sealed memfd" in lines[0], out.stderr
+
+
 def test_stale_heartbeat_ends_a_wait_after_the_dead_bound(agent: FakeAgent, bb: Path) -> None:
     agent.publish(0.0, burst=0)
     env = shim_env(agent.socket_path, str(bb), BURSTCTL_PRELOAD_DEAD_AFTER="1")
