@@ -422,8 +422,16 @@ def test_fio_moves_and_verifies_its_data_under_the_shim(
         "--verify=crc32c",
         "--do_verify=1",
         "--output-format=terse",
+        "--verify_state_save=0",  # no state file in the working directory
     ]
-    out = run(cmd, shim_env(agent.socket_path, str(bb)), timeout=60)
+    out = subprocess.run(
+        cmd,
+        env=shim_env(agent.socket_path, str(bb)),
+        cwd=bb,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert out.returncode == 0, out.stderr
     assert warnings_of(out.stderr) == []
     c = agent.page.counters()
