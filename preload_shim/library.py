@@ -8,8 +8,10 @@ from pathlib import Path
 _HERE = Path(__file__).resolve().parent
 
 
-class LibraryMissing(RuntimeError):
-    """The preload library was not built (no C compiler when the package was installed)."""
+class LibraryMissing(FileNotFoundError):
+    """The preload library was not built (no C compiler when the package was installed).
+
+    A `FileNotFoundError`, so that callers that run unpaced on any `OSError` catch it too."""
 
 
 def library_path() -> Path:

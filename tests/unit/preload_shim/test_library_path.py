@@ -13,6 +13,7 @@ def test_a_missing_library_names_the_fix(monkeypatch: pytest.MonkeyPatch, tmp_pa
     monkeypatch.setattr(library, "_HERE", tmp_path)
     with pytest.raises(library.LibraryMissing) as err:
         library.library_path()
+    assert isinstance(err.value, OSError)  # what `burstctl exec` catches to run unpaced
     message = str(err.value)
     assert str(tmp_path) in message
     assert "gcc" in message and "libc6-dev" in message and "pip install" in message
