@@ -6,8 +6,9 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test lint format proto bench system-deps clean
 
-# Install (or update) the package and its dev/test extras when pyproject.toml changes.
-$(STAMP): pyproject.toml
+# Install (or update) the package and its dev/test extras when pyproject.toml changes, and
+# rebuild the LD_PRELOAD library (setup.py) when its C source does.
+$(STAMP): pyproject.toml setup.py $(wildcard preload_shim/*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	  || { echo "burstctl needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)

@@ -347,6 +347,16 @@ def exec_(
         click.echo(f"burstctl exec: {command[0]}: {exc.strerror}", err=True)
         sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
+@main.command("preload-path")
+def preload_path() -> None:
+    """Print the path of the LD_PRELOAD library (for LD_PRELOAD=...). See docs/preload.md."""
+    from burstctl.preload_shim.library import LibraryMissing, library_path
+
+    try:
+        click.echo(str(library_path()))
+    except LibraryMissing as exc:
+        raise click.ClickException(str(exc)) from None
+
 
 @main.command()
 @click.argument("mountpoint", type=click.Path(file_okay=False, path_type=Path))

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages burstctl's tests need (libfuse 2 and 3, fio, and Chromium with its
-# WebDriver for the dashboard test, shellcheck for the deploy scripts' test) when missing.
+# WebDriver for the dashboard test, shellcheck for the deploy scripts' test, gcc and the libc headers
+# that build the LD_PRELOAD library, preload_shim/preload.c) when missing.
 # Runs apt-get only as root (CI runs as root on a fresh machine); otherwise says what to install.
 set -euo pipefail
 
@@ -13,15 +14,17 @@ ldconfig -p 2>/dev/null | grep -q 'libfuse3\.so\.3' || missing+=(libfuse3-3)
 command -v chromium >/dev/null 2>&1 || missing+=(chromium)
 command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
+[ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "missing system packages: ${missing[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck)" >&2
+  echo "missing system packages: ${missing[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev)" >&2
   exit 0
 fi
-echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck"
+echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck >/dev/null
+apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev >/dev/null

@@ -30,6 +30,10 @@ off   type   name           meaning (writer)
 208   u64    waits          waits started
 ===== ====== ============== ==========================================================
 
+The library maps a page only if it is at least `PAGE_SIZE` bytes and sealed against shrinking
+(``F_SEAL_SHRINK``, which `JobPage` sets): a page that shrank under a mapping would kill the
+application with ``SIGBUS``.
+
 The supply is ``filled(t) = filled0 + rate * (t - t0)`` (``filled0`` while the rate is 0). A
 paced call of n bytes reserves with one compare-and-swap on ``taken``:
 ``new = max(taken, filled(now) - burst) + n`` (tokens beyond the burst that nobody used are
@@ -45,11 +49,18 @@ share), a call that counted its bytes only after its wait would wait for a rate 
 comes.
 
 This module is the agent's side: create, publish, beat, read the counters.
+
+This module is the agent's side: create, publish, beat, read the counters. When the library
+is built, `JobPage` makes its stores and loads through the library's own exported helpers
+(``burstctl_page_publish``/``_load``/``_store``: ``__atomic`` builtins with release/acquire
+ordering, right on x86-64 and aarch64 alike), loaded with ``ctypes.CDLL`` (``RTLD_LOCAL``:
+nothing is interposed in the agent's process); without it, with aligned ctypes stores.
 """
 
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import mmap
 import os
@@ -82,6 +93,29 @@ OFF_WAIT_NS = 200
 OFF_WAITS = 208
 
 
+@functools.cache
+def _library() -> ctypes.CDLL | None:
+    """The built preload library's page helpers, or None when it is not built."""
+    from burstctl.preload_shim.library import LibraryMissing, library_path
+
+    try:
+        lib = ctypes.CDLL(str(library_path()))  # RTLD_LOCAL: its interposers stay private
+    except (LibraryMissing, OSError):
+        return None
+    vp, i64, i32, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32
+    lib.burstctl_page_publish.argtypes = [vp, i64, i64, ctypes.c_double, i64]
+    lib.burstctl_page_publish.restype = i32
+    lib.burstctl_page_load.argtypes = [vp, i32]
+    lib.burstctl_page_load.restype = i64
+    lib.burstctl_page_store.argtypes = [vp, i32, i64]
+    lib.burstctl_page_store.restype = None
+    lib.burstctl_page_or_flags.argtypes = [vp, u32]
+    lib.burstctl_page_or_flags.restype = u32
+    lib.burstctl_page_reserve_and_wait.argtypes = [vp, i64, i32]
+    lib.burstctl_page_reserve_and_wait.restype = i32
+    return lib
+
+
 def monotonic_ns() -> int:
     """CLOCK_MONOTONIC in ns, the clock both sides of a page use."""
     return time.clock_gettime_ns(time.CLOCK_MONOTONIC)
@@ -107,8 +141,11 @@ class JobPage:
     """The agent's handle on one job's page: a memfd, its mapping and its eventfd.
 
     Only the agent's threads call it (under its own lock where they may race); the library's
-    fields are only read here. Aligned 8-byte loads and stores are single instructions on the
-    platforms burstctl supports, and the seqlock's stores are made in program order.
+    fields are only read here. With the library built, every store and load that processes
+    share goes through its ``__atomic`` helpers (release stores, acquire loads, the seqlock
+    with its fences); without it, aligned 8-byte ctypes stores in program order, which are
+    single instructions but carry no ordering guarantee on weakly ordered CPUs (aarch64).
+    ``address`` is the mapping's address in this process.
     """
 
     def __init__(self, name: str = "burstctl-page") -> None:
@@ -146,14 +183,21 @@ class JobPage:
                 OFF_WAITS,
             )
         }
+        self._lib = _library()
+        self._base = ctypes.c_char.from_buffer(self._map)  # the mapping's address, for the library
+        self.address = ctypes.addressof(self._base)
         now = monotonic_ns()
         self._t0.value = now
         self._filled0.value = 0
         self._rate.value = 0.0  # nothing flows before the first allocation, as in a session
         self._burst.value = 0
         self._heartbeat.value = now
-        ctypes.c_uint32.from_buffer(self._map, OFF_VERSION).value = VERSION
-        ctypes.c_uint32.from_buffer(self._map, OFF_MAGIC).value = MAGIC
+        if self._lib is not None:
+            # magic and version in one release store, after everything else
+            self._lib.burstctl_page_store(self.address, OFF_MAGIC, (VERSION << 32) | MAGIC)
+        else:
+            ctypes.c_uint32.from_buffer(self._map, OFF_VERSION).value = VERSION
+            ctypes.c_uint32.from_buffer(self._map, OFF_MAGIC).value = MAGIC
 
     # ------------------------------------------------------------------ the supply
 
@@ -188,6 +232,9 @@ class JobPage:
         self._write(now, int(min(filled, taken)), self._rate.value, self._burst.value)
 
     def _write(self, t0: int, filled0: int, rate: float, burst: int) -> None:
+        if self._lib is not None:
+            self._lib.burstctl_page_publish(self.address, t0, filled0, rate, burst)
+            return
         seq = self._seq.value
         self._seq.value = seq + 1  # odd: being written
         self._t0.value = t0
@@ -208,14 +255,35 @@ class JobPage:
 
     def beat(self, now_ns: int | None = None) -> None:
         """The agent is alive (the library stops pacing on a page whose heartbeat is stale)."""
-        self._heartbeat.value = monotonic_ns() if now_ns is None else now_ns
+        now = monotonic_ns() if now_ns is None else now_ns
+        if self._lib is not None:
+            self._lib.burstctl_page_store(self.address, OFF_HEARTBEAT, now)
+        else:
+            self._heartbeat.value = now
 
     def mark_closed(self) -> None:
         """Tells the library to stop drawing from this page (it reconnects on its next open)."""
-        self._flags.value = self._flags.value | FLAG_CLOSED
+        if self._lib is not None:
+            self._lib.burstctl_page_or_flags(self.address, FLAG_CLOSED)
+        else:
+            self._flags.value = self._flags.value | FLAG_CLOSED
 
     def counters(self) -> Counters:
         """The library's counters (each a single aligned load; the set is not one snapshot)."""
+        if self._lib is not None:
+            load, addr = self._lib.burstctl_page_load, self.address
+            return Counters(
+                taken=load(addr, OFF_TAKEN),
+                req_read=load(addr, OFF_REQ_READ),
+                req_write=load(addr, OFF_REQ_WRITE),
+                moved_read=load(addr, OFF_MOVED_READ),
+                moved_write=load(addr, OFF_MOVED_WRITE),
+                calls_read=load(addr, OFF_CALLS_READ),
+                calls_write=load(addr, OFF_CALLS_WRITE),
+                waiters=load(addr, OFF_WAITERS),
+                wait_ns=load(addr, OFF_WAIT_NS),
+                waits=load(addr, OFF_WAITS),
+            )
         v = self._i64
         return Counters(
             taken=v[OFF_TAKEN].value,
@@ -241,7 +309,7 @@ class JobPage:
         """Marks the page closed and releases the agent's handles (mapped copies live on)."""
         self.mark_closed()
         del self._seq, self._t0, self._filled0, self._rate, self._burst, self._heartbeat
-        del self._flags, self._i64
+        del self._flags, self._i64, self._base
         self._map.close()
         os.close(self.fd)
         os.close(self.eventfd)

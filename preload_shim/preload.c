@@ -1,0 +1,1692 @@
+/*
+ * burstctl's LD_PRELOAD library: paces an application's reads and writes on files under the
+ * burst-buffer paths (BURSTCTL_PRELOAD_PATHS) from inside the process, by drawing tokens from
+ * its job's shared pacing page, which the node agent hands it over a Unix socket.
+ *
+ * The page layout and the protocol are the contract of preload_shim/page.py (its docstring);
+ * what is caught and what is not: docs/preload.md, "What the library catches".
+ *
+ * Rules kept here:
+ *  - never fail the application's I/O because of the library: any failure of ours means
+ *    "run unpaced" (one warning line on stderr), and errno is preserved around our work;
+ *  - an unpaced descriptor costs one load of the per-fd table and the real call;
+ *  - no lock is held across a real I/O call or a sleep (the two mutexes guard the cached cwd
+ *    and the cache of directory paths, and are held only to copy strings);
+ *  - initialisation is lazy (the first intercepted call), and calls made while the library
+ *    itself runs (a thread-local flag) go straight to the real functions.
+ */
+#undef _FORTIFY_SOURCE
+#undef _FILE_OFFSET_BITS
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* glibc may define these as macros (bits/stdio.h, when optimising): the symbols are ours. */
+#undef fread_unlocked
+#undef fwrite_unlocked
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+/* ------------------------------------------------------------------ the page (page.py) */
+
+#define PAGE_BYTES 4096
+#define PAGE_MAGIC 0x31504342u /* "BCP1" */
+#define PAGE_VERSION 1u
+#define FLAG_CLOSED 1u
+
+#define OFF_MAGIC 0
+#define OFF_VERSION 4
+#define OFF_SEQ 8
+#define OFF_T0 16
+#define OFF_FILLED0 24
+#define OFF_RATE 32
+#define OFF_BURST 40
+#define OFF_HEARTBEAT 48
+#define OFF_FLAGS 56
+#define OFF_TAKEN 64
+#define OFF_REQ_READ 128
+#define OFF_REQ_WRITE 136
+#define OFF_MOVED_READ 144
+#define OFF_MOVED_WRITE 152
+#define OFF_CALLS_READ 160
+#define OFF_CALLS_WRITE 168
+#define OFF_WAITERS 192
+#define OFF_WAIT_NS 200
+#define OFF_WAITS 208
+
+#define I64(p, off) ((int64_t *)((char *)(p) + (off)))
+#define U32(p, off) ((uint32_t *)((char *)(p) + (off)))
+
+enum { KIND_READ = 0, KIND_WRITE = 1 };
+
+struct supply {
+    int64_t t0;
+    int64_t filled0;
+    double rate;
+    int64_t burst;
+};
+
+static int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+static double bits_to_double(uint64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+static uint64_t double_to_bits(double d) {
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
+
+EXPORT int64_t burstctl_page_load(void *page, int offset) {
+    return __atomic_load_n(I64(page, offset), __ATOMIC_ACQUIRE);
+}
+
+EXPORT void burstctl_page_store(void *page, int offset, int64_t value) {
+    __atomic_store_n(I64(page, offset), value, __ATOMIC_RELEASE);
+}
+
+EXPORT int64_t burstctl_page_add(void *page, int offset, int64_t delta) {
+    return __atomic_add_fetch(I64(page, offset), delta, __ATOMIC_ACQ_REL);
+}
+
+EXPORT uint32_t burstctl_page_or_flags(void *page, uint32_t bits) {
+    return __atomic_or_fetch(U32(page, OFF_FLAGS), bits, __ATOMIC_ACQ_REL);
+}
+
+EXPORT uint32_t burstctl_page_flags(void *page) {
+    return __atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE);
+}
+
+/* The seqlock write of the supply (the agent's side; one writer at a time). */
+EXPORT int burstctl_page_publish(void *page, int64_t t0_ns, int64_t filled0, double rate,
+                                 int64_t burst) {
+    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
+    uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED);
+    if (s & 1) /* a writer died mid-write: start from the next even value */
+        s += 1;
+    __atomic_store_n(seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(I64(page, OFF_T0), t0_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, OFF_FILLED0), filled0, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)I64(page, OFF_RATE), double_to_bits(rate), __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, OFF_BURST), burst, __ATOMIC_RELAXED);
+    __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* The seqlock read: 0, or -1 when a writer stays mid-write for more than `give_up_ns`. */
+static int read_supply(void *page, struct supply *out, int64_t give_up_ns) {
+    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
+    int64_t start = 0;
+    for (unsigned spins = 0;; spins++) {
+        uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+        if (!(s1 & 1)) {
+            out->t0 = __atomic_load_n(I64(page, OFF_T0), __ATOMIC_RELAXED);
+            out->filled0 = __atomic_load_n(I64(page, OFF_FILLED0), __ATOMIC_RELAXED);
+            out->rate = bits_to_double(
+                __atomic_load_n((uint64_t *)I64(page, OFF_RATE), __ATOMIC_RELAXED));
+            out->burst = __atomic_load_n(I64(page, OFF_BURST), __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(seq, __ATOMIC_RELAXED) == s1)
+                return 0;
+        }
+        if (spins >= 64) {
+            int64_t now = mono_ns();
+            if (start == 0)
+                start = now;
+            else if (now - start > give_up_ns)
+                return -1;
+            sched_yield();
+        }
+    }
+}
+
+static double supply_filled(const struct supply *s, int64_t now) {
+    if (isinf(s->rate))
+        return INFINITY;
+    int64_t dt = now - s->t0;
+    if (dt < 0)
+        dt = 0;
+    return (double)s->filled0 + s->rate * ((double)dt / 1e9);
+}
+
+/* ------------------------------------------------------------------ real functions */
+
+#define REAL(name) real_##name
+#define DEFINE_REAL(ret, name, args) static ret(*real_##name) args
+
+DEFINE_REAL(int, open, (const char *, int, ...));
+DEFINE_REAL(int, open64, (const char *, int, ...));
+DEFINE_REAL(int, openat, (int, const char *, int, ...));
+DEFINE_REAL(int, openat64, (int, const char *, int, ...));
+DEFINE_REAL(int, creat, (const char *, mode_t));
+DEFINE_REAL(int, creat64, (const char *, mode_t));
+DEFINE_REAL(int, __open_2, (const char *, int));
+DEFINE_REAL(int, __open64_2, (const char *, int));
+DEFINE_REAL(int, __openat_2, (int, const char *, int));
+DEFINE_REAL(int, __openat64_2, (int, const char *, int));
+DEFINE_REAL(int, close, (int));
+DEFINE_REAL(int, close_range, (unsigned int, unsigned int, int));
+DEFINE_REAL(void, closefrom, (int));
+DEFINE_REAL(int, closedir, (DIR *));
+DEFINE_REAL(int, dup, (int));
+DEFINE_REAL(int, dup2, (int, int));
+DEFINE_REAL(int, dup3, (int, int, int));
+DEFINE_REAL(int, fcntl, (int, int, ...));
+DEFINE_REAL(int, fcntl64, (int, int, ...));
+DEFINE_REAL(ssize_t, read, (int, void *, size_t));
+DEFINE_REAL(ssize_t, write, (int, const void *, size_t));
+DEFINE_REAL(ssize_t, pread, (int, void *, size_t, off_t));
+DEFINE_REAL(ssize_t, pread64, (int, void *, size_t, off64_t));
+DEFINE_REAL(ssize_t, pwrite, (int, const void *, size_t, off_t));
+DEFINE_REAL(ssize_t, pwrite64, (int, const void *, size_t, off64_t));
+DEFINE_REAL(ssize_t, readv, (int, const struct iovec *, int));
+DEFINE_REAL(ssize_t, writev, (int, const struct iovec *, int));
+DEFINE_REAL(ssize_t, preadv, (int, const struct iovec *, int, off_t));
+DEFINE_REAL(ssize_t, preadv64, (int, const struct iovec *, int, off64_t));
+DEFINE_REAL(ssize_t, pwritev, (int, const struct iovec *, int, off_t));
+DEFINE_REAL(ssize_t, pwritev64, (int, const struct iovec *, int, off64_t));
+DEFINE_REAL(ssize_t, preadv2, (int, const struct iovec *, int, off_t, int));
+DEFINE_REAL(ssize_t, pwritev2, (int, const struct iovec *, int, off_t, int));
+DEFINE_REAL(ssize_t, preadv64v2, (int, const struct iovec *, int, off64_t, int));
+DEFINE_REAL(ssize_t, pwritev64v2, (int, const struct iovec *, int, off64_t, int));
+DEFINE_REAL(ssize_t, __read_chk, (int, void *, size_t, size_t));
+DEFINE_REAL(ssize_t, __pread_chk, (int, void *, size_t, off_t, size_t));
+DEFINE_REAL(ssize_t, __pread64_chk, (int, void *, size_t, off64_t, size_t));
+DEFINE_REAL(ssize_t, copy_file_range, (int, off64_t *, int, off64_t *, size_t, unsigned int));
+DEFINE_REAL(ssize_t, sendfile, (int, int, off_t *, size_t));
+DEFINE_REAL(ssize_t, sendfile64, (int, int, off64_t *, size_t));
+DEFINE_REAL(FILE *, fopen, (const char *, const char *));
+DEFINE_REAL(FILE *, fopen64, (const char *, const char *));
+DEFINE_REAL(FILE *, fdopen, (int, const char *));
+DEFINE_REAL(FILE *, freopen, (const char *, const char *, FILE *));
+DEFINE_REAL(FILE *, freopen64, (const char *, const char *, FILE *));
+DEFINE_REAL(size_t, fread, (void *, size_t, size_t, FILE *));
+DEFINE_REAL(size_t, fwrite, (const void *, size_t, size_t, FILE *));
+DEFINE_REAL(size_t, fread_unlocked, (void *, size_t, size_t, FILE *));
+DEFINE_REAL(size_t, fwrite_unlocked, (const void *, size_t, size_t, FILE *));
+DEFINE_REAL(size_t, __fread_chk, (void *, size_t, size_t, size_t, FILE *));
+DEFINE_REAL(size_t, __fread_unlocked_chk, (void *, size_t, size_t, size_t, FILE *));
+DEFINE_REAL(int, fclose, (FILE *));
+DEFINE_REAL(int, fflush, (FILE *));
+DEFINE_REAL(int, chdir, (const char *));
+DEFINE_REAL(int, fchdir, (int));
+
+/* A thread-local "in the library" flag: intercepted calls made while it is set (by dlsym, by
+ * the attach, by our warning) go straight to the real functions. Initial-exec: a preloaded
+ * library has static TLS, and reading it never allocates. */
+static __thread int t_in_lib __attribute__((tls_model("initial-exec")));
+
+static void *resolve(const char *name, const char *fallback) {
+    t_in_lib++;
+    void *f = dlsym(RTLD_NEXT, name);
+    if (!f && fallback)
+        f = dlsym(RTLD_NEXT, fallback);
+    t_in_lib--;
+    return f;
+}
+
+#define RESOLVE(name, fallback)                                                                 \
+    do {                                                                                        \
+        if (UNLIKELY(!real_##name))                                                             \
+            __atomic_store_n((void **)&real_##name, resolve(#name, fallback), __ATOMIC_RELAXED); \
+    } while (0)
+
+/* A call that arrives before its real function could be found (only while dlsym itself runs,
+ * in practice never): fail it as unsupported rather than recurse. */
+#define NEED(name, fallback, failure)                                                           \
+    do {                                                                                        \
+        RESOLVE(name, fallback);                                                                \
+        if (UNLIKELY(!real_##name)) {                                                           \
+            errno = ENOSYS;                                                                     \
+            return failure;                                                                     \
+        }                                                                                       \
+    } while (0)
+
+__attribute__((constructor)) static void resolve_all(void) {
+    RESOLVE(open, NULL);
+    RESOLVE(open64, "open");
+    RESOLVE(openat, NULL);
+    RESOLVE(openat64, "openat");
+    RESOLVE(creat, NULL);
+    RESOLVE(creat64, "creat");
+    RESOLVE(__open_2, NULL);
+    RESOLVE(__open64_2, "__open_2");
+    RESOLVE(__openat_2, NULL);
+    RESOLVE(__openat64_2, "__openat_2");
+    RESOLVE(close, NULL);
+    RESOLVE(close_range, NULL);
+    RESOLVE(closefrom, NULL);
+    RESOLVE(closedir, NULL);
+    RESOLVE(dup, NULL);
+    RESOLVE(dup2, NULL);
+    RESOLVE(dup3, NULL);
+    RESOLVE(fcntl, NULL);
+    RESOLVE(fcntl64, "fcntl");
+    RESOLVE(read, NULL);
+    RESOLVE(write, NULL);
+    RESOLVE(pread, NULL);
+    RESOLVE(pread64, "pread");
+    RESOLVE(pwrite, NULL);
+    RESOLVE(pwrite64, "pwrite");
+    RESOLVE(readv, NULL);
+    RESOLVE(writev, NULL);
+    RESOLVE(preadv, NULL);
+    RESOLVE(preadv64, "preadv");
+    RESOLVE(pwritev, NULL);
+    RESOLVE(pwritev64, "pwritev");
+    RESOLVE(preadv2, NULL);
+    RESOLVE(pwritev2, NULL);
+    RESOLVE(preadv64v2, "preadv2");
+    RESOLVE(pwritev64v2, "pwritev2");
+    RESOLVE(__read_chk, NULL);
+    RESOLVE(__pread_chk, NULL);
+    RESOLVE(__pread64_chk, "__pread_chk");
+    RESOLVE(copy_file_range, NULL);
+    RESOLVE(sendfile, NULL);
+    RESOLVE(sendfile64, "sendfile");
+    RESOLVE(fopen, NULL);
+    RESOLVE(fopen64, "fopen");
+    RESOLVE(fdopen, NULL);
+    RESOLVE(freopen, NULL);
+    RESOLVE(freopen64, "freopen");
+    RESOLVE(fread, NULL);
+    RESOLVE(fwrite, NULL);
+    RESOLVE(fread_unlocked, NULL);
+    RESOLVE(fwrite_unlocked, NULL);
+    RESOLVE(__fread_chk, NULL);
+    RESOLVE(__fread_unlocked_chk, NULL);
+    RESOLVE(fclose, NULL);
+    RESOLVE(fflush, NULL);
+    RESOLVE(chdir, NULL);
+    RESOLVE(fchdir, NULL);
+}
+
+/* ------------------------------------------------------------------ configuration and state */
+
+/* A state byte: the state in the low bits; ST_DIRCACHED: the directory's path is cached;
+ * ST_OWN: the library's own descriptor (the agent connection or the eventfd). */
+enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED = 4, ST_OWN = 8 };
+
+#define MAX_FDS (1 << 20)
+#define MAX_ROOTS 32
+#define DIRCACHE_SLOTS 256
+#define SLICE_NS 10000000LL    /* the longest sleep of a wait */
+#define ATTACH_TIMEOUT_S 5     /* SO_RCVTIMEO on the agent's answer */
+#define RETRY_NS 1000000000LL  /* attach at most once per second after a failure or a death */
+
+static pthread_once_t g_once = PTHREAD_ONCE_INIT;
+static int g_ready;           /* init done (acquire/release) */
+static int g_enabled;         /* BURSTCTL_PRELOAD_PATHS names at least one directory */
+static unsigned char *g_fds;  /* per-fd state bytes, anonymous mmap */
+static int g_nfds;
+static char *g_roots[MAX_ROOTS];
+static size_t g_root_len[MAX_ROOTS];
+static int g_nroots;
+static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
+static int64_t g_dead_after_ns = 2000000000LL;
+
+static pthread_mutex_t g_cwd_mu = PTHREAD_MUTEX_INITIALIZER;
+static char g_cwd[PATH_MAX];
+static int g_cwd_ok;
+
+static pthread_mutex_t g_dir_mu = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+    int fd;
+    char *path;
+} g_dirs[DIRCACHE_SLOTS];
+
+/* One attachment to the agent: the mapped page, its eventfd, the connection. A dead one is
+ * never unmapped (another thread may still be reading it): a page's worth per re-attach. */
+struct attachment {
+    void *page;
+    int eventfd; /* -1 once the application closed or replaced that number */
+    int conn;    /* -1 once hung up, or closed or replaced by the application */
+    int dead;
+    struct attachment *next; /* every attachment this image made, newest first */
+};
+static struct attachment *g_atts;
+static struct attachment *g_att;  /* current attachment (acquire/release) */
+static int g_attaching;           /* one thread attaches at a time; the others run unpaced */
+static int64_t g_last_try_ns;     /* when the last attach was tried (0: never) */
+static int g_warned_attach;
+static int g_warned_dead;
+
+#define SAVE_ERRNO() int saved_errno_ = errno
+#define RESTORE_ERRNO() (errno = saved_errno_)
+
+static void warn_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+static void warn_line(const char *fmt, ...) {
+    char buf[512];
+    int n = snprintf(buf, sizeof buf, "burstctl-preload[%d]: ", (int)getpid());
+    va_list ap;
+    va_start(ap, fmt);
+    if (n > 0 && (size_t)n < sizeof buf)
+        n += vsnprintf(buf + n, sizeof buf - (size_t)n, fmt, ap);
+    va_end(ap);
+    if (n < 0)
+        return;
+    if ((size_t)n >= sizeof buf - 1)
+        n = (int)sizeof buf - 2;
+    buf[n++] = '\n';
+    if (real_write)
+        (void)!real_write(2, buf, (size_t)n);
+}
+
+/* Lexical normalisation of an absolute path: `//`, `/./` and `/../` go, no symlink is read.
+ * Returns 0, or -1 when `in` is not absolute or does not fit. */
+static int normalize(const char *in, char *out, size_t cap) {
+    if (in[0] != '/' || cap < 2)
+        return -1;
+    size_t len = 0;
+    const char *p = in;
+    while (*p) {
+        while (*p == '/')
+            p++;
+        if (!*p)
+            break;
+        const char *end = p;
+        while (*end && *end != '/')
+            end++;
+        size_t n = (size_t)(end - p);
+        if (n == 1 && p[0] == '.') {
+            /* nothing */
+        } else if (n == 2 && p[0] == '.' && p[1] == '.') {
+            while (len > 0 && out[len - 1] != '/')
+                len--;
+            if (len > 0)
+                len--; /* the slash before the dropped component */
+        } else {
+            if (len + 1 + n + 1 > cap)
+                return -1;
+            out[len++] = '/';
+            memcpy(out + len, p, n);
+            len += n;
+        }
+        p = end;
+    }
+    if (len == 0)
+        out[len++] = '/';
+    out[len] = '\0';
+    return 0;
+}
+
+/* `rel` joined to the absolute directory `base`, normalised. */
+static int join(const char *base, const char *rel, char *out, size_t cap) {
+    if (rel[0] == '/')
+        return normalize(rel, out, cap);
+    char buf[2 * PATH_MAX + 2];
+    size_t b = strlen(base), r = strlen(rel);
+    if (b + 1 + r + 1 > sizeof buf)
+        return -1;
+    memcpy(buf, base, b);
+    buf[b] = '/';
+    memcpy(buf + b + 1, rel, r + 1);
+    return normalize(buf, out, cap);
+}
+
+static int under_roots(const char *norm) {
+    for (int i = 0; i < g_nroots; i++) {
+        size_t n = g_root_len[i];
+        if (n == 1) /* "/" */
+            return 1;
+        if (strncmp(norm, g_roots[i], n) == 0 && (norm[n] == '\0' || norm[n] == '/'))
+            return 1;
+    }
+    return 0;
+}
+
+static int fd_path(int fd, char *out, size_t cap) {
+    char link[64];
+    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
+    ssize_t n = readlink(link, out, cap - 1);
+    if (n <= 0 || out[0] != '/')
+        return -1;
+    out[n] = '\0';
+    return 0;
+}
+
+static void refresh_cwd(void) {
+    char buf[PATH_MAX];
+    int ok = getcwd(buf, sizeof buf) != NULL && buf[0] == '/';
+    pthread_mutex_lock(&g_cwd_mu);
+    g_cwd_ok = ok;
+    if (ok)
+        memcpy(g_cwd, buf, strlen(buf) + 1);
+    pthread_mutex_unlock(&g_cwd_mu);
+}
+
+static int cwd_copy(char *out, size_t cap) {
+    pthread_mutex_lock(&g_cwd_mu);
+    int ok = g_cwd_ok && strlen(g_cwd) < cap;
+    if (ok)
+        memcpy(out, g_cwd, strlen(g_cwd) + 1);
+    pthread_mutex_unlock(&g_cwd_mu);
+    return ok ? 0 : -1;
+}
+
+static void atfork_prepare(void) {
+    pthread_mutex_lock(&g_cwd_mu);
+    pthread_mutex_lock(&g_dir_mu);
+}
+
+static void atfork_parent(void) {
+    pthread_mutex_unlock(&g_dir_mu);
+    pthread_mutex_unlock(&g_cwd_mu);
+}
+
+static void atfork_child(void) {
+    pthread_mutex_unlock(&g_dir_mu);
+    pthread_mutex_unlock(&g_cwd_mu);
+    /* An attach under way in another thread of the parent does not exist here. The child
+     * keeps the parent's page and connection: its I/O stays on its job. */
+    __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
+}
+
+static void init_once(void) {
+    t_in_lib++;
+    const char *paths = getenv("BURSTCTL_PRELOAD_PATHS");
+    if (paths && *paths) {
+        char *copy = strdup(paths);
+        for (char *save = NULL, *tok = copy ? strtok_r(copy, ":", &save) : NULL;
+             tok && g_nroots < MAX_ROOTS; tok = strtok_r(NULL, ":", &save)) {
+            char norm[PATH_MAX];
+            if (normalize(tok, norm, sizeof norm) != 0)
+                continue; /* relative or too long: ignored */
+            char *root = strdup(norm);
+            if (!root)
+                continue;
+            g_roots[g_nroots] = root;
+            g_root_len[g_nroots] = strlen(root);
+            g_nroots++;
+        }
+        free(copy);
+    }
+    const char *sock = getenv("BURSTCTL_AGENT_SOCKET");
+    snprintf(g_socket, sizeof g_socket, "%s", sock && *sock ? sock : "/run/burstctl/agent.sock");
+    const char *dead = getenv("BURSTCTL_PRELOAD_DEAD_AFTER");
+    if (dead && *dead) {
+        char *end;
+        double s = strtod(dead, &end);
+        if (end != dead && s > 0 && s < 1e6)
+            g_dead_after_ns = (int64_t)(s * 1e9);
+    }
+    if (g_nroots > 0) {
+        struct rlimit rl;
+        long n = 65536;
+        if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+            rlim_t m = rl.rlim_max > rl.rlim_cur ? rl.rlim_max : rl.rlim_cur;
+            n = m == RLIM_INFINITY || m > MAX_FDS ? MAX_FDS : (long)m;
+            if (n < 1024)
+                n = 1024;
+        }
+        void *table = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+                           -1, 0);
+        if (table != MAP_FAILED) {
+            g_fds = table;
+            g_nfds = (int)n;
+            refresh_cwd();
+            pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
+            g_enabled = 1;
+        }
+    }
+    __atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
+    t_in_lib--;
+}
+
+static inline void ensure_init(void) {
+    if (UNLIKELY(!__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))) {
+        SAVE_ERRNO();
+        pthread_once(&g_once, init_once);
+        RESTORE_ERRNO();
+    }
+}
+
+/* ------------------------------------------------------------------ the per-fd table */
+
+static void dircache_drop(int fd) {
+    pthread_mutex_lock(&g_dir_mu);
+    char *old = NULL;
+    for (int i = 0; i < DIRCACHE_SLOTS; i++) {
+        if (g_dirs[i].path && g_dirs[i].fd == fd) {
+            old = g_dirs[i].path;
+            g_dirs[i].path = NULL;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_dir_mu);
+    free(old);
+}
+
+static int dircache_add(int fd, const char *path) {
+    char *copy = strdup(path);
+    if (!copy)
+        return -1;
+    int slot = -1;
+    pthread_mutex_lock(&g_dir_mu);
+    for (int i = 0; i < DIRCACHE_SLOTS; i++) {
+        if (!g_dirs[i].path) {
+            slot = i;
+            g_dirs[i].fd = fd;
+            g_dirs[i].path = copy;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_dir_mu);
+    if (slot < 0) {
+        free(copy);
+        return -1;
+    }
+    return 0;
+}
+
+static int dircache_get(int fd, char *out, size_t cap) {
+    int found = -1;
+    pthread_mutex_lock(&g_dir_mu);
+    for (int i = 0; i < DIRCACHE_SLOTS; i++) {
+        if (g_dirs[i].path && g_dirs[i].fd == fd && strlen(g_dirs[i].path) < cap) {
+            memcpy(out, g_dirs[i].path, strlen(g_dirs[i].path) + 1);
+            found = 0;
+            break;
+        }
+    }
+    pthread_mutex_unlock(&g_dir_mu);
+    return found;
+}
+
+/* The application closes or replaces one of the library's own descriptors: the library
+ * stops using that number at once (never writing its eventfd's 8 bytes into a file that
+ * reuses it). Its connection then ends: the agent drops this process; the page stays. */
+static void own_fd_lost(int fd) {
+    for (struct attachment *a = __atomic_load_n(&g_atts, __ATOMIC_ACQUIRE); a; a = a->next) {
+        int expect = fd;
+        __atomic_compare_exchange_n(&a->eventfd, &expect, -1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED);
+        expect = fd;
+        __atomic_compare_exchange_n(&a->conn, &expect, -1, 0, __ATOMIC_ACQ_REL,
+                                    __ATOMIC_RELAXED);
+    }
+}
+
+/* Sets fd's state, dropping a cached directory path it had. */
+static void set_state(int fd, int st) {
+    if (fd < 0 || fd >= g_nfds)
+        return;
+    unsigned char old = __atomic_exchange_n(&g_fds[fd], (unsigned char)st, __ATOMIC_RELAXED);
+    if (UNLIKELY(old & ST_DIRCACHED))
+        dircache_drop(fd);
+    if (UNLIKELY(old & ST_OWN))
+        own_fd_lost(fd);
+}
+
+/* Before a call that replaces fd (dup2 and dup3 onto it): the library lets go of it first. */
+static void before_replace(int fd) {
+    if (g_enabled && fd >= 0 && fd < g_nfds &&
+        UNLIKELY(__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_OWN)) {
+        SAVE_ERRNO();
+        set_state(fd, ST_UNKNOWN);
+        RESTORE_ERRNO();
+    }
+}
+
+static void mark_own(int fd) {
+    if (fd >= 0 && fd < g_nfds)
+        __atomic_store_n(&g_fds[fd], (unsigned char)(ST_UNPACED | ST_OWN), __ATOMIC_RELAXED);
+}
+
+static int classify_norm(const char *norm) {
+    return under_roots(norm) ? ST_PACED : ST_UNPACED;
+}
+
+/* An fd the library never saw open: once, by its /proc/self/fd link. */
+static int resolve_unknown(int fd) {
+    SAVE_ERRNO();
+    t_in_lib++;
+    char path[PATH_MAX], norm[PATH_MAX];
+    int st = ST_UNPACED;
+    if (fd_path(fd, path, sizeof path) == 0 && normalize(path, norm, sizeof norm) == 0)
+        st = classify_norm(norm);
+    if (fd >= 0 && fd < g_nfds) {
+        unsigned char expect = ST_UNKNOWN;
+        /* an open in another thread may have set it meanwhile: that one wins */
+        __atomic_compare_exchange_n(&g_fds[fd], &expect, (unsigned char)st, 0, __ATOMIC_RELAXED,
+                                    __ATOMIC_RELAXED);
+    }
+    t_in_lib--;
+    RESTORE_ERRNO();
+    return st;
+}
+
+/* The fd's state: ST_UNPACED or ST_PACED. */
+static inline int fd_state(int fd) {
+    ensure_init();
+    if (!g_enabled)
+        return ST_UNPACED;
+    if (LIKELY(fd >= 0 && fd < g_nfds)) {
+        int st = __atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_MASK;
+        if (LIKELY(st != ST_UNKNOWN))
+            return st;
+    } else if (fd < 0) {
+        return ST_UNPACED;
+    }
+    return resolve_unknown(fd);
+}
+
+/* ------------------------------------------------------------------ attaching to the agent */
+
+static struct attachment *attach_now(char *why, size_t why_cap) {
+    int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
+    if (s < 0) {
+        snprintf(why, why_cap, "socket: %s", strerror(errno));
+        return NULL;
+    }
+    struct timeval tv = {.tv_sec = ATTACH_TIMEOUT_S, .tv_usec = 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    struct sockaddr_un addr;
+    memset(&addr, 0, sizeof addr);
+    addr.sun_family = AF_UNIX;
+    memcpy(addr.sun_path, g_socket, strlen(g_socket) + 1);
+    int fds[2] = {-1, -1};
+    struct attachment *att = NULL;
+    void *page = MAP_FAILED;
+    if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) {
+        snprintf(why, why_cap, "connect %s: %s", g_socket, strerror(errno));
+        goto fail;
+    }
+    static const char req[] = "ATTACH 1";
+    if (send(s, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) {
+        snprintf(why, why_cap, "send: %s", strerror(errno));
+        goto fail;
+    }
+    char msg[512];
+    union {
+        struct cmsghdr h;
+        char buf[CMSG_SPACE(8 * sizeof(int))];
+    } ctl;
+    struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg - 1};
+    struct msghdr mh = {0};
+    mh.msg_iov = &iov;
+    mh.msg_iovlen = 1;
+    mh.msg_control = ctl.buf;
+    mh.msg_controllen = sizeof ctl.buf;
+    ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
+    if (n < 0) {
+        snprintf(why, why_cap, "no answer from %s: %s", g_socket, strerror(errno));
+        goto fail;
+    }
+    msg[n] = '\0';
+    int nfds = 0;
+    for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
+        if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+            continue;
+        int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
+        int *got = (int *)CMSG_DATA(c);
+        for (int i = 0; i < k; i++) {
+            if (nfds < 2)
+                fds[nfds] = got[i];
+            else
+                real_close(got[i]);
+            nfds++;
+        }
+    }
+    if (strncmp(msg, "OK 1 ", 5) != 0) {
+        snprintf(why, why_cap, "the agent said: %.200s", msg);
+        goto fail;
+    }
+    if (nfds != 2 || (mh.msg_flags & MSG_CTRUNC)) {
+        snprintf(why, why_cap, "the agent's answer carried %d descriptors, not 2", nfds);
+        goto fail;
+    }
+    /* A page shorter than PAGE_BYTES, or one that may shrink later, would SIGBUS the
+     * application on a load: the agent's pages are sealed against it (page.py). */
+    struct stat st;
+    int seals = real_fcntl(fds[0], F_GET_SEALS);
+    if (fstat(fds[0], &st) != 0 || st.st_size < PAGE_BYTES || seals < 0 ||
+        !(seals & F_SEAL_SHRINK)) {
+        snprintf(why, why_cap, "the page is not a sealed memfd of %d bytes", PAGE_BYTES);
+        goto fail;
+    }
+    page = mmap(NULL, PAGE_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fds[0], 0);
+    if (page == MAP_FAILED) {
+        snprintf(why, why_cap, "mmap of the page: %s", strerror(errno));
+        goto fail;
+    }
+    if (__atomic_load_n(U32(page, OFF_MAGIC), __ATOMIC_ACQUIRE) != PAGE_MAGIC ||
+        __atomic_load_n(U32(page, OFF_VERSION), __ATOMIC_ACQUIRE) != PAGE_VERSION) {
+        snprintf(why, why_cap, "the page's magic or version is not %#x/%u", PAGE_MAGIC,
+                 PAGE_VERSION);
+        goto fail;
+    }
+    att = calloc(1, sizeof *att);
+    if (!att) {
+        snprintf(why, why_cap, "out of memory");
+        goto fail;
+    }
+    real_close(fds[0]);
+    att->page = page;
+    att->eventfd = fds[1];
+    att->conn = s;
+    return att;
+fail:
+    if (page != MAP_FAILED)
+        munmap(page, PAGE_BYTES);
+    for (int i = 0; i < 2; i++)
+        if (fds[i] >= 0)
+            real_close(fds[i]);
+    real_close(s);
+    return NULL;
+}
+
+/* Waits (no lock held) until the attach another thread makes is over, bounded by the time
+ * its answer may take: the threads of a process then start paced together. */
+static void wait_for_attach(void) {
+    int64_t deadline = mono_ns() + (ATTACH_TIMEOUT_S + 1) * 1000000000LL;
+    struct timespec ms = {.tv_sec = 0, .tv_nsec = 1000000};
+    while (__atomic_load_n(&g_attaching, __ATOMIC_ACQUIRE) && mono_ns() < deadline)
+        nanosleep(&ms, NULL);
+}
+
+/* Attaches when there is no live attachment and the last try is a second old or more. */
+static void maybe_attach(void) {
+    struct attachment *cur = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
+    if (cur && !__atomic_load_n(&cur->dead, __ATOMIC_ACQUIRE))
+        return;
+    SAVE_ERRNO();
+    if (__atomic_load_n(&g_attaching, __ATOMIC_ACQUIRE)) {
+        wait_for_attach();
+        RESTORE_ERRNO();
+        return;
+    }
+    int64_t now = mono_ns();
+    int64_t last = __atomic_load_n(&g_last_try_ns, __ATOMIC_RELAXED);
+    int expect = 0;
+    /* Set before the attach is claimed: a signal handler that does paced I/O in this thread
+     * meanwhile passes straight through instead of waiting for this very attach. */
+    t_in_lib++;
+    if (last != 0 && now - last < RETRY_NS) {
+        /* tried less than a second ago: run unpaced */
+    } else if (!__atomic_compare_exchange_n(&g_attaching, &expect, 1, 0, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED)) {
+        wait_for_attach();
+    } else {
+        __atomic_store_n(&g_last_try_ns, now, __ATOMIC_RELAXED);
+        char why[300];
+        struct attachment *att = attach_now(why, sizeof why);
+        if (att) {
+            mark_own(att->conn);
+            mark_own(att->eventfd);
+            att->next = __atomic_load_n(&g_atts, __ATOMIC_RELAXED);
+            __atomic_store_n(&g_atts, att, __ATOMIC_RELEASE);
+            __atomic_store_n(&g_att, att, __ATOMIC_RELEASE);
+        } else if (!__atomic_exchange_n(&g_warned_attach, 1, __ATOMIC_RELAXED)) {
+            warn_line("cannot attach to the burstctl agent (%s): running unpaced", why);
+        }
+        __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
+    }
+    t_in_lib--;
+    RESTORE_ERRNO();
+}
+
+static void mark_dead(struct attachment *att, const char *why) {
+    int expect = 0;
+    if (!__atomic_compare_exchange_n(&att->dead, &expect, 1, 0, __ATOMIC_ACQ_REL,
+                                     __ATOMIC_RELAXED))
+        return;
+    /* The agent sees EOF: this process image is done with that page. The eventfd stays open
+     * (a thread may be about to write to it; its number must not be reused under it). */
+    int conn = __atomic_exchange_n(&att->conn, -1, __ATOMIC_ACQ_REL);
+    if (conn >= 0) {
+        if (conn < g_nfds)
+            __atomic_store_n(&g_fds[conn], (unsigned char)ST_UNKNOWN, __ATOMIC_RELAXED);
+        real_close(conn);
+    }
+    __atomic_store_n(&g_last_try_ns, mono_ns(), __ATOMIC_RELAXED);
+    if (!__atomic_exchange_n(&g_warned_dead, 1, __ATOMIC_RELAXED))
+        warn_line("the burstctl agent's page is %s: running unpaced until it answers again", why);
+}
+
+/* ------------------------------------------------------------------ drawing and waiting */
+
+/* 0: the page is alive; else it is dead (why set). */
+static int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why) {
+    if (__atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE) & FLAG_CLOSED) {
+        *why = "closed";
+        return 0;
+    }
+    int64_t hb = __atomic_load_n(I64(page, OFF_HEARTBEAT), __ATOMIC_ACQUIRE);
+    if (now - hb > dead_after_ns) {
+        *why = "stale";
+        return 0;
+    }
+    return 1;
+}
+
+static void notify_waiting(int *eventfd_slot) {
+    uint64_t one = 1;
+    int eventfd = __atomic_load_n(eventfd_slot, __ATOMIC_ACQUIRE);
+    if (eventfd >= 0 && real_write)
+        (void)!real_write(eventfd, &one, sizeof one);
+}
+
+static void waiter_gone(void *page) {
+    __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
+}
+
+/* Sleeps in slices until the supply covers `target`, re-reading it each slice. 0: covered (or
+ * unlimited now); 1: the page died. `now` is the time of the last look. */
+static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t *now,
+                           int64_t dead_after_ns, const char **why) {
+    for (;;) {
+        double missing = (double)target - supply_filled(s, *now);
+        if (missing <= 0)
+            return 0;
+        int64_t slice = SLICE_NS;
+        if (s->rate > 0) {
+            double t = missing / s->rate * 1e9;
+            if (t < (double)slice)
+                slice = t < 1000 ? 1000 : (int64_t)t;
+        }
+        struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
+        nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
+        *now = mono_ns();
+        if (!page_alive(page, *now, dead_after_ns, why))
+            return 1;
+        if (read_supply(page, s, dead_after_ns) != 0) {
+            *why = "stuck mid-update";
+            return 1;
+        }
+        if (isinf(s->rate) && s->rate > 0)
+            return 0;
+    }
+}
+
+/* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
+static int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
+                            const char **why, int64_t *drawn) {
+    struct supply s;
+    *drawn = 0;
+    int64_t now = mono_ns();
+    if (!page_alive(page, now, dead_after_ns, why))
+        return 1;
+    if (read_supply(page, &s, dead_after_ns) != 0) {
+        *why = "stuck mid-update";
+        return 1;
+    }
+    if (isinf(s.rate) && s.rate > 0)
+        return 0;
+    if (n < 0)
+        n = 0;
+    if (n > ((int64_t)1 << 60))
+        n = (int64_t)1 << 60;
+    int64_t *taken = I64(page, OFF_TAKEN);
+    int64_t cur = __atomic_load_n(taken, __ATOMIC_RELAXED), target;
+    do {
+        double floor_ = supply_filled(&s, now) - (double)s.burst;
+        int64_t base = cur;
+        if (floor_ > (double)cur)
+            base = floor_ >= 0x1p62 ? ((int64_t)1 << 62) : (int64_t)floor_;
+        target = base + n;
+    } while (!__atomic_compare_exchange_n(taken, &cur, target, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    *drawn = n;
+    if (supply_filled(&s, now) >= (double)target)
+        return 0;
+    int64_t start = now;
+    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
+        notify_waiting(eventfd);
+    /* nanosleep is a cancellation point: a thread cancelled while waiting is no waiter. */
+    int64_t end = now;
+    int dead;
+    pthread_cleanup_push(waiter_gone, page);
+    dead = wait_for_tokens(page, target, &s, &end, dead_after_ns, why);
+    pthread_cleanup_pop(0);
+    waiter_gone(page);
+    __atomic_fetch_add(I64(page, OFF_WAIT_NS), end - start, __ATOMIC_RELAXED);
+    __atomic_fetch_add(I64(page, OFF_WAITS), 1, __ATOMIC_RELAXED);
+    return dead;
+}
+
+/* The library's draw and wait, for tests and tools (uses BURSTCTL_PRELOAD_DEAD_AFTER).
+ * 0: the tokens were there (at once or after a wait); 1: the page is dead or closed. */
+EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd) {
+    SAVE_ERRNO();
+    ensure_init();
+    const char *why = "";
+    int64_t drawn;
+    int r = reserve_and_wait(page, n, &eventfd, g_dead_after_ns, &why, &drawn);
+    RESTORE_ERRNO();
+    return r;
+}
+
+/* A read larger than this is first bounded by what the file still holds (an fstat and, for
+ * a read at the file position, an lseek): a 1 GiB buffer for a 4 KiB file must not wait for
+ * 1 GiB of tokens, nor cp's copy_file_range of "everything" for ever. */
+#define LARGE_READ (256 * 1024)
+
+static size_t clamp_read(int fd, size_t n, int64_t off) {
+    if (n <= LARGE_READ || fd < 0)
+        return n;
+    struct stat st;
+    if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        return n;
+    if (off < 0 && (off = lseek(fd, 0, SEEK_CUR)) < 0)
+        return n;
+    int64_t left = (int64_t)st.st_size - off;
+    if (left < 0)
+        left = 0;
+    return (uint64_t)left < n ? (size_t)left : n;
+}
+
+/* What a paced call drew: the attachment to count on (NULL: unpaced) and the tokens. */
+struct paced {
+    struct attachment *att;
+    int64_t drawn;
+};
+
+/* Paces a call of n bytes (a read on fd at off, -1: its position, is bounded first). */
+static struct paced pace(int kind, size_t n, int fd, int64_t off) {
+    struct paced p = {NULL, 0};
+    SAVE_ERRNO();
+    struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
+    if (UNLIKELY(!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE))) {
+        maybe_attach();
+        att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
+        if (!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE)) {
+            RESTORE_ERRNO();
+            return p;
+        }
+    }
+    t_in_lib++;
+    if (kind == KIND_READ)
+        n = clamp_read(fd, n, off);
+    void *page = att->page;
+    int64_t bytes = n > (size_t)INT64_MAX ? INT64_MAX : (int64_t)n;
+    __atomic_fetch_add(I64(page, kind == KIND_READ ? OFF_REQ_READ : OFF_REQ_WRITE), bytes,
+                       __ATOMIC_RELAXED);
+    __atomic_fetch_add(I64(page, kind == KIND_READ ? OFF_CALLS_READ : OFF_CALLS_WRITE), 1,
+                       __ATOMIC_RELAXED);
+    const char *why = "";
+    if (reserve_and_wait(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.drawn) != 0)
+        mark_dead(att, why);
+    t_in_lib--;
+    p.att = att;
+    RESTORE_ERRNO();
+    return p;
+}
+
+/* After the real call: the bytes it moved are counted, and the tokens it drew and did not
+ * use (a short read at the end of a file, a failed call) go back. */
+static inline void settle(struct paced p, int kind, ssize_t r) {
+    if (!p.att)
+        return;
+    int64_t used = r > 0 ? (int64_t)r : 0;
+    if (used > 0)
+        __atomic_fetch_add(I64(p.att->page, kind == KIND_READ ? OFF_MOVED_READ : OFF_MOVED_WRITE),
+                           used, __ATOMIC_RELAXED);
+    if (p.drawn > used)
+        __atomic_fetch_sub(I64(p.att->page, OFF_TAKEN), p.drawn - used, __ATOMIC_RELAXED);
+}
+
+static size_t iov_bytes(const struct iovec *iov, int cnt) {
+    size_t total = 0;
+    for (int i = 0; iov && i < cnt; i++) {
+        size_t l = iov[i].iov_len;
+        total = total + l < total ? SIZE_MAX : total + l;
+    }
+    return total;
+}
+
+/* ------------------------------------------------------------------ opens */
+
+/* After an open that returned fd: its state from the path, lexically. */
+static void after_open(int dirfd, const char *path, int fd, int flags) {
+    if (fd < 0 || !path)
+        return;
+    SAVE_ERRNO();
+    t_in_lib++;
+    char base[PATH_MAX], norm[PATH_MAX];
+    int ok = -1;
+    if (path[0] == '/') {
+        ok = normalize(path, norm, sizeof norm);
+    } else {
+        int have_base = -1;
+        if (dirfd == AT_FDCWD)
+            have_base = cwd_copy(base, sizeof base);
+        else if (dirfd >= 0 && dirfd < g_nfds &&
+                 (__atomic_load_n(&g_fds[dirfd], __ATOMIC_RELAXED) & ST_DIRCACHED))
+            have_base = dircache_get(dirfd, base, sizeof base);
+        if (have_base != 0 && dirfd != AT_FDCWD)
+            have_base = fd_path(dirfd, base, sizeof base);
+        if (have_base == 0)
+            ok = join(base, path, norm, sizeof norm);
+    }
+    if (ok != 0) { /* no usable base: ask the kernel where the new fd is */
+        char link[PATH_MAX];
+        if (fd_path(fd, link, sizeof link) == 0)
+            ok = normalize(link, norm, sizeof norm);
+    }
+    int st = ok == 0 ? classify_norm(norm) : ST_UNPACED;
+    set_state(fd, st);
+    int is_dir = (flags & (O_DIRECTORY | O_PATH)) && (flags & O_TMPFILE) != O_TMPFILE;
+    if (ok == 0 && is_dir && fd < g_nfds &&
+        dircache_add(fd, norm) == 0)
+        __atomic_fetch_or(&g_fds[fd], (unsigned char)ST_DIRCACHED, __ATOMIC_RELAXED);
+    t_in_lib--;
+    if (st == ST_PACED)
+        maybe_attach();
+    RESTORE_ERRNO();
+}
+
+static inline int needs_mode(int flags) {
+    return (flags & O_CREAT) || ((flags & O_TMPFILE) == O_TMPFILE);
+}
+
+#define OPEN_BODY(name, dirfd, path, flags, call)                                              \
+    do {                                                                                        \
+        NEED(name, NULL, -1);                                                                   \
+        if (t_in_lib)                                                                           \
+            return call;                                                                        \
+        ensure_init();                                                                          \
+        int fd_ = call;                                                                         \
+        if (g_enabled)                                                                          \
+            after_open(dirfd, path, fd_, flags);                                                \
+        return fd_;                                                                             \
+    } while (0)
+
+#define MODE_ARG(flags)                                                                        \
+    mode_t mode = 0;                                                                            \
+    if (needs_mode(flags)) {                                                                    \
+        va_list ap;                                                                             \
+        va_start(ap, flags);                                                                    \
+        mode = (mode_t)va_arg(ap, int);                                                         \
+        va_end(ap);                                                                             \
+    }
+
+EXPORT int open(const char *path, int flags, ...) {
+    MODE_ARG(flags);
+    OPEN_BODY(open, AT_FDCWD, path, flags, real_open(path, flags, mode));
+}
+
+EXPORT int open64(const char *path, int flags, ...) {
+    MODE_ARG(flags);
+    OPEN_BODY(open64, AT_FDCWD, path, flags, real_open64(path, flags, mode));
+}
+
+EXPORT int openat(int dirfd, const char *path, int flags, ...) {
+    MODE_ARG(flags);
+    OPEN_BODY(openat, dirfd, path, flags, real_openat(dirfd, path, flags, mode));
+}
+
+EXPORT int openat64(int dirfd, const char *path, int flags, ...) {
+    MODE_ARG(flags);
+    OPEN_BODY(openat64, dirfd, path, flags, real_openat64(dirfd, path, flags, mode));
+}
+
+EXPORT int creat(const char *path, mode_t mode) {
+    OPEN_BODY(creat, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, real_creat(path, mode));
+}
+
+EXPORT int creat64(const char *path, mode_t mode) {
+    OPEN_BODY(creat64, AT_FDCWD, path, O_CREAT | O_WRONLY | O_TRUNC, real_creat64(path, mode));
+}
+
+EXPORT int __open_2(const char *path, int flags) {
+    OPEN_BODY(__open_2, AT_FDCWD, path, flags, real___open_2(path, flags));
+}
+
+EXPORT int __open64_2(const char *path, int flags) {
+    OPEN_BODY(__open64_2, AT_FDCWD, path, flags, real___open64_2(path, flags));
+}
+
+EXPORT int __openat_2(int dirfd, const char *path, int flags) {
+    OPEN_BODY(__openat_2, dirfd, path, flags, real___openat_2(dirfd, path, flags));
+}
+
+EXPORT int __openat64_2(int dirfd, const char *path, int flags) {
+    OPEN_BODY(__openat64_2, dirfd, path, flags, real___openat64_2(dirfd, path, flags));
+}
+
+/* ------------------------------------------------------------------ close, dup, fcntl */
+
+EXPORT int close(int fd) {
+    NEED(close, NULL, -1);
+    if (!t_in_lib) {
+        ensure_init();
+        if (g_enabled && fd >= 0 && fd < g_nfds) {
+            SAVE_ERRNO();
+            set_state(fd, ST_UNKNOWN); /* before: a new open of the same number then wins */
+            RESTORE_ERRNO();
+        }
+    }
+    return real_close(fd);
+}
+
+#ifndef CLOSE_RANGE_CLOEXEC
+#define CLOSE_RANGE_CLOEXEC (1U << 2)
+#endif
+
+/* Closes the library does not see one by one would leave a number's state behind for the
+ * next descriptor that a call it does not intercept (socket, pipe, accept...) gets. */
+static void forget_range(unsigned int first, unsigned int last) {
+    if (!g_enabled)
+        return;
+    SAVE_ERRNO();
+    for (unsigned int fd = first; fd <= last && fd < (unsigned int)g_nfds; fd++)
+        if (__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) != ST_UNKNOWN)
+            set_state((int)fd, ST_UNKNOWN);
+    RESTORE_ERRNO();
+}
+
+EXPORT int close_range(unsigned int first, unsigned int last, int flags) {
+    NEED(close_range, NULL, -1);
+    if (!t_in_lib && !(flags & CLOSE_RANGE_CLOEXEC)) {
+        ensure_init();
+        forget_range(first, last);
+    }
+    return real_close_range(first, last, flags);
+}
+
+EXPORT void closefrom(int lowfd) {
+    RESOLVE(closefrom, NULL);
+    if (!real_closefrom)
+        return;
+    if (!t_in_lib && lowfd >= 0) {
+        ensure_init();
+        forget_range((unsigned int)lowfd, ~0u);
+    }
+    real_closefrom(lowfd);
+}
+
+/* closedir closes its fd inside glibc: a directory opened with open(O_DIRECTORY) and passed to
+ * fdopendir (tar, cp -r, find) would leave its state and cached path behind. */
+EXPORT int closedir(DIR *dir) {
+    NEED(closedir, NULL, -1);
+    if (!t_in_lib) {
+        ensure_init();
+        if (g_enabled) {
+            SAVE_ERRNO();
+            int fd = dirfd(dir);
+            if (fd >= 0)
+                set_state(fd, ST_UNKNOWN);
+            RESTORE_ERRNO();
+        }
+    }
+    return real_closedir(dir);
+}
+
+static void copy_state(int oldfd, int newfd) {
+    if (newfd < 0 || !g_enabled || newfd >= g_nfds)
+        return;
+    SAVE_ERRNO();
+    int st = ST_UNKNOWN;
+    if (oldfd >= 0 && oldfd < g_nfds)
+        st = __atomic_load_n(&g_fds[oldfd], __ATOMIC_RELAXED) & ST_MASK;
+    set_state(newfd, st);
+    RESTORE_ERRNO();
+}
+
+EXPORT int dup(int oldfd) {
+    NEED(dup, NULL, -1);
+    if (t_in_lib)
+        return real_dup(oldfd);
+    ensure_init();
+    int fd = real_dup(oldfd);
+    copy_state(oldfd, fd);
+    return fd;
+}
+
+EXPORT int dup2(int oldfd, int newfd) {
+    NEED(dup2, NULL, -1);
+    if (t_in_lib)
+        return real_dup2(oldfd, newfd);
+    ensure_init();
+    if (oldfd != newfd)
+        before_replace(newfd);
+    int fd = real_dup2(oldfd, newfd);
+    if (fd >= 0 && oldfd != newfd)
+        copy_state(oldfd, fd);
+    return fd;
+}
+
+EXPORT int dup3(int oldfd, int newfd, int flags) {
+    NEED(dup3, NULL, -1);
+    if (t_in_lib)
+        return real_dup3(oldfd, newfd, flags);
+    ensure_init();
+    if (oldfd != newfd)
+        before_replace(newfd);
+    int fd = real_dup3(oldfd, newfd, flags);
+    copy_state(oldfd, fd);
+    return fd;
+}
+
+/* fcntl's third argument, read as the command requires. */
+enum { ARG_NONE, ARG_INT, ARG_PTR };
+static int fcntl_arg_kind(int cmd) {
+    switch (cmd) {
+    case F_GETFD:
+    case F_GETFL:
+    case F_GETOWN:
+#ifdef F_GETSIG
+    case F_GETSIG:
+#endif
+#ifdef F_GETLEASE
+    case F_GETLEASE:
+#endif
+#ifdef F_GETPIPE_SZ
+    case F_GETPIPE_SZ:
+#endif
+#ifdef F_GET_SEALS
+    case F_GET_SEALS:
+#endif
+        return ARG_NONE;
+    case F_DUPFD:
+    case F_DUPFD_CLOEXEC:
+    case F_SETFD:
+    case F_SETFL:
+    case F_SETOWN:
+#ifdef F_SETSIG
+    case F_SETSIG:
+#endif
+#ifdef F_SETLEASE
+    case F_SETLEASE:
+#endif
+#ifdef F_NOTIFY
+    case F_NOTIFY:
+#endif
+#ifdef F_SETPIPE_SZ
+    case F_SETPIPE_SZ:
+#endif
+#ifdef F_ADD_SEALS
+    case F_ADD_SEALS:
+#endif
+        return ARG_INT;
+    default:
+        return ARG_PTR; /* locks, owner_ex, hints, and what this build does not know */
+    }
+}
+
+#define FCNTL_BODY(name)                                                                       \
+    do {                                                                                        \
+        NEED(name, "fcntl", -1);                                                                \
+        va_list ap;                                                                             \
+        va_start(ap, cmd);                                                                      \
+        int kind = fcntl_arg_kind(cmd);                                                         \
+        int iarg = 0;                                                                           \
+        void *parg = NULL;                                                                      \
+        if (kind == ARG_INT)                                                                    \
+            iarg = va_arg(ap, int);                                                             \
+        else if (kind == ARG_PTR)                                                               \
+            parg = va_arg(ap, void *);                                                          \
+        va_end(ap);                                                                             \
+        if (kind == ARG_NONE)                                                                   \
+            return real_##name(fd, cmd);                                                        \
+        if (kind == ARG_PTR)                                                                    \
+            return real_##name(fd, cmd, parg);                                                  \
+        int r = real_##name(fd, cmd, iarg);                                                     \
+        if (!t_in_lib && (cmd == F_DUPFD || cmd == F_DUPFD_CLOEXEC)) {                          \
+            ensure_init();                                                                      \
+            copy_state(fd, r);                                                                  \
+        }                                                                                       \
+        return r;                                                                               \
+    } while (0)
+
+EXPORT int fcntl(int fd, int cmd, ...) {
+    FCNTL_BODY(fcntl);
+}
+
+EXPORT int fcntl64(int fd, int cmd, ...) {
+    FCNTL_BODY(fcntl64);
+}
+
+/* ------------------------------------------------------------------ reads and writes */
+
+/* The body of a paced-or-not call on fd moving `n` bytes of `kind`. */
+#define IO_BODY(name, fd, kind, n, off, call)                                                   \
+    do {                                                                                        \
+        NEED(name, NULL, -1);                                                                   \
+        if (t_in_lib || LIKELY(fd_state(fd) != ST_PACED))                                       \
+            return call;                                                                        \
+        struct paced p_ = pace(kind, n, fd, off);                                               \
+        ssize_t r_ = call;                                                                      \
+        if (p_.att) {                                                                           \
+            SAVE_ERRNO();                                                                       \
+            settle(p_, kind, r_);                                                               \
+            RESTORE_ERRNO();                                                                    \
+        }                                                                                       \
+        return r_;                                                                              \
+    } while (0)
+
+EXPORT ssize_t read(int fd, void *buf, size_t n) {
+    IO_BODY(read, fd, KIND_READ, n, -1, real_read(fd, buf, n));
+}
+
+EXPORT ssize_t write(int fd, const void *buf, size_t n) {
+    IO_BODY(write, fd, KIND_WRITE, n, -1, real_write(fd, buf, n));
+}
+
+EXPORT ssize_t pread(int fd, void *buf, size_t n, off_t off) {
+    IO_BODY(pread, fd, KIND_READ, n, off, real_pread(fd, buf, n, off));
+}
+
+EXPORT ssize_t pread64(int fd, void *buf, size_t n, off64_t off) {
+    IO_BODY(pread64, fd, KIND_READ, n, off, real_pread64(fd, buf, n, off));
+}
+
+EXPORT ssize_t pwrite(int fd, const void *buf, size_t n, off_t off) {
+    IO_BODY(pwrite, fd, KIND_WRITE, n, off, real_pwrite(fd, buf, n, off));
+}
+
+EXPORT ssize_t pwrite64(int fd, const void *buf, size_t n, off64_t off) {
+    IO_BODY(pwrite64, fd, KIND_WRITE, n, off, real_pwrite64(fd, buf, n, off));
+}
+
+EXPORT ssize_t readv(int fd, const struct iovec *iov, int cnt) {
+    IO_BODY(readv, fd, KIND_READ, iov_bytes(iov, cnt), -1, real_readv(fd, iov, cnt));
+}
+
+EXPORT ssize_t writev(int fd, const struct iovec *iov, int cnt) {
+    IO_BODY(writev, fd, KIND_WRITE, iov_bytes(iov, cnt), -1, real_writev(fd, iov, cnt));
+}
+
+EXPORT ssize_t preadv(int fd, const struct iovec *iov, int cnt, off_t off) {
+    IO_BODY(preadv, fd, KIND_READ, iov_bytes(iov, cnt), off, real_preadv(fd, iov, cnt, off));
+}
+
+EXPORT ssize_t preadv64(int fd, const struct iovec *iov, int cnt, off64_t off) {
+    IO_BODY(preadv64, fd, KIND_READ, iov_bytes(iov, cnt), off, real_preadv64(fd, iov, cnt, off));
+}
+
+EXPORT ssize_t pwritev(int fd, const struct iovec *iov, int cnt, off_t off) {
+    IO_BODY(pwritev, fd, KIND_WRITE, iov_bytes(iov, cnt), off, real_pwritev(fd, iov, cnt, off));
+}
+
+EXPORT ssize_t pwritev64(int fd, const struct iovec *iov, int cnt, off64_t off) {
+    IO_BODY(pwritev64, fd, KIND_WRITE, iov_bytes(iov, cnt), off, real_pwritev64(fd, iov, cnt, off));
+}
+
+EXPORT ssize_t preadv2(int fd, const struct iovec *iov, int cnt, off_t off, int flags) {
+    IO_BODY(preadv2, fd, KIND_READ, iov_bytes(iov, cnt), off,
+            real_preadv2(fd, iov, cnt, off, flags));
+}
+
+EXPORT ssize_t pwritev2(int fd, const struct iovec *iov, int cnt, off_t off, int flags) {
+    IO_BODY(pwritev2, fd, KIND_WRITE, iov_bytes(iov, cnt), off,
+            real_pwritev2(fd, iov, cnt, off, flags));
+}
+
+EXPORT ssize_t preadv64v2(int fd, const struct iovec *iov, int cnt, off64_t off, int flags) {
+    IO_BODY(preadv64v2, fd, KIND_READ, iov_bytes(iov, cnt), off,
+            real_preadv64v2(fd, iov, cnt, off, flags));
+}
+
+EXPORT ssize_t pwritev64v2(int fd, const struct iovec *iov, int cnt, off64_t off, int flags) {
+    IO_BODY(pwritev64v2, fd, KIND_WRITE, iov_bytes(iov, cnt), off,
+            real_pwritev64v2(fd, iov, cnt, off, flags));
+}
+
+ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen);
+EXPORT ssize_t __read_chk(int fd, void *buf, size_t n, size_t buflen) {
+    IO_BODY(__read_chk, fd, KIND_READ, n, -1, real___read_chk(fd, buf, n, buflen));
+}
+
+ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen);
+EXPORT ssize_t __pread_chk(int fd, void *buf, size_t n, off_t off, size_t buflen) {
+    IO_BODY(__pread_chk, fd, KIND_READ, n, off, real___pread_chk(fd, buf, n, off, buflen));
+}
+
+ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen);
+EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t buflen) {
+    IO_BODY(__pread64_chk, fd, KIND_READ, n, off, real___pread64_chk(fd, buf, n, off, buflen));
+}
+
+/* Two fds: a read paced on `in` when it is paced, a write on `out` when it is. */
+#define TWO_FD_BODY(name, in, in_off_, out, n, call)                                            \
+    do {                                                                                        \
+        NEED(name, NULL, -1);                                                                   \
+        if (t_in_lib)                                                                           \
+            return call;                                                                        \
+        int pin_ = fd_state(in) == ST_PACED, pout_ = fd_state(out) == ST_PACED;                 \
+        if (LIKELY(!pin_ && !pout_))                                                            \
+            return call;                                                                        \
+        size_t n_ = n;                                                                          \
+        if (in_off_ != -2) { /* bounded by what `in` still holds, when it is a file */         \
+            SAVE_ERRNO();                                                                       \
+            t_in_lib++;                                                                         \
+            n_ = clamp_read(in, n_, in_off_);                                                   \
+            t_in_lib--;                                                                         \
+            RESTORE_ERRNO();                                                                    \
+        }                                                                                       \
+        struct paced pin2_ = {NULL, 0}, pout2_ = {NULL, 0};                                     \
+        if (pin_)                                                                               \
+            pin2_ = pace(KIND_READ, n_, -1, -1);                                                \
+        if (pout_)                                                                              \
+            pout2_ = pace(KIND_WRITE, n_, -1, -1);                                              \
+        ssize_t r_ = call;                                                                      \
+        SAVE_ERRNO();                                                                           \
+        settle(pin2_, KIND_READ, r_);                                                           \
+        settle(pout2_, KIND_WRITE, r_);                                                         \
+        RESTORE_ERRNO();                                                                        \
+        return r_;                                                                              \
+    } while (0)
+
+EXPORT ssize_t copy_file_range(int in, off64_t *off_in, int out, off64_t *off_out, size_t n,
+                               unsigned int flags) {
+    TWO_FD_BODY(copy_file_range, in, off_in ? *off_in : -1, out, n,
+                real_copy_file_range(in, off_in, out, off_out, n, flags));
+}
+
+EXPORT ssize_t sendfile(int out, int in, off_t *off, size_t n) {
+    TWO_FD_BODY(sendfile, in, off ? *off : -1, out, n, real_sendfile(out, in, off, n));
+}
+
+EXPORT ssize_t sendfile64(int out, int in, off64_t *off, size_t n) {
+    TWO_FD_BODY(sendfile64, in, off ? *off : -1, out, n, real_sendfile64(out, in, off, n));
+}
+
+/* ------------------------------------------------------------------ stdio */
+
+/* stdio's own reads and writes go through glibc's internal write, which no preloaded library
+ * sees: fread/fwrite are paced for what the caller asks, on the stream's fd. */
+static size_t mul_clamp(size_t a, size_t b) {
+    if (a && b > SIZE_MAX / a)
+        return SIZE_MAX;
+    return a * b;
+}
+
+#define STDIO_BODY(name, stream, kind, size, nmemb, call)                                      \
+    do {                                                                                        \
+        NEED(name, NULL, 0);                                                                    \
+        if (t_in_lib)                                                                           \
+            return call;                                                                        \
+        ensure_init();                                                                          \
+        if (LIKELY(!g_enabled) || fd_state(fileno_unlocked(stream)) != ST_PACED)                \
+            return call;                                                                        \
+        struct paced p_ = pace(kind, mul_clamp(size, nmemb), -1, -1);                           \
+        size_t r_ = call;                                                                       \
+        SAVE_ERRNO();                                                                           \
+        settle(p_, kind, (ssize_t)mul_clamp(r_, size));                                         \
+        RESTORE_ERRNO();                                                                        \
+        return r_;                                                                              \
+    } while (0)
+
+EXPORT size_t fread(void *ptr, size_t size, size_t nmemb, FILE *stream) {
+    STDIO_BODY(fread, stream, KIND_READ, size, nmemb, real_fread(ptr, size, nmemb, stream));
+}
+
+EXPORT size_t fwrite(const void *ptr, size_t size, size_t nmemb, FILE *stream) {
+    STDIO_BODY(fwrite, stream, KIND_WRITE, size, nmemb, real_fwrite(ptr, size, nmemb, stream));
+}
+
+EXPORT size_t fread_unlocked(void *ptr, size_t size, size_t nmemb, FILE *stream) {
+    STDIO_BODY(fread_unlocked, stream, KIND_READ, size, nmemb,
+               real_fread_unlocked(ptr, size, nmemb, stream));
+}
+
+EXPORT size_t fwrite_unlocked(const void *ptr, size_t size, size_t nmemb, FILE *stream) {
+    STDIO_BODY(fwrite_unlocked, stream, KIND_WRITE, size, nmemb,
+               real_fwrite_unlocked(ptr, size, nmemb, stream));
+}
+
+size_t __fread_chk(void *ptr, size_t ptrlen, size_t size, size_t nmemb, FILE *stream);
+EXPORT size_t __fread_chk(void *ptr, size_t ptrlen, size_t size, size_t nmemb, FILE *stream) {
+    STDIO_BODY(__fread_chk, stream, KIND_READ, size, nmemb,
+               real___fread_chk(ptr, ptrlen, size, nmemb, stream));
+}
+
+size_t __fread_unlocked_chk(void *ptr, size_t ptrlen, size_t size, size_t nmemb, FILE *stream);
+EXPORT size_t __fread_unlocked_chk(void *ptr, size_t ptrlen, size_t size, size_t nmemb,
+                                   FILE *stream) {
+    STDIO_BODY(__fread_unlocked_chk, stream, KIND_READ, size, nmemb,
+               real___fread_unlocked_chk(ptr, ptrlen, size, nmemb, stream));
+}
+
+static void after_fopen(const char *path, FILE *f) {
+    if (!f)
+        return;
+    SAVE_ERRNO();
+    int fd = fileno_unlocked(f);
+    RESTORE_ERRNO();
+    after_open(AT_FDCWD, path, fd, 0);
+}
+
+#define FOPEN_BODY(name, call)                                                                 \
+    do {                                                                                        \
+        NEED(name, NULL, NULL);                                                                 \
+        if (t_in_lib)                                                                           \
+            return call;                                                                        \
+        ensure_init();                                                                          \
+        FILE *f_ = call;                                                                        \
+        if (g_enabled)                                                                          \
+            after_fopen(path, f_);                                                              \
+        return f_;                                                                              \
+    } while (0)
+
+EXPORT FILE *fopen(const char *path, const char *mode) {
+    FOPEN_BODY(fopen, real_fopen(path, mode));
+}
+
+EXPORT FILE *fopen64(const char *path, const char *mode) {
+    FOPEN_BODY(fopen64, real_fopen64(path, mode));
+}
+
+EXPORT FILE *fdopen(int fd, const char *mode) {
+    /* The stream is the fd's: its state is already the fd's (resolved on first use). */
+    NEED(fdopen, NULL, NULL);
+    return real_fdopen(fd, mode);
+}
+
+static int stream_fd_reset(FILE *stream) {
+    if (!stream)
+        return -1;
+    SAVE_ERRNO();
+    int fd = fileno_unlocked(stream);
+    if (fd >= 0)
+        set_state(fd, ST_UNKNOWN);
+    RESTORE_ERRNO();
+    return fd;
+}
+
+#define FREOPEN_BODY(name, call)                                                               \
+    do {                                                                                        \
+        NEED(name, NULL, NULL);                                                                 \
+        if (t_in_lib)                                                                           \
+            return call;                                                                        \
+        ensure_init();                                                                          \
+        if (!g_enabled)                                                                         \
+            return call;                                                                        \
+        if (path) /* a new file; a NULL path keeps the file and changes the mode */             \
+            stream_fd_reset(stream);                                                            \
+        FILE *f_ = call;                                                                        \
+        if (path)                                                                               \
+            after_fopen(path, f_);                                                              \
+        return f_;                                                                              \
+    } while (0)
+
+EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream) {
+    FREOPEN_BODY(freopen, real_freopen(path, mode, stream));
+}
+
+EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream) {
+    FREOPEN_BODY(freopen64, real_freopen64(path, mode, stream));
+}
+
+EXPORT int fclose(FILE *stream) {
+    NEED(fclose, NULL, EOF);
+    if (!t_in_lib && stream) {
+        ensure_init();
+        if (g_enabled)
+            stream_fd_reset(stream);
+    }
+    return real_fclose(stream);
+}
+
+EXPORT int fflush(FILE *stream) {
+    /* Pass-through: the bytes were counted when fwrite took them. */
+    NEED(fflush, NULL, EOF);
+    return real_fflush(stream);
+}
+
+/* ------------------------------------------------------------------ the working directory */
+
+EXPORT int chdir(const char *path) {
+    NEED(chdir, NULL, -1);
+    int r = real_chdir(path);
+    if (r == 0 && !t_in_lib) {
+        ensure_init();
+        if (g_enabled) {
+            SAVE_ERRNO();
+            refresh_cwd();
+            RESTORE_ERRNO();
+        }
+    }
+    return r;
+}
+
+EXPORT int fchdir(int fd) {
+    NEED(fchdir, NULL, -1);
+    int r = real_fchdir(fd);
+    if (r == 0 && !t_in_lib) {
+        ensure_init();
+        if (g_enabled) {
+            SAVE_ERRNO();
+            refresh_cwd();
+            RESTORE_ERRNO();
+        }
+    }
+    return r;
+}
