@@ -347,6 +347,7 @@ def exec_(
         click.echo(f"burstctl exec: {command[0]}: {exc.strerror}", err=True)
         sys.exit(127 if isinstance(exc, FileNotFoundError) else 126)
 
+
 @main.command("preload-path")
 def preload_path() -> None:
     """Print the path of the LD_PRELOAD library (for LD_PRELOAD=...). See docs/preload.md."""
