@@ -8,22 +8,17 @@ with deadlines (tests/support.py), never sleeps.
 
 from __future__ import annotations
 
-import json
 import os
-import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
-import tempfile
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
 
 import httpx
 import pytest
+from agent_process import CLEAN, AgentProcess, agent_args, jobs_of
 from support import ControllerProcess, wait_until
 
 from burstctl.preload_shim import page as layout
@@ -33,71 +28,6 @@ pytestmark = pytest.mark.integration
 MiB = 1 << 20
 FAKE_LIBRARY = Path(__file__).with_name("fake_library.py")
 NOBODY = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"]
-CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
-
-
-class AgentProcess:
-    """``burstctl agent`` in a child process; its stderr is kept in ``log``."""
-
-    def __init__(self, socket_path: Path, args: list[str]) -> None:
-        self.socket = socket_path
-        self.log: list[str] = []
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "burstctl", "agent", "--socket", str(socket_path), *args],
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-            env=CLEAN,
-        )
-        self._drainer = threading.Thread(target=self._drain, daemon=True)
-        self._drainer.start()
-
-    def _drain(self) -> None:
-        assert self.proc.stderr is not None
-        for line in self.proc.stderr:
-            self.log.append(line)
-
-    @property
-    def log_text(self) -> str:
-        return "".join(self.log)
-
-    def wait_ready(self) -> AgentProcess:
-        wait_until(
-            lambda: "agent listening on" in self.log_text or self.proc.poll() is not None,
-            timeout=20,
-            message="the agent to listen",
-        )
-        assert self.proc.poll() is None, self.log_text
-        return self
-
-    def request(self, message: bytes) -> str:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as sock:
-            sock.settimeout(5)
-            sock.connect(str(self.socket))
-            sock.send(message)
-            return sock.recv(1 << 20).decode()
-
-    def status(self) -> dict[str, Any]:
-        answer = self.request(b"STATUS")
-        assert answer.startswith("STATUS "), answer
-        result: dict[str, Any] = json.loads(answer[len("STATUS ") :])
-        return result
-
-    def job(self, job_id: str) -> dict[str, Any] | None:
-        return next((j for j in self.status()["jobs"] if j["job_id"] == job_id), None)
-
-    def stop(self, sig: int = signal.SIGTERM, timeout: float = 20.0) -> int:
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout)
-        self._drainer.join(timeout)
-        if self.proc.stderr is not None:
-            self.proc.stderr.close()
-        return self.proc.returncode
 
 
 class Library:
@@ -151,31 +81,6 @@ class Library:
 
 
 @pytest.fixture
-def world() -> Iterator[Path]:
-    """A directory every user can traverse (pytest's tmp_path is 0700), removed after."""
-    path = Path(tempfile.mkdtemp(prefix="burstctl-agent-"))
-    path.chmod(0o755)
-    (path / "bb").mkdir()
-    yield path
-    shutil.rmtree(path, ignore_errors=True)
-
-
-@pytest.fixture
-def agents(world: Path) -> Iterator[Callable[..., AgentProcess]]:
-    """Starts agents (socket under ``world/run/burstctl``); all stopped by pid after."""
-    started: list[AgentProcess] = []
-
-    def start(*args: str, socket_path: Path | None = None) -> AgentProcess:
-        agent = AgentProcess(socket_path or world / "run" / "burstctl" / "agent.sock", list(args))
-        started.append(agent)
-        return agent.wait_ready()
-
-    yield start
-    for agent in started:
-        agent.stop(signal.SIGKILL)
-
-
-@pytest.fixture
 def libraries(world: Path) -> Iterator[Callable[..., Library]]:
     started: list[Library] = []
 
@@ -187,15 +92,6 @@ def libraries(world: Path) -> Iterator[Callable[..., Library]]:
     yield start
     for lib in started:
         lib.exit()
-
-
-def jobs_of(ctl: ControllerProcess) -> dict[str, dict[str, Any]]:
-    return {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs", timeout=5).json()}
-
-
-def agent_args(ctl: ControllerProcess, world: Path, *more: str) -> list[str]:
-    assert ctl.address is not None
-    return ["--controller", ctl.address, "--paths", str(world / "bb"), "--tick", "0.02", *more]
 
 
 def test_attach_gives_each_job_a_page_at_its_allocation_and_books_its_bytes(
