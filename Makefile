@@ -11,6 +11,9 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml setup.py $(wildcard preload_shim/*.c)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	  || { echo "burstctl needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
+	@command -v gcc >/dev/null 2>&1 && test -e /usr/include/stdio.h \
+	  || { echo "burstctl's build compiles the LD_PRELOAD library: it needs gcc and the libc" \
+	       "headers (sudo apt-get install -y gcc libc6-dev, or make system-deps as root)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
@@ -49,6 +52,7 @@ bench: $(STAMP)
 	$(PY) bench/replica_sync.py
 	$(PY) bench/fairness.py
 	$(PY) bench/fuse_throughput.py
+	$(PY) bench/preload_throughput.py
 	$(PY) bench/mount_sessions.py
 	$(PY) bench/metadata.py
 

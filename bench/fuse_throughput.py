@@ -328,7 +328,7 @@ ExtraFactory = Callable[[Path, Path, dict[str, str]], ExtraTarget]
 
 
 def run(
-    args: argparse.Namespace, extra: Mapping[str, ExtraFactory] | None = None
+    args: argparse.Namespace, extra_targets: Mapping[str, ExtraFactory] | None = None
 ) -> dict[str, object]:
     root = Path(tempfile.mkdtemp(prefix="fuse-bench-", dir=args.dir))
     backing = root / "backing"
@@ -358,7 +358,7 @@ def run(
             mounts["fuse-controller"] = Mount(
                 backing, root / "mnt-ctl", ["--controller", address, *extra], env, args.launcher
             )
-        for name, factory in (extra or {}).items():
+        for name, factory in (extra_targets or {}).items():
             if name in args.targets:
                 extras[name] = factory(root, backing, env)
         daemons: dict[str, Mount | ExtraTarget] = {**mounts, **extras}
