@@ -15,7 +15,8 @@ back (interleaved per workload, so a slow spell of the machine hits every target
 Workloads (psync, one process, buffered ``direct=0``): sequential 1 MiB write and read of a
 ``--size`` file, and 4 KiB random read and write on a ``--rand-size`` file for ``--seconds``.
 
-Page cache, two regimes, each applied the same way to every target:
+Page cache, two regimes, each applied the same way to every target (and every run starts with
+no dirty pages: ``sync`` before it):
 
 - ``cached``: the backing file's pages stay in the page cache (written data is not flushed;
   reads find it cached). Through the mount fio still invalidates the *mount's* pages of the
@@ -373,6 +374,9 @@ def run(
                             continue  # its writes never reach the device
                         if ddir == "read":
                             _warm(data) if regime == "cached" else _evict(data)
+                        # Every run starts with no dirty pages, so none pays for the write-back
+                        # of the one before it (writes that hit the kernel's dirty limits).
+                        os.sync()
                         mount = daemons.get(target)
                         cpu0 = mount.cpu_seconds() if mount else (0.0, 0.0)
                         tag = f"{name}-{regime}-{target}"

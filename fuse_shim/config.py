@@ -177,8 +177,9 @@ class MountConfig:
         default=None,
         metadata=_cli(
             ("--secret-file",),
-            "File holding the controller's shared secret, sent on every call: the mount is"
-            " then a trusted component that vouches for its callers' uids (docs/security.md).",
+            "File holding the controller's shared secret, sent on every call: the mount (or"
+            " the agent) is then a trusted component that vouches for its callers' uids"
+            " (docs/security.md).",
             kind="file",
             metavar="FILE",
             show_default=False,
