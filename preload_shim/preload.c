@@ -1663,9 +1663,8 @@ EXPORT int fflush(FILE *stream) {
 
 /* ------------------------------------------------------------------ the working directory */
 
-EXPORT int chdir(const char *path) {
-    NEED(chdir, NULL, -1);
-    int r = real_chdir(path);
+/* After a chdir or fchdir that returned r: the cached working directory follows it. */
+static int cwd_changed(int r) {
     if (r == 0 && !t_in_lib) {
         ensure_init();
         if (g_enabled) {
@@ -1677,16 +1676,12 @@ EXPORT int chdir(const char *path) {
     return r;
 }
 
+EXPORT int chdir(const char *path) {
+    NEED(chdir, NULL, -1);
+    return cwd_changed(real_chdir(path));
+}
+
 EXPORT int fchdir(int fd) {
     NEED(fchdir, NULL, -1);
-    int r = real_fchdir(fd);
-    if (r == 0 && !t_in_lib) {
-        ensure_init();
-        if (g_enabled) {
-            SAVE_ERRNO();
-            refresh_cwd();
-            RESTORE_ERRNO();
-        }
-    }
-    return r;
+    return cwd_changed(real_fchdir(fd));
 }
