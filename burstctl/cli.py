@@ -12,6 +12,7 @@ import logging
 import os
 import signal
 import sys
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -507,6 +508,39 @@ def sim_run(
     _emit([result.as_dict()], fmt)
 
 
+# Every campaign command (`sim sweep`, `sim placement-sweep`): where the cases run.
+def _campaign_options(f: Any) -> Any:
+    options = [
+        click.option(
+            "--workers",
+            type=click.IntRange(min=1),
+            help="Worker processes of the local Dask cluster [default: CPUs]; 1: run the"
+            " cases in this process.",
+        ),
+        click.option(
+            "--scheduler",
+            metavar="ADDRESS",
+            help="Run the cases on an existing Dask cluster (e.g. tcp://127.0.0.1:8786)"
+            " instead of a local one.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _campaign_cluster(workers: int | None, scheduler: str | None) -> Any:
+    from burstctl.simulator.campaign import Cluster
+
+    if scheduler is not None and workers is not None:
+        raise click.UsageError("--workers sizes the local cluster; not with --scheduler")
+    return Cluster(workers, scheduler)
+
+
+def _progress(line: str) -> None:
+    click.echo(line, err=True)
+
+
 @sim.command("sweep")
 @click.option("--policy", "policies", multiple=True, required=True, metavar="NAME")
 @click.option("--pressure", "pressures", type=float, multiple=True, required=True, metavar="W")
@@ -518,9 +552,20 @@ def sim_run(
 @click.option("--horizon", type=float, default=2_000_000.0, show_default=True, callback=_positive)
 @click.option("--window", type=float, default=1.0, show_default=True, callback=_fraction)
 @click.option("--windows", type=click.Choice(["v1", "v2"]), default="v1", show_default=True)
-@click.option("--workers", type=click.IntRange(min=1), help="Processes [default: CPUs].")
+@_campaign_options
 @_KNOWN_OMEGA
 @click.option("--format", "fmt", type=click.Choice(["csv", "json"]), default="csv")
+@click.option(
+    "--out",
+    type=click.Path(dir_okay=False, path_type=Path),
+    help="Write the rows to this file as the cases finish (instead of stdout at the end).",
+)
+@click.option(
+    "--resume",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Like --out FILE, keeping the cases an interrupted sweep already wrote there.",
+)
 def sim_sweep(
     policies: tuple[str, ...],
     pressures: tuple[float, ...],
@@ -533,13 +578,17 @@ def sim_sweep(
     window: float,
     windows: str,
     workers: int | None,
+    scheduler: str | None,
     known_omega: bool,
     fmt: str,
+    out: Path | None,
+    resume: Path | None,
 ) -> None:
     """Run policies × pressures × seeds on synthetic instances; one row per run."""
     from burstctl.policies.registry import UnknownPolicyError, default_registry
+    from burstctl.simulator.campaign import CampaignError
     from burstctl.simulator.engine import SimulationError
-    from burstctl.simulator.sweep import sweep
+    from burstctl.simulator.sweep import FIELDS, row_file, run_sweep, tasks
 
     registry = default_registry()
     for name in policies:
@@ -550,30 +599,49 @@ def sim_sweep(
     for w in pressures:
         if not w > 0.0:
             raise click.BadParameter(f"must be > 0, got {w}", param_hint="--pressure")
+    if out is not None and resume is not None:
+        raise click.UsageError("give --out or --resume, not both")
+    cluster = _campaign_cluster(workers, scheduler)
+    path = resume or out
+    target = row_file(path, "json" if fmt == "json" else "csv") if path else None
     try:
-        rows = list(
-            sweep(
-                policies,
-                pressures,
-                range(first_seed, first_seed + seeds),
-                n_small=n_small,
-                sigma=sigma,
-                nu=nu,
-                horizon=horizon,
-                window=window,
-                windows="v2" if windows == "v2" else "v1",
-                workers=workers,
-                known_omega=known_omega,
-            )
+        cases = tasks(
+            policies,
+            pressures,
+            range(first_seed, first_seed + seeds),
+            n_small=n_small,
+            sigma=sigma,
+            nu=nu,
+            horizon=horizon,
+            window=window,
+            windows="v2" if windows == "v2" else "v1",
+            known_omega=known_omega,
         )
-    except (ValueError, SimulationError) as exc:
+        rows = run_sweep(cases, cluster, out=target, resume=resume is not None, progress=_progress)
+    except (ValueError, SimulationError, CampaignError) as exc:
         raise click.ClickException(str(exc)) from None
-    _emit(rows, fmt)
+    except OSError as exc:
+        raise click.ClickException(f"{path}: {exc}") from None
+    if rows is None:
+        assert path is not None
+        rows = _read_rows(path, fmt)
+    else:
+        _emit(rows, fmt, FIELDS)
     failed = [r for r in rows if r.get("error")]
     if failed:
         for r in failed:
             click.echo(f"failed: {r['policy']} on {r['instance']}: {r['error']}", err=True)
-        raise click.ClickException(f"{len(failed)} of {len(rows)} runs failed (rows kept above)")
+        raise click.ClickException(f"{len(failed)} of {len(rows)} runs failed (rows kept)")
+
+
+def _read_rows(path: Path, fmt: str) -> list[dict[str, Any]]:
+    import csv
+    import json
+
+    with path.open(newline="") as f:
+        if fmt == "json":
+            return [json.loads(line) for line in f]
+        return list(csv.DictReader(f))
 
 
 @sim.command("plot")
@@ -1211,7 +1279,9 @@ def sim_placement_sweep(
     click.echo(f"wrote {out / 'placement.csv'}, {out / 'readings.md'} and {len(pngs)} PNGs")
 
 
-def _emit(rows: list[dict[str, object]], fmt: str) -> None:
+def _emit(rows: list[dict[str, Any]], fmt: str, columns: Sequence[str] | None = None) -> None:
+    """Rows on stdout; CSV columns: ``columns``, or the union of the rows' keys in
+    first-seen order."""
     import csv
     import json
 
@@ -1219,7 +1289,7 @@ def _emit(rows: list[dict[str, object]], fmt: str) -> None:
         for row in rows:
             click.echo(json.dumps(row))
         return
-    fields = list(dict.fromkeys(key for row in rows for key in row))  # union, first-seen order
+    fields = list(columns or dict.fromkeys(key for row in rows for key in row))
     writer = csv.DictWriter(sys.stdout, fieldnames=fields, lineterminator="\n")
     writer.writeheader()
     writer.writerows(rows)
