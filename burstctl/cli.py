@@ -1248,26 +1248,47 @@ def sim_placement(
     required=True,
     help="Directory for placement.csv, readings.md and the PNGs.",
 )
+@_campaign_options
 @click.option(
-    "--workers",
-    type=click.IntRange(min=1),
-    default=1,
-    show_default=True,
-    help="Processes; the rows are the same whatever their number.",
+    "--resume",
+    is_flag=True,
+    help="Keep the sets an interrupted sweep already wrote to OUT/placement.csv; run the rest.",
 )
 def sim_placement_sweep(
-    loads: tuple[float, ...], sets: int, seed: int, out: Path, workers: int
+    loads: tuple[float, ...],
+    sets: int,
+    seed: int,
+    out: Path,
+    workers: int | None,
+    scheduler: str | None,
+    resume: bool,
 ) -> None:
     """Every allocator × placement on --sets sets per load point, plus the robustness run
-    with profile-class inputs; writes the CSV, the readings of the paper's orderings and
-    the figures (needs extra [plot]; docs/simulator.md, "[DIST-IO] placement")."""
-    from burstctl.simulator.placement import sweep, write_csv
+    with profile-class inputs; writes the CSV (as the sets finish), the readings of the
+    paper's orderings and the figures (needs extra [plot]; docs/simulator.md, "[DIST-IO]
+    placement")."""
+    from burstctl.simulator.campaign import CampaignError
+    from burstctl.simulator.placement import sweep
     from burstctl.simulator.placement_report import plots, readings
 
-    rows = sweep(loads, sets, seed, workers)
+    cluster = _campaign_cluster(workers, scheduler)
     try:
         out.mkdir(parents=True, exist_ok=True)
-        write_csv(rows, out / "placement.csv")
+        rows = sweep(
+            loads,
+            sets,
+            seed,
+            cluster.workers,
+            cluster.scheduler,
+            out=out / "placement.csv",
+            resume=resume,
+            progress=_progress,
+        )
+    except CampaignError as exc:
+        raise click.ClickException(str(exc)) from None
+    except OSError as exc:
+        raise click.ClickException(f"{out}: {exc}") from None
+    try:
         (out / "readings.md").write_text("\n".join(readings(rows)) + "\n")
         pngs = plots(rows, out)
     except ImportError:

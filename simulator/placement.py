@@ -32,7 +32,6 @@ import heapq
 import random
 import statistics
 from collections.abc import Callable, Sequence
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -42,6 +41,7 @@ from burstctl.policies.placement.allocators import allocate
 from burstctl.policies.placement.model import App, Profile, io_load, n_sys
 from burstctl.policies.placement.placements import place
 from burstctl.policies.placement.profiles import class_curve, random_profile
+from burstctl.simulator.campaign import Cluster, Format, RowFile, run_campaign
 from burstctl.simulator.placement_workloads import N_RESOURCES, Q_CPU, generate
 
 _REL = 1e-9  # a transfer with less than this fraction of its volume left is over
@@ -329,17 +329,59 @@ def sweep_task(task: SweepTask) -> list[dict[str, Any]]:
     return rows
 
 
+def sweep_tasks(loads: Sequence[float], sets: int, seed: int = 0) -> list[SweepTask]:
+    """The cases of a sweep, in the order of its rows: load, then set."""
+    return [SweepTask(float(load), i, seed) for load in loads for i in range(sets)]
+
+
+def rows_per_task(task: SweepTask) -> int:
+    return len(ALLOCATOR_NAMES) * len(PLACEMENT_NAMES) + len(ROBUSTNESS)
+
+
+def row_file(path: Path, fmt: Format = "csv") -> RowFile[SweepTask]:
+    """The sweep's CSV (``placement.csv``) as a campaign's output file: a row's case is
+    its (target, set)."""
+    return RowFile(
+        path,
+        fmt,
+        FIELDS,
+        lambda t: (t.load, t.index),
+        lambda r: (float(r["target"]), int(r["set"])),
+        rows_per_task,
+    )
+
+
 def sweep(
-    loads: Sequence[float], sets: int, seed: int = 0, workers: int = 1
+    loads: Sequence[float],
+    sets: int,
+    seed: int = 0,
+    workers: int | None = 1,
+    scheduler: str | None = None,
+    *,
+    out: Path | None = None,
+    resume: bool = False,
+    progress: Callable[[str], None] | None = None,
 ) -> list[dict[str, Any]]:
-    """The rows of every set of every load point, in (load, set) order whatever
-    ``workers`` is (each set has its own seed, so the rows are the same row for row)."""
-    tasks = [SweepTask(float(load), i, seed) for load in loads for i in range(sets)]
-    if workers <= 1:
-        return [row for t in tasks for row in sweep_task(t)]
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        chunks = pool.map(sweep_task, tasks, chunksize=max(1, len(tasks) // (8 * workers)))
-        return [row for rows in chunks for row in rows]
+    """The rows of every set of every load point, in (load, set) order wherever the cases
+    ran (``workers``, ``scheduler``: as `campaign.Cluster`'s; each set has its own seed, so
+    the rows are the same row for row). ``out``: the rows also go to this CSV as the sets
+    finish (`campaign.RowFile`); ``resume``: the sets already there are not run again, and
+    the rows returned are read back from it."""
+    tasks = sweep_tasks(loads, sets, seed)
+    target = row_file(out) if out is not None else None
+    chunks = run_campaign(
+        sweep_task,
+        tasks,
+        Cluster(workers, scheduler),
+        out=target,
+        resume=resume,
+        progress=progress,
+        label=lambda t: f"load {t.load} set {t.index}",
+    )
+    if chunks is None:
+        assert out is not None
+        return read_csv(out)
+    return [row for rows in chunks for row in rows]
 
 
 def write_csv(rows: Sequence[dict[str, Any]], out: Path) -> Path:
