@@ -28,6 +28,7 @@ import io
 import json
 import logging
 import os
+import socket
 import tempfile
 from collections.abc import Callable, Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -93,6 +94,7 @@ def _run_on_dask(
     }
     with dask.config.set(settings):
         if cluster.scheduler is not None:
+            _reachable(cluster.scheduler)
             try:
                 client = Client(cluster.scheduler, timeout="20s")
             except OSError as exc:
@@ -118,6 +120,21 @@ def _run_on_dask(
             client.close()
             if local is not None:
                 local.close()
+
+
+def _reachable(address: str) -> None:
+    """Fails at once on a TCP scheduler that refuses connections (Dask would retry until
+    its timeout); other protocols are left to Dask."""
+    scheme, _, rest = address.rpartition("://")
+    if scheme not in ("", "tcp"):
+        return
+    host, _, port = rest.rpartition(":")
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=10).close()
+    except ValueError:
+        raise CampaignError(f"{address}: not a scheduler address (tcp://HOST:PORT)") from None
+    except OSError as exc:
+        raise CampaignError(f"no Dask scheduler at {address}: {exc}") from None
 
 
 @dataclass
