@@ -83,7 +83,8 @@ def test_resume_keeps_finished_cases_and_computes_only_the_others(
     full = full_text(tmp_path, fmt)
     path = tmp_path / f"out.{fmt}"
     out = row_file(path, fmt)
-    # A killed run: cases 5, 3 (a quoted newline) and 1 finished, case 2 half written, case 0's last line torn.
+    # A killed run: cases 5, 3 (a quoted newline) and 1 finished, case 2 half written,
+    # case 0's last line torn.
     killed = out.header() + "".join(
         out.render(rows(5))
         + out.render(rows(3))
