@@ -541,6 +541,16 @@ def _progress(line: str) -> None:
     click.echo(line, err=True)
 
 
+def _campaign_call(fn: Any, *args: Any) -> Any:
+    """``fn(*args)``, a campaign that cannot start being a message, not a traceback."""
+    from burstctl.simulator.campaign import CampaignError
+
+    try:
+        return fn(*args)
+    except CampaignError as exc:
+        raise click.ClickException(str(exc)) from None
+
+
 @sim.command("sweep")
 @click.option("--policy", "policies", multiple=True, required=True, metavar="NAME")
 @click.option("--pressure", "pressures", type=float, multiple=True, required=True, metavar="W")
@@ -1055,15 +1065,26 @@ def _dpsac_emit(summaries: list[Any], fmt: str, key: str, head: str) -> None:
     help="A method to run (repeat); default: all three.",
 )
 @_dpsac_common
+@_campaign_options
 def sim_dpsac(
-    set_number: int, methods: tuple[str, ...], runs: int, seed: int, fmt: str, **model: Any
+    set_number: int,
+    methods: tuple[str, ...],
+    runs: int,
+    seed: int,
+    fmt: str,
+    workers: int | None,
+    scheduler: str | None,
+    **model: Any,
 ) -> None:
     """SysEff and Dilation of DPSAC, MCIOS and BIOS on a Table 2 set ([DPSAC] §5.2;
     docs/simulator.md, "DPSAC")."""
     from burstctl.simulator.dpsac import METHODS, run_set
 
     params = _dpsac_params(model)
-    summaries = run_set(set_number, methods or METHODS, runs, seed, params)
+    where = _campaign_cluster(workers, scheduler)
+    summaries = _campaign_call(
+        run_set, set_number, methods or METHODS, runs, seed, params, where, _progress
+    )
     _dpsac_emit(summaries, fmt, "set", "method")
 
 
@@ -1089,6 +1110,7 @@ def sim_dpsac(
     help="How many joiners arrive, one every join period.",
 )
 @_dpsac_common
+@_campaign_options
 def sim_dpsac_join(
     joiner: str,
     updaters: tuple[str, ...],
@@ -1096,6 +1118,8 @@ def sim_dpsac_join(
     runs: int,
     seed: int,
     fmt: str,
+    workers: int | None,
+    scheduler: str | None,
     **model: Any,
 ) -> None:
     """DPSAC's updaters ST, DT and OK on Table 3's batch with periodic joiners of Table 4
@@ -1103,7 +1127,10 @@ def sim_dpsac_join(
     from burstctl.simulator.dpsac import UPDATERS, run_join
 
     params = _dpsac_params(model)
-    summaries = run_join(joiner, updaters or UPDATERS, runs, seed, params, joins)
+    where = _campaign_cluster(workers, scheduler)
+    summaries = _campaign_call(
+        run_join, joiner, updaters or UPDATERS, runs, seed, params, joins, where, _progress
+    )
     _dpsac_emit(summaries, fmt, "joiner", "updater")
 
 
@@ -1119,13 +1146,19 @@ def sim_dpsac_join(
 )
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first run.")
 @_dpsac_model
-def sim_dpsac_plot(out: Path, runs: int, seed: int, **model: Any) -> None:
+@_campaign_options
+def sim_dpsac_plot(
+    out: Path, runs: int, seed: int, workers: int | None, scheduler: str | None, **model: Any
+) -> None:
     """Run the ten Table 2 sets with the three methods; write a CSV and a PNG of SysEff
     and Dilation per set (needs extra [plot])."""
-    from burstctl.simulator.dpsac import METHODS, plot_sets, run_set, write_csv
+    from burstctl.simulator.dpsac import METHODS, plot_sets, run_sets, write_csv
 
     params = _dpsac_params(model)
-    summaries = [s for n in range(1, 11) for s in run_set(n, METHODS, runs, seed, params)]
+    where = _campaign_cluster(workers, scheduler)
+    summaries = _campaign_call(
+        run_sets, range(1, 11), METHODS, runs, seed, params, where, _progress
+    )
     try:
         out.mkdir(parents=True, exist_ok=True)
         write_csv(summaries, out / "dpsac_sets.csv")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import IO, Any, Generic, Literal, TypeVar
 
 C = TypeVar("C")
+R = TypeVar("R")
 Row = dict[str, Any]
 Format = Literal["csv", "json"]
 
@@ -63,8 +64,8 @@ class Cluster:
 
 
 def run_cases(
-    fn: Callable[[C], list[Row]], cases: Sequence[C], todo: Sequence[int], cluster: Cluster
-) -> Iterator[tuple[int, list[Row]]]:
+    fn: Callable[[C], R], cases: Sequence[C], todo: Sequence[int], cluster: Cluster
+) -> Iterator[tuple[int, R]]:
     """Runs ``fn`` on ``cases[i]`` for each ``i`` in ``todo``; yields ``(i, rows)`` as each
     case finishes (completion order). An exception raised by ``fn`` propagates."""
     if not todo:
@@ -77,8 +78,8 @@ def run_cases(
 
 
 def _run_on_dask(
-    fn: Callable[[C], list[Row]], cases: Sequence[C], todo: Sequence[int], cluster: Cluster
-) -> Iterator[tuple[int, list[Row]]]:
+    fn: Callable[[C], R], cases: Sequence[C], todo: Sequence[int], cluster: Cluster
+) -> Iterator[tuple[int, R]]:
     try:
         import dask
         from distributed import Client, LocalCluster, as_completed
@@ -114,8 +115,8 @@ def _run_on_dask(
         try:
             futures = client.map(fn, [cases[i] for i in todo], pure=False)
             index = {f.key: i for f, i in zip(futures, todo, strict=True)}
-            for future, rows in as_completed(futures, with_results=True):
-                yield index[future.key], rows
+            for future, result in as_completed(futures, with_results=True):
+                yield index[future.key], result
         finally:
             client.close()
             if local is not None:
@@ -291,4 +292,24 @@ def run_campaign(
         out.finish()
         say(f"campaign: {n} cases, {len(todo)} computed, rows in {out.path}")
         return None
+    return [results[i] for i in range(n)]
+
+
+def map_cases(
+    fn: Callable[[C], R],
+    cases: Sequence[C],
+    cluster: Cluster,
+    *,
+    progress: Callable[[str], None] | None = None,
+    label: Callable[[C], str] = str,
+) -> list[R]:
+    """``[fn(c) for c in cases]`` on ``cluster``, in case order, with a progress line per
+    finished case: for campaigns whose results are not rows of a file (no ``--resume``)."""
+    say = progress or (lambda _line: None)
+    n = len(cases)
+    say(f"campaign: {n} cases on {cluster.describe()}")
+    results: dict[int, R] = {}
+    for done, (i, result) in enumerate(run_cases(fn, cases, range(n), cluster), start=1):
+        results[i] = result
+        say(f"[{done}/{n}] computed {done}/{n}: {label(cases[i])}")
     return [results[i] for i in range(n)]

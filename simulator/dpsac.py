@@ -46,6 +46,7 @@ from burstctl.policies.dpsac.model import App
 from burstctl.policies.dpsac.partition import Part, partition
 from burstctl.policies.dpsac.priorities import Efficiency, minmax
 from burstctl.policies.dpsac.updaters import Updater, make_updater
+from burstctl.simulator.campaign import Cluster, map_cases
 from burstctl.simulator.dpsac_workloads import (
     B_PFS,
     JOINERS,
@@ -480,23 +481,72 @@ def join_workload(joiner: str, joins: int = DEFAULT_JOINS) -> list[tuple[AppKind
     return [(k, 0.0) for k in table3_apps()] + [(kind, m * j.period) for m in range(1, joins + 1)]
 
 
+@dataclass(frozen=True, slots=True)
+class Case:
+    """One run of a campaign: ``method`` (with ``updater``) on ``apps`` with ``seed``."""
+
+    label: str
+    apps: tuple[tuple[AppKind, float], ...]
+    method: str
+    seed: int
+    params: Params | None
+    updater: str | None = None
+
+    def describe(self) -> str:
+        return f"{self.label} {self.updater or self.method} seed {self.seed}"
+
+
+def run_case(case: Case) -> Result:
+    return simulate(case.apps, case.method, case.seed, case.params, updater=case.updater)
+
+
+def _run(
+    cases: list[Case], where: Cluster | None, progress: Callable[[str], None] | None
+) -> list[Result]:
+    if where is None:
+        return [run_case(c) for c in cases]
+    return map_cases(run_case, cases, where, progress=progress, label=Case.describe)
+
+
 def run_set(
     number: int,
     methods: Sequence[str] = METHODS,
     runs: int = 5,
     seed: int = 0,
     params: Params | None = None,
+    where: Cluster | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Summary]:
-    """Each method on set ``number``, ``runs`` runs, seeds from ``seed``."""
-    apps = set_workload(number)
-    ratio = teio([k for k, _ in apps]) / (params or Params()).bandwidth
+    """Each method on set ``number``, ``runs`` runs, seeds from ``seed``; the runs on
+    ``where`` (`campaign.Cluster`; default: in this process)."""
+    return run_sets([number], methods, runs, seed, params, where, progress)
+
+
+def run_sets(
+    numbers: Sequence[int],
+    methods: Sequence[str] = METHODS,
+    runs: int = 5,
+    seed: int = 0,
+    params: Params | None = None,
+    where: Cluster | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Summary]:
+    """`run_set` of each set in ``numbers``, as one campaign."""
+    apps = {n: tuple(set_workload(n)) for n in numbers}
+    seeds = run_seeds(seed, runs)
+    cases = [
+        Case(f"set {n}", apps[n], m, s, params) for n in numbers for m in methods for s in seeds
+    ]
+    results = iter(_run(cases, where, progress))
+    bandwidth = (params or Params()).bandwidth
     return [
         summarise(
-            f"set {number}",
+            f"set {n}",
             m,
-            [simulate(apps, m, s, params) for s in run_seeds(seed, runs)],
-            ratio,
+            [next(results) for _ in seeds],
+            teio([k for k, _ in apps[n]]) / bandwidth,
         )
+        for n in numbers
         for m in methods
     ]
 
@@ -508,19 +558,17 @@ def run_join(
     seed: int = 0,
     params: Params | None = None,
     joins: int = DEFAULT_JOINS,
+    where: Cluster | None = None,
+    progress: Callable[[str], None] | None = None,
 ) -> list[Summary]:
-    """DPSAC with each updater on Table 3's batch plus ``joins`` joiners of kind ``joiner``."""
-    apps = join_workload(joiner, joins)
+    """DPSAC with each updater on Table 3's batch plus ``joins`` joiners of kind ``joiner``;
+    the runs on ``where`` (default: in this process)."""
+    apps = tuple(join_workload(joiner, joins))
     ratio = teio([k for k, _ in apps]) / (params or Params()).bandwidth
-    return [
-        summarise(
-            f"join {joiner}",
-            u,
-            [simulate(apps, "dpsac", s, params, updater=u) for s in run_seeds(seed, runs)],
-            ratio,
-        )
-        for u in updaters
-    ]
+    seeds = run_seeds(seed, runs)
+    cases = [Case(f"join {joiner}", apps, "dpsac", s, params, u) for u in updaters for s in seeds]
+    results = iter(_run(cases, where, progress))
+    return [summarise(f"join {joiner}", u, [next(results) for _ in seeds], ratio) for u in updaters]
 
 
 def table(summaries: Sequence[Summary], head: str = "method") -> list[str]:
