@@ -868,6 +868,7 @@ def sim_persched(
     default=None,
     help="Also draw SysEff and Dilation per set into this PNG (needs extra [plot]).",
 )
+@_campaign_options
 def sim_persched_compare(
     set_numbers: tuple[int, ...],
     set_files: tuple[Path, ...],
@@ -878,17 +879,20 @@ def sim_persched_compare(
     strategies: tuple[str, ...],
     fmt: str,
     plot_file: Path | None,
+    workers: int | None,
+    scheduler: str | None,
 ) -> None:
     """PerSched against the online strategies in the simulator (docs/persched.md)."""
     import json
 
     from burstctl.policies.persched import SetFileError, load_set_file
     from burstctl.policies.registry import UnknownPolicyError, default_registry
-    from burstctl.simulator.engine import SimulationError
+    from burstctl.simulator.campaign import CampaignError
     from burstctl.simulator.persched_compare import (
         ONLINE_STRATEGIES,
+        CompareError,
         NamedSet,
-        compare,
+        compare_many,
         jupiter,
         plot,
         synthetic_sets,
@@ -917,16 +921,20 @@ def sim_persched_compare(
             raise _BadSetFile(f"{path}: {exc}") from None
     if synthetic is not None:
         named = synthetic_sets(synthetic, count, seed)
-    comparisons = []
-    for item in named:
-        try:
-            comparisons.append(
-                compare(item, periods=periods, strategies=strategies or ONLINE_STRATEGIES)
-            )
-        except ValueError as exc:
-            raise _BadSetFile(f"{item.label}: {exc}") from None
-        except SimulationError as exc:
-            raise click.ClickException(f"{item.label}: simulation failed: {exc}") from None
+    try:
+        comparisons = compare_many(
+            named,
+            periods=periods,
+            strategies=strategies or ONLINE_STRATEGIES,
+            where=_campaign_cluster(workers, scheduler),
+            progress=_progress,
+        )
+    except CompareError as exc:
+        if exc.kind == "input":
+            raise _BadSetFile(str(exc)) from None
+        raise click.ClickException(f"{exc.label}: simulation failed: {exc.message}") from None
+    except CampaignError as exc:
+        raise click.ClickException(str(exc)) from None
     if plot_file is not None:
         try:
             plot(comparisons, plot_file)

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,8 @@ from burstctl.policies.persched import (
     time_io,
 )
 from burstctl.policies.persched.synthetic import MACHINES, synthetic_set
-from burstctl.simulator.engine import _Run, create_policy
+from burstctl.simulator.campaign import Cluster, map_cases
+from burstctl.simulator.engine import SimulationError, _Run, create_policy
 from burstctl.simulator.instance import (
     WORK_FIRST,
     Application,
@@ -304,6 +305,62 @@ def compare(
     window = build_window(app_set, horizon)
     online = tuple(run_online(app_set, window, s) for s in strategies)
     return Comparison(named.label, app_set, result, window.horizon, online)
+
+
+@dataclass(frozen=True, slots=True)
+class CompareCase:
+    """One set of a `compare_many` campaign."""
+
+    named: NamedSet
+    periods: float
+    strategies: tuple[str, ...]
+
+
+class CompareError(Exception):
+    """A set of a campaign that could not be compared: ``kind`` is ``"input"`` (a
+    ``ValueError``: the set) or ``"simulation"`` (a ``SimulationError``)."""
+
+    def __init__(self, label: str, kind: str, message: str) -> None:
+        super().__init__(f"{label}: {message}")
+        self.label = label
+        self.kind = kind
+        self.message = message
+
+
+def compare_case(case: CompareCase) -> Comparison | CompareError:
+    """`compare` on one set; its failure as a value, so that a campaign reports the first
+    failing set of the list whatever the order in which they ran."""
+    try:
+        return compare(case.named, periods=case.periods, strategies=case.strategies)
+    except ValueError as exc:
+        return CompareError(case.named.label, "input", str(exc))
+    except SimulationError as exc:
+        return CompareError(case.named.label, "simulation", str(exc))
+
+
+def compare_many(
+    named: Sequence[NamedSet],
+    *,
+    periods: float = DEFAULT_PERIODS,
+    strategies: Sequence[str] = ONLINE_STRATEGIES,
+    where: Cluster | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> list[Comparison]:
+    """`compare` on each set, in order, the sets running on ``where`` (`campaign.Cluster`;
+    default: in this process). Raises the first failing set's `CompareError`."""
+    cases = [CompareCase(n, periods, tuple(strategies)) for n in named]
+    if where is None:
+        results = [compare_case(c) for c in cases]
+    else:
+        results = map_cases(
+            compare_case, cases, where, progress=progress, label=lambda c: c.named.label
+        )
+    out = []
+    for r in results:
+        if isinstance(r, CompareError):
+            raise r
+        out.append(r)
+    return out
 
 
 # Dilation − 1 below this is drawn at it (a log axis has no 0).
