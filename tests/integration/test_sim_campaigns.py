@@ -189,3 +189,50 @@ def test_a_killed_sweep_resumes_computing_only_the_missing_cases(
     assert {int(s) for s in computed} == set(range(12)) - written
     assert rows_of(out.read_text(), fmt) == rows_of(full.read_text(), fmt)
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([full.name, out.name])
+
+
+def without(text: str, key: str) -> list[dict[str, object]]:
+    rows = [json.loads(line) for line in text.splitlines()]
+    for row in rows:
+        assert row.pop(key) is not None
+    return rows
+
+
+def test_the_other_campaign_commands_run_on_the_cluster_with_the_local_rows(
+    scheduler: str, tmp_path: Path
+) -> None:
+    dpsac = ["sim", "dpsac", "--set", "2", "--runs", "2", "--format", "json"]
+    inline = burstctl(*dpsac, "--workers", "1")
+    remote = burstctl(*dpsac, "--scheduler", scheduler)
+    assert inline.returncode == 0 and remote.returncode == 0, remote.stderr
+    assert len(re.findall(r"^\[\d+/6\] computed", remote.stderr, re.M)) == 6
+    # sched_seconds is the scheduler's CPU time: the one figure that differs between runs
+    assert without(remote.stdout, "sched_seconds") == without(inline.stdout, "sched_seconds")
+
+    compare = ["sim", "persched-compare", "--synthetic", "mira", "--count", "2", "--format", "csv"]
+    inline = burstctl(*compare, "--workers", "1")
+    remote = burstctl(*compare, "--scheduler", scheduler)
+    assert remote.returncode == 0, remote.stderr
+    assert remote.stdout == inline.stdout
+    assert "[2/2] computed 2/2: mira seed 1" in remote.stderr
+
+
+def test_placement_sweep_resumes_on_the_cluster(scheduler: str, tmp_path: Path) -> None:
+    placement = ["sim", "placement-sweep", "--loads", "0.3", "--sets", "3"]
+    whole, part = tmp_path / "whole", tmp_path / "part"
+    done = burstctl(*placement, "--workers", "1", "--out", whole)
+    assert done.returncode == 0, done.stderr
+    expected = (whole / "placement.csv").read_text()
+    lines = expected.splitlines(keepends=True)
+    per_set = (len(lines) - 1) // 3
+    part.mkdir()
+    # An interrupted run: set 2 finished, set 0 half written.
+    (part / "placement.csv").write_text(
+        lines[0] + "".join(lines[1 + 2 * per_set :]) + "".join(lines[1 : 1 + per_set // 2])
+    )
+    again = burstctl(*placement, "--scheduler", scheduler, "--out", part, "--resume")
+    assert again.returncode == 0, again.stderr
+    assert "1 already in" in again.stderr and "2 to compute" in again.stderr
+    assert sorted(re.findall(r"computed \d/2: load 0.3 set (\d)", again.stderr)) == ["0", "1"]
+    assert (part / "placement.csv").read_text() == expected
+    assert (part / "readings.md").read_text() == (whole / "readings.md").read_text()
