@@ -165,17 +165,26 @@ def test_a_killed_sweep_resumes_computing_only_the_missing_cases(
     assert done.stdout == ""  # the rows went to the file
 
     out = tmp_path / f"sweep.{fmt}"
-    run = [*LONGER, "--format", fmt, "--scheduler", scheduler, "--out", str(out)]
+    # Killed on its default engine, a local cluster of worker processes: they must not
+    # outlive it.
+    run = [*LONGER, "--format", fmt, "--workers", "2", "--out", str(out)]
     sweep = subprocess.Popen(
         [sys.executable, "-m", "burstctl", *run],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    workers: list[psutil.Process] = []
     try:
         wait_until(lambda: len(complete_seeds(out, fmt)) >= 3, timeout=60, message="3 cases")
+        workers = psutil.Process(sweep.pid).children(recursive=True)
     finally:
         os.kill(sweep.pid, signal.SIGKILL)
         sweep.wait(timeout=10)
+        _, alive = psutil.wait_procs(workers, timeout=30)
+        for proc in alive:
+            proc.kill()
+    assert len(workers) >= 2
+    assert alive == [], f"worker processes outlived the killed sweep: {alive}"
     written = complete_seeds(out, fmt)  # appended as cases finish: not in case order yet
     kept = len(written)
     assert 3 <= kept < 12, f"not killed halfway: {kept} of 12 cases written"
