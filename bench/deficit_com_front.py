@@ -104,24 +104,30 @@ def plot(csv_files: Sequence[Path], out: Path) -> None:
         for name, (my, my_se, ef, ef_se, n) in sorted(table[w].items(), key=lambda kv: -kv[1][0]):
             print(f"| {w:g} | {name} | {n} | {my:.4f} ± {my_se:.4f} | {ef:.4f} ± {ef_se:.4f} |")
     pressures = sorted(table)
-    fig, axes = plt.subplots(1, len(pressures), figsize=(5 * len(pressures), 4.5), squeeze=False)
-    for ax, w in zip(axes[0], pressures, strict=True):
-        for name, (my, my_se, ef, ef_se, _) in sorted(table[w].items()):
-            ours = name.startswith("deficit-com")
-            ax.errorbar(
-                ef, my, xerr=ef_se, yerr=my_se, fmt="o" if ours else "s", ms=4,
-                color="tab:red" if ours else "tab:blue", capsize=2,
-            )  # fmt: skip
-            ax.annotate(name, (ef, my), fontsize=6, xytext=(3, 3), textcoords="offset points")
-        if w == 1.1:
-            ax.axhline(TARGET[0], color="grey", ls=":", lw=0.8)
-            ax.axvline(TARGET[1], color="grey", ls=":", lw=0.8)
-        ax.set_title(f"W = {w:g} (mean ± 1 SE)")
-        ax.set_xlabel("Efficiency")
-        ax.grid(alpha=0.3)
+    names = sorted({n for by_policy in table.values() for n in by_policy})
+    colours = {n: plt.get_cmap("tab20")(i % 20) for i, n in enumerate(names)}
+    # top row: every strategy; bottom row: the yield-keeping ones, close up
+    fig, axes = plt.subplots(2, len(pressures), figsize=(5 * len(pressures), 8.5), squeeze=False)
+    for col, w in enumerate(pressures):
         top = max(v[0] for v in table[w].values())
-        ax.set_ylim(top - 0.06, top + 0.01)  # the yield-keeping strategies; the rest below
-    axes[0][0].set_ylabel("MinYield")
+        for row, ax in enumerate(axes[:, col]):
+            for name, (my, my_se, ef, ef_se, _) in sorted(table[w].items()):
+                if row == 1 and my < top - 0.015:
+                    continue
+                ours = name.startswith("deficit-com")
+                ax.errorbar(
+                    ef, my, xerr=ef_se, yerr=my_se, fmt="o" if ours else "s", ms=5,
+                    color=colours[name], capsize=2, label=name,
+                )  # fmt: skip
+            if w == 1.1:
+                ax.axhline(TARGET[0], color="grey", ls=":", lw=0.8)
+                ax.axvline(TARGET[1], color="grey", ls=":", lw=0.8)
+            ax.set_title(f"W = {w:g}" + (" (close up)" if row else "") + ", mean ± 1 SE")
+            ax.set_xlabel("Efficiency")
+            ax.grid(alpha=0.3)
+        axes[0, col].legend(fontsize=6, loc="lower right")
+    for ax in axes[:, 0]:
+        ax.set_ylabel("MinYield")
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
