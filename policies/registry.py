@@ -41,6 +41,7 @@ _BUILTIN: dict[str, str] = {
     "look-ahead-greedy-yield": "burstctl.policies.greedy:LookAheadGreedyYield",
     "set-10": "burstctl.policies.io_sets:Set10",
     "best-next-event": "burstctl.policies.best_next_event:BestNextEvent",
+    "deficit-com": "burstctl.policies.deficit_com:DeficitCom",
     "persched": "burstctl.policies.persched_live:PerSchedLive",
     "dpsac": "burstctl.policies.dpsac_live:DpsacPolicy",
     # ThemisIO statistical tokens; the spec each name stands for is in the comment
