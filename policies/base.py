@@ -16,6 +16,7 @@ registered policy: the same rates as the view path, bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -30,25 +31,37 @@ class PolicyParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ArrayAllocator(Protocol):
-    """A policy's decision over a view given as arrays indexed by ``JobView.index``.
+@dataclass(slots=True)
+class ArrayView:
+    """A view given as arrays indexed by ``JobView.index`` (the simulator's own lists).
 
     The view's jobs are the rows ``active``, every one active, with distinct
-    indices in increasing order (the stable order); ``progress`` holds P_i,
-    ``released_at`` τ_i and ``demand`` the demand (= b_i) of row i. Returns
-    ``(index, rate)`` for the positive rates, in the order the view path's
-    ``decide(policy, view).rates`` lists them, with the same values.
+    indices in increasing order (the stable order), whose job ids sort like their
+    indices. Row i has P_i in ``progress``, τ_i in ``released_at``, its demand in
+    ``demand``, b_i in ``cap`` (the simulator passes b_i for both), the remaining
+    volume V_i of its pending operation (known) in ``remaining`` and its post time
+    R_i in ``posted_at``. ``now``, ``capacity`` and ``horizon`` are the view's.
+    The lists are the caller's: read them during the call, never keep them.
     """
 
-    def __call__(
-        self,
-        now: float,
-        capacity: float,
-        active: Sequence[int],
-        progress: Sequence[float],
-        released_at: Sequence[float],
-        demand: Sequence[float],
-    ) -> list[tuple[int, float]]: ...
+    now: float
+    capacity: float
+    horizon: float | None
+    active: Sequence[int]
+    progress: Sequence[float]
+    released_at: Sequence[float]
+    demand: Sequence[float]
+    cap: Sequence[float]
+    remaining: Sequence[float]
+    posted_at: Sequence[float]
+
+
+class ArrayAllocator(Protocol):
+    """A policy's decision over an :class:`ArrayView`: ``(index, rate)`` for the
+    positive rates, in the order the view path's ``decide(policy, view).rates``
+    lists them, with the same values."""
+
+    def __call__(self, rows: ArrayView) -> list[tuple[int, float]]: ...
 
 
 class Offload(Protocol):

@@ -9,8 +9,9 @@ water-filling with weights b_i), so Σ rates = min(B, Σ demand).
 
 from __future__ import annotations
 
-from burstctl.policies.base import Policy
-from burstctl.policies.sharing import water_fill
+from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
+from burstctl.policies.decision import enforce_rows
+from burstctl.policies.sharing import water_fill, water_fill_rows
 from burstctl.policies.view import JobId, SystemView
 
 
@@ -22,3 +23,14 @@ class FairShare(Policy):
         ceilings = {j: v.demand for j, v in view.jobs.items() if v.demand > 0.0}
         weights = {j: view.jobs[j].cap for j in ceilings}  # α·b_i: proportional to b_i
         return water_fill(ceilings, weights, view.capacity)
+
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`): the same
+        rates, bit for bit."""
+        demand, cap, capacity = rows.demand, rows.cap, rows.capacity
+        return enforce_rows(
+            water_fill_rows(rows.active, demand, cap, capacity), demand, cap, capacity
+        )

@@ -22,7 +22,7 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
-from burstctl.policies.base import ArrayAllocator, Policy, PolicyParams
+from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
 
@@ -55,25 +55,21 @@ class GreedyYield(Policy):
     def array_allocator(self) -> ArrayAllocator | None:
         return self.allocate_arrays
 
-    def allocate_arrays(
-        self,
-        now: float,
-        capacity: float,
-        active: Sequence[int],
-        progress: Sequence[float],
-        released_at: Sequence[float],
-        demand: Sequence[float],
-    ) -> list[tuple[int, float]]:
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
         """``allocate`` over arrays (:class:`ArrayAllocator`): the same decision, bit
         for bit, without building a view."""
+        now = rows.now
+        progress = rows.progress
+        released_at = rows.released_at
         ranked = []
-        for i in active:
+        for i in rows.active:
             # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
             elapsed = now - released_at[i]
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
         ranked.sort()
-        # GREEDY_FILL (sharing.greedy_fill): the jobs after the budget runs out get 0
-        left = capacity
+        # GREEDY_FILL (_greedy_fill_rows, inlined: this is the simulator's hot loop)
+        demand = rows.demand
+        left = rows.capacity
         rates = []
         for _, i in ranked:
             if not left > 0.0:
@@ -83,6 +79,24 @@ class GreedyYield(Policy):
             left -= give
             rates.append((i, give))
         return rates
+
+
+def _greedy_fill_rows(
+    order: Iterable[int], demand: Sequence[float], capacity: float
+) -> list[tuple[int, float]]:
+    """GREEDY_FILL (sharing.greedy_fill) over rows, positive rates only: the rows after
+    the budget runs out get 0. Its rates pass ``enforce`` unchanged (each is at most
+    the demand, their sum is at most ``capacity``)."""
+    left = capacity
+    rates = []
+    for i in order:
+        if not left > 0.0:
+            break
+        d = demand[i]
+        give = left if left < d else d
+        left -= give
+        rates.append((i, give))
+    return rates
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
 from typing import Any, Literal
 
-from burstctl.policies.base import ArrayAllocator, Policy
+from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
 from burstctl.policies.decision import decide
 from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import JobView, SystemView
@@ -219,6 +219,12 @@ class _Run:
         # the policies' fast paths, where they decide exactly as their views would
         self.arrays = _array_path(policy) if self.all_active else None
         self.warmup_arrays = _array_path(warmup) if self.all_active else None
+        # the array entry points' view of the lists above (demand = b_i); A and t are
+        # set at each decision
+        self.rows = ArrayView(
+            0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
+            self.cap, self.remaining, self.posted,
+        )  # fmt: skip
         self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
@@ -307,7 +313,10 @@ class _Run:
         gives the view ``_decide`` builds, without building it (the policy's promise,
         checked by the conformance suite). Such a policy has no period."""
         # A is in index order and every b_i > 0 (all_active): the stable order, all active
-        self.serving = arrays(self.t, 1.0, self.in_io, self.progress, self.tau, self.cap)
+        rows = self.rows
+        rows.now = self.t
+        rows.active = self.in_io
+        self.serving = arrays(rows)
         self.events += 1
         return self.horizon
 

@@ -18,9 +18,10 @@ from reference import simu
 from test_reference_agreement import POLICIES, heterogeneous
 
 from burstctl.policies import JobId, SystemView
-from burstctl.policies.base import ArrayAllocator
+from burstctl.policies.base import ArrayAllocator, Policy
 from burstctl.policies.fair_share import FairShare
 from burstctl.policies.greedy import GreedyYield, PeriodicGreedyYield
+from burstctl.policies.registry import default_registry
 from burstctl.simulator.engine import (
     SimResult,
     _array_path,
@@ -174,7 +175,7 @@ def test_the_array_path_is_taken_where_the_policy_declares_it() -> None:
     assert _array_path(_CountingArrays()) is not None
     assert _array_path(_ViewsOnly()) is None
     assert _array_path(PeriodicGreedyYield()) is None  # period(view) needs the view
-    assert _array_path(FairShare()) is None
+    assert _array_path(FairShare()) is not None
     assert _array_path(None) is None
 
 
@@ -208,3 +209,29 @@ def test_the_array_path_gives_the_views_results(windows: Literal["v1", "v2"]) ->
         assert counting.calls > 0  # the fast path was taken
         if windows == "v1":
             assert counting.calls == fast.events
+
+
+ARRAY_POLICIES = [
+    name for name in default_registry().names() if _array_path(default_registry().create(name))
+]
+
+
+def _without_arrays(name: str) -> Policy:
+    """The registry's ``name``, deciding through its views."""
+    policy = default_registry().create(name)
+    policy.array_allocator = lambda: None  # type: ignore[method-assign]
+    return policy
+
+
+def test_the_strategies_of_the_paper_take_the_array_path() -> None:
+    assert {"greedy-yield", "fair-share"} <= set(ARRAY_POLICIES)
+
+
+@pytest.mark.parametrize("name", ARRAY_POLICIES)
+@pytest.mark.parametrize("windows", ["v1", "v2"])
+def test_every_array_path_gives_its_views_results(name: str, windows: Literal["v1", "v2"]) -> None:
+    for window in _windows():
+        fast = simulate(window, name, windows=windows)
+        plain = simulate(window, _without_arrays(name), windows=windows)
+        assert fast.policy == plain.policy
+        _same_run(fast, plain)
