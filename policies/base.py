@@ -110,7 +110,8 @@ class Policy:
 
         Only a policy whose ``period`` is always None may return one (the
         simulator asks for periods with a view). A subclass that changes
-        ``allocate`` or ``period`` must say again what it offers here.
+        ``allocate`` or ``period`` must say again what it offers here; the
+        simulator does not take an entry point inherited past such a change.
         """
         return None
 

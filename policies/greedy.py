@@ -23,7 +23,8 @@ from collections.abc import Iterable, Sequence
 from pydantic import Field
 
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
-from burstctl.policies.sharing import greedy_fill
+from burstctl.policies.decision import enforce_rows
+from burstctl.policies.sharing import greedy_fill, greedy_fill_rows
 from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
 
 
@@ -67,7 +68,7 @@ class GreedyYield(Policy):
             elapsed = now - released_at[i]
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
         ranked.sort()
-        # GREEDY_FILL (_greedy_fill_rows, inlined: this is the simulator's hot loop)
+        # GREEDY_FILL (greedy_fill_rows, inlined: this is the simulator's hot loop)
         demand = rows.demand
         left = rows.capacity
         rates = []
@@ -79,24 +80,6 @@ class GreedyYield(Policy):
             left -= give
             rates.append((i, give))
         return rates
-
-
-def _greedy_fill_rows(
-    order: Iterable[int], demand: Sequence[float], capacity: float
-) -> list[tuple[int, float]]:
-    """GREEDY_FILL (sharing.greedy_fill) over rows, positive rates only: the rows after
-    the budget runs out get 0. Its rates pass ``enforce`` unchanged (each is at most
-    the demand, their sum is at most ``capacity``)."""
-    left = capacity
-    rates = []
-    for i in order:
-        if not left > 0.0:
-            break
-        d = demand[i]
-        give = left if left < d else d
-        left -= give
-        rates.append((i, give))
-    return rates
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -163,6 +146,16 @@ class GreedyCom(Policy):
 
         return greedy_fill(sorted(view.active_jobs(), key=key), view.capacity)
 
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """``allocate`` over arrays (:class:`ArrayAllocator`), every V_i known: the same
+        decision, bit for bit."""
+        remaining, cap = rows.remaining, rows.cap
+        order = sorted((remaining[i] / cap[i], i) for i in rows.active)
+        return greedy_fill_rows([i for _, i in order], rows.demand, rows.capacity)
+
 
 class LookAheadGreedyYield(Policy):
     """Give each job priority in turn; keep the choice with the best projected minimum yield.
@@ -216,6 +209,84 @@ class LookAheadGreedyYield(Policy):
             assert first is not None
             return first
         return best
+
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), every V_i
+        known: the same rates, bit for bit (the same float operations in the same
+        order; rates lists the others by yield, then the candidate, as ``allocate``)."""
+        active = rows.active
+        capacity = rows.capacity
+        demand = rows.demand
+        cap = rows.cap
+        if len(active) <= 1:
+            one = [(i, min(demand[i], capacity)) for i in active]
+            return enforce_rows(one, demand, cap, capacity)
+        now = rows.now
+        progress = rows.progress
+        released_at = rows.released_at
+        remaining = rows.remaining
+        horizon = rows.horizon
+        ranked = []
+        for i in active:  # by_yield
+            elapsed = now - released_at[i]
+            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
+        ranked.sort()
+        ordered = [i for _, i in ranked]
+
+        best: dict[int, float] | None = None
+        best_z = 0.0
+        first: dict[int, float] | None = None
+        scored = False
+        for c in active:
+            d = demand[c]
+            beta = capacity if capacity < d else d  # min(demand, capacity)
+            left = capacity - beta
+            rates: dict[int, float] = {}
+            for j in ordered:  # greedy_fill of the others
+                if j == c:
+                    continue
+                if left > 0.0:
+                    d = demand[j]
+                    give = left if left < d else d
+                    left -= give
+                else:
+                    give = 0.0
+                rates[j] = give
+            rates[c] = beta
+            if first is None:
+                first = rates
+            # _min_projected_yield
+            h = horizon
+            for j, b in rates.items():
+                if b > 0.0:
+                    v = remaining[j]
+                    if v > 0.0:
+                        end = now + v / b
+                        if h is None or end < h:
+                            h = end
+            if h is None:
+                continue
+            scored = True
+            z = 1.0
+            for j in active:
+                tau = released_at[j]
+                y = (
+                    (progress[j] + (h - now) * rates[j] / cap[j]) / (h - tau)
+                    if h > tau
+                    else FRESH_YIELD
+                )
+                if y < z:
+                    z = y
+            if z > best_z:
+                best_z, best = z, rates
+        if not scored:
+            return greedy_fill_rows(ordered, demand, capacity)
+        chosen = best if best is not None else first
+        assert chosen is not None
+        return enforce_rows(list(chosen.items()), demand, cap, capacity)
 
 
 def _min_projected_yield(

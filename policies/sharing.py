@@ -34,6 +34,25 @@ def greedy_fill(order: Iterable[JobView], capacity: float) -> dict[JobId, float]
     return rates
 
 
+def greedy_fill_rows(
+    order: Iterable[int], demand: Sequence[float], capacity: float
+) -> list[tuple[int, float]]:
+    """:func:`greedy_fill` over rows (``demand`` by row), positive rates only: the rows
+    after the budget runs out get 0. Its rates pass ``decision.enforce`` unchanged when
+    every demand is positive and at most b_i (each rate is at most its demand, and
+    their sum at most ``capacity``)."""
+    left = capacity
+    rates = []
+    for i in order:
+        if not left > 0.0:
+            break
+        d = demand[i]
+        give = left if left < d else d
+        left -= give
+        rates.append((i, give))
+    return rates
+
+
 def water_fill(
     ceilings: Mapping[JobId, float], weights: Mapping[JobId, float], capacity: float
 ) -> dict[JobId, float]:

@@ -563,7 +563,19 @@ class _Run:
 
 
 def _array_path(policy: Policy | None) -> ArrayAllocator | None:
-    return None if policy is None else policy.array_allocator()
+    """The policy's array entry point, unless a subclass changed ``allocate`` or
+    ``period`` below the class that declared it without declaring it again (the entry
+    point would then stand for another decision), or the policy has a period."""
+    if policy is None:
+        return None
+    if type(policy).period is not Policy.period:
+        return None
+    for cls in type(policy).__mro__:
+        if "array_allocator" in vars(cls):
+            break
+        if "allocate" in vars(cls):
+            return None
+    return policy.array_allocator()
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:

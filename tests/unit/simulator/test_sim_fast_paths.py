@@ -224,7 +224,9 @@ def _without_arrays(name: str) -> Policy:
 
 
 def test_the_strategies_of_the_paper_take_the_array_path() -> None:
-    assert {"greedy-yield", "fair-share"} <= set(ARRAY_POLICIES)
+    assert {"fcfs", "fair-share", "greedy-yield", "greedy-com", "look-ahead-greedy-yield"} <= set(
+        ARRAY_POLICIES
+    )
 
 
 @pytest.mark.parametrize("name", ARRAY_POLICIES)
@@ -235,3 +237,21 @@ def test_every_array_path_gives_its_views_results(name: str, windows: Literal["v
         plain = simulate(window, _without_arrays(name), windows=windows)
         assert fast.policy == plain.policy
         _same_run(fast, plain)
+
+
+def test_an_inherited_array_path_is_not_taken_past_a_changed_decision() -> None:
+    class Ticking(FairShare):
+        name = "ticking"
+
+        def period(self, view: SystemView) -> float | None:
+            return 0.25
+
+    class Halved(FairShare):
+        name = "halved"
+
+        def allocate(self, view: SystemView) -> dict[JobId, float]:
+            return {j: r / 2 for j, r in super().allocate(view).items()}
+
+    assert _array_path(FairShare()) is not None
+    assert _array_path(Ticking()) is None
+    assert _array_path(Halved()) is None
