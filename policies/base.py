@@ -105,13 +105,18 @@ class Policy:
         happens (PeriodicGreedyYield's δ); None: only at events."""
         return None
 
+    def fixed_period(self) -> float | None:
+        """What ``period(view)`` returns for every view, when that does not depend on
+        the view (PeriodicGreedyYield's δ); None otherwise, or when there is no period."""
+        return None
+
     def array_allocator(self) -> ArrayAllocator | None:
         """The array entry point standing for this policy's whole decision, or None.
 
-        Only a policy whose ``period`` is always None may return one (the
-        simulator asks for periods with a view). A subclass that changes
-        ``allocate`` or ``period`` must say again what it offers here; the
-        simulator does not take an entry point inherited past such a change.
+        Only a policy whose ``period`` is always None, or always ``fixed_period()``,
+        may return one (the simulator has no view to ask). A subclass that changes
+        ``allocate``, ``period`` or ``fixed_period`` must say again what it offers
+        here; the simulator does not take an entry point inherited past such a change.
         """
         return None
 

@@ -120,8 +120,11 @@ class PeriodicGreedyYield(GreedyYield):
     def period(self, view: SystemView) -> float:
         return self.params.delta
 
+    def fixed_period(self) -> float:
+        return self.params.delta
+
     def array_allocator(self) -> ArrayAllocator | None:
-        return None  # it has a period, which the simulator asks for with a view
+        return self.allocate_arrays  # GreedyYield's, with δ from fixed_period
 
 
 class GreedyCom(Policy):

@@ -281,7 +281,7 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy, arrays: ArrayAllocator | None) -> float:
+    def _decide(self, policy: Policy, arrays: tuple[ArrayAllocator, float | None] | None) -> float:
         """Sets ``serving`` from the decision's rates for A; returns t_d, its next tick."""
         if arrays is not None:
             return self._decide_in_arrays(policy, arrays)
@@ -308,17 +308,24 @@ class _Run:
             raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
         return t + period
 
-    def _decide_in_arrays(self, policy: Policy, arrays: ArrayAllocator) -> float:
+    def _decide_in_arrays(
+        self, policy: Policy, arrays: tuple[ArrayAllocator, float | None]
+    ) -> float:
         """``_decide`` through the policy's array entry point: the rates ``decide``
         gives the view ``_decide`` builds, without building it (the policy's promise,
-        checked by the conformance suite). Such a policy has no period."""
+        checked by the conformance suite), and its fixed period."""
         # A is in index order and every b_i > 0 (all_active): the stable order, all active
+        allocate, period = arrays
         rows = self.rows
-        rows.now = self.t
+        t = rows.now = self.t
         rows.active = self.in_io
-        self.serving = arrays(rows)
+        self.serving = allocate(rows)
         self.events += 1
-        return self.horizon
+        if period is None:
+            return self.horizon
+        if not period > 0.0:
+            raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
+        return t + period
 
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
         return SimulationError(
@@ -562,20 +569,26 @@ class _Run:
         return min_yield, efficiency, utilization, credit / (span * m)
 
 
-def _array_path(policy: Policy | None) -> ArrayAllocator | None:
-    """The policy's array entry point, unless a subclass changed ``allocate`` or
-    ``period`` below the class that declared it without declaring it again (the entry
-    point would then stand for another decision), or the policy has a period."""
+def _array_path(policy: Policy | None) -> tuple[ArrayAllocator, float | None] | None:
+    """The policy's array entry point and its period (None: none), unless a subclass
+    changed ``allocate``, ``period`` or ``fixed_period`` below the class that declared
+    the entry point without declaring it again (it would then stand for another
+    decision), or the period depends on the view."""
     if policy is None:
         return None
-    if type(policy).period is not Policy.period:
-        return None
     for cls in type(policy).__mro__:
-        if "array_allocator" in vars(cls):
+        names = vars(cls)
+        if "array_allocator" in names:
             break
-        if "allocate" in vars(cls):
+        if "allocate" in names or "period" in names or "fixed_period" in names:
             return None
-    return policy.array_allocator()
+    arrays = policy.array_allocator()
+    if arrays is None:
+        return None
+    if type(policy).period is Policy.period:  # no period
+        return arrays, None
+    period = policy.fixed_period()
+    return None if period is None else (arrays, period)
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:
