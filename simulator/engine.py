@@ -210,6 +210,9 @@ class _Run:
         self.io_count = [0] * m
         self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
         self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
+        # the views are kept up to date only while the decisions take them (the array
+        # path builds none); the cache is emptied when the policy changes (``_switch``)
+        self.views_in_use = True
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
         # step whether served or not (the reference checks every application)
@@ -281,10 +284,9 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy, arrays: tuple[ArrayAllocator, float | None] | None) -> float:
-        """Sets ``serving`` from the decision's rates for A; returns t_d, its next tick."""
-        if arrays is not None:
-            return self._decide_in_arrays(policy, arrays)
+    def _decide(self, policy: Policy) -> float:
+        """Sets ``serving`` from the decision's rates for A, through the views; returns
+        t_d, its next tick. (The array path is ``loop``'s.)"""
         t = self.t
         views = self.views
         jobs: dict[str, JobView] = {}
@@ -308,25 +310,6 @@ class _Run:
             raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
         return t + period
 
-    def _decide_in_arrays(
-        self, policy: Policy, arrays: tuple[ArrayAllocator, float | None]
-    ) -> float:
-        """``_decide`` through the policy's array entry point: the rates ``decide``
-        gives the view ``_decide`` builds, without building it (the policy's promise,
-        checked by the conformance suite), and its fixed period."""
-        # A is in index order and every b_i > 0 (all_active): the stable order, all active
-        allocate, period = arrays
-        rows = self.rows
-        t = rows.now = self.t
-        rows.active = self.in_io
-        self.serving = allocate(rows)
-        self.events += 1
-        if period is None:
-            return self.horizon
-        if not period > 0.0:
-            raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
-        return t + period
-
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
         return SimulationError(
             f"{policy.name} gave application {i} rate {rate} outside"
@@ -337,9 +320,10 @@ class _Run:
         T = self.horizon
         q_left = self.remaining
         work_ends = self.work_ends
+        rows = self.rows  # (rows.active is A itself, kept in place)
         counter = 0
-        while self.t < T - EPS:
-            t = self.t
+        t = self.t
+        while t < T - EPS:
             if not self.switched and t > self.switch_at - EPS:
                 self._switch()
             if self.switched:
@@ -348,12 +332,32 @@ class _Run:
                 assert self.warmup is not None
                 policy, arrays = self.warmup, self.warmup_arrays
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            t_next = min(T, self._decide(policy, arrays))
+            if arrays is not None:
+                # the policy's array entry point: the rates ``decide`` gives the view
+                # ``_decide`` builds, without building it (the policy's promise, checked
+                # by the conformance suite), and its fixed period
+                allocate, period = arrays
+                rows.now = t
+                serving = self.serving = allocate(rows)
+                self.events += 1
+                if period is None:
+                    t_next = T
+                else:
+                    if not period > 0.0:
+                        raise SimulationError(
+                            f"{policy.name} asked for a period {period} <= 0 at t = {t}"
+                        )
+                    t_next = min(T, t + period)
+                self.views_in_use = False
+            else:
+                t_next = min(T, self._decide(policy))
+                serving = self.serving
+                self.views_in_use = True
             if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
             if work_ends and work_ends[0][0] < t_next:
                 t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
-            for i, b in self.serving:  # β = 0 never completes: only the served count
+            for i, b in serving:  # β = 0 never completes: only the served count
                 c = t + q_left[i] / b
                 if c < t_next:
                     t_next = c
@@ -367,7 +371,7 @@ class _Run:
                 if counter > MAX_REPEATS:
                     raise SimulationError(f"time does not advance at t = {t}")
             else:
-                self.t = t_next
+                self.t = t = t_next
                 counter = 0
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
@@ -377,13 +381,23 @@ class _Run:
         with q < DONE. A phase that begins here is first checked at the next step."""
         dt = now - t
         q_left = self.remaining
+        prog = self.progress
         cap = self.cap
-        serving = self.serving
         tiny, self.tiny_io = self.tiny_io, []  # (those that begin here wait a step)
-        for i, b in serving:
-            q_left[i] -= dt * b
-            self.progress[i] += dt * b / cap[i]
-            self.views[i] = None
+        # An I/O phase's Q moves only while it is served: the others cannot cross
+        # DONE, unless their phase began below it (``tiny_io``). The served ones that
+        # do complete after the work phases (in the order served), as in the reference.
+        done = []
+        for i, b in self.serving:
+            q = q_left[i] - dt * b
+            q_left[i] = q
+            prog[i] += dt * b / cap[i]
+            if q / cap[i] < DONE:
+                done.append(i)
+        if self.views_in_use:  # the served ones' views are stale
+            views = self.views
+            for i, _ in self.serving:
+                views[i] = None
         if self.stepped:
             self._advance_stepped(t, now)
         slack = self.slack
@@ -400,13 +414,9 @@ class _Run:
                     self._complete(i, t, now)
                 else:
                     heappush(work_ends, (end, i))
-        # An I/O phase's Q moves only while it is served: the others cannot cross
-        # DONE, unless their phase began below it (``tiny_io``).
-        for i, _ in serving:
-            q = q_left[i] / cap[i]
-            if q < DONE:
-                self._check_done(i, q, now)
-                self._complete(i, t, now)
+        for i in done:
+            self._check_done(i, q_left[i] / cap[i], now)
+            self._complete(i, t, now)
         for i in tiny:
             if self.io[i]:  # (not completed above, served)
                 self._check_done(i, q_left[i] / cap[i], now)
@@ -477,6 +487,7 @@ class _Run:
 
     def _switch(self) -> None:
         self.switched = True
+        self.views = [None] * len(self.views)  # (stale if the warm-up took the array path)
         self.start = self.t  # s
         self.base_efficiency = self._weighted_progress()  # E₀ at the switch
         # eq. (9) counts W^(done)(T) − W^(done)(s): restart the count at s
