@@ -39,8 +39,10 @@ class ArrayView:
     indices in increasing order (the stable order), whose job ids sort like their
     indices. Row i has P_i in ``progress``, τ_i in ``released_at``, its demand in
     ``demand``, b_i in ``cap`` (the simulator passes b_i for both), the remaining
-    volume V_i of its pending operation (known) in ``remaining`` and its post time
-    R_i in ``posted_at``. ``now``, ``capacity`` and ``horizon`` are the view's.
+    volume V_i of its pending operation (known) in ``remaining``, its full volume
+    in ``volume``, its post time R_i in ``posted_at``, the work phase before it in
+    ``last_work`` and its job id in ``job_ids``. ``now``, ``capacity`` and
+    ``horizon`` are the view's, which was observed (``SystemView.observed``).
     The lists are the caller's: read them during the call, never keep them.
     """
 
@@ -54,6 +56,9 @@ class ArrayView:
     cap: Sequence[float]
     remaining: Sequence[float]
     posted_at: Sequence[float]
+    volume: Sequence[float]
+    last_work: Sequence[float]
+    job_ids: Sequence[str]
 
 
 class ArrayAllocator(Protocol):

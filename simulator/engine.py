@@ -224,9 +224,11 @@ class _Run:
         self.warmup_arrays = _array_path(warmup) if self.all_active else None
         # the array entry points' view of the lists above (demand = b_i); A and t are
         # set at each decision
+        # the full volume of each I/O phase under way (for the array path)
+        self.volume = [v[0] if self.io[i] else 0.0 for i, v in enumerate(self.values)]
         self.rows = ArrayView(
             0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
-            self.cap, self.remaining, self.posted,
+            self.cap, self.remaining, self.posted, self.volume, self.last_work, self.ids,
         )  # fmt: skip
         self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
@@ -537,7 +539,7 @@ class _Run:
             self._begin_work(i, now, values[k])
         else:
             self.io[i] = True
-            self.remaining[i] = values[k]
+            self.remaining[i] = self.volume[i] = values[k]
             insort(self.in_io, i)
             if values[k] / self.cap[i] < DONE:
                 self.tiny_io.append(i)

@@ -119,9 +119,10 @@ def arrays_case(seed: int) -> tuple[SystemView, ArrayView]:
     horizon = rng.choice([None, now + rng.choice([0.5, 10.0, 1e6])])
     size = rng.randint(0, 40)
     active = sorted(rng.sample(range(size), rng.randint(0, size)))
-    progress, released_at, demand, caps, remaining, posted_at = (
-        [math.nan] * size for _ in range(6)
+    progress, released_at, demand, caps, remaining, posted_at, volume, last_work = (
+        [math.nan] * size for _ in range(8)
     )
+    job_ids = [f"{i:02d}" for i in range(size)]
     jobs = {}
     for i in active:
         cap = capacity * rng.choice([1.0, 1.0, 0.5, rng.uniform(0.01, 1.0)])
@@ -133,19 +134,22 @@ def arrays_case(seed: int) -> tuple[SystemView, ArrayView]:
         progress[i] = rng.choice([0.0, age * 0.5, age * rng.uniform(0.0, 1.0)]) if age > 0 else 0.0
         # equal and zero volumes and post times, for ties
         remaining[i] = rng.choice([0.0, cap, cap * rng.uniform(0.0, 100.0)])
+        volume[i] = rng.choice([0.0, remaining[i], remaining[i] * rng.uniform(1.0, 2.0)])
         posted_at[i] = rng.choice([now, now - 1.0, now * rng.uniform(0.0, 1.0)])
-        job_id = f"{i:02d}"
-        jobs[job_id] = JobView(
-            job_id, "u", "g", 1, 1.0, cap, demand[i], posted_at=posted_at[i],
-            volume=remaining[i], remaining=remaining[i], released_at=released_at[i],
-            progress=progress[i], index=i,
+        last_work[i] = rng.choice([0.0, rng.uniform(0.0, 1e4)])
+        jobs[job_ids[i]] = JobView(
+            job_ids[i], "u", "g", 1, 1.0, cap, demand[i], posted_at=posted_at[i],
+            volume=volume[i], remaining=remaining[i], moved=volume[i] - remaining[i],
+            released_at=released_at[i], progress=progress[i], last_work=last_work[i],
+            index=i,
         )  # fmt: skip
     view = SystemView(
         now=now, capacity=capacity, node_bandwidth=capacity, jobs=jobs, horizon=horizon
     )
     rows = ArrayView(
-        now, capacity, horizon, active, progress, released_at, demand, caps, remaining, posted_at
-    )
+        now, capacity, horizon, active, progress, released_at, demand, caps, remaining,
+        posted_at, volume, last_work, job_ids,
+    )  # fmt: skip
     return view, rows
 
 
@@ -174,7 +178,9 @@ def test_array_entry_point_is_the_view_path(name: str, seed: int) -> None:
 def test_greedy_yield_arrays_break_yield_ties_by_index() -> None:
     # equal yields 0.5 and a fresh job (τ = t): the fresh one first, then by index
     progress, released_at, demand = [1.0, 1.0, 0.0, 2.0], [0.0, 0.0, 2.0, -2.0], [0.6] * 4
-    rows = ArrayView(2.0, 1.0, None, [0, 1, 2, 3], progress, released_at, demand, demand, [], [])
+    rows = ArrayView(
+        2.0, 1.0, None, [0, 1, 2, 3], progress, released_at, demand, demand, [], [], [], [], []
+    )
     got = GreedyYield().allocate_arrays(rows)
     assert got == [(2, 0.6), (0, 0.4)]
 

@@ -227,7 +227,7 @@ def _without_arrays(name: str, window: Window) -> Policy:
 
 def test_the_strategies_of_the_paper_take_the_array_path() -> None:
     expected = {"fcfs", "fair-share", "greedy-yield", "greedy-com", "look-ahead-greedy-yield"}
-    assert expected | {"periodic-greedy-yield"} <= set(ARRAY_POLICIES)
+    assert expected | {"periodic-greedy-yield", "set-10"} <= set(ARRAY_POLICIES)
 
 
 @pytest.mark.parametrize("name", ARRAY_POLICIES)
@@ -266,3 +266,12 @@ def test_an_inherited_array_path_is_not_taken_past_a_changed_decision() -> None:
     periodic = _array_path(PeriodicGreedyYield(PeriodicParams(delta=2.5)))
     assert periodic is not None and periodic[1] == 2.5
     assert _array_path(Halved()) is None
+
+
+def test_set_10_with_known_omega_gives_its_views_results() -> None:
+    for window in _windows():
+        fast = simulate(window, create_policy("set-10", window, known_omega=True))
+        plain_policy = create_policy("set-10", window, known_omega=True)
+        plain_policy.array_allocator = lambda: None  # type: ignore[method-assign]
+        assert _array_path(plain_policy) is None
+        _same_run(fast, simulate(window, plain_policy))
