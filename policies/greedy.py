@@ -218,8 +218,14 @@ class LookAheadGreedyYield(Policy):
 
     def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
         """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), every V_i
-        known: the same rates, bit for bit (the same float operations in the same
-        order; rates lists the others by yield, then the candidate, as ``allocate``)."""
+        known: the same rates, bit for bit.
+
+        The same float operations as ``allocate``, fewer of them: a job the candidate's
+        fill leaves at 0 has y_k(h) = P_k/(h − τ_k) (P_k + 0 = P_k), and when every τ_k
+        is the same (synthetic windows) the least of those is the least P_k's, as
+        rounded division by one positive number keeps the order. Z is a minimum, so
+        the order it is taken in does not matter. ``enforce`` drops the zero rates,
+        which leaves the fill's positive prefix, then the candidate."""
         active = rows.active
         capacity = rows.capacity
         demand = rows.demand
@@ -238,32 +244,35 @@ class LookAheadGreedyYield(Policy):
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
         ranked.sort()
         ordered = [i for _, i in ranked]
+        tau0 = released_at[active[0]]
+        by_progress = None  # (P_k, k) ascending, when every τ_k is τ0
+        if all(released_at[i] == tau0 for i in active):
+            by_progress = sorted([(progress[i], i) for i in active])
 
-        best: dict[int, float] | None = None
-        best_z = 0.0
-        first: dict[int, float] | None = None
+        best: list[tuple[int, float]] | None = None
+        best_z = 0.0  # reference: strict `>` from threshold 0
+        first: list[tuple[int, float]] | None = None
         scored = False
         for c in active:
             d = demand[c]
             beta = capacity if capacity < d else d  # min(demand, capacity)
             left = capacity - beta
-            rates: dict[int, float] = {}
-            for j in ordered:  # greedy_fill of the others
+            served = []  # the fill's positive prefix (greedy_fill of the others)
+            for j in ordered:
                 if j == c:
                     continue
-                if left > 0.0:
-                    d = demand[j]
-                    give = left if left < d else d
-                    left -= give
-                else:
-                    give = 0.0
-                rates[j] = give
-            rates[c] = beta
+                if not left > 0.0:
+                    break
+                d = demand[j]
+                give = left if left < d else d
+                left -= give
+                served.append((j, give))
+            served.append((c, beta))
             if first is None:
-                first = rates
-            # _min_projected_yield
+                first = served
+            # _min_projected_yield: h, then Z = min(1, min_k y_k(h))
             h = horizon
-            for j, b in rates.items():
+            for j, b in served:
                 if b > 0.0:
                     v = remaining[j]
                     if v > 0.0:
@@ -274,22 +283,34 @@ class LookAheadGreedyYield(Policy):
                 continue
             scored = True
             z = 1.0
-            for j in active:
+            span = h - now
+            for j, r in served:
                 tau = released_at[j]
-                y = (
-                    (progress[j] + (h - now) * rates[j] / cap[j]) / (h - tau)
-                    if h > tau
-                    else FRESH_YIELD
-                )
+                y = (progress[j] + span * r / cap[j]) / (h - tau) if h > tau else FRESH_YIELD
                 if y < z:
                     z = y
+            if by_progress is not None:
+                for p, j in by_progress:  # the least P_k at rate 0
+                    if j != c and not any(j == k for k, _ in served):
+                        y = p / (h - tau0) if h > tau0 else FRESH_YIELD
+                        if y < z:
+                            z = y
+                        break
+            else:
+                rated = dict(served)
+                for j in active:
+                    if j not in rated:
+                        tau = released_at[j]
+                        y = progress[j] / (h - tau) if h > tau else FRESH_YIELD
+                        if y < z:
+                            z = y
             if z > best_z:
-                best_z, best = z, rates
+                best_z, best = z, served
         if not scored:
             return greedy_fill_rows(ordered, demand, capacity)
         chosen = best if best is not None else first
         assert chosen is not None
-        return enforce_rows(list(chosen.items()), demand, cap, capacity)
+        return enforce_rows(chosen, demand, cap, capacity)
 
 
 def _min_projected_yield(

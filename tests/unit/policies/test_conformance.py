@@ -110,9 +110,10 @@ def test_registry_knows_the_core_policies() -> None:
 # must give the rates of the view path, bit for bit, in the same order.
 
 
-def arrays_case(seed: int) -> tuple[SystemView, ArrayView]:
+def arrays_case(seed: int, one_release: bool = False) -> tuple[SystemView, ArrayView]:
     """A view whose jobs are all active and in index order, and the same view as arrays
-    (NaN in the rows that are not jobs of the view, so reading one shows)."""
+    (NaN in the rows that are not jobs of the view, so reading one shows); with
+    ``one_release``, every job released at the same time (as in synthetic windows)."""
     rng = random.Random(seed)
     now = rng.choice([0.0, 1.0, 1000.0, 1.8e6])
     capacity = rng.choice([1.0, 4.0, 0.3, 1e9])
@@ -130,6 +131,8 @@ def arrays_case(seed: int) -> tuple[SystemView, ArrayView]:
         demand[i] = rng.choice([cap, cap * rng.uniform(0.01, 1.0)])
         # fresh (τ ≥ t) and equal yields (P = 0, or P proportional to the age) for ties
         released_at[i] = rng.choice([now, now + 1.0, now * rng.uniform(0.0, 1.0), 0.0])
+        if one_release:
+            released_at[i] = 0.0 if now > 0.0 else -1.0
         age = now - released_at[i]
         progress[i] = rng.choice([0.0, age * 0.5, age * rng.uniform(0.0, 1.0)]) if age > 0 else 0.0
         # equal and zero volumes and post times, for ties
@@ -173,6 +176,18 @@ def test_array_entry_point_is_the_view_path(name: str, seed: int) -> None:
     expected = [(view.jobs[j].index, rate) for j, rate in decision.rates.items()]
     got = arrays(rows)
     assert got == expected  # same jobs, same order, same floats
+
+
+@pytest.mark.parametrize("name", ARRAY_POLICIES)
+@pytest.mark.parametrize("seed", range(100))
+def test_array_entry_point_is_the_view_path_with_one_release_time(name: str, seed: int) -> None:
+    view, rows = arrays_case(seed, one_release=True)
+    arrays = REGISTRY.create(name).array_allocator()
+    assert arrays is not None
+    expected = [
+        (view.jobs[j].index, r) for j, r in decide(REGISTRY.create(name), view).rates.items()
+    ]
+    assert arrays(rows) == expected
 
 
 def test_greedy_yield_arrays_break_yield_ties_by_index() -> None:
