@@ -90,6 +90,7 @@ def set_index(omega: float) -> int:
 
 
 _FIRST_SET = set_index(FIRST_OMEGA)  # n of a job seen for the first time
+_WEIGHTS = {n: 10.0 ** (-n) for n in range(-N_LIMIT, N_LIMIT + 1)}  # q_n = 10^(−n)
 
 
 class Set10(Policy):
@@ -161,12 +162,20 @@ class Set10(Policy):
         sets: dict[int, list[int]] = {}
         known = self._known_sets
         learn = self.params.learn
+        learned = self._learned
         job_ids = rows.job_ids
+        posted_at = rows.posted_at
         for i in rows.active:
             job_id = job_ids[i]
             n = known.get(job_id)
             if n is None:
-                n = self._observe_row(rows, i) if learn else self._classified(job_id)
+                state = learned.get(job_id)
+                if learn and state is not None and state.posted_at == posted_at[i]:
+                    n = state.set_index  # (_observe_row: this operation is counted)
+                elif learn:
+                    n = self._observe_row(rows, i)
+                else:
+                    n = self._classified(job_id)
             members = sets.get(n)
             if members is None:
                 sets[n] = [i]
@@ -263,9 +272,16 @@ def _split_rows(
     capacity: float,
 ) -> dict[int, float]:
     """:func:`_split` over rows: the same proposals (zeros included), in the same order."""
-    weight = {n: 10.0 ** (-n) for n in sets}
-    total = {n: sum(demand[i] for i in members) for n, members in sets.items()}
-    fcfs = {n: sorted(members, key=lambda i: (posted_at[i], i)) for n, members in sets.items()}
+    weight = {}
+    total = {}
+    fcfs = {}
+    for n, members in sets.items():
+        weight[n] = _WEIGHTS[n]
+        total[n] = sum([demand[i] for i in members])
+        if len(members) == 1:
+            fcfs[n] = members
+        else:
+            fcfs[n] = [i for _, i in sorted([(posted_at[i], i) for i in members])]
     rates: dict[int, float] = {}
     left = list(sets)
     q_tot = sum(weight[n] for n in left)
