@@ -167,7 +167,7 @@ class Set10(Policy):
         posted_at = rows.posted_at
         for i in rows.active:
             job_id = job_ids[i]
-            n = known.get(job_id)
+            n = known.get(job_id) if known else None
             if n is None:
                 state = learned.get(job_id)
                 if learn and state is not None and state.posted_at == posted_at[i]:

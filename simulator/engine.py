@@ -412,12 +412,15 @@ class _Run:
             for end, i in _pop_due(work_ends, now, slack):
                 q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
                 if q < DONE:
-                    self._check_done(i, q, now)
+                    if q < -DONE:
+                        self._check_done(i, q, now)
                     self._complete(i, t, now)
                 else:
                     heappush(work_ends, (end, i))
         for i in done:
-            self._check_done(i, q_left[i] / cap[i], now)
+            q = q_left[i] / cap[i]
+            if q < -DONE:
+                self._check_done(i, q, now)
             self._complete(i, t, now)
         for i in tiny:
             if self.io[i]:  # (not completed above, served)
@@ -496,19 +499,12 @@ class _Run:
         self.work_done = [0.0] * len(self.work_done)
         self.work_began = [self.t] * len(self.work_began)
 
-    def _begin_work(self, i: int, now: float, length: float) -> None:
-        """A work phase of ``length`` begins at ``now``: closed form if exact, else stepped."""
-        self.io[i] = False
-        self.work_began[i] = now
-        self.remaining[i] = length
-        if not self._close(i, now):
-            self.stepped.append(i)
-
     def _complete(self, i: int, step_start: float, now: float) -> None:
         """Phase completion at ``now`` in the step that began at ``step_start`` (STEP C)."""
         k = self.phase[i]
         values = self.values[i]
-        length = values[k] if k < len(values) else 0.0  # ℓ, the kept length
+        n = len(values)
+        length = values[k] if k < n else 0.0  # ℓ, the kept length
         was_io = self.io[i]
         if was_io:
             self.io_total[i] += length
@@ -520,12 +516,13 @@ class _Run:
             if self.closed[i]:  # P_s + (now − s), exact
                 self.progress[i] += now - self.base[i]
                 self.closed[i] = False
-            self._credit(i, step_start, length)
+            if step_start > self.switch_at:  # (_credit gives nothing otherwise)
+                self._credit(i, step_start, length)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
         self.views[i] = None
-        if k >= len(values):
+        if k >= n:
             # Kept phases sum to T only up to rounding, so an application can run out
             # of phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference
             # would read a missing value as 0 and loop on zero-length phases; here the
@@ -535,8 +532,12 @@ class _Run:
             self.work_began[i] = now
             self.stepped.append(i)
             return
-        if was_io:
-            self._begin_work(i, now, values[k])
+        if was_io:  # a work phase begins: closed form if exact, else stepped
+            self.io[i] = False
+            self.work_began[i] = now
+            self.remaining[i] = values[k]
+            if not self._close(i, now):
+                self.stepped.append(i)
         else:
             self.io[i] = True
             self.remaining[i] = self.volume[i] = values[k]
