@@ -8,7 +8,7 @@ and the rest goes to the next job, so the sum is min(B, Σ demand).
 from __future__ import annotations
 
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
-from burstctl.policies.sharing import greedy_fill, greedy_fill_rows
+from burstctl.policies.sharing import greedy_fill, greedy_fill_ranked
 from burstctl.policies.view import JobId, SystemView
 
 
@@ -29,5 +29,5 @@ class Fcfs(Policy):
         """``allocate`` over arrays (:class:`ArrayAllocator`), every R_i known: the same
         decision, bit for bit."""
         posted_at = rows.posted_at
-        order = sorted((posted_at[i], i) for i in rows.active)
-        return greedy_fill_rows([i for _, i in order], rows.demand, rows.capacity)
+        ranked = [(posted_at[i], i) for i in rows.active]
+        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)

@@ -24,7 +24,7 @@ from pydantic import Field
 
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
 from burstctl.policies.decision import enforce_rows
-from burstctl.policies.sharing import greedy_fill, greedy_fill_rows
+from burstctl.policies.sharing import greedy_fill, greedy_fill_ranked, greedy_fill_rows
 from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
 
 
@@ -62,24 +62,12 @@ class GreedyYield(Policy):
         now = rows.now
         progress = rows.progress
         released_at = rows.released_at
-        ranked = []
-        for i in rows.active:
-            # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
-            elapsed = now - released_at[i]
-            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
-        ranked.sort()
-        # GREEDY_FILL (greedy_fill_rows, inlined: this is the simulator's hot loop)
-        demand = rows.demand
-        left = rows.capacity
-        rates = []
-        for _, i in ranked:
-            if not left > 0.0:
-                break
-            d = demand[i]
-            give = left if left < d else d
-            left -= give
-            rates.append((i, give))
-        return rates
+        # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
+        ranked = [
+            (FRESH_YIELD if (elapsed := now - released_at[i]) <= 0.0 else progress[i] / elapsed, i)
+            for i in rows.active
+        ]
+        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -156,8 +144,8 @@ class GreedyCom(Policy):
         """``allocate`` over arrays (:class:`ArrayAllocator`), every V_i known: the same
         decision, bit for bit."""
         remaining, cap = rows.remaining, rows.cap
-        order = sorted((remaining[i] / cap[i], i) for i in rows.active)
-        return greedy_fill_rows([i for _, i in order], rows.demand, rows.capacity)
+        ranked = [(remaining[i] / cap[i], i) for i in rows.active]
+        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
 
 
 class LookAheadGreedyYield(Policy):
