@@ -278,8 +278,9 @@ class LookAheadGreedyYield(Policy):
                 if y < z:
                     z = y
             if by_progress is not None:
+                taken = (c,) if len(served) == 1 else {k for k, _ in served}
                 for p, j in by_progress:  # the least P_k at rate 0
-                    if j != c and not any(j == k for k, _ in served):
+                    if j not in taken:
                         y = p / (h - tau0) if h > tau0 else FRESH_YIELD
                         if y < z:
                             z = y
