@@ -325,14 +325,16 @@ class _Run:
         rows = self.rows  # (rows.active is A itself, kept in place)
         counter = 0
         t = self.t
+        switched = self.switched
+        policy, arrays = self.policy, self.arrays
+        if not switched:
+            assert self.warmup is not None
+            policy, arrays = self.warmup, self.warmup_arrays
         while t < T - EPS:
-            if not self.switched and t > self.switch_at - EPS:
+            if not switched and t > self.switch_at - EPS:
                 self._switch()
-            if self.switched:
+                switched = True
                 policy, arrays = self.policy, self.arrays
-            else:
-                assert self.warmup is not None
-                policy, arrays = self.warmup, self.warmup_arrays
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
             if arrays is not None:
                 # the policy's array entry point: the rates ``decide`` gives the view
@@ -363,7 +365,7 @@ class _Run:
                 c = min([t + q_left[i] / b for i, b in serving])
                 if c < t_next:
                     t_next = c
-            if not self.switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
+            if not switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
                 t_next = self.switch_at  # v2: an event is forced at t_c
             self._advance(t, t_next)
             if t_next == t:
