@@ -62,11 +62,11 @@ class GreedyYield(Policy):
         now = rows.now
         progress = rows.progress
         released_at = rows.released_at
-        # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
-        ranked = [
-            (FRESH_YIELD if (elapsed := now - released_at[i]) <= 0.0 else progress[i] / elapsed, i)
-            for i in rows.active
-        ]
+        ranked = []
+        for i in rows.active:
+            # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
+            elapsed = now - released_at[i]
+            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
         return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
 
 

@@ -361,8 +361,8 @@ class _Run:
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
             if work_ends and work_ends[0][0] < t_next:
                 t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
-            if serving:  # β = 0 never completes: only the served count
-                c = min([t + q_left[i] / b for i, b in serving])
+            for i, b in serving:  # β = 0 never completes: only the served count
+                c = t + q_left[i] / b
                 if c < t_next:
                     t_next = c
             if not switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
