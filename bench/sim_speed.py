@@ -54,16 +54,17 @@ REFERENCE_NAMES = {
     "best-next-event": "nextEvLexMin",
 }
 
-# The C++ simulator on this instance (W = 1.1, seed 1), whole process, seconds:
-# medians of 5 runs on the 2-core sandbox, 2026-11-25, g++ 12 -O2 (docs/benchmarks.md).
+# The C++ simulator on this instance (W = 1.1, seed 1), whole process, seconds, on the
+# 2-core sandbox, 2026-11-25, g++ 12 -O2: medians of 5 under light load; best-next-event
+# one run (docs/benchmarks.md).
 RECORDED_CPP = {
-    "fcfs": 0.08,
-    "fair-share": 0.10,
-    "set-10": 0.14,
-    "greedy-yield": 0.11,
-    "greedy-com": 0.11,
-    "look-ahead-greedy-yield": 0.26,
-    "periodic-greedy-yield": 0.15,
+    "fcfs": 0.091,
+    "fair-share": 0.108,
+    "set-10": 0.141,
+    "greedy-yield": 0.115,
+    "greedy-com": 0.114,
+    "look-ahead-greedy-yield": 0.265,
+    "periodic-greedy-yield": 0.148,
     "best-next-event": 10.6,
 }
 
