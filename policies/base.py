@@ -16,6 +16,7 @@ registered policy: the same rates as the view path, bit for bit.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, ClassVar, Protocol
 
 from pydantic import BaseModel, ConfigDict
@@ -30,25 +31,42 @@ class PolicyParams(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
 
-class ArrayAllocator(Protocol):
-    """A policy's decision over a view given as arrays indexed by ``JobView.index``.
+@dataclass(slots=True)
+class ArrayView:
+    """A view given as arrays indexed by ``JobView.index`` (the simulator's own lists).
 
     The view's jobs are the rows ``active``, every one active, with distinct
-    indices in increasing order (the stable order); ``progress`` holds P_i,
-    ``released_at`` τ_i and ``demand`` the demand (= b_i) of row i. Returns
-    ``(index, rate)`` for the positive rates, in the order the view path's
-    ``decide(policy, view).rates`` lists them, with the same values.
+    indices in increasing order (the stable order), whose job ids sort like their
+    indices. Row i has P_i in ``progress``, τ_i in ``released_at``, its demand in
+    ``demand``, b_i in ``cap`` (the simulator passes b_i for both), the remaining
+    volume V_i of its pending operation (known) in ``remaining``, its full volume
+    in ``volume``, its post time R_i in ``posted_at``, the work phase before it in
+    ``last_work`` and its job id in ``job_ids``. ``now``, ``capacity`` and
+    ``horizon`` are the view's, which was observed (``SystemView.observed``).
+    The lists are the caller's: read them during the call, never keep them.
     """
 
-    def __call__(
-        self,
-        now: float,
-        capacity: float,
-        active: Sequence[int],
-        progress: Sequence[float],
-        released_at: Sequence[float],
-        demand: Sequence[float],
-    ) -> list[tuple[int, float]]: ...
+    now: float
+    capacity: float
+    horizon: float | None
+    active: Sequence[int]
+    progress: Sequence[float]
+    released_at: Sequence[float]
+    demand: Sequence[float]
+    cap: Sequence[float]
+    remaining: Sequence[float]
+    posted_at: Sequence[float]
+    volume: Sequence[float]
+    last_work: Sequence[float]
+    job_ids: Sequence[str]
+
+
+class ArrayAllocator(Protocol):
+    """A policy's decision over an :class:`ArrayView`: ``(index, rate)`` for the
+    positive rates, in the order the view path's ``decide(policy, view).rates``
+    lists them, with the same values."""
+
+    def __call__(self, rows: ArrayView) -> list[tuple[int, float]]: ...
 
 
 class Offload(Protocol):
@@ -92,12 +110,18 @@ class Policy:
         happens (PeriodicGreedyYield's δ); None: only at events."""
         return None
 
+    def fixed_period(self) -> float | None:
+        """What ``period(view)`` returns for every view, when that does not depend on
+        the view (PeriodicGreedyYield's δ); None otherwise, or when there is no period."""
+        return None
+
     def array_allocator(self) -> ArrayAllocator | None:
         """The array entry point standing for this policy's whole decision, or None.
 
-        Only a policy whose ``period`` is always None may return one (the
-        simulator asks for periods with a view). A subclass that changes
-        ``allocate`` or ``period`` must say again what it offers here.
+        Only a policy whose ``period`` is always None, or always ``fixed_period()``,
+        may return one (the simulator has no view to ask). A subclass that changes
+        ``allocate``, ``period`` or ``fixed_period`` must say again what it offers
+        here; the simulator does not take an entry point inherited past such a change.
         """
         return None
 

@@ -13,7 +13,7 @@ Pure: no clock, no I/O; the same view and targets give the same decision.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from types import MappingProxyType
 from typing import NamedTuple
 
@@ -144,6 +144,31 @@ def enforce(
         scale = view.capacity / total
         rates = {j: r * scale for j, r in rates.items()}
     return rates, tuple(fixes) if fixes else (), scaled
+
+
+def enforce_rows(
+    rows: Sequence[tuple[int, float]],
+    demand: Sequence[float],
+    cap: Sequence[float],
+    capacity: float,
+) -> list[tuple[int, float]]:
+    """:func:`enforce`'s rates over arrays (an array entry point's ``(i, rate)``
+    proposals, demand and b_i by row): the same floats in the same order, positive
+    only. What was fixed is not reported."""
+    rates: list[tuple[int, float]] = []
+    total = 0.0
+    for i, rate in rows:
+        c = cap[i]
+        if 0.0 < rate <= c and demand[i] > 0.0:
+            rates.append((i, rate))
+            total += rate
+        elif rate != 0.0 and rate > c and demand[i] > 0.0:
+            rates.append((i, c))
+            total += c
+    if total > capacity * (1 + SUM_TOLERANCE):
+        scale = capacity / total
+        return [(i, r * scale) for i, r in rates]
+    return rates
 
 
 def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> dict[JobId, float]:

@@ -22,8 +22,9 @@ from collections.abc import Iterable, Sequence
 
 from pydantic import Field
 
-from burstctl.policies.base import ArrayAllocator, Policy, PolicyParams
-from burstctl.policies.sharing import greedy_fill
+from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
+from burstctl.policies.decision import enforce_rows
+from burstctl.policies.sharing import greedy_fill, greedy_fill_ranked, greedy_fill_rows
 from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
 
 
@@ -55,34 +56,18 @@ class GreedyYield(Policy):
     def array_allocator(self) -> ArrayAllocator | None:
         return self.allocate_arrays
 
-    def allocate_arrays(
-        self,
-        now: float,
-        capacity: float,
-        active: Sequence[int],
-        progress: Sequence[float],
-        released_at: Sequence[float],
-        demand: Sequence[float],
-    ) -> list[tuple[int, float]]:
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
         """``allocate`` over arrays (:class:`ArrayAllocator`): the same decision, bit
         for bit, without building a view."""
+        now = rows.now
+        progress = rows.progress
+        released_at = rows.released_at
         ranked = []
-        for i in active:
+        for i in rows.active:
             # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
             elapsed = now - released_at[i]
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
-        ranked.sort()
-        # GREEDY_FILL (sharing.greedy_fill): the jobs after the budget runs out get 0
-        left = capacity
-        rates = []
-        for _, i in ranked:
-            if not left > 0.0:
-                break
-            d = demand[i]
-            give = left if left < d else d
-            left -= give
-            rates.append((i, give))
-        return rates
+        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -123,8 +108,11 @@ class PeriodicGreedyYield(GreedyYield):
     def period(self, view: SystemView) -> float:
         return self.params.delta
 
+    def fixed_period(self) -> float:
+        return self.params.delta
+
     def array_allocator(self) -> ArrayAllocator | None:
-        return None  # it has a period, which the simulator asks for with a view
+        return self.allocate_arrays  # GreedyYield's, with δ from fixed_period
 
 
 class GreedyCom(Policy):
@@ -148,6 +136,16 @@ class GreedyCom(Policy):
             return (d, job.index, job.job_id)
 
         return greedy_fill(sorted(view.active_jobs(), key=key), view.capacity)
+
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """``allocate`` over arrays (:class:`ArrayAllocator`), every V_i known: the same
+        decision, bit for bit."""
+        remaining, cap = rows.remaining, rows.cap
+        ranked = [(remaining[i] / cap[i], i) for i in rows.active]
+        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
 
 
 class LookAheadGreedyYield(Policy):
@@ -202,6 +200,106 @@ class LookAheadGreedyYield(Policy):
             assert first is not None
             return first
         return best
+
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), every V_i
+        known: the same rates, bit for bit.
+
+        The same float operations as ``allocate``, fewer of them: a job the candidate's
+        fill leaves at 0 has y_k(h) = P_k/(h − τ_k) (P_k + 0 = P_k), and when every τ_k
+        is the same (synthetic windows) the least of those is the least P_k's, as
+        rounded division by one positive number keeps the order. Z is a minimum, so
+        the order it is taken in does not matter. ``enforce`` drops the zero rates,
+        which leaves the fill's positive prefix, then the candidate."""
+        active = rows.active
+        capacity = rows.capacity
+        demand = rows.demand
+        cap = rows.cap
+        if len(active) <= 1:
+            one = [(i, min(demand[i], capacity)) for i in active]
+            return enforce_rows(one, demand, cap, capacity)
+        now = rows.now
+        progress = rows.progress
+        released_at = rows.released_at
+        remaining = rows.remaining
+        horizon = rows.horizon
+        ranked = []
+        for i in active:  # by_yield
+            elapsed = now - released_at[i]
+            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
+        ranked.sort()
+        ordered = [i for _, i in ranked]
+        tau0 = released_at[active[0]]
+        by_progress = None  # (P_k, k) ascending, when every τ_k is τ0
+        if all(released_at[i] == tau0 for i in active):
+            by_progress = sorted([(progress[i], i) for i in active])
+
+        best: list[tuple[int, float]] | None = None
+        best_z = 0.0  # reference: strict `>` from threshold 0
+        first: list[tuple[int, float]] | None = None
+        scored = False
+        for c in active:
+            d = demand[c]
+            beta = capacity if capacity < d else d  # min(demand, capacity)
+            left = capacity - beta
+            served = []  # the fill's positive prefix (greedy_fill of the others)
+            for j in ordered:
+                if j == c:
+                    continue
+                if not left > 0.0:
+                    break
+                d = demand[j]
+                give = left if left < d else d
+                left -= give
+                served.append((j, give))
+            served.append((c, beta))
+            if first is None:
+                first = served
+            # _min_projected_yield: h, then Z = min(1, min_k y_k(h))
+            h = horizon
+            for j, b in served:
+                if b > 0.0:
+                    v = remaining[j]
+                    if v > 0.0:
+                        end = now + v / b
+                        if h is None or end < h:
+                            h = end
+            if h is None:
+                continue
+            scored = True
+            z = 1.0
+            span = h - now
+            for j, r in served:
+                tau = released_at[j]
+                y = (progress[j] + span * r / cap[j]) / (h - tau) if h > tau else FRESH_YIELD
+                if y < z:
+                    z = y
+            if by_progress is not None:
+                taken = (c,) if len(served) == 1 else {k for k, _ in served}
+                for p, j in by_progress:  # the least P_k at rate 0
+                    if j not in taken:
+                        y = p / (h - tau0) if h > tau0 else FRESH_YIELD
+                        if y < z:
+                            z = y
+                        break
+            else:
+                rated = dict(served)
+                for j in active:
+                    if j not in rated:
+                        tau = released_at[j]
+                        y = progress[j] / (h - tau) if h > tau else FRESH_YIELD
+                        if y < z:
+                            z = y
+            if z > best_z:
+                best_z, best = z, served
+        if not scored:
+            return greedy_fill_rows(ordered, demand, capacity)
+        chosen = best if best is not None else first
+        assert chosen is not None
+        return enforce_rows(chosen, demand, cap, capacity)
 
 
 def _min_projected_yield(

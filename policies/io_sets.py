@@ -10,13 +10,15 @@ are checked against.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
 from burstctl.limits import MAX_JOBS, MAX_TEXT, identifier_problem
-from burstctl.policies.base import Policy, PolicyParams
+from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
+from burstctl.policies.decision import enforce_rows
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import JobId, JobView, SystemView
 
@@ -88,6 +90,7 @@ def set_index(omega: float) -> int:
 
 
 _FIRST_SET = set_index(FIRST_OMEGA)  # n of a job seen for the first time
+_WEIGHTS = {n: 10.0 ** (-n) for n in range(-N_LIMIT, N_LIMIT + 1)}  # q_n = 10^(−n)
 
 
 class Set10(Policy):
@@ -150,6 +153,60 @@ class Set10(Policy):
             sets.setdefault(n, []).append(job)
         return _split(sets, view.capacity, view.now)
 
+    def array_allocator(self) -> ArrayAllocator | None:
+        return self.allocate_arrays
+
+    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), on an
+        observed view: the same learning and the same rates, bit for bit."""
+        sets: dict[int, list[int]] = {}
+        known = self._known_sets
+        learn = self.params.learn
+        learned = self._learned
+        job_ids = rows.job_ids
+        posted_at = rows.posted_at
+        for i in rows.active:
+            job_id = job_ids[i]
+            n = known.get(job_id) if known else None
+            if n is None:
+                state = learned.get(job_id)
+                if learn and state is not None and state.posted_at == posted_at[i]:
+                    n = state.set_index  # (_observe_row: this operation is counted)
+                elif learn:
+                    n = self._observe_row(rows, i)
+                else:
+                    n = self._classified(job_id)
+            members = sets.get(n)
+            if members is None:
+                sets[n] = [i]
+            else:
+                members.append(i)
+        demand, cap, capacity = rows.demand, rows.cap, rows.capacity
+        rates = _split_rows(sets, demand, rows.posted_at, capacity)
+        return enforce_rows(list(rates.items()), demand, cap, capacity)
+
+    def _observe_row(self, rows: ArrayView, i: int) -> int:
+        """``_observe`` of row ``i`` (V_i known: the fallback volume is V_i + moved)."""
+        state = self._learned.get(rows.job_ids[i])
+        posted_at = rows.posted_at[i]
+        if state is None:
+            state = self._learned[rows.job_ids[i]] = _Learned()
+        elif state.posted_at == posted_at:
+            return state.set_index
+        state.posted_at = posted_at
+        if state.count == 0:
+            state.omega = FIRST_OMEGA
+        else:
+            volume = rows.volume[i]
+            if not volume > 0.0:
+                q = rows.remaining[i]
+                volume = q + (volume - q)  # remaining_estimate() + moved
+            c = state.count
+            state.omega = (state.omega * (c - 1) + rows.last_work[i] + volume / rows.cap[i]) / c
+        state.count += 1
+        state.set_index = set_index(state.omega)
+        return state.set_index
+
     def _classified(self, job_id: JobId) -> int:
         """n of what is learned of ``job_id`` so far, without learning (a view that was
         not observed here, e.g. merged from several replicas' digests)."""
@@ -205,4 +262,50 @@ def _split(sets: dict[int, list[JobView]], capacity: float, now: float) -> dict[
             rates.update(greedy_fill(fcfs[n], share))
         else:
             break  # a scan that saturated nothing: its fills stand
+    return rates
+
+
+def _split_rows(
+    sets: dict[int, list[int]],
+    demand: Sequence[float],
+    posted_at: Sequence[float],
+    capacity: float,
+) -> dict[int, float]:
+    """:func:`_split` over rows: the same proposals (zeros included), in the same order."""
+    weight = {}
+    total = {}
+    fcfs = {}
+    for n, members in sets.items():
+        weight[n] = _WEIGHTS[n]
+        total[n] = sum([demand[i] for i in members])
+        if len(members) == 1:
+            fcfs[n] = members
+        else:
+            fcfs[n] = [i for _, i in sorted([(posted_at[i], i) for i in members])]
+    rates: dict[int, float] = {}
+    left = list(sets)
+    q_tot = sum(weight[n] for n in left)
+    x = capacity
+    while left:
+        for n in left:
+            share = weight[n] * x / q_tot
+            if share > total[n]:
+                for i in sets[n]:
+                    rates[i] = demand[i]
+                    x -= demand[i]
+                left.remove(n)
+                q_tot = sum(weight[g] for g in left)
+                break
+            # greedy_fill of the set, zeros included (they keep their place in the order)
+            budget = share
+            for i in fcfs[n]:
+                if budget > 0.0:
+                    d = demand[i]
+                    give = budget if budget < d else d
+                    budget -= give
+                else:
+                    give = 0.0
+                rates[i] = give
+        else:
+            break
     return rates

@@ -9,7 +9,7 @@ want more. The result is work-conserving: Σ rates = min(B, Σ demand).
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
 from burstctl.policies.view import JobId, JobView
 
@@ -32,6 +32,40 @@ def greedy_fill(order: Iterable[JobView], capacity: float) -> dict[JobId, float]
             give = 0.0
         rates[job.job_id] = give
     return rates
+
+
+def greedy_fill_rows(
+    order: Iterable[int], demand: Sequence[float], capacity: float
+) -> list[tuple[int, float]]:
+    """:func:`greedy_fill` over rows (``demand`` by row), positive rates only: the rows
+    after the budget runs out get 0. Its rates pass ``decision.enforce`` unchanged when
+    every demand is positive and at most b_i (each rate is at most its demand, and
+    their sum at most ``capacity``)."""
+    left = capacity
+    rates = []
+    for i in order:
+        if not left > 0.0:
+            break
+        d = demand[i]
+        give = left if left < d else d
+        left -= give
+        rates.append((i, give))
+    return rates
+
+
+def greedy_fill_ranked(
+    ranked: list[tuple[float, int]], demand: Sequence[float], capacity: float
+) -> list[tuple[int, float]]:
+    """:func:`greedy_fill_rows` in the order of (key, row) pairs, ties by row; sorts
+    ``ranked``. When the first row takes all of ``capacity`` (the simulator's usual
+    case, b_i = B) it is found with one ``min`` instead of a sort, with the same rate."""
+    if ranked and capacity > 0.0:
+        first = min(ranked)[1]
+        d = demand[first]
+        if not capacity > d:  # it takes all: nobody else gets anything
+            return [(first, capacity if capacity < d else d)]
+    ranked.sort()
+    return greedy_fill_rows([i for _, i in ranked], demand, capacity)
 
 
 def water_fill(
@@ -82,3 +116,48 @@ def water_fill(
             rates[k] = level * wk
         break
     return rates
+
+
+def water_fill_rows(
+    active: Sequence[int],
+    ceilings: Sequence[float],
+    weights: Sequence[float],
+    capacity: float,
+) -> list[tuple[int, float]]:
+    """:func:`water_fill` over arrays: ``(i, rate)`` for the rows of ``active`` that can
+    take something, in the order of ``active``, with the same floats as ``water_fill``
+    gives jobs whose ids sort like their rows (ties in ceiling/weight go by row).
+    Rows that get 0 are left out."""
+    live = []
+    total_ceiling = 0.0
+    weight_left = 0.0
+    lowest = math.inf
+    for i in active:  # the same sums, in the same order, as water_fill
+        c = ceilings[i]
+        w = weights[i]
+        if c > 0.0 and w > 0.0:
+            ratio = c / w
+            live.append((ratio, i, c, w))
+            total_ceiling += c
+            weight_left += w
+            if ratio < lowest:
+                lowest = ratio
+    if total_ceiling <= capacity:
+        return [(i, c) for _, i, c, _ in live]
+    left = capacity
+    level = left / weight_left
+    if lowest > level:
+        return [(i, level * w) for _, i, _, w in live]
+    rates: dict[int, float] = {}
+    ordered = sorted(live)
+    for k, (ratio, i, c, w) in enumerate(ordered):
+        level = left / weight_left
+        if ratio <= level:
+            rates[i] = c
+            left -= c
+            weight_left -= w
+            continue
+        for _, j, _, wj in ordered[k:]:
+            rates[j] = level * wj
+        break
+    return [(i, rates[i]) for _, i, _, _ in live]

@@ -24,7 +24,7 @@ from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
 from typing import Any, Literal
 
-from burstctl.policies.base import ArrayAllocator, Policy
+from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
 from burstctl.policies.decision import decide
 from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import JobView, SystemView
@@ -210,6 +210,9 @@ class _Run:
         self.io_count = [0] * m
         self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
         self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
+        # the views are kept up to date only while the decisions take them (the array
+        # path builds none); the cache is emptied when the policy changes (``_switch``)
+        self.views_in_use = True
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
         # step whether served or not (the reference checks every application)
@@ -219,6 +222,14 @@ class _Run:
         # the policies' fast paths, where they decide exactly as their views would
         self.arrays = _array_path(policy) if self.all_active else None
         self.warmup_arrays = _array_path(warmup) if self.all_active else None
+        # the array entry points' view of the lists above (demand = b_i); A and t are
+        # set at each decision
+        # the full volume of each I/O phase under way (for the array path)
+        self.volume = [v[0] if self.io[i] else 0.0 for i, v in enumerate(self.values)]
+        self.rows = ArrayView(
+            0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
+            self.cap, self.remaining, self.posted, self.volume, self.last_work, self.ids,
+        )  # fmt: skip
         self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
@@ -275,10 +286,9 @@ class _Run:
             i,  # index
         )
 
-    def _decide(self, policy: Policy, arrays: ArrayAllocator | None) -> float:
-        """Sets ``serving`` from the decision's rates for A; returns t_d, its next tick."""
-        if arrays is not None:
-            return self._decide_in_arrays(policy, arrays)
+    def _decide(self, policy: Policy) -> float:
+        """Sets ``serving`` from the decision's rates for A, through the views; returns
+        t_d, its next tick. (The array path is ``loop``'s.)"""
         t = self.t
         views = self.views
         jobs: dict[str, JobView] = {}
@@ -302,15 +312,6 @@ class _Run:
             raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
         return t + period
 
-    def _decide_in_arrays(self, policy: Policy, arrays: ArrayAllocator) -> float:
-        """``_decide`` through the policy's array entry point: the rates ``decide``
-        gives the view ``_decide`` builds, without building it (the policy's promise,
-        checked by the conformance suite). Such a policy has no period."""
-        # A is in index order and every b_i > 0 (all_active): the stable order, all active
-        self.serving = arrays(self.t, 1.0, self.in_io, self.progress, self.tau, self.cap)
-        self.events += 1
-        return self.horizon
-
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
         return SimulationError(
             f"{policy.name} gave application {i} rate {rate} outside"
@@ -321,27 +322,50 @@ class _Run:
         T = self.horizon
         q_left = self.remaining
         work_ends = self.work_ends
+        rows = self.rows  # (rows.active is A itself, kept in place)
         counter = 0
-        while self.t < T - EPS:
-            t = self.t
-            if not self.switched and t > self.switch_at - EPS:
+        t = self.t
+        switched = self.switched
+        policy, arrays = self.policy, self.arrays
+        if not switched:
+            assert self.warmup is not None
+            policy, arrays = self.warmup, self.warmup_arrays
+        while t < T - EPS:
+            if not switched and t > self.switch_at - EPS:
                 self._switch()
-            if self.switched:
+                switched = True
                 policy, arrays = self.policy, self.arrays
-            else:
-                assert self.warmup is not None
-                policy, arrays = self.warmup, self.warmup_arrays
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            t_next = min(T, self._decide(policy, arrays))
+            if arrays is not None:
+                # the policy's array entry point: the rates ``decide`` gives the view
+                # ``_decide`` builds, without building it (the policy's promise, checked
+                # by the conformance suite), and its fixed period
+                allocate, period = arrays
+                rows.now = t
+                serving = self.serving = allocate(rows)
+                self.events += 1
+                if period is None:
+                    t_next = T
+                else:
+                    if not period > 0.0:
+                        raise SimulationError(
+                            f"{policy.name} asked for a period {period} <= 0 at t = {t}"
+                        )
+                    t_next = min(T, t + period)
+                self.views_in_use = False
+            else:
+                t_next = min(T, self._decide(policy))
+                serving = self.serving
+                self.views_in_use = True
             if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
             if work_ends and work_ends[0][0] < t_next:
                 t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
-            for i, b in self.serving:  # β = 0 never completes: only the served count
+            for i, b in serving:  # β = 0 never completes: only the served count
                 c = t + q_left[i] / b
                 if c < t_next:
                     t_next = c
-            if not self.switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
+            if not switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
                 t_next = self.switch_at  # v2: an event is forced at t_c
             self._advance(t, t_next)
             if t_next == t:
@@ -351,7 +375,7 @@ class _Run:
                 if counter > MAX_REPEATS:
                     raise SimulationError(f"time does not advance at t = {t}")
             else:
-                self.t = t_next
+                self.t = t = t_next
                 counter = 0
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
@@ -361,13 +385,23 @@ class _Run:
         with q < DONE. A phase that begins here is first checked at the next step."""
         dt = now - t
         q_left = self.remaining
+        prog = self.progress
         cap = self.cap
-        serving = self.serving
         tiny, self.tiny_io = self.tiny_io, []  # (those that begin here wait a step)
-        for i, b in serving:
-            q_left[i] -= dt * b
-            self.progress[i] += dt * b / cap[i]
-            self.views[i] = None
+        # An I/O phase's Q moves only while it is served: the others cannot cross
+        # DONE, unless their phase began below it (``tiny_io``). The served ones that
+        # do complete after the work phases (in the order served), as in the reference.
+        done = []
+        for i, b in self.serving:
+            q = q_left[i] - dt * b
+            q_left[i] = q
+            prog[i] += dt * b / cap[i]
+            if q / cap[i] < DONE:
+                done.append(i)
+        if self.views_in_use:  # the served ones' views are stale
+            views = self.views
+            for i, _ in self.serving:
+                views[i] = None
         if self.stepped:
             self._advance_stepped(t, now)
         slack = self.slack
@@ -380,17 +414,16 @@ class _Run:
             for end, i in _pop_due(work_ends, now, slack):
                 q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
                 if q < DONE:
-                    self._check_done(i, q, now)
+                    if q < -DONE:
+                        self._check_done(i, q, now)
                     self._complete(i, t, now)
                 else:
                     heappush(work_ends, (end, i))
-        # An I/O phase's Q moves only while it is served: the others cannot cross
-        # DONE, unless their phase began below it (``tiny_io``).
-        for i, _ in serving:
+        for i in done:
             q = q_left[i] / cap[i]
-            if q < DONE:
+            if q < -DONE:
                 self._check_done(i, q, now)
-                self._complete(i, t, now)
+            self._complete(i, t, now)
         for i in tiny:
             if self.io[i]:  # (not completed above, served)
                 self._check_done(i, q_left[i] / cap[i], now)
@@ -461,25 +494,19 @@ class _Run:
 
     def _switch(self) -> None:
         self.switched = True
+        self.views = [None] * len(self.views)  # (stale if the warm-up took the array path)
         self.start = self.t  # s
         self.base_efficiency = self._weighted_progress()  # E₀ at the switch
         # eq. (9) counts W^(done)(T) − W^(done)(s): restart the count at s
         self.work_done = [0.0] * len(self.work_done)
         self.work_began = [self.t] * len(self.work_began)
 
-    def _begin_work(self, i: int, now: float, length: float) -> None:
-        """A work phase of ``length`` begins at ``now``: closed form if exact, else stepped."""
-        self.io[i] = False
-        self.work_began[i] = now
-        self.remaining[i] = length
-        if not self._close(i, now):
-            self.stepped.append(i)
-
     def _complete(self, i: int, step_start: float, now: float) -> None:
         """Phase completion at ``now`` in the step that began at ``step_start`` (STEP C)."""
         k = self.phase[i]
         values = self.values[i]
-        length = values[k] if k < len(values) else 0.0  # ℓ, the kept length
+        n = len(values)
+        length = values[k] if k < n else 0.0  # ℓ, the kept length
         was_io = self.io[i]
         if was_io:
             self.io_total[i] += length
@@ -491,12 +518,13 @@ class _Run:
             if self.closed[i]:  # P_s + (now − s), exact
                 self.progress[i] += now - self.base[i]
                 self.closed[i] = False
-            self._credit(i, step_start, length)
+            if step_start > self.switch_at:  # (_credit gives nothing otherwise)
+                self._credit(i, step_start, length)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
         self.views[i] = None
-        if k >= len(values):
+        if k >= n:
             # Kept phases sum to T only up to rounding, so an application can run out
             # of phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference
             # would read a missing value as 0 and loop on zero-length phases; here the
@@ -506,11 +534,15 @@ class _Run:
             self.work_began[i] = now
             self.stepped.append(i)
             return
-        if was_io:
-            self._begin_work(i, now, values[k])
+        if was_io:  # a work phase begins: closed form if exact, else stepped
+            self.io[i] = False
+            self.work_began[i] = now
+            self.remaining[i] = values[k]
+            if not self._close(i, now):
+                self.stepped.append(i)
         else:
             self.io[i] = True
-            self.remaining[i] = values[k]
+            self.remaining[i] = self.volume[i] = values[k]
             insort(self.in_io, i)
             if values[k] / self.cap[i] < DONE:
                 self.tiny_io.append(i)
@@ -553,8 +585,26 @@ class _Run:
         return min_yield, efficiency, utilization, credit / (span * m)
 
 
-def _array_path(policy: Policy | None) -> ArrayAllocator | None:
-    return None if policy is None else policy.array_allocator()
+def _array_path(policy: Policy | None) -> tuple[ArrayAllocator, float | None] | None:
+    """The policy's array entry point and its period (None: none), unless a subclass
+    changed ``allocate``, ``period`` or ``fixed_period`` below the class that declared
+    the entry point without declaring it again (it would then stand for another
+    decision), or the period depends on the view."""
+    if policy is None:
+        return None
+    for cls in type(policy).__mro__:
+        names = vars(cls)
+        if "array_allocator" in names:
+            break
+        if "allocate" in names or "period" in names or "fixed_period" in names:
+            return None
+    arrays = policy.array_allocator()
+    if arrays is None:
+        return None
+    if type(policy).period is Policy.period:  # no period
+        return arrays, None
+    period = policy.fixed_period()
+    return None if period is None else (arrays, period)
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:

@@ -15,6 +15,7 @@ import random
 import pytest
 
 from burstctl.policies import JobView, SystemView, default_registry, job_cap
+from burstctl.policies.base import ArrayView
 from burstctl.policies.decision import decide
 from burstctl.policies.greedy import GreedyYield
 
@@ -109,58 +110,93 @@ def test_registry_knows_the_core_policies() -> None:
 # must give the rates of the view path, bit for bit, in the same order.
 
 
-def arrays_case(seed: int) -> tuple[SystemView, list[int], list[float], list[float], list[float]]:
+def arrays_case(seed: int, one_release: bool = False) -> tuple[SystemView, ArrayView]:
     """A view whose jobs are all active and in index order, and the same view as arrays
-    (NaN in the rows that are not jobs of the view, so reading one shows)."""
+    (NaN in the rows that are not jobs of the view, so reading one shows); with
+    ``one_release``, every job released at the same time (as in synthetic windows)."""
     rng = random.Random(seed)
     now = rng.choice([0.0, 1.0, 1000.0, 1.8e6])
     capacity = rng.choice([1.0, 4.0, 0.3, 1e9])
+    horizon = rng.choice([None, now + rng.choice([0.5, 10.0, 1e6])])
     size = rng.randint(0, 40)
     active = sorted(rng.sample(range(size), rng.randint(0, size)))
-    progress, released_at, demand = ([math.nan] * size for _ in range(3))
+    progress, released_at, demand, caps, remaining, posted_at, volume, last_work = (
+        [math.nan] * size for _ in range(8)
+    )
+    job_ids = [f"{i:02d}" for i in range(size)]
     jobs = {}
     for i in active:
         cap = capacity * rng.choice([1.0, 1.0, 0.5, rng.uniform(0.01, 1.0)])
+        caps[i] = cap
         demand[i] = rng.choice([cap, cap * rng.uniform(0.01, 1.0)])
         # fresh (τ ≥ t) and equal yields (P = 0, or P proportional to the age) for ties
         released_at[i] = rng.choice([now, now + 1.0, now * rng.uniform(0.0, 1.0), 0.0])
+        if one_release:
+            released_at[i] = 0.0 if now > 0.0 else -1.0
         age = now - released_at[i]
         progress[i] = rng.choice([0.0, age * 0.5, age * rng.uniform(0.0, 1.0)]) if age > 0 else 0.0
-        job_id = f"{i:02d}"
-        jobs[job_id] = JobView(
-            job_id, "u", "g", 1, 1.0, cap, demand[i],
-            released_at=released_at[i], progress=progress[i], index=i,
+        # equal and zero volumes and post times, for ties
+        remaining[i] = rng.choice([0.0, cap, cap * rng.uniform(0.0, 100.0)])
+        volume[i] = rng.choice([0.0, remaining[i], remaining[i] * rng.uniform(1.0, 2.0)])
+        posted_at[i] = rng.choice([now, now - 1.0, now * rng.uniform(0.0, 1.0)])
+        last_work[i] = rng.choice([0.0, rng.uniform(0.0, 1e4)])
+        jobs[job_ids[i]] = JobView(
+            job_ids[i], "u", "g", 1, 1.0, cap, demand[i], posted_at=posted_at[i],
+            volume=volume[i], remaining=remaining[i], moved=volume[i] - remaining[i],
+            released_at=released_at[i], progress=progress[i], last_work=last_work[i],
+            index=i,
         )  # fmt: skip
-    view = SystemView(now=now, capacity=capacity, node_bandwidth=capacity, jobs=jobs)
-    return view, active, progress, released_at, demand
+    view = SystemView(
+        now=now, capacity=capacity, node_bandwidth=capacity, jobs=jobs, horizon=horizon
+    )
+    rows = ArrayView(
+        now, capacity, horizon, active, progress, released_at, demand, caps, remaining,
+        posted_at, volume, last_work, job_ids,
+    )  # fmt: skip
+    return view, rows
 
 
 ARRAY_POLICIES = [p for p in POLICIES if REGISTRY.create(p).array_allocator() is not None]
 
 
 def test_greedy_yield_declares_an_array_entry_point() -> None:
-    assert "greedy-yield" in ARRAY_POLICIES  # the suite below checks something
-    assert "periodic-greedy-yield" not in ARRAY_POLICIES  # it has a period
+    assert {"greedy-yield", "fair-share"} <= set(ARRAY_POLICIES)  # the suite checks something
+    assert "periodic-greedy-yield" in ARRAY_POLICIES  # a fixed period
 
 
 @pytest.mark.parametrize("name", ARRAY_POLICIES)
 @pytest.mark.parametrize("seed", range(300))
 def test_array_entry_point_is_the_view_path(name: str, seed: int) -> None:
-    view, active, progress, released_at, demand = arrays_case(seed)
+    view, rows = arrays_case(seed)
     policy = REGISTRY.create(name)
     arrays = policy.array_allocator()
     assert arrays is not None
     decision = decide(REGISTRY.create(name), view)
-    assert decision.period is None  # the simulator asks for periods with a view only
+    assert decision.period == policy.fixed_period()  # the simulator has no view to ask
     expected = [(view.jobs[j].index, rate) for j, rate in decision.rates.items()]
-    got = arrays(view.now, view.capacity, active, progress, released_at, demand)
+    got = arrays(rows)
     assert got == expected  # same jobs, same order, same floats
+
+
+@pytest.mark.parametrize("name", ARRAY_POLICIES)
+@pytest.mark.parametrize("seed", range(100))
+def test_array_entry_point_is_the_view_path_with_one_release_time(name: str, seed: int) -> None:
+    view, rows = arrays_case(seed, one_release=True)
+    arrays = REGISTRY.create(name).array_allocator()
+    assert arrays is not None
+    expected = [
+        (view.jobs[j].index, r) for j, r in decide(REGISTRY.create(name), view).rates.items()
+    ]
+    assert arrays(rows) == expected
 
 
 def test_greedy_yield_arrays_break_yield_ties_by_index() -> None:
     # equal yields 0.5 and a fresh job (τ = t): the fresh one first, then by index
     progress, released_at, demand = [1.0, 1.0, 0.0, 2.0], [0.0, 0.0, 2.0, -2.0], [0.6] * 4
-    got = GreedyYield().allocate_arrays(2.0, 1.0, [0, 1, 2, 3], progress, released_at, demand)
+    rows = ArrayView(
+        2.0, 1.0, None, [0, 1, 2, 3], progress, released_at, demand, demand, [], [], [], [], []
+    )
+    got = GreedyYield().allocate_arrays(rows)
     assert got == [(2, 0.6), (0, 0.4)]
 
 

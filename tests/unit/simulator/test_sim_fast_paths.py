@@ -18,18 +18,20 @@ from reference import simu
 from test_reference_agreement import POLICIES, heterogeneous
 
 from burstctl.policies import JobId, SystemView
-from burstctl.policies.base import ArrayAllocator
+from burstctl.policies.base import ArrayAllocator, Policy
 from burstctl.policies.fair_share import FairShare
-from burstctl.policies.greedy import GreedyYield, PeriodicGreedyYield
+from burstctl.policies.greedy import GreedyYield, PeriodicGreedyYield, PeriodicParams
+from burstctl.policies.registry import default_registry
 from burstctl.simulator.engine import (
     SimResult,
     _array_path,
     _closed_form_is_exact,
     _next_power_of_two,
+    create_policy,
     simulate,
 )
 from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.instance import Window, format_instance, parse_instance, prepare_window
 
 # Set10Learn's running mean of ω is summed in another order by the oracle, so its
 # metrics agree to ~1e-15 only (test_reference_agreement covers it).
@@ -173,8 +175,8 @@ def test_the_array_path_is_taken_where_the_policy_declares_it() -> None:
     assert _array_path(GreedyYield()) is not None
     assert _array_path(_CountingArrays()) is not None
     assert _array_path(_ViewsOnly()) is None
-    assert _array_path(PeriodicGreedyYield()) is None  # period(view) needs the view
-    assert _array_path(FairShare()) is None
+    assert _array_path(PeriodicGreedyYield()) is not None  # a fixed period, δ
+    assert _array_path(FairShare()) is not None
     assert _array_path(None) is None
 
 
@@ -208,3 +210,68 @@ def test_the_array_path_gives_the_views_results(windows: Literal["v1", "v2"]) ->
         assert counting.calls > 0  # the fast path was taken
         if windows == "v1":
             assert counting.calls == fast.events
+
+
+ARRAY_POLICIES = [
+    name for name in default_registry().names() if _array_path(default_registry().create(name))
+]
+
+
+def _without_arrays(name: str, window: Window) -> Policy:
+    """The registry's ``name`` as ``simulate`` creates it for ``window``, deciding
+    through its views."""
+    policy = create_policy(name, window)
+    policy.array_allocator = lambda: None  # type: ignore[method-assign]
+    return policy
+
+
+def test_the_strategies_of_the_paper_take_the_array_path() -> None:
+    expected = {"fcfs", "fair-share", "greedy-yield", "greedy-com", "look-ahead-greedy-yield"}
+    assert expected | {"periodic-greedy-yield", "set-10"} <= set(ARRAY_POLICIES)
+
+
+@pytest.mark.parametrize("name", ARRAY_POLICIES)
+@pytest.mark.parametrize("windows", ["v1", "v2"])
+def test_every_array_path_gives_its_views_results(name: str, windows: Literal["v1", "v2"]) -> None:
+    for window in _windows():
+        fast = simulate(window, name, windows=windows)
+        plain = simulate(window, _without_arrays(name, window), windows=windows)
+        assert fast.policy == plain.policy
+        _same_run(fast, plain)
+
+
+def test_an_inherited_array_path_is_not_taken_past_a_changed_decision() -> None:
+    class Ticking(FairShare):
+        name = "ticking"
+
+        def period(self, view: SystemView) -> float | None:
+            return 0.25
+
+    class Halved(FairShare):
+        name = "halved"
+
+        def allocate(self, view: SystemView) -> dict[JobId, float]:
+            return {j: r / 2 for j, r in super().allocate(view).items()}
+
+    assert _array_path(FairShare()) is not None
+    assert _array_path(Ticking()) is None
+
+    class Slower(PeriodicGreedyYield):
+        name = "slower"
+
+        def period(self, view: SystemView) -> float:
+            return 2 * self.params.delta
+
+    assert _array_path(Slower()) is None
+    periodic = _array_path(PeriodicGreedyYield(PeriodicParams(delta=2.5)))
+    assert periodic is not None and periodic[1] == 2.5
+    assert _array_path(Halved()) is None
+
+
+def test_set_10_with_known_omega_gives_its_views_results() -> None:
+    for window in _windows():
+        fast = simulate(window, create_policy("set-10", window, known_omega=True))
+        plain_policy = create_policy("set-10", window, known_omega=True)
+        plain_policy.array_allocator = lambda: None  # type: ignore[method-assign]
+        assert _array_path(plain_policy) is None
+        _same_run(fast, simulate(window, plain_policy))
