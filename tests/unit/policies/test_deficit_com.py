@@ -221,7 +221,7 @@ def test_sim_sweep_runs_it_by_name() -> None:
          "1.1", "--seeds", "2", "--horizon", "20000", "--workers", "1", "--format", "csv"],
     )  # fmt: skip
     assert result.exit_code == 0, result.output
-    rows = list(csv.DictReader(io.StringIO(result.output)))
+    rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [r["policy"] for r in rows] == ["deficit-com", "greedy-com"] * 2
     assert all(r["error"] == "" and 0.0 < float(r["min_yield"]) <= 1.0 for r in rows)
     # λ = 0.3 is not GreedyCom: on these instances it keeps the worst yield higher
