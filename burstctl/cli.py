@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import importlib
 import logging
 import os
 import signal
@@ -199,19 +200,23 @@ def config_params(config_class: type) -> list[click.Parameter]:
     return params
 
 
-class _MountCommand(click.Command):
-    """`burstctl mount`: its parameters are `MountConfig`'s fields, read when first needed
-    (so that other commands and ``burstctl --help`` do not import the mount)."""
+class _ConfigCommand(click.Command):
+    """A command whose parameters are a configuration dataclass's fields (``config``,
+    ``module:Class``), read when first needed (so that other commands and ``burstctl --help``
+    do not import the mount or the agent)."""
+
+    def __init__(self, *args: Any, config: str, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._config = config
 
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         if not self.params:
-            from burstctl.fuse_shim.config import MountConfig
-
-            self.params = config_params(MountConfig)
+            module, _, name = self._config.partition(":")
+            self.params = config_params(getattr(importlib.import_module(module), name))
         return super().get_params(ctx)
 
 
-@main.command(cls=_MountCommand)
+@main.command(cls=_ConfigCommand, config="burstctl.fuse_shim.config:MountConfig")
 def mount(**values: Any) -> None:
     """Mount BACKING on MOUNTPOINT, pacing each job's I/O through the controller.
 
@@ -255,18 +260,7 @@ def mount(**values: Any) -> None:
     os._exit(code)
 
 
-class _AgentCommand(click.Command):
-    """`burstctl agent`: its options are `AgentConfig`'s fields, read when first needed."""
-
-    def get_params(self, ctx: click.Context) -> list[click.Parameter]:
-        if not self.params:
-            from burstctl.preload_shim.config import AgentConfig
-
-            self.params = config_params(AgentConfig)
-        return super().get_params(ctx)
-
-
-@main.command(cls=_AgentCommand)
+@main.command(cls=_ConfigCommand, config="burstctl.preload_shim.config:AgentConfig")
 def agent(**values: Any) -> None:
     """Run the node agent of the LD_PRELOAD shim: one controller session per job, and each
     job's shared pacing page for its processes (`burstctl exec`).

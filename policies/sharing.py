@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
 
 from burstctl.policies.view import JobId, JobView
 
@@ -103,19 +104,30 @@ def water_fill(
         for _, j, _, w in live:
             rates[j] = level * w
         return rates
-    # Saturate jobs in order of ceiling/weight: the ones that stop first.
     live.sort()
-    for i, (ratio, j, c, w) in enumerate(live):
+    _saturate(live, left, weight_left, rates)
+    return rates
+
+
+def _saturate(
+    ordered: Sequence[tuple[float, Any, float, float]],
+    left: float,
+    weight_left: float,
+    rates: dict[Any, float],
+) -> None:
+    """The water fill's last step, shared by `water_fill` and `water_fill_rows`: in order of
+    ceiling/weight (``ordered``: (ratio, key, ceiling, weight)), the jobs that stop below the
+    common level get their ceiling, the rest ``level · weight``; written into ``rates``."""
+    for k, (ratio, key, c, w) in enumerate(ordered):
         level = left / weight_left
         if ratio <= level:
-            rates[j] = c
+            rates[key] = c
             left -= c
             weight_left -= w
             continue
-        for _, k, _, wk in live[i:]:
-            rates[k] = level * wk
+        for _, other, _, w_other in ordered[k:]:
+            rates[other] = level * w_other
         break
-    return rates
 
 
 def water_fill_rows(
@@ -149,15 +161,5 @@ def water_fill_rows(
     if lowest > level:
         return [(i, level * w) for _, i, _, w in live]
     rates: dict[int, float] = {}
-    ordered = sorted(live)
-    for k, (ratio, i, c, w) in enumerate(ordered):
-        level = left / weight_left
-        if ratio <= level:
-            rates[i] = c
-            left -= c
-            weight_left -= w
-            continue
-        for _, j, _, wj in ordered[k:]:
-            rates[j] = level * wj
-        break
+    _saturate(sorted(live), left, weight_left, rates)  # sorted: ``live`` keeps row order
     return [(i, rates[i]) for _, i, _, _ in live]
