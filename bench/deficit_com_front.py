@@ -1,14 +1,15 @@
 """DeficitCom's front and the published strategies' means, per pressure (issue 21).
 
-``run``: simulates ``deficit-com`` with each λ of ``--weights`` on the synthetic
-instances of ``burstctl sim sweep`` (same generator, same seeds, same flags, v1
-windows), one CSV row per run with the sweep's columns; the policy column reads
-``deficit-com@λ``. ``plot``: reads sweep CSVs and draws, per pressure, every
+``run``: simulates ``deficit-com`` with each λ of ``--weights`` and each β of
+``--budgets`` (default 0) on the synthetic instances of ``burstctl sim sweep``
+(same generator, same seeds, same flags, v1 windows), one CSV row per run with
+the sweep's columns; the policy column reads ``deficit-com@λ`` (β = 0) or
+``deficit-com@λ/β``. ``plot``: reads sweep CSVs and draws, per pressure, every
 strategy's mean MinYield against its mean Efficiency with ± one standard error
 (a Pareto plot), and prints the table of means and standard errors.
 
-    python bench/deficit_com_front.py run --weights 0.1 0.3 1 --pressure 1.1 \
-        --first-seed 0 --seeds 30 --workers 2 > front.csv
+    python bench/deficit_com_front.py run --weights 0.5 --budgets 0 0.01 0.03 \
+        --pressure 1.1 --first-seed 0 --seeds 30 --workers 2 > front.csv
     python bench/deficit_com_front.py plot --csv sweep.csv --csv front.csv --out pareto.png
 """
 
@@ -32,20 +33,25 @@ from burstctl.simulator.instance import prepare_window
 TARGET = (0.879, 0.895)
 
 
-def _one(task: tuple[float, int, float]) -> dict[str, Any]:
-    pressure, seed, weight = task
+def _one(task: tuple[float, int, float, float]) -> dict[str, Any]:
+    pressure, seed, weight, budget = task
     win = prepare_window(generate(GeneratorParams(pressure=pressure), seed), 1.0)
     label = f"w{pressure}-nH20-seed{seed}"
-    result = simulate(win, DeficitCom(DeficitComParams(weight=weight)), instance=label)
+    policy = DeficitCom(DeficitComParams(weight=weight, budget=budget))
+    result = simulate(win, policy, instance=label)
     row = {"pressure_goal": pressure, "seed": seed, **result.as_dict(), "error": ""}
-    row["policy"] = f"deficit-com@{weight:g}"
+    row["policy"] = f"deficit-com@{weight:g}" + (f"/{budget:g}" if budget else "")
     return row
 
 
 def run(
-    weights: Sequence[float], pressures: Sequence[float], seeds: Sequence[int], workers: int
+    weights: Sequence[float],
+    budgets: Sequence[float],
+    pressures: Sequence[float],
+    seeds: Sequence[int],
+    workers: int,
 ) -> None:
-    tasks = [(w, s, lam) for w in pressures for s in seeds for lam in weights]
+    tasks = [(w, s, lam, b) for w in pressures for s in seeds for lam in weights for b in budgets]
     writer: csv.DictWriter[str] | None = None
     with ProcessPoolExecutor(max_workers=workers) as pool:
         for row in pool.map(_one, tasks):
@@ -138,6 +144,7 @@ def main() -> None:
     sub = parser.add_subparsers(dest="command", required=True)
     r = sub.add_parser("run")
     r.add_argument("--weights", type=float, nargs="+", required=True)
+    r.add_argument("--budgets", type=float, nargs="+", default=[0.0])
     r.add_argument("--pressure", type=float, nargs="+", required=True)
     r.add_argument("--first-seed", type=int, default=0)
     r.add_argument("--seeds", type=int, default=30)
@@ -148,7 +155,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.command == "run":
         seeds = range(args.first_seed, args.first_seed + args.seeds)
-        run(args.weights, args.pressure, seeds, args.workers)
+        run(args.weights, args.budgets, args.pressure, seeds, args.workers)
     else:
         plot(args.csv, args.out)
 

@@ -1,4 +1,5 @@
-"""DeficitCom: shortest transfer first, unless a job has fallen behind (issue 21).
+"""DeficitCom: the cheapest jobs first, then shortest transfer first unless a job has
+fallen behind (issue 21).
 
 The published strategies sit on a front ([BWS] §6.2, W = 1.1): GreedyYield keeps
 the worst yield highest and GreedyCom (shortest transfer first) the efficiency.
@@ -24,9 +25,27 @@ It uses what GreedyCom and GreedyYield use, nothing else: V_i from
 volume is unknown (no volume given, no past operation) counts V_i = 0: it is
 ordered by its deficit alone, as GreedyYield serves fresh jobs first, so a job
 that never tells its volume is never starved by those that do.
+
+The protected class (``budget`` β). Ordering by the key equalises the deficits,
+so every yield ends near the lowest and the efficiency (the mean yield, eq. 10
+with b_i = B) cannot rise much above the MinYield. Yet a job's yield is cheap or
+dear in bandwidth: over a long window A_i at yield y_i moves y_i·φ_i of B, φ_i
+its I/O fraction (the time of its transfers at full speed over its iteration),
+so with the MinYield held, Σ y_i is largest when the jobs with the smallest φ_i
+run at yield 1 and the others share what is left (a fractional knapsack). The
+policy learns φ̂_i per job from the views it is shown, as Set-10 learns ω
+(``last_work`` and v/b_i of each new operation after the first, running sums),
+and serves first the jobs with the smallest φ̂_i whose φ̂ sum to at most β: they
+take about β of B and cost the others about β·(1 − y)/(W − β) of yield.
+Inside each class, the key above. β = 0 is the plain key. A job not seen in S(t)
+for STALE_PERIODS of its learned iterations is forgotten (it has left, or
+changed), so the budget goes to the jobs still there and the state stays bounded.
 """
 
 from __future__ import annotations
+
+import math
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -40,15 +59,48 @@ from burstctl.policies.view import JobId, JobView, SystemView
 # a unit mistake.
 MAX_WEIGHT = 1e6
 
+# A job not seen in S(t) for this many of its learned iterations (w + v/b) is
+# forgotten. Far above the phase noise of [BWS] §6.2 (a phase is 0.5–1.5× its mean).
+STALE_PERIODS = 10.0
+
 
 class DeficitComParams(PolicyParams):
     weight: float = Field(  # λ, dimensionless (seconds of transfer per second of deficit)
-        default=0.3,
+        default=0.5,
         ge=0.0,
         le=MAX_WEIGHT,
         allow_inf_nan=False,
         description="λ: seconds of transfer a second of deficit outweighs",
     )
+    budget: float = Field(  # β, a share of B
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        allow_inf_nan=False,
+        description=(
+            "β: the jobs with the smallest learned I/O fractions, summing to at most β, "
+            "are served first (0: none)"
+        ),
+    )
+
+
+@dataclass(slots=True)
+class _Learned:
+    """What is learned of one job: its last counted post, sums over its operations
+    after the first (work before each, and its transfer at full speed), when it was
+    last seen in S(t) and its last iteration's length (for forgetting)."""
+
+    posted_at: float | None
+    seen: float
+    iteration: float = 0.0
+    count: int = 0
+    work: float = 0.0
+    transfer: float = 0.0
+
+    def fraction(self) -> float:
+        """φ̂: the learned I/O fraction (transfer time over iteration time)."""
+        total = self.work + self.transfer
+        return self.transfer / total if total > 0.0 else 1.0
 
 
 class DeficitCom(Policy):
@@ -58,14 +110,81 @@ class DeficitCom(Policy):
     Params = DeficitComParams
     params: DeficitComParams
 
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        super().__init__(params)
+        self._learned: dict[JobId, _Learned] = {}
+        self._protected: frozenset[JobId] = frozenset()
+        self._changed = False
+
+    @property
+    def protected(self) -> frozenset[JobId]:
+        """The jobs served first at the last decision (the protected class)."""
+        return self._protected
+
+    def fraction(self, job_id: JobId) -> float | None:
+        """φ̂ learned for ``job_id`` (None: no operation counted yet)."""
+        state = self._learned.get(job_id)
+        return None if state is None or state.count == 0 else state.fraction()
+
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         now = view.now
         weight = self.params.weight
+        active = view.active_jobs()
+        protected = self._protected
+        if self.params.budget > 0.0:
+            if view.observed:
+                for job in active:
+                    self._observe(job, now)
+            if self._changed:
+                protected = self._protected = self._choose(now)
 
-        def key(job: JobView) -> tuple[float, int, str]:
+        def key(job: JobView) -> tuple[bool, float, int, str]:
             v = known_remaining(job)
             transfer = 0.0 if v is None else v / job.cap  # V_i/b_i, eq. (3)
             deficit = (now - job.released_at) - job.progress  # D_i
-            return (transfer - weight * deficit, job.index, job.job_id)
+            return (job.job_id not in protected, transfer - weight * deficit, job.index, job.job_id)
 
-        return greedy_fill(sorted(view.active_jobs(), key=key), view.capacity)
+        return greedy_fill(sorted(active, key=key), view.capacity)
+
+    def _observe(self, job: JobView, now: float) -> None:
+        """Marks ``job`` seen; counts its pending operation once, the first time it is
+        seen, except the job's first (its work phase may be a start-up, as [BWS] §4.2
+        ignores v^(0))."""
+        state = self._learned.get(job.job_id)
+        if state is None:
+            self._learned[job.job_id] = _Learned(job.posted_at, now)
+            return
+        state.seen = now
+        if state.posted_at == job.posted_at:
+            return
+        state.posted_at = job.posted_at
+        volume = job.volume if job.volume > 0.0 else job.remaining_estimate() + job.moved
+        transfer = volume / job.cap
+        state.count += 1
+        state.work += job.last_work
+        state.transfer += transfer
+        state.iteration = job.last_work + transfer
+        self._changed = True
+
+    def _choose(self, now: float) -> frozenset[JobId]:
+        """Forgets the stale jobs; returns the smallest-φ̂ jobs whose φ̂ sum to ≤ β."""
+        learned = self._learned
+        # a job with no counted operation yet has no iteration of its own: the longest
+        # learned one stands in (none learned: nothing is forgotten)
+        longest = max((s.iteration for s in learned.values() if s.count > 0), default=math.inf)
+        for job_id in [
+            j
+            for j, s in learned.items()
+            if now - s.seen > STALE_PERIODS * (s.iteration if s.count > 0 else longest)
+        ]:
+            del learned[job_id]
+        ranked = sorted((s.fraction(), j) for j, s in learned.items() if s.count > 0)
+        chosen: list[JobId] = []
+        total = 0.0
+        for phi, job_id in ranked:
+            total += phi
+            if total > self.params.budget:
+                break
+            chosen.append(job_id)
+        self._changed = False
+        return frozenset(chosen)

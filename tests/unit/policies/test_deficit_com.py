@@ -11,17 +11,19 @@ import csv
 import io
 import itertools
 import random
+from typing import Any
 
 import pytest
 from click.testing import CliRunner
 
 from burstctl.cli import main
+from burstctl.controller.jobs import JobMeta, JobTable, OpKind
 from burstctl.policies import JobView, SystemView, default_registry
 from burstctl.policies.decision import decide
 from burstctl.policies.deficit_com import MAX_WEIGHT, DeficitCom, DeficitComParams
 from burstctl.policies.greedy import GreedyCom, GreedyYield
 from burstctl.policies.registry import PolicyParamsError
-from burstctl.simulator.engine import simulate
+from burstctl.simulator.engine import app_ids, simulate
 from burstctl.simulator.generate import GeneratorParams, generate
 from burstctl.simulator.instance import Window, prepare_window
 
@@ -60,9 +62,9 @@ def policy(weight: float | None = None) -> DeficitCom:
     return policy
 
 
-def test_registered_with_its_default_weight() -> None:
+def test_registered_with_its_defaults() -> None:
     assert "deficit-com" in REGISTRY.names()
-    assert policy().params.weight == 0.3
+    assert (policy().params.weight, policy().params.budget) == (0.5, 0.02)
 
 
 def test_equal_deficits_shortest_transfer_first() -> None:
@@ -203,9 +205,10 @@ def small_window(pressure: float, seed: int) -> Window:
 
 @pytest.mark.parametrize("seed", range(3))
 def test_in_the_simulator_weight_zero_runs_exactly_as_greedy_com(seed: int) -> None:
-    # every volume is known in the simulator, so λ = 0 is GreedyCom decision by decision
+    # every volume is known in the simulator, so λ = 0 (and no protected class) is
+    # GreedyCom decision by decision
     win = small_window(1.1, seed)
-    ours = simulate(win, DeficitCom(DeficitComParams(weight=0.0)))
+    ours = simulate(win, DeficitCom(DeficitComParams(weight=0.0, budget=0.0)))
     theirs = simulate(win, GreedyCom())
     assert (ours.min_yield, ours.efficiency, ours.events) == (
         theirs.min_yield,
@@ -224,5 +227,168 @@ def test_sim_sweep_runs_it_by_name() -> None:
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [r["policy"] for r in rows] == ["deficit-com", "greedy-com"] * 2
     assert all(r["error"] == "" and 0.0 < float(r["min_yield"]) <= 1.0 for r in rows)
-    # λ = 0.3 is not GreedyCom: on these instances it keeps the worst yield higher
+    # the default (λ = 0.5, β = 0.02) is not GreedyCom: it keeps the worst yield higher
     assert float(rows[0]["min_yield"]) > float(rows[1]["min_yield"])
+
+
+# --- The protected class (budget β) ---------------------------------------------------
+
+
+def posted(
+    job_id: str,
+    index: int,
+    *,
+    at: float,
+    work: float,
+    volume: float,
+    progress: float = 0.0,
+    cap: float = 10.0,
+) -> JobView:
+    """A job of S(t) whose operation of ``volume`` was posted at ``at`` after ``work`` s."""
+    return JobView(
+        job_id=job_id, user="u", group="g", nodes=1, priority=1.0, cap=cap, demand=cap,
+        posted_at=at, volume=volume, remaining=volume, released_at=0.0, progress=progress,
+        last_work=work, index=index,
+    )  # fmt: skip
+
+
+def protecting(budget: float, weight: float = 0.3) -> DeficitCom:
+    return DeficitCom(DeficitComParams(weight=weight, budget=budget))
+
+
+def learn(p: DeficitCom, *rounds: list[JobView], start: float = 0.0) -> None:
+    """Shows ``p`` one view per round (now = start, start + 1, …)."""
+    for k, jobs in enumerate(rounds):
+        p.allocate(view(*jobs, now=start + k))
+
+
+def test_a_cheap_job_goes_first_within_the_budget() -> None:
+    # c: 99 s of work per 1 s of transfer, φ̂ = 0.01; d: 10 s per 10 s, φ̂ = 0.5
+    p = protecting(0.05)
+    first = [posted("c", 0, at=0.0, work=5.0, volume=10.0)]
+    first.append(posted("d", 1, at=0.0, work=5.0, volume=100.0))
+    second = [posted("c", 0, at=1.0, work=99.0, volume=10.0)]
+    second.append(posted("d", 1, at=1.0, work=10.0, volume=100.0))
+    learn(p, first, second)
+    assert p.fraction("c") == pytest.approx(0.01)
+    assert p.fraction("d") == pytest.approx(0.5)
+    assert p.protected == {"c"}
+    # now d has the shorter transfer (1 s against 5 s) and the larger deficit, so the key
+    # alone (β = 0) serves d; c is protected and goes first
+    c = posted("c", 0, at=1.0, work=99.0, volume=50.0, progress=990.0)
+    d = posted("d", 1, at=1.0, work=10.0, volume=10.0, progress=900.0)
+    assert p.allocate(view(c, d)) == {"c": 10.0, "d": 0.0}
+    assert protecting(0.0).allocate(view(c, d)) == {"c": 0.0, "d": 10.0}
+
+
+def test_the_protected_fractions_sum_to_at_most_the_budget() -> None:
+    # φ̂ = 0.01, 0.02, 0.04, 0.08 (one counted operation each): β = 0.05 protects the two
+    # smallest (0.03), not the third (0.07)
+    works = {"a": 99.0, "b": 49.0, "c": 24.0, "d": 11.5}
+    first = [posted(j, i, at=0.0, work=1.0, volume=10.0) for i, j in enumerate(works)]
+    second = [posted(j, i, at=1.0, work=w, volume=10.0) for i, (j, w) in enumerate(works.items())]
+    for budget, expected in [(0.05, {"a", "b"}), (0.0099, set()), (0.08, {"a", "b", "c"})]:
+        p = protecting(budget)
+        learn(p, first, second)
+        assert p.protected == expected, budget
+        assert sum(p.fraction(j) or 0.0 for j in p.protected) <= budget
+
+
+def test_each_operation_counts_once_and_the_first_not_at_all() -> None:
+    p = protecting(0.5)
+    # the first operation (after a start-up phase of 1 s): not counted
+    learn(p, [posted("a", 0, at=0.0, work=1.0, volume=10.0)])
+    assert p.fraction("a") is None and p.protected == frozenset()
+    # the second, shown three times: counted once (work 9, transfer 1: φ̂ = 0.1)
+    op = posted("a", 0, at=5.0, work=9.0, volume=10.0)
+    learn(p, [op], [op], [op], start=5.0)
+    assert p.fraction("a") == pytest.approx(0.1)
+    # the third (work 29, transfer 1): running sums, φ̂ = 2/40
+    learn(p, [posted("a", 0, at=50.0, work=29.0, volume=10.0)], start=50.0)
+    assert p.fraction("a") == pytest.approx(2.0 / 40.0)
+    assert p.protected == {"a"}
+
+
+def test_a_view_not_observed_here_teaches_nothing() -> None:
+    p = protecting(0.5)
+    for k, work in enumerate([1.0, 9.0]):
+        a = posted("a", 0, at=float(k), work=work, volume=10.0)
+        p.allocate(SystemView(now=float(k), capacity=10.0, node_bandwidth=10.0,
+                              jobs={"a": a}, observed=False))  # fmt: skip
+    assert p.fraction("a") is None
+
+
+def test_a_job_gone_for_ten_iterations_is_forgotten() -> None:
+    # a: iteration 9 + 1 = 10 s, last seen at t = 1; b keeps posting. At t = 100 a is
+    # not yet 10 iterations away (99 s), at t = 102 it is, and its budget goes to b
+    p = protecting(0.15)
+    learn(
+        p,
+        [posted(j, i, at=0.0, work=1.0, volume=10.0) for i, j in enumerate("ab")],
+        [posted(j, i, at=1.0, work=9.0, volume=10.0) for i, j in enumerate("ab")],
+    )
+    assert p.protected == {"a"}  # 0.1 each: only one fits in 0.15 (ties by job id)
+    learn(p, [posted("b", 1, at=100.0, work=9.0, volume=10.0)], start=100.0)
+    assert p.protected == {"a"} and p.fraction("a") is not None
+    learn(p, [posted("b", 1, at=102.0, work=9.0, volume=10.0)], start=102.0)
+    assert p.fraction("a") is None
+    assert p.protected == {"b"}
+
+
+@pytest.mark.parametrize("bad", [-0.01, 1.01, float("nan"), float("inf")])
+def test_budget_out_of_range_is_refused(bad: float) -> None:
+    with pytest.raises(PolicyParamsError, match="budget"):
+        REGISTRY.validate("deficit-com", {"budget": bad})
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_in_the_simulator_the_protected_jobs_are_the_cheapest(seed: int) -> None:
+    # on a [BWS] §6.2 instance: the jobs served first are those of smallest learned I/O
+    # fraction, within the budget
+    win = small_window(1.1, seed)
+    p = protecting(0.05, weight=0.5)
+    simulate(win, p)
+    assert p.protected, "nothing protected"
+    phi = {j: p.fraction(j) for j in app_ids(len(win.apps))}
+    learned = sorted(f for f in phi.values() if f is not None)
+    chosen = sorted(phi[j] for j in p.protected)  # type: ignore[type-var]
+    assert chosen == learned[: len(chosen)]
+    assert sum(chosen) <= 0.05  # type: ignore[arg-type]
+
+
+def test_the_controller_s_job_table_teaches_it_the_fractions() -> None:
+    # live, ``last_work`` and the volumes come from the controller's own accounting. Every
+    # 99 s: c and h post together, c moves 1 MiB (1 s at B = b_i = 1 MiB/s) and h 10 MiB
+    # after it, so c learns φ̂ = 1/99 and h 10/98, and h waits 1 s each time (its deficit).
+    now = [0.0]
+    table = JobTable(lambda: now[0], heartbeat_timeout=1e9, job_retention=1e9, demand_headroom=1.5)
+    mib = float(1 << 20)
+    c = table.open_session(JobMeta("c", "u", "g", 1, 1.0), "client-c", "h")
+    h = table.open_session(JobMeta("h", "u", "g", 1, 1.0), "client-h", "h")
+    p = protecting(0.05)
+    op = {"c": 0, "h": 0}
+
+    def io(session: Any, job_id: str, volume: float) -> None:
+        op[job_id] += 1
+        table.post(session, op[job_id], OpKind.WRITE, int(volume))
+
+    for _ in range(3):
+        io(c, "c", mib)
+        io(h, "h", 10 * mib)
+        assert p.allocate(table.view(mib, mib)) == {"c": mib, "h": 0.0}
+        now[0] += 1.0
+        table.complete(c, op["c"])
+        p.allocate(table.view(mib, mib))
+        now[0] += 10.0
+        table.complete(h, op["h"])
+        now[0] += 88.0
+    assert p.fraction("c") == pytest.approx(1 / 99)
+    assert p.fraction("h") == pytest.approx(10 / 98)
+    assert p.protected == {"c"}  # 1/99 + 10/98 > 0.05
+    # now h posts 1 MiB and c 1 MiB a second later: the same transfer, and h is behind,
+    # so the key alone serves h; c is protected and goes first
+    io(h, "h", mib)
+    now[0] += 1.0
+    io(c, "c", mib)
+    assert protecting(0.0).allocate(table.view(mib, mib)) == {"c": 0.0, "h": mib}
+    assert p.allocate(table.view(mib, mib)) == {"c": mib, "h": 0.0}
