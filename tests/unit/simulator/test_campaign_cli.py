@@ -6,9 +6,12 @@ tests/integration/test_sim_resume.py and test_sim_campaigns.py."""
 
 from __future__ import annotations
 
+import csv
 import json
 import re
+from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from click.testing import CliRunner, Result
@@ -89,13 +92,13 @@ def test_placement_sweep_records_its_seed(tmp_path: Path) -> None:
     placement = ["sim", "placement-sweep", "--loads", "0.3", "--sets", "1", "--workers", "1"]
     done = run(*placement, "--out", tmp_path)
     assert done.exit_code == 0, done.output
-    csv = tmp_path / "placement.csv"
-    assert record(csv) == {"command": "sim placement-sweep", "--seed": 0}
-    before = snapshot(csv)
+    rows = tmp_path / "placement.csv"
+    assert record(rows) == {"command": "sim placement-sweep", "--seed": 0}
+    before = snapshot(rows)
     refused = run(*placement, "--seed", "1", "--out", tmp_path, "--resume")
     assert refused.exit_code == 2
     assert "--seed 1 (the file has 0)" in refused.stderr
-    assert snapshot(csv) == before
+    assert snapshot(rows) == before
 
 
 def test_dpsac_join_records_the_model_and_joins_not_the_runs(tmp_path: Path) -> None:
@@ -133,3 +136,39 @@ def test_runs_file_and_resume_together_are_a_usage_error(tmp_path: Path) -> None
     assert both.exit_code == 2
     assert "give --runs-file or --resume, not both" in both.output
     assert not a.exists() and not b.exists()
+
+
+def test_dpsac_plot_resumes_from_its_runs_file(tmp_path: Path) -> None:
+    plot = ["sim", "dpsac-plot", "--runs", "1", "--workers", "1"]
+    runs = tmp_path / "runs.jsonl"
+    whole = run(*plot, "--out", tmp_path / "whole", "--runs-file", runs)
+    assert whole.exit_code == 0, whole.output
+    lines = runs.read_text().splitlines(keepends=True)
+    assert len(lines) == 30  # 10 sets x 3 methods x 1 run
+    part = tmp_path / "part.jsonl"
+    part.write_text("".join(lines[:12]))  # an interrupted campaign: 12 runs written
+    part.with_name("part.jsonl.meta.json").write_bytes(
+        runs.with_name("runs.jsonl.meta.json").read_bytes()
+    )
+    again = run(*plot, "--out", tmp_path / "again", "--resume", part)
+    assert again.exit_code == 0, again.output
+    assert "12 already in" in again.stderr and "18 to compute" in again.stderr
+    assert len(re.findall(r"computed \d+/18: ", again.stderr)) == 18
+    # The same rows and summaries, apart from the CPU time of the runs computed again.
+    assert without_cpu(json.loads(x) for x in part.read_text().splitlines()) == without_cpu(
+        json.loads(x) for x in lines
+    )
+    assert without_cpu(read_csv(tmp_path / "again")) == without_cpu(read_csv(tmp_path / "whole"))
+
+
+def read_csv(out: Path) -> list[dict[str, str]]:
+    with (out / "dpsac_sets.csv").open(newline="") as f:
+        return list(csv.DictReader(f))
+
+
+def without_cpu(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    out = []
+    for row in rows:
+        assert float(row.pop("sched_seconds")) >= 0.0
+        out.append(row)
+    return out
