@@ -535,14 +535,85 @@ def _progress(line: str) -> None:
     click.echo(line, err=True)
 
 
-def _campaign_call(fn: Any, *args: Any) -> Any:
-    """``fn(*args)``, a campaign that cannot start being a message, not a traceback."""
+class _OtherFlags(click.ClickException):
+    """``--resume`` with other flags than the file's record: one line on stderr, exit 2."""
+
+    exit_code = 2
+
+
+def _campaign_error(exc: Exception) -> click.ClickException:
+    """A campaign that cannot start, as a message: exit 2 for a resume with other flags
+    (`campaign.ParamsMismatch`), 1 otherwise."""
+    from burstctl.simulator.campaign import ParamsMismatch
+
+    if isinstance(exc, ParamsMismatch):
+        return _OtherFlags(str(exc))
+    return click.ClickException(str(exc))
+
+
+def _campaign_call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+    """``fn(*args, **kwargs)``, a campaign that cannot start being a message, not a
+    traceback."""
     from burstctl.simulator.campaign import CampaignError
 
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except CampaignError as exc:
+        raise _campaign_error(exc) from None
+    except OSError as exc:  # the runs file
         raise click.ClickException(str(exc)) from None
+
+
+# What the record of a campaign's output file (FILE.meta.json) leaves out besides the
+# case keys: where the cases run and where the output goes.
+_NOT_RECORDED = frozenset({"workers", "scheduler", "out", "resume", "runs_file"})
+
+
+def _campaign_record(
+    case_keys: Sequence[str] = (), output_only: Sequence[str] = ()
+) -> dict[str, Any]:
+    """The running command's parameters that determine a case's rows other than its keys,
+    by flag name (``--horizon``), for `campaign.RowFile`'s ``params``: every option of
+    the command except ``case_keys`` (they find a row's case), ``output_only`` (they
+    shape stdout only) and `_NOT_RECORDED`."""
+    ctx = click.get_current_context()
+    record: dict[str, Any] = {"command": f"sim {ctx.info_name}"}
+    skip = _NOT_RECORDED | set(case_keys) | set(output_only)
+    for param in ctx.command.params:
+        if param.name is None or param.name in skip:
+            continue
+        record[param.opts[0] if param.opts else param.name] = ctx.params[param.name]
+    return record
+
+
+def _runs_file_options(f: Any) -> Any:
+    """``--runs-file FILE | --resume FILE`` of the campaigns that print summaries."""
+    options = [
+        click.option(
+            "--runs-file",
+            type=click.Path(dir_okay=False, path_type=Path),
+            metavar="FILE",
+            help="Also append each run to FILE (JSON lines) as it finishes, its flags to"
+            " FILE.meta.json; the summaries are computed from FILE's rows.",
+        ),
+        click.option(
+            "--resume",
+            type=click.Path(dir_okay=False, path_type=Path),
+            metavar="FILE",
+            help="Like --runs-file FILE, keeping the runs an interrupted campaign already"
+            " wrote there: only the missing ones run. Refused (exit 2) if FILE was written"
+            " with other flags.",
+        ),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+def _runs_target(runs_file: Path | None, resume: Path | None) -> Path | None:
+    if runs_file is not None and resume is not None:
+        raise click.UsageError("give --runs-file or --resume, not both")
+    return resume or runs_file
 
 
 @sim.command("sweep")
@@ -562,13 +633,15 @@ def _campaign_call(fn: Any, *args: Any) -> Any:
 @click.option(
     "--out",
     type=click.Path(dir_okay=False, path_type=Path),
-    help="Write the rows to this file as the cases finish (instead of stdout at the end).",
+    help="Write the rows to this file as the cases finish (instead of stdout at the end),"
+    " and the flags to FILE.meta.json.",
 )
 @click.option(
     "--resume",
     type=click.Path(dir_okay=False, path_type=Path),
     metavar="FILE",
-    help="Like --out FILE, keeping the cases an interrupted sweep already wrote there.",
+    help="Like --out FILE, keeping the cases an interrupted sweep already wrote there."
+    " Refused (exit 2) if FILE was written with other flags (FILE.meta.json).",
 )
 def sim_sweep(
     policies: tuple[str, ...],
@@ -607,7 +680,8 @@ def sim_sweep(
         raise click.UsageError("give --out or --resume, not both")
     cluster = _campaign_cluster(workers, scheduler)
     path = resume or out
-    target = row_file(path, "json" if fmt == "json" else "csv") if path else None
+    record = _campaign_record(case_keys=("pressures", "seeds", "first_seed"))
+    target = row_file(path, "json" if fmt == "json" else "csv", record) if path else None
     try:
         cases = tasks(
             policies,
@@ -622,7 +696,9 @@ def sim_sweep(
             known_omega=known_omega,
         )
         rows = run_sweep(cases, cluster, out=target, resume=resume is not None, progress=_progress)
-    except (ValueError, SimulationError, CampaignError) as exc:
+    except CampaignError as exc:
+        raise _campaign_error(exc) from None
+    except (ValueError, SimulationError) as exc:
         raise click.ClickException(str(exc)) from None
     except OSError as exc:
         raise click.ClickException(f"{path}: {exc}") from None
@@ -863,6 +939,7 @@ def sim_persched(
     help="Also draw SysEff and Dilation per set into this PNG (needs extra [plot]).",
 )
 @_campaign_options
+@_runs_file_options
 def sim_persched_compare(
     set_numbers: tuple[int, ...],
     set_files: tuple[Path, ...],
@@ -875,6 +952,8 @@ def sim_persched_compare(
     plot_file: Path | None,
     workers: int | None,
     scheduler: str | None,
+    runs_file: Path | None,
+    resume: Path | None,
 ) -> None:
     """PerSched against the online strategies in the simulator (docs/persched.md)."""
     import json
@@ -886,12 +965,14 @@ def sim_persched_compare(
         ONLINE_STRATEGIES,
         CompareError,
         NamedSet,
-        compare_many,
+        compare_json,
+        csv_rows,
         jupiter,
-        plot,
+        plot_json,
         synthetic_sets,
-        table,
+        table_json,
     )
+    from burstctl.simulator.persched_compare import runs_file as compare_file
 
     given = sum(bool(x) for x in (set_numbers, set_files, synthetic))
     if given != 1:
@@ -915,23 +996,34 @@ def sim_persched_compare(
             raise _BadSetFile(f"{path}: {exc}") from None
     if synthetic is not None:
         named = synthetic_sets(synthetic, count, seed)
+    where = _campaign_cluster(workers, scheduler)
+    path = _runs_target(runs_file, resume)
+    record = _campaign_record(
+        case_keys=("set_numbers", "set_files", "synthetic", "count", "seed"),
+        output_only=("fmt", "plot_file"),
+    )
+    record["--strategy"] = list(strategies or ONLINE_STRATEGIES)
     try:
-        comparisons = compare_many(
+        comparisons = compare_json(
             named,
             periods=periods,
             strategies=strategies or ONLINE_STRATEGIES,
-            where=_campaign_cluster(workers, scheduler),
+            where=where,
             progress=_progress,
+            out=compare_file(path, record) if path is not None else None,
+            resume=resume is not None,
         )
     except CompareError as exc:
         if exc.kind == "input":
             raise _BadSetFile(str(exc)) from None
         raise click.ClickException(f"{exc.label}: simulation failed: {exc.message}") from None
     except CampaignError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _campaign_error(exc) from None
+    except OSError as exc:
+        raise click.ClickException(f"{path}: {exc}") from None
     if plot_file is not None:
         try:
-            plot(comparisons, plot_file)
+            plot_json(comparisons, plot_file)
         except ImportError:
             raise click.ClickException(
                 "plotting needs matplotlib: pip install 'burstctl[plot]'"
@@ -939,11 +1031,11 @@ def sim_persched_compare(
         except OSError as exc:
             raise click.ClickException(f"{plot_file}: {exc}") from None
     if fmt == "json":
-        click.echo(json.dumps({"periods": periods, "sets": [c.to_json() for c in comparisons]}))
+        click.echo(json.dumps({"periods": periods, "sets": comparisons}))
     elif fmt == "csv":
-        _emit([row for c in comparisons for row in c.rows()], "csv")
+        _emit([row for c in comparisons for row in csv_rows(c)], "csv")
     else:
-        for line in table(comparisons):
+        for line in table_json(comparisons):
             click.echo(line)
 
 
@@ -1033,6 +1125,17 @@ def _dpsac_model(f: Any) -> Any:
     return f
 
 
+def _dpsac_runs_file(runs_file: Path | None, resume: Path | None, keys: Sequence[str]) -> Any:
+    """The runs file of a DPSAC command (`simulator.dpsac.runs_file`), or None; ``keys``:
+    the options that find a run's case or shape stdout only, left out of its record."""
+    from burstctl.simulator.dpsac import runs_file as dpsac_runs_file
+
+    path = _runs_target(runs_file, resume)
+    if path is None:
+        return None
+    return dpsac_runs_file(path, _campaign_record(case_keys=keys))
+
+
 def _dpsac_emit(summaries: list[Any], fmt: str, key: str, head: str) -> None:
     import json
 
@@ -1068,6 +1171,7 @@ def _dpsac_emit(summaries: list[Any], fmt: str, key: str, head: str) -> None:
 )
 @_dpsac_common
 @_campaign_options
+@_runs_file_options
 def sim_dpsac(
     set_number: int,
     methods: tuple[str, ...],
@@ -1076,6 +1180,8 @@ def sim_dpsac(
     fmt: str,
     workers: int | None,
     scheduler: str | None,
+    runs_file: Path | None,
+    resume: Path | None,
     **model: Any,
 ) -> None:
     """SysEff and Dilation of DPSAC, MCIOS and BIOS on a Table 2 set ([DPSAC] §5.2;
@@ -1084,8 +1190,18 @@ def sim_dpsac(
 
     params = _dpsac_params(model)
     where = _campaign_cluster(workers, scheduler)
+    out = _dpsac_runs_file(runs_file, resume, ("set_number", "methods", "runs", "seed", "fmt"))
     summaries = _campaign_call(
-        run_set, set_number, methods or METHODS, runs, seed, params, where, _progress
+        run_set,
+        set_number,
+        methods or METHODS,
+        runs,
+        seed,
+        params,
+        where,
+        _progress,
+        out,
+        resume is not None,
     )
     _dpsac_emit(summaries, fmt, "set", "method")
 
@@ -1113,6 +1229,7 @@ def sim_dpsac(
 )
 @_dpsac_common
 @_campaign_options
+@_runs_file_options
 def sim_dpsac_join(
     joiner: str,
     updaters: tuple[str, ...],
@@ -1122,6 +1239,8 @@ def sim_dpsac_join(
     fmt: str,
     workers: int | None,
     scheduler: str | None,
+    runs_file: Path | None,
+    resume: Path | None,
     **model: Any,
 ) -> None:
     """DPSAC's updaters ST, DT and OK on Table 3's batch with periodic joiners of Table 4
@@ -1130,8 +1249,19 @@ def sim_dpsac_join(
 
     params = _dpsac_params(model)
     where = _campaign_cluster(workers, scheduler)
+    out = _dpsac_runs_file(runs_file, resume, ("joiner", "updaters", "runs", "seed", "fmt"))
     summaries = _campaign_call(
-        run_join, joiner, updaters or UPDATERS, runs, seed, params, joins, where, _progress
+        run_join,
+        joiner,
+        updaters or UPDATERS,
+        runs,
+        seed,
+        params,
+        joins,
+        where,
+        _progress,
+        out,
+        resume is not None,
     )
     _dpsac_emit(summaries, fmt, "joiner", "updater")
 
@@ -1149,8 +1279,16 @@ def sim_dpsac_join(
 @click.option("--seed", type=int, default=0, show_default=True, help="Seed of the first run.")
 @_dpsac_model
 @_campaign_options
+@_runs_file_options
 def sim_dpsac_plot(
-    out: Path, runs: int, seed: int, workers: int | None, scheduler: str | None, **model: Any
+    out: Path,
+    runs: int,
+    seed: int,
+    workers: int | None,
+    scheduler: str | None,
+    runs_file: Path | None,
+    resume: Path | None,
+    **model: Any,
 ) -> None:
     """Run the ten Table 2 sets with the three methods; write a CSV and a PNG of SysEff
     and Dilation per set (needs extra [plot])."""
@@ -1158,8 +1296,18 @@ def sim_dpsac_plot(
 
     params = _dpsac_params(model)
     where = _campaign_cluster(workers, scheduler)
+    target = _dpsac_runs_file(runs_file, resume, ("runs", "seed"))
     summaries = _campaign_call(
-        run_sets, range(1, 11), METHODS, runs, seed, params, where, _progress
+        run_sets,
+        range(1, 11),
+        METHODS,
+        runs,
+        seed,
+        params,
+        where,
+        _progress,
+        target,
+        resume is not None,
     )
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -1287,7 +1435,8 @@ def sim_placement(
 @click.option(
     "--resume",
     is_flag=True,
-    help="Keep the sets an interrupted sweep already wrote to OUT/placement.csv; run the rest.",
+    help="Keep the sets an interrupted sweep already wrote to OUT/placement.csv; run the"
+    " rest. Refused (exit 2) if it was written with another --seed.",
 )
 def sim_placement_sweep(
     loads: tuple[float, ...],
@@ -1318,9 +1467,10 @@ def sim_placement_sweep(
             out=out / "placement.csv",
             resume=resume,
             progress=_progress,
+            params=_campaign_record(case_keys=("loads", "sets")),
         )
     except CampaignError as exc:
-        raise click.ClickException(str(exc)) from None
+        raise _campaign_error(exc) from None
     except OSError as exc:
         raise click.ClickException(f"{out}: {exc}") from None
     try:

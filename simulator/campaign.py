@@ -18,6 +18,13 @@ the file is rewritten (a temporary file, then ``os.replace``) with every row in 
 order of the case list. `RowFile.open(resume=True)` reads back the cases a killed
 campaign finished, and the campaign then computes only the others.
 
+A `RowFile` with ``params`` (everything that determines a case's rows other than the
+case's keys: the generator and window flags, the policies, ...) records them in a
+sidecar ``FILE.meta.json`` (written atomically after the rows file is started); a resume
+whose ``params`` differ from the record is refused (`ParamsMismatch`) before the file is
+touched. A file without its record (written before campaigns recorded their flags)
+resumes with a warning that its flags cannot be checked.
+
 Dask and distributed are imported only when cases run on a cluster (the ``sim`` extra).
 """
 
@@ -30,7 +37,7 @@ import logging
 import os
 import socket
 import tempfile
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Generic, Literal, TypeVar
@@ -44,6 +51,38 @@ Format = Literal["csv", "json"]
 class CampaignError(Exception):
     """A campaign that cannot start: a cluster out of reach, an output file of another
     campaign, a missing ``sim`` extra."""
+
+
+class ParamsMismatch(CampaignError):
+    """A resume with other parameters than the file's record: ``differences`` lists
+    ``(name, recorded, given)``, recorded being None for a name the record lacks."""
+
+    def __init__(self, path: Path, differences: Sequence[tuple[str, Any, Any]]) -> None:
+        self.path = path
+        self.differences = list(differences)
+        what = "; ".join(
+            f"{name} {_shown(given)} (the file has {_shown(recorded)})"
+            for name, recorded, given in self.differences
+        )
+        super().__init__(
+            f"{path} was written by another campaign: {what}. Resume with the flags of the"
+            " interrupted run, or start again with another file; the file is left as it was"
+        )
+
+
+def _shown(value: Any) -> str:
+    return "none" if value is None else json.dumps(value)
+
+
+def meta_path(path: Path) -> Path:
+    """The sidecar record of a campaign's output file: ``FILE.meta.json``."""
+    return path.with_name(path.name + ".meta.json")
+
+
+def _plain(params: Mapping[str, Any]) -> dict[str, Any]:
+    """``params`` as JSON gives them back (tuples become lists, paths strings)."""
+    loaded: dict[str, Any] = json.loads(json.dumps(dict(params), default=str))
+    return loaded
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +183,9 @@ class RowFile(Generic[C]):
 
     ``key_of_case`` and ``key_of_row`` map a case and a row to the same key (a row read
     back from CSV has strings for values, so the key must parse them); ``rows_per_case``
-    says how many rows a finished case has.
+    says how many rows a finished case has. ``params``: the campaign's parameters other
+    than the case keys, recorded in ``FILE.meta.json`` and checked on resume (JSON
+    values; see the module docstring).
     """
 
     path: Path
@@ -153,6 +194,7 @@ class RowFile(Generic[C]):
     key_of_case: Callable[[C], Hashable]
     key_of_row: Callable[[Row], Hashable]
     rows_per_case: Callable[[C], int]
+    params: Mapping[str, Any] | None = None
     _lines: dict[int, list[str]] = field(default_factory=dict, init=False)
     _out: IO[str] | None = field(default=None, init=False)
 
@@ -173,15 +215,73 @@ class RowFile(Generic[C]):
     def header(self) -> str:
         return ",".join(self.fields) + "\n" if self.fmt == "csv" else ""
 
-    def open(self, cases: Sequence[C], *, resume: bool) -> list[int]:
+    def open(
+        self,
+        cases: Sequence[C],
+        *,
+        resume: bool,
+        warn: Callable[[str], None] | None = None,
+    ) -> list[int]:
         """Starts the file; returns the indices of the cases still to compute. ``resume``:
         keeps the finished cases already in the file (every row of the case present)
-        and drops the rest, such as the torn last line of a killed run."""
+        and drops the rest, such as the torn last line of a killed run; refuses
+        (`ParamsMismatch`) a file recorded with other ``params``, leaving it as it was;
+        ``warn`` gets the warning about a file without a record."""
         if resume and self.path.exists():
+            self._check_params(warn)
             self._lines = self._read_back(cases)
         self._replace(sorted(self._lines))
+        self._write_params()
         self._out = self.path.open("a", newline="")
         return [i for i in range(len(cases)) if i not in self._lines]
+
+    def _check_params(self, warn: Callable[[str], None] | None) -> None:
+        if self.params is None:
+            return
+        meta = meta_path(self.path)
+        try:
+            recorded = json.loads(meta.read_text())
+        except FileNotFoundError:
+            if warn is not None:
+                warn(
+                    f"warning: {self.path} has no {meta.name} (written before campaigns"
+                    " recorded their flags): its flags cannot be checked; resuming as if"
+                    " they were these"
+                )
+            return
+        except ValueError as exc:
+            raise CampaignError(f"{meta}: not JSON ({exc}); cannot resume") from None
+        if not isinstance(recorded, dict):
+            raise CampaignError(f"{meta}: not a campaign's record; cannot resume")
+        given = _plain(self.params)
+        names = list(dict.fromkeys([*given, *recorded]))
+        differences = [
+            (name, recorded.get(name), given.get(name))
+            for name in names
+            if recorded.get(name) != given.get(name)
+        ]
+        if differences:
+            raise ParamsMismatch(self.path, differences)
+
+    def _write_params(self) -> None:
+        """The record, atomically (after the rows file: a kill between the two leaves the
+        old record beside an empty file, which a resume with other flags refuses)."""
+        if self.params is None:
+            return
+        _write_atomic(meta_path(self.path), json.dumps(_plain(self.params), indent=1) + "\n")
+
+    def case_rows(self) -> list[list[Row]]:
+        """The rows of every case in the file (after `finish`), in case order, as read
+        back (JSON lines: the values as written; CSV: strings)."""
+        out = []
+        for i in sorted(self._lines):
+            text = "".join(self._lines[i])
+            if self.fmt == "json":
+                out.append([json.loads(line) for line in text.splitlines()])
+            else:
+                reader = csv.DictReader(io.StringIO(text), fieldnames=list(self.fields))
+                out.append([dict(r) for r in reader])
+        return out
 
     def add(self, index: int, rows: Sequence[Row]) -> None:
         """Appends one finished case's rows in one write."""
@@ -201,18 +301,7 @@ class RowFile(Generic[C]):
     def _replace(self, order: Sequence[int]) -> None:
         """Writes the header and the given cases' rows to a temporary file beside the
         output, then renames it over the output: a kill leaves the old file or the new."""
-        fd, tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent or ".")
-        try:
-            with os.fdopen(fd, "w", newline="") as f:
-                f.write(self.header())
-                for i in order:
-                    f.write("".join(self._lines[i]))
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _write_atomic(self.path, self.header() + "".join("".join(self._lines[i]) for i in order))
 
     def _read_back(self, cases: Sequence[C]) -> dict[int, list[str]]:
         text = self.path.read_text()
@@ -256,6 +345,20 @@ class RowFile(Generic[C]):
         return {i: ls for i, ls in found.items() if len(ls) == self.rows_per_case(cases[i])}
 
 
+def _write_atomic(path: Path, text: str) -> None:
+    """``text`` into a temporary file beside ``path``, fsynced, then renamed over it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def run_campaign(
     fn: Callable[[C], list[Row]],
     cases: Sequence[C],
@@ -272,7 +375,7 @@ def run_campaign(
     the file (see `RowFile`) and the result is None.
     """
     say = progress or (lambda _line: None)
-    todo = out.open(cases, resume=resume) if out is not None else list(range(len(cases)))
+    todo = out.open(cases, resume=resume, warn=say) if out is not None else list(range(len(cases)))
     n = len(cases)
     kept = n - len(todo)
     head = f"campaign: {n} cases on {cluster.describe()}"

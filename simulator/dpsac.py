@@ -34,10 +34,10 @@ import math
 import random
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Hashable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 from burstctl.policies.dpsac.algorithm3 import full_probability, schedule
 from burstctl.policies.dpsac.clustering import cluster
@@ -46,7 +46,7 @@ from burstctl.policies.dpsac.model import App
 from burstctl.policies.dpsac.partition import Part, partition
 from burstctl.policies.dpsac.priorities import Efficiency, minmax
 from burstctl.policies.dpsac.updaters import Updater, make_updater
-from burstctl.simulator.campaign import Cluster, map_cases
+from burstctl.simulator.campaign import Cluster, Row, RowFile, map_cases, run_campaign
 from burstctl.simulator.dpsac_workloads import (
     B_PFS,
     JOINERS,
@@ -500,9 +500,50 @@ def run_case(case: Case) -> Result:
     return simulate(case.apps, case.method, case.seed, case.params, updater=case.updater)
 
 
+def case_rows(case: Case) -> list[Row]:
+    """`run_case` as the one row of a runs file: the case's keys, then the `Result`."""
+    return [{"label": case.label, "updater": case.updater, **asdict(run_case(case))}]
+
+
+def _case_key(case: Case) -> Hashable:
+    return (case.label, case.method, case.updater, case.seed)
+
+
+def _row_key(row: Row) -> Hashable:
+    return (row["label"], row["method"], row["updater"], int(row["seed"]))
+
+
+def result_of(row: Row) -> Result:
+    """The `Result` of a runs-file row (JSON keeps every value exactly)."""
+    return Result(**{f.name: row[f.name] for f in fields(Result)})
+
+
+def runs_file(path: Path, params: Mapping[str, Any] | None = None) -> RowFile[Case]:
+    """The runs file of a DPSAC campaign (``--runs-file``/``--resume``): JSON lines, one
+    run per line, keyed by (label, method, updater, seed); ``params``: as `RowFile`'s."""
+    names = ("label", "updater", *(f.name for f in fields(Result)))
+    return RowFile(path, "json", names, _case_key, _row_key, lambda _c: 1, params)
+
+
 def _run(
-    cases: list[Case], where: Cluster | None, progress: Callable[[str], None] | None
+    cases: list[Case],
+    where: Cluster | None,
+    progress: Callable[[str], None] | None,
+    out: RowFile[Case] | None = None,
+    resume: bool = False,
 ) -> list[Result]:
+    if out is not None:
+        # Every run through the file: the summaries come from its rows, resumed or not.
+        run_campaign(
+            case_rows,
+            cases,
+            where or Cluster(workers=1),
+            out=out,
+            resume=resume,
+            progress=progress,
+            label=Case.describe,
+        )
+        return [result_of(rows[0]) for rows in out.case_rows()]
     if where is None:
         return [run_case(c) for c in cases]
     return map_cases(run_case, cases, where, progress=progress, label=Case.describe)
@@ -516,10 +557,14 @@ def run_set(
     params: Params | None = None,
     where: Cluster | None = None,
     progress: Callable[[str], None] | None = None,
+    out: RowFile[Case] | None = None,
+    resume: bool = False,
 ) -> list[Summary]:
     """Each method on set ``number``, ``runs`` runs, seeds from ``seed``; the runs on
-    ``where`` (`campaign.Cluster`; default: in this process)."""
-    return run_sets([number], methods, runs, seed, params, where, progress)
+    ``where`` (`campaign.Cluster`; default: in this process). ``out`` (`runs_file`): each
+    run is appended to it as it finishes and the summaries are computed from its rows;
+    ``resume``: the runs already there are not run again."""
+    return run_sets([number], methods, runs, seed, params, where, progress, out, resume)
 
 
 def run_sets(
@@ -530,6 +575,8 @@ def run_sets(
     params: Params | None = None,
     where: Cluster | None = None,
     progress: Callable[[str], None] | None = None,
+    out: RowFile[Case] | None = None,
+    resume: bool = False,
 ) -> list[Summary]:
     """`run_set` of each set in ``numbers``, as one campaign."""
     apps = {n: tuple(set_workload(n)) for n in numbers}
@@ -537,7 +584,7 @@ def run_sets(
     cases = [
         Case(f"set {n}", apps[n], m, s, params) for n in numbers for m in methods for s in seeds
     ]
-    results = iter(_run(cases, where, progress))
+    results = iter(_run(cases, where, progress, out, resume))
     bandwidth = (params or Params()).bandwidth
     return [
         summarise(
@@ -560,14 +607,17 @@ def run_join(
     joins: int = DEFAULT_JOINS,
     where: Cluster | None = None,
     progress: Callable[[str], None] | None = None,
+    out: RowFile[Case] | None = None,
+    resume: bool = False,
 ) -> list[Summary]:
     """DPSAC with each updater on Table 3's batch plus ``joins`` joiners of kind ``joiner``;
-    the runs on ``where`` (default: in this process)."""
+    the runs on ``where`` (default: in this process); ``out``, ``resume``: as
+    `run_set`'s."""
     apps = tuple(join_workload(joiner, joins))
     ratio = teio([k for k, _ in apps]) / (params or Params()).bandwidth
     seeds = run_seeds(seed, runs)
     cases = [Case(f"join {joiner}", apps, "dpsac", s, params, u) for u in updaters for s in seeds]
-    results = iter(_run(cases, where, progress))
+    results = iter(_run(cases, where, progress, out, resume))
     return [summarise(f"join {joiner}", u, [next(results) for _ in seeds], ratio) for u in updaters]
 
 

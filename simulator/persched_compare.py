@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,7 +50,7 @@ from burstctl.policies.persched import (
     time_io,
 )
 from burstctl.policies.persched.synthetic import MACHINES, synthetic_set
-from burstctl.simulator.campaign import Cluster, map_cases
+from burstctl.simulator.campaign import Cluster, Row, RowFile, map_cases, run_campaign
 from burstctl.simulator.engine import SimulationError, _Run, create_policy
 from burstctl.simulator.instance import (
     WORK_FIRST,
@@ -167,17 +167,31 @@ class Comparison:
 
     def rows(self) -> list[dict[str, Any]]:
         """Flat rows (one per method) for CSV: PerSched, the upper bound, each strategy."""
-        p = self.persched
-        head = {"set": self.label, "horizon": self.horizon, "upper_bound": self.upper_bound}
-        rows = [
-            {**head, "method": "persched", "sys_eff": p.sys_eff, "dilation": _finite(p.dilation)},
-            {**head, "method": "upper-bound", "sys_eff": self.upper_bound, "dilation": 1.0},
-        ]
-        rows += [
-            {**head, "method": r.strategy, "sys_eff": r.sys_eff, "dilation": _finite(r.dilation)}
-            for r in self.online
-        ]
-        return rows
+        return csv_rows(self.to_json())
+
+
+def csv_rows(compared: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """`Comparison.rows` of a comparison in its JSON form (`Comparison.to_json`)."""
+    p = compared["persched"]
+    head = {
+        "set": compared["set"],
+        "horizon": compared["horizon"],
+        "upper_bound": compared["upper_bound"],
+    }
+    rows = [
+        {**head, "method": "persched", "sys_eff": p["sys_eff"], "dilation": p["dilation"]},
+        {**head, "method": "upper-bound", "sys_eff": compared["upper_bound"], "dilation": 1.0},
+    ]
+    rows += [
+        {**head, "method": r["strategy"], "sys_eff": r["sys_eff"], "dilation": r["dilation"]}
+        for r in compared["online"]
+    ]
+    return rows
+
+
+def _infinite(x: float | None) -> float:
+    """A Dilation of the JSON form (None: infinite) as a float."""
+    return math.inf if x is None else x
 
 
 def _finite(x: float) -> float | None:
@@ -309,11 +323,12 @@ def compare(
 
 @dataclass(frozen=True, slots=True)
 class CompareCase:
-    """One set of a `compare_many` campaign."""
+    """One set of a `compare_many` campaign (``index``: its place in the set list)."""
 
     named: NamedSet
     periods: float
     strategies: tuple[str, ...]
+    index: int = 0
 
 
 class CompareError(Exception):
@@ -348,13 +363,11 @@ def compare_many(
 ) -> list[Comparison]:
     """`compare` on each set, in order, the sets running on ``where`` (`campaign.Cluster`;
     default: in this process). Raises the first failing set's `CompareError`."""
-    cases = [CompareCase(n, periods, tuple(strategies)) for n in named]
+    cases = _cases(named, periods, strategies)
     if where is None:
         results = [compare_case(c) for c in cases]
     else:
-        results = map_cases(
-            compare_case, cases, where, progress=progress, label=lambda c: c.named.label
-        )
+        results = map_cases(compare_case, cases, where, progress=progress, label=_label)
     out = []
     for r in results:
         if isinstance(r, CompareError):
@@ -363,15 +376,96 @@ def compare_many(
     return out
 
 
+def _cases(
+    named: Sequence[NamedSet], periods: float, strategies: Sequence[str]
+) -> list[CompareCase]:
+    return [CompareCase(n, periods, tuple(strategies), i) for i, n in enumerate(named)]
+
+
+def _label(case: CompareCase) -> str:
+    return case.named.label
+
+
+def case_rows(case: CompareCase) -> list[Row]:
+    """`compare_case` as the one row of a runs file: ``index``, then the comparison's
+    JSON form (`Comparison.to_json`), or ``set`` and its ``error`` (kind, message)."""
+    result = compare_case(case)
+    if isinstance(result, CompareError):
+        error = {"kind": result.kind, "message": result.message}
+        return [{"index": case.index, "set": case.named.label, "error": error}]
+    return [{"index": case.index, **result.to_json()}]
+
+
+def _case_key(case: CompareCase) -> Hashable:
+    return (case.index, case.named.label)
+
+
+def _row_key(row: Row) -> Hashable:
+    return (int(row["index"]), row["set"])
+
+
+def runs_file(path: Path, params: Mapping[str, Any] | None = None) -> RowFile[CompareCase]:
+    """The runs file of a comparison campaign (``--runs-file``/``--resume``): JSON lines,
+    one set per line, keyed by its place in the set list and its label; ``params``: as
+    `RowFile`'s."""
+    return RowFile(path, "json", ("index", "set"), _case_key, _row_key, lambda _c: 1, params)
+
+
+def compare_json(
+    named: Sequence[NamedSet],
+    *,
+    periods: float = DEFAULT_PERIODS,
+    strategies: Sequence[str] = ONLINE_STRATEGIES,
+    where: Cluster | None = None,
+    progress: Callable[[str], None] | None = None,
+    out: RowFile[CompareCase] | None = None,
+    resume: bool = False,
+) -> list[dict[str, Any]]:
+    """`compare_many` in the JSON form (`Comparison.to_json`), what every output of
+    ``sim persched-compare`` is drawn from. ``out`` (`runs_file`): each set's row is
+    appended to it as it finishes and the result is read back from its rows; ``resume``:
+    the sets already there are not run again. Raises the first failing set's
+    `CompareError`."""
+    if out is None:
+        return [
+            c.to_json()
+            for c in compare_many(
+                named, periods=periods, strategies=strategies, where=where, progress=progress
+            )
+        ]
+    run_campaign(
+        case_rows,
+        _cases(named, periods, strategies),
+        where or Cluster(workers=1),
+        out=out,
+        resume=resume,
+        progress=progress,
+        label=_label,
+    )
+    compared = []
+    for (row,) in out.case_rows():
+        row.pop("index")
+        if "error" in row:
+            raise CompareError(row["set"], row["error"]["kind"], row["error"]["message"])
+        compared.append(row)
+    return compared
+
+
 # Dilation − 1 below this is drawn at it (a log axis has no 0).
 _DILATION_FLOOR = 1e-6
 
 
 def plot(comparisons: Sequence[Comparison], out: Path) -> Path:
-    """Per set, into the PNG file ``out``: SysEff over the eq. (5) upper bound (top;
-    the bound is 1) and Dilation − 1 on a log axis (bottom; 0 is drawn at 1e-6), for
-    PerSched and each online strategy. The metrics differ by fractions of a percent on
-    the uncongested sets, which plain SysEff and Dilation axes would hide."""
+    """`plot_json` of ``comparisons``."""
+    return plot_json([c.to_json() for c in comparisons], out)
+
+
+def plot_json(comparisons: Sequence[Mapping[str, Any]], out: Path) -> Path:
+    """Per set (in the JSON form, `Comparison.to_json`), into the PNG file ``out``:
+    SysEff over the eq. (5) upper bound (top; the bound is 1) and Dilation − 1 on a log
+    axis (bottom; 0 is drawn at 1e-6), for PerSched and each online strategy. The metrics
+    differ by fractions of a percent on the uncongested sets, which plain SysEff and
+    Dilation axes would hide."""
     import matplotlib
 
     matplotlib.use("Agg")  # files only, no display
@@ -379,9 +473,9 @@ def plot(comparisons: Sequence[Comparison], out: Path) -> Path:
 
     if not comparisons:
         raise ValueError("no sets to plot")
-    labels = [c.label for c in comparisons]
+    labels = [c["set"] for c in comparisons]
     xs = list(range(len(comparisons)))
-    strategies = list(dict.fromkeys(r.strategy for c in comparisons for r in c.online))
+    strategies = list(dict.fromkeys(r["strategy"] for c in comparisons for r in c["online"]))
     markers = "os^vD<>phX*"
     fig, (top, bottom) = plt.subplots(
         2, 1, figsize=(max(7.0, 0.9 * len(comparisons) + 4.5), 7.5), sharex=True
@@ -392,18 +486,20 @@ def plot(comparisons: Sequence[Comparison], out: Path) -> Path:
 
     top.axhline(1.0, color="k", lw=1.5, label="upper bound (eq. 5)")
     top.plot(
-        xs, [c.persched.sys_eff / c.upper_bound for c in comparisons], "r*", ms=12,
+        xs, [c["persched"]["sys_eff"] / c["upper_bound"] for c in comparisons], "r*", ms=12,
         label="PerSched",
     )  # fmt: skip
-    bottom.plot(xs, [excess(c.persched.dilation) for c in comparisons], "r*", ms=12)
+    bottom.plot(
+        xs, [excess(_infinite(c["persched"]["dilation"])) for c in comparisons], "r*", ms=12
+    )
     n = max(len(strategies), 1)
     for k, name in enumerate(strategies):
         shift = (k - (n - 1) / 2) * 0.05
         pts = [
-            (x + shift, r.sys_eff / c.upper_bound, r.dilation)
+            (x + shift, r["sys_eff"] / c["upper_bound"], _infinite(r["dilation"]))
             for x, c in zip(xs, comparisons, strict=True)
-            for r in c.online
-            if r.strategy == name
+            for r in c["online"]
+            if r["strategy"] == name
         ]
         marker = markers[k % len(markers)]
         top.plot([p[0] for p in pts], [p[1] for p in pts], marker, ms=5, ls="", label=name)
@@ -424,21 +520,29 @@ def plot(comparisons: Sequence[Comparison], out: Path) -> Path:
 
 
 def table(comparisons: Iterable[Comparison]) -> list[str]:
-    """Text lines: per set, PerSched, the upper bound and each strategy."""
+    """`table_json` of ``comparisons``."""
+    return table_json(c.to_json() for c in comparisons)
+
+
+def table_json(comparisons: Iterable[Mapping[str, Any]]) -> list[str]:
+    """Text lines: per set (in the JSON form, `Comparison.to_json`), PerSched, the upper
+    bound and each strategy."""
     lines = []
     for c in comparisons:
-        p = c.persched
+        p = c["persched"]
         lines.append(
-            f"{c.label}: upper bound {c.upper_bound:.4f}, PerSched period {p.period:.6g} s,"
-            f" horizon {c.horizon:.6g} s"
+            f"{c['set']}: upper bound {c['upper_bound']:.4f}, PerSched period"
+            f" {p['period']:.6g} s, horizon {c['horizon']:.6g} s"
         )
         lines.append(f"  {'method':<26} {'SysEff':>8} {'Dilation':>9}")
-        lines.append(f"  {'PerSched':<26} {p.sys_eff:>8.4f} {p.dilation:>9.4f}")
-        for r in c.online:
-            lines.append(f"  {r.strategy:<26} {r.sys_eff:>8.4f} {r.dilation:>9.4f}")
-        se, dil = c.best_sys_eff(), c.best_dilation()
+        lines.append(f"  {'PerSched':<26} {p['sys_eff']:>8.4f} {_infinite(p['dilation']):>9.4f}")
+        for r in c["online"]:
+            lines.append(
+                f"  {r['strategy']:<26} {r['sys_eff']:>8.4f} {_infinite(r['dilation']):>9.4f}"
+            )
+        se, dil = c["best_online_sys_eff"], c["best_online_dilation"]
         lines.append(
-            f"  best online SysEff {se.sys_eff:.4f} ({se.strategy}),"
-            f" best online Dilation {dil.dilation:.4f} ({dil.strategy})"
+            f"  best online SysEff {se['sys_eff']:.4f} ({se['strategy']}),"
+            f" best online Dilation {_infinite(dil['dilation']):.4f} ({dil['strategy']})"
         )
     return lines

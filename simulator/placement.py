@@ -31,7 +31,7 @@ import csv
 import heapq
 import random
 import statistics
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -338,9 +338,11 @@ def rows_per_task(task: SweepTask) -> int:
     return len(ALLOCATOR_NAMES) * len(PLACEMENT_NAMES) + len(ROBUSTNESS)
 
 
-def row_file(path: Path, fmt: Format = "csv") -> RowFile[SweepTask]:
+def row_file(
+    path: Path, fmt: Format = "csv", params: Mapping[str, Any] | None = None
+) -> RowFile[SweepTask]:
     """The sweep's CSV (``placement.csv``) as a campaign's output file: a row's case is
-    its (target, set)."""
+    its (target, set); ``params``: as `RowFile`'s."""
     return RowFile(
         path,
         fmt,
@@ -348,6 +350,7 @@ def row_file(path: Path, fmt: Format = "csv") -> RowFile[SweepTask]:
         lambda t: (t.load, t.index),
         lambda r: (float(r["target"]), int(r["set"])),
         rows_per_task,
+        params,
     )
 
 
@@ -361,14 +364,16 @@ def sweep(
     out: Path | None = None,
     resume: bool = False,
     progress: Callable[[str], None] | None = None,
+    params: Mapping[str, Any] | None = None,
 ) -> list[dict[str, Any]]:
     """The rows of every set of every load point, in (load, set) order wherever the cases
     ran (``workers``, ``scheduler``: as `campaign.Cluster`'s; each set has its own seed, so
     the rows are the same row for row). ``out``: the rows also go to this CSV as the sets
     finish (`campaign.RowFile`); ``resume``: the sets already there are not run again, and
-    the rows returned are read back from it."""
+    the rows returned are read back from it; ``params``: recorded beside it and checked
+    on resume (`campaign.RowFile`)."""
     tasks = sweep_tasks(loads, sets, seed)
-    target = row_file(out) if out is not None else None
+    target = row_file(out, params=params) if out is not None else None
     chunks = run_campaign(
         sweep_task,
         tasks,

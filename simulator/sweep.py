@@ -9,7 +9,7 @@ CSV is reproducible apart from ``wall_seconds``.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Iterator, Sequence
+from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -104,9 +104,11 @@ def task_label(task: SweepTask) -> str:
     return f"pressure {task.params.pressure} seed {task.seed}"
 
 
-def row_file(path: Path, fmt: Format) -> RowFile[SweepTask]:
-    """The output file of a sweep (``--out``/``--resume``)."""
-    return RowFile(path, fmt, FIELDS, task_key, row_key, lambda t: len(t.policies))
+def row_file(
+    path: Path, fmt: Format, params: Mapping[str, Any] | None = None
+) -> RowFile[SweepTask]:
+    """The output file of a sweep (``--out``/``--resume``); ``params``: as `RowFile`'s."""
+    return RowFile(path, fmt, FIELDS, task_key, row_key, lambda t: len(t.policies), params)
 
 
 def run_sweep(

@@ -197,7 +197,11 @@ def test_a_killed_sweep_resumes_computing_only_the_missing_cases(
     assert len(computed) == missing
     assert {int(s) for s in computed} == set(range(12)) - written
     assert rows_of(out.read_text(), fmt) == rows_of(full.read_text(), fmt)
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([full.name, out.name])
+    records = [p.with_name(p.name + ".meta.json") for p in (full, out)]
+    assert records[0].read_text() == records[1].read_text()  # the same flags
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        [full.name, out.name, *(r.name for r in records)]
+    )
 
 
 def without(text: str, key: str) -> list[dict[str, object]]:
