@@ -39,12 +39,14 @@ and serves first the jobs with the smallest φ̂_i whose φ̂ sum to at most β:
 take about β of B and cost the others about β·(1 − y)/(W − β) of yield.
 Inside each class, the key above. β = 0 is the plain key. A job not seen in S(t)
 for STALE_PERIODS of its learned iterations is forgotten (it has left, or
-changed), so the budget goes to the jobs still there and the state stays bounded.
+changed), so the budget goes to the jobs still there and the state stays bounded;
+a job forgotten after its first operation only (a short start-up before a long
+phase) is learned again from its next.
 """
 
 from __future__ import annotations
 
-import math
+import bisect
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -66,14 +68,14 @@ STALE_PERIODS = 10.0
 
 class DeficitComParams(PolicyParams):
     weight: float = Field(  # λ, dimensionless (seconds of transfer per second of deficit)
-        default=0.5,
+        default=1.0,
         ge=0.0,
         le=MAX_WEIGHT,
         allow_inf_nan=False,
         description="λ: seconds of transfer a second of deficit outweighs",
     )
     budget: float = Field(  # β, a share of B
-        default=0.02,
+        default=0.025,
         ge=0.0,
         le=1.0,
         allow_inf_nan=False,
@@ -86,9 +88,10 @@ class DeficitComParams(PolicyParams):
 
 @dataclass(slots=True)
 class _Learned:
-    """What is learned of one job: its last counted post, sums over its operations
-    after the first (work before each, and its transfer at full speed), when it was
-    last seen in S(t) and its last iteration's length (for forgetting)."""
+    """What is learned of one job: its last post seen, when it was last seen in S(t),
+    the length of its last iteration (work before its last operation and that
+    operation's transfer at full speed, the first included: for forgetting), and sums
+    over its operations after the first (work before each, and its transfer)."""
 
     posted_at: float | None
     seen: float
@@ -113,8 +116,11 @@ class DeficitCom(Policy):
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
+        # (φ̂, job id) of every job with a counted operation, sorted: the protected class
+        # is a prefix of it, kept in order by bisection as each job's φ̂ changes
+        self._ranked: list[tuple[float, JobId]] = []
         self._protected: frozenset[JobId] = frozenset()
-        self._changed = False
+        self._changes = 0  # operations counted since the last sweep of stale jobs
 
     @property
     def protected(self) -> frozenset[JobId]:
@@ -130,13 +136,22 @@ class DeficitCom(Policy):
         now = view.now
         weight = self.params.weight
         active = view.active_jobs()
+        if self.params.budget > 0.0 and view.observed:
+            learned = self._learned
+            changes = self._changes
+            for job in active:
+                state = learned.get(job.job_id)
+                if state is None:
+                    learned[job.job_id] = _Learned(
+                        job.posted_at, now, job.last_work + _transfer(job)
+                    )
+                    continue
+                state.seen = now
+                if state.posted_at != job.posted_at:
+                    self._count(job, state)
+            if self._changes != changes:
+                self._protected = self._choose(now)
         protected = self._protected
-        if self.params.budget > 0.0:
-            if view.observed:
-                for job in active:
-                    self._observe(job, now)
-            if self._changed:
-                protected = self._protected = self._choose(now)
 
         def key(job: JobView) -> tuple[bool, float, int, str]:
             v = known_remaining(job)
@@ -146,45 +161,51 @@ class DeficitCom(Policy):
 
         return greedy_fill(sorted(active, key=key), view.capacity)
 
-    def _observe(self, job: JobView, now: float) -> None:
-        """Marks ``job`` seen; counts its pending operation once, the first time it is
-        seen, except the job's first (its work phase may be a start-up, as [BWS] §4.2
-        ignores v^(0))."""
-        state = self._learned.get(job.job_id)
-        if state is None:
-            self._learned[job.job_id] = _Learned(job.posted_at, now)
-            return
-        state.seen = now
-        if state.posted_at == job.posted_at:
-            return
+    def _count(self, job: JobView, state: _Learned) -> None:
+        """Counts ``job``'s new operation (seen for the first time; a job's first is not
+        counted: its work phase may be a start-up, as [BWS] §4.2 ignores v^(0)) and moves
+        the job to its new place in the ranking."""
         state.posted_at = job.posted_at
-        volume = job.volume if job.volume > 0.0 else job.remaining_estimate() + job.moved
-        transfer = volume / job.cap
+        transfer = _transfer(job)
+        if state.count > 0:
+            self._unrank(job.job_id, state)
         state.count += 1
         state.work += job.last_work
         state.transfer += transfer
         state.iteration = job.last_work + transfer
-        self._changed = True
+        bisect.insort(self._ranked, (state.fraction(), job.job_id))
+        self._changes += 1
+
+    def _unrank(self, job_id: JobId, state: _Learned) -> None:
+        ranked = self._ranked
+        del ranked[bisect.bisect_left(ranked, (state.fraction(), job_id))]
 
     def _choose(self, now: float) -> frozenset[JobId]:
-        """Forgets the stale jobs; returns the smallest-φ̂ jobs whose φ̂ sum to ≤ β."""
+        """Forgets the stale jobs (once per as many counted operations as there are
+        learned jobs: amortised O(1) an operation); returns the smallest-φ̂ jobs whose φ̂
+        sum to ≤ β."""
         learned = self._learned
-        # a job with no counted operation yet has no iteration of its own: the longest
-        # learned one stands in (none learned: nothing is forgotten)
-        longest = max((s.iteration for s in learned.values() if s.count > 0), default=math.inf)
-        for job_id in [
-            j
-            for j, s in learned.items()
-            if now - s.seen > STALE_PERIODS * (s.iteration if s.count > 0 else longest)
-        ]:
-            del learned[job_id]
-        ranked = sorted((s.fraction(), j) for j, s in learned.items() if s.count > 0)
+        if self._changes >= len(learned):
+            self._changes = 0
+            for job_id in [
+                j for j, s in learned.items() if now - s.seen > STALE_PERIODS * s.iteration
+            ]:
+                state = learned.pop(job_id)
+                if state.count > 0:
+                    self._unrank(job_id, state)
         chosen: list[JobId] = []
         total = 0.0
-        for phi, job_id in ranked:
+        budget = self.params.budget
+        for phi, job_id in self._ranked:
             total += phi
-            if total > self.params.budget:
+            if total > budget:
                 break
             chosen.append(job_id)
-        self._changed = False
         return frozenset(chosen)
+
+
+def _transfer(job: JobView) -> float:
+    """v/b_i: the full-speed transfer time of ``job``'s pending operation (v = its volume,
+    or ``remaining_estimate() + moved`` when unknown, as Set-10 reads it)."""
+    volume = job.volume if job.volume > 0.0 else job.remaining_estimate() + job.moved
+    return volume / job.cap

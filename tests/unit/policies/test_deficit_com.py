@@ -64,7 +64,7 @@ def policy(weight: float | None = None) -> DeficitCom:
 
 def test_registered_with_its_defaults() -> None:
     assert "deficit-com" in REGISTRY.names()
-    assert (policy().params.weight, policy().params.budget) == (0.5, 0.02)
+    assert (policy().params.weight, policy().params.budget) == (1.0, 0.025)
 
 
 def test_equal_deficits_shortest_transfer_first() -> None:
@@ -227,7 +227,7 @@ def test_sim_sweep_runs_it_by_name() -> None:
     rows = list(csv.DictReader(io.StringIO(result.stdout)))
     assert [r["policy"] for r in rows] == ["deficit-com", "greedy-com"] * 2
     assert all(r["error"] == "" and 0.0 < float(r["min_yield"]) <= 1.0 for r in rows)
-    # the default (λ = 0.5, β = 0.02) is not GreedyCom: it keeps the worst yield higher
+    # the default (λ = 1, β = 0.025) is not GreedyCom: it keeps the worst yield higher
     assert float(rows[0]["min_yield"]) > float(rows[1]["min_yield"])
 
 
@@ -333,6 +333,29 @@ def test_a_job_gone_for_ten_iterations_is_forgotten() -> None:
     learn(p, [posted("b", 1, at=102.0, work=9.0, volume=10.0)], start=102.0)
     assert p.fraction("a") is None
     assert p.protected == {"b"}
+
+
+def test_a_job_seen_once_is_kept_for_ten_of_its_own_iterations_whatever_the_others() -> None:
+    # a's first operation came after 1000 s of work: it is kept while b's short iterations
+    # (2 s) sweep the stale jobs (the longest iteration learned is b's, 2 s), and its
+    # next operation, 5000 s later, is counted
+    p = protecting(0.5)
+    learn(p, [posted("a", 0, at=0.0, work=1000.0, volume=10.0)])
+    for k in range(1, 50):  # b: a counted operation every 100 s, a sweep every other one
+        learn(p, [posted("b", 1, at=100.0 * k, work=1.0, volume=10.0)], start=100.0 * k)
+    learn(p, [posted("a", 0, at=5000.0, work=1000.0, volume=10.0)], start=5000.0)
+    assert p.fraction("a") == pytest.approx(1 / 1001)
+    # c's first came after 1 s of work (iteration 2 s): gone for 60 s, through at least
+    # one sweep after it was 20 s away, it is forgotten, so its next operation is a first
+    # again (not counted), and the one after is
+    learn(p, [posted("c", 2, at=6000.0, work=1.0, volume=10.0)], start=6000.0)
+    for k in range(1, 11):  # b: 10 operations, 6005 … 6050 s; a sweep every 3
+        t = 6000.0 + 5 * k
+        learn(p, [posted("b", 1, at=t, work=1.0, volume=10.0)], start=t)
+    learn(p, [posted("c", 2, at=6060.0, work=9.0, volume=10.0)], start=6060.0)
+    assert p.fraction("c") is None
+    learn(p, [posted("c", 2, at=6080.0, work=9.0, volume=10.0)], start=6080.0)
+    assert p.fraction("c") == pytest.approx(0.1)
 
 
 @pytest.mark.parametrize("bad", [-0.01, 1.01, float("nan"), float("inf")])
