@@ -35,9 +35,12 @@ so with the MinYield held, Σ y_i is largest when the jobs with the smallest φ_
 run at yield 1 and the others share what is left (a fractional knapsack). The
 policy learns φ̂_i per job from the views it is shown, as Set-10 learns ω
 (``last_work`` and v/b_i of each new operation after the first, running sums),
-and serves first the jobs with the smallest φ̂_i whose φ̂ sum to at most β: they
-take about β of B and cost the others about β·(1 − y)/(W − β) of yield.
-Inside each class, the key above. β = 0 is the plain key. A job not seen in S(t)
+and serves first the jobs with the smallest φ̂_i whose load Σ φ̂_i·b_i is at most
+β of the load of all the learned jobs (≈ W·B): they take about β·W of B and cost
+the others about β·(1 − y)/(1 − β) of yield. A share of the load, not of B: at
+low pressure the yields are near 1 and the protected class has little to buy, so
+it shrinks with the load (an absolute share cost MinYield at W = 0.5 on the
+tuning seeds). Inside each class, the key above. β = 0 is the plain key. A job not seen in S(t)
 for STALE_PERIODS of its learned iterations is forgotten (it has left, or
 changed), so the budget goes to the jobs still there and the state stays bounded;
 a job forgotten after its first operation only (a short start-up before a long
@@ -47,6 +50,7 @@ phase) is learned again from its next.
 from __future__ import annotations
 
 import bisect
+import math
 from dataclasses import dataclass
 
 from pydantic import Field
@@ -74,14 +78,14 @@ class DeficitComParams(PolicyParams):
         allow_inf_nan=False,
         description="λ: seconds of transfer a second of deficit outweighs",
     )
-    budget: float = Field(  # β, a share of B
+    budget: float = Field(  # β, a share of the learned I/O load
         default=0.025,
         ge=0.0,
         le=1.0,
         allow_inf_nan=False,
         description=(
-            "β: the jobs with the smallest learned I/O fractions, summing to at most β, "
-            "are served first (0: none)"
+            "β: the jobs with the smallest learned I/O fractions, whose load is at most β "
+            "of all the learned jobs' load, are served first (0: none)"
         ),
     )
 
@@ -96,6 +100,7 @@ class _Learned:
     posted_at: float | None
     seen: float
     iteration: float = 0.0
+    cap: float = 0.0  # b_i at the last counted operation
     count: int = 0
     work: float = 0.0
     transfer: float = 0.0
@@ -116,9 +121,10 @@ class DeficitCom(Policy):
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
-        # (φ̂, job id) of every job with a counted operation, sorted: the protected class
-        # is a prefix of it, kept in order by bisection as each job's φ̂ changes
-        self._ranked: list[tuple[float, JobId]] = []
+        # (φ̂, job id, φ̂·b_i) of every job with a counted operation, sorted by φ̂ then
+        # job id: the protected class is a prefix of it, kept in order by bisection as
+        # each job's φ̂ changes
+        self._ranked: list[tuple[float, JobId, float]] = []
         self._protected: frozenset[JobId] = frozenset()
         self._changes = 0  # operations counted since the last sweep of stale jobs
 
@@ -173,17 +179,19 @@ class DeficitCom(Policy):
         state.work += job.last_work
         state.transfer += transfer
         state.iteration = job.last_work + transfer
-        bisect.insort(self._ranked, (state.fraction(), job.job_id))
+        state.cap = job.cap
+        phi = state.fraction()
+        bisect.insort(self._ranked, (phi, job.job_id, phi * job.cap))
         self._changes += 1
 
     def _unrank(self, job_id: JobId, state: _Learned) -> None:
         ranked = self._ranked
-        del ranked[bisect.bisect_left(ranked, (state.fraction(), job_id))]
+        del ranked[bisect.bisect_left(ranked, (state.fraction(), job_id))]  # (φ̂, id) is unique
 
     def _choose(self, now: float) -> frozenset[JobId]:
         """Forgets the stale jobs (once per as many counted operations as there are
-        learned jobs: amortised O(1) an operation); returns the smallest-φ̂ jobs whose φ̂
-        sum to ≤ β."""
+        learned jobs: amortised O(1) an operation); returns the smallest-φ̂ jobs whose
+        load Σ φ̂_i·b_i is at most β of all the learned jobs' load."""
         learned = self._learned
         if self._changes >= len(learned):
             self._changes = 0
@@ -193,11 +201,12 @@ class DeficitCom(Policy):
                 state = learned.pop(job_id)
                 if state.count > 0:
                     self._unrank(job_id, state)
+        ranked = self._ranked
+        budget = self.params.budget * math.fsum(load for _, _, load in ranked)
         chosen: list[JobId] = []
         total = 0.0
-        budget = self.params.budget
-        for phi, job_id in self._ranked:
-            total += phi
+        for _, job_id, load in ranked:
+            total += load
             if total > budget:
                 break
             chosen.append(job_id)

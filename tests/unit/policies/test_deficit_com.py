@@ -281,21 +281,23 @@ def test_a_cheap_job_goes_first_within_the_budget() -> None:
     assert protecting(0.0).allocate(view(c, d)) == {"c": 0.0, "d": 10.0}
 
 
-def test_the_protected_fractions_sum_to_at_most_the_budget() -> None:
-    # φ̂ = 0.01, 0.02, 0.04, 0.08 (one counted operation each): β = 0.05 protects the two
-    # smallest (0.03), not the third (0.07)
+def test_the_protected_load_is_at_most_the_budget_s_share_of_the_learned_load() -> None:
+    # φ̂ = 0.01, 0.02, 0.04, 0.08 (one counted operation each), b_i = 10: loads φ̂·b_i
+    # 0.1, 0.2, 0.4, 0.8, in all 1.5. β = 0.25 (0.375) protects the two smallest (0.3),
+    # not the third (0.7); β = 0.05 (0.075) none; β = 0.5 (0.75) three
     works = {"a": 99.0, "b": 49.0, "c": 24.0, "d": 11.5}
     first = [posted(j, i, at=0.0, work=1.0, volume=10.0) for i, j in enumerate(works)]
     second = [posted(j, i, at=1.0, work=w, volume=10.0) for i, (j, w) in enumerate(works.items())]
-    for budget, expected in [(0.05, {"a", "b"}), (0.0099, set()), (0.08, {"a", "b", "c"})]:
+    for budget, expected in [(0.25, {"a", "b"}), (0.05, set()), (0.5, {"a", "b", "c"})]:
         p = protecting(budget)
         learn(p, first, second)
         assert p.protected == expected, budget
-        assert sum(p.fraction(j) or 0.0 for j in p.protected) <= budget
+        load = {j: (p.fraction(j) or 0.0) * 10.0 for j in works}
+        assert sum(load[j] for j in p.protected) <= budget * sum(load.values())
 
 
 def test_each_operation_counts_once_and_the_first_not_at_all() -> None:
-    p = protecting(0.5)
+    p = protecting(1.0)  # a job alone is protected only with all the load
     # the first operation (after a start-up phase of 1 s): not counted
     learn(p, [posted("a", 0, at=0.0, work=1.0, volume=10.0)])
     assert p.fraction("a") is None and p.protected == frozenset()
@@ -319,18 +321,26 @@ def test_a_view_not_observed_here_teaches_nothing() -> None:
 
 
 def test_a_job_gone_for_ten_iterations_is_forgotten() -> None:
-    # a: iteration 9 + 1 = 10 s, last seen at t = 1; b keeps posting. At t = 100 a is
-    # not yet 10 iterations away (99 s), at t = 102 it is, and its budget goes to b
-    p = protecting(0.15)
+    # a: iteration 9 + 1 = 10 s, last seen at t = 1; b and h keep posting. Loads: a and b
+    # 1 each (φ̂ = 0.1), h 5 (φ̂ = 0.5); β = 0.2 of 7 fits a (ties by job id), not b.
+    # At t = 100 a is not yet 10 iterations away (99 s), at t = 102 it is: forgotten,
+    # and b fits in 0.2 of the 6 left
+    p = protecting(0.2)
+
+    def b_and_h(at: float, work: float) -> list[JobView]:  # h: 1 s of work per 1 s of I/O
+        b = posted("b", 1, at=at, work=work, volume=10.0)
+        return [b, posted("h", 2, at=at, work=1.0, volume=10.0)]
+
     learn(
         p,
-        [posted(j, i, at=0.0, work=1.0, volume=10.0) for i, j in enumerate("ab")],
-        [posted(j, i, at=1.0, work=9.0, volume=10.0) for i, j in enumerate("ab")],
+        [posted("a", 0, at=0.0, work=1.0, volume=10.0), *b_and_h(0.0, 1.0)],
+        [posted("a", 0, at=1.0, work=9.0, volume=10.0), *b_and_h(1.0, 9.0)],
     )
-    assert p.protected == {"a"}  # 0.1 each: only one fits in 0.15 (ties by job id)
-    learn(p, [posted("b", 1, at=100.0, work=9.0, volume=10.0)], start=100.0)
+    assert p.fraction("h") == pytest.approx(0.5)
+    assert p.protected == {"a"}
+    learn(p, b_and_h(100.0, 9.0), start=100.0)
     assert p.protected == {"a"} and p.fraction("a") is not None
-    learn(p, [posted("b", 1, at=102.0, work=9.0, volume=10.0)], start=102.0)
+    learn(p, b_and_h(102.0, 9.0), start=102.0)
     assert p.fraction("a") is None
     assert p.protected == {"b"}
 
@@ -376,7 +386,7 @@ def test_in_the_simulator_the_protected_jobs_are_the_cheapest(seed: int) -> None
     learned = sorted(f for f in phi.values() if f is not None)
     chosen = sorted(phi[j] for j in p.protected)  # type: ignore[type-var]
     assert chosen == learned[: len(chosen)]
-    assert sum(chosen) <= 0.05  # type: ignore[arg-type]
+    assert sum(chosen) <= 0.05 * sum(learned)  # type: ignore[arg-type]  # b_i = B = 1
 
 
 def test_the_controller_s_job_table_teaches_it_the_fractions() -> None:
@@ -388,7 +398,7 @@ def test_the_controller_s_job_table_teaches_it_the_fractions() -> None:
     mib = float(1 << 20)
     c = table.open_session(JobMeta("c", "u", "g", 1, 1.0), "client-c", "h")
     h = table.open_session(JobMeta("h", "u", "g", 1, 1.0), "client-h", "h")
-    p = protecting(0.05)
+    p = protecting(0.2)
     op = {"c": 0, "h": 0}
 
     def io(session: Any, job_id: str, volume: float) -> None:
@@ -407,7 +417,7 @@ def test_the_controller_s_job_table_teaches_it_the_fractions() -> None:
         now[0] += 88.0
     assert p.fraction("c") == pytest.approx(1 / 99)
     assert p.fraction("h") == pytest.approx(10 / 98)
-    assert p.protected == {"c"}  # 1/99 + 10/98 > 0.05
+    assert p.protected == {"c"}  # loads 1/99 and 10/98 MiB/s: c's is 9 % of them, both 100 %
     # now h posts 1 MiB and c 1 MiB a second later: the same transfer, and h is behind,
     # so the key alone serves h; c is protected and goes first
     io(h, "h", mib)
