@@ -133,6 +133,10 @@ class Set10(Policy):
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
         self._known_sets = {j: set_index(w) for j, w in self.params.known_omega.items()}
+        # the array path's rows by index: the post last counted, its job id and set
+        self._row_posted: list[float | None] = []
+        self._row_ids: list[str | None] = []
+        self._row_set: list[int] = []
 
     def omega(self, job_id: JobId) -> float | None:
         """ω of ``job_id``: known, or learned so far (None: neither known nor seen in S(t))."""
@@ -159,6 +163,49 @@ class Set10(Policy):
     def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
         """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), on an
         observed view: the same learning and the same rates, bit for bit."""
+        active = rows.active
+        if self._known_sets or not self.params.learn:
+            return self._allocate_rows(rows)
+        # Learned ω only (the simulator's Set10Learn). Row i's counted post, job id and
+        # set are kept by index (``_observe_row`` records them, ``_observe`` forgets
+        # them all): a row whose post was counted keeps its set; the others are
+        # observed as ``_allocate_rows`` would.
+        posted_at, job_ids = rows.posted_at, rows.job_ids
+        row_posted, row_ids, row_set = self._row_posted, self._row_ids, self._row_set
+        if len(row_posted) < len(job_ids):
+            grow = len(job_ids) - len(row_posted)
+            row_posted.extend([None] * grow)
+            row_ids.extend([None] * grow)
+            row_set.extend([0] * grow)
+        sets: dict[int, list[int]] = {}
+        for i in active:
+            if row_posted[i] == posted_at[i] and row_ids[i] == job_ids[i]:
+                n = row_set[i]
+            else:
+                n = self._observe_row(rows, i)
+            members = sets.get(n)
+            if members is None:
+                sets[n] = [i]
+            else:
+                members.append(i)
+        # _split_rows when no set saturates (each share at most the demand of its set's
+        # FCFS-first member, so at most the set's demand D_g): one scan, and each
+        # set's GREEDY_FILL gives its whole share to that member, zeros to the others.
+        # Sets in order of first appearance; FCFS is (R_i, i).
+        q_tot = sum([_WEIGHTS[n] for n in sets])
+        demand, capacity = rows.demand, rows.capacity
+        proposals = []
+        for n, members in sets.items():
+            share = _WEIGHTS[n] * capacity / q_tot
+            i = members[0] if len(members) == 1 else min([(posted_at[j], j) for j in members])[1]
+            if not share <= demand[i]:
+                return self._allocate_rows(rows)  # a set saturates: the general split
+            if share > 0.0:
+                proposals.append((i, share))
+        return enforce_rows(proposals, demand, rows.cap, capacity)
+
+    def _allocate_rows(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """:meth:`allocate_arrays` with known ω or without learning."""
         sets: dict[int, list[int]] = {}
         known = self._known_sets
         learn = self.params.learn
@@ -192,6 +239,7 @@ class Set10(Policy):
         if state is None:
             state = self._learned[rows.job_ids[i]] = _Learned()
         elif state.posted_at == posted_at:
+            self._remember_row(i, posted_at, rows.job_ids[i], state.set_index)
             return state.set_index
         state.posted_at = posted_at
         if state.count == 0:
@@ -204,8 +252,15 @@ class Set10(Policy):
             c = state.count
             state.omega = (state.omega * (c - 1) + rows.last_work[i] + volume / rows.cap[i]) / c
         state.count += 1
-        state.set_index = set_index(state.omega)
-        return state.set_index
+        n = state.set_index = set_index(state.omega)
+        self._remember_row(i, posted_at, rows.job_ids[i], n)
+        return n
+
+    def _remember_row(self, i: int, posted_at: float, job_id: str, n: int) -> None:
+        if i < len(self._row_posted):
+            self._row_posted[i] = posted_at
+            self._row_ids[i] = job_id
+            self._row_set[i] = n
 
     def _classified(self, job_id: JobId) -> int:
         """n of what is learned of ``job_id`` so far, without learning (a view that was
@@ -221,6 +276,10 @@ class Set10(Policy):
             state = self._learned[job.job_id] = _Learned()
         elif state.posted_at == job.posted_at:
             return state.set_index
+        if self._row_posted:  # the array path's rows no longer tell what is counted
+            self._row_posted.clear()
+            self._row_ids.clear()
+            self._row_set.clear()
         state.posted_at = job.posted_at
         if state.count == 0:
             state.omega = FIRST_OMEGA
