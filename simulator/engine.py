@@ -321,7 +321,12 @@ class _Run:
     def loop(self) -> None:
         T = self.horizon
         q_left = self.remaining
+        prog = self.progress
+        cap = self.cap
         work_ends = self.work_ends
+        crossings = self.crossings
+        slack = self.slack
+        complete = self._complete
         rows = self.rows  # (rows.active is A itself, kept in place)
         counter = 0
         t = self.t
@@ -352,13 +357,14 @@ class _Run:
                             f"{policy.name} asked for a period {period} <= 0 at t = {t}"
                         )
                     t_next = min(T, t + period)
-                self.views_in_use = False
+                views_in_use = self.views_in_use = False
             else:
                 t_next = min(T, self._decide(policy))
                 serving = self.serving
-                self.views_in_use = True
-            if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
-                t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
+                views_in_use = self.views_in_use = True
+            stepped = self.stepped
+            if stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
+                t_next = min(t_next, t + min(map(q_left.__getitem__, stepped)))
             if work_ends and work_ends[0][0] < t_next:
                 t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
             for i, b in serving:  # β = 0 never completes: only the served count
@@ -367,67 +373,79 @@ class _Run:
                     t_next = c
             if not switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
                 t_next = self.switch_at  # v2: an event is forced at t_c
-            self._advance(t, t_next)
-            if t_next == t:
+            # simulate STEP C over [t, t_next]: moves what moves, then completes every
+            # phase with q < DONE. A phase that begins here is first checked at the
+            # next step.
+            now = t_next
+            dt = now - t
+            tiny = self.tiny_io  # (those that begin here wait a step)
+            if tiny:
+                self.tiny_io = []
+            # An I/O phase's Q moves only while it is served: the others cannot cross
+            # DONE, unless their phase began below it (``tiny_io``). The served ones
+            # that do complete after the work phases (in the order served), as in the
+            # reference.
+            done = None
+            for i, b in serving:
+                q = q_left[i] - dt * b
+                q_left[i] = q
+                prog[i] += dt * b / cap[i]
+                if q / cap[i] < DONE:
+                    if done is None:
+                        done = [i]
+                    else:
+                        done.append(i)
+            if views_in_use:  # the served ones' views are stale
+                views = self.views
+                for i, _ in serving:
+                    views[i] = None
+            if stepped:
+                self._advance_stepped(t, now)
+            if crossings and crossings[0][0] - now < slack:
+                self._rebase_due(t, now)
+            if work_ends and work_ends[0][0] - now < slack:
+                self._complete_work_due(t, now)
+            if done is not None:
+                for i in done:
+                    q = q_left[i] / cap[i]
+                    if q < -DONE:
+                        self._check_done(i, q, now)
+                    complete(i, t, now)
+            if tiny:
+                for i in tiny:
+                    if self.io[i]:  # (not completed above, served)
+                        self._check_done(i, q_left[i] / cap[i], now)
+                        complete(i, t, now)
+            if now == t:
                 counter += 1
                 if t + EPS2 > T:
                     break
                 if counter > MAX_REPEATS:
                     raise SimulationError(f"time does not advance at t = {t}")
             else:
-                self.t = t = t_next
+                self.t = t = now
                 counter = 0
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
-    def _advance(self, t: float, now: float) -> None:
-        """``simulate`` STEP C over [t, now]: moves what moves, then completes every phase
-        with q < DONE. A phase that begins here is first checked at the next step."""
-        dt = now - t
-        q_left = self.remaining
-        prog = self.progress
-        cap = self.cap
-        tiny, self.tiny_io = self.tiny_io, []  # (those that begin here wait a step)
-        # An I/O phase's Q moves only while it is served: the others cannot cross
-        # DONE, unless their phase began below it (``tiny_io``). The served ones that
-        # do complete after the work phases (in the order served), as in the reference.
-        done = []
-        for i, b in self.serving:
-            q = q_left[i] - dt * b
-            q_left[i] = q
-            prog[i] += dt * b / cap[i]
-            if q / cap[i] < DONE:
-                done.append(i)
-        if self.views_in_use:  # the served ones' views are stale
-            views = self.views
-            for i, _ in self.serving:
-                views[i] = None
-        if self.stepped:
-            self._advance_stepped(t, now)
-        slack = self.slack
-        if self.crossings and self.crossings[0][0] - now < slack:
-            for _, s, i in _pop_due(self.crossings, now, slack):
-                if self.closed[i] and self.base[i] == s:  # (else stale)
-                    self._rebase(i, t, now)
+    def _rebase_due(self, t: float, now: float) -> None:
+        """The closed-form phases whose P may reach a power of two in [t, now]."""
+        for _, s, i in _pop_due(self.crossings, now, self.slack):
+            if self.closed[i] and self.base[i] == s:  # (else stale)
+                self._rebase(i, t, now)
+
+    def _complete_work_due(self, t: float, now: float) -> None:
+        """Completes the closed-form work phases that end at ``now``."""
         work_ends = self.work_ends
-        if work_ends and work_ends[0][0] - now < slack:
-            for end, i in _pop_due(work_ends, now, slack):
-                q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
-                if q < DONE:
-                    if q < -DONE:
-                        self._check_done(i, q, now)
-                    self._complete(i, t, now)
-                else:
-                    heappush(work_ends, (end, i))
-        for i in done:
-            q = q_left[i] / cap[i]
-            if q < -DONE:
-                self._check_done(i, q, now)
-            self._complete(i, t, now)
-        for i in tiny:
-            if self.io[i]:  # (not completed above, served)
-                self._check_done(i, q_left[i] / cap[i], now)
+        q_left = self.remaining
+        for end, i in _pop_due(work_ends, now, self.slack):
+            q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
+            if q < DONE:
+                if q < -DONE:
+                    self._check_done(i, q, now)
                 self._complete(i, t, now)
+            else:
+                heappush(work_ends, (end, i))
 
     def _advance_stepped(self, t: float, now: float) -> None:
         """The stepped work phases: Q −= Δ, P += Δ, as the reference does."""
