@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field
 
 from burstctl.limits import MAX_JOBS, MAX_TEXT, identifier_problem
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
-from burstctl.policies.decision import enforce_rows
+from burstctl.policies.decision import SUM_TOLERANCE, enforce_rows
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import JobId, JobView, SystemView
 
@@ -86,7 +86,15 @@ def set_index(omega: float) -> int:
     if not omega > 0.0:
         return -N_LIMIT
     x = math.log10(omega)
-    return max(-N_LIMIT, min(N_LIMIT, round_half_away(x))) if math.isfinite(x) else N_LIMIT
+    if not math.isfinite(x):
+        return N_LIMIT
+    # round_half_away(x), inline (called at every counted operation)
+    a = -x if x < 0.0 else x
+    whole = math.floor(a)
+    n = whole + 1 if a - whole >= 0.5 else whole
+    if x < 0.0:
+        n = -n
+    return -N_LIMIT if n < -N_LIMIT else N_LIMIT if n > N_LIMIT else n
 
 
 _FIRST_SET = set_index(FIRST_OMEGA)  # n of a job seen for the first time
@@ -192,17 +200,25 @@ class Set10(Policy):
         # FCFS-first member, so at most the set's demand D_g): one scan, and each
         # set's GREEDY_FILL gives its whole share to that member, zeros to the others.
         # Sets in order of first appearance; FCFS is (R_i, i).
+        # What enforce_rows does is checked inline: each share within b_i, and the sum.
         q_tot = sum([_WEIGHTS[n] for n in sets])
-        demand, capacity = rows.demand, rows.capacity
+        demand, cap, capacity = rows.demand, rows.cap, rows.capacity
         proposals = []
+        total = 0.0
         for n, members in sets.items():
             share = _WEIGHTS[n] * capacity / q_tot
-            i = members[0] if len(members) == 1 else min([(posted_at[j], j) for j in members])[1]
+            # (members are in index order: min keeps the first of equal R_i)
+            i = members[0] if len(members) == 1 else min(members, key=posted_at.__getitem__)
             if not share <= demand[i]:
                 return self._allocate_rows(rows)  # a set saturates: the general split
             if share > 0.0:
+                if not (share <= cap[i] and demand[i] > 0.0):
+                    return self._allocate_rows(rows)  # enforce would change it
                 proposals.append((i, share))
-        return enforce_rows(proposals, demand, rows.cap, capacity)
+                total += share
+        if total > capacity * (1 + SUM_TOLERANCE):
+            return enforce_rows(proposals, demand, cap, capacity)
+        return proposals
 
     def _allocate_rows(self, rows: ArrayView) -> list[tuple[int, float]]:
         """:meth:`allocate_arrays` with known ω or without learning."""
