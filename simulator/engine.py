@@ -22,6 +22,7 @@ import time
 from bisect import insort
 from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
+from math import ulp
 from typing import Any, Literal
 
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
@@ -335,17 +336,18 @@ class _Run:
         if not switched:
             assert self.warmup is not None
             policy, arrays = self.warmup, self.warmup_arrays
+        allocate, period = arrays if arrays is not None else (None, None)
         while t < T - EPS:
             if not switched and t > self.switch_at - EPS:
                 self._switch()
                 switched = True
                 policy, arrays = self.policy, self.arrays
+                allocate, period = arrays if arrays is not None else (None, None)
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            if arrays is not None:
+            if allocate is not None:
                 # the policy's array entry point: the rates ``decide`` gives the view
                 # ``_decide`` builds, without building it (the policy's promise, checked
                 # by the conformance suite), and its fixed period
-                allocate, period = arrays
                 rows.now = t
                 serving = self.serving = allocate(rows)
                 self.events += 1
@@ -356,7 +358,9 @@ class _Run:
                         raise SimulationError(
                             f"{policy.name} asked for a period {period} <= 0 at t = {t}"
                         )
-                    t_next = min(T, t + period)
+                    t_next = t + period  # min(T, t + δ)
+                    if t_next > T:
+                        t_next = T
                 views_in_use = self.views_in_use = False
             else:
                 t_next = min(T, self._decide(policy))
@@ -473,13 +477,16 @@ class _Run:
         that is exact; False (left as it is) if not."""
         q = self.remaining[i]
         p = self.progress[i]
-        if not _closed_form_is_exact(now, q, p):
+        # _closed_form_is_exact(now, q, p) and _next_power_of_two(p), inline
+        u = ulp(now)
+        ulp_p = ulp(p)
+        if not (u <= q <= now and ulp_p <= u):
             return False
         self.closed[i] = True
         self.base[i] = now
         self.work_end[i] = end = now + q  # the reference's next candidate t + Q
         heappush(self.work_ends, (end, i))
-        crossing = now + (_next_power_of_two(p) - p)
+        crossing = now + (ulp_p * 2.0**53 - p)
         if crossing < end + self.slack:
             heappush(self.crossings, (crossing, now, i))
         return True
