@@ -145,6 +145,7 @@ class Set10(Policy):
         self._row_posted: list[float | None] = []
         self._row_ids: list[str | None] = []
         self._row_set: list[int] = []
+        self._row_of: dict[JobId, int] = {}  # the row a job is remembered at
 
     def omega(self, job_id: JobId) -> float | None:
         """ω of ``job_id``: known, or learned so far (None: neither known nor seen in S(t))."""
@@ -273,8 +274,16 @@ class Set10(Policy):
         return n
 
     def _remember_row(self, i: int, posted_at: float, job_id: str, n: int) -> None:
-        if i < len(self._row_posted):
-            self._row_posted[i] = posted_at
+        """Row i shows ``job_id``'s post ``posted_at``, counted, in set n. A job is
+        remembered at one row only (the row it was last seen at), so a row that
+        matches is the job's state as it is now."""
+        row_posted = self._row_posted
+        if i < len(row_posted):
+            before = self._row_of.get(job_id)
+            if before is not None and before != i and self._row_ids[before] == job_id:
+                row_posted[before] = None
+            self._row_of[job_id] = i
+            row_posted[i] = posted_at
             self._row_ids[i] = job_id
             self._row_set[i] = n
 
@@ -296,6 +305,7 @@ class Set10(Policy):
             self._row_posted.clear()
             self._row_ids.clear()
             self._row_set.clear()
+            self._row_of.clear()
         state.posted_at = job.posted_at
         if state.count == 0:
             state.omega = FIRST_OMEGA
