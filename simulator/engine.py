@@ -231,7 +231,7 @@ class _Run:
             0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
             self.cap, self.remaining, self.posted, self.volume, self.last_work, self.ids,
         )  # fmt: skip
-        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
+        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last view-path decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
         # power of two, s, i); crossings of phases ended or rebased are skipped
@@ -337,6 +337,8 @@ class _Run:
             assert self.warmup is not None
             policy, arrays = self.warmup, self.warmup_arrays
         allocate, period = arrays if arrays is not None else (None, None)
+        views_in_use = self.views_in_use
+        array_events = 0  # decisions on the array path (added to events at the end)
         while t < T - EPS:
             if not switched and t > self.switch_at - EPS:
                 self._switch()
@@ -349,8 +351,8 @@ class _Run:
                 # ``_decide`` builds, without building it (the policy's promise, checked
                 # by the conformance suite), and its fixed period
                 rows.now = t
-                serving = self.serving = allocate(rows)
-                self.events += 1
+                serving = allocate(rows)
+                array_events += 1
                 if period is None:
                     t_next = T
                 else:
@@ -361,11 +363,13 @@ class _Run:
                     t_next = t + period  # min(T, t + δ)
                     if t_next > T:
                         t_next = T
-                views_in_use = self.views_in_use = False
+                if views_in_use:
+                    views_in_use = self.views_in_use = False
             else:
                 t_next = min(T, self._decide(policy))
                 serving = self.serving
-                views_in_use = self.views_in_use = True
+                if not views_in_use:
+                    views_in_use = self.views_in_use = True
             stepped = self.stepped
             if stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, stepped)))
@@ -429,6 +433,7 @@ class _Run:
             else:
                 self.t = t = now
                 counter = 0
+        self.events += array_events
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
@@ -543,8 +548,12 @@ class _Run:
             if self.closed[i]:  # P_s + (now − s), exact
                 self.progress[i] += now - self.base[i]
                 self.closed[i] = False
-            if step_start > self.switch_at:  # (_credit gives nothing otherwise)
-                self._credit(i, step_start, length)
+            t_c = self.switch_at
+            if step_start > t_c:  # _credit, inline (it gives nothing otherwise)
+                if step_start - length > t_c:
+                    self.credit[i] = int(self.credit[i] + length)
+                else:
+                    self.credit[i] = int(self.credit[i] + step_start - t_c)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
@@ -571,16 +580,6 @@ class _Run:
             insort(self.in_io, i)
             if values[k] / self.cap[i] < DONE:
                 self.tiny_io.append(i)
-
-    def _credit(self, i: int, step_start: float, length: float) -> None:
-        # The reference's U (setUtilGopi): an integer, credited from the step's start
-        # (docs/simulator.md, deviation 1).
-        t_c = self.switch_at
-        if step_start > t_c:
-            if step_start - length > t_c:
-                self.credit[i] = int(self.credit[i] + length)
-            else:
-                self.credit[i] = int(self.credit[i] + step_start - t_c)
 
     def metrics(self) -> tuple[float, float, float, float]:
         """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
