@@ -186,30 +186,29 @@ class Set10(Policy):
             row_posted.extend([None] * grow)
             row_ids.extend([None] * grow)
             row_set.extend([0] * grow)
-        sets: dict[int, list[int]] = {}
+        # Sets in order of first appearance (in index order), each with its FCFS-first
+        # member, the least (R_i, i): a later row replaces it only if posted strictly
+        # earlier (what min over the members in index order gives).
+        first: dict[int, int] = {}
         for i in active:
-            if row_posted[i] == posted_at[i] and row_ids[i] == job_ids[i]:
+            p = posted_at[i]
+            if row_posted[i] == p and row_ids[i] == job_ids[i]:
                 n = row_set[i]
             else:
                 n = self._observe_row(rows, i)
-            members = sets.get(n)
-            if members is None:
-                sets[n] = [i]
-            else:
-                members.append(i)
+            j = first.get(n)
+            if j is None or p < posted_at[j]:
+                first[n] = i
         # _split_rows when no set saturates (each share at most the demand of its set's
         # FCFS-first member, so at most the set's demand D_g): one scan, and each
         # set's GREEDY_FILL gives its whole share to that member, zeros to the others.
-        # Sets in order of first appearance; FCFS is (R_i, i).
         # What enforce_rows does is checked inline: each share within b_i, and the sum.
-        q_tot = sum([_WEIGHTS[n] for n in sets])
+        q_tot = sum([_WEIGHTS[n] for n in first])
         demand, cap, capacity = rows.demand, rows.cap, rows.capacity
         proposals = []
         total = 0.0
-        for n, members in sets.items():
+        for n, i in first.items():
             share = _WEIGHTS[n] * capacity / q_tot
-            # (members are in index order: min keeps the first of equal R_i)
-            i = members[0] if len(members) == 1 else min(members, key=posted_at.__getitem__)
             if not share <= demand[i]:
                 return self._allocate_rows(rows)  # a set saturates: the general split
             if share > 0.0:
