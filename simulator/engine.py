@@ -447,8 +447,13 @@ class _Run:
         """Completes the closed-form work phases that end at ``now``."""
         work_ends = self.work_ends
         q_left = self.remaining
-        for end, i in _pop_due(work_ends, now, self.slack):
-            q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
+        base = self.base
+        slack = self.slack
+        due = [heappop(work_ends)]  # _pop_due, inline (the loop saw the first one due)
+        while work_ends and work_ends[0][0] - now < slack:
+            due.append(heappop(work_ends))
+        for end, i in due:
+            q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
             if q < DONE:
                 if q < -DONE:
                     self._check_done(i, q, now)
@@ -537,7 +542,8 @@ class _Run:
         values = self.values[i]
         n = len(values)
         length = values[k] if k < n else 0.0  # ℓ, the kept length
-        was_io = self.io[i]
+        io = self.io
+        was_io = io[i]
         if was_io:
             self.io_total[i] += length
             self.io_count[i] += 1
@@ -545,9 +551,10 @@ class _Run:
         else:
             self.last_work[i] = length
             self.work_done[i] += now - self.work_began[i]
-            if self.closed[i]:  # P_s + (now − s), exact
+            closed = self.closed
+            if closed[i]:  # P_s + (now − s), exact
                 self.progress[i] += now - self.base[i]
-                self.closed[i] = False
+                closed[i] = False
             t_c = self.switch_at
             if step_start > t_c:  # _credit, inline (it gives nothing otherwise)
                 if step_start - length > t_c:
@@ -569,13 +576,13 @@ class _Run:
             self.stepped.append(i)
             return
         if was_io:  # a work phase begins: closed form if exact, else stepped
-            self.io[i] = False
+            io[i] = False
             self.work_began[i] = now
             self.remaining[i] = values[k]
             if not self._close(i, now):
                 self.stepped.append(i)
         else:
-            self.io[i] = True
+            io[i] = True
             self.remaining[i] = self.volume[i] = values[k]
             insort(self.in_io, i)
             if values[k] / self.cap[i] < DONE:
