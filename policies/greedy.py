@@ -62,12 +62,27 @@ class GreedyYield(Policy):
         now = rows.now
         progress = rows.progress
         released_at = rows.released_at
-        ranked = []
+        capacity = rows.capacity
+        # The least (y_i, i) as the loop goes (a later row replaces it only with a
+        # strictly smaller yield: min over the pairs in index order). When it takes all
+        # of B (b_i = B, the simulator's case) nobody else gets anything.
+        first = -1
+        least = 0.0
         for i in rows.active:
             # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
             elapsed = now - released_at[i]
+            y = FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed
+            if first < 0 or y < least:
+                first, least = i, y
+        if first >= 0 and capacity > 0.0:
+            d = rows.demand[first]
+            if not capacity > d:
+                return [(first, capacity if capacity < d else d)]
+        ranked = []
+        for i in rows.active:
+            elapsed = now - released_at[i]
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
-        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
+        return greedy_fill_ranked(ranked, rows.demand, capacity)
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -144,8 +159,21 @@ class GreedyCom(Policy):
         """``allocate`` over arrays (:class:`ArrayAllocator`), every V_i known: the same
         decision, bit for bit."""
         remaining, cap = rows.remaining, rows.cap
+        capacity = rows.capacity
+        # The least (V_i/b_i, i) as the loop goes (as GreedyYield's array path): when
+        # it takes all of B nobody else gets anything.
+        first = -1
+        least = 0.0
+        for i in rows.active:
+            key = remaining[i] / cap[i]
+            if first < 0 or key < least:
+                first, least = i, key
+        if first >= 0 and capacity > 0.0:
+            d = rows.demand[first]
+            if not capacity > d:
+                return [(first, capacity if capacity < d else d)]
         ranked = [(remaining[i] / cap[i], i) for i in rows.active]
-        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
+        return greedy_fill_ranked(ranked, rows.demand, capacity)
 
 
 class LookAheadGreedyYield(Policy):
