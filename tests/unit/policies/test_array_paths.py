@@ -18,7 +18,7 @@ import random
 import pytest
 
 from burstctl.policies import JobView, SystemView, default_registry
-from burstctl.policies.base import ArrayView
+from burstctl.policies.base import ArrayView, Policy
 from burstctl.policies.decision import decide
 from burstctl.policies.io_sets import Set10
 
@@ -109,8 +109,8 @@ class Rows:
         )  # fmt: skip
 
 
-def rates_of(view: SystemView, policy_name: str, policy: object) -> list[tuple[int, float]]:
-    decision = decide(policy, view)  # type: ignore[arg-type]
+def rates_of(view: SystemView, policy: Policy) -> list[tuple[int, float]]:
+    decision = decide(policy, view)
     return [(view.jobs[j].index, r) for j, r in decision.rates.items()]
 
 
@@ -124,7 +124,7 @@ def test_array_path_with_every_demand_at_b(name: str, seed: int) -> None:
     view_policy, array_policy = REGISTRY.create(name), REGISTRY.create(name)
     arrays = array_policy.array_allocator()
     assert arrays is not None
-    expected = rates_of(state.view(), name, view_policy)
+    expected = rates_of(state.view(), view_policy)
     assert expected  # someone is served: the comparison says something
     assert arrays(state.arrays(copies=False)) == expected
 
@@ -142,13 +142,13 @@ def test_set10_learns_on_arrays_as_on_views_over_many_decisions(full: bool, seed
     for _ in range(150):
         state.step()
         view = state.view()
-        expected = rates_of(view, "set-10", by_view)
+        expected = rates_of(view, by_view)
         served += len(expected)
         assert arrays(state.arrays(copies=rng.random() < 0.2)) == expected
         # one policy object deciding on both paths, as it may: each path sees what the
         # other learned
         if rng.random() < 0.3:
-            assert rates_of(view, "set-10", mixed) == expected
+            assert rates_of(view, mixed) == expected
         else:
             assert mixed_arrays(state.arrays(copies=False)) == expected
     assert served > 0
