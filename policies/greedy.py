@@ -62,12 +62,27 @@ class GreedyYield(Policy):
         now = rows.now
         progress = rows.progress
         released_at = rows.released_at
-        ranked = []
+        capacity = rows.capacity
+        # The least (y_i, i) as the loop goes (a later row replaces it only with a
+        # strictly smaller yield: min over the pairs in index order). When it takes all
+        # of B (b_i = B, the simulator's case) nobody else gets anything.
+        first = -1
+        least = 0.0
         for i in rows.active:
             # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
             elapsed = now - released_at[i]
+            y = FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed
+            if first < 0 or y < least:
+                first, least = i, y
+        if first >= 0 and capacity > 0.0:
+            d = rows.demand[first]
+            if not capacity > d:
+                return [(first, capacity if capacity < d else d)]
+        ranked = []
+        for i in rows.active:
+            elapsed = now - released_at[i]
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
-        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
+        return greedy_fill_ranked(ranked, rows.demand, capacity)
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -144,8 +159,21 @@ class GreedyCom(Policy):
         """``allocate`` over arrays (:class:`ArrayAllocator`), every V_i known: the same
         decision, bit for bit."""
         remaining, cap = rows.remaining, rows.cap
+        capacity = rows.capacity
+        # The least (V_i/b_i, i) as the loop goes (as GreedyYield's array path): when
+        # it takes all of B nobody else gets anything.
+        first = -1
+        least = 0.0
+        for i in rows.active:
+            key = remaining[i] / cap[i]
+            if first < 0 or key < least:
+                first, least = i, key
+        if first >= 0 and capacity > 0.0:
+            d = rows.demand[first]
+            if not capacity > d:
+                return [(first, capacity if capacity < d else d)]
         ranked = [(remaining[i] / cap[i], i) for i in rows.active]
-        return greedy_fill_ranked(ranked, rows.demand, rows.capacity)
+        return greedy_fill_ranked(ranked, rows.demand, capacity)
 
 
 class LookAheadGreedyYield(Policy):
@@ -226,16 +254,20 @@ class LookAheadGreedyYield(Policy):
         released_at = rows.released_at
         remaining = rows.remaining
         horizon = rows.horizon
+        tau0 = released_at[active[0]]
+        by_progress = None  # (P_k, k) ascending, when every τ_k is τ0
+        if all(released_at[i] == tau0 for i in active):
+            by_progress = sorted([(progress[i], i) for i in active])
+            if capacity > 0.0:
+                alone = _look_ahead_alone(rows, by_progress, tau0)
+                if alone is not None:
+                    return enforce_rows(alone, demand, cap, capacity)
         ranked = []
         for i in active:  # by_yield
             elapsed = now - released_at[i]
             ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
         ranked.sort()
         ordered = [i for _, i in ranked]
-        tau0 = released_at[active[0]]
-        by_progress = None  # (P_k, k) ascending, when every τ_k is τ0
-        if all(released_at[i] == tau0 for i in active):
-            by_progress = sorted([(progress[i], i) for i in active])
 
         best: list[tuple[int, float]] | None = None
         best_z = 0.0  # reference: strict `>` from threshold 0
@@ -300,6 +332,56 @@ class LookAheadGreedyYield(Policy):
         chosen = best if best is not None else first
         assert chosen is not None
         return enforce_rows(chosen, demand, cap, capacity)
+
+
+def _look_ahead_alone(
+    rows: ArrayView, by_progress: list[tuple[float, int]], tau0: float
+) -> list[tuple[int, float]] | None:
+    """:meth:`LookAheadGreedyYield.allocate_arrays` when every candidate takes all of
+    B (each demand ≥ B, the simulator's b_i = B): a candidate's fill gives nobody
+    else anything, so it is served alone at β = B and the least P_k at rate 0 is
+    the first of ``by_progress`` that is not it. The same values in the same order
+    as the general loop, without its lists; None when that case does not hold or
+    no candidate can be scored (the general path decides)."""
+    capacity = rows.capacity
+    demand = rows.demand
+    now = rows.now
+    progress = rows.progress
+    released_at = rows.released_at
+    remaining = rows.remaining
+    cap = rows.cap
+    horizon = rows.horizon
+    p0, j0 = by_progress[0]
+    p1, _ = by_progress[1]
+    best = -1
+    best_z = 0.0  # reference: strict `>` from threshold 0
+    scored = False
+    for c in rows.active:
+        if not demand[c] >= capacity:
+            return None
+        h = horizon
+        v = remaining[c]
+        if v > 0.0:
+            end = now + v / capacity
+            if h is None or end < h:
+                h = end
+        if h is None:
+            continue
+        scored = True
+        z = 1.0
+        tau = released_at[c]
+        y = (progress[c] + (h - now) * capacity / cap[c]) / (h - tau) if h > tau else FRESH_YIELD
+        if y < z:
+            z = y
+        p = p0 if j0 != c else p1  # the least P_k at rate 0
+        y = p / (h - tau0) if h > tau0 else FRESH_YIELD
+        if y < z:
+            z = y
+        if z > best_z:
+            best_z, best = z, c
+    if not scored:
+        return None
+    return [(best if best >= 0 else rows.active[0], capacity)]
 
 
 def _min_projected_yield(

@@ -18,7 +18,7 @@ from pydantic import AfterValidator, Field
 
 from burstctl.limits import MAX_JOBS, MAX_TEXT, identifier_problem
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
-from burstctl.policies.decision import enforce_rows
+from burstctl.policies.decision import SUM_TOLERANCE, enforce_rows
 from burstctl.policies.sharing import greedy_fill
 from burstctl.policies.view import JobId, JobView, SystemView
 
@@ -86,7 +86,15 @@ def set_index(omega: float) -> int:
     if not omega > 0.0:
         return -N_LIMIT
     x = math.log10(omega)
-    return max(-N_LIMIT, min(N_LIMIT, round_half_away(x))) if math.isfinite(x) else N_LIMIT
+    if not math.isfinite(x):
+        return N_LIMIT
+    # round_half_away(x), inline (called at every counted operation)
+    a = -x if x < 0.0 else x
+    whole = math.floor(a)
+    n = whole + 1 if a - whole >= 0.5 else whole
+    if x < 0.0:
+        n = -n
+    return -N_LIMIT if n < -N_LIMIT else N_LIMIT if n > N_LIMIT else n
 
 
 _FIRST_SET = set_index(FIRST_OMEGA)  # n of a job seen for the first time
@@ -133,6 +141,11 @@ class Set10(Policy):
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
         self._known_sets = {j: set_index(w) for j, w in self.params.known_omega.items()}
+        # the array path's rows by index: the post last counted, its job id and set
+        self._row_posted: list[float | None] = []
+        self._row_ids: list[str | None] = []
+        self._row_set: list[int] = []
+        self._row_of: dict[JobId, int] = {}  # the row a job is remembered at
 
     def omega(self, job_id: JobId) -> float | None:
         """ω of ``job_id``: known, or learned so far (None: neither known nor seen in S(t))."""
@@ -159,6 +172,56 @@ class Set10(Policy):
     def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
         """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), on an
         observed view: the same learning and the same rates, bit for bit."""
+        active = rows.active
+        if self._known_sets or not self.params.learn:
+            return self._allocate_rows(rows)
+        # Learned ω only (the simulator's Set10Learn). Row i's counted post, job id and
+        # set are kept by index (``_observe_row`` records them, ``_observe`` forgets
+        # them all): a row whose post was counted keeps its set; the others are
+        # observed as ``_allocate_rows`` would.
+        posted_at, job_ids = rows.posted_at, rows.job_ids
+        row_posted, row_ids, row_set = self._row_posted, self._row_ids, self._row_set
+        if len(row_posted) < len(job_ids):
+            grow = len(job_ids) - len(row_posted)
+            row_posted.extend([None] * grow)
+            row_ids.extend([None] * grow)
+            row_set.extend([0] * grow)
+        # Sets in order of first appearance (in index order), each with its FCFS-first
+        # member, the least (R_i, i): a later row replaces it only if posted strictly
+        # earlier (what min over the members in index order gives).
+        first: dict[int, int] = {}
+        for i in active:
+            p = posted_at[i]
+            if row_posted[i] == p and row_ids[i] == job_ids[i]:
+                n = row_set[i]
+            else:
+                n = self._observe_row(rows, i)
+            j = first.get(n)
+            if j is None or p < posted_at[j]:
+                first[n] = i
+        # _split_rows when no set saturates (each share at most the demand of its set's
+        # FCFS-first member, so at most the set's demand D_g): one scan, and each
+        # set's GREEDY_FILL gives its whole share to that member, zeros to the others.
+        # What enforce_rows does is checked inline: each share within b_i, and the sum.
+        q_tot = sum([_WEIGHTS[n] for n in first])
+        demand, cap, capacity = rows.demand, rows.cap, rows.capacity
+        proposals = []
+        total = 0.0
+        for n, i in first.items():
+            share = _WEIGHTS[n] * capacity / q_tot
+            if not share <= demand[i]:
+                return self._allocate_rows(rows)  # a set saturates: the general split
+            if share > 0.0:
+                if not (share <= cap[i] and demand[i] > 0.0):
+                    return self._allocate_rows(rows)  # enforce would change it
+                proposals.append((i, share))
+                total += share
+        if total > capacity * (1 + SUM_TOLERANCE):
+            return enforce_rows(proposals, demand, cap, capacity)
+        return proposals
+
+    def _allocate_rows(self, rows: ArrayView) -> list[tuple[int, float]]:
+        """:meth:`allocate_arrays` with known ω or without learning."""
         sets: dict[int, list[int]] = {}
         known = self._known_sets
         learn = self.params.learn
@@ -192,6 +255,7 @@ class Set10(Policy):
         if state is None:
             state = self._learned[rows.job_ids[i]] = _Learned()
         elif state.posted_at == posted_at:
+            self._remember_row(i, posted_at, rows.job_ids[i], state.set_index)
             return state.set_index
         state.posted_at = posted_at
         if state.count == 0:
@@ -204,8 +268,23 @@ class Set10(Policy):
             c = state.count
             state.omega = (state.omega * (c - 1) + rows.last_work[i] + volume / rows.cap[i]) / c
         state.count += 1
-        state.set_index = set_index(state.omega)
-        return state.set_index
+        n = state.set_index = set_index(state.omega)
+        self._remember_row(i, posted_at, rows.job_ids[i], n)
+        return n
+
+    def _remember_row(self, i: int, posted_at: float, job_id: str, n: int) -> None:
+        """Row i shows ``job_id``'s post ``posted_at``, counted, in set n. A job is
+        remembered at one row only (the row it was last seen at), so a row that
+        matches is the job's state as it is now."""
+        row_posted = self._row_posted
+        if i < len(row_posted):
+            before = self._row_of.get(job_id)
+            if before is not None and before != i and self._row_ids[before] == job_id:
+                row_posted[before] = None
+            self._row_of[job_id] = i
+            row_posted[i] = posted_at
+            self._row_ids[i] = job_id
+            self._row_set[i] = n
 
     def _classified(self, job_id: JobId) -> int:
         """n of what is learned of ``job_id`` so far, without learning (a view that was
@@ -221,6 +300,11 @@ class Set10(Policy):
             state = self._learned[job.job_id] = _Learned()
         elif state.posted_at == job.posted_at:
             return state.set_index
+        if self._row_posted:  # the array path's rows no longer tell what is counted
+            self._row_posted.clear()
+            self._row_ids.clear()
+            self._row_set.clear()
+            self._row_of.clear()
         state.posted_at = job.posted_at
         if state.count == 0:
             state.omega = FIRST_OMEGA

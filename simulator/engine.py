@@ -22,6 +22,7 @@ import time
 from bisect import insort
 from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
+from math import ulp
 from typing import Any, Literal
 
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
@@ -230,7 +231,7 @@ class _Run:
             0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
             self.cap, self.remaining, self.posted, self.volume, self.last_work, self.ids,
         )  # fmt: skip
-        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last decision
+        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last view-path decision
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
         # power of two, s, i); crossings of phases ended or rebased are skipped
@@ -321,7 +322,12 @@ class _Run:
     def loop(self) -> None:
         T = self.horizon
         q_left = self.remaining
+        prog = self.progress
+        cap = self.cap
         work_ends = self.work_ends
+        crossings = self.crossings
+        slack = self.slack
+        complete = self._complete
         rows = self.rows  # (rows.active is A itself, kept in place)
         counter = 0
         t = self.t
@@ -330,20 +336,23 @@ class _Run:
         if not switched:
             assert self.warmup is not None
             policy, arrays = self.warmup, self.warmup_arrays
+        allocate, period = arrays if arrays is not None else (None, None)
+        views_in_use = self.views_in_use
+        array_events = 0  # decisions on the array path (added to events at the end)
         while t < T - EPS:
             if not switched and t > self.switch_at - EPS:
                 self._switch()
                 switched = True
                 policy, arrays = self.policy, self.arrays
+                allocate, period = arrays if arrays is not None else (None, None)
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            if arrays is not None:
+            if allocate is not None:
                 # the policy's array entry point: the rates ``decide`` gives the view
                 # ``_decide`` builds, without building it (the policy's promise, checked
                 # by the conformance suite), and its fixed period
-                allocate, period = arrays
                 rows.now = t
-                serving = self.serving = allocate(rows)
-                self.events += 1
+                serving = allocate(rows)
+                array_events += 1
                 if period is None:
                     t_next = T
                 else:
@@ -351,14 +360,19 @@ class _Run:
                         raise SimulationError(
                             f"{policy.name} asked for a period {period} <= 0 at t = {t}"
                         )
-                    t_next = min(T, t + period)
-                self.views_in_use = False
+                    t_next = t + period  # min(T, t + δ)
+                    if t_next > T:
+                        t_next = T
+                if views_in_use:
+                    views_in_use = self.views_in_use = False
             else:
                 t_next = min(T, self._decide(policy))
                 serving = self.serving
-                self.views_in_use = True
-            if self.stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
-                t_next = min(t_next, t + min(map(q_left.__getitem__, self.stepped)))
+                if not views_in_use:
+                    views_in_use = self.views_in_use = True
+            stepped = self.stepped
+            if stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
+                t_next = min(t_next, t + min(map(q_left.__getitem__, stepped)))
             if work_ends and work_ends[0][0] < t_next:
                 t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
             for i, b in serving:  # β = 0 never completes: only the served count
@@ -367,67 +381,85 @@ class _Run:
                     t_next = c
             if not switched and t < self.switch_at - EPS2 and t_next > self.switch_at + EPS2:
                 t_next = self.switch_at  # v2: an event is forced at t_c
-            self._advance(t, t_next)
-            if t_next == t:
+            # simulate STEP C over [t, t_next]: moves what moves, then completes every
+            # phase with q < DONE. A phase that begins here is first checked at the
+            # next step.
+            now = t_next
+            dt = now - t
+            tiny = self.tiny_io  # (those that begin here wait a step)
+            if tiny:
+                self.tiny_io = []
+            # An I/O phase's Q moves only while it is served: the others cannot cross
+            # DONE, unless their phase began below it (``tiny_io``). The served ones
+            # that do complete after the work phases (in the order served), as in the
+            # reference.
+            done = None
+            for i, b in serving:
+                q = q_left[i] - dt * b
+                q_left[i] = q
+                prog[i] += dt * b / cap[i]
+                if q / cap[i] < DONE:
+                    if done is None:
+                        done = [i]
+                    else:
+                        done.append(i)
+            if views_in_use:  # the served ones' views are stale
+                views = self.views
+                for i, _ in serving:
+                    views[i] = None
+            if stepped:
+                self._advance_stepped(t, now)
+            if crossings and crossings[0][0] - now < slack:
+                self._rebase_due(t, now)
+            if work_ends and work_ends[0][0] - now < slack:
+                self._complete_work_due(t, now)
+            if done is not None:
+                for i in done:
+                    q = q_left[i] / cap[i]
+                    if q < -DONE:
+                        self._check_done(i, q, now)
+                    complete(i, t, now)
+            if tiny:
+                for i in tiny:
+                    if self.io[i]:  # (not completed above, served)
+                        self._check_done(i, q_left[i] / cap[i], now)
+                        complete(i, t, now)
+            if now == t:
                 counter += 1
                 if t + EPS2 > T:
                     break
                 if counter > MAX_REPEATS:
                     raise SimulationError(f"time does not advance at t = {t}")
             else:
-                self.t = t = t_next
+                self.t = t = now
                 counter = 0
+        self.events += array_events
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
-    def _advance(self, t: float, now: float) -> None:
-        """``simulate`` STEP C over [t, now]: moves what moves, then completes every phase
-        with q < DONE. A phase that begins here is first checked at the next step."""
-        dt = now - t
-        q_left = self.remaining
-        prog = self.progress
-        cap = self.cap
-        tiny, self.tiny_io = self.tiny_io, []  # (those that begin here wait a step)
-        # An I/O phase's Q moves only while it is served: the others cannot cross
-        # DONE, unless their phase began below it (``tiny_io``). The served ones that
-        # do complete after the work phases (in the order served), as in the reference.
-        done = []
-        for i, b in self.serving:
-            q = q_left[i] - dt * b
-            q_left[i] = q
-            prog[i] += dt * b / cap[i]
-            if q / cap[i] < DONE:
-                done.append(i)
-        if self.views_in_use:  # the served ones' views are stale
-            views = self.views
-            for i, _ in self.serving:
-                views[i] = None
-        if self.stepped:
-            self._advance_stepped(t, now)
-        slack = self.slack
-        if self.crossings and self.crossings[0][0] - now < slack:
-            for _, s, i in _pop_due(self.crossings, now, slack):
-                if self.closed[i] and self.base[i] == s:  # (else stale)
-                    self._rebase(i, t, now)
+    def _rebase_due(self, t: float, now: float) -> None:
+        """The closed-form phases whose P may reach a power of two in [t, now]."""
+        for _, s, i in _pop_due(self.crossings, now, self.slack):
+            if self.closed[i] and self.base[i] == s:  # (else stale)
+                self._rebase(i, t, now)
+
+    def _complete_work_due(self, t: float, now: float) -> None:
+        """Completes the closed-form work phases that end at ``now``."""
         work_ends = self.work_ends
-        if work_ends and work_ends[0][0] - now < slack:
-            for end, i in _pop_due(work_ends, now, slack):
-                q = q_left[i] - (now - self.base[i])  # Q_s − (now − s), exact
-                if q < DONE:
-                    if q < -DONE:
-                        self._check_done(i, q, now)
-                    self._complete(i, t, now)
-                else:
-                    heappush(work_ends, (end, i))
-        for i in done:
-            q = q_left[i] / cap[i]
-            if q < -DONE:
-                self._check_done(i, q, now)
-            self._complete(i, t, now)
-        for i in tiny:
-            if self.io[i]:  # (not completed above, served)
-                self._check_done(i, q_left[i] / cap[i], now)
+        q_left = self.remaining
+        base = self.base
+        slack = self.slack
+        due = [heappop(work_ends)]  # _pop_due, inline (the loop saw the first one due)
+        while work_ends and work_ends[0][0] - now < slack:
+            due.append(heappop(work_ends))
+        for end, i in due:
+            q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
+            if q < DONE:
+                if q < -DONE:
+                    self._check_done(i, q, now)
                 self._complete(i, t, now)
+            else:
+                heappush(work_ends, (end, i))
 
     def _advance_stepped(self, t: float, now: float) -> None:
         """The stepped work phases: Q −= Δ, P += Δ, as the reference does."""
@@ -455,13 +487,16 @@ class _Run:
         that is exact; False (left as it is) if not."""
         q = self.remaining[i]
         p = self.progress[i]
-        if not _closed_form_is_exact(now, q, p):
+        # _closed_form_is_exact(now, q, p) and _next_power_of_two(p), inline
+        u = ulp(now)
+        ulp_p = ulp(p)
+        if not (u <= q <= now and ulp_p <= u):
             return False
         self.closed[i] = True
         self.base[i] = now
         self.work_end[i] = end = now + q  # the reference's next candidate t + Q
         heappush(self.work_ends, (end, i))
-        crossing = now + (_next_power_of_two(p) - p)
+        crossing = now + (ulp_p * 2.0**53 - p)
         if crossing < end + self.slack:
             heappush(self.crossings, (crossing, now, i))
         return True
@@ -507,7 +542,8 @@ class _Run:
         values = self.values[i]
         n = len(values)
         length = values[k] if k < n else 0.0  # ℓ, the kept length
-        was_io = self.io[i]
+        io = self.io
+        was_io = io[i]
         if was_io:
             self.io_total[i] += length
             self.io_count[i] += 1
@@ -515,11 +551,16 @@ class _Run:
         else:
             self.last_work[i] = length
             self.work_done[i] += now - self.work_began[i]
-            if self.closed[i]:  # P_s + (now − s), exact
+            closed = self.closed
+            if closed[i]:  # P_s + (now − s), exact
                 self.progress[i] += now - self.base[i]
-                self.closed[i] = False
-            if step_start > self.switch_at:  # (_credit gives nothing otherwise)
-                self._credit(i, step_start, length)
+                closed[i] = False
+            t_c = self.switch_at
+            if step_start > t_c:  # _credit, inline (it gives nothing otherwise)
+                if step_start - length > t_c:
+                    self.credit[i] = int(self.credit[i] + length)
+                else:
+                    self.credit[i] = int(self.credit[i] + step_start - t_c)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
@@ -535,27 +576,17 @@ class _Run:
             self.stepped.append(i)
             return
         if was_io:  # a work phase begins: closed form if exact, else stepped
-            self.io[i] = False
+            io[i] = False
             self.work_began[i] = now
             self.remaining[i] = values[k]
             if not self._close(i, now):
                 self.stepped.append(i)
         else:
-            self.io[i] = True
+            io[i] = True
             self.remaining[i] = self.volume[i] = values[k]
             insort(self.in_io, i)
             if values[k] / self.cap[i] < DONE:
                 self.tiny_io.append(i)
-
-    def _credit(self, i: int, step_start: float, length: float) -> None:
-        # The reference's U (setUtilGopi): an integer, credited from the step's start
-        # (docs/simulator.md, deviation 1).
-        t_c = self.switch_at
-        if step_start > t_c:
-            if step_start - length > t_c:
-                self.credit[i] = int(self.credit[i] + length)
-            else:
-                self.credit[i] = int(self.credit[i] + step_start - t_c)
 
     def metrics(self) -> tuple[float, float, float, float]:
         """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
