@@ -18,10 +18,11 @@ k first delays j by V_k/b_k; the larger of the two deficits after both are done
 is smaller with j first exactly when V_j/b_j − D_j ≤ V_k/b_k − D_k. So λ = 1 is
 the pairwise min-max order, λ → 0 is GreedyCom (which minimises the number of
 waiting jobs, the efficiency loss), λ → ∞ is largest-deficit first (GreedyYield
-when every τ_i is equal). λ is tuned (docs/policies.md, "DeficitCom").
+when every τ_i is equal). The default is λ = 1 (docs/policies.md, "DeficitCom").
 
-It uses what GreedyCom and GreedyYield use, nothing else: V_i from
-``remaining_estimate()`` (as GreedyCom), P_i and τ_i (as GreedyYield). A job whose
+The key uses what GreedyCom and GreedyYield use, nothing else: V_i from
+``remaining_estimate()`` (as GreedyCom), P_i and τ_i (as GreedyYield); the
+protected class below also reads ``last_work``, as Set-10 does. A job whose
 volume is unknown (no volume given, no past operation) counts V_i = 0: it is
 ordered by its deficit alone, as GreedyYield serves fresh jobs first, so a job
 that never tells its volume is never starved by those that do.
@@ -112,7 +113,8 @@ class _Learned:
 
 
 class DeficitCom(Policy):
-    """GREEDY_FILL by non-decreasing V_i/b_i − λ·D_i, then index (module docstring)."""
+    """GREEDY_FILL: the protected class first, then by non-decreasing V_i/b_i − λ·D_i,
+    then index (module docstring)."""
 
     name = "deficit-com"
     Params = DeficitComParams
