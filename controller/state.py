@@ -29,7 +29,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
@@ -39,6 +38,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from burstctl.controller.signal import Signal
+from burstctl.files import write_atomically
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry
 
@@ -82,28 +82,6 @@ class ReplicaState(BaseModel):
     policy: PolicyState | None = None
     configured: ConfiguredPolicy | None = None  # None: saved by an older burstctl
     jobs: list[RegisteredJob] = Field(default_factory=list)
-
-
-def write_atomically(path: Path, data: str) -> None:
-    """Replaces ``path`` with ``data`` so that a crash leaves the old file or the new one,
-    never half of one: a temporary file in the same directory, fsync, rename, fsync of the
-    directory. On an error nothing changed (the temporary file is removed)."""
-    directory = path.parent
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}-", dir=directory)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    dir_fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
 
 
 class StateError(RuntimeError):

@@ -36,11 +36,12 @@ import json
 import logging
 import os
 import socket
-import tempfile
 from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Generic, Literal, TypeVar
+
+from burstctl.files import write_atomically
 
 C = TypeVar("C")
 R = TypeVar("R")
@@ -268,7 +269,7 @@ class RowFile(Generic[C]):
         old record beside an empty file, which a resume with other flags refuses)."""
         if self.params is None:
             return
-        _write_atomic(meta_path(self.path), json.dumps(_plain(self.params), indent=1) + "\n")
+        write_atomically(meta_path(self.path), json.dumps(_plain(self.params), indent=1) + "\n")
 
     def case_rows(self) -> list[list[Row]]:
         """The rows of every case in the file (after `finish`), in case order, as read
@@ -301,7 +302,7 @@ class RowFile(Generic[C]):
     def _replace(self, order: Sequence[int]) -> None:
         """Writes the header and the given cases' rows to a temporary file beside the
         output, then renames it over the output: a kill leaves the old file or the new."""
-        _write_atomic(self.path, self.header() + "".join("".join(self._lines[i]) for i in order))
+        write_atomically(self.path, self.header() + "".join("".join(self._lines[i]) for i in order))
 
     def _read_back(self, cases: Sequence[C]) -> dict[int, list[str]]:
         text = self.path.read_text()
@@ -343,20 +344,6 @@ class RowFile(Generic[C]):
                 )
             found.setdefault(where[key], []).append(line)
         return {i: ls for i, ls in found.items() if len(ls) == self.rows_per_case(cases[i])}
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    """``text`` into a temporary file beside ``path``, fsynced, then renamed over it."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent or ".")
-    try:
-        with os.fdopen(fd, "w", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def run_campaign(
