@@ -75,25 +75,37 @@ def model_apps() -> list[App]:
 
 
 def start_cluster(make: Factory, tmp_path: Path, env: dict[str, str]) -> list[ControllerProcess]:
-    ports = [free_port() for _ in CAPACITIES]
-    out = []
-    for i, cap in enumerate(CAPACITIES):
-        state = tmp_path / f"r{i + 1}"
-        write_profiles(state)
-        peers = ",".join(f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i)
-        out.append(
-            make(
-                "--replica-id", f"r{i + 1}",
-                "--peers", peers,
-                "--sync-interval", str(LAMBDA),
-                "--missed-exchanges", str(MISSED),
-                "--capacity", f"{cap}MiB/s",
-                address=f"127.0.0.1:{ports[i]}",
-                env=env,
-                state_dir=state,
-            )
-        )  # fmt: skip
-    return out
+    """Three replicas, each naming the others' ports. The ports are chosen before any
+    replica starts, so one may be taken meanwhile (by another process's ephemeral port):
+    a replica that exits at start (no REST URL) means a new attempt with new ports, at
+    most three."""
+    failed: list[str] = []
+    for attempt in range(3):
+        ports = [free_port() for _ in CAPACITIES]
+        out = []
+        for i, cap in enumerate(CAPACITIES):
+            state = tmp_path / f"attempt{attempt}" / f"r{i + 1}"
+            write_profiles(state)
+            peers = ",".join(f"127.0.0.1:{p}" for j, p in enumerate(ports) if j != i)
+            out.append(
+                make(
+                    "--replica-id", f"r{i + 1}",
+                    "--peers", peers,
+                    "--sync-interval", str(LAMBDA),
+                    "--missed-exchanges", str(MISSED),
+                    "--capacity", f"{cap}MiB/s",
+                    address=f"127.0.0.1:{ports[i]}",
+                    env=env,
+                    state_dir=state,
+                )
+            )  # fmt: skip
+        exited = [r for r in out if r.url is None]
+        if not exited:
+            return out
+        failed.extend(exited[0].log[-30:])
+        for r in out:
+            r.stop()
+    raise AssertionError("a replica exited at start, three times:\n" + "".join(failed))
 
 
 TOKEN = "placement-test-token"
