@@ -14,6 +14,16 @@ from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 
+def run_burstctl(*args: str | Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
+    """``python -m burstctl ARGS`` with this interpreter, its output captured as text."""
+    return subprocess.run(
+        [sys.executable, "-m", "burstctl", *map(str, args)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
 def wait_until(
     predicate: Callable[[], object],
     timeout: float = 5.0,

@@ -3,24 +3,17 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import httpx
 import pytest
 from support import ControllerProcess
+from support import run_burstctl as burstctl
 
 from burstctl.controller.app import build_replica
 from burstctl.controller.config import load_config
 
 pytestmark = pytest.mark.integration
-
-
-def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_help_lists_contract_flags() -> None:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import ExitStack
@@ -18,6 +16,7 @@ from contextlib import ExitStack
 import httpx
 import pytest
 from support import ControllerProcess, Pump, wait_until
+from support import run_burstctl as burstctl
 from test_replicas import MiB, free_port, job
 
 from burstctl.client import JobInfo, Session
@@ -137,12 +136,6 @@ def test_killed_replica_leaves_the_global_view_and_rejoins(
         f"restarted: sessions back after {reattached:.2f}s, fair again {back:.3f}s later"
     )
     assert back <= 2 * LAMBDA + 0.3, back
-
-
-def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *args], capture_output=True, text=True, timeout=60
-    )
 
 
 def test_policy_switch_on_one_replica_reaches_all_within_two_lambda(

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from support import run_burstctl as burstctl
 from support import wait_until
 
 pytestmark = pytest.mark.integration
@@ -30,15 +31,6 @@ LONGER = [*SWEEP, "--pressure", "1.1", "--seeds", "12", "--horizon", "300000"]
 def dask(command: str) -> list[str]:
     """``dask scheduler`` / ``dask worker`` of this interpreter's environment."""
     return [sys.executable, "-m", f"distributed.cli.dask_{command}"]
-
-
-def burstctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
 
 
 def stop(proc: subprocess.Popen[bytes] | subprocess.Popen[str]) -> None:

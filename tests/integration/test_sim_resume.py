@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from support import wait_until
+from support import run_burstctl, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -46,12 +46,7 @@ COMPARE_RUNS = [f"mira seed {s}" for s in range(8)]
 
 
 def burstctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_burstctl(*args, timeout=120)
 
 
 def whole_lines(path: Path) -> list[dict[str, object]]:
