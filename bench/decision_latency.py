@@ -103,7 +103,7 @@ def main() -> None:
     parser.add_argument("--policy", default="fair-share")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args()
-    # the controller's own collector settings (burstctl/cli.py)
+    # the controller's own collector settings (cli/daemon.py)
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
     report = {

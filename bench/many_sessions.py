@@ -175,7 +175,7 @@ async def _raw_worker(spec: dict[str, Any]) -> dict[str, Any]:
 
     import grpc
 
-    from burstctl.limits import RETRY_AFTER_KEY
+    from burstctl.common.limits import RETRY_AFTER_KEY
     from burstctl.proto.burstctl.v1 import controller_pb2 as pb
     from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 
@@ -385,7 +385,7 @@ def summarise(
     rss_max: int,
     cpu: float,
 ) -> dict[str, Any]:
-    from burstctl.units import parse_rate
+    from burstctl.common.units import parse_rate
 
     by_k: dict[int, dict[str, int]] = {}
     for r in results:

@@ -256,7 +256,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
 
 
 def main() -> None:
-    from burstctl.units import parse_size
+    from burstctl.common.units import parse_size
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=200)

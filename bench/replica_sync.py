@@ -267,7 +267,7 @@ async def run_worker(args: argparse.Namespace, out: int) -> None:
     ports = [int(p) for p in args.ports.split(",")]
     _, _, placed = plan(len(ports), args.jobs, args.interval, args.seed)
     svc = build_replica(args.index, ports, args.interval, Path(args.state), placed)
-    # the controller's own collector settings (burstctl/cli.py)
+    # the controller's own collector settings (cli/daemon.py)
     gc.freeze()
     gc.set_threshold(10_000, 20, 20)
     worker = Worker(svc, out)

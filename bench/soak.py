@@ -47,7 +47,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from support import ControllerProcess
 
 from burstctl.client import AsyncSession, ClientRuntime, JobInfo
-from burstctl.units import parse_size
+from burstctl.common.units import parse_size
 
 MiB = 1 << 20
 _BUCKET = re.compile(r'^burstctl_decision_latency_seconds_bucket\{[^}]*le="([^"]+)"[^}]*\} (\S+)$')

@@ -13,13 +13,13 @@ with Session("controller:50051", fallback="fixed:100MiB/s") as session:
 ```
 """
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.bucket import Throttle, TokenBucket
 from burstctl.client.fallback import Fallback
 from burstctl.client.files import ThrottledFile, throttled_open
 from burstctl.client.job import JobInfo
 from burstctl.client.runtime import ClientRuntime
 from burstctl.client.session import AsyncOperation, AsyncSession, Operation, Session
+from burstctl.common.channels import ChannelSecurity
 
 __all__ = [
     "AsyncOperation",

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from burstctl.limits import MIN_RATE
+from burstctl.common.limits import MIN_RATE
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 logger = logging.getLogger(__name__)
@@ -63,7 +63,7 @@ class Pattern:
     period's start, an ``end`` past the period wrapping into the next one. The pattern is the
     rate of the bucket as a function of time: ``volume(a, b)`` is its integral over ``[a, b]``,
     ``time_to(a, amount)`` the first instant at which that integral reaches ``amount``.
-    Windows must be well formed (``burstctl.limits.windows_problem``); a rate below
+    Windows must be well formed (``burstctl.common.limits.windows_problem``); a rate below
     `MIN_RATE` is paced as 0.
     """
 

@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
-from burstctl.units import format_rate, parse_rate
+from burstctl.common.units import format_rate, parse_rate
 
 FallbackMode = Literal["keep-last", "fixed", "unthrottled"]
 

@@ -13,10 +13,16 @@ import pwd
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from burstctl.limits import MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem, period_problem
-from burstctl.units import parse_size
+from burstctl.common.limits import (
+    MAX_NODES,
+    MAX_PRIORITY,
+    MAX_TEXT,
+    identifier_problem,
+    period_problem,
+)
+from burstctl.common.units import parse_size
 
-# What a controller accepts in a Hello (burstctl/limits.py): a JobInfo that validates here
+# What a controller accepts in a Hello (common/limits.py): a JobInfo that validates here
 # is never refused there.
 MAX_JOB_ID_LENGTH = MAX_TEXT
 

@@ -15,11 +15,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.bucket import Pattern
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
-from burstctl.limits import DEFAULT_FALLBACK_GRACE
+from burstctl.common.channels import ChannelSecurity
+from burstctl.common.limits import DEFAULT_FALLBACK_GRACE
 
 DEFAULT_FALLBACK = "keep-last"
 # Seconds between two Usage reports (the heartbeat).
@@ -28,7 +28,7 @@ DEFAULT_REPORT_INTERVAL = 0.25
 DEFAULT_QUIET_GAP = 0.1
 # Seconds a new session waits for its first allocation before the fallback applies.
 DEFAULT_ATTACH_TIMEOUT = 2.0
-# DEFAULT_FALLBACK_GRACE (burstctl/limits.py): seconds a keep-last session keeps its last allotted
+# DEFAULT_FALLBACK_GRACE (common/limits.py): seconds a keep-last session keeps its last allotted
 # rate after its lease ran out, with no controller answering, before it falls to at most the
 # fallback's conservative rate (client/fallback.py). Re-exported here for the client's users.
 

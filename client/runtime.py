@@ -27,9 +27,9 @@ from typing import Any, TypeVar
 
 import grpc
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.engine import Engine
 from burstctl.client.stream import open_channel
+from burstctl.common.channels import ChannelSecurity
 
 logger = logging.getLogger(__name__)
 

@@ -12,7 +12,6 @@ import concurrent.futures
 from collections.abc import Sequence
 from types import TracebackType
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.bucket import Pattern
 from burstctl.client.engine import Engine
 from burstctl.client.fallback import Fallback
@@ -31,6 +30,7 @@ from burstctl.client.options import (
     resolve_targets,
 )
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
+from burstctl.common.channels import ChannelSecurity
 
 
 class _OperationBase:

@@ -26,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from burstctl.client.bucket import MAX_WAIT_SLICE, Waiters
-from burstctl.limits import MAX_DRAIN_ERROR
+from burstctl.common.limits import MAX_DRAIN_ERROR
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 

@@ -25,14 +25,14 @@ from typing import Any
 
 import grpc
 
-from burstctl.channels import PLAIN, ChannelSecurity
 from burstctl.client.bucket import Pattern, Throttle, ThrottleStats
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
-from burstctl.limits import RETRY_AFTER_KEY, windows_problem
+from burstctl.common.channels import PLAIN, ChannelSecurity
+from burstctl.common.limits import RETRY_AFTER_KEY, windows_problem
+from burstctl.common.units import format_rate
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
-from burstctl.units import format_rate
 
 logger = logging.getLogger(__name__)
 

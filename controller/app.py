@@ -23,7 +23,7 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from burstctl.channels import ChannelSecurity, read_secret
+from burstctl.common.channels import ChannelSecurity, read_secret
 from burstctl.controller.advice import JobInput, Resource
 from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.config import ControllerConfig, split_host_port

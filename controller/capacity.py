@@ -185,7 +185,7 @@ class CapacityBooks:
         waiting: bool,
         rate: float,
     ) -> None:
-        """A holder's Usage (validated by the caller: `added_problem`, burstctl/limits.py)."""
+        """A holder's Usage (validated by the caller: `added_problem`, common/limits.py)."""
         holder = self.holders.get(sid)
         if holder is None:
             return

@@ -21,7 +21,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
-from burstctl.limits import (
+from burstctl.common.limits import (
     DEFAULT_FALLBACK_GRACE,
     DEFAULT_MAX_MESSAGE_BYTES,
     DEFAULT_MAX_NOTICES,
@@ -35,7 +35,7 @@ from burstctl.limits import (
     MAX_PRIORITY,
     identifier_problem,
 )
-from burstctl.units import Rate, parse_rate, parse_size
+from burstctl.common.units import Rate, parse_rate, parse_size
 
 
 def _default_state_dir() -> Path:
@@ -77,7 +77,7 @@ class ControllerConfig(BaseSettings):
     state_dir: Path = Field(default_factory=_default_state_dir, description="durable state")
     replica_id: str = Field(
         default_factory=socket.gethostname,
-        description="name of this replica; 1..256 printable characters (burstctl/limits.py)",
+        description="name of this replica; 1..256 printable characters (common/limits.py)",
     )
     heartbeat_timeout: float = Field(
         3.0, gt=0, description="s without Usage before a session is dead"

@@ -28,8 +28,7 @@ from typing import Any
 
 import numpy as np
 
-from burstctl.controller.jobs import JobStatus, JobTable
-from burstctl.limits import (
+from burstctl.common.limits import (
     MAX_COUNTER,
     MAX_JOBS,
     MAX_NODES,
@@ -38,6 +37,7 @@ from burstctl.limits import (
     MAX_TEXT,
     identifier_problem,
 )
+from burstctl.controller.jobs import JobStatus, JobTable
 from burstctl.policies.view import JobId, job_cap
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 

@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from burstctl.common.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
 from burstctl.controller.signal import Signal
-from burstctl.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
 from burstctl.policies.accounting import JobAccount, job_view
 from burstctl.policies.schedule import Schedule
 from burstctl.policies.view import BufferView, JobView, Periodic, SystemView, job_cap

@@ -22,8 +22,8 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from burstctl.common.limits import identifier_problem
 from burstctl.controller.digest import Digest, DigestError, ReplicaId, validate
-from burstctl.limits import identifier_problem
 from burstctl.policies.registry import PolicyRegistry
 
 log = logging.getLogger(__name__)

@@ -26,14 +26,14 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from burstctl.channels import ChannelSecurity
+from burstctl.common.channels import ChannelSecurity
+from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.digest import Digest, DigestError, build_digest, from_proto, to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import Conflict, ceilings, merge, split_targets
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
-from burstctl.limits import MAX_JOBS
 from burstctl.policies.decision import Share, decide
 from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb

@@ -35,13 +35,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, model_validator
 
-from burstctl.controller.advice import Advice, JobInput, advise_all, advise_one
-from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.dashboard import mount_dashboard
-from burstctl.controller.jobs import JobMeta, JobState, JobStatus
-from burstctl.controller.profiles import MAX_REPLICA_COUNT
-from burstctl.controller.state import ActivePolicy
-from burstctl.limits import (
+from burstctl.common.limits import (
     MAX_NODES,
     MAX_PERIOD_VOL,
     MAX_PERIOD_W,
@@ -52,6 +46,12 @@ from burstctl.limits import (
     PlacementName,
     identifier_problem,
 )
+from burstctl.controller.advice import Advice, JobInput, advise_all, advise_one
+from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.controller.dashboard import mount_dashboard
+from burstctl.controller.jobs import JobMeta, JobState, JobStatus
+from burstctl.controller.profiles import MAX_REPLICA_COUNT
+from burstctl.controller.state import ActivePolicy
 from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError
 from burstctl.policies.view import job_cap
 
@@ -159,7 +159,7 @@ def _identifier(value: str) -> str:
     return value
 
 
-# the limits a client's Hello and a peer's digest have (burstctl/limits.py)
+# the limits a client's Hello and a peer's digest have (common/limits.py)
 Identifier = Annotated[str, Field(min_length=1, max_length=MAX_TEXT), AfterValidator(_identifier)]
 
 

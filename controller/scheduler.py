@@ -29,12 +29,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from burstctl.common.limits import MIN_RATE
 from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable, SessionState, WindowsOutbox
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
-from burstctl.limits import MIN_RATE
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Decision, decide
 from burstctl.policies.schedule import Schedule

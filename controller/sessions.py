@@ -29,18 +29,7 @@ from collections.abc import AsyncIterator, Callable
 import grpc
 from google.protobuf.message import DecodeError
 
-from burstctl.controller.capacity import CapacityBooks
-from burstctl.controller.jobs import (
-    Counters,
-    JobMeta,
-    JobTable,
-    LimitError,
-    OpKind,
-    ProtocolError,
-    SessionState,
-)
-from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
-from burstctl.limits import (
+from burstctl.common.limits import (
     DEFAULT_MAX_NOTICES,
     DEFAULT_MAX_SESSIONS,
     DEFAULT_MAX_SESSIONS_PER_CLIENT,
@@ -55,6 +44,17 @@ from burstctl.limits import (
     identifier_problem,
     period_problem,
 )
+from burstctl.controller.capacity import CapacityBooks
+from burstctl.controller.jobs import (
+    Counters,
+    JobMeta,
+    JobTable,
+    LimitError,
+    OpKind,
+    ProtocolError,
+    SessionState,
+)
+from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
 from burstctl.policies.schedule import Schedule
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -357,7 +357,7 @@ def validate_purpose(h: pb.Hello) -> bool:
 
 
 def check_buffer(buffer: pb.Buffer, name: str) -> None:
-    """A Buffer report against burstctl/limits.py; ``name`` is where it was (``usage.buffer``)."""
+    """A Buffer report against common/limits.py; ``name`` is where it was (``usage.buffer``)."""
     problem = buffer_problem(buffer.resident, buffer.pending, buffer.added, buffer.drain_error)
     if problem is not None:
         raise ProtocolError(f"{name}.{problem[0]}", problem[1])

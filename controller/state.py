@@ -37,8 +37,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from burstctl.common.files import write_atomically
 from burstctl.controller.signal import Signal
-from burstctl.files import write_atomically
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry
 

@@ -37,7 +37,7 @@ from typing import Any
 
 import grpc
 
-from burstctl.channels import SECRET_KEY, SECRET_SCHEME
+from burstctl.common.channels import SECRET_KEY, SECRET_SCHEME
 from burstctl.controller.jobs import JobMeta, JobTable
 
 log = logging.getLogger(__name__)

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
 from burstctl.client.options import (
     DEFAULT_ATTACH_TIMEOUT,
     DEFAULT_FALLBACK,
     DEFAULT_FALLBACK_GRACE,
 )
+from burstctl.common.channels import ChannelSecurity
 
 # Which opens bypass the kernel's page cache (`fs.PassthroughFS.direct_io_for`).
 DIRECT_IO_MODES = ("writes", "all", "none")

@@ -48,11 +48,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.job import JobInfo
 from burstctl.client.options import BucketObserver
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
 from burstctl.client.session import Session
+from burstctl.common.channels import ChannelSecurity
 from burstctl.fuse_shim.attribution import Attributor, Caller
 
 logger = logging.getLogger(__name__)

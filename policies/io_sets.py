@@ -16,7 +16,7 @@ from typing import Annotated
 
 from pydantic import AfterValidator, Field
 
-from burstctl.limits import MAX_JOBS, MAX_TEXT, identifier_problem
+from burstctl.common.limits import MAX_JOBS, MAX_TEXT, identifier_problem
 from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
 from burstctl.policies.decision import SUM_TOLERANCE, enforce_rows
 from burstctl.policies.sharing import greedy_fill
@@ -45,7 +45,7 @@ def _job_id(value: str) -> str:
     return value
 
 
-# a job id as every door takes it (burstctl/limits.py)
+# a job id as every door takes it (common/limits.py)
 _JobId = Annotated[str, Field(max_length=MAX_TEXT), AfterValidator(_job_id)]
 _Omega = Annotated[float, Field(ge=MIN_OMEGA, le=MAX_OMEGA, allow_inf_nan=False)]
 

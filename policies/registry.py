@@ -25,7 +25,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from burstctl.limits import MAX_TEXT
+from burstctl.common.limits import MAX_TEXT
 from burstctl.policies.base import Policy, PolicyParams
 
 log = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from burstctl.limits import windows_problem
+from burstctl.common.limits import windows_problem
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +39,7 @@ class Schedule:
 
     def problem(self) -> str | None:
         """Why the schedule is malformed (``"<field>: <reason>"``), or None
-        (``burstctl.limits.windows_problem``; the origin must be finite)."""
+        (``burstctl.common.limits.windows_problem``; the origin must be finite)."""
         if not math.isfinite(self.origin):
             return f"origin: must be finite, got {self.origin!r}"
         found = windows_problem(self.period, [(w.start, w.end, w.rate) for w in self.windows])

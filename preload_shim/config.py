@@ -4,7 +4,7 @@ option (docs/preload.md, "The node agent").
 Options the agent shares with the mount (the controller, its credentials, the fallback, the
 session timings) take the mount's spelling, default and help text from `MountConfig`'s fields,
 so each is written once; ``burstctl agent`` generates its options from these fields as
-``burstctl mount`` does (`burstctl.cli.config_params`). `AgentConfig` checks its values when
+``burstctl mount`` does (`burstctl.cli.shims.config_params`). `AgentConfig` checks its values when
 it is built (`AgentError`, worded for the command line, naming the flag).
 """
 
@@ -17,8 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client.fallback import Fallback
+from burstctl.common.channels import ChannelSecurity
 from burstctl.fuse_shim.config import LOG_LEVELS, Cli, MountConfig, cli_of
 
 # Where the agent listens, and where `burstctl exec` and the library look, by default.

@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any, Generic, Literal, TypeVar
 
-from burstctl.files import write_atomically
+from burstctl.common.files import write_atomically
 
 C = TypeVar("C")
 R = TypeVar("R")

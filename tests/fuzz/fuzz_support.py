@@ -21,7 +21,7 @@ import grpc
 import psutil
 from hypothesis import settings
 
-from burstctl.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
+from burstctl.common.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 

@@ -22,9 +22,9 @@ from support import ControllerProcess, Pump, async_wait_until, measure, wait_unt
 from test_protocol import RawSession, hello, post
 
 from burstctl.client import JobInfo, Session
+from burstctl.common.limits import MIN_RATE
 from burstctl.controller.app import Replica
 from burstctl.controller.scheduler import INCREASE_HOLD_MAX
-from burstctl.limits import MIN_RATE
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration

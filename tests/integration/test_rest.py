@@ -336,7 +336,7 @@ async def test_registered_metadata_wins_and_survives_a_restart(
         ({"job_id": "1", "user": "a", "group": "g", "nodes": 1, "priority": -1}, "priority"),
         ({"job_id": "1", "user": "a", "nodes": 1}, "group"),
         ({"job_id": "1", "user": "a", "group": "g", "nodes": 1, "queue": "x"}, "queue"),
-        # what a client's Hello and a peer's digest would refuse (burstctl/limits.py)
+        # what a client's Hello and a peer's digest would refuse (common/limits.py)
         ({"job_id": "1\n2", "user": "a", "group": "g", "nodes": 1}, "job_id"),
         ({"job_id": "1", "user": "a", "group": "g", "nodes": (1 << 20) + 1}, "nodes"),
     ],

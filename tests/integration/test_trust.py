@@ -20,8 +20,8 @@ from support import async_wait_until
 from test_protocol import RawSession
 from test_rest import auth
 
-from burstctl.channels import ChannelSecurity
 from burstctl.client import JobInfo, Session
+from burstctl.common.channels import ChannelSecurity
 from burstctl.controller.app import Replica
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 

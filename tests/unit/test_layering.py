@@ -12,7 +12,10 @@ from layering import ROOT, check, link_tree
 def test_the_import_contracts_hold(tmp_path: Path) -> None:
     result = check(link_tree(tmp_path))
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "5 kept, 0 broken" in result.stdout
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    count = len(contracts["contracts"])
+    assert f"{count} kept, 0 broken" in result.stdout
+    assert any(c["type"] == "layers" for c in contracts["contracts"])
 
 
 def test_a_forbidden_import_breaks_a_contract(tmp_path: Path) -> None:
@@ -29,3 +32,15 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path: Path) -> None:
     result = check(link_tree(tmp_path / "tree", copy), copy / "pyproject.toml")
     assert result.returncode != 0
     assert "BROKEN" in result.stdout and "burstctl.policies.fcfs" in result.stdout
+
+
+def test_the_layers_contract_names_every_package() -> None:
+    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    packages = {
+        name.removeprefix("burstctl.")
+        for name in config["tool"]["setuptools"]["package-dir"]
+        if name != "burstctl"
+    }
+    (layers,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
+    named = {part.strip() for layer in layers["layers"] for part in layer.split("|")}
+    assert named == packages

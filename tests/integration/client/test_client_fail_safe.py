@@ -17,7 +17,7 @@ from support import Pump, measure
 
 from burstctl.client import AsyncSession, JobInfo, Session
 from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
-from burstctl.limits import MIN_RATE
+from burstctl.common.limits import MIN_RATE
 
 pytestmark = pytest.mark.integration
 

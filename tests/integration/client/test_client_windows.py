@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from burstctl.client import JobInfo, Session
-from burstctl.limits import MAX_WINDOWS
+from burstctl.common.limits import MAX_WINDOWS
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration

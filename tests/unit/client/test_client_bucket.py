@@ -10,7 +10,7 @@ import pytest
 from support import wait_until
 
 from burstctl.client.bucket import MAX_WAIT_SLICE, Throttle, TokenBucket, wait_slice
-from burstctl.limits import MIN_RATE
+from burstctl.common.limits import MIN_RATE
 
 
 class FakeClock:

@@ -1,5 +1,5 @@
 """Pacing to a periodic pattern of windows (issue 17): the pattern's math and the token bucket
-that refills by it, on explicit clock values; the wire check of a pattern (burstctl/limits.py)."""
+that refills by it, on explicit clock values; the wire check of a pattern (common/limits.py)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 from support import wait_until
 
 from burstctl.client.bucket import Pattern, Throttle, TokenBucket
-from burstctl.limits import MAX_WINDOWS, windows_problem
+from burstctl.common.limits import MAX_WINDOWS, windows_problem
 
 EPS = 1e-9
 

@@ -174,7 +174,7 @@ def test_backoff_grows_with_jitter_up_to_the_cap_and_resets() -> None:
 
 
 def test_channel_security_is_checked_when_loaded(tmp_path: Path) -> None:
-    from burstctl.channels import ChannelSecurity
+    from burstctl.common.channels import ChannelSecurity
 
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\nx\n-----END CERTIFICATE-----\n")

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
+from burstctl.common.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 from burstctl.controller.advice import (
     JobInput,
     Resource,
     advise_all,
     advise_one,
 )
-from burstctl.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 from burstctl.policies.placement.allocators import ALLOCATORS
 from burstctl.policies.placement.placements import PLACEMENTS
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from burstctl.common.units import format_rate, parse_rate
 from burstctl.controller.config import ConfigError, load_config
-from burstctl.units import format_rate, parse_rate
 
 MiB = float(1 << 20)
 

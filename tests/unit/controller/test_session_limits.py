@@ -11,10 +11,10 @@ import grpc
 import pytest
 from support import async_wait_until
 
+from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.config import ConfigError, load_config
 from burstctl.controller.jobs import JobMeta, JobTable, LimitError, OpKind
 from burstctl.controller.sessions import ControllerServicer, LoopLag, SessionStream, client_host
-from burstctl.limits import MAX_JOBS
 
 
 class Clock:

@@ -15,7 +15,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from burstctl.cli import config_params, main
+from burstctl.cli import main
+from burstctl.cli.shims import config_params
 from burstctl.fuse_shim.config import (
     DIRECT_IO_MODES,
     Cli,

@@ -165,7 +165,7 @@ def test_windows_are_well_formed_after_wrapping_and_float_residue() -> None:
     period = 1.0
     windows = windows_of([(0.9, 1.2, 1e-3), (1.2 - 1e-15, 1.5, 2e-3), (0.5, 0.7, 1e-3)], period)
     spans = [(w.start, w.end, w.rate) for w in windows]
-    from burstctl.limits import windows_problem
+    from burstctl.common.limits import windows_problem
 
     assert windows_problem(period, spans) is None
     assert sum((e - s) * r for s, e, r in spans) == pytest.approx(

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from burstctl.limits import MAX_JOBS, MAX_TEXT
+from burstctl.common.limits import MAX_JOBS, MAX_TEXT
 from burstctl.policies.base import Policy
 from burstctl.policies.greedy import MAX_DELTA, MIN_DELTA
 from burstctl.policies.io_sets import MAX_OMEGA, MIN_OMEGA

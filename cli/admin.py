@@ -1,4 +1,5 @@
-"""``burstctl policy|jobs|job|placement ...``: admin commands over the REST API (docs/rest.md).
+"""``burstctl policies|policy|jobs|job|top|placement ...``: admin commands over the REST API
+(docs/rest.md); ``policies`` lists the registry of this installation.
 
 Every command takes ``--url`` (``BURSTCTL_URL``, default the controller's
 default ``--http-listen``) and, for mutations, a bearer token: ``--token``
@@ -16,7 +17,7 @@ from urllib.parse import quote
 
 import click
 
-from burstctl.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
+from burstctl.common.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -417,3 +418,12 @@ def top(
                 live.update(render(), refresh=True)
         except KeyboardInterrupt:
             pass
+
+
+@click.command("policies")
+def list_policies() -> None:
+    """List the policies this installation knows."""
+    from burstctl.policies.registry import default_registry
+
+    for name in default_registry().names():
+        click.echo(name)
