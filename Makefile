@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: run test lint format proto bench system-deps clean
+.PHONY: run test test-all lint format proto bench system-deps clean
 
 # Install (or update) the package and its dev/test extras when pyproject.toml changes, and
 # rebuild the LD_PRELOAD library (setup.py) when its C source does.
@@ -25,8 +25,14 @@ system-deps:
 run: $(STAMP)
 	$(VENV)/bin/burstctl controller $(ARGS)
 
+# The suite CI runs: every test but the long sweeps (marker `sweep`), hypothesis at its
+# `ci` profile (tests/conftest.py).
 test: system-deps $(STAMP)
-	$(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m pytest -m "not sweep" $(PYTEST_ARGS)
+
+# Everything: the long sweeps too, hypothesis at its `thorough` profile.
+test-all: system-deps $(STAMP)
+	HYPOTHESIS_PROFILE=thorough $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
@@ -42,6 +48,7 @@ proto: $(STAMP)
 	$(PY) proto/generate.py
 
 bench: $(STAMP)
+	$(PY) bench/sweeps.py
 	$(PY) bench/decision_latency.py
 	$(PY) bench/grpc_ingest_ceiling.py
 	$(PY) bench/controller_events.py

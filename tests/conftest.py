@@ -3,17 +3,38 @@
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
 from support import ControllerProcess
 
 from burstctl.controller.app import Replica, build_replica
 from burstctl.controller.config import load_config
 from burstctl.policies.registry import PolicyRegistry
+
+# Property tests are sized by profile, not per test: `ci` for `make test` (deterministic, so a
+# red run is reproducible), `thorough` for `make test-all`. HYPOTHESIS_PROFILE picks one.
+settings.register_profile(
+    "ci",
+    max_examples=50,
+    derandomize=True,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.register_profile(
+    "thorough",
+    max_examples=1000,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow],
+    print_blob=True,
+)
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 REPLICA_DEFAULTS = {
     "grpc_listen": "127.0.0.1:0",
