@@ -24,18 +24,19 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
 from burstctl.common.channels import ChannelSecurity, read_secret
+from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.advice import JobInput, Resource
 from burstctl.controller.capacity import CapacityBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.jobs import JobMeta, JobState, JobStatus, JobTable
+from burstctl.controller.jobs import JobMeta, JobStatus, JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
-from burstctl.controller.profiles import AppKey, PhaseRecorder, ProfileStore, app_name
+from burstctl.controller.profiles import PhaseRecorder, ProfileStore, app_key
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
-from burstctl.controller.state import PolicySlot, RegisteredJob, StateError, StateStore
+from burstctl.controller.state import PolicySlot, RegisteredJob, StateStore
 from burstctl.controller.trust import ClientTrust, Gate, UnregisteredLimits
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
@@ -68,15 +69,13 @@ class Replica:
             max_jobs=config.max_jobs,
             max_open_ops=config.max_open_ops,
         )
-        self.ledger = Ledger(config.state_dir, retention=config.job_retention, clock=clock)
-        self.table.on_new_job = self.ledger.restore
+        self.ledger = Ledger(config.state_dir, self.table)
         # What applications did in their I/O phases: the input of placement advice.
         self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
-        self.table.on_phase = PhaseRecorder(
+        self.phases = PhaseRecorder(
             self.profiles,
-            key_of=self.app_key,
+            self.table,
             count_of=lambda job_id: len(self.presence({job_id}).get(job_id, ())),
-            bytes_of=lambda job: job.counters.bytes,
         )
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
@@ -161,17 +160,9 @@ class Replica:
         return f"http://{host}:{self.http.port}"
 
     def _resume_state(self) -> None:
-        carried = self.ledger.load()
-        if carried:
-            log.info("carried the counters of %d jobs from %s", carried, self.ledger.path)
-        try:
-            state = self.store.load()
-        except StateError as exc:
-            log.error("%s; starting with the configured policy and no registered jobs", exc)
-            return
-        loaded = self.profiles.load()
-        if loaded:
-            log.info("loaded %d application profiles from %s", loaded, self.profiles.path)
+        self.ledger.load()
+        state = self.store.load()
+        self.profiles.load()
         for job in state.jobs:
             self.table.register(
                 JobMeta(
@@ -248,10 +239,6 @@ class Replica:
         return previous is None
 
     # -- placement advice (controller/advice.py) -------------------------------
-    def app_key(self, job: JobState | JobMeta) -> AppKey:
-        meta = job.meta if isinstance(job, JobState) else job
-        return app_name(meta.job_id, meta.app), meta.nodes
-
     def placement_resources(self) -> list[Resource]:
         """This replica and its live peers, with their gRPC addresses and capacities."""
         out = [Resource(self.config.replica_id, self.advertised_address, self.config.capacity)]
@@ -300,7 +287,7 @@ class Replica:
         return [self.job_input(metas[job_id]) for job_id in sorted(metas)]
 
     def job_input(self, meta: JobMeta) -> JobInput:
-        profile = self.profiles.get(self.app_key(meta))
+        profile = self.profiles.get(app_key(meta))
         if profile is None or profile.phases == 0:
             return JobInput(meta.job_id, meta.nodes)
         return JobInput(
@@ -369,7 +356,9 @@ class Replica:
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self.scheduler.renew_leases(), "lease-renewal")
         self._spawn(self._reap(), "heartbeat-reaper")
-        self._spawn(self._keep_ledger(), "ledger")
+        self._spawn(
+            keep_saving((self.ledger, self.profiles), self.config.ledger_interval), "ledger"
+        )
         self._spawn(self.servicer.lag.run(), "loop-lag")
         if self.config.tick > 0:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
@@ -436,38 +425,6 @@ class Replica:
                 self.books.expire()
                 self.servicer.request_grant()
 
-    async def _keep_ledger(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.ledger_interval)
-            await self._save_ledger()
-            await self._save_profiles()
-
-    async def _save_profiles(self) -> None:
-        """Saves the application profiles if they changed; the file is written off the loop."""
-        store = self.profiles
-        version = store.version
-        if version == store.saved_version:
-            return
-        try:
-            await asyncio.to_thread(store.write, store.snapshot())
-        except OSError as exc:
-            log.warning("cannot save the application profiles to %s: %s", store.path, exc)
-        else:
-            store.saved_version = version
-
-    async def _save_ledger(self) -> None:
-        """Saves the jobs' counters if they changed; the file is written off the loop."""
-        version = self.table.counters_version
-        if version == self.ledger.saved_version:
-            return
-        snapshot = self.ledger.snapshot(self.table)
-        try:
-            await asyncio.to_thread(self.ledger.write, snapshot)
-        except OSError as exc:
-            log.warning("cannot save the jobs' counters to %s: %s", self.ledger.path, exc)
-        else:
-            self.ledger.saved_version = version
-
     async def stop(self, grace: float = 1.0) -> None:
         if not self._started or self._stopped.is_set():
             return
@@ -481,8 +438,8 @@ class Replica:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self._save_ledger()
-        await self._save_profiles()
+        await save_changes(self.ledger)
+        await save_changes(self.profiles)
         if self.peer_sync is not None:
             await self.peer_sync.close()
         self._stopped.set()

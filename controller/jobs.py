@@ -273,7 +273,9 @@ class JobTable:
     """Jobs and sessions of one replica.
 
     ``changed`` fires at every mutation that may change a decision;
-    ``io_changed`` when a job enters or leaves its I/O phase (S(t) changes).
+    ``io_changed(job, in_io, now)`` when a job enters or leaves its I/O phase (S(t)
+    changes: the peer exchange, the application profiles); ``job_added(job)`` with each
+    job new to the table (the ledger carries its saved counters in).
 
     Bounded: at most ``max_jobs`` jobs (a new job beyond it takes the place of the job
     inactive the longest, and is refused with ``LimitError`` when every job is active) and
@@ -298,8 +300,9 @@ class JobTable:
         self.max_open_ops = max_open_ops
         # Inactive jobs, the longest inactive first: who makes room in a full table.
         self._inactive: dict[str, None] = {}
-        self.changed = Signal()
-        self.io_changed = Signal()
+        self.changed: Signal[[]] = Signal()
+        self.io_changed: Signal[[JobState, bool, float]] = Signal()
+        self.job_added: Signal[[JobState]] = Signal()
         self.jobs: dict[str, JobState] = {}
         self.sessions: dict[int, SessionState] = {}
         self._next_sid = 1
@@ -314,12 +317,8 @@ class JobTable:
         self.drained_total = 0  # bytes drain streams copied to the PFS since start (/metrics)
         # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
         self.registered: dict[str, JobMeta] = {}
-        # Called with each job new to the table (the ledger carries its saved counters in).
-        self.on_new_job: Callable[[JobState], None] | None = None
         self.counters_version = 0  # bumped whenever a job's counters change
         self.counted: set[str] = set()  # jobs whose counters changed since the ledger looked
-        # Called with (job, in_io, now) whenever a job starts or ends an I/O phase (profiles).
-        self.on_phase: Callable[[JobState, bool, float], None] | None = None
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
@@ -327,10 +326,17 @@ class JobTable:
 
     # -- sessions -------------------------------------------------------------
     def open_session(
-        self, meta: JobMeta, client_id: str, host: str, *, drain: bool = False
+        self,
+        meta: JobMeta,
+        client_id: str,
+        host: str,
+        *,
+        drain: bool = False,
+        outbox: Outbox | None = None,
     ) -> SessionState:
         """Opens a session with the metadata it was admitted with (``controller/trust.py``
-        decides who may join which job). ``drain``: a drain stream (`SessionState.drain`).
+        decides who may join which job). ``drain``: a drain stream (`SessionState.drain`);
+        ``outbox``: where the scheduler offers its allocations (its gRPC stream).
 
         A registered job's metadata is the registration's. An unregistered job's is the most
         conservative claim of its live sessions (fewest nodes, lowest priority; user and
@@ -347,8 +353,7 @@ class JobTable:
             self._make_room()
             job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
             self._next_job += 1
-            if self.on_new_job is not None:
-                self.on_new_job(job)
+            self.job_added(job)
         else:
             job.status = JobStatus.ACTIVE
             job.inactive_since = None
@@ -362,6 +367,7 @@ class JobTable:
             last_heard=now,
             claim=claim,
             drain=drain,
+            outbox=outbox,
         )
         self._next_sid += 1
         self.sessions[session.sid] = session
@@ -461,9 +467,7 @@ class JobTable:
 
     def _update_phase(self, job: JobState, now: float) -> None:
         if job.update_phase(now):
-            if self.on_phase is not None:
-                self.on_phase(job, job.in_io(), now)
-            self.io_changed()
+            self.io_changed(job, job.in_io(), now)
 
     # -- client events --------------------------------------------------------
     def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:

@@ -382,9 +382,10 @@ class PeerSync:
             link.replica_id for link in self.links if link.replica_id is not None
         )
 
-    def poke(self) -> None:
-        """The local S(t) changed (a job started or ended an I/O phase): exchange soon,
-        not at the end of the interval, so peers learn of it within about λ/4."""
+    def poke(self, *_change: object) -> None:
+        """The local S(t) changed (a job started or ended an I/O phase: the table's
+        ``io_changed``): exchange soon, not at the end of the interval, so peers learn of it
+        within about λ/4."""
         if self._wake is not None:
             self._wake.set()
 

@@ -512,8 +512,7 @@ class ControllerServicer:
             self.admit(client)
             meta = self._admit(meta, context)
             stream = SessionStream(self.replica_id, self.max_notices, self.table.clock)
-            session = self.table.open_session(meta, client_id, host, drain=drain)
-            session.outbox = stream
+            session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
             self.streams[session.sid] = stream
             if buffer is not None:
                 self._open_holder(session, buffer)

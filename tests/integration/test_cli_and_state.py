@@ -140,10 +140,12 @@ async def test_corrupt_state_file_is_reported_and_kept(tmp_path: Path, caplog) -
     await svc.start()
     try:
         assert svc.slot.name == "fair-share"
-        assert "not valid burstctl state" in caplog.text
+        kept = tmp_path / "state.json.unreadable-1"
+        assert str(tmp_path / "state.json") in caplog.text
+        assert f"kept aside as {kept}" in caplog.text
     finally:
         await svc.stop(grace=0)
-    assert (tmp_path / "state.json").read_text() == "{not json"
+    assert kept.read_text() == "{not json"
 
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "controller.toml"

@@ -222,7 +222,7 @@ def test_a_dead_peers_column_is_held_until_its_leases_expire(tmp_path: Path) -> 
 def test_table_signals_only_when_a_job_enters_or_leaves_io() -> None:
     jobs = JobTable(lambda: 0.0, heartbeat_timeout=3.0, job_retention=60.0, demand_headroom=1.1)
     flips: list[int] = []
-    jobs.io_changed.connect(lambda: flips.append(1))
+    jobs.io_changed.connect(lambda job, in_io, now: flips.append(1))
     s = jobs.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
     assert flips == []
     jobs.post(s, 1, OpKind.WRITE, 0)
