@@ -98,7 +98,7 @@ def controller(config_file: Path | None, **flags: str | Path | float | None) -> 
     try:
         config = load_config(config_file, **flags)
         replica = build_replica(config)
-    except (ConfigError, KeyError, ValueError) as exc:
+    except (ConfigError, KeyError, OSError, ValueError) as exc:  # OSError: a credential file
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

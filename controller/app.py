@@ -23,7 +23,6 @@ import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1.health import aio as health_aio
 
-from burstctl.common.channels import ChannelSecurity, read_secret
 from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.advice import JobInput, Resource
 from burstctl.controller.capacity import CapacityBooks
@@ -37,7 +36,7 @@ from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
 from burstctl.controller.state import PolicySlot, RegisteredJob, StateStore
-from burstctl.controller.trust import ClientTrust, Gate, UnregisteredLimits
+from burstctl.controller.trust import UnregisteredLimits, load_credentials
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
 log = logging.getLogger(__name__)
@@ -79,9 +78,9 @@ class Replica:
         )
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
-        # Credentials are read in start(), so a missing file fails there, as a port does.
-        self.gate: Gate | None = None
-        self.peer_security = ChannelSecurity()
+        # Read now, before anything listens: a file that cannot be used fails the build.
+        self.credentials = load_credentials(config)
+        self.gate = self.credentials.gate
         if config.peers:
             self.peer_sync = PeerSync(
                 self.table,
@@ -95,7 +94,7 @@ class Replica:
                 lease=config.lease,
                 keep=config.fallback_grace,
                 clock=clock,
-                security=lambda: self.peer_security,
+                security=self.credentials.peers,
             )
             self.peer_servicer = PeerServicer(
                 self.peer_sync.membership,
@@ -133,6 +132,7 @@ class Replica:
             max_notices=config.max_notices,
             retry_after=config.retry_after,
             shed_loop_lag=config.shed_loop_lag,
+            gate=self.gate,
             unregistered=UnregisteredLimits(
                 max_nodes=config.max_unregistered_nodes,
                 max_priority=config.max_unregistered_priority,
@@ -322,11 +322,10 @@ class Replica:
             token = admin_token(self.config)
         except (OSError, TokenError) as exc:
             raise OSError(f"REST admin token: {exc}") from None
-        server_credentials = self._load_credentials()
+        server_credentials = self.credentials.server
         http = HttpServer(build_app(self, token), self.config.http_listen, self.config.log_level)
         await http.start()  # first: a taken port fails before anything else runs
         self.http = http
-        assert self.gate is not None
         server = grpc.aio.server(
             interceptors=[self.gate.interceptor()],
             options=[
@@ -373,36 +372,6 @@ class Replica:
             self.config.capacity,
         )
         log.info("controller %s serving REST on %s", self.config.replica_id, self.http_url)
-
-    def _load_credentials(self) -> grpc.ServerCredentials | None:
-        """Reads the secret and certificates (docs/security.md); the server's TLS credentials,
-        None for plaintext. OSError naming the file when one cannot be used."""
-        cfg = self.config
-        try:
-            secret = read_secret(cfg.grpc_secret_file) if cfg.grpc_secret_file else None
-            self.gate = Gate(
-                secret=secret,
-                mutual_tls=cfg.grpc_tls_client_ca is not None,
-                client_trust=ClientTrust(cfg.effective_client_trust),
-            )
-            self.servicer.gate = self.gate
-            if cfg.grpc_tls_cert is None or cfg.grpc_tls_key is None:
-                self.peer_security = ChannelSecurity(secret=secret)
-                return None
-            mutual = cfg.grpc_tls_client_ca is not None
-            self.peer_security = ChannelSecurity.load(
-                tls_ca=cfg.grpc_tls_ca or cfg.grpc_tls_client_ca,
-                tls_cert=cfg.grpc_tls_cert if mutual else None,
-                tls_key=cfg.grpc_tls_key if mutual else None,
-                secret=secret,
-            )
-            cert, key = cfg.grpc_tls_cert.read_bytes(), cfg.grpc_tls_key.read_bytes()
-            client_ca = cfg.grpc_tls_client_ca.read_bytes() if mutual else None
-        except (OSError, ValueError) as exc:
-            raise OSError(f"gRPC credentials: {exc}") from None
-        return grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=client_ca, require_client_auth=mutual
-        )
 
     def _spawn(self, coro: Any, name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"controller-{name}"))
@@ -463,7 +432,7 @@ class Replica:
             "refused_sessions": self.servicer.refused,
             "denied_sessions": self.servicer.denied,
             "loop_lag_peak_s": self.servicer.lag.peak,
-            "unauthenticated_calls": self.gate.refused if self.gate is not None else 0,
+            "unauthenticated_calls": self.gate.refused,
             "decisions": st.decisions,
             "pushes": st.pushes,
             "pushes_start": st.pushes_start,
