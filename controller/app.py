@@ -25,7 +25,7 @@ from grpc_health.v1.health import aio as health_aio
 
 from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.advice import JobInput, Resource
-from burstctl.controller.capacity import CapacityBooks
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.jobs import JobMeta, JobStatus, JobTable
 from burstctl.controller.ledger import Ledger
@@ -105,7 +105,7 @@ class Replica:
             )
         # The burst buffer's books (docs/capacity.md): S per replica; without --bb-capacity
         # they still hold the mounts' reports (GET /v1/capacity) and grant no space.
-        self.books = CapacityBooks(
+        self.books = BufferBooks(
             config.bb_capacity,
             config.pfs_bandwidth,
             clock=clock,

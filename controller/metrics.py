@@ -61,7 +61,7 @@ from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from burstctl.controller.capacity import JobBuffer
+from burstctl.controller.buffer import JobBuffer
 from burstctl.controller.jobs import JobState, JobStatus
 from burstctl.policies.view import job_cap
 

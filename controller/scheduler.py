@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from burstctl.common.limits import MIN_RATE
-from burstctl.controller.capacity import CapacityBooks
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable, SessionState, WindowsOutbox
 from burstctl.controller.signal import Signal
@@ -115,10 +115,10 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         timer: Timer | None = None,
         observe_latency: Callable[[float], None] | None = None,
-        books: CapacityBooks | None = None,
+        books: BufferBooks | None = None,
     ) -> None:
         self.table = table
-        # The burst buffer's books (controller/capacity.py): SystemView.buffer, when S is set.
+        # The burst buffer's books (controller/buffer.py): SystemView.buffer, when S is set.
         self.books = books
         self.slot = slot  # the active policy: its one live instance decides
         self.config = config

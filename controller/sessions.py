@@ -44,7 +44,7 @@ from burstctl.common.limits import (
     identifier_problem,
     period_problem,
 )
-from burstctl.controller.capacity import CapacityBooks
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.jobs import (
     Counters,
     JobMeta,
@@ -405,10 +405,10 @@ class ControllerServicer:
         shed_loop_lag: float = DEFAULT_SHED_LOOP_LAG,
         gate: Gate | None = None,
         unregistered: UnregisteredLimits | None = None,
-        books: CapacityBooks | None = None,
+        books: BufferBooks | None = None,
     ) -> None:
         self.table = table
-        # The burst buffer's books (controller/capacity.py): Buffer reports and space grants.
+        # The burst buffer's books (controller/buffer.py): Buffer reports and space grants.
         self.books = books
         self._grant_soon = False
         self.replica_id = replica_id
