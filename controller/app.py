@@ -27,14 +27,15 @@ from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.advice import JobInput, Resource
 from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.jobs import JobMeta, JobStatus, JobTable
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.profiles import PhaseRecorder, ProfileStore, app_key
+from burstctl.controller.records import JobMeta, JobStatus
 from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
 from burstctl.controller.scheduler import Scheduler
-from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
+from burstctl.controller.servicer import SERVICE_NAME, ControllerServicer
 from burstctl.controller.state import PolicySlot, RegisteredJob, StateStore
 from burstctl.controller.trust import UnregisteredLimits, load_credentials
 from burstctl.policies.registry import PolicyRegistry, default_registry

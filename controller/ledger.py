@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Any
 
 from burstctl.common.files import DurableFile
-from burstctl.controller.jobs import Counters, JobState, JobTable
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import Counters, JobState
 
 log = logging.getLogger(__name__)
 

@@ -62,7 +62,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from burstctl.controller.buffer import JobBuffer
-from burstctl.controller.jobs import JobState, JobStatus
+from burstctl.controller.records import JobState, JobStatus
 from burstctl.policies.view import job_cap
 
 if TYPE_CHECKING:

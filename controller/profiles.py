@@ -36,7 +36,8 @@ from pathlib import Path
 from typing import Any
 
 from burstctl.common.files import DurableFile
-from burstctl.controller.jobs import JobMeta, JobState, JobTable
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta, JobState
 
 log = logging.getLogger(__name__)
 

@@ -49,8 +49,8 @@ from burstctl.common.limits import (
 from burstctl.controller.advice import Advice, JobInput, advise_all, advise_one
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.dashboard import mount_dashboard
-from burstctl.controller.jobs import JobMeta, JobState, JobStatus
 from burstctl.controller.profiles import MAX_REPLICA_COUNT
+from burstctl.controller.records import JobMeta, JobState, JobStatus
 from burstctl.controller.state import ActivePolicy
 from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError
 from burstctl.policies.view import job_cap

@@ -43,7 +43,8 @@ import grpc
 
 from burstctl.common.channels import SECRET_KEY, SECRET_SCHEME, ChannelSecurity, read_secret
 from burstctl.controller.config import ControllerConfig
-from burstctl.controller.jobs import JobMeta, JobTable
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta
 
 log = logging.getLogger(__name__)
 

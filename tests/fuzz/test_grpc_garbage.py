@@ -40,7 +40,7 @@ from hypothesis import strategies as st
 from support import ControllerProcess
 
 from burstctl.controller.peers import PEER_SERVICE_NAME
-from burstctl.controller.sessions import SERVICE_NAME
+from burstctl.controller.servicer import SERVICE_NAME
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import peer_pb2
 

@@ -15,7 +15,7 @@ from support import async_wait_until
 from test_protocol import RawSession, hello, post
 
 from burstctl.controller.app import Replica
-from burstctl.controller.jobs import JobMeta
+from burstctl.controller.records import JobMeta
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 MiB = 1 << 20

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from burstctl.controller.jobs import JobTable, ProtocolError
-from burstctl.controller.sessions import validate_hello
+from burstctl.controller.messages import validate_hello
 from burstctl.policies.view import Periodic
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 

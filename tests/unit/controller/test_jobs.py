@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from burstctl.controller.jobs import JobMeta, JobStatus, JobTable, OpKind, ProtocolError
+from burstctl.controller.jobs import JobTable, ProtocolError
+from burstctl.controller.records import JobMeta, JobStatus, OpKind
 
 MiB = float(1 << 20)
 B, b = 40 * MiB, 8 * MiB

@@ -6,8 +6,9 @@ from pathlib import Path
 
 from support.clock import FakeClock
 
-from burstctl.controller.jobs import Counters, JobMeta, JobTable
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import LEDGER_FILE, Ledger
+from burstctl.controller.records import Counters, JobMeta
 
 
 def table(clock: FakeClock | None = None, retention: float = 300) -> JobTable:

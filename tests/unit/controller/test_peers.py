@@ -19,7 +19,7 @@ from digests import FULL_DIGEST
 from support import async_wait_until
 
 from burstctl.controller.digest import Digest, JobDigest, to_proto
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
 from burstctl.controller.peers import (
     EARLY_GAP,
@@ -29,6 +29,7 @@ from burstctl.controller.peers import (
     PeerSync,
     _decode_digest,
 )
+from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.decision import Share, blend
 from burstctl.policies.registry import default_registry

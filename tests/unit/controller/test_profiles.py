@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from support.clock import FakeClock
 
-from burstctl.controller.jobs import Counters, JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.profiles import (
     PROFILES_FILE,
     AppProfile,
@@ -16,6 +16,7 @@ from burstctl.controller.profiles import (
     ProfileStore,
     app_name,
 )
+from burstctl.controller.records import Counters, JobMeta, OpKind
 
 
 def test_app_name_is_the_registered_app_else_the_job_id_prefix() -> None:

@@ -13,8 +13,10 @@ from support import async_wait_until
 
 from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.config import ConfigError, load_config
-from burstctl.controller.jobs import JobMeta, JobTable, LimitError, OpKind
-from burstctl.controller.sessions import ControllerServicer, LoopLag, SessionStream, client_host
+from burstctl.controller.jobs import JobTable, LimitError
+from burstctl.controller.outbox import StreamOutbox
+from burstctl.controller.records import JobMeta, OpKind
+from burstctl.controller.servicer import ControllerServicer, LoopLag, client_host
 
 
 class Clock:
@@ -37,7 +39,7 @@ def table(clock: Clock, **limits: int) -> JobTable:
 
 
 async def test_notices_beyond_the_bound_are_counted_and_summarised() -> None:
-    stream = SessionStream("r", max_notices=3)
+    stream = StreamOutbox("r", max_notices=3)
     for i in range(10):
         stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", f"no open operation {i}")
         assert stream.queued_notices <= 3
@@ -59,7 +61,7 @@ async def test_notices_beyond_the_bound_are_counted_and_summarised() -> None:
 
 
 async def test_a_drained_stream_waits_instead_of_repeating_the_summary() -> None:
-    stream = SessionStream(max_notices=1)
+    stream = StreamOutbox(max_notices=1)
     stream.error(grpc.StatusCode.NOT_FOUND, "f", "a")
     stream.error(grpc.StatusCode.NOT_FOUND, "f", "b")
     assert (await stream.next()) is not None
@@ -152,12 +154,12 @@ def test_admission_counts_open_streams_in_total_and_per_host() -> None:
         table(Clock()), max_op_volume=1, max_sessions=3, max_sessions_per_client=2
     )
     servicer.admit("10.0.0.1")
-    servicer.streams = {1: SessionStream(), 2: SessionStream()}
+    servicer.streams = {1: StreamOutbox(), 2: StreamOutbox()}
     servicer._per_client = {"10.0.0.1": 2}
     with pytest.raises(LimitError, match=r"10\.0\.0\.1 is at its session limit"):
         servicer.admit("10.0.0.1")
     servicer.admit("10.0.0.2")
-    servicer.streams[3] = SessionStream()
+    servicer.streams[3] = StreamOutbox()
     with pytest.raises(LimitError, match="max_sessions = 3") as info:
         servicer.admit("10.0.0.2")
     assert info.value.retry
@@ -241,7 +243,7 @@ def test_expiry_forgives_the_controllers_own_lag() -> None:
 
 
 async def test_a_graceful_end_first_tells_what_is_queued() -> None:
-    stream = SessionStream(max_notices=2)
+    stream = StreamOutbox(max_notices=2)
     for i in range(5):
         stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", f"operation {i} is not open")
     stream.end()  # the client half-closed: OK
@@ -256,7 +258,7 @@ async def test_a_graceful_end_first_tells_what_is_queued() -> None:
 
 
 async def test_an_abort_drops_what_is_queued() -> None:
-    stream = SessionStream(max_notices=2)
+    stream = StreamOutbox(max_notices=2)
     stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", "operation 1 is not open")
     stream.end(grpc.StatusCode.INVALID_ARGUMENT, "usage.bytes: must be >= 0")
     assert await stream.next() is None
