@@ -75,7 +75,6 @@ class Ledger:
 
     def __init__(self, state_dir: Path, table: JobTable) -> None:
         self.file = DurableFile(state_dir / LEDGER_FILE, "the jobs' counters")
-        self.path = self.file.path
         self._table = table
         self._clock = table.clock
         # job id -> (counters, booked session totals) saved by the previous run
@@ -85,6 +84,10 @@ class Ledger:
         # the counters of the table's jobs as last snapshotted: job id -> (counters, booked)
         self._entries: Carried = {}
         table.job_added.connect(self.restore)
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
     @property
     def version(self) -> int:

@@ -228,6 +228,16 @@ class Membership:
             out[self.self_id] = self_digest
         return [out[rid] for rid in sorted(out)]
 
+    def holders(self, wanted: set[str] | None = None) -> dict[str, list[ReplicaId]]:
+        """Job id -> the live peers whose last digest lists it, for the ``wanted`` jobs (None:
+        every job); one pass over the digests, not one per job."""
+        where: dict[str, list[ReplicaId]] = {}
+        for d in self.digests():
+            ids = d.jobs.job_id if wanted is None else wanted.intersection(d.jobs.job_id)
+            for job_id in ids:
+                where.setdefault(job_id, []).append(d.replica_id)
+        return where
+
     def elected(self, self_digest: Digest) -> Digest:
         """The digest whose policy every replica enforces: the highest
         ``(policy_version, policy_origin)`` among the live digests and ``self_digest``."""

@@ -142,11 +142,14 @@ class ProfileStore:
             if state_dir is not None
             else None
         )
-        self.path = self.file.path if self.file is not None else None
         self.max_keys = max_keys
         self._profiles: OrderedDict[AppKey, AppProfile] = OrderedDict()
         self.version = 0  # bumped at every change
         self.saved_version = 0
+
+    @property
+    def path(self) -> Path | None:
+        return self.file.path if self.file is not None else None
 
     def __len__(self) -> int:
         return len(self._profiles)

@@ -129,7 +129,7 @@ class ControllerServicer:
         self.max_notices = max_notices
         self.retry_after = retry_after
         self.shed_loop_lag = shed_loop_lag
-        self.lag = LoopLag()  # probed by the replica (app.py); read by admit()
+        self.lag = LoopLag()  # its probe runs as a task of the replica; read by admit()
         # Who may open a session for which job (controller/trust.py, docs/security.md).
         self.gate = gate or Gate(secret=None, mutual_tls=False, client_trust=ClientTrust.OPEN)
         self.unregistered = unregistered or UnregisteredLimits(
@@ -189,6 +189,51 @@ class ControllerServicer:
         stream = self.streams.get(session.sid)
         if stream is not None:
             stream.end(code, details)
+
+    def end_foreign_sessions(self, meta: JobMeta) -> None:
+        """Ends the sessions of ``meta``'s job whose user is not ``meta.user`` (a registration
+        gave the job to that user, docs/security.md): they reconnect and are refused, so
+        their I/O goes to their own default job."""
+        job = self.table.jobs.get(meta.job_id)
+        for session in list(job.sessions.values()) if job is not None else ():
+            claim = session.claim
+            if claim is not None and claim.user != meta.user:
+                log.warning(
+                    "job %s registered to %s: ending session %d of user %s",
+                    meta.job_id,
+                    meta.user,
+                    session.sid,
+                    claim.user,
+                )
+                self.kill(
+                    session,
+                    f"hello.user: job {meta.job_id!r} is now registered to another user",
+                    grpc.StatusCode.PERMISSION_DENIED,
+                )
+                self.table.close_session(session)
+
+    async def reap(self) -> None:
+        """Closes the sessions silent for the table's heartbeat timeout and ends their
+        streams; drops the buffer's parked residents past their retention. Runs until
+        cancelled."""
+        table = self.table
+        period = min(1.0, table.heartbeat_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            # Silence the controller caused itself (its loop lagging: messages unread) is no
+            # client's fault: forgiven, so that overload does not close sessions.
+            for session in table.expire(grace=self.lag.value):
+                log.warning(
+                    "session %d of job %s: no heartbeat for %.1fs, closed",
+                    session.sid,
+                    session.job.job_id,
+                    table.heartbeat_timeout,
+                )
+                self.kill(session, "no heartbeat within the timeout")
+            books = self.books
+            if books is not None and books.parked:  # parked residents past the retention
+                books.expire()
+                self.request_grant()
 
     def _admit(self, meta: JobMeta, context: grpc.aio.ServicerContext) -> JobMeta:
         vouched = self.gate.vouched(context.invocation_metadata())

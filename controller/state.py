@@ -87,10 +87,12 @@ class StateStore:
     """``state.json`` of one replica; ``state`` is what was last loaded or saved."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.dir = state_dir
         self.file = DurableFile(state_dir / STATE_FILE, "the replica's state")
-        self.path = self.file.path
         self.state = ReplicaState()
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
     def load(self) -> ReplicaState:
         """Reads the file; a missing one, or an unreadable one (kept aside), is an empty
