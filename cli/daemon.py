@@ -34,8 +34,8 @@ import click
     "--bb-capacity",
     metavar="SIZE",
     help=(
-        "S, the burst buffer's capacity on this replica, e.g. 200MiB: mounts' writers wait for"
-        " space instead of filling it (docs/capacity.md) [default: no limit]."
+        "S, the size of the burst buffer on this replica, e.g. 200MiB: mounts' writers wait"
+        " for space instead of filling it (docs/capacity.md) [default: no limit]."
     ),
 )
 @click.option(
@@ -57,7 +57,10 @@ import click
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for durable state (active policy).",
+    help=(
+        "Directory for durable state: the active policy and registered jobs, the jobs'"
+        " counters, the application profiles (an unreadable file is kept aside)."
+    ),
 )
 @click.option("--replica-id", metavar="ID", help="Name of this replica [default: host name].")
 @click.option(

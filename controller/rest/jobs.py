@@ -149,22 +149,7 @@ def jobs_router(
             return None
         replicas = [replica_id] if state is not None else []
         replicas += peers.get(job_id, [])
-        if state is None:  # registered, no session yet: the counters' defaults
-            return dict(
-                job_id=job_id,
-                user=meta.user,
-                group=meta.group,
-                nodes=meta.nodes,
-                priority=meta.priority,
-                w=meta.w or None,
-                vol_io=meta.vol_io or None,
-                app=meta.app or None,
-                registered=True,
-                replicas=sorted(replicas),
-            )
-        cap = job_cap(meta.nodes, node_bandwidth, capacity)
-        elapsed = now - state.first_seen
-        return dict(
+        fields: dict[str, Any] = dict(
             job_id=job_id,
             user=meta.user,
             group=meta.group,
@@ -174,6 +159,13 @@ def jobs_router(
             vol_io=meta.vol_io or None,
             app=meta.app or None,
             registered=registered is not None,
+            replicas=sorted(replicas),
+        )
+        if state is None:  # registered, no session yet: the counters' defaults
+            return fields
+        cap = job_cap(meta.nodes, node_bandwidth, capacity)
+        elapsed = now - state.first_seen
+        fields.update(
             active=state.status is JobStatus.ACTIVE,
             in_io=state.in_io(),
             rate=sum(s.rate or 0.0 for s in state.sessions.values()),
@@ -184,9 +176,9 @@ def jobs_router(
             yield_=state.progress(now, cap) / elapsed if elapsed > 0 else None,
             wait_seconds=state.wait_seconds,
             sessions=len(state.sessions),
-            replicas=sorted(replicas),
             age_s=max(0.0, elapsed),
         )
+        return fields
 
     @router.get(
         "/v1/jobs",

@@ -134,8 +134,8 @@ def placement_router(
         """Placement advice ([DIST-IO]; docs/placement-live.md): for every registered job and
         every job with live sessions here, how many and which live replicas it should use,
         with the allocator and information level its profile allowed, and the I/O-load."""
-        # The inputs are gathered on the loop, the advice (pure, ~0.1 s for 1,000 jobs over
-        # 200 replicas) runs in a worker thread so that sessions are not held up.
+        # The inputs are gathered on the loop; the advice (pure, but long for a large
+        # cluster: docs/benchmarks.md) runs in a worker thread so sessions are not held up.
         advice = await asyncio.to_thread(
             advise_all,
             inputs.resources(),

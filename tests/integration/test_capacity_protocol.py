@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 import pytest
 from support import async_wait_until
-from test_protocol import RawSession, hello, post
+from support.grpc import RawSession, hello, post
 
 from burstctl.controller.app import Replica
 from burstctl.controller.records import JobMeta
