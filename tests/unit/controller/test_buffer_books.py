@@ -19,7 +19,9 @@ from burstctl.controller.buffer import BufferBooks
 
 MiB = 1 << 20
 S = 2 * MiB
-SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Sized by the hypothesis profile (tests/conftest.py): `ci` for make test, `thorough` for
+# make test-all.
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass
