@@ -52,8 +52,8 @@ def run(sessions: int, events: int, decisions: int, policy_name: str, seed: int)
     scheduler = Scheduler(table, slot, config, clock=lambda: now[0])
     sess = []
     for i in range(sessions):
-        s = table.open_session(JobMeta(f"j{i}", "u", "g", rng.choice([1, 2, 4, 8]), 1.0), "c", "h")
-        s.outbox = NullOutbox()
+        meta = JobMeta(f"j{i}", "u", "g", rng.choice([1, 2, 4, 8]), 1.0)
+        s = table.open_session(meta, "c", "h", outbox=NullOutbox())
         sess.append(s)
     open_op = [0] * sessions
     next_op = [0] * sessions

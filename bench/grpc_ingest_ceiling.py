@@ -20,7 +20,8 @@ import time
 
 import grpc
 
-from burstctl.controller.sessions import SERVICE_NAME, decode_client_message
+from burstctl.controller.messages import decode_client_message
+from burstctl.controller.servicer import SERVICE_NAME
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 

@@ -26,7 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from burstctl.controller.config import load_config
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.persched import jupiter_set
@@ -67,8 +68,7 @@ async def run(set_number: int, others: int, interval: float, offload: bool, seed
         scheduler._offloading = policy  # never given the offload: computes in the decision
     sessions = []
     for i in range(others):
-        s = table.open_session(JobMeta(f"o{i}", "u", "g", 1, 1.0), "c", "h")
-        s.outbox = NullOutbox()
+        s = table.open_session(JobMeta(f"o{i}", "u", "g", 1, 1.0), "c", "h", outbox=NullOutbox())
         sessions.append(s)
     loop_task = asyncio.get_running_loop().create_task(scheduler.run())
     lag: list[tuple[float, float]] = []  # (when, how late)
@@ -106,7 +106,7 @@ async def run(set_number: int, others: int, interval: float, offload: bool, seed
             w=app.w,
             vol_io=app.vol_io * 1e9,
         )
-        table.open_session(meta, "c", "h").outbox = NullOutbox()
+        table.open_session(meta, "c", "h", outbox=NullOutbox())
     deadline = started + 120
     while policy.installed is None and time.monotonic() < deadline:
         await asyncio.sleep(0.001)

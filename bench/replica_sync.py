@@ -70,9 +70,9 @@ from typing import Any
 from burstctl.controller import app
 from burstctl.controller.config import load_config
 from burstctl.controller.digest import Digest, JobDigest, build_digest, from_proto, to_proto
-from burstctl.controller.jobs import JobMeta, OpKind
 from burstctl.controller.membership import Membership
 from burstctl.controller.merge import Merged, merge, split_targets
+from burstctl.controller.records import JobMeta, OpKind
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import decide
 from burstctl.policies.registry import PolicyRegistry, default_registry

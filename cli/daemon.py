@@ -34,8 +34,8 @@ import click
     "--bb-capacity",
     metavar="SIZE",
     help=(
-        "S, the burst buffer's capacity on this replica, e.g. 200MiB: mounts' writers wait for"
-        " space instead of filling it (docs/capacity.md) [default: no limit]."
+        "S, the size of the burst buffer on this replica, e.g. 200MiB: mounts' writers wait"
+        " for space instead of filling it (docs/capacity.md) [default: no limit]."
     ),
 )
 @click.option(
@@ -57,7 +57,10 @@ import click
 @click.option(
     "--state-dir",
     type=click.Path(file_okay=False, path_type=Path),
-    help="Directory for durable state (active policy).",
+    help=(
+        "Directory for durable state: the active policy and registered jobs, the jobs'"
+        " counters, the application profiles (an unreadable file is kept aside)."
+    ),
 )
 @click.option("--replica-id", metavar="ID", help="Name of this replica [default: host name].")
 @click.option(
@@ -98,7 +101,7 @@ def controller(config_file: Path | None, **flags: str | Path | float | None) -> 
     try:
         config = load_config(config_file, **flags)
         replica = build_replica(config)
-    except (ConfigError, KeyError, ValueError) as exc:
+    except (ConfigError, KeyError, OSError, ValueError) as exc:  # OSError: a credential file
         raise click.ClickException(str(exc)) from None
     logging.basicConfig(
         level=config.log_level, format="%(asctime)s %(levelname)s %(name)s: %(message)s"

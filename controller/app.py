@@ -1,11 +1,11 @@
 """Composition root: ``build_replica(config)`` wires one controller replica.
 
-The ``Replica`` owns the state store, the policy slot, the job table, the
-scheduler, the gRPC server (controller, peer and standard health services), the
-REST server and the background tasks. Each part is given what it needs when it
-is built, and connects itself to the signals it must act on. ``start()`` and
-``stop()`` are idempotent; ``serve()`` runs start → wait for the exit flag →
-graceful stop. Only the CLI installs signal handlers.
+The ``Replica`` builds each part with what it needs, in dependency order, and
+starts and stops them; it holds no logic of its own. Each part connects itself to
+the signals it must act on. ``start()`` loads the durable stores, starts the REST
+server, the gRPC server and the background tasks; ``stop()`` stops them and saves
+the stores once more. Both are idempotent; ``serve()`` runs start → wait for the
+exit flag → graceful stop. Only the CLI installs signal handlers.
 """
 
 from __future__ import annotations
@@ -14,36 +14,35 @@ import asyncio
 import gc
 import json
 import logging
-import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from typing import Any
 
-import grpc
-from grpc_health.v1 import health_pb2, health_pb2_grpc
-from grpc_health.v1.health import aio as health_aio
-
-from burstctl.common.channels import ChannelSecurity, read_secret
-from burstctl.controller.advice import JobInput, Resource
-from burstctl.controller.capacity import CapacityBooks
+from burstctl.common.files import keep_saving, save_changes
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.jobs import JobMeta, JobState, JobStatus, JobTable
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
-from burstctl.controller.metrics import Metrics
+from burstctl.controller.metrics import LatencyHistogram, Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
-from burstctl.controller.profiles import AppKey, PhaseRecorder, ProfileStore, app_name
-from burstctl.controller.rest import HttpServer, TokenError, admin_token, build_app
+from burstctl.controller.placement import PlacementInputs
+from burstctl.controller.profiles import PhaseRecorder, ProfileStore
+from burstctl.controller.registrations import Registrations
+from burstctl.controller.rest import build_app
+from burstctl.controller.rest.auth import TokenError, admin_token
+from burstctl.controller.rest.server import HttpServer
 from burstctl.controller.scheduler import Scheduler
-from burstctl.controller.sessions import SERVICE_NAME, ControllerServicer
-from burstctl.controller.state import PolicySlot, RegisteredJob, StateError, StateStore
-from burstctl.controller.trust import ClientTrust, Gate, UnregisteredLimits
+from burstctl.controller.server import GrpcServer
+from burstctl.controller.servicer import SERVICE_NAME, ControllerServicer
+from burstctl.controller.state import PolicySlot, StateStore
+from burstctl.controller.trust import UnregisteredLimits, load_credentials
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
 log = logging.getLogger(__name__)
 
 
 class Replica:
-    """One controller replica."""
+    """One controller replica: its parts, as attributes, and their life cycle."""
 
     def __init__(
         self,
@@ -68,21 +67,12 @@ class Replica:
             max_jobs=config.max_jobs,
             max_open_ops=config.max_open_ops,
         )
-        self.ledger = Ledger(config.state_dir, retention=config.job_retention, clock=clock)
-        self.table.on_new_job = self.ledger.restore
-        # What applications did in their I/O phases: the input of placement advice.
-        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
-        self.table.on_phase = PhaseRecorder(
-            self.profiles,
-            key_of=self.app_key,
-            count_of=lambda job_id: len(self.presence({job_id}).get(job_id, ())),
-            bytes_of=lambda job: job.counters.bytes,
-        )
+        self.ledger = Ledger(config.state_dir, self.table)
+        # Read now, before anything listens: a file that cannot be used fails the build.
+        self.credentials = load_credentials(config)
+        self.gate = self.credentials.gate
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
-        # Credentials are read in start(), so a missing file fails there, as a port does.
-        self.gate: Gate | None = None
-        self.peer_security = ChannelSecurity()
         if config.peers:
             self.peer_sync = PeerSync(
                 self.table,
@@ -96,7 +86,7 @@ class Replica:
                 lease=config.lease,
                 keep=config.fallback_grace,
                 clock=clock,
-                security=lambda: self.peer_security,
+                security=self.credentials.peers,
             )
             self.peer_servicer = PeerServicer(
                 self.peer_sync.membership,
@@ -107,7 +97,7 @@ class Replica:
             )
         # The burst buffer's books (docs/capacity.md): S per replica; without --bb-capacity
         # they still hold the mounts' reports (GET /v1/capacity) and grant no space.
-        self.books = CapacityBooks(
+        self.books = BufferBooks(
             config.bb_capacity,
             config.pfs_bandwidth,
             clock=clock,
@@ -115,14 +105,14 @@ class Replica:
             min_chunk=config.bb_min_grant,
             horizon=config.bb_grant_horizon,
         )
-        self.metrics = Metrics(self)
+        latency = LatencyHistogram(config.replica_id)
         self.scheduler = Scheduler(
             self.table,
             self.slot,
             config,
             peers=self.peer_sync,
             clock=clock,
-            observe_latency=self.metrics.decision_latency.observe,
+            observe_latency=latency.observe,
             books=self.books,
         )
         self.servicer = ControllerServicer(
@@ -134,25 +124,59 @@ class Replica:
             max_notices=config.max_notices,
             retry_after=config.retry_after,
             shed_loop_lag=config.shed_loop_lag,
+            gate=self.gate,
             unregistered=UnregisteredLimits(
                 max_nodes=config.max_unregistered_nodes,
                 max_priority=config.max_unregistered_priority,
             ),
             books=self.books,
         )
-        self.http: HttpServer | None = None
+        self.registrations = Registrations(self.table, self.store, self.servicer)
+        handlers = [self.servicer.rpc_handlers()]
+        if self.peer_servicer is not None:
+            handlers.append(self.peer_servicer.rpc_handlers())
+        self.grpc = GrpcServer(
+            config.grpc_listen,
+            self.credentials,
+            handlers,
+            health_names=(SERVICE_NAME,),
+            max_message_bytes=config.max_message_bytes,
+        )
+        # What applications did in their I/O phases: the input of placement advice.
+        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
+        self.placement = PlacementInputs(
+            config.replica_id,
+            config.capacity,
+            table=self.table,
+            profiles=self.profiles,
+            grpc=self.grpc,
+            peers=self.peer_sync,
+        )
+        self.phases = PhaseRecorder(self.profiles, self.table, count_of=self.placement.count)
+        self.metrics = Metrics(
+            config,
+            latency,
+            table=self.table,
+            slot=self.slot,
+            scheduler=self.scheduler,
+            books=self.books,
+            servicer=self.servicer,
+            peers=self.peer_sync,
+            peer_servicer=self.peer_servicer,
+        )
+        self.http: HttpServer | None = None  # built at start, once the admin token is read
         self.ready = False  # gRPC serving and state loaded (GET /readyz)
-        self.health = health_aio.HealthServicer()
-        self.server: grpc.aio.Server | None = None
-        self.grpc_port: int | None = None
         self._tasks: list[asyncio.Task[None]] = []
         self._started = False
         self._stopped = asyncio.Event()
 
     @property
     def grpc_address(self) -> str:
-        host, _ = split_host_port(self.config.grpc_listen)
-        return f"{host}:{self.grpc_port}"
+        return self.grpc.address
+
+    @property
+    def grpc_port(self) -> int | None:
+        return self.grpc.port
 
     @property
     def http_url(self) -> str:
@@ -160,216 +184,51 @@ class Replica:
         assert self.http is not None and self.http.port is not None, "REST not started"
         return f"http://{host}:{self.http.port}"
 
-    def _resume_state(self) -> None:
-        carried = self.ledger.load()
-        if carried:
-            log.info("carried the counters of %d jobs from %s", carried, self.ledger.path)
-        try:
-            state = self.store.load()
-        except StateError as exc:
-            log.error("%s; starting with the configured policy and no registered jobs", exc)
-            return
-        loaded = self.profiles.load()
-        if loaded:
-            log.info("loaded %d application profiles from %s", loaded, self.profiles.path)
-        for job in state.jobs:
-            self.table.register(
-                JobMeta(
-                    job.job_id,
-                    job.user,
-                    job.group,
-                    job.nodes,
-                    job.priority,
-                    job.w,
-                    job.vol_io,
-                    app=job.app,
-                )
-            )
-        if state.jobs:
-            log.info("resumed %d registered jobs from %s", len(state.jobs), self.store.path)
+    def _load(self) -> None:
+        """The durable stores, as the previous run left them (an unreadable file is kept
+        aside and its store starts empty: common/files.py)."""
+        self.ledger.load()
+        state = self.store.load()
+        self.profiles.load()
+        self.registrations.resume(state)
         self.slot.resume(state)
-
-    def _save_jobs(self) -> None:
-        self.store.update(
-            jobs=[
-                RegisteredJob(
-                    job_id=m.job_id,
-                    user=m.user,
-                    group=m.group,
-                    nodes=m.nodes,
-                    priority=m.priority,
-                    w=m.w,
-                    vol_io=m.vol_io,
-                    app=m.app,
-                )
-                for m in sorted(self.table.registered.values(), key=lambda m: m.job_id)
-            ]
-        )
-
-    def register_job(self, meta: JobMeta) -> bool:
-        """Registers (or updates) a job's authoritative metadata, persisted; True if new.
-
-        If the state cannot be written the registration is not accepted: the
-        table is left as it was and the ``OSError`` propagates.
-        """
-        previous = self.table.registered.get(meta.job_id)
-        live = self.table.jobs.get(meta.job_id)
-        live_meta = live.meta if live is not None else None
-        self.table.register(meta)
-        try:
-            self._save_jobs()
-        except OSError:
-            self.table.registered.pop(meta.job_id, None)
-            if previous is not None:
-                self.table.registered[meta.job_id] = previous
-            if live_meta is not None:
-                self.table.set_meta(live_meta)
-            raise
-        log.info("job %s registered: %s", meta.job_id, meta)
-        # Sessions of another user lose the job (docs/security.md): ended, they reconnect
-        # and are refused, so their I/O goes to their own default job.
-        job = self.table.jobs.get(meta.job_id)
-        for session in list(job.sessions.values()) if job is not None else ():
-            claim = session.claim
-            if claim is not None and claim.user != meta.user:
-                log.warning(
-                    "job %s registered to %s: ending session %d of user %s",
-                    meta.job_id,
-                    meta.user,
-                    session.sid,
-                    claim.user,
-                )
-                self.servicer.kill(
-                    session,
-                    f"hello.user: job {meta.job_id!r} is now registered to another user",
-                    grpc.StatusCode.PERMISSION_DENIED,
-                )
-                self.table.close_session(session)
-        return previous is None
-
-    # -- placement advice (controller/advice.py) -------------------------------
-    def app_key(self, job: JobState | JobMeta) -> AppKey:
-        meta = job.meta if isinstance(job, JobState) else job
-        return app_name(meta.job_id, meta.app), meta.nodes
-
-    def placement_resources(self) -> list[Resource]:
-        """This replica and its live peers, with their gRPC addresses and capacities."""
-        out = [Resource(self.config.replica_id, self.advertised_address, self.config.capacity)]
-        sync = self.peer_sync
-        if sync is None:
-            return out
-        addresses = {
-            link.replica_id: link.address for link in sync.links if link.replica_id is not None
-        }
-        for rid in sync.membership.live_peers():
-            heard = sync.membership.last_heard(rid)
-            if heard is not None and rid in addresses:
-                out.append(Resource(rid, addresses[rid], heard[0].capacity))
-        return out
-
-    @property
-    def advertised_address(self) -> str:
-        """The gRPC address clients reach this replica at: the listen address, the host
-        name in place of a wildcard."""
-        host, _ = split_host_port(self.config.grpc_listen)
-        if host in ("0.0.0.0", "[::]", "::"):
-            host = socket.getfqdn()
-        return f"{host}:{self.grpc_port}"
-
-    def presence(self, wanted: set[str] | None = None) -> dict[str, list[str]]:
-        """Job id -> the replicas it has live sessions on (this one, and the live peers whose
-        last digest lists it), for the ``wanted`` jobs (None: every job)."""
-        where: dict[str, list[str]] = {}
-        for job_id, job in self.table.jobs.items():
-            if job.sessions and (wanted is None or job_id in wanted):
-                where[job_id] = [self.config.replica_id]
-        if self.peer_sync is not None:
-            for d in self.peer_sync.membership.digests():
-                ids = d.jobs.job_id if wanted is None else wanted.intersection(d.jobs.job_id)
-                for job_id in ids:
-                    where.setdefault(job_id, []).append(d.replica_id)
-        return where
-
-    def placement_jobs(self) -> list[JobInput]:
-        """The jobs advice is given for: registered ones and those with live sessions here,
-        each with what its application's profile knows."""
-        metas: dict[str, JobMeta] = dict(self.table.registered)
-        for job_id, job in self.table.jobs.items():
-            if job.status is JobStatus.ACTIVE and job.sessions:
-                metas.setdefault(job_id, job.meta)
-        return [self.job_input(metas[job_id]) for job_id in sorted(metas)]
-
-    def job_input(self, meta: JobMeta) -> JobInput:
-        profile = self.profiles.get(self.app_key(meta))
-        if profile is None or profile.phases == 0:
-            return JobInput(meta.job_id, meta.nodes)
-        return JobInput(
-            meta.job_id,
-            meta.nodes,
-            volume_per_phase=profile.volume_per_phase or None,
-            compute_seconds=profile.compute_seconds if profile.gaps else None,
-            phases=profile.phases,
-            bandwidth=dict(profile.bandwidth),
-        )
-
-    def retire_job(self, job_id: str) -> bool:
-        """Forgets a registration, persisted; False if the job was not registered."""
-        meta = self.table.registered.get(job_id)
-        if meta is None:
-            return False
-        self.table.retire(job_id)
-        try:
-            self._save_jobs()
-        except OSError:
-            self.table.register(meta)
-            raise
-        log.info("job %s retired", job_id)
-        return True
 
     async def start(self) -> None:
         if self._started:
             return
         self._started = True
-        self._resume_state()
+        self._load()
         try:
             token = admin_token(self.config)
         except (OSError, TokenError) as exc:
             raise OSError(f"REST admin token: {exc}") from None
-        server_credentials = self._load_credentials()
-        http = HttpServer(build_app(self, token), self.config.http_listen, self.config.log_level)
+        app = build_app(
+            self.config,
+            token,
+            ready=lambda: self.grpc.address if self.ready else None,
+            slot=self.slot,
+            table=self.table,
+            registrations=self.registrations,
+            placement=self.placement,
+            books=self.books,
+            scheduler=self.scheduler,
+            peers=self.peer_sync,
+            metrics=self.metrics,
+        )
+        http = HttpServer(app, self.config.http_listen, self.config.log_level)
         await http.start()  # first: a taken port fails before anything else runs
         self.http = http
-        assert self.gate is not None
-        server = grpc.aio.server(
-            interceptors=[self.gate.interceptor()],
-            options=[
-                ("grpc.so_reuseport", 0),  # fail loudly if the port is taken
-                ("grpc.keepalive_permit_without_calls", 1),
-                ("grpc.http2.min_recv_ping_interval_without_data_ms", 5000),
-                # a larger message is refused by gRPC with RESOURCE_EXHAUSTED (config.py)
-                ("grpc.max_receive_message_length", self.config.max_message_bytes),
-            ],
-        )
-        server.add_generic_rpc_handlers((self.servicer.rpc_handlers(),))
-        if self.peer_servicer is not None:
-            server.add_generic_rpc_handlers((self.peer_servicer.rpc_handlers(),))
-        health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         try:
-            if server_credentials is None:
-                self.grpc_port = server.add_insecure_port(self.config.grpc_listen)
-            else:
-                self.grpc_port = server.add_secure_port(self.config.grpc_listen, server_credentials)
-        except RuntimeError as exc:
+            await self.grpc.start()
+        except OSError:
             await http.stop()
-            raise OSError(f"cannot listen on {self.config.grpc_listen}: {exc}") from None
-        await server.start()
-        self.server = server
-        for name in ("", SERVICE_NAME):
-            await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
+            raise
         self._spawn(self.scheduler.run(), "scheduler")
         self._spawn(self.scheduler.renew_leases(), "lease-renewal")
-        self._spawn(self._reap(), "heartbeat-reaper")
-        self._spawn(self._keep_ledger(), "ledger")
+        self._spawn(self.servicer.reap(), "heartbeat-reaper")
+        self._spawn(
+            keep_saving((self.ledger, self.profiles), self.config.ledger_interval), "ledger"
+        )
         self._spawn(self.servicer.lag.run(), "loop-lag")
         if self.config.tick > 0:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
@@ -385,150 +244,30 @@ class Replica:
         )
         log.info("controller %s serving REST on %s", self.config.replica_id, self.http_url)
 
-    def _load_credentials(self) -> grpc.ServerCredentials | None:
-        """Reads the secret and certificates (docs/security.md); the server's TLS credentials,
-        None for plaintext. OSError naming the file when one cannot be used."""
-        cfg = self.config
-        try:
-            secret = read_secret(cfg.grpc_secret_file) if cfg.grpc_secret_file else None
-            self.gate = Gate(
-                secret=secret,
-                mutual_tls=cfg.grpc_tls_client_ca is not None,
-                client_trust=ClientTrust(cfg.effective_client_trust),
-            )
-            self.servicer.gate = self.gate
-            if cfg.grpc_tls_cert is None or cfg.grpc_tls_key is None:
-                self.peer_security = ChannelSecurity(secret=secret)
-                return None
-            mutual = cfg.grpc_tls_client_ca is not None
-            self.peer_security = ChannelSecurity.load(
-                tls_ca=cfg.grpc_tls_ca or cfg.grpc_tls_client_ca,
-                tls_cert=cfg.grpc_tls_cert if mutual else None,
-                tls_key=cfg.grpc_tls_key if mutual else None,
-                secret=secret,
-            )
-            cert, key = cfg.grpc_tls_cert.read_bytes(), cfg.grpc_tls_key.read_bytes()
-            client_ca = cfg.grpc_tls_client_ca.read_bytes() if mutual else None
-        except (OSError, ValueError) as exc:
-            raise OSError(f"gRPC credentials: {exc}") from None
-        return grpc.ssl_server_credentials(
-            [(key, cert)], root_certificates=client_ca, require_client_auth=mutual
-        )
-
-    def _spawn(self, coro: Any, name: str) -> None:
+    def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         self._tasks.append(asyncio.create_task(coro, name=f"controller-{name}"))
-
-    async def _reap(self) -> None:
-        period = min(1.0, self.config.heartbeat_timeout / 4)
-        while True:
-            await asyncio.sleep(period)
-            # Silence the controller caused itself (its loop lagging: messages unread) is no
-            # client's fault: forgiven, so that overload does not close sessions.
-            for session in self.table.expire(grace=self.servicer.lag.value):
-                log.warning(
-                    "session %d of job %s: no heartbeat for %.1fs, closed",
-                    session.sid,
-                    session.job.job_id,
-                    self.config.heartbeat_timeout,
-                )
-                self.servicer.kill(session, "no heartbeat within the timeout")
-            if self.books.parked:  # parked residents past the retention leave the books
-                self.books.expire()
-                self.servicer.request_grant()
-
-    async def _keep_ledger(self) -> None:
-        while True:
-            await asyncio.sleep(self.config.ledger_interval)
-            await self._save_ledger()
-            await self._save_profiles()
-
-    async def _save_profiles(self) -> None:
-        """Saves the application profiles if they changed; the file is written off the loop."""
-        store = self.profiles
-        version = store.version
-        if version == store.saved_version:
-            return
-        try:
-            await asyncio.to_thread(store.write, store.snapshot())
-        except OSError as exc:
-            log.warning("cannot save the application profiles to %s: %s", store.path, exc)
-        else:
-            store.saved_version = version
-
-    async def _save_ledger(self) -> None:
-        """Saves the jobs' counters if they changed; the file is written off the loop."""
-        version = self.table.counters_version
-        if version == self.ledger.saved_version:
-            return
-        snapshot = self.ledger.snapshot(self.table)
-        try:
-            await asyncio.to_thread(self.ledger.write, snapshot)
-        except OSError as exc:
-            log.warning("cannot save the jobs' counters to %s: %s", self.ledger.path, exc)
-        else:
-            self.ledger.saved_version = version
 
     async def stop(self, grace: float = 1.0) -> None:
         if not self._started or self._stopped.is_set():
             return
         self.ready = False
-        await self.health.enter_graceful_shutdown()
-        if self.server is not None:
-            await self.server.stop(grace)
+        await self.grpc.stop(grace)
         if self.http is not None:
             await self.http.stop()
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         self._tasks.clear()
-        await self._save_ledger()
-        await self._save_profiles()
+        await save_changes(self.ledger)
+        await save_changes(self.profiles)
         if self.peer_sync is not None:
             await self.peer_sync.close()
         self._stopped.set()
         log.info(
             "controller %s stopped; stats: %s",
             self.config.replica_id,
-            json.dumps(self.stats(), sort_keys=True),
+            json.dumps(self.metrics.stats(), sort_keys=True),
         )
-
-    def stats(self) -> dict[str, Any]:
-        """Counters since start, logged at stop and read by benchmarks (/metrics: metrics.py)."""
-        st = self.scheduler.stats
-        lat = sorted(st.latencies)
-
-        def pct(q: float) -> float:
-            return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
-
-        return {
-            "messages": self.servicer.messages,
-            "rejected_sessions": self.servicer.rejected,
-            "refused_sessions": self.servicer.refused,
-            "denied_sessions": self.servicer.denied,
-            "loop_lag_peak_s": self.servicer.lag.peak,
-            "unauthenticated_calls": self.gate.refused if self.gate is not None else 0,
-            "decisions": st.decisions,
-            "pushes": st.pushes,
-            "pushes_start": st.pushes_start,
-            "pushes_stop": st.pushes_stop,
-            "renewals": st.renewals,
-            "clamped": st.clamped,
-            "decision_p50_s": pct(0.50),
-            "decision_p99_s": pct(0.99),
-            "jobs": len(self.table.jobs),
-            "sessions": len(self.table.sessions),
-            "policy": self.slot.name,
-            "policy_version": self.slot.version,
-            **({"sync": self._sync_stats()} if self.peer_sync is not None else {}),
-        }
-
-    def _sync_stats(self) -> dict[str, Any]:
-        assert self.peer_sync is not None and self.peer_servicer is not None
-        return {
-            **self.peer_sync.stats(),
-            "digests_received": self.peer_servicer.received,
-            "digests_rejected": self.peer_servicer.rejected,
-        }
 
     async def serve(self, should_exit: asyncio.Event) -> None:
         await self.start()

@@ -37,7 +37,8 @@ from burstctl.common.limits import (
     MAX_TEXT,
     identifier_problem,
 )
-from burstctl.controller.jobs import JobStatus, JobTable
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobStatus
 from burstctl.policies.view import JobId, job_cap
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 

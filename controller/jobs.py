@@ -15,21 +15,29 @@ Demand (what a job can use right now):
   so that a job that asks for 5 MiB/s is given a little more than 5 and the rest
   goes to jobs that wait; if it then wants more it waits, and says so at once.
 
-The table is single-threaded (the controller's event loop) and does no I/O.
+The table is single-threaded (the controller's event loop) and does no I/O. What it
+keeps per job, session and operation is in ``controller/records.py``.
 """
 
 from __future__ import annotations
 
-import enum
 import logging
-from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable
 
 from burstctl.common.limits import DEFAULT_MAX_OPEN_OPS, MAX_JOBS
+from burstctl.controller.records import (
+    MAX_BOOKED_SESSIONS,
+    Counters,
+    JobMeta,
+    JobState,
+    JobStatus,
+    OpKind,
+    Outbox,
+    PostedOp,
+    SessionRecord,
+)
 from burstctl.controller.signal import Signal
-from burstctl.policies.accounting import JobAccount, job_view
-from burstctl.policies.schedule import Schedule
+from burstctl.policies.accounting import job_view
 from burstctl.policies.view import BufferView, JobView, Periodic, SystemView, job_cap
 
 log = logging.getLogger(__name__)
@@ -38,212 +46,6 @@ log = logging.getLogger(__name__)
 WAIT_FRACTION_HUNGRY = 0.02
 # Weight of the newest sample in the measured-rate EWMA.
 RATE_EWMA_ALPHA = 0.5
-
-
-class Outbox(Protocol):
-    """The session's stream, as the scheduler sees it."""
-
-    def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None: ...
-
-
-@runtime_checkable
-class WindowsOutbox(Protocol):
-    """An outbox that also carries a periodic pattern of windows (``Allocation.windows``);
-    one that does not gets the pattern's mean rate only."""
-
-    def offer_windows(
-        self, rate: float, burst: float, epoch: int, lease: float, policy: str, windows: Schedule
-    ) -> None: ...
-
-
-class OpKind(enum.Enum):
-    READ = "read"
-    WRITE = "write"
-    METADATA = "metadata"
-
-
-@dataclass(slots=True)
-class PostedOp:
-    """An operation a session posted and has not completed."""
-
-    op_id: int
-    kind: OpKind
-    volume: int  # 0 = unknown
-    posted_at: float
-    moved: int = 0  # bytes attributed to it so far
-
-
-@dataclass(frozen=True, slots=True)
-class Counters:
-    """What a job (or one session, cumulatively) moved: the accounting the admin views show."""
-
-    bytes: int = 0
-    bytes_read: int = 0
-    bytes_written: int = 0
-    ops: int = 0
-    metadata_ops: int = 0
-    wait_seconds: float = 0.0
-
-    def __add__(self, other: Counters) -> Counters:
-        return _combine(self, other, lambda x, y: x + y)
-
-    def beyond(self, booked: Counters) -> Counters:
-        """What these totals add to the totals ``booked`` before, per field (never < 0)."""
-        return _combine(self, booked, lambda x, y: max(x - y, 0))
-
-    def at_least(self, other: Counters) -> Counters:
-        return _combine(self, other, max)
-
-
-def _combine(a: Counters, b: Counters, op: Callable[[Any, Any], Any]) -> Counters:
-    return Counters(
-        bytes=op(a.bytes, b.bytes),
-        bytes_read=op(a.bytes_read, b.bytes_read),
-        bytes_written=op(a.bytes_written, b.bytes_written),
-        ops=op(a.ops, b.ops),
-        metadata_ops=op(a.metadata_ops, b.metadata_ops),
-        wait_seconds=op(a.wait_seconds, b.wait_seconds),
-    )
-
-
-# Sessions' booked totals a job remembers (one per client_id, least recently reporting
-# dropped first): a session that said Goodbye is forgotten at once (it reports no more), so
-# what stays is the live sessions and those that may reconnect after a broken stream.
-MAX_BOOKED_SESSIONS = 256
-
-
-@dataclass(slots=True)
-class JobMeta:
-    job_id: str
-    user: str
-    group: str
-    nodes: int
-    priority: float
-    # a periodic job's declared period (policy persched): compute s and bytes per iteration
-    w: float = 0.0  # 0: not declared
-    vol_io: float = 0.0
-    app: str = ""  # the application name of its profile (controller/profiles.py); "": none
-
-
-@dataclass(eq=False, slots=True)
-class SessionState:
-    """One client stream attached to a job."""
-
-    sid: int
-    job: JobState
-    client_id: str
-    host: str
-    opened_at: float
-    last_heard: float
-    ops: dict[int, PostedOp] = field(default_factory=dict)
-    reported_since_post: bool = False
-    idle_since: float | None = None  # when its last open operation completed
-    hungry: bool = False
-    measured_rate: float | None = None
-    signalled_rate: float | None = None  # the measured rate the table last signalled a change for
-    closed: bool = False
-    # allocation bookkeeping, owned by the scheduler
-    rate: float | None = None  # last rate pushed (None: nothing pushed yet)
-    offered: float = 0.0  # last rate handed to the outbox (an increase may be held back)
-    epoch: int = 0
-    pushed_at: float = 0.0
-    outbox: Outbox | None = None  # where the scheduler offers allocations
-    schedule: Schedule | None = None  # the pattern of windows last pushed with ``rate``
-    decided: int = 0  # number of the last decision that served it
-    claim: JobMeta | None = None  # the metadata its Hello was admitted with (controller/trust.py)
-    # A drain stream (Hello.purpose = DRAIN, docs/capacity.md): the job's copy from the burst
-    # buffer to the PFS. Not a session of ``job.sessions`` (no row, no phase, no fairness):
-    # one of ``job.drains``, its bytes booked as ``job.drained``.
-    drain: bool = False
-
-    def demand(self, cap: float, headroom: float) -> float:
-        if not self.ops or self.closed:
-            return 0.0
-        if self.hungry or not self.reported_since_post or self.measured_rate is None:
-            return cap
-        return min(cap, self.measured_rate * headroom)
-
-    def attribute(self, nbytes: int) -> dict[OpKind, int]:
-        """Assigns moved bytes to open operations, oldest first, up to their volume;
-        returns the bytes per operation kind.
-
-        ``ops`` is in post order (dicts keep insertion order); what is left over
-        goes to the newest operation.
-        """
-        ops = list(self.ops.values())
-        by_kind: dict[OpKind, int] = {}
-        for op in ops[:-1]:
-            take = min(max(0, op.volume - op.moved) if op.volume > 0 else nbytes, nbytes)
-            op.moved += take
-            nbytes -= take
-            if take:
-                by_kind[op.kind] = by_kind.get(op.kind, 0) + take
-        if ops:
-            ops[-1].moved += nbytes
-            by_kind[ops[-1].kind] = by_kind.get(ops[-1].kind, 0) + nbytes
-        return by_kind
-
-
-class JobStatus(enum.Enum):
-    ACTIVE = "active"  # at least one live session
-    INACTIVE = "inactive"  # no live session; removed after the retention time
-
-
-@dataclass(eq=False, slots=True, kw_only=True)
-class JobState(JobAccount):
-    """One job of the table: its metadata, sessions and counters, and the accounting
-    policies read (``JobAccount``: τ_i, phases, W_i^(done), V_i^(transferred))."""
-
-    meta: JobMeta
-    status: JobStatus = JobStatus.ACTIVE
-    inactive_since: float | None = None
-    sessions: dict[int, SessionState] = field(default_factory=dict)
-    # What the job moved, over its sessions and the controller's restarts (admin views
-    # and metrics only; the policies read JobAccount); ``booked`` holds each session's
-    # cumulative totals as last booked, by client_id (see ``JobTable.usage``).
-    counters: Counters = field(default_factory=Counters)
-    booked: dict[str, Counters] = field(default_factory=dict)
-    # Drain streams (docs/capacity.md) and the bytes they copied to the PFS, booked apart
-    # from the job's own I/O (``drain_booked``: each drain client's totals as last booked).
-    drains: dict[int, SessionState] = field(default_factory=dict)
-    drained: int = 0
-    drain_booked: dict[str, int] = field(default_factory=dict)
-
-    @property
-    def bytes_moved(self) -> int:
-        return self.counters.bytes
-
-    @property
-    def bytes_read(self) -> int:
-        return self.counters.bytes_read
-
-    @property
-    def bytes_written(self) -> int:
-        return self.counters.bytes_written
-
-    @property
-    def ops_moved(self) -> int:
-        return self.counters.ops
-
-    @property
-    def metadata_ops(self) -> int:
-        return self.counters.metadata_ops
-
-    @property
-    def wait_seconds(self) -> float:
-        return self.counters.wait_seconds
-
-    @property
-    def job_id(self) -> str:
-        return self.meta.job_id
-
-    def open_ops(self) -> Iterator[PostedOp]:
-        for s in self.sessions.values():
-            yield from s.ops.values()
-
-    def update_phase(self, now: float) -> bool:
-        """In I/O while any session has an open operation; True when that changed."""
-        return self.set_phase(any(s.ops for s in self.sessions.values()), now)
 
 
 class ProtocolError(ValueError):
@@ -273,7 +75,9 @@ class JobTable:
     """Jobs and sessions of one replica.
 
     ``changed`` fires at every mutation that may change a decision;
-    ``io_changed`` when a job enters or leaves its I/O phase (S(t) changes).
+    ``io_changed(job, in_io, now)`` when a job enters or leaves its I/O phase (S(t)
+    changes: the peer exchange, the application profiles); ``job_added(job)`` with each
+    job new to the table (the ledger carries its saved counters in).
 
     Bounded: at most ``max_jobs`` jobs (a new job beyond it takes the place of the job
     inactive the longest, and is refused with ``LimitError`` when every job is active) and
@@ -298,10 +102,11 @@ class JobTable:
         self.max_open_ops = max_open_ops
         # Inactive jobs, the longest inactive first: who makes room in a full table.
         self._inactive: dict[str, None] = {}
-        self.changed = Signal()
-        self.io_changed = Signal()
+        self.changed: Signal[[]] = Signal()
+        self.io_changed: Signal[[JobState, bool, float]] = Signal()
+        self.job_added: Signal[[JobState]] = Signal()
         self.jobs: dict[str, JobState] = {}
-        self.sessions: dict[int, SessionState] = {}
+        self.sessions: dict[int, SessionRecord] = {}
         self._next_sid = 1
         self._next_job = 0
         # Incremental view: rows of jobs in S(t), rebuilt only for jobs that changed.
@@ -309,17 +114,13 @@ class JobTable:
         self._periodic: dict[str, Periodic] = {}  # live jobs with a declared period
         self._dirty: set[str] = set()
         self._row_params: tuple[float, float] | None = None
-        self.new_sessions: list[SessionState] = []  # not yet given a first allocation
+        self.new_sessions: list[SessionRecord] = []  # not yet given a first allocation
         self.draining: dict[str, None] = {}  # jobs with a drain stream open (docs/capacity.md)
         self.drained_total = 0  # bytes drain streams copied to the PFS since start (/metrics)
         # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
         self.registered: dict[str, JobMeta] = {}
-        # Called with each job new to the table (the ledger carries its saved counters in).
-        self.on_new_job: Callable[[JobState], None] | None = None
         self.counters_version = 0  # bumped whenever a job's counters change
         self.counted: set[str] = set()  # jobs whose counters changed since the ledger looked
-        # Called with (job, in_io, now) whenever a job starts or ends an I/O phase (profiles).
-        self.on_phase: Callable[[JobState, bool, float], None] | None = None
 
     def _changed(self, job: JobState) -> None:
         self._dirty.add(job.job_id)
@@ -327,10 +128,17 @@ class JobTable:
 
     # -- sessions -------------------------------------------------------------
     def open_session(
-        self, meta: JobMeta, client_id: str, host: str, *, drain: bool = False
-    ) -> SessionState:
+        self,
+        meta: JobMeta,
+        client_id: str,
+        host: str,
+        *,
+        drain: bool = False,
+        outbox: Outbox | None = None,
+    ) -> SessionRecord:
         """Opens a session with the metadata it was admitted with (``controller/trust.py``
-        decides who may join which job). ``drain``: a drain stream (`SessionState.drain`).
+        decides who may join which job). ``drain``: a drain stream (`SessionRecord.drain`);
+        ``outbox``: where the scheduler offers its allocations (its gRPC stream).
 
         A registered job's metadata is the registration's. An unregistered job's is the most
         conservative claim of its live sessions (fewest nodes, lowest priority; user and
@@ -347,13 +155,12 @@ class JobTable:
             self._make_room()
             job = self.jobs[meta.job_id] = JobState(meta=meta, first_seen=now, index=self._next_job)
             self._next_job += 1
-            if self.on_new_job is not None:
-                self.on_new_job(job)
+            self.job_added(job)
         else:
             job.status = JobStatus.ACTIVE
             job.inactive_since = None
             self._inactive.pop(job.job_id, None)
-        session = SessionState(
+        session = SessionRecord(
             sid=self._next_sid,
             job=job,
             client_id=client_id,
@@ -362,6 +169,7 @@ class JobTable:
             last_heard=now,
             claim=claim,
             drain=drain,
+            outbox=outbox,
         )
         self._next_sid += 1
         self.sessions[session.sid] = session
@@ -401,7 +209,7 @@ class JobTable:
                 log.info("job %s: its sessions' claims give %s", job.job_id, merged)
             job.meta = merged
 
-    def close_session(self, session: SessionState) -> None:
+    def close_session(self, session: SessionRecord) -> None:
         if session.closed:
             return
         now = self._clock()
@@ -461,12 +269,10 @@ class JobTable:
 
     def _update_phase(self, job: JobState, now: float) -> None:
         if job.update_phase(now):
-            if self.on_phase is not None:
-                self.on_phase(job, job.in_io(), now)
-            self.io_changed()
+            self.io_changed(job, job.in_io(), now)
 
     # -- client events --------------------------------------------------------
-    def post(self, session: SessionState, op_id: int, kind: OpKind, volume: int) -> None:
+    def post(self, session: SessionRecord, op_id: int, kind: OpKind, volume: int) -> None:
         if op_id <= 0:
             raise ProtocolError("op_posted.op_id", "must be > 0")
         if op_id in session.ops:
@@ -483,7 +289,7 @@ class JobTable:
         self._update_phase(session.job, now)
         self._changed(session.job)
 
-    def complete(self, session: SessionState, op_id: int) -> bool:
+    def complete(self, session: SessionRecord, op_id: int) -> bool:
         """Completes an open operation; False (and nothing changes) if it is not open."""
         now = self._clock()
         session.last_heard = now
@@ -500,7 +306,7 @@ class JobTable:
 
     def usage(
         self,
-        session: SessionState,
+        session: SessionRecord,
         nbytes: int,
         ops: int,
         wait_seconds: float,
@@ -572,7 +378,7 @@ class JobTable:
             session.signalled_rate = session.measured_rate
             self._changed(job)
 
-    def _drained(self, session: SessionState, nbytes: int, totals: Counters | None) -> None:
+    def _drained(self, session: SessionRecord, nbytes: int, totals: Counters | None) -> None:
         """Books a drain stream's bytes as the job's ``drained`` (totals beyond what was
         booked for its client, as `usage` does for the job's own counters)."""
         job = session.job
@@ -589,7 +395,7 @@ class JobTable:
         while len(job.drain_booked) > MAX_BOOKED_SESSIONS:
             del job.drain_booked[next(iter(job.drain_booked))]
 
-    def goodbye(self, session: SessionState) -> None:
+    def goodbye(self, session: SessionRecord) -> None:
         """The session leaves on purpose, after its last report: its booked totals are not
         needed any more (a later session with the same client_id starts from 0)."""
         if session.drain:
@@ -600,7 +406,7 @@ class JobTable:
             self.counted.add(session.job.job_id)
 
     # -- housekeeping ---------------------------------------------------------
-    def expire(self, grace: float = 0.0) -> list[SessionState]:
+    def expire(self, grace: float = 0.0) -> list[SessionRecord]:
         """Closes sessions silent for the heartbeat timeout (plus ``grace``); drops
         long-inactive jobs."""
         now = self._clock()

@@ -14,21 +14,23 @@ session books what the old controller never saved. Only what a session that
 ended before the crash reported after the last save is lost (at most
 ``ledger_interval`` seconds of it). Carried counters of jobs that never come back
 are dropped after ``job_retention``, as the table drops an inactive job.
+
+The file is a ``DurableFile`` (common/files.py): written atomically, and an
+unreadable one is kept aside and the counters start at 0.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
-from burstctl.controller.jobs import Counters, JobState, JobTable
-from burstctl.controller.state import write_atomically
+from burstctl.common.files import DurableFile
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import Counters, JobState
 
 log = logging.getLogger(__name__)
 
@@ -47,52 +49,61 @@ def _counters(data: Any) -> Counters:
     return c
 
 
-class Ledger:
-    """``ledger.json`` of one replica, and the counters it carries into returning jobs."""
+Carried = dict[str, tuple[Counters, dict[str, Counters]]]
 
-    def __init__(self, state_dir: Path, *, retention: float, clock: Callable[[], float]) -> None:
-        self.path = state_dir / LEDGER_FILE
-        self._retention = retention
-        self._clock = clock
+
+def _parse(text: str) -> Carried:
+    data = json.loads(text)
+    if not isinstance(data, dict) or data.get("format") != _FORMAT:
+        raise ValueError(f"not a burstctl ledger of format {_FORMAT}")
+    jobs = data["jobs"]
+    if not isinstance(jobs, dict):
+        raise ValueError("jobs must be an object")
+    return {
+        str(job_id): (
+            _counters(entry["counters"]),
+            {str(k): _counters(v) for k, v in entry.get("booked", {}).items()},
+        )
+        for job_id, entry in jobs.items()
+    }
+
+
+class Ledger:
+    """``ledger.json`` of one replica, and the counters it carries into the jobs of
+    ``table`` that return (it follows the table's ``job_added``). Carried counters are
+    kept for the table's ``job_retention``, on the table's clock."""
+
+    def __init__(self, state_dir: Path, table: JobTable) -> None:
+        self.file = DurableFile(state_dir / LEDGER_FILE, "the jobs' counters")
+        self._table = table
+        self._clock = table.clock
         # job id -> (counters, booked session totals) saved by the previous run
-        self.carried: dict[str, tuple[Counters, dict[str, Counters]]] = {}
-        self._loaded_at = clock()
+        self.carried: Carried = {}
+        self._loaded_at = self._clock()
         self.saved_version = -1  # the table's counters_version at the last save
         # the counters of the table's jobs as last snapshotted: job id -> (counters, booked)
-        self._entries: dict[str, tuple[Counters, dict[str, Counters]]] = {}
+        self._entries: Carried = {}
+        table.job_added.connect(self.restore)
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
+
+    @property
+    def version(self) -> int:
+        """Moves whenever a job's counters change (the table's ``counters_version``)."""
+        return self._table.counters_version
 
     def load(self) -> int:
-        """Reads the file (missing: nothing carried); returns the number of jobs carried.
-
-        An unreadable file is logged and moved aside, never fatal: counters are
-        accounting, and a replica must start without them.
-        """
+        """Reads the file (missing, or unreadable and kept aside: nothing carried); returns
+        the number of jobs carried. Counters are accounting: a replica starts without them."""
         self._loaded_at = self._clock()
-        try:
-            data = json.loads(self.path.read_text())
-            if not isinstance(data, dict) or data.get("format") != _FORMAT:
-                raise ValueError(f"not a burstctl ledger of format {_FORMAT}")
-            jobs = data["jobs"]
-            if not isinstance(jobs, dict):
-                raise ValueError("jobs must be an object")
-            carried = {
-                str(job_id): (
-                    _counters(entry["counters"]),
-                    {str(k): _counters(v) for k, v in entry.get("booked", {}).items()},
-                )
-                for job_id, entry in jobs.items()
-            }
-        except FileNotFoundError:
-            return 0
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
-            kept = self.path.with_name(LEDGER_FILE + ".unreadable")
-            log.warning(
-                "%s is unreadable (%s); moved to %s, counters start at 0", self.path, exc, kept
-            )
-            with contextlib.suppress(OSError):
-                os.replace(self.path, kept)
+        carried = self.file.load(_parse)
+        if carried is None:
             return 0
         self.carried = carried
+        if carried:
+            log.info("carried the counters of %d jobs from %s", len(carried), self.path)
         return len(carried)
 
     def restore(self, job: JobState) -> None:
@@ -105,11 +116,12 @@ class Ledger:
         job.booked = {**booked, **job.booked}
         self._entries[job.job_id] = (job.counters, dict(job.booked))  # saved if it stays idle
 
-    def snapshot(self, table: JobTable) -> dict[str, Any]:
+    def snapshot(self) -> dict[str, Any]:
         """What to save, taken on the event loop: only the jobs whose counters changed since
         the last snapshot are read (``JobTable.counted``), so a large table of idle jobs costs
         nothing here; serialising happens in `write`, off the loop."""
-        if self.carried and self._clock() - self._loaded_at > self._retention:
+        table = self._table
+        if self.carried and self._clock() - self._loaded_at > table.job_retention:
             self.carried.clear()  # their jobs did not come back within the retention
         for job_id in table.counted:
             job = table.jobs.get(job_id)
@@ -121,14 +133,10 @@ class Ledger:
         return {"carried": dict(self.carried), "entries": dict(self._entries)}
 
     def write(self, snapshot: Mapping[str, Any]) -> None:
-        """Writes ``snapshot`` atomically (`write_atomically`); runs in a thread."""
+        """Writes ``snapshot`` (`DurableFile.save`: atomically); runs in a thread."""
         jobs = {
             job_id: {"counters": asdict(c), "booked": {k: asdict(v) for k, v in b.items()}}
             for part in ("carried", "entries")
             for job_id, (c, b) in snapshot[part].items()
         }
-        directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
-        write_atomically(
-            self.path, json.dumps({"format": _FORMAT, "jobs": jobs}, separators=(",", ":"))
-        )
+        self.file.save(json.dumps({"format": _FORMAT, "jobs": jobs}, separators=(",", ":")))

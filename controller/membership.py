@@ -20,6 +20,7 @@ import json
 import logging
 import math
 from collections.abc import Iterable
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from burstctl.common.limits import identifier_problem
@@ -76,24 +77,27 @@ class _Peer:
 class Membership:
     """The latest digest of every peer, as one replica (``self_id``) holds them.
 
-    ``peers``: the replica ids allowed to report (those that answered on a
-    configured address); None accepts any id. ``registry``: when given, a digest
-    whose policy this replica cannot build is rejected at the door, so an
-    unknown policy never wins the election.
+    ``peers``: the replica ids allowed to report; None accepts any id. A set is read
+    at every digest, not copied: the peer exchange passes the set it keeps of the
+    replicas that answered on a configured address, which grows as they answer.
+    ``registry``: when given, a digest whose policy this replica cannot build is
+    rejected at the door, so an unknown policy never wins the election.
     """
 
     def __init__(
         self,
         self_id: ReplicaId,
         *,
-        peers: Iterable[ReplicaId] | None = None,
+        peers: AbstractSet[ReplicaId] | Iterable[ReplicaId] | None = None,
         registry: PolicyRegistry | None = None,
     ) -> None:
         problem = identifier_problem(self_id)
         if problem:
             raise DigestError("self_id", problem)
         self.self_id = self_id
-        self.peers = frozenset(peers) if peers is not None else None
+        self.peers: AbstractSet[ReplicaId] | None = (
+            peers if isinstance(peers, AbstractSet) or peers is None else frozenset(peers)
+        )
         self._registry = registry
         # kept after expiry, so an old digest cannot bring a peer back from the dead
         self._held: dict[ReplicaId, _Peer] = {}
@@ -223,6 +227,16 @@ class Membership:
                 self._self_checked = self_digest
             out[self.self_id] = self_digest
         return [out[rid] for rid in sorted(out)]
+
+    def holders(self, wanted: set[str] | None = None) -> dict[str, list[ReplicaId]]:
+        """Job id -> the live peers whose last digest lists it, for the ``wanted`` jobs (None:
+        every job); one pass over the digests, not one per job."""
+        where: dict[str, list[ReplicaId]] = {}
+        for d in self.digests():
+            ids = d.jobs.job_id if wanted is None else wanted.intersection(d.jobs.job_id)
+            for job_id in ids:
+                where.setdefault(job_id, []).append(d.replica_id)
+        return where
 
     def elected(self, self_digest: Digest) -> Digest:
         """The digest whose policy every replica enforces: the highest

@@ -1,14 +1,16 @@
 """Prometheus metrics of one replica (``GET /metrics``), read from its state at scrape time.
 
-One ``CollectorRegistry`` per ``Replica`` (no process-global registry, so several
+One ``CollectorRegistry`` per replica (no process-global registry, so several
 replicas in one process, as in the tests, never mix their series). Everything
-but the decision-latency histogram is derived from the job table, the
-scheduler's counters and the peer view when Prometheus scrapes, so the hot
-paths pay nothing; the histogram is observed once per decision.
+but the decision-latency histogram (``LatencyHistogram``, which the scheduler
+observes once per decision) is derived from the job table, the scheduler's
+counters and the peer view when Prometheus scrapes, so the hot paths pay
+nothing. ``Metrics.stats`` gives the same counters as one dictionary: the
+``stats:`` line a replica logs when it stops, which benchmarks read.
 
-A scrape is bounded and kept off the event loop (issue 15, finding 4): the job
-table may hold tens of thousands of jobs (every made-up job id of a Hello is
-retained for ``job_retention``), so per-job series exist only for the
+A scrape is bounded and kept off the event loop: the job table may hold tens of
+thousands of jobs (every made-up job id of a Hello is retained for
+``job_retention``), so per-job series exist only for the
 ``metrics_top_jobs`` jobs with the highest allotted rate (ties: active jobs
 first, then the most bytes moved, then the oldest), and every job counts in the
 aggregate series. ``Metrics.exposition`` takes on the loop only what is cheap
@@ -55,18 +57,21 @@ import heapq
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from burstctl.controller.capacity import JobBuffer
-from burstctl.controller.jobs import JobState, JobStatus
+from burstctl.controller.buffer import BufferBooks, JobBuffer
+from burstctl.controller.config import ControllerConfig
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.peers import PeerServicer, PeerSync
+from burstctl.controller.records import JobState, JobStatus
+from burstctl.controller.scheduler import Scheduler
+from burstctl.controller.servicer import ControllerServicer
+from burstctl.controller.state import PolicySlot
 from burstctl.policies.view import job_cap
-
-if TYPE_CHECKING:
-    from burstctl.controller.app import Replica
 
 # From tens of µs to a second (bench/decision_latency.py measures them).
 LATENCY_BUCKETS = (1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 2.5e-3, 5e-3, 1e-2, 0.1, 1.0)
@@ -166,7 +171,7 @@ class _Exposition(Collector):
     """One scrape's families, from what was read on the loop; collected in a thread."""
 
     def __init__(
-        self, histogram: CollectorRegistry, s: _Scalars, rows: list[_JobRow], totals: _Totals
+        self, histogram: list[Metric], s: _Scalars, rows: list[_JobRow], totals: _Totals
     ) -> None:
         self.histogram = histogram
         self.s = s
@@ -177,7 +182,7 @@ class _Exposition(Collector):
         s, t = self.s, self.totals
         replica = s.replica
         yield from self._jobs()
-        yield from self.histogram.collect()
+        yield from self.histogram
 
         def gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
             g = GaugeMetricFamily(f"burstctl_{name}", doc, labels=["replica"])
@@ -296,19 +301,50 @@ class _Exposition(Collector):
         yield from (rate, read, written, moved, ops, meta_ops, wait, yields, active, resident)
 
 
-class Metrics:
-    """The registry of one replica, its latency histogram and its scrape (``exposition``)."""
+class LatencyHistogram:
+    """``burstctl_decision_latency_seconds`` of one replica, in its own registry; the
+    scheduler calls ``observe`` with the seconds of each decision."""
 
-    def __init__(self, replica: Replica) -> None:
-        self.replica = replica
-        self.registry = CollectorRegistry(auto_describe=False)  # the histogram's
-        self.decision_latency = Histogram(
-            "burstctl_decision_latency_seconds",
-            "Seconds per decision: policy, clamp, split over sessions, pushes.",
-            ["replica"],
-            buckets=LATENCY_BUCKETS,
-            registry=self.registry,
-        ).labels(replica=replica.config.replica_id)
+    def __init__(self, replica_id: str) -> None:
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.observe = (
+            Histogram(
+                "burstctl_decision_latency_seconds",
+                "Seconds per decision: policy, clamp, split over sessions, pushes.",
+                ["replica"],
+                buckets=LATENCY_BUCKETS,
+                registry=self.registry,
+            )
+            .labels(replica=replica_id)
+            .observe
+        )
+
+
+class Metrics:
+    """The scrape of one replica (``exposition``) and its ``stats``, read from its parts."""
+
+    def __init__(
+        self,
+        config: ControllerConfig,
+        latency: LatencyHistogram,
+        *,
+        table: JobTable,
+        slot: PolicySlot,
+        scheduler: Scheduler,
+        books: BufferBooks,
+        servicer: ControllerServicer,
+        peers: PeerSync | None,
+        peer_servicer: PeerServicer | None,
+    ) -> None:
+        self.config = config
+        self.latency = latency
+        self.table = table
+        self.slot = slot
+        self.scheduler = scheduler
+        self.books = books
+        self.servicer = servicer
+        self.peers = peers
+        self.peer_servicer = peer_servicer
         self.render_seconds = 0.0  # of the previous scrape, wall clock from request to text
         self.renders = 0
         self._pending: asyncio.Future[bytes] | None = None
@@ -340,46 +376,48 @@ class Metrics:
     async def _render(self) -> bytes:
         snapshot_at = time.monotonic()
         started = time.perf_counter()
-        svc = self.replica
+        table, books, scheduler, config = self.table, self.books, self.scheduler, self.config
+        now = table.clock()
         # On the loop, O(sessions) and a C-speed copy: nothing per job in Python.
         rates: dict[str, float] = {}
-        for session in svc.table.sessions.values():
+        for session in table.sessions.values():
             if session.rate and not session.drain:  # a drain's rate is no rate of the job's
                 job_id = session.job.meta.job_id
                 rates[job_id] = rates.get(job_id, 0.0) + session.rate
-        jobs = list(svc.table.jobs.values())
-        buffers = svc.books.jobs()  # O(holders): the buffer's part of the scrape
-        stats = svc.scheduler.stats
+        jobs = list(table.jobs.values())
+        buffers = books.jobs()  # O(holders): the buffer's part of the scrape
+        stats = scheduler.stats
         peers = None
-        if svc.peer_sync is not None:
+        if self.peers is not None:
             peers = [
-                (p.replica_id, p.heard_age, p.live)
-                for p in svc.peer_sync.membership.peer_states(svc.clock())
+                (p.replica_id, p.heard_age, p.live) for p in self.peers.membership.peer_states(now)
             ]
         scalars = _Scalars(
-            replica=svc.config.replica_id,
-            now=svc.clock(),
-            capacity=svc.config.capacity,
-            sessions=len(svc.table.sessions),
+            replica=config.replica_id,
+            now=now,
+            capacity=config.capacity,
+            sessions=len(table.sessions),
             decisions=stats.decisions,
             clamped=stats.clamped,
             pushes=stats.pushes,
-            switches=svc.slot.switches,
-            policy=svc.slot.name,
-            version=svc.slot.version,
+            switches=self.slot.switches,
+            policy=self.slot.name,
+            version=self.slot.version,
             render_seconds=self.render_seconds,
             peers=peers,
-            bb_size=svc.books.size,
-            bb_used=svc.books.used,
+            bb_size=books.size,
+            bb_used=books.used,
             bb_pending=sum(b.pending for b in buffers.values()),
-            drain_rate=sum(svc.scheduler.drain_rates.values()),
-            drained=svc.table.drained_total,
+            drain_rate=sum(scheduler.drain_rates.values()),
+            drained=table.drained_total,
         )
-        shown, totals = await asyncio.to_thread(_rank, jobs, rates, svc.config.metrics_top_jobs)
+        # The histogram as of the same moment as the counters: its count is `decisions`.
+        histogram = list(self.latency.registry.collect())
+        shown, totals = await asyncio.to_thread(_rank, jobs, rates, config.metrics_top_jobs)
         # Back on the loop for the N jobs shown: their fields are read where they change.
         rows = [self._row(job, rates, scalars.now, buffers) for job in shown]
         body = await asyncio.to_thread(
-            generate_latest, _Exposition(self.registry, scalars, rows, totals)
+            generate_latest, _Exposition(histogram, scalars, rows, totals)
         )
         self.render_seconds = time.perf_counter() - started
         self.renders += 1
@@ -390,7 +428,7 @@ class Metrics:
         self, job: JobState, rates: dict[str, float], now: float, buffers: dict[str, JobBuffer]
     ) -> _JobRow:
         m = job.meta
-        config = self.replica.config
+        config = self.config
         elapsed = now - job.first_seen
         cap = job_cap(m.nodes, config.node_bandwidth, config.capacity)
         return _JobRow(
@@ -406,3 +444,40 @@ class Metrics:
             active=job.status is JobStatus.ACTIVE,
             resident=buffers[m.job_id].resident if m.job_id in buffers else 0,
         )
+
+    def stats(self) -> dict[str, Any]:
+        """Counters since start, logged when the replica stops and read by benchmarks."""
+        st = self.scheduler.stats
+        servicer = self.servicer
+        lat = sorted(st.latencies)
+
+        def pct(q: float) -> float:
+            return lat[min(len(lat) - 1, int(q * len(lat)))] if lat else 0.0
+
+        out: dict[str, Any] = {
+            "messages": servicer.messages,
+            "rejected_sessions": servicer.rejected,
+            "refused_sessions": servicer.refused,
+            "denied_sessions": servicer.denied,
+            "loop_lag_peak_s": servicer.lag.peak,
+            "unauthenticated_calls": servicer.gate.refused,
+            "decisions": st.decisions,
+            "pushes": st.pushes,
+            "pushes_start": st.pushes_start,
+            "pushes_stop": st.pushes_stop,
+            "renewals": st.renewals,
+            "clamped": st.clamped,
+            "decision_p50_s": pct(0.50),
+            "decision_p99_s": pct(0.99),
+            "jobs": len(self.table.jobs),
+            "sessions": len(self.table.sessions),
+            "policy": self.slot.name,
+            "policy_version": self.slot.version,
+        }
+        if self.peers is not None and self.peer_servicer is not None:
+            out["sync"] = {
+                **self.peers.stats(),
+                "digests_received": self.peer_servicer.received,
+                "digests_rejected": self.peer_servicer.rejected,
+            }
+        return out

@@ -192,13 +192,10 @@ class PeerLink:
     """One configured peer address: its channel and the replica id it answered with."""
 
     def __init__(
-        self,
-        address: str,
-        interval: float = 0.5,
-        security: Callable[[], ChannelSecurity] = ChannelSecurity,
+        self, address: str, interval: float = 0.5, security: ChannelSecurity | None = None
     ) -> None:
         self.address = address
-        self._security = security  # asked when the channel is opened (after start())
+        self._security = security if security is not None else ChannelSecurity()
         # gRPC backs off up to 120 s between connection attempts by default; a peer
         # restarted after a crash must be reached again within about one λ.
         backoff_ms = max(50, int(interval * 1000))
@@ -251,7 +248,7 @@ class PeerLink:
         """A new stream, once the peer has said who it is."""
         self._drop_stream()
         if self._open_stream is None:
-            self.channel = self._security().open(self.address, options=self._options)
+            self.channel = self._security.open(self.address, options=self._options)
             self._open_stream = self.channel.stream_stream(
                 _STREAM,
                 request_serializer=None,  # bytes as they are
@@ -348,7 +345,7 @@ class PeerSync:
         lease: float | None = None,
         keep: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
-        security: Callable[[], ChannelSecurity] = ChannelSecurity,
+        security: ChannelSecurity | None = None,
     ) -> None:
         self.table = table
         self.slot = slot
@@ -357,8 +354,10 @@ class PeerSync:
         self.missed = missed
         self.capacity = capacity
         self.node_bandwidth = node_bandwidth
-        self.membership = Membership(replica_id, peers=(), registry=slot.registry)
         self.links = [PeerLink(a, interval, security) for a in addresses]
+        # Only replicas that answered on a configured address may report (kept by `_allowed`).
+        self._answered: set[str] = set()
+        self.membership = Membership(replica_id, peers=self._answered, registry=slot.registry)
         self._clock = clock
         self.incarnation = time.time_ns()  # grows with every restart (digest.py)
         self.sequence = 0
@@ -377,14 +376,15 @@ class PeerSync:
         slot.changed.connect(self.send_now)
 
     def _allowed(self) -> None:
-        # Only replicas that answered on a configured address may report.
-        self.membership.peers = frozenset(
-            link.replica_id for link in self.links if link.replica_id is not None
-        )
+        answered = {link.replica_id for link in self.links if link.replica_id is not None}
+        if answered != self._answered:
+            self._answered.clear()
+            self._answered.update(answered)
 
-    def poke(self) -> None:
-        """The local S(t) changed (a job started or ended an I/O phase): exchange soon,
-        not at the end of the interval, so peers learn of it within about λ/4."""
+    def poke(self, *_change: object) -> None:
+        """The local S(t) changed (a job started or ended an I/O phase: the table's
+        ``io_changed``): exchange soon, not at the end of the interval, so peers learn of it
+        within about λ/4."""
         if self._wake is not None:
             self._wake.set()
 

@@ -18,24 +18,26 @@ scaled by ``n`` — the approximation of even striping ([DIST-IO] §III: n equal
 is this replica plus the live peers whose last digest lists the job.
 
 Bounded (``max_keys``, least recently updated dropped first) and persisted as JSON in the state
-directory (``profiles.json``, written to a temporary file and renamed: never half a file).
-Pure but for ``load``/``save``; the caller passes times.
+directory (``profiles.json``, a ``DurableFile`` of common/files.py: written atomically, and an
+unreadable one kept aside, the store starting empty). Pure but for ``load``/``write``; the
+caller passes times.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
-import os
 import re
-import tempfile
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from burstctl.common.files import DurableFile
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta, JobState
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +63,11 @@ def app_name(job_id: str, app: str = "") -> str:
     if app:
         return app
     return _PREFIX.split(job_id, maxsplit=1)[0] or job_id
+
+
+def app_key(meta: JobMeta) -> AppKey:
+    """The application key of a job: its application name and its node count."""
+    return app_name(meta.job_id, meta.app), meta.nodes
 
 
 @dataclass(slots=True)
@@ -115,17 +122,34 @@ class AppProfile:
         return profile
 
 
+def _entries(text: str) -> list[Any]:
+    """The entries of a profiles file; ValueError, KeyError or TypeError if it is none."""
+    entries = json.loads(text)["profiles"]
+    if not isinstance(entries, list):
+        raise ValueError("profiles must be a list")
+    return entries
+
+
 class ProfileStore:
-    """Profiles by application key, at most ``max_keys`` (LRU), saved under ``state_dir``."""
+    """Profiles by application key, at most ``max_keys`` (LRU), saved under ``state_dir``
+    (None: kept in memory only)."""
 
     def __init__(self, state_dir: Path | None, max_keys: int = DEFAULT_MAX_KEYS) -> None:
         if max_keys < 1:
             raise ValueError(f"max_keys must be >= 1, got {max_keys}")
-        self.path = state_dir / PROFILES_FILE if state_dir is not None else None
+        self.file = (
+            DurableFile(state_dir / PROFILES_FILE, "the application profiles")
+            if state_dir is not None
+            else None
+        )
         self.max_keys = max_keys
         self._profiles: OrderedDict[AppKey, AppProfile] = OrderedDict()
         self.version = 0  # bumped at every change
         self.saved_version = 0
+
+    @property
+    def path(self) -> Path | None:
+        return self.file.path if self.file is not None else None
 
     def __len__(self) -> int:
         return len(self._profiles)
@@ -151,29 +175,27 @@ class ProfileStore:
 
     # -- persistence ----------------------------------------------------------
     def load(self) -> int:
-        """Reads the saved profiles (a missing or unreadable file: none); how many."""
-        if self.path is None:
+        """Reads the saved profiles (missing, or unreadable and kept aside: none); how many.
+        A bad entry of a readable file is skipped (logged), the others are kept."""
+        if self.file is None:
             return 0
-        try:
-            raw = json.loads(self.path.read_text())
-            entries = raw["profiles"]
-        except FileNotFoundError:
-            return 0
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("cannot read the profiles in %s: %s; starting empty", self.path, exc)
+        entries = self.file.load(_entries)
+        if entries is None:
             return 0
         self._profiles.clear()
-        for entry in entries[-self.max_keys :] if isinstance(entries, list) else ():
+        for entry in entries[-self.max_keys :]:
             try:
                 key = (str(entry["app"]), int(entry["nodes"]))
                 self._profiles[key] = AppProfile.from_json(entry)
             except (KeyError, TypeError, ValueError) as exc:
                 log.warning("%s: skipped a bad profile entry (%s)", self.path, exc)
         self.saved_version = self.version
+        if self._profiles:
+            log.info("loaded %d application profiles from %s", len(self._profiles), self.path)
         return len(self._profiles)
 
     def snapshot(self) -> dict[str, Any]:
-        """What ``save`` writes (least recently updated first), as plain values."""
+        """What ``write`` saves (least recently updated first), as plain values."""
         return {
             "profiles": [
                 {"app": name, "nodes": nodes, **p.to_json()}
@@ -182,21 +204,9 @@ class ProfileStore:
         }
 
     def write(self, snapshot: dict[str, Any]) -> None:
-        """Writes a snapshot atomically (temporary file, fsync, rename); OSError if it cannot."""
-        if self.path is None:
-            return
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=".profiles-", dir=self.path.parent)
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(snapshot, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, self.path)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        """Writes a snapshot (`DurableFile.save`: atomically); OSError if it cannot."""
+        if self.file is not None:
+            self.file.save(json.dumps(snapshot))
 
     def save(self) -> None:
         version = self.version
@@ -212,42 +222,38 @@ class _Phase:
 
 
 class PhaseRecorder:
-    """Turns a job table's phase changes into profile samples (module docstring).
+    """Turns the phase changes of ``table`` (its ``io_changed``) into profile samples in
+    ``store`` (module docstring).
 
-    ``key_of(job)`` gives the job's application key, ``count_of(job_id)`` the number of
-    replicas it is present on, ``bytes_of(job)`` the bytes it booked here so far. Holds one
-    small record per job with a phase seen; ``forget`` drops it.
+    ``count_of(job_id)`` gives the number of replicas the job is present on; its volume is
+    what its sessions booked here (its counters). Holds one small record per job with a
+    phase seen; ``forget`` drops it.
     """
 
     def __init__(
-        self,
-        store: ProfileStore,
-        key_of: Callable[[Any], AppKey],
-        count_of: Callable[[str], int],
-        bytes_of: Callable[[Any], int],
+        self, store: ProfileStore, table: JobTable, count_of: Callable[[str], int]
     ) -> None:
         self.store = store
-        self._key_of = key_of
         self._count_of = count_of
-        self._bytes_of = bytes_of
         self._phases: dict[str, _Phase] = {}  # oldest first: the bound drops those
+        table.io_changed.connect(self.record)
 
-    def __call__(self, job: Any, in_io: bool, now: float) -> None:
-        job_id: str = job.job_id
+    def record(self, job: JobState, in_io: bool, now: float) -> None:
+        job_id = job.job_id
         record = self._phases.get(job_id)
         if in_io:
             last_end = record.last_end if record is not None else None
             self._phases.pop(job_id, None)
-            self._phases[job_id] = _Phase(now, self._bytes_of(job), last_end)
+            self._phases[job_id] = _Phase(now, job.counters.bytes, last_end)
             while len(self._phases) > MAX_TRACKED_JOBS:
                 del self._phases[next(iter(self._phases))]
             return
         if record is None:
             return
         count = max(1, self._count_of(job_id))
-        volume = max(0, self._bytes_of(job) - record.bytes_at_start) * count
+        volume = max(0, job.counters.bytes - record.bytes_at_start) * count
         gap = record.started - record.last_end if record.last_end is not None else None
-        self.store.observe(self._key_of(job), volume, now - record.started, gap, count)
+        self.store.observe(app_key(job.meta), volume, now - record.started, gap, count)
         record.last_end = now
 
     def forget(self, job_id: str) -> None:

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from burstctl.common.limits import MIN_RATE
-from burstctl.controller.capacity import CapacityBooks
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig
-from burstctl.controller.jobs import JobTable, SessionState, WindowsOutbox
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import SessionRecord, WindowsOutbox
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.policies.base import Policy
@@ -115,10 +116,10 @@ class Scheduler:
         clock: Callable[[], float] = time.monotonic,
         timer: Timer | None = None,
         observe_latency: Callable[[float], None] | None = None,
-        books: CapacityBooks | None = None,
+        books: BufferBooks | None = None,
     ) -> None:
         self.table = table
-        # The burst buffer's books (controller/capacity.py): SystemView.buffer, when S is set.
+        # The burst buffer's books (controller/buffer.py): SystemView.buffer, when S is set.
         self.books = books
         self.slot = slot  # the active policy: its one live instance decides
         self.config = config
@@ -129,13 +130,13 @@ class Scheduler:
         self._dirty = asyncio.Event()
         self.stats = SchedulerStats()
         self.last: Decision | None = None  # the latest decision, as enforced
-        self._nonzero: set[SessionState] = set()  # sessions whose pushed rate is > 0
+        self._nonzero: set[SessionRecord] = set()  # sessions whose pushed rate is > 0
         self._recheck_pending = False
         self._round = 0  # decision number; sessions served in a decision carry it
         self._period_timer: Cancellable | None = None
         # Decreases before increases: increases waiting to be offered, and the
         # acknowledgements of the decreases offered before them they wait for.
-        self._held: dict[SessionState, Offer] = {}
+        self._held: dict[SessionRecord, Offer] = {}
         self._unapplied: set[asyncio.Future[None]] = set()
         self._deciding = False
         self._release_task: asyncio.Task[None] | None = None
@@ -361,7 +362,7 @@ class Scheduler:
         self.request()
 
     def _offer(
-        self, session: SessionState, rate: float, now: float, schedule: Schedule | None = None
+        self, session: SessionRecord, rate: float, now: float, schedule: Schedule | None = None
     ) -> None:
         """Pushes ``rate`` (and ``schedule``) unless it is what the session holds, within the
         push tolerance.
@@ -380,7 +381,7 @@ class Scheduler:
         self._push(session, rate, now, schedule)
 
     def _push(
-        self, session: SessionState, rate: float, now: float, schedule: Schedule | None = None
+        self, session: SessionRecord, rate: float, now: float, schedule: Schedule | None = None
     ) -> None:
         outbox = session.outbox
         if outbox is None or session.closed:
@@ -414,7 +415,7 @@ class Scheduler:
         self._held.pop(session, None)
         self._deliver(session, offer)
 
-    def _deliver(self, session: SessionState, offer: Offer) -> None:
+    def _deliver(self, session: SessionRecord, offer: Offer) -> None:
         outbox = session.outbox
         assert outbox is not None
         lowered = offer[0] < session.offered

@@ -403,11 +403,11 @@ def _within_caps(problem: SplitProblem, base: Matrix, rates: Matrix) -> Matrix:
     """Pass 2 made to respect every job's global cap b_j, and still work conserving.
 
     Each replica's water-fill sees only its own leftover, so a job present on
-    several replicas can collect surplus on each until its sum passes b_j
-    (issue 15, finding 6). Such a job's surplus is scaled down, on all its
-    replicas alike, until its sum is exactly b_j; the capacity that frees is
-    then taken by a maximum flow on source →(b_j) job →(d_jr) replica →(B_r)
-    sink, warm started from these rates (Dinic, as in pass 1). Augmenting
+    several replicas can collect surplus on each until its sum passes b_j.
+    Such a job's surplus is scaled down, on all its replicas alike, until its
+    sum is exactly b_j; the capacity that frees is then taken by a maximum flow
+    on source →(b_j) job →(d_jr) replica →(B_r) sink, warm started from these
+    rates (Dinic, as in pass 1). Augmenting
     never lowers a job's sum or a replica's load, so pass 1's targets stay
     met, and the result carries the maximum flow of that network: no split
     within the caps, the demands and the capacities carries more. When no

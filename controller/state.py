@@ -2,11 +2,11 @@
 
 ``StateStore`` keeps ``<state_dir>/state.json``: the active policy (name,
 parameters, version), the policy the configuration named when it was saved, and
-the registered jobs. It is written atomically (temp file, fsync, rename, fsync
-of the directory) so a crash leaves the old or the new file, never a torn one. A
-missing file means "no state yet"; an unreadable one is reported and kept: the
-first write after it moves it aside to ``state.json.unreadable`` (numbered if
-that exists), never overwrites it.
+the registered jobs. It is a ``DurableFile`` (common/files.py): written
+atomically (temp file, fsync, rename, fsync of the directory) so a crash leaves
+the old or the new file, never a torn one; a missing file means "no state yet";
+an unreadable one is kept aside (``state.json.unreadable-<n>``, logged) and the
+replica starts with the configured policy and no registered jobs.
 
 ``PolicySlot`` owns the active policy: its name and parameters, its version
 (higher wins across replicas, ties to the higher replica id), when it was
@@ -28,16 +28,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
-from burstctl.common.files import write_atomically
+from burstctl.common.files import DurableFile
 from burstctl.controller.signal import Signal
 from burstctl.policies.base import Policy
 from burstctl.policies.registry import PolicyRegistry
@@ -84,62 +83,28 @@ class ReplicaState(BaseModel):
     jobs: list[RegisteredJob] = Field(default_factory=list)
 
 
-class StateError(RuntimeError):
-    pass
-
-
 class StateStore:
     """``state.json`` of one replica; ``state`` is what was last loaded or saved."""
 
     def __init__(self, state_dir: Path) -> None:
-        self.dir = state_dir
-        self.path = state_dir / STATE_FILE
+        self.file = DurableFile(state_dir / STATE_FILE, "the replica's state")
         self.state = ReplicaState()
-        self._unreadable = False  # the file on disk could not be loaded: keep it
+
+    @property
+    def path(self) -> Path:
+        return self.file.path
 
     def load(self) -> ReplicaState:
-        """Reads the file (a missing one is an empty state); raises ``StateError``."""
-        try:
-            text = self.path.read_text()
-        except FileNotFoundError:
-            self.state = ReplicaState()
-            return self.state
-        except OSError as exc:
-            self._unreadable = True
-            raise StateError(f"cannot read {self.path}: {exc}") from None
-        try:
-            self.state = ReplicaState.model_validate_json(text)
-        except ValidationError as exc:
-            self._unreadable = True
-            raise StateError(f"{self.path} is not valid burstctl state: {exc}") from None
+        """Reads the file; a missing one, or an unreadable one (kept aside), is an empty
+        state."""
+        self.state = self.file.load(ReplicaState.model_validate_json) or ReplicaState()
         return self.state
 
     def update(self, **parts: Any) -> None:
         """Writes the state with ``parts`` replaced; on OSError nothing changed."""
         state = ReplicaState.model_validate({**dict(self.state), **parts})
-        self._write(state)
+        self.file.save(json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n")
         self.state = state
-
-    def _write(self, state: ReplicaState) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if self._unreadable:
-            self._keep_unreadable()
-        data = json.dumps(state.model_dump(mode="json"), indent=2, sort_keys=True) + "\n"
-        write_atomically(self.path, data)
-
-    def _keep_unreadable(self) -> None:
-        kept = self.path.with_name(STATE_FILE + ".unreadable")
-        n = 1
-        while kept.exists():
-            kept = self.path.with_name(f"{STATE_FILE}.unreadable.{n}")
-            n += 1
-        try:
-            os.rename(self.path, kept)
-        except FileNotFoundError:
-            pass  # gone meanwhile: nothing to keep
-        else:
-            log.warning("the unreadable %s is kept as %s; writing a new one", self.path, kept)
-        self._unreadable = False
 
 
 class ActivePolicy(BaseModel):

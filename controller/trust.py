@@ -22,6 +22,10 @@ Two questions, answered for every ``Session`` stream:
      the nodes and priority a session claims are clamped to ``max_unregistered_nodes`` and
      ``max_unregistered_priority`` (the job table then takes the smallest claim of the job's
      live sessions, so a claim never outlives its session: ``JobTable.open_session``).
+
+``load_credentials`` reads what the configuration names (the secret, the certificates) when
+the replica is built, before anything listens: the gate the servicer and the gRPC server
+check calls with, the server's TLS credentials, and what the peer exchange presents.
 """
 
 from __future__ import annotations
@@ -37,8 +41,10 @@ from typing import Any
 
 import grpc
 
-from burstctl.common.channels import SECRET_KEY, SECRET_SCHEME
-from burstctl.controller.jobs import JobMeta, JobTable
+from burstctl.common.channels import SECRET_KEY, SECRET_SCHEME, ChannelSecurity, read_secret
+from burstctl.controller.config import ControllerConfig
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta
 
 log = logging.getLogger(__name__)
 
@@ -169,6 +175,44 @@ def _refusing(handler: grpc.RpcMethodHandler | None, exc: Refused) -> grpc.RpcMe
     if handler.request_streaming:
         return grpc.stream_unary_rpc_method_handler(refuse_stream)
     return grpc.unary_stream_rpc_method_handler(refuse)
+
+
+@dataclass(frozen=True, slots=True)
+class Credentials:
+    """What a replica's gRPC channels check and prove (docs/security.md)."""
+
+    gate: Gate  # checks every call, and who may open which session
+    server: grpc.ServerCredentials | None  # the server's TLS; None: plaintext
+    peers: ChannelSecurity  # what the peer exchange opens its channels with
+
+
+def load_credentials(config: ControllerConfig) -> Credentials:
+    """Reads the secret and the certificates the configuration names; OSError naming the
+    file when one cannot be used."""
+    try:
+        secret = read_secret(config.grpc_secret_file) if config.grpc_secret_file else None
+        mutual = config.grpc_tls_client_ca is not None
+        gate = Gate(
+            secret=secret,
+            mutual_tls=mutual,
+            client_trust=ClientTrust(config.effective_client_trust),
+        )
+        if config.grpc_tls_cert is None or config.grpc_tls_key is None:
+            return Credentials(gate, None, ChannelSecurity(secret=secret))
+        peers = ChannelSecurity.load(
+            tls_ca=config.grpc_tls_ca or config.grpc_tls_client_ca,
+            tls_cert=config.grpc_tls_cert if mutual else None,
+            tls_key=config.grpc_tls_key if mutual else None,
+            secret=secret,
+        )
+        cert, key = config.grpc_tls_cert.read_bytes(), config.grpc_tls_key.read_bytes()
+        client_ca = config.grpc_tls_client_ca.read_bytes() if config.grpc_tls_client_ca else None
+    except (OSError, ValueError) as exc:
+        raise OSError(f"gRPC credentials: {exc}") from None
+    server = grpc.ssl_server_credentials(
+        [(key, cert)], root_certificates=client_ca, require_client_auth=mutual
+    )
+    return Credentials(gate, server, peers)
 
 
 def admit(

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import grpc
 import psutil
 from hypothesis import settings
+from support.grpc import hello
 
 from burstctl.common.limits import MAX_BATCH, MAX_NODES, MAX_PRIORITY, MAX_TEXT, identifier_problem
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -49,12 +50,6 @@ NOTICE_CODES = {c.name for c in REJECTION_CODES} | {"NOT_FOUND"}
 # may sit idle between steps, so the heartbeat timeout is longer than the default 3 s.
 HEARTBEAT_TIMEOUT = 10.0
 FUZZ_ENV = {"BURSTCTL_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT)}
-
-
-def hello(job: str, nodes: int = 1, **kw: object) -> pb.ClientMessage:
-    return pb.ClientMessage(
-        hello=pb.Hello(job_id=job, user="alice", group="g", nodes=nodes, client_id="fuzz", **kw)
-    )
 
 
 class RawStream:
@@ -144,7 +139,7 @@ class HonestSession:
     def start(self) -> HonestSession:
         self._stop = threading.Event()
         self.stream = RawStream(self.channel)
-        self.stream.send(hello(self.job, nodes=2))
+        self.stream.send(hello(self.job, nodes=2, client_id="fuzz"))
         self.stream.send(pb.ClientMessage(op_posted=pb.OpPosted(op_id=1, kind=pb.OP_KIND_WRITE)))
         self._seen = 0
         self._max_gap = 0.0

@@ -31,16 +31,16 @@ from fuzz_support import (
     HonestSession,
     Model,
     apply,
-    hello,
     hello_problems,
 )
 from google.protobuf.message import DecodeError
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from support import ControllerProcess
+from support.grpc import hello
 
 from burstctl.controller.peers import PEER_SERVICE_NAME
-from burstctl.controller.sessions import SERVICE_NAME
+from burstctl.controller.servicer import SERVICE_NAME
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import peer_pb2
 
@@ -119,7 +119,9 @@ def test_session_first_message_garbage(
     @given(data=garbage)
     @example(data=b"")  # decodes: an empty ClientMessage, not a Hello
     @example(data=b"\xff\xff\xff\xff")  # does not decode
-    @example(data=hello("j1").SerializeToString())  # a valid Hello: the session opens
+    @example(
+        data=hello("j1", client_id="fuzz").SerializeToString()
+    )  # a valid Hello: the session opens
     def check(data: bytes) -> None:
         goodbye = pb.ClientMessage(goodbye=pb.Goodbye()).SerializeToString()
         responses, err = session_call(fuzz_channel, [data, goodbye])
@@ -150,7 +152,9 @@ def test_session_later_message_garbage(
     @example(data=pb.ClientMessage(usage=pb.Usage(bytes=1)).SerializeToString())  # valid
     def check(data: bytes) -> None:
         goodbye = pb.ClientMessage(goodbye=pb.Goodbye()).SerializeToString()
-        _, err = session_call(fuzz_channel, [hello("j1").SerializeToString(), data, goodbye])
+        _, err = session_call(
+            fuzz_channel, [hello("j1", client_id="fuzz").SerializeToString(), data, goodbye]
+        )
         msg = decodes(data, pb.ClientMessage)
         if msg is None:
             expect_rejected(err, {"message"})

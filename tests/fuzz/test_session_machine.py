@@ -48,9 +48,6 @@ from fuzz_support import (
     hello_problems,
     rss,
 )
-from fuzz_support import (
-    hello as good_hello,
-)
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
@@ -61,6 +58,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 from support import ControllerProcess
+from support.grpc import hello
 
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -97,26 +95,14 @@ texts = st.one_of(
     st.text(max_size=8),
 )
 good_hellos = st.builds(
-    lambda job, nodes, prio: pb.ClientMessage(
-        hello=pb.Hello(
-            job_id=job, user="alice", group="g", nodes=nodes, priority=prio, client_id="fuzz"
-        )
-    ),
+    lambda job, nodes, prio: hello(job, nodes, priority=prio, client_id="fuzz"),
     st.sampled_from(["j1", "j2", "j3"]),
     st.integers(1, 8),
     st.sampled_from([0.0, 1.0, 2.5]),
 )
 bad_hellos = st.builds(
-    lambda job, user, group, nodes, prio, client, host: pb.ClientMessage(
-        hello=pb.Hello(
-            job_id=job,
-            user=user,
-            group=group,
-            nodes=nodes,
-            priority=prio,
-            client_id=client,
-            host=host,
-        )
+    lambda job, user, group, nodes, prio, client, host: hello(
+        job, nodes, user=user, group=group, client_id=client, priority=prio, host=host
     ),
     texts,
     weighted(st.just("alice"), texts),
@@ -409,7 +395,7 @@ def test_unknown_completion_flood_keeps_memory_bounded(
     pid = fuzz_controller.proc.pid
     baseline = peak = rss(pid)
     flood = RawStream(fuzz_channel)
-    flood.send(good_hello("flood"))
+    flood.send(hello("flood", client_id="fuzz"))
     unknown = pb.ClientMessage(op_completed=pb.OpCompleted(op_id=12345))
     for _ in range(300):
         flood.send(pb.ClientMessage(batch=pb.Batch(messages=[unknown] * MAX_BATCH)))

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 import grpc
 import pytest
 from support import async_wait_until
-from test_protocol import RawSession, hello, post
+from support.grpc import RawSession, hello, post
 
 from burstctl.controller.app import Replica
-from burstctl.controller.jobs import JobMeta
+from burstctl.controller.records import JobMeta
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 MiB = 1 << 20
@@ -133,7 +133,7 @@ async def test_the_scheduler_gives_policies_the_buffer_view(
 async def test_a_drain_stream_passes_the_same_trust_checks(
     channel: grpc.aio.Channel, bb: Replica
 ) -> None:
-    bb.register_job(JobMeta("owned", "bob", "g", 1, 1.0))
+    bb.registrations.register(JobMeta("owned", "bob", "g", 1, 1.0))
     drain = RawSession(channel)
     await drain.send(hello(job="owned", purpose=pb.PURPOSE_DRAIN))  # user alice
     err = await drain.status()

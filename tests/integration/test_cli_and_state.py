@@ -10,8 +10,9 @@ import pytest
 from support import ControllerProcess
 from support import run_burstctl as burstctl
 
-from burstctl.controller.app import build_replica
+from burstctl.controller.app import Replica, build_replica
 from burstctl.controller.config import load_config
+from burstctl.controller.records import Counters, JobMeta
 
 pytestmark = pytest.mark.integration
 
@@ -140,10 +141,66 @@ async def test_corrupt_state_file_is_reported_and_kept(tmp_path: Path, caplog) -
     await svc.start()
     try:
         assert svc.slot.name == "fair-share"
-        assert "not valid burstctl state" in caplog.text
+        kept = tmp_path / "state.json.unreadable-1"
+        assert str(tmp_path / "state.json") in caplog.text
+        assert f"kept aside as {kept}" in caplog.text
     finally:
         await svc.stop(grace=0)
-    assert (tmp_path / "state.json").read_text() == "{not json"
+    assert kept.read_text() == "{not json"
+
+
+@pytest.mark.parametrize("corrupt", ["state.json", "ledger.json", "profiles.json"])
+async def test_an_unreadable_store_is_kept_aside_and_the_others_are_resumed(
+    tmp_path: Path, caplog, corrupt: str
+) -> None:
+    """The one rule of the durable files (docs/controller.md, "Durable state"): whichever
+    of the three cannot be parsed is kept aside with a warning naming both paths, its store
+    starts empty, the replica starts, and the two others are resumed as they were."""
+
+    def replica() -> Replica:
+        return build_replica(
+            load_config(grpc_listen="127.0.0.1:0", http_listen="127.0.0.1:0", state_dir=tmp_path)
+        )
+
+    first = replica()
+    await first.start()
+    try:
+        first.slot.switch("fcfs")
+        first.registrations.register(JobMeta("j1", "ann", "bio", 2, 1.0, app="wrf"))
+        session = first.table.open_session(JobMeta("j1", "ann", "bio", 2, 1.0), "c1", "h")
+        first.table.usage(session, 10, 1, 0.0, 0.25, False, Counters(10, 0, 10, 1, 0, 0.0))
+        first.profiles.observe(("wrf", 2), 1e6, 1.0, None, 1)
+    finally:
+        await first.stop(grace=0)  # saves the ledger and the profiles
+    assert {p.name for p in tmp_path.iterdir()} >= {"state.json", "ledger.json", "profiles.json"}
+    (tmp_path / corrupt).write_text('{"not": "what it should be"')
+    caplog.clear()
+
+    second = replica()
+    await second.start()
+    try:
+        assert second.ready
+        kept = tmp_path / f"{corrupt}.unreadable-1"
+        assert kept.read_text() == '{"not": "what it should be"'
+        assert f"{tmp_path / corrupt}" in caplog.text and f"kept aside as {kept}" in caplog.text
+        state = (second.slot.name, "j1" in second.table.registered)
+        carried = second.ledger.carried.get("j1")
+        profile = second.profiles.get(("wrf", 2))
+        if corrupt == "state.json":
+            assert state == ("fair-share", False)
+        else:
+            assert state == ("fcfs", True)
+        if corrupt == "ledger.json":
+            assert carried is None
+        else:
+            assert carried is not None and carried[0] == Counters(10, 0, 10, 1, 0, 0.0)
+        if corrupt == "profiles.json":
+            assert profile is None
+        else:
+            assert profile is not None and profile.phases == 1
+    finally:
+        await second.stop(grace=0)
+    assert kept.exists()  # never overwritten by the stores that start without it
 
 
 EXAMPLE_CONFIG = Path(__file__).resolve().parents[2] / "deploy" / "examples" / "controller.toml"

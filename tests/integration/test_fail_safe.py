@@ -19,7 +19,7 @@ from contextlib import ExitStack
 import grpc
 import pytest
 from support import ControllerProcess, Pump, async_wait_until, measure, wait_until
-from test_protocol import RawSession, hello, post
+from support.grpc import RawSession, hello, post
 
 from burstctl.client import JobInfo, Session
 from burstctl.common.limits import MIN_RATE

@@ -20,7 +20,7 @@ import psutil
 import pytest
 from digests import digest, job
 from support import async_wait_until
-from test_protocol import RawSession
+from support.grpc import RawSession, hello, post
 
 from burstctl.client import AsyncSession, JobInfo
 from burstctl.controller.app import Replica
@@ -32,16 +32,6 @@ pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 ReplicaFactory = Callable[..., Awaitable[Replica]]
-
-
-def hello(job_id: str = "j1", nodes: int = 1, client_id: str = "t") -> pb.ClientMessage:
-    return pb.ClientMessage(
-        hello=pb.Hello(job_id=job_id, user="alice", group="g", nodes=nodes, client_id=client_id)
-    )
-
-
-def post(op_id: int) -> pb.ClientMessage:
-    return pb.ClientMessage(op_posted=pb.OpPosted(op_id=op_id, kind=pb.OP_KIND_WRITE))
 
 
 def heartbeat() -> pb.ClientMessage:

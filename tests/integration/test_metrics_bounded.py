@@ -29,7 +29,7 @@ from support import Pump, async_wait_until
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
 from burstctl.controller.config import split_host_port
-from burstctl.controller.jobs import JobMeta, SessionState
+from burstctl.controller.records import JobMeta, SessionRecord
 
 pytestmark = pytest.mark.integration
 Make = Callable[..., Awaitable[Replica]]
@@ -71,7 +71,7 @@ def add_junk(svc: Replica, n: int = JUNK) -> None:
         table.close_session(s)
 
 
-def add_rated(svc: Replica, rates: dict[str, float]) -> dict[str, SessionState]:
+def add_rated(svc: Replica, rates: dict[str, float]) -> dict[str, SessionRecord]:
     """Jobs with a live session holding ``rate`` (no stream: the scheduler leaves it)."""
     out = {}
     for job_id, rate in rates.items():

@@ -534,8 +534,7 @@ async def test_unwritable_state_is_503_and_changes_nothing(
         await async_wait_until(lambda: "5" in replica.table.jobs, 5, message="session open")
         blocker = tmp_path / "not-a-dir"
         blocker.write_text("")
-        replica.store.dir = blocker / "state"  # mkdir fails: NotADirectoryError
-        replica.store.path = replica.store.dir / "state.json"
+        replica.store.file.path = blocker / "state" / "state.json"  # mkdir: NotADirectoryError
         async with httpx.AsyncClient(base_url=replica.http_url, headers=auth(replica)) as http:
             r = await http.put("/v1/policy", json={"name": "fcfs"})
             assert r.status_code == 503 and "nothing changed" in r.json()["detail"]

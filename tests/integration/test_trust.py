@@ -17,7 +17,7 @@ import grpc
 import httpx
 import pytest
 from support import async_wait_until
-from test_protocol import RawSession
+from support.grpc import RawSession, hello, post
 from test_rest import auth
 
 from burstctl.client import JobInfo, Session
@@ -28,18 +28,6 @@ from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 pytestmark = pytest.mark.integration
 Make = Callable[..., Awaitable[Replica]]
 MiB = 1 << 20
-
-
-def hello(job: str, user: str, nodes: int = 1, priority: float = 0.0) -> pb.ClientMessage:
-    return pb.ClientMessage(
-        hello=pb.Hello(
-            job_id=job, user=user, group="g", nodes=nodes, priority=priority, client_id="t"
-        )
-    )
-
-
-def post(op_id: int) -> pb.ClientMessage:
-    return pb.ClientMessage(op_posted=pb.OpPosted(op_id=op_id, kind=pb.OP_KIND_WRITE))
 
 
 async def register(replica: Replica, job: str, user: str, nodes: int) -> None:
@@ -58,7 +46,7 @@ async def test_a_registered_job_refuses_another_users_session(replica: Replica) 
     await register(replica, "777", "root", 64)
     async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         intruder = RawSession(ch)
-        await intruder.send(hello("777", "nobody"))
+        await intruder.send(hello("777", user="nobody"))
         err = await intruder.status()
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "hello.user" in (err.details() or "")
@@ -66,7 +54,7 @@ async def test_a_registered_job_refuses_another_users_session(replica: Replica) 
         assert "777" not in replica.table.jobs  # nothing was opened for it
 
         owner = RawSession(ch)
-        await owner.send(hello("777", "root"))
+        await owner.send(hello("777", user="root"))
         await owner.send(post(1))
         await owner.rate_becomes(lambda r: r > 0)
         job = replica.table.jobs["777"]
@@ -79,7 +67,7 @@ async def test_a_registered_job_refuses_another_users_session(replica: Replica) 
 async def test_a_registration_ends_another_users_sessions_of_the_job(replica: Replica) -> None:
     async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         early = RawSession(ch)
-        await early.send(hello("778", "nobody"))
+        await early.send(hello("778", user="nobody"))
         await early.send(post(1))
         await early.rate_becomes(lambda r: r > 0)
         await register(replica, "778", "root", 8)
@@ -92,7 +80,7 @@ async def test_a_registration_ends_another_users_sessions_of_the_job(replica: Re
 async def test_nobody_joins_another_users_default_job(replica: Replica) -> None:
     async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         s = RawSession(ch)
-        await s.send(hello("user:root", "nobody"))
+        await s.send(hello("user:root", user="nobody"))
         err = await s.status()
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED
         assert "hello.job_id" in (err.details() or "")
@@ -101,15 +89,15 @@ async def test_nobody_joins_another_users_default_job(replica: Replica) -> None:
 async def test_an_unregistered_job_belongs_to_its_first_user(replica: Replica) -> None:
     async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         first = RawSession(ch)
-        await first.send(hello("free", "ann"))
+        await first.send(hello("free", user="ann"))
         await first.send(post(1))
         await first.rate_becomes(lambda r: r > 0)
         other = RawSession(ch)
-        await other.send(hello("free", "bob"))
+        await other.send(hello("free", user="bob"))
         err = await other.status()
         assert err.code() == grpc.StatusCode.PERMISSION_DENIED
         same = RawSession(ch)  # the same user may open more sessions of it
-        await same.send(hello("free", "ann"))
+        await same.send(hello("free", user="ann"))
         await same.allocation()
         assert len(replica.table.jobs["free"].sessions) == 2
         first.call.cancel()
@@ -123,7 +111,7 @@ async def test_a_greedy_claim_is_clamped_and_does_not_outlive_its_session(
     # for the job_retention (300 s) and bound later honest sessions of the job.
     async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         greedy = RawSession(ch)
-        await greedy.send(hello("j", "ann", nodes=1 << 20, priority=1e9))
+        await greedy.send(hello("j", user="ann", nodes=1 << 20, priority=1e9))
         await greedy.allocation()
         meta = replica.table.jobs["j"].meta
         limit = replica.config.max_unregistered_nodes
@@ -133,7 +121,7 @@ async def test_a_greedy_claim_is_clamped_and_does_not_outlive_its_session(
             lambda: not replica.table.jobs["j"].sessions, 5, message="greedy session closed"
         )
         honest = RawSession(ch)
-        await honest.send(hello("j", "ann", nodes=2))
+        await honest.send(hello("j", user="ann", nodes=2))
         await honest.allocation()
         assert replica.table.jobs["j"].meta.nodes == 2
         honest.call.cancel()
@@ -144,7 +132,7 @@ async def test_confined_callers_get_only_their_own_default_job(replica_factory: 
     await register(replica, "777", "root", 64)
     async with grpc.aio.insecure_channel(replica.grpc_address) as ch:
         s = RawSession(ch)
-        await s.send(hello("777", "root", nodes=64))
+        await s.send(hello("777", user="root", nodes=64))
         await s.allocation()
         assert "777" not in replica.table.jobs or not replica.table.jobs["777"].sessions
         meta = replica.table.jobs["user:root"].meta
@@ -194,7 +182,7 @@ async def _session_status(
     async with security.open(target) as ch:
         s = RawSession(ch)
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-            await s.send(hello(job, user))  # an allocation answers the Hello alone
+            await s.send(hello(job, user=user))  # an allocation answers the Hello alone
         first = asyncio.ensure_future(s.inbox.get())
         done, _ = await asyncio.wait({first, s.reader}, timeout=10, return_when="FIRST_COMPLETED")
         if first in done:

@@ -22,8 +22,9 @@ from burstctl.controller.digest import (
     to_proto,
     validate,
 )
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
+from burstctl.controller.records import JobMeta, OpKind
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 

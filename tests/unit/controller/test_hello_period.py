@@ -6,19 +6,17 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.grpc import hello
 
 from burstctl.controller.jobs import JobTable, ProtocolError
-from burstctl.controller.sessions import validate_hello
+from burstctl.controller.messages import validate_hello
 from burstctl.policies.view import Periodic
-from burstctl.proto.burstctl.v1 import controller_pb2 as pb
-
-
-def hello(**period: float) -> pb.ClientMessage:
-    return pb.ClientMessage(hello=pb.Hello(job_id="j", user="ann", group="phys", nodes=2, **period))
 
 
 def test_a_declared_period_reaches_the_metadata_and_the_view() -> None:
-    meta, _, _ = validate_hello(hello(period_w=0.5, period_vol=4096.0))
+    meta, _, _ = validate_hello(
+        hello("j", 2, user="ann", group="phys", period_w=0.5, period_vol=4096.0)
+    )
     assert (meta.w, meta.vol_io) == (0.5, 4096.0)
     table = JobTable(lambda: 0.0, heartbeat_timeout=1.0, job_retention=1.0, demand_headroom=1.1)
     table.open_session(meta, "c", "h")
@@ -41,5 +39,5 @@ def test_a_bad_period_is_a_protocol_error_naming_the_field(
     period: dict[str, float], field: str
 ) -> None:
     with pytest.raises(ProtocolError) as caught:
-        validate_hello(hello(**period))
+        validate_hello(hello("j", 2, user="ann", group="phys", **period))
     assert caught.value.field == field

@@ -3,28 +3,22 @@
 from __future__ import annotations
 
 import pytest
+from support.clock import FakeClock
 
-from burstctl.controller.jobs import JobMeta, JobStatus, JobTable, OpKind, ProtocolError
+from burstctl.controller.jobs import JobTable, ProtocolError
+from burstctl.controller.records import JobMeta, JobStatus, OpKind
 
 MiB = float(1 << 20)
 B, b = 40 * MiB, 8 * MiB
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+@pytest.fixture
+def clock() -> FakeClock:
+    return FakeClock()
 
 
 @pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def table(clock: Clock) -> JobTable:
+def table(clock: FakeClock) -> JobTable:
     return JobTable(clock, heartbeat_timeout=3.0, job_retention=10.0, demand_headroom=1.1)
 
 
@@ -38,19 +32,19 @@ def test_job_appears_with_first_hello_and_is_idle_without_ops(table: JobTable) -
     assert table.view(B, b).jobs == {}  # not in S(t) until it posts
 
 
-def test_post_puts_job_in_S_with_cap_demand(table: JobTable, clock: Clock) -> None:
+def test_post_puts_job_in_S_with_cap_demand(table: JobTable, clock: FakeClock) -> None:
     s = table.open_session(meta(nodes=4), "c", "h")
-    clock.t += 1
+    clock.now += 1
     table.post(s, 1, OpKind.WRITE, 10 * int(MiB))
     row = table.view(B, b).jobs["j"]
     assert row.cap == 32 * MiB and row.demand == 32 * MiB  # b_i = min(4·8, 40)
     assert row.posted_at == 101.0 and row.volume == 10 * MiB and row.remaining == 10 * MiB
 
 
-def test_remaining_volume_follows_usage(table: JobTable, clock: Clock) -> None:
+def test_remaining_volume_follows_usage(table: JobTable, clock: FakeClock) -> None:
     s = table.open_session(meta(), "c", "h")
     table.post(s, 1, OpKind.WRITE, 10 * int(MiB))
-    clock.t += 1
+    clock.now += 1
     table.usage(s, 4 * int(MiB), 64, 0.9, 1.0, True)
     row = table.view(B, b).jobs["j"]
     assert row.remaining == 6 * MiB and row.moved == 4 * MiB
@@ -71,10 +65,12 @@ def test_duplicate_op_id_is_a_protocol_error(table: JobTable) -> None:
     assert info.value.field == "op_posted.op_id"
 
 
-def test_satisfied_job_demand_is_measured_rate_with_headroom(table: JobTable, clock: Clock) -> None:
+def test_satisfied_job_demand_is_measured_rate_with_headroom(
+    table: JobTable, clock: FakeClock
+) -> None:
     s = table.open_session(meta(), "c", "h")
     table.post(s, 1, OpKind.WRITE, 0)
-    clock.t += 0.25
+    clock.now += 0.25
     table.usage(s, int(1.25 * MiB), 20, 0.0, 0.25, False)  # 5 MiB/s, never waited
     assert table.view(B, b).jobs["j"].demand == pytest.approx(5.5 * MiB)
     # it starts waiting: it wants what it may get again (b_i)
@@ -82,7 +78,7 @@ def test_satisfied_job_demand_is_measured_rate_with_headroom(table: JobTable, cl
     assert table.view(B, b).jobs["j"].demand == b
 
 
-def test_rate_drifting_in_small_steps_still_asks_for_a_decision(clock: Clock) -> None:
+def test_rate_drifting_in_small_steps_still_asks_for_a_decision(clock: FakeClock) -> None:
     """Each report moves the EWMA by less than 10 %, but once the drift adds up to
     more than 10 % of the rate the last decision used, the table asks for a new one."""
     calls: list[int] = []
@@ -98,7 +94,7 @@ def test_rate_drifting_in_small_steps_still_asks_for_a_decision(clock: Clock) ->
     table.usage(s, int(6 * MiB), 1, 0.0, 1.0, False)  # first report: 6 MiB/s
     calls.clear()
     for _ in range(3):  # 5 MiB/s from now on: the EWMA goes 5.5, 5.25, 5.125 MiB/s
-        clock.t += 1
+        clock.now += 1
         table.usage(s, int(5 * MiB), 1, 0.0, 1.0, False)
     assert len(calls) == 1  # at 5.25: 12.5 % below the 6 the last decision used
     assert table.view(B, b).jobs["j"].demand == pytest.approx(1.1 * 5.125 * MiB)
@@ -116,66 +112,66 @@ def test_demand_summed_over_sessions_and_capped(table: JobTable) -> None:
     assert table.view(B, b).jobs["j"].demand == 16 * MiB  # capped at b_i
 
 
-def test_phases_and_yield_inputs(table: JobTable, clock: Clock) -> None:
+def test_phases_and_yield_inputs(table: JobTable, clock: FakeClock) -> None:
     s = table.open_session(meta(), "c", "h")  # τ_i = 100
-    clock.t = 104.0
+    clock.now = 104.0
     table.post(s, 1, OpKind.WRITE, 0)  # computed 4 s
-    clock.t = 106.0
+    clock.now = 106.0
     table.usage(s, int(16 * MiB), 1, 0.0, 2.0, True)
     table.complete(s, 1)  # 2 s of I/O
     job = table.jobs["j"]
-    assert job.io_seconds(clock.t) == 2.0 and job.work_done(clock.t) == 4.0
-    clock.t = 110.0
+    assert job.io_seconds(clock.now) == 2.0 and job.work_done(clock.now) == 4.0
+    clock.now = 110.0
     table.post(s, 2, OpKind.WRITE, 0)
     row = table.view(B, b).jobs["j"]
     # P = W_done + V_transferred / b_i = 8 + 16 MiB / 8 MiB/s; y = P / (110 − 100), eq. (6)
     assert row.progress == pytest.approx(10.0)
-    assert row.yield_at(clock.t) == pytest.approx(1.0)
+    assert row.yield_at(clock.now) == pytest.approx(1.0)
     assert row.last_work == 4.0  # 106 → 110 between the two I/O phases
     assert row.mean_volume == 16 * MiB  # the first op declared no volume: its moved bytes count
 
 
-def test_heartbeat_timeout_then_retention(table: JobTable, clock: Clock) -> None:
+def test_heartbeat_timeout_then_retention(table: JobTable, clock: FakeClock) -> None:
     s = table.open_session(meta(), "c", "h")
     table.post(s, 1, OpKind.WRITE, 0)
-    clock.t += 2.9
+    clock.now += 2.9
     assert table.expire() == []
-    clock.t += 0.2
+    clock.now += 0.2
     assert table.expire() == [s]
     assert table.jobs["j"].status is JobStatus.INACTIVE and "j" not in table.view(B, b).jobs
-    clock.t += 9.9
+    clock.now += 9.9
     table.expire()
     assert "j" in table.jobs
-    clock.t += 0.2
+    clock.now += 0.2
     table.expire()
     assert "j" not in table.jobs
 
 
 def test_retention_drops_jobs_in_the_order_they_went_inactive(
-    table: JobTable, clock: Clock
+    table: JobTable, clock: FakeClock
 ) -> None:
     # expire() walks the inactive jobs oldest first and stops at the first one still
     # retained, so a job that came back in between must not be dropped with the others.
     first = table.open_session(meta("a"), "c", "h")
     second = table.open_session(meta("b"), "c", "h")
     table.close_session(first)
-    clock.t += 4
+    clock.now += 4
     table.close_session(second)
     back = table.open_session(meta("a"), "c", "h")  # a returns, then leaves again later
-    clock.t += 1
+    clock.now += 1
     table.close_session(back)
-    clock.t += 5.5  # b inactive for 6.5 s, a for 5.5 s
+    clock.now += 5.5  # b inactive for 6.5 s, a for 5.5 s
     table.expire()
     assert set(table.jobs) == {"a", "b"}
-    clock.t += 4
+    clock.now += 4
     table.expire()
     assert set(table.jobs) == {"a"}  # b went inactive 10.5 s ago, a only 9.5 s ago
-    clock.t += 1
+    clock.now += 1
     table.expire()
     assert table.jobs == {}
 
 
-def test_returning_session_reactivates_job(table: JobTable, clock: Clock) -> None:
+def test_returning_session_reactivates_job(table: JobTable, clock: FakeClock) -> None:
     s = table.open_session(meta(), "c", "h")
     table.close_session(s)
     assert table.jobs["j"].status is JobStatus.INACTIVE
@@ -183,7 +179,7 @@ def test_returning_session_reactivates_job(table: JobTable, clock: Clock) -> Non
     assert table.jobs["j"].status is JobStatus.ACTIVE
 
 
-def test_events_ask_for_a_decision(clock: Clock) -> None:
+def test_events_ask_for_a_decision(clock: FakeClock) -> None:
     calls = []
     table = JobTable(
         clock,

@@ -4,68 +4,72 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from burstctl.controller.jobs import Counters, JobMeta, JobTable
+from support.clock import FakeClock
+
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import LEDGER_FILE, Ledger
+from burstctl.controller.records import Counters, JobMeta
 
 
-def table() -> JobTable:
-    return JobTable(lambda: 0.0, heartbeat_timeout=3, job_retention=300, demand_headroom=1.1)
+def table(clock: FakeClock | None = None, retention: float = 300) -> JobTable:
+    return JobTable(
+        clock or FakeClock(0.0), heartbeat_timeout=3, job_retention=retention, demand_headroom=1.1
+    )
 
 
 def test_saved_counters_are_carried_into_the_returning_job(tmp_path: Path) -> None:
     before = table()
     s = before.open_session(JobMeta("j", "u", "g", 1, 1.0), "c1", "h")
     before.usage(s, 10, 2, 0.5, 0.25, False, Counters(10, 4, 6, 2, 1, 0.5))
-    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
-    ledger.write(ledger.snapshot(before))
+    ledger = Ledger(tmp_path, before)
+    ledger.write(ledger.snapshot())
 
     after = table()
-    reloaded = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    reloaded = Ledger(tmp_path, after)  # it carries the saved counters into new jobs
     assert reloaded.load() == 1
-    after.on_new_job = reloaded.restore
     s2 = after.open_session(JobMeta("j", "u", "g", 1, 1.0), "c1", "h")
     # the same session reconnects with totals that include 6 bytes the old run never booked
     after.usage(s2, 6, 1, 0.0, 0.25, False, Counters(16, 4, 12, 3, 1, 0.5))
     assert after.jobs["j"].counters == Counters(16, 4, 12, 3, 1, 0.5)
 
 
-def test_an_unreadable_ledger_is_moved_aside_and_counters_start_at_zero(tmp_path: Path) -> None:
-    (tmp_path / LEDGER_FILE).write_text('{"format": 1, "jobs": {"j": {"counters": {"bytes": -1}}}}')
-    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+def test_an_unreadable_ledger_is_kept_aside_and_counters_start_at_zero(tmp_path: Path) -> None:
+    bad = '{"format": 1, "jobs": {"j": {"counters": {"bytes": -1}}}}'
+    (tmp_path / LEDGER_FILE).write_text(bad)
+    (tmp_path / (LEDGER_FILE + ".unreadable-1")).write_text("an older one")
+    ledger = Ledger(tmp_path, table())
     assert ledger.load() == 0
     assert not (tmp_path / LEDGER_FILE).exists()
-    assert (tmp_path / (LEDGER_FILE + ".unreadable")).exists()
+    assert (tmp_path / (LEDGER_FILE + ".unreadable-2")).read_text() == bad
+    assert (tmp_path / (LEDGER_FILE + ".unreadable-1")).read_text() == "an older one"
 
 
 def test_carried_counters_of_jobs_that_never_return_expire(tmp_path: Path) -> None:
-    now = [0.0]
-    t = table()
+    t = table(retention=10)
     s = t.open_session(JobMeta("gone", "u", "g", 1, 1.0), "c", "h")
     t.usage(s, 5, 1, 0.0, 0.25, False, Counters(5, 5, 0, 1, 0, 0.0))
-    Ledger(tmp_path, retention=10, clock=lambda: 0.0).write(
-        Ledger(tmp_path, retention=10, clock=lambda: 0.0).snapshot(t)
-    )
-    ledger = Ledger(tmp_path, retention=10, clock=lambda: now[0])
+    first = Ledger(tmp_path, t)
+    first.write(first.snapshot())
+    clock = FakeClock(0.0)
+    ledger = Ledger(tmp_path, table(clock, retention=10))
     assert ledger.load() == 1
-    assert "gone" in ledger.snapshot(table())["carried"]
-    now[0] = 11.0
-    assert ledger.snapshot(table())["carried"] == {}
+    assert "gone" in ledger.snapshot()["carried"]
+    clock.now = 11.0  # past the table's job_retention
+    assert ledger.snapshot()["carried"] == {}
 
 
 def test_a_returned_job_stays_in_the_ledger_until_it_moves_again(tmp_path: Path) -> None:
     before = table()
     s = before.open_session(JobMeta("j", "u", "g", 1, 1.0), "c1", "h")
     before.usage(s, 10, 1, 0.0, 0.25, False, Counters(10, 10, 0, 1, 0, 0.0))
-    Ledger(tmp_path, retention=300, clock=lambda: 0.0).write(
-        Ledger(tmp_path, retention=300, clock=lambda: 0.0).snapshot(before)
-    )
+    first = Ledger(tmp_path, before)
+    first.write(first.snapshot())
     after = table()
-    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    ledger = Ledger(tmp_path, after)
     ledger.load()
-    after.on_new_job = ledger.restore
     after.open_session(JobMeta("j", "u", "g", 1, 1.0), "c2", "h")  # back, idle so far
-    ledger.write(ledger.snapshot(after))
-    again = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
+    ledger.write(ledger.snapshot())
+    again = Ledger(tmp_path, table())
     assert again.load() == 1
     assert again.carried["j"][0] == Counters(10, 10, 0, 1, 0, 0.0)
 
@@ -74,11 +78,11 @@ def test_a_snapshot_reads_only_the_jobs_that_moved(tmp_path: Path) -> None:
     t = table()
     idle = [t.open_session(JobMeta(f"idle{i}", "u", "g", 1, 1.0), "c", "h") for i in range(100)]
     busy = t.open_session(JobMeta("busy", "u", "g", 1, 1.0), "c", "h")
-    ledger = Ledger(tmp_path, retention=300, clock=lambda: 0.0)
-    assert ledger.snapshot(t)["entries"] == {}
+    ledger = Ledger(tmp_path, t)
+    assert ledger.snapshot()["entries"] == {}
     t.usage(busy, 5, 1, 0.0, 0.25, False, Counters(5, 0, 5, 1, 0, 0.0))
     assert t.counted == {"busy"}
-    assert set(ledger.snapshot(t)["entries"]) == {"busy"}
+    assert set(ledger.snapshot()["entries"]) == {"busy"}
     assert t.counted == set()
     assert len(idle) == 100
 

@@ -19,7 +19,7 @@ from digests import FULL_DIGEST
 from support import async_wait_until
 
 from burstctl.controller.digest import Digest, JobDigest, to_proto
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
 from burstctl.controller.peers import (
     EARLY_GAP,
@@ -29,6 +29,7 @@ from burstctl.controller.peers import (
     PeerSync,
     _decode_digest,
 )
+from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.decision import Share, blend
 from burstctl.policies.registry import default_registry
@@ -222,7 +223,7 @@ def test_a_dead_peers_column_is_held_until_its_leases_expire(tmp_path: Path) -> 
 def test_table_signals_only_when_a_job_enters_or_leaves_io() -> None:
     jobs = JobTable(lambda: 0.0, heartbeat_timeout=3.0, job_retention=60.0, demand_headroom=1.1)
     flips: list[int] = []
-    jobs.io_changed.connect(lambda: flips.append(1))
+    jobs.io_changed.connect(lambda job, in_io, now: flips.append(1))
     s = jobs.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
     assert flips == []
     jobs.post(s, 1, OpKind.WRITE, 0)

@@ -6,8 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
+from support.clock import FakeClock
 
-from burstctl.controller.jobs import Counters, JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.profiles import (
     PROFILES_FILE,
     AppProfile,
@@ -15,14 +16,7 @@ from burstctl.controller.profiles import (
     ProfileStore,
     app_name,
 )
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
+from burstctl.controller.records import Counters, JobMeta, OpKind
 
 
 def test_app_name_is_the_registered_app_else_the_job_id_prefix() -> None:
@@ -72,26 +66,30 @@ def test_store_survives_a_restart_and_writes_whole_files(tmp_path: Path) -> None
     assert p.bandwidth == {2: pytest.approx(5e8), 4: pytest.approx(1.5e9)}
 
 
-def test_an_unreadable_file_starts_empty(tmp_path: Path) -> None:
-    (tmp_path / PROFILES_FILE).write_text("{not json")
-    assert ProfileStore(tmp_path).load() == 0
-    (tmp_path / PROFILES_FILE).write_text(
-        json.dumps({"profiles": [{"app": "x", "nodes": 1, "volume_per_phase": "nan?"}]})
-    )
-    assert ProfileStore(tmp_path).load() == 0
+def test_an_unreadable_file_is_kept_aside_and_the_store_starts_empty(tmp_path: Path) -> None:
+    for n, bad in enumerate(("{not json", '{"profiles": 3}', "[]"), start=1):
+        (tmp_path / PROFILES_FILE).write_text(bad)
+        assert ProfileStore(tmp_path).load() == 0
+        assert not (tmp_path / PROFILES_FILE).exists()
+        assert (tmp_path / f"{PROFILES_FILE}.unreadable-{n}").read_text() == bad
+
+
+def test_a_bad_entry_is_skipped_and_the_others_kept(tmp_path: Path) -> None:
+    good = {"app": "wrf", "nodes": 2, "volume_per_phase": 5.0, "phases": 1}
+    bad = {"app": "x", "nodes": 1, "volume_per_phase": "nan?"}
+    (tmp_path / PROFILES_FILE).write_text(json.dumps({"profiles": [bad, good]}))
+    store = ProfileStore(tmp_path)
+    assert store.load() == 1
+    assert store.keys() == [("wrf", 2)]
+    assert (tmp_path / PROFILES_FILE).exists()  # readable: nothing kept aside
 
 
 def test_recorder_measures_phases_of_the_job_table() -> None:
-    clock = Clock()
+    clock = FakeClock()
     table = JobTable(clock, heartbeat_timeout=5.0, job_retention=60.0, demand_headroom=1.1)
     store = ProfileStore(None)
     counts = {"j1": 2}
-    table.on_phase = PhaseRecorder(
-        store,
-        key_of=lambda job: (app_name(job.meta.job_id, job.meta.app), job.meta.nodes),
-        count_of=lambda job_id: counts.get(job_id, 1),
-        bytes_of=lambda job: job.counters.bytes,
-    )
+    PhaseRecorder(store, table, count_of=lambda job_id: counts.get(job_id, 1))
     s = table.open_session(JobMeta("j1", "u", "g", 4, 1.0, app="ior"), "c1", "h")
     total = 0
     for phase in range(2):

@@ -10,26 +10,21 @@ import time
 import grpc
 import pytest
 from support import async_wait_until
+from support.clock import FakeClock
 
 from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.config import ConfigError, load_config
-from burstctl.controller.jobs import JobMeta, JobTable, LimitError, OpKind
-from burstctl.controller.sessions import ControllerServicer, LoopLag, SessionStream, client_host
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
+from burstctl.controller.jobs import JobTable, LimitError
+from burstctl.controller.outbox import StreamOutbox
+from burstctl.controller.records import JobMeta, OpKind
+from burstctl.controller.servicer import ControllerServicer, LoopLag, client_host
 
 
 def meta(job_id: str) -> JobMeta:
     return JobMeta(job_id=job_id, user="u", group="g", nodes=1, priority=1.0)
 
 
-def table(clock: Clock, **limits: int) -> JobTable:
+def table(clock: FakeClock, **limits: int) -> JobTable:
     return JobTable(clock, heartbeat_timeout=3.0, job_retention=10.0, demand_headroom=1.1, **limits)
 
 
@@ -37,7 +32,7 @@ def table(clock: Clock, **limits: int) -> JobTable:
 
 
 async def test_notices_beyond_the_bound_are_counted_and_summarised() -> None:
-    stream = SessionStream("r", max_notices=3)
+    stream = StreamOutbox("r", max_notices=3)
     for i in range(10):
         stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", f"no open operation {i}")
         assert stream.queued_notices <= 3
@@ -59,7 +54,7 @@ async def test_notices_beyond_the_bound_are_counted_and_summarised() -> None:
 
 
 async def test_a_drained_stream_waits_instead_of_repeating_the_summary() -> None:
-    stream = SessionStream(max_notices=1)
+    stream = StreamOutbox(max_notices=1)
     stream.error(grpc.StatusCode.NOT_FOUND, "f", "a")
     stream.error(grpc.StatusCode.NOT_FOUND, "f", "b")
     assert (await stream.next()) is not None
@@ -75,7 +70,7 @@ async def test_a_drained_stream_waits_instead_of_repeating_the_summary() -> None
 
 
 def test_a_full_table_of_active_jobs_refuses_a_new_job_with_a_retry_hint() -> None:
-    t = table(Clock(), max_jobs=2)
+    t = table(FakeClock(), max_jobs=2)
     t.open_session(meta("a"), "c", "h")
     t.open_session(meta("b"), "c", "h")
     with pytest.raises(LimitError) as info:
@@ -86,11 +81,11 @@ def test_a_full_table_of_active_jobs_refuses_a_new_job_with_a_retry_hint() -> No
 
 
 def test_a_new_job_in_a_full_table_takes_the_place_of_the_longest_inactive() -> None:
-    clock = Clock()
+    clock = FakeClock()
     t = table(clock, max_jobs=3)
     sessions = {j: t.open_session(meta(j), "c", "h") for j in ("a", "b", "c")}
     t.close_session(sessions["b"])
-    clock.t += 1
+    clock.now += 1
     t.close_session(sessions["a"])
     t.open_session(meta("d"), "c", "h")
     assert set(t.jobs) == {"a", "c", "d"}  # b was inactive the longest
@@ -102,11 +97,11 @@ def test_a_new_job_in_a_full_table_takes_the_place_of_the_longest_inactive() -> 
 
 
 def test_expired_jobs_leave_the_eviction_order() -> None:
-    clock = Clock()
+    clock = FakeClock()
     t = table(clock, max_jobs=2)
     s = t.open_session(meta("a"), "c", "h")
     t.close_session(s)
-    clock.t += 11  # past job_retention
+    clock.now += 11  # past job_retention
     t.expire()
     assert not t.jobs
     t.open_session(meta("b"), "c", "h")
@@ -114,7 +109,7 @@ def test_expired_jobs_leave_the_eviction_order() -> None:
 
 
 def test_open_operations_are_bounded_per_session() -> None:
-    t = table(Clock(), max_open_ops=2)
+    t = table(FakeClock(), max_open_ops=2)
     s = t.open_session(meta("a"), "c", "h")
     t.post(s, 1, OpKind.WRITE, 0)
     t.post(s, 2, OpKind.WRITE, 0)
@@ -149,15 +144,15 @@ def test_client_host(peer: str, host: str) -> None:
 
 def test_admission_counts_open_streams_in_total_and_per_host() -> None:
     servicer = ControllerServicer(
-        table(Clock()), max_op_volume=1, max_sessions=3, max_sessions_per_client=2
+        table(FakeClock()), max_op_volume=1, max_sessions=3, max_sessions_per_client=2
     )
     servicer.admit("10.0.0.1")
-    servicer.streams = {1: SessionStream(), 2: SessionStream()}
+    servicer.streams = {1: StreamOutbox(), 2: StreamOutbox()}
     servicer._per_client = {"10.0.0.1": 2}
     with pytest.raises(LimitError, match=r"10\.0\.0\.1 is at its session limit"):
         servicer.admit("10.0.0.1")
     servicer.admit("10.0.0.2")
-    servicer.streams[3] = SessionStream()
+    servicer.streams[3] = StreamOutbox()
     with pytest.raises(LimitError, match="max_sessions = 3") as info:
         servicer.admit("10.0.0.2")
     assert info.value.retry
@@ -217,7 +212,7 @@ async def test_loop_lag_probe_sees_a_blocked_loop() -> None:
 
 
 def test_a_lagging_loop_refuses_new_sessions_with_a_retry_hint() -> None:
-    servicer = ControllerServicer(table(Clock()), max_op_volume=1, shed_loop_lag=0.5)
+    servicer = ControllerServicer(table(FakeClock()), max_op_volume=1, shed_loop_lag=0.5)
     servicer.lag.sample(0.4)
     servicer.admit("h")
     servicer.lag.sample(0.6)
@@ -226,22 +221,22 @@ def test_a_lagging_loop_refuses_new_sessions_with_a_retry_hint() -> None:
     ) as info:
         servicer.admit("h")
     assert info.value.retry
-    off = ControllerServicer(table(Clock()), max_op_volume=1, shed_loop_lag=0)
+    off = ControllerServicer(table(FakeClock()), max_op_volume=1, shed_loop_lag=0)
     off.lag.sample(30.0)
     off.admit("h")  # 0: never refused for lag
 
 
 def test_expiry_forgives_the_controllers_own_lag() -> None:
-    clock = Clock()
+    clock = FakeClock()
     t = table(clock)  # heartbeat_timeout 3 s
     s = t.open_session(meta("a"), "c", "h")
-    clock.t += 3.5
+    clock.now += 3.5
     assert t.expire(grace=1.0) == []
     assert t.expire() == [s]
 
 
 async def test_a_graceful_end_first_tells_what_is_queued() -> None:
-    stream = SessionStream(max_notices=2)
+    stream = StreamOutbox(max_notices=2)
     for i in range(5):
         stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", f"operation {i} is not open")
     stream.end()  # the client half-closed: OK
@@ -256,7 +251,7 @@ async def test_a_graceful_end_first_tells_what_is_queued() -> None:
 
 
 async def test_an_abort_drops_what_is_queued() -> None:
-    stream = SessionStream(max_notices=2)
+    stream = StreamOutbox(max_notices=2)
     stream.error(grpc.StatusCode.NOT_FOUND, "op_completed.op_id", "operation 1 is not open")
     stream.end(grpc.StatusCode.INVALID_ARGUMENT, "usage.bytes: must be >= 0")
     assert await stream.next() is None

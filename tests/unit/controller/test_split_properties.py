@@ -33,7 +33,9 @@ from burstctl.controller.merge import ceilings, merge, split_targets
 from burstctl.controller.split import SplitProblem, split
 from burstctl.policies.decision import decide
 
-SETTINGS = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+# Sized by the hypothesis profile (tests/conftest.py): `ci` for make test, `thorough` for
+# make test-all.
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 RATE = st.one_of(
     st.integers(0, 40).map(float),  # integers: ties
     st.floats(0.0, 40.0, allow_nan=False, allow_infinity=False),

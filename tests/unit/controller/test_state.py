@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from burstctl.controller.state import PolicySlot, ReplicaState, StateError, StateStore
+from burstctl.controller.state import PolicySlot, ReplicaState, StateStore
 from burstctl.policies.io_sets import Set10
 from burstctl.policies.registry import PolicyParamsError, UnknownPolicyError, default_registry
 
@@ -177,14 +177,18 @@ def test_the_origin_of_a_version_decides_ties_and_survives_a_restart(tmp_path: P
 
 def test_an_unreadable_state_file_is_kept_aside_not_overwritten(tmp_path: Path) -> None:
     (tmp_path / "state.json").write_text("{not json")
-    (tmp_path / "state.json.unreadable").write_text("an older one")
+    (tmp_path / "state.json.unreadable-1").write_text("an older one")
     store = StateStore(tmp_path)
-    with pytest.raises(StateError, match="not valid burstctl state"):
-        store.load()
+    assert store.load() == ReplicaState()  # started without it
+    assert (tmp_path / "state.json.unreadable-2").read_text() == "{not json"
+    assert (tmp_path / "state.json.unreadable-1").read_text() == "an older one"
+    assert not (tmp_path / "state.json").exists()
     slot = PolicySlot(REGISTRY, store, ("fair-share", {}), replica_id="r1")
     slot.switch("fcfs")
-    assert (tmp_path / "state.json.unreadable.1").read_text() == "{not json"
-    assert (tmp_path / "state.json.unreadable").read_text() == "an older one"
     assert ReplicaState.model_validate_json((tmp_path / "state.json").read_text()).policy
     slot.switch("greedy-yield")  # later writes replace the new file as usual
-    assert not (tmp_path / "state.json.unreadable.2").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "state.json",
+        "state.json.unreadable-1",
+        "state.json.unreadable-2",
+    ]

@@ -20,7 +20,8 @@ from pathlib import Path
 import pytest
 
 from burstctl.controller.config import load_config
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind, SessionState
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta, OpKind, SessionRecord
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot, StateStore
@@ -115,7 +116,7 @@ class LiveDecider:
         self.scheduler = Scheduler(
             self.table, slot, config, peers=self.targets, clock=self.timer, timer=self.timer
         )
-        self.sessions: dict[JobId, SessionState] = {}
+        self.sessions: dict[JobId, SessionRecord] = {}
         self.op: dict[JobId, int] = {}
         self.last = 0.0
 
@@ -124,8 +125,9 @@ class LiveDecider:
         session = self.sessions.get(job)
         if session is None:
             meta = JobMeta(job, info.user, info.group, info.nodes, info.priority)
-            session = self.sessions[job] = self.table.open_session(meta, f"client-{job}", "h")
-            session.outbox = _Outbox()
+            session = self.sessions[job] = self.table.open_session(
+                meta, f"client-{job}", "h", outbox=_Outbox()
+            )
         self.op[job] = self.op.get(job, 0) + 1
         self.table.post(session, self.op[job], OpKind.WRITE, volume)
 

@@ -6,7 +6,8 @@ import grpc
 import pytest
 
 from burstctl.controller.config import ConfigError, load_config
-from burstctl.controller.jobs import JobMeta, JobTable
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.records import JobMeta
 from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
 
 SESSION = "/burstctl.v1.Controller/Session"

@@ -11,9 +11,10 @@ from typing import Any
 import pytest
 
 from burstctl.controller.config import load_config
-from burstctl.controller.jobs import JobMeta, JobTable, OpKind
+from burstctl.controller.jobs import JobTable
+from burstctl.controller.outbox import StreamOutbox
+from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.scheduler import Scheduler
-from burstctl.controller.sessions import SessionStream
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.decision import decide
@@ -135,7 +136,7 @@ def test_no_schedule_for_a_job_without_demand_nor_with_a_global_split() -> None:
 
 def test_the_origin_goes_out_as_seconds_to_the_next_period_start() -> None:
     now = [12.3]
-    stream = SessionStream("r", clock=lambda: now[0])
+    stream = StreamOutbox("r", clock=lambda: now[0])
     schedule = Schedule(1.0, (Window(0.8, 1.2, 5.0),), origin=10.0)
     windows = stream._windows(schedule)
     assert windows.period_seconds == 1.0
@@ -188,8 +189,8 @@ async def test_a_new_schedule_is_pushed_even_when_the_mean_rate_is_the_same(
     tmp_path: Path,
 ) -> None:
     sched, table, slot = scheduler(tmp_path, {})
-    session = table.open_session(JobMeta("a", "u", "g", 1, 1.0), "c", "h")
-    outbox = session.outbox = Recorder()
+    outbox = Recorder()
+    session = table.open_session(JobMeta("a", "u", "g", 1, 1.0), "c", "h", outbox=outbox)
     table.post(session, 1, OpKind.WRITE, 0)
     sched.rebalance()
     rate, first = outbox.offers[-1]
@@ -209,9 +210,8 @@ async def test_the_sessions_of_a_job_share_its_windows(tmp_path: Path) -> None:
     meta = JobMeta("a", "u", "g", 1, 1.0)
     outboxes = []
     for i in range(2):
-        session = table.open_session(meta, f"c{i}", "h")
         outbox = Recorder()
-        session.outbox = outbox
+        session = table.open_session(meta, f"c{i}", "h", outbox=outbox)
         outboxes.append(outbox)
         table.post(session, 1, OpKind.WRITE, 0)
     sched.rebalance()
@@ -226,8 +226,8 @@ async def test_the_sessions_of_a_job_share_its_windows(tmp_path: Path) -> None:
 
 async def test_an_outbox_without_windows_gets_the_mean_rate(tmp_path: Path) -> None:
     sched, table, _ = scheduler(tmp_path, {})
-    session = table.open_session(JobMeta("a", "u", "g", 1, 1.0), "c", "h")
-    outbox = session.outbox = PlainOutbox()
+    outbox = PlainOutbox()
+    session = table.open_session(JobMeta("a", "u", "g", 1, 1.0), "c", "h", outbox=outbox)
     table.post(session, 1, OpKind.WRITE, 0)
     sched.rebalance()
     assert outbox.rates[-1] == pytest.approx(0.3 * 4 * MiB)

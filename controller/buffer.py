@@ -16,7 +16,7 @@ is kept by raising a limit only out of ``free = S − used``. A report can only 
 holder's reservation (added grows by what resident grows, or resident shrinks by the drain)
 — except a resident that grew beyond what was added, which the books take as it comes.
 
-Grants (`CapacityBooks.grant`): a holder that is writing — its ``added`` grew since its
+Grants (`BufferBooks.grant`): a holder that is writing — its ``added`` grew since its
 previous report, or it reports waiting — is topped up
 to an unused grant of one chunk, ``max(min_chunk, rate × horizon)``, doubled for every report
 in which it still waits with space in hand and has added nothing (a write larger than a
@@ -110,7 +110,7 @@ class JobBuffer:
     waiting: bool
 
 
-class CapacityBooks:
+class BufferBooks:
     """The buffer's books of one replica (S is per replica)."""
 
     def __init__(

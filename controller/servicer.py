@@ -1,7 +1,8 @@
-"""gRPC servicer of ``burstctl.v1.Controller``: one ``Session`` stream per client.
+"""The gRPC servicer of ``burstctl.v1.Controller``: one ``Session`` stream per client.
 
-Reads ``ClientMessage``s, validates them, turns them into job-table events and
-writes the ``Allocation``s the scheduler offers. Bad input (an undecodable
+Reads ``ClientMessage``s, validates them (``controller/messages.py``), turns them into
+job-table events and writes what the scheduler offers through each stream's outbox
+(``controller/outbox.py``). Bad input (an undecodable
 message, a message before ``Hello``, a field out of range) ends *that* stream
 with ``INVALID_ARGUMENT`` and a message naming the field; every other session
 goes on untouched.
@@ -21,13 +22,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import time
-from collections import deque
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 
 import grpc
-from google.protobuf.message import DecodeError
 
 from burstctl.common.limits import (
     DEFAULT_MAX_NOTICES,
@@ -38,237 +35,28 @@ from burstctl.common.limits import (
     MAX_BATCH,
     MAX_NODES,
     MAX_PRIORITY,
-    MAX_TEXT,
     RETRY_AFTER_KEY,
-    buffer_problem,
-    identifier_problem,
-    period_problem,
 )
-from burstctl.controller.capacity import CapacityBooks
-from burstctl.controller.jobs import (
-    Counters,
-    JobMeta,
-    JobTable,
-    LimitError,
-    OpKind,
-    ProtocolError,
-    SessionState,
+from burstctl.controller.buffer import BufferBooks
+from burstctl.controller.jobs import JobTable, LimitError, ProtocolError
+from burstctl.controller.messages import (
+    Malformed,
+    check_buffer,
+    check_op_posted,
+    check_usage,
+    decode_client_message,
+    decoded,
+    validate_hello,
+    validate_purpose,
 )
+from burstctl.controller.outbox import StreamOutbox
+from burstctl.controller.records import JobMeta, SessionRecord
 from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
-from burstctl.policies.schedule import Schedule
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 log = logging.getLogger(__name__)
 
 SERVICE_NAME = "burstctl.v1.Controller"
-_KINDS = {
-    pb.OP_KIND_READ: OpKind.READ,
-    pb.OP_KIND_WRITE: OpKind.WRITE,
-    pb.OP_KIND_METADATA: OpKind.METADATA,
-}
-
-
-class Malformed:
-    """Stands for a request that did not decode; the handler rejects it."""
-
-    __slots__ = ("error",)
-
-    def __init__(self, error: Exception) -> None:
-        self.error = error
-
-
-def decode_client_message(data: bytes) -> pb.ClientMessage | Malformed:
-    try:
-        return pb.ClientMessage.FromString(data)
-    except DecodeError as exc:
-        return Malformed(exc)
-
-
-class SessionStream:
-    """The outgoing side of one session: the newest allocation wins, errors queue.
-
-    The scheduler offers plain values; the protobuf message is built here, when
-    the writer gets to run, so an allocation superseded before it is sent costs
-    nothing but a tuple.
-
-    At most ``max_notices`` error notices wait to be sent; the ones beyond are only
-    counted, and go out as one summary notice (``RESOURCE_EXHAUSTED``, "N more error
-    notices dropped") once the queue has drained: a client that provokes errors faster
-    than it reads them costs the controller a bounded queue, never more.
-    """
-
-    __slots__ = (
-        "_acked",
-        "_allocation",
-        "_clock",
-        "_dropped",
-        "_end",
-        "_errors",
-        "_event",
-        "_last",
-        "_replica",
-        "_space",
-        "_waiting",
-        "max_notices",
-    )
-
-    def __init__(
-        self,
-        replica_id: str = "",
-        max_notices: int = DEFAULT_MAX_NOTICES,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._event = asyncio.Event()
-        self._allocation: tuple[float, float, int, float, str, Schedule | None] | None = None
-        self._clock = clock  # the clock of the schedules' origins (the job table's)
-        self._errors: deque[tuple[str, str, str]] = deque()  # (code, field, message)
-        self._dropped = 0  # notices beyond max_notices since the last summary
-        self._end: tuple[grpc.StatusCode, str] | None = None
-        self._replica = replica_id
-        self.max_notices = max_notices
-        self._acked = 0  # the newest epoch the client reported in force (Usage.applied_epoch)
-        self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # see `applied`
-        # The burst buffer's space limit every Allocation carries (None: no capacity), and the
-        # last allocation written, re-sent as it was when only the limit rises (`offer_space`).
-        self._space: int | None = None
-        self._last: tuple[float, float, int, float, str, Schedule | None] | None = None
-
-    def applied(self, epoch: int) -> asyncio.Future[None]:
-        """Done once the client reports an allocation of ``epoch`` or newer in force (or the
-        stream ended).
-
-        The scheduler holds increases back until the decreases offered before them are
-        applied: see "Decreases before increases" in docs/protocol.md.
-        """
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        if epoch <= self._acked or self._end is not None:
-            future.set_result(None)
-        else:
-            self._waiting.append((epoch, future))
-        return future
-
-    def acknowledge(self, epoch: int) -> None:
-        """The client reports the allocation of ``epoch`` in force (a newer one covers older)."""
-        if epoch > self._acked:
-            self._acked = epoch
-            self._release(lambda e: e <= epoch)
-
-    def _release(self, due: Callable[[int], bool]) -> None:
-        if not self._waiting:
-            return
-        keep = []
-        for epoch, future in self._waiting:
-            if due(epoch):
-                if not future.done():
-                    future.set_result(None)
-            else:
-                keep.append((epoch, future))
-        self._waiting = keep
-
-    def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None:
-        self._allocation = (rate, burst, epoch, lease, policy, None)  # an unsent one is moot
-        self._event.set()
-
-    def offer_windows(
-        self, rate: float, burst: float, epoch: int, lease: float, policy: str, windows: Schedule
-    ) -> None:
-        """An allocation with a periodic pattern of windows (``rate``: the pattern's mean)."""
-        self._allocation = (rate, burst, epoch, lease, policy, windows)
-        self._event.set()
-
-    def offer_space(self, limit: int | None) -> None:
-        """Sets the space limit every allocation carries from now on. A rise reaches the
-        client at once, in a copy of the last allocation written (its epoch unchanged: the
-        client takes the limit from it and leaves its rate as it is, docs/capacity.md);
-        rises in quick succession coalesce into one message. Not held behind decreases:
-        space is not a rate."""
-        if limit == self._space:
-            return
-        self._space = limit
-        if self._allocation is None and self._last is not None:
-            self._allocation = self._last
-        self._event.set()
-
-    def _windows(self, schedule: Schedule) -> pb.Windows:
-        """The pattern on the wire: its origin as seconds from now (the client's receipt,
-        but for the message's one-way delay) to the next start of a period."""
-        period = schedule.period
-        origin = (schedule.origin - self._clock()) % period
-        if not 0.0 <= origin < period:  # rounding of a tiny negative remainder
-            origin = 0.0
-        return pb.Windows(
-            period_seconds=period,
-            origin_seconds=origin,
-            window=[
-                pb.Window(start_seconds=w.start, end_seconds=w.end, rate=w.rate)
-                for w in schedule.windows
-            ],
-        )
-
-    def error(self, code: grpc.StatusCode, field_name: str, message: str) -> None:
-        """Queues a non-fatal notice (or counts it, beyond ``max_notices``); the session goes on."""
-        if len(self._errors) >= self.max_notices:
-            self._dropped += 1
-            return
-        self._errors.append((code.name, field_name, message))
-        self._event.set()
-
-    @property
-    def queued_notices(self) -> int:
-        return len(self._errors)
-
-    def end(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
-        if self._end is None:
-            self._end = (code, details)
-        self._event.set()
-        self._release(lambda e: True)  # nothing more will be applied: nobody waits on it
-
-    @property
-    def ended(self) -> tuple[grpc.StatusCode, str] | None:
-        return self._end
-
-    async def next(self) -> pb.ServerMessage | None:
-        """The next message to write, or None once the stream should end."""
-        while True:
-            # A graceful end first tells what is queued (at most max_notices + 1 messages):
-            # a client that half-closes after its last message still learns of every error.
-            if self._end is not None and (
-                self._end[0] is not grpc.StatusCode.OK or not (self._errors or self._dropped)
-            ):
-                return None
-            if self._errors:
-                code, field_name, message = self._errors.popleft()
-                return pb.ServerMessage(
-                    error=pb.Error(code=code, field=field_name, message=message)
-                )
-            if self._dropped:
-                dropped, self._dropped = self._dropped, 0
-                return pb.ServerMessage(
-                    error=pb.Error(
-                        code=grpc.StatusCode.RESOURCE_EXHAUSTED.name,
-                        message=f"{dropped} more error notices dropped "
-                        f"(max_notices = {self.max_notices} queued per session)",
-                    )
-                )
-            if self._allocation is not None:
-                rate, burst, epoch, lease, policy, schedule = self._last = self._allocation
-                self._allocation = None
-                allocation = pb.Allocation(
-                    rate=rate,
-                    burst=burst,
-                    epoch=epoch,
-                    lease_seconds=lease,
-                    policy=policy,
-                    replica_id=self._replica,
-                )
-                if self._space is not None:
-                    allocation.space.limit = self._space
-                if schedule is not None:
-                    # Computed last, just before the write: the origin's error is the delay.
-                    allocation.windows.CopyFrom(self._windows(schedule))
-                return pb.ServerMessage(allocation=allocation)
-            self._event.clear()
-            await self._event.wait()
 
 
 class LoopLag:
@@ -312,83 +100,6 @@ def client_host(peer: str) -> str:
     return host[1:-1] if host.startswith("[") and host.endswith("]") else host
 
 
-def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
-    kind = msg.WhichOneof("body")
-    if kind != "hello":
-        raise ProtocolError("hello", f"the first message of a session must be hello, got {kind}")
-    h = msg.hello
-    for name in ("job_id", "user", "group"):
-        problem = identifier_problem(getattr(h, name))
-        if problem:
-            raise ProtocolError(f"hello.{name}", problem)
-    for name in ("client_id", "host"):
-        if len(getattr(h, name)) > MAX_TEXT:
-            raise ProtocolError(f"hello.{name}", f"longer than {MAX_TEXT} characters")
-    if not 1 <= h.nodes <= MAX_NODES:
-        raise ProtocolError("hello.nodes", f"must be in [1, {MAX_NODES}], got {h.nodes}")
-    priority = h.priority or 1.0
-    if not (math.isfinite(priority) and 0 < priority <= MAX_PRIORITY):
-        raise ProtocolError("hello.priority", f"must be in (0, {MAX_PRIORITY:g}], got {priority}")
-    bad_period = period_problem(h.period_w, h.period_vol)
-    if bad_period is not None:
-        name = "period_w" if bad_period[0] == "w" else "period_vol"
-        raise ProtocolError(f"hello.{name}", bad_period[1])
-    meta = JobMeta(
-        job_id=h.job_id,
-        user=h.user,
-        group=h.group,
-        nodes=h.nodes,
-        priority=priority,
-        w=h.period_w,
-        vol_io=h.period_vol,
-    )
-    return meta, h.client_id, h.host
-
-
-def validate_purpose(h: pb.Hello) -> bool:
-    """True for a drain stream (Hello.purpose = DRAIN), False for an APP one; a drain stream
-    carries no Buffer (docs/capacity.md)."""
-    if h.purpose not in (pb.PURPOSE_APP, pb.PURPOSE_DRAIN):
-        raise ProtocolError("hello.purpose", f"unknown purpose {h.purpose}")
-    drain = h.purpose == pb.PURPOSE_DRAIN
-    if drain and h.HasField("buffer"):
-        raise ProtocolError("hello.buffer", "a drain stream carries no buffer report")
-    return drain
-
-
-def check_buffer(buffer: pb.Buffer, name: str) -> None:
-    """A Buffer report against common/limits.py; ``name`` is where it was (``usage.buffer``)."""
-    problem = buffer_problem(buffer.resident, buffer.pending, buffer.added, buffer.drain_error)
-    if problem is not None:
-        raise ProtocolError(f"{name}.{problem[0]}", problem[1])
-
-
-def _totals(u: pb.Usage, where: str) -> Counters:
-    """The session's cumulative counters of a Usage, checked."""
-    t = u.totals
-    name = f"{where}usage.totals"
-    for field_name in ("bytes", "bytes_read", "bytes_written", "ops", "metadata_ops"):
-        value = getattr(t, field_name)
-        if value < 0:
-            raise ProtocolError(f"{name}.{field_name}", f"must be >= 0, got {value}")
-    if not (math.isfinite(t.wait_seconds) and t.wait_seconds >= 0):
-        raise ProtocolError(
-            f"{name}.wait_seconds", f"must be finite and >= 0, got {t.wait_seconds}"
-        )
-    if t.bytes_read + t.bytes_written > t.bytes:
-        raise ProtocolError(f"{name}.bytes", f"bytes_read + bytes_written exceed bytes ({t.bytes})")
-    if t.metadata_ops > t.ops:
-        raise ProtocolError(f"{name}.metadata_ops", f"exceeds ops ({t.ops})")
-    return Counters(
-        bytes=t.bytes,
-        bytes_read=t.bytes_read,
-        bytes_written=t.bytes_written,
-        ops=t.ops,
-        metadata_ops=t.metadata_ops,
-        wait_seconds=t.wait_seconds,
-    )
-
-
 class ControllerServicer:
     """Handles ``Session`` streams for one replica."""
 
@@ -405,10 +116,10 @@ class ControllerServicer:
         shed_loop_lag: float = DEFAULT_SHED_LOOP_LAG,
         gate: Gate | None = None,
         unregistered: UnregisteredLimits | None = None,
-        books: CapacityBooks | None = None,
+        books: BufferBooks | None = None,
     ) -> None:
         self.table = table
-        # The burst buffer's books (controller/capacity.py): Buffer reports and space grants.
+        # The burst buffer's books (controller/buffer.py): Buffer reports and space grants.
         self.books = books
         self._grant_soon = False
         self.replica_id = replica_id
@@ -418,14 +129,14 @@ class ControllerServicer:
         self.max_notices = max_notices
         self.retry_after = retry_after
         self.shed_loop_lag = shed_loop_lag
-        self.lag = LoopLag()  # probed by the replica (app.py); read by admit()
+        self.lag = LoopLag()  # its probe runs as a task of the replica; read by admit()
         # Who may open a session for which job (controller/trust.py, docs/security.md).
         self.gate = gate or Gate(secret=None, mutual_tls=False, client_trust=ClientTrust.OPEN)
         self.unregistered = unregistered or UnregisteredLimits(
             max_nodes=MAX_NODES, max_priority=MAX_PRIORITY
         )
         self.denied = 0  # sessions refused by the trust rules (PERMISSION_DENIED, ...)
-        self.streams: dict[int, SessionStream] = {}
+        self.streams: dict[int, StreamOutbox] = {}
         self._goodbyes: set[int] = set()  # sessions that said Goodbye (their books close clean)
         self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
@@ -469,7 +180,7 @@ class ControllerServicer:
 
     def kill(
         self,
-        session: SessionState,
+        session: SessionRecord,
         details: str,
         code: grpc.StatusCode = grpc.StatusCode.UNAVAILABLE,
     ) -> None:
@@ -478,6 +189,51 @@ class ControllerServicer:
         stream = self.streams.get(session.sid)
         if stream is not None:
             stream.end(code, details)
+
+    def end_foreign_sessions(self, meta: JobMeta) -> None:
+        """Ends the sessions of ``meta``'s job whose user is not ``meta.user`` (a registration
+        gave the job to that user, docs/security.md): they reconnect and are refused, so
+        their I/O goes to their own default job."""
+        job = self.table.jobs.get(meta.job_id)
+        for session in list(job.sessions.values()) if job is not None else ():
+            claim = session.claim
+            if claim is not None and claim.user != meta.user:
+                log.warning(
+                    "job %s registered to %s: ending session %d of user %s",
+                    meta.job_id,
+                    meta.user,
+                    session.sid,
+                    claim.user,
+                )
+                self.kill(
+                    session,
+                    f"hello.user: job {meta.job_id!r} is now registered to another user",
+                    grpc.StatusCode.PERMISSION_DENIED,
+                )
+                self.table.close_session(session)
+
+    async def reap(self) -> None:
+        """Closes the sessions silent for the table's heartbeat timeout and ends their
+        streams; drops the buffer's parked residents past their retention. Runs until
+        cancelled."""
+        table = self.table
+        period = min(1.0, table.heartbeat_timeout / 4)
+        while True:
+            await asyncio.sleep(period)
+            # Silence the controller caused itself (its loop lagging: messages unread) is no
+            # client's fault: forgiven, so that overload does not close sessions.
+            for session in table.expire(grace=self.lag.value):
+                log.warning(
+                    "session %d of job %s: no heartbeat for %.1fs, closed",
+                    session.sid,
+                    session.job.job_id,
+                    table.heartbeat_timeout,
+                )
+                self.kill(session, "no heartbeat within the timeout")
+            books = self.books
+            if books is not None and books.parked:  # parked residents past the retention
+                books.expire()
+                self.request_grant()
 
     def _admit(self, meta: JobMeta, context: grpc.aio.ServicerContext) -> JobMeta:
         vouched = self.gate.vouched(context.invocation_metadata())
@@ -495,7 +251,7 @@ class ControllerServicer:
         requests: AsyncIterator[pb.ClientMessage | Malformed],
         context: grpc.aio.ServicerContext,
     ) -> None:
-        session: SessionState | None = None
+        session: SessionRecord | None = None
         reader: asyncio.Task[None] | None = None
         client = client_host(context.peer())
         try:
@@ -503,7 +259,7 @@ class ControllerServicer:
                 first = await anext(aiter(requests))
             except StopAsyncIteration:
                 return
-            hello = self._check(first)
+            hello = decoded(first)
             meta, client_id, host = validate_hello(hello)
             drain = validate_purpose(hello.hello)
             buffer = hello.hello.buffer if hello.hello.HasField("buffer") else None
@@ -511,9 +267,8 @@ class ControllerServicer:
                 self._check_buffer(buffer, client_id, "hello.buffer")
             self.admit(client)
             meta = self._admit(meta, context)
-            stream = SessionStream(self.replica_id, self.max_notices, self.table.clock)
-            session = self.table.open_session(meta, client_id, host, drain=drain)
-            session.outbox = stream
+            stream = StreamOutbox(self.replica_id, self.max_notices, self.table.clock)
+            session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
             self.streams[session.sid] = stream
             if buffer is not None:
                 self._open_holder(session, buffer)
@@ -583,12 +338,12 @@ class ControllerServicer:
     async def _read(
         self,
         requests: AsyncIterator[pb.ClientMessage | Malformed],
-        session: SessionState,
-        stream: SessionStream,
+        session: SessionRecord,
+        stream: StreamOutbox,
     ) -> None:
         try:
             async for raw in requests:
-                msg = self._check(raw)
+                msg = decoded(raw)
                 if msg.WhichOneof("body") == "batch":
                     batch = msg.batch.messages
                     if len(batch) > MAX_BATCH:
@@ -618,7 +373,7 @@ class ControllerServicer:
             log.debug("session %d reader ended: %r", session.sid, exc)
         stream.end()
 
-    def _handle(self, session: SessionState, msg: pb.ClientMessage, where: str) -> bool:
+    def _handle(self, session: SessionRecord, msg: pb.ClientMessage, where: str) -> bool:
         """Applies one message to the job table; False once the client said goodbye."""
         self.messages += 1
         kind = msg.WhichOneof("body")
@@ -631,17 +386,7 @@ class ControllerServicer:
                 # usage sample, nothing for the table (docs/protocol.md).
                 self._acknowledge(session, u.applied_epoch)
                 return True
-            if u.bytes < 0:
-                raise ProtocolError(f"{where}usage.bytes", f"must be >= 0, got {u.bytes}")
-            if u.ops < 0:
-                raise ProtocolError(f"{where}usage.ops", f"must be >= 0, got {u.ops}")
-            for name in ("wait_seconds", "interval_seconds"):
-                value = getattr(u, name)
-                if not (math.isfinite(value) and value >= 0):
-                    raise ProtocolError(
-                        f"{where}usage.{name}", f"must be finite and >= 0, got {value}"
-                    )
-            totals = _totals(u, where) if u.HasField("totals") else None
+            totals = check_usage(u, where)
             if u.HasField("buffer"):
                 self._buffer_report(session, u, f"{where}usage.buffer")
             self.table.usage(
@@ -650,14 +395,7 @@ class ControllerServicer:
             self._acknowledge(session, u.applied_epoch)
         elif kind == "op_posted":
             p = msg.op_posted
-            op_kind = _KINDS.get(p.kind)
-            if op_kind is None:
-                raise ProtocolError(f"{where}op_posted.kind", f"unknown operation kind {p.kind}")
-            if not 0 <= p.volume <= self.max_op_volume:
-                raise ProtocolError(
-                    f"{where}op_posted.volume",
-                    f"must be in [0, {self.max_op_volume}] bytes (0 = unknown), got {p.volume}",
-                )
+            op_kind = check_op_posted(p, where, self.max_op_volume)
             try:
                 self.table.post(session, p.op_id, op_kind, p.volume)
             except ProtocolError as exc:
@@ -695,7 +433,7 @@ class ControllerServicer:
             if problem is not None:
                 raise ProtocolError(f"{name}.added", problem)
 
-    def _open_holder(self, session: SessionState, buffer: pb.Buffer) -> None:
+    def _open_holder(self, session: SessionRecord, buffer: pb.Buffer) -> None:
         """An APP session with a Buffer: a holder of the books, with no unused grant yet."""
         if self.books is None:
             return
@@ -714,7 +452,7 @@ class ControllerServicer:
             stream.offer_space(self.books.limit_of(session.sid))
         self.request_grant()
 
-    def _buffer_report(self, session: SessionState, u: pb.Usage, name: str) -> None:
+    def _buffer_report(self, session: SessionRecord, u: pb.Usage, name: str) -> None:
         if session.drain:
             raise ProtocolError(name, "a drain stream carries no buffer report")
         buffer = u.buffer
@@ -759,13 +497,7 @@ class ControllerServicer:
             if stream is not None:
                 stream.offer_space(limit)
 
-    def _acknowledge(self, session: SessionState, epoch: int) -> None:
+    def _acknowledge(self, session: SessionRecord, epoch: int) -> None:
         stream = self.streams.get(session.sid)
         if epoch and stream is not None:
             stream.acknowledge(epoch)
-
-    @staticmethod
-    def _check(raw: pb.ClientMessage | Malformed) -> pb.ClientMessage:
-        if isinstance(raw, Malformed):
-            raise ProtocolError("message", f"not a valid burstctl.v1.ClientMessage ({raw.error})")
-        return raw

@@ -1,4 +1,4 @@
-"""The burst buffer's books (controller/capacity.py, docs/capacity.md).
+"""The burst buffer's books (controller/buffer.py, docs/capacity.md).
 
 The invariant, drawn by hypothesis over random sequences of writes, drains, stale and skipped
 reports, grants delivered late, broken and clean stream ends and reconnections: what the
@@ -13,20 +13,15 @@ from dataclasses import dataclass, field
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.clock import FakeClock
 
-from burstctl.controller.capacity import CapacityBooks
+from burstctl.controller.buffer import BufferBooks
 
 MiB = 1 << 20
 S = 2 * MiB
-SETTINGS = settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
+# Sized by the hypothesis profile (tests/conftest.py): `ci` for make test, `thorough` for
+# make test-all.
+SETTINGS = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 
 @dataclass
@@ -62,7 +57,7 @@ def _occupancy(clients: list[Client]) -> int:
 @SETTINGS
 @given(st.lists(ACTION, min_size=40, max_size=160))
 def test_used_bounds_what_clients_can_occupy_and_never_exceeds_s(actions: list) -> None:
-    books = CapacityBooks(S, clock=Clock(), min_chunk=64 * 1024)
+    books = BufferBooks(S, clock=FakeClock(0.0), min_chunk=64 * 1024)
     clients = [Client(sid=i + 1) for i in range(2)]
     next_sid = 10
     for c in clients:
@@ -116,7 +111,7 @@ def test_used_bounds_what_clients_can_occupy_and_never_exceeds_s(actions: list) 
 
 
 def test_grants_are_shared_in_proportion_to_rates_when_space_is_short() -> None:
-    books = CapacityBooks(4 * MiB, clock=Clock(), min_chunk=MiB, horizon=1.0)
+    books = BufferBooks(4 * MiB, clock=FakeClock(0.0), min_chunk=MiB, horizon=1.0)
     books.open(1, "a", "ca", "h1", 0, 0, 0, "")
     books.open(2, "b", "cb", "h2", 0, 0, 0, "")
     # rates 3 MiB/s and 1 MiB/s: chunks of 3 and 1 MiB fit (4 MiB): both in full
@@ -139,7 +134,7 @@ def test_grants_are_shared_in_proportion_to_rates_when_space_is_short() -> None:
 
 
 def test_equal_shares_when_rates_are_zero_and_release_on_goodbye() -> None:
-    books = CapacityBooks(3 * MiB, clock=Clock(), min_chunk=2 * MiB)
+    books = BufferBooks(3 * MiB, clock=FakeClock(0.0), min_chunk=2 * MiB)
     for sid in (1, 2, 3):
         books.open(sid, f"j{sid}", f"c{sid}", "h", 0, 0, 0, "")
         books.report(sid, 0, 0, 0, "", True, 0.0)
@@ -154,8 +149,8 @@ def test_equal_shares_when_rates_are_zero_and_release_on_goodbye() -> None:
 
 
 def test_a_broken_stream_parks_its_reservation_and_a_new_hello_replaces_it() -> None:
-    clock = Clock()
-    books = CapacityBooks(8 * MiB, clock=clock, retention=10.0)
+    clock = FakeClock(0.0)
+    books = BufferBooks(8 * MiB, clock=clock, retention=10.0)
     books.open(1, "j", "c1", "node7", 0, 0, 0, "")
     books.report(1, 0, 0, 0, "", True, 0.0)
     books.grant()
@@ -174,7 +169,7 @@ def test_a_broken_stream_parks_its_reservation_and_a_new_hello_replaces_it() -> 
 
 
 def test_added_must_not_decrease_within_a_client() -> None:
-    books = CapacityBooks(8 * MiB, clock=Clock())
+    books = BufferBooks(8 * MiB, clock=FakeClock(0.0))
     books.open(1, "j", "c1", "h", 0, 0, 5, "")
     assert books.added_problem("c1", 4) is not None
     assert books.added_problem("c1", 5) is None
@@ -182,7 +177,7 @@ def test_added_must_not_decrease_within_a_client() -> None:
 
 
 def test_a_waiting_writer_larger_than_a_chunk_gets_through() -> None:
-    books = CapacityBooks(64 * MiB, clock=Clock(), min_chunk=MiB)
+    books = BufferBooks(64 * MiB, clock=FakeClock(0.0), min_chunk=MiB)
     books.open(1, "j", "c1", "h", 0, 0, 0, "")
     limit = 0
     for _ in range(4):  # a 6 MiB write waits: the grant doubles until it fits
@@ -192,7 +187,7 @@ def test_a_waiting_writer_larger_than_a_chunk_gets_through() -> None:
 
 
 def test_no_capacity_grants_nothing_and_still_books_residents() -> None:
-    books = CapacityBooks(None, clock=Clock())
+    books = BufferBooks(None, clock=FakeClock(0.0))
     books.open(1, "j", "c1", "h", 2 * MiB, MiB, 2 * MiB, "EACCES")
     books.report(1, 2 * MiB, MiB, 2 * MiB, "EACCES", True, 0.0)
     assert books.grant() == {} and books.limit_of(1) is None and books.view() is None
@@ -200,7 +195,7 @@ def test_no_capacity_grants_nothing_and_still_books_residents() -> None:
 
 
 def test_changed_fires_on_steps_of_the_fill_only() -> None:
-    books = CapacityBooks(100 * MiB, clock=Clock())
+    books = BufferBooks(100 * MiB, clock=FakeClock(0.0))
     fired: list[int] = []
     books.changed.connect(lambda: fired.append(books.used))
     books.open(1, "j", "c1", "h", 0, 0, 0, "")

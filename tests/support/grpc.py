@@ -1,0 +1,96 @@
+"""The Session protocol spoken by hand: message builders and a raw gRPC stream.
+
+For tests that send what a well-behaved client never would (no client runtime): ``hello``
+and ``post`` build the messages, ``RawSession`` drives one ``Session`` stream message by
+message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+import grpc
+import pytest
+
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
+
+
+def hello(
+    job: str = "j1",
+    nodes: int = 1,
+    *,
+    user: str = "alice",
+    group: str = "g",
+    client_id: str = "t",
+    **fields: object,
+) -> pb.ClientMessage:
+    """The first message of a session: a ``Hello`` for ``job`` (``fields``: any other field
+    of ``Hello``, such as ``priority`` or ``period_w``)."""
+    return pb.ClientMessage(
+        hello=pb.Hello(
+            job_id=job, user=user, group=group, nodes=nodes, client_id=client_id, **fields
+        )
+    )
+
+
+def post(op_id: int, kind: int = pb.OP_KIND_WRITE, volume: int = 0) -> pb.ClientMessage:
+    """An ``OpPosted`` (a write of unknown volume unless told)."""
+    return pb.ClientMessage(op_posted=pb.OpPosted(op_id=op_id, kind=kind, volume=volume))
+
+
+class RawSession:
+    """A bidi stream driven message by message; a task drains responses into a queue
+    (started only when ``read`` is true: a client may also never read).
+
+    (Cancelling a pending ``call.read()`` cancels the whole RPC, so reads are
+    never wrapped in a timeout directly.)
+    """
+
+    def __init__(self, channel: grpc.aio.Channel, read: bool = True) -> None:
+        self.call = pb_grpc.ControllerStub(channel).Session()
+        self.inbox: asyncio.Queue[pb.ServerMessage] = asyncio.Queue()
+        self.reader: asyncio.Task[None] | None = None
+        if read:
+            self.start_reading()
+
+    def start_reading(self) -> None:
+        self.reader = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while (msg := await self.call.read()) is not grpc.aio.EOF:
+            self.inbox.put_nowait(msg)
+
+    async def send(self, msg: pb.ClientMessage) -> None:
+        await self.call.write(msg)
+
+    async def allocation(self, timeout: float = 5.0) -> pb.Allocation:
+        msg = await asyncio.wait_for(self.inbox.get(), timeout)
+        assert msg.WhichOneof("body") == "allocation", msg
+        return msg.allocation
+
+    async def rate_becomes(
+        self, predicate: Callable[[float], bool], timeout: float = 5.0
+    ) -> pb.Allocation:
+        """Reads allocations until one satisfies ``predicate``."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while True:
+            alloc = await self.allocation(max(0.01, deadline - loop.time()))
+            if predicate(alloc.rate):
+                return alloc
+
+    async def status(self, timeout: float = 5.0) -> grpc.aio.AioRpcError:
+        """Waits for the stream to fail and returns the error."""
+        assert self.reader is not None
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await asyncio.wait_for(asyncio.shield(self.reader), timeout)
+            raise AssertionError(f"stream ended with {await self.call.code()}")
+        return info.value
+
+    async def close(self) -> None:
+        """Goodbye, half-close, and the stream ends OK."""
+        await self.send(pb.ClientMessage(goodbye=pb.Goodbye()))
+        await self.call.done_writing()
+        assert await self.call.code() == grpc.StatusCode.OK
