@@ -22,7 +22,7 @@ import httpx
 import psutil
 import pytest
 from fake_controller import FakeController
-from support import ControllerProcess, MountProcess, is_mounted, wait_until
+from support import ControllerProcess, MountProcess, clean_env, is_mounted, wait_until
 
 from burstctl.fuse_shim.attribution import Attributor, Caller
 
@@ -60,7 +60,7 @@ class App:
     """A child process that does I/O on command, with its own environment."""
 
     def __init__(self, env: dict[str, str], argv: list[str] | None = None) -> None:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+        clean = clean_env(("BURSTCTL_", "SLURM_"))
         self.proc = subprocess.Popen(
             argv or [sys.executable, "-c", APP],
             stdin=subprocess.PIPE,

@@ -14,7 +14,6 @@ one-way delay, within LATE).
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import subprocess
 import threading
@@ -23,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from support import MountProcess, async_wait_until
+from support import MountProcess, async_wait_until, clean_env
 from test_mount_pacing import App, apps  # noqa: F401 (apps: a fixture)
 
 from burstctl.controller.app import Replica
@@ -76,9 +75,7 @@ async def test_periodic_applications_through_the_mount_follow_their_windows(
         }
         path = mnt / name
         if application == "dd":  # one dd per iteration; its return is the only time seen
-            clean = {
-                k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))
-            }
+            clean = clean_env(("BURSTCTL_", "SLURM_"))
             argv = ["dd", "if=/dev/zero", f"of={path}", f"bs={CHUNK}", f"count={vol // CHUNK}"]
             while not stop.is_set():
                 start = time.monotonic()

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args, jobs_of
-from support import ControllerProcess, wait_until
+from support import ControllerProcess, run_burstctl, wait_until
 
 from burstctl.preload_shim import page as layout
 
@@ -361,13 +361,6 @@ def test_socket_modes_status_paths_and_sigterm_cleanup(
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(args: list[str], flag: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "burstctl", "agent", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=CLEAN,
-        check=False,
-    )
+    done = run_burstctl("agent", *args, env=CLEAN)
     assert done.returncode == 2, done.stderr
     assert flag in done.stderr.splitlines()[-1]

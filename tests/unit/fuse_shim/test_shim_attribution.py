@@ -10,6 +10,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from support import clean_env
 
 from burstctl.client.job import group_name, user_name
 from burstctl.fuse_shim.attribution import Attributor, Caller, default_job, read_process
@@ -35,7 +36,7 @@ class Children:
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self, env: dict[str, str], argv: list[str] | None = None) -> int:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+        clean = clean_env(("BURSTCTL_", "SLURM_"))
         proc = subprocess.Popen(
             argv or [sys.executable, "-c", WAIT],
             stdin=subprocess.PIPE,

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -14,6 +13,7 @@ from typing import Any
 import click
 import pytest
 from click.testing import CliRunner
+from support import clean_env
 
 from burstctl.cli import main
 from burstctl.cli.shims import config_params
@@ -139,7 +139,7 @@ main()
 def run_mount_command(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+    clean = clean_env()
     return subprocess.run(
         [sys.executable, "-c", _PRINT_CONFIG, "mount", *args],
         capture_output=True,
