@@ -269,8 +269,8 @@ class Profiler:
 # stack matches, else by its innermost frame, else "Python dispatch".
 CATEGORIES = (
     ("getxattr (security.capability, once per write call)", ("getxattr",)),
-    ("pacing (session, token bucket)", ("fuse_shim/pacing.py", "client/")),
-    ("attribution (pid -> job)", ("fuse_shim/attribution.py", "._caller (")),
+    ("pacing (session, token bucket)", ("node/pacer.py", "node/sessions.py", "client/")),
+    ("attribution (pid -> job)", ("node/attribution.py", "._caller (")),
 )
 LEAVES = (
     # PassthroughFS.read/write spend their time in os.pread/os.pwrite (the rest is a test)

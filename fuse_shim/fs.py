@@ -75,13 +75,14 @@ from burstctl.fuse_shim._fuse import (
     kernel_release,
     request_context,
 )
-from burstctl.fuse_shim.attribution import Caller
 from burstctl.fuse_shim.capabilities import CAPABILITY, AbsentCapabilities
 from burstctl.fuse_shim.config import DIRECT_IO_MODES
 from burstctl.fuse_shim.ownership import give_to_caller, may_access
-from burstctl.fuse_shim.pacing import Pacer, SessionLike
 from burstctl.fuse_shim.setid import mode_after_write, writer_of
 from burstctl.fuse_shim.stageout import Evicted, StageOut
+from burstctl.node.attribution import Caller
+from burstctl.node.pacer import Pacer
+from burstctl.node.sessions import JobSession
 
 logger = logging.getLogger(__name__)
 
@@ -343,7 +344,7 @@ class PassthroughFS:
         self._pace(caller, "metadata", 0)
         return caller
 
-    def _pace(self, caller: Caller, kind: str, nbytes: int) -> SessionLike | None:
+    def _pace(self, caller: Caller, kind: str, nbytes: int) -> JobSession | None:
         # Pacing must never fail the application's I/O: a pacing bug is logged, the I/O goes.
         # A write waits for the job's space on the burst buffer too (after its bandwidth);
         # the session that granted it is returned, to be told when the bytes landed.
@@ -357,7 +358,7 @@ class PassthroughFS:
             logger.exception("pacing a %s request failed; serving it unpaced", kind)
         return None
 
-    def _landed(self, granted: SessionLike | None, nbytes: int) -> None:
+    def _landed(self, granted: JobSession | None, nbytes: int) -> None:
         """The bytes of a write are on the buffer and reported (`Pacer.landed`)."""
         if granted is not None and self._pacer is not None:
             self._pacer.landed(granted, nbytes)
@@ -481,7 +482,7 @@ class PassthroughFS:
         pacer = self._pacer
         who = caller or self._caller(req)
 
-        granted: list[tuple[SessionLike, int]] = []
+        granted: list[tuple[JobSession, int]] = []
 
         def pace(nbytes: int) -> None:
             if pacer is not None:

@@ -34,15 +34,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from burstctl.client.runtime import ClientRuntime
-from burstctl.fuse_shim.attribution import Attributor
 from burstctl.fuse_shim.config import (
     FUSE2_MAX_WRITE,
     LIBFUSE_CHOICES,
     MountConfig,
     MountError,
 )
-from burstctl.fuse_shim.pacing import Pacer
 from burstctl.fuse_shim.stageout import StageOut
+from burstctl.node.attribution import Attributor
+from burstctl.node.pacer import Pacer
 
 logger = logging.getLogger(__name__)
 

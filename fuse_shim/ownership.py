@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import stat
 
-from burstctl.fuse_shim.attribution import Caller
+from burstctl.node.attribution import Caller
 
 
 def give_to_caller(

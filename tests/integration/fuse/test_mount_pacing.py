@@ -24,7 +24,7 @@ import pytest
 from fake_controller import FakeController
 from support import ControllerProcess, MountProcess, clean_env, is_mounted, wait_until
 
-from burstctl.fuse_shim.attribution import Attributor, Caller
+from burstctl.node.attribution import Attributor, Caller
 
 pytestmark = pytest.mark.integration
 

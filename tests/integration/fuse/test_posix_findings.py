@@ -33,7 +33,7 @@ from fake_controller import FakeController
 from support import MountProcess, clean_env, is_mounted, run_as
 from test_posix import Outcome, attempt
 
-from burstctl.fuse_shim.attribution import Attributor, Caller
+from burstctl.node.attribution import Attributor, Caller
 
 pytestmark = pytest.mark.integration
 

@@ -20,8 +20,8 @@ import pytest
 
 from burstctl.fuse_shim import _fuse
 from burstctl.fuse_shim._fuse import ROOT_ID, Entry, Opened, SetAttr
-from burstctl.fuse_shim.attribution import Caller
 from burstctl.fuse_shim.fs import PassthroughFS, _default_caller
+from burstctl.node.attribution import Caller
 
 REQ = 0x5EED  # a request: never dereferenced (the replies are recorded, not sent)
 V3 = _fuse.LIBFUSE_VERSION[0] >= 3

@@ -38,11 +38,11 @@ from burstctl.fuse_shim._fuse import (
     Entry,
     SetAttr,
 )
-from burstctl.fuse_shim.attribution import Caller
 from burstctl.fuse_shim.fs import PassthroughFS, handle_budget
 from burstctl.fuse_shim.ownership import give_to_caller
 from burstctl.fuse_shim.setid import writer_of
 from burstctl.fuse_shim.stageout import XATTR_JOB, StageOut
+from burstctl.node.attribution import Caller
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
 NOBODY = Caller(pid=0, uid=65534, gid=65534)

@@ -1,4 +1,4 @@
-"""Imports go one way: no cycle inside the mount or the client.
+"""Imports go one way: no cycle inside the mount, the shims' shared part or the client.
 
 Read from the source (every import statement, the lazy ones inside functions too), so a cycle
 that only closes at run time is found as well. Which package may import which is checked by
@@ -11,7 +11,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = {"burstctl.client": ROOT / "client", "burstctl.fuse_shim": ROOT / "fuse_shim"}
+PACKAGES = {
+    "burstctl.client": ROOT / "client",
+    "burstctl.node": ROOT / "node",
+    "burstctl.fuse_shim": ROOT / "fuse_shim",
+}
 
 
 def modules() -> dict[str, Path]:
