@@ -190,7 +190,9 @@ class StageOut:
     """The drain of one mount's BACKING (open as ``backing_fd``, at ``backing``) to ``pfs``.
 
     Without ``pfs`` (a mount with a controller but no ``--stage-out``) it keeps the index and
-    reports the jobs' resident bytes; nothing is copied, nothing evicted.
+    reports the jobs' resident bytes; nothing is copied, nothing evicted. ``path_of(key)``:
+    where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
+    tracked file is no longer where it was.
     """
 
     def __init__(
@@ -201,6 +203,7 @@ class StageOut:
         *,
         evict: bool,
         hooks: DrainHooks | None = None,
+        path_of: Callable[[Key], str | None] | None = None,
         report_interval: float = REPORT_INTERVAL,
         retry_min: float = RETRY_MIN,
         retry_max: float = RETRY_MAX,
@@ -239,8 +242,7 @@ class StageOut:
         self._busy: set[Key] = set()  # being drained by a worker
         self._again: dict[Key, float] = {}  # queued while busy: (re)queued when done, delay
         self._last_rescan = -RESCAN_INTERVAL
-        # Where a node lives now, asked of the file system (its O_PATH handle), if it knows.
-        self.path_of: Callable[[Key], str | None] = lambda key: None
+        self._path_of = path_of
         self.copies = 0  # good copies (tests, logs)
         self.evictions = 0
 
@@ -722,7 +724,7 @@ class StageOut:
             if candidate == 0:
                 rel: str | None = tracked.rel
             else:
-                path = self.path_of(key)
+                path = None if self._path_of is None else self._path_of(key)
                 rel = None if path is None else self._relative(path)
             if not rel:
                 continue

@@ -30,6 +30,7 @@ from burstctl.fuse_shim._fuse import (
     operations,
 )
 from burstctl.fuse_shim.fs import PassthroughFS, _default_caller
+from burstctl.fuse_shim.inodes import InodeTable
 from burstctl.node.attribution import Caller
 
 REQ = 0x5EED  # a request: never dereferenced (the replies are recorded, not sent)
@@ -134,7 +135,7 @@ NO_INFO = ctypes.POINTER(lowlevel.fuse_file_info)()  # NULL: the kernel sent no 
 
 
 def passthrough(fd: int, **options: Any) -> PassthroughFS:
-    return PassthroughFS(fd, caller=lambda req: Caller(0, 65534, 65534), **options)
+    return PassthroughFS(InodeTable(fd), caller=lambda req: Caller(0, 65534, 65534), **options)
 
 
 # ---------------------------------------------------------------- the table of callbacks
@@ -298,7 +299,7 @@ def test_lookup_answers_the_node_and_its_cache_times(
     forgets = (lowlevel.fuse_forget_data * 1)((node, 1))
     ops.forget_multi(REQ, 1, forgets)
     assert replies.only() == ("none", REQ)
-    assert fs.known_nodes == 1
+    assert fs.inodes.known == 1
 
 
 def test_getattr_uses_the_handle_when_there_is_one(
@@ -485,7 +486,7 @@ def test_an_interrupted_open_is_released(backing: tuple[Path, int], replies: Rep
         with pytest.raises(OSError) as info:
             os.fstat(fh)
         assert info.value.errno == errno.EBADF
-    assert fs._dirs == {}
+    assert fs._dirs._open == {}
 
 
 @pytest.mark.parametrize("request_kind", ["lookup", "mkdir", "create"])
@@ -508,7 +509,7 @@ def test_an_interrupted_entry_reply_forgets_the_node(
     else:
         ops.create(REQ, ROOT_ID, b"c", 0o644, file_info(flags=os.O_WRONLY))
     assert replies.only()[0] in ("entry", "create")
-    assert fs.known_nodes == 1  # only the root: the kernel holds no reference to the node
+    assert fs.inodes.known == 1  # only the root: the kernel holds no reference to the node
 
 
 def dirents(data: bytes) -> list[tuple[bytes, int, int, int]]:
@@ -616,9 +617,9 @@ def test_readdirplus_looks_up_each_entry_it_sends(
         node, ino, _, mode = by_name[name]
         st = os.lstat(root / os.fsdecode(name))
         assert (ino, mode) == (st.st_ino, st.st_mode), name
-        assert fs._nodes[node].nlookup == 1, name  # one reference per entry sent, no more
+        assert fs.inodes.get(node).nlookup == 1, name  # one reference per entry sent, no more
     # Every entry that did not fit a reply gave its reference back.
-    assert fs.known_nodes == 1 + 1 + len(names)
+    assert fs.inodes.known == 1 + 1 + len(names)
     ops.releasedir(REQ, ROOT_ID, fi)
 
 
@@ -637,7 +638,7 @@ def test_readdirplus_gives_references_back_when_the_reply_fails(
     replies.buf_result = -errno.ENOENT  # interrupted: the kernel takes none of them
     ops.readdirplus(REQ, ROOT_ID, 4096, 0, fi)
     assert replies.only()[0] == "buf"
-    assert fs.known_nodes == 1
+    assert fs.inodes.known == 1
     replies.buf_result = 0
     looked_up: list[bytes] = []
     real = fs.readdir_entry
@@ -651,13 +652,13 @@ def test_readdirplus_gives_references_back_when_the_reply_fails(
     monkeypatch.setattr(fs, "readdir_entry", third_fails)
     ops.readdirplus(REQ, ROOT_ID, 4096, 0, fi)
     assert replies.only() == ("err", REQ, errno.EIO)
-    assert fs.known_nodes == 1  # the two looked up before were given back
+    assert fs.inodes.known == 1  # the two looked up before were given back
     monkeypatch.delattr(fs, "readdir_entry")  # the class's again (the replies stay recorded)
     os.unlink(root / "f2")  # removed since the listing was taken: skipped
     ops.readdirplus(REQ, ROOT_ID, 4096, 2, fi)
     names = sorted(name for name, *_ in direntplus(replies.only()[2]))
     assert names == [b"f0", b"f1", b"f3", b"f4"]
-    assert fs.known_nodes == 1 + 4
+    assert fs.inodes.known == 1 + 4
     ops.releasedir(REQ, ROOT_ID, fi)
 
 
@@ -812,7 +813,9 @@ def test_serve_raises_mount_failed_where_it_cannot_mount(
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(_fuse.MountFailed):
-            _fuse.serve(PassthroughFS(root), str(tmp_path / "missing"), {"subtype": "burstctl"})
+            _fuse.serve(
+                PassthroughFS(InodeTable(root)), str(tmp_path / "missing"), {"subtype": "burstctl"}
+            )
     finally:
         os.close(root)
     assert "missing" in capfd.readouterr().err  # libfuse said why
