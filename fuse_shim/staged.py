@@ -21,7 +21,8 @@ from collections.abc import Callable, Iterator
 
 from burstctl.client.job import JobInfo
 from burstctl.fuse_shim.inodes import Inode, InodeTable, Key
-from burstctl.fuse_shim.stageout import Evicted, StageOut
+from burstctl.fuse_shim.stageout import StageOut
+from burstctl.fuse_shim.stageout_marks import Evicted
 from burstctl.fuse_shim.syscalls import proc_path
 
 logger = logging.getLogger(__name__)

@@ -42,7 +42,8 @@ from burstctl.fuse_shim.fs import PassthroughFS
 from burstctl.fuse_shim.inodes import InodeTable, handle_budget
 from burstctl.fuse_shim.ownership import give_to_caller
 from burstctl.fuse_shim.setid import writer_of
-from burstctl.fuse_shim.stageout import XATTR_JOB, StageOut
+from burstctl.fuse_shim.stageout import StageOut
+from burstctl.fuse_shim.stageout_marks import XATTR_JOB
 from burstctl.node.attribution import Caller
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
@@ -706,7 +707,7 @@ def test_a_pacing_failure_never_fails_the_io(
     _, fd = backing
     fs = make_fs(fd, RecordingPacer(fail=True))
     entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_RDWR)
-    with caplog.at_level(logging.ERROR, "burstctl.fuse_shim.fs"):
+    with caplog.at_level(logging.ERROR, "burstctl.fuse_shim.paced"):
         assert fs.write(REQ, entry.node, memoryview(b"x"), 0, opened.fh) == 1
     fs.release(REQ, entry.node, opened.fh)
     assert "serving it unpaced" in caplog.text
