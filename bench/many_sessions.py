@@ -71,10 +71,10 @@ class _Count(logging.Handler):
 
 
 async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
+    from burstctl.client.channel import open_channel
     from burstctl.client.engine import Engine
     from burstctl.client.job import JobInfo
     from burstctl.client.options import SessionOptions
-    from burstctl.client.stream import open_channel
 
     counter = _Count()
     stream_log = logging.getLogger("burstctl.client.stream")

@@ -26,10 +26,11 @@ from collections.abc import Callable
 import grpc
 
 from burstctl.client.bucket import Pattern, Throttle
+from burstctl.client.channel import open_channel
 from burstctl.client.kinds import check_nbytes, op_kind
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
-from burstctl.client.stream import SessionStream, open_channel
+from burstctl.client.stream import SessionStream
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 # While an acquire is blocked, how often the quiet-gap timer looks again (at least).

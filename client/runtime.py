@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import grpc
 
+from burstctl.client.channel import open_channel
 from burstctl.client.engine import Engine
-from burstctl.client.stream import open_channel
 from burstctl.common.channels import ChannelSecurity
 
 logger = logging.getLogger(__name__)
