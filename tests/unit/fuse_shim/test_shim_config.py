@@ -228,7 +228,7 @@ def test_the_fallback_grace_reaches_the_job_sessions(tmp_path: Path) -> None:
     with ClientRuntime() as runtime:
         session = client_session_factory(config, runtime)(JobInfo("j", "u", "g"))
         try:
-            options = session._engine.options  # type: ignore[attr-defined]
+            options = session._core.options  # type: ignore[attr-defined]
             assert options.fallback_grace == 7.5
             assert options.fallback.conservative_rate == 2 * (1 << 20)
         finally:
