@@ -181,7 +181,7 @@ class PassthroughFS:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def init(self, conn: Any, is_v3: bool, session: int) -> None:
+    def init(self, conn: Any, is_v3: bool, fuse_session: int) -> None:
         if is_v3:
             if self._max_write is not None:
                 conn.max_write = min(conn.max_write, self._max_write)
@@ -193,7 +193,7 @@ class PassthroughFS:
             conn.want &= ~(CAP_AUTO_INVAL_DATA | CAP_HANDLE_KILLPRIV)
             if conn.capable & CAP_CACHE_SYMLINKS:
                 conn.want |= CAP_CACHE_SYMLINKS
-            self._ask_direct_io_mmap(session)
+            self._ask_direct_io_mmap(fuse_session)
         else:
             want = CAP_ATOMIC_O_TRUNC | (CAP_BIG_WRITES if self._big_writes else 0)
             conn.want |= want & conn.capable
@@ -206,7 +206,7 @@ class PassthroughFS:
         if self._on_init is not None:
             self._on_init()
 
-    def _ask_direct_io_mmap(self, session: int) -> None:
+    def _ask_direct_io_mmap(self, fuse_session: int) -> None:
         why_not = DirectIoMmap.unavailable(LIBFUSE_VERSION, kernel_release())
         if why_not is not None:
             logger.info("shared mmap of direct_io files cannot be asked for: %s", why_not)
@@ -222,7 +222,7 @@ class PassthroughFS:
         # Kept for the life of the mount: libfuse calls into the hook's ctypes thunk.
         self._mmap_hook = DirectIoMmap(on_reply)
         try:
-            self._mmap_hook.install(session)
+            self._mmap_hook.install(fuse_session)
         except (OSError, AttributeError) as err:
             logger.warning("could not ask the kernel to allow mmap of direct_io files: %s", err)
 

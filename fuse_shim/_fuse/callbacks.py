@@ -125,8 +125,8 @@ class Callbacks:
         self.fs = fs
         self.ops = ops
         self._buffers = _Buffers()
-        self._keep: list[Any] = []  # the ctypes thunks must live as long as the session
-        self.session: int = 0
+        self._keep: list[Any] = []  # the ctypes thunks must live as long as the FUSE session
+        self.fuse_session: int = 0  # libfuse's struct fuse_session, once `serve` made it
         names = [name for name, kind in fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p]
         for name in names:
             prototype = dict(fuse_lowlevel_ops._fields_)[name]
@@ -158,7 +158,7 @@ class Callbacks:
 
     def _init(self, userdata: Any, conn: Any) -> None:
         try:
-            self.fs.init(conn.contents, V3, self.session)
+            self.fs.init(conn.contents, V3, self.fuse_session)
         except BaseException:
             logger.exception("init failed")
 

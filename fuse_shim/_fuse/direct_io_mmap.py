@@ -103,7 +103,7 @@ class DirectIoMmap:
         self._on_reply = on_reply
         self._lock = threading.Lock()
         self._written = False
-        self._session: int | None = None
+        self._fuse_session: int | None = None
         self._fd = -1
         self._plain = _CustomIo(
             ctypes.cast(_libc.writev, ctypes.c_void_p).value,
@@ -126,8 +126,8 @@ class DirectIoMmap:
             return f"kernel {kernel[0]}.{kernel[1]} (needs 6.6)"
         return None
 
-    def install(self, session: int) -> None:
-        """Hooks the low-level ``session`` (from ``init``, before the INIT reply)."""
+    def install(self, fuse_session: int) -> None:
+        """Hooks libfuse's low-level ``fuse_session`` (from ``init``, before the INIT reply)."""
         lib = ctypes.CDLL(mfusepy._libfuse_path)  # libfuse 3 (AttributeError on 2)
         lib.fuse_session_fd.argtypes = [ctypes.c_void_p]
         lib.fuse_session_custom_io.argtypes = [
@@ -136,9 +136,9 @@ class DirectIoMmap:
             ctypes.c_int,
         ]
         self._custom_io = lib.fuse_session_custom_io
-        self._session = session
-        self._fd = lib.fuse_session_fd(self._session)
-        if self._custom_io(self._session, ctypes.byref(self._hooked), self._fd) != 0:
+        self._fuse_session = fuse_session
+        self._fd = lib.fuse_session_fd(self._fuse_session)
+        if self._custom_io(self._fuse_session, ctypes.byref(self._hooked), self._fd) != 0:
             raise OSError(errno.EINVAL, "fuse_session_custom_io refused the writer")
 
     def _write_first_message(self, fd: int, iov: Any, count: int, userdata: Any) -> int:
@@ -159,4 +159,4 @@ class DirectIoMmap:
             return int(_libc_writev(fd, iov, count))
         finally:
             if first:  # every later message goes straight to libc
-                self._custom_io(self._session, ctypes.byref(self._plain), self._fd)
+                self._custom_io(self._fuse_session, ctypes.byref(self._plain), self._fd)

@@ -43,7 +43,7 @@ class ConnectionAborted(RuntimeError):
 
 def serve(fs: Operations, mountpoint: str, options: dict[str, str | bool | int]) -> None:
     """Mounts ``fs`` on ``mountpoint`` and serves it with libfuse's multithreaded loop until
-    it is unmounted; then frees the session. Raises `MountFailed` when libfuse cannot mount
+    it is unmounted; then frees the FUSE session. Raises `MountFailed` when libfuse cannot mount
     and `ConnectionAborted` when the loop ends on an error."""
     ops = fuse_lowlevel_ops()
     callbacks = Callbacks(fs, ops)
@@ -57,7 +57,7 @@ def serve(fs: Operations, mountpoint: str, options: dict[str, str | bool | int])
 
 
 def _invalidator(handle: int) -> Callable[[int, bytes], int]:
-    """fuse_lowlevel_notify_inval_entry on the session (libfuse 3) or channel (libfuse 2):
+    """fuse_lowlevel_notify_inval_entry on the FUSE session (libfuse 3) or channel (libfuse 2):
     0, or a negative errno (-ENOENT when the kernel had no such entry)."""
 
     def invalidate(parent: int, name: bytes) -> int:
@@ -80,23 +80,23 @@ def _serve_v3(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> 
     loop = bind("fuse_session_loop_mt_312", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, lib=lib)
     unmount = bind("fuse_session_unmount", None, ctypes.c_void_p, lib=lib)
     destroy = bind("fuse_session_destroy", None, ctypes.c_void_p, lib=lib)
-    session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
-    if not session:
+    fuse_session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
+    if not fuse_session:
         raise MountFailed("libfuse refused the options")
-    callbacks.session = session
-    callbacks.fs.invalidate_entry = _invalidator(session)
+    callbacks.fuse_session = fuse_session
+    callbacks.fs.invalidate_entry = _invalidator(fuse_session)
     try:
-        if mount(session, point) != 0:
+        if mount(fuse_session, point) != 0:
             raise MountFailed(f"cannot mount {os.fsdecode(point)}")
         try:
-            result = loop(session, None)
+            result = loop(fuse_session, None)
         finally:
             callbacks.fs.invalidate_entry = None
-            unmount(session)
+            unmount(fuse_session)
         if result != 0:
             raise ConnectionAborted(f"libfuse's loop ended with {result}")
     finally:
-        destroy(session)
+        destroy(fuse_session)
 
 
 def _serve_v2(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
@@ -118,19 +118,19 @@ def _serve_v2(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> 
     chan = mount(point, ctypes.byref(args))
     if not chan:
         raise MountFailed(f"cannot mount {os.fsdecode(point)}")
-    session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
-    if not session:
+    fuse_session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
+    if not fuse_session:
         unmount(point, chan)
         raise MountFailed("libfuse refused the options")
-    callbacks.session = session
+    callbacks.fuse_session = fuse_session
     callbacks.fs.invalidate_entry = _invalidator(chan)
-    add_chan(session, chan)
+    add_chan(fuse_session, chan)
     try:
-        result = loop(session)
+        result = loop(fuse_session)
     finally:
         callbacks.fs.invalidate_entry = None
         remove_chan(chan)
-        destroy(session)
+        destroy(fuse_session)
         unmount(point, chan)
     if result != 0:
         raise ConnectionAborted(f"libfuse's loop ended with {result}")

@@ -778,7 +778,7 @@ def test_init_gets_the_connection_and_the_session(replies: Replies) -> None:
             seen.append(("destroyed",))
 
     ops = serving(Init())
-    ops.callbacks.session = 0xABC
+    ops.callbacks.fuse_session = 0xABC
     conn = lowlevel.fuse_conn_info()
     conn.max_write = 4096
     ops.init(None, ctypes.pointer(conn))
