@@ -81,3 +81,14 @@ def test_the_mount_and_the_client_have_no_import_cycle() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_neither_shim_imports_the_other() -> None:
+    # What they share is burstctl.node (also the layers contract: fuse_shim | preload_shim).
+    for folder, other in (
+        ("preload_shim", "burstctl.fuse_shim"),
+        ("fuse_shim", "burstctl.preload_shim"),
+    ):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            found = [n for n in imports_of(path, set()) if n.startswith(other)]
+            assert not found, f"{folder}/{path.name} imports {found}"
