@@ -269,16 +269,19 @@ class Profiler:
 # stack matches, else by its innermost frame, else "Python dispatch".
 CATEGORIES = (
     ("getxattr (security.capability, once per write call)", ("getxattr",)),
-    ("pacing (session, token bucket)", ("fuse_shim/pacing.py", "client/")),
-    ("attribution (pid -> job)", ("fuse_shim/attribution.py", "._caller (")),
+    ("pacing (session, token bucket)", ("node/pacer.py", "node/sessions.py", "client/")),
+    ("attribution (pid -> job)", ("node/attribution.py", "._caller (")),
 )
 LEAVES = (
-    # PassthroughFS.read/write spend their time in os.pread/os.pwrite (the rest is a test)
+    # PassthroughFS.read/write spend their time in os.preadv/os.pwrite (the rest is a test)
     ("pread/pwrite on BACKING", ("PassthroughFS.read (", "PassthroughFS.write (", "pwrite64")),
-    # mfusepy copies written data out of libfuse's buffer, and read data into it
-    ("ctypes copies of the data", ("string_at (", "FUSE.read (", "memmove")),
+    # copies of data between Python and libfuse's buffers
+    ("ctypes copies of the data", ("string_at (", "memmove")),
 )
-DISPATCH = "Python dispatch (mfusepy, errno barrier, the rest)"
+DISPATCH = "Python dispatch (the binding's callbacks, errno barrier, the rest)"
+# The frames of the binding's C-callable callbacks: a sample is inside a FUSE request from the
+# first of them on.
+CALLBACKS = "fuse_shim/_fuse/callbacks.py"
 
 
 def summarize_profile(path: Path, top: int = 10) -> dict[str, object]:
@@ -293,11 +296,11 @@ def summarize_profile(path: Path, top: int = 10) -> dict[str, object]:
         return {"error": f"no profile at {path}"}
     for line in lines:
         stack, _, count = line.rpartition(" ")
-        if "FUSE._wrapper" not in stack or not count.isdigit():
+        if CALLBACKS not in stack or not count.isdigit():
             continue  # the signal watcher, the main thread parked in libfuse's loop
         n = int(count)
         samples += n
-        callback = stack[stack.index("FUSE._wrapper") :]
+        callback = stack[stack.rfind(";", 0, stack.index(CALLBACKS)) + 1 :]
         leaf = callback.rsplit(";", 1)[-1]
         leaves[leaf] += n
         name = next((c for c, keys in CATEGORIES if any(k in callback for k in keys)), None)

@@ -71,10 +71,10 @@ class _Count(logging.Handler):
 
 
 async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
-    from burstctl.client.engine import Engine
+    from burstctl.client.channel import open_channel
+    from burstctl.client.core import SessionCore
     from burstctl.client.job import JobInfo
     from burstctl.client.options import SessionOptions
-    from burstctl.client.stream import open_channel
 
     counter = _Count()
     stream_log = logging.getLogger("burstctl.client.stream")
@@ -86,7 +86,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     channel = open_channel(spec["target"])
     n, first = spec["count"], spec["first"]
     moved = [0] * n
-    engines: list[Engine | None] = [None] * n
+    cores: list[SessionCore | None] = [None] * n
     attached_at: list[float | None] = [None] * n  # s after t0
     started_at = [spec["ramp"] * i / max(1, n) for i in range(n)]  # s after t0
     stop = asyncio.Event()
@@ -106,13 +106,13 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             attach_timeout=spec["attach_timeout"],
             client_id=f"bench-{first + i}",
         )
-        engine = engines[i] = Engine(options)
-        await engine.start(channel)
+        core = cores[i] = SessionCore(options)
+        await core.start(channel)
         next_at = loop.time()
         while not stop.is_set():
-            await engine.acquire_async(spec["chunk"])
+            await core.acquire_async(spec["chunk"])
             moved[i] += spec["chunk"]
-            if attached_at[i] is None and engine.attached:
+            if attached_at[i] is None and core.attached:
                 attached_at[i] = time.time() - t0
             next_at = max(next_at + spec["period"], loop.time() - spec["period"])
             delay = next_at - loop.time()
@@ -130,8 +130,8 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
             break
         await asyncio.sleep(max(0.0, at(wall) - loop.time()))
         lag = max(lag, loop.time() - at(wall))
-        live = [e for e in engines if e is not None]
-        for i, e in enumerate(engines):
+        live = [e for e in cores if e is not None]
+        for i, e in enumerate(cores):
             if e is not None and attached_at[i] is None and e.attached:
                 attached_at[i] = time.time() - t0
         samples.append(
@@ -148,7 +148,7 @@ async def _worker(spec: dict[str, Any]) -> dict[str, Any]:
     for task in tasks:
         task.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
-    await asyncio.gather(*(e.close() for e in engines if e is not None), return_exceptions=True)
+    await asyncio.gather(*(e.close() for e in cores if e is not None), return_exceptions=True)
     await channel.close()
     return {
         "samples": samples,

@@ -13,69 +13,10 @@ from typing import Any
 import click
 
 
-def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
-    from burstctl.common.units import parse_size
-
-    if value is None:
-        return None
-    try:
-        return parse_size(value)
-    except ValueError as exc:
-        raise click.BadParameter(str(exc)) from None
-
-
-def config_params(config_class: type) -> list[click.Parameter]:
-    """The arguments and options of a command, generated from the fields of a config dataclass
-    whose metadata spells them (`burstctl.fuse_shim.config.Cli`): names, defaults, help."""
-    import dataclasses
-
-    from burstctl.fuse_shim.config import cli_of, format_size
-
-    params: list[click.Parameter] = []
-    for field in dataclasses.fields(config_class):
-        spec = cli_of(field)
-        if spec.kind == "argument":
-            path = click.Path(file_okay=False, path_type=Path)
-            params.append(click.Argument([field.name], type=path))
-            continue
-        default = None if field.default is dataclasses.MISSING else field.default
-        options: dict[str, Any] = {}
-        if spec.kind == "seconds":
-            options["type"] = float
-        elif spec.kind == "size":
-            options["callback"] = _size  # given as text, such as the default "1MiB"
-            default = None if default is None else format_size(default)
-        elif spec.kind == "count":
-            options["type"] = click.IntRange(min=0)
-        elif spec.kind == "choice":
-            options["type"] = click.Choice(spec.choices, case_sensitive=False)
-        elif spec.kind == "file":
-            options["type"] = click.Path(dir_okay=False, path_type=Path)
-        elif spec.kind == "flag":
-            options["is_flag"] = True
-        elif spec.kind == "multiple":
-            options["multiple"] = True
-        help_text, show_default = spec.help, spec.show_default
-        if isinstance(show_default, str):  # a default in words, not a value
-            help_text, show_default = f"{help_text}  [default: {show_default}]", False
-        params.append(
-            click.Option(
-                [*spec.flags, field.name],
-                default=default,
-                show_default=show_default,
-                help=help_text,
-                metavar=spec.metavar,
-                envvar=spec.envvar,
-                **options,
-            )
-        )
-    return params
-
-
 class _ConfigCommand(click.Command):
     """A command whose parameters are a configuration dataclass's fields (``config``,
-    ``module:Class``), read when first needed (so that other commands and ``burstctl --help``
-    do not import the mount or the agent)."""
+    ``module:Class``; `burstctl.node.options.config_params`), read when first needed (so that
+    other commands and ``burstctl --help`` do not import the mount or the agent)."""
 
     def __init__(self, *args: Any, config: str, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -84,6 +25,8 @@ class _ConfigCommand(click.Command):
     def get_params(self, ctx: click.Context) -> list[click.Parameter]:
         if not self.params:
             module, _, name = self._config.partition(":")
+            from burstctl.node.options import config_params
+
             self.params = config_params(getattr(importlib.import_module(module), name))
         return super().get_params(ctx)
 

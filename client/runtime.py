@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 
 import grpc
 
-from burstctl.client.engine import Engine
-from burstctl.client.stream import open_channel
+from burstctl.client.channel import open_channel
+from burstctl.client.core import SessionCore
 from burstctl.common.channels import ChannelSecurity
 
 logger = logging.getLogger(__name__)
@@ -51,7 +51,7 @@ class ClientRuntime:
         self._closing: concurrent.futures.Future[None] | None = None
         # One channel per target and credentials (loop only).
         self._channels: dict[tuple[str, ChannelSecurity], grpc.aio.Channel] = {}
-        self._engines: set[Engine] = set()  # loop only
+        self._cores: set[SessionCore] = set()  # loop only
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=name, daemon=True)
         self._thread.start()
@@ -80,7 +80,7 @@ class ClientRuntime:
     @property
     def session_count(self) -> int:
         """How many sessions are open on the runtime."""
-        return len(self._engines)
+        return len(self._cores)
 
     def in_loop_thread(self) -> bool:
         return threading.current_thread() is self._thread
@@ -104,36 +104,36 @@ class ClientRuntime:
 
     # ------------------------------------------------------------------ sessions
 
-    def start_engine(self, engine: Engine) -> None:
-        """Starts ``engine`` on the loop, on the runtime's channel to its target."""
-        self.run(self._start_engine(engine))
+    def start_core(self, core: SessionCore) -> None:
+        """Starts ``core`` on the loop, on the runtime's channel to its target."""
+        self.run(self._start_core(core))
 
-    def close_engine(self, engine: Engine) -> concurrent.futures.Future[None]:
-        """Closes ``engine`` on the loop; the future is done once it has said Goodbye.
+    def close_core(self, core: SessionCore) -> concurrent.futures.Future[None]:
+        """Closes ``core`` on the loop; the future is done once it has said Goodbye.
 
         Does not wait, so any thread may call it, the runtime's own included. Once the
-        runtime is closed, the engine is closed too and the future is already done.
+        runtime is closed, the core is closed too and the future is already done.
         """
         try:
-            return self.submit(self._close_engine(engine))
+            return self.submit(self._close_core(core))
         except RuntimeError:
             done: concurrent.futures.Future[None] = concurrent.futures.Future()
             done.set_result(None)
             return done
 
-    async def _start_engine(self, engine: Engine) -> None:
-        key = (engine.options.target, engine.options.security)
+    async def _start_core(self, core: SessionCore) -> None:
+        key = (core.options.target, core.options.security)
         channel = self._channels.get(key)
         if channel is None:
             channel = self._channels[key] = open_channel(*key)
-        await engine.start(channel)
-        self._engines.add(engine)
+        await core.start(channel)
+        self._cores.add(core)
 
-    async def _close_engine(self, engine: Engine) -> None:
+    async def _close_core(self, core: SessionCore) -> None:
         try:
-            await engine.close()
+            await core.close()
         finally:
-            self._engines.discard(engine)
+            self._cores.discard(core)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -163,16 +163,16 @@ class ClientRuntime:
             self._loop.call_soon_threadsafe(self._loop.stop)
 
     async def _shutdown(self) -> None:
-        engines = list(self._engines)
-        results = await asyncio.gather(*(e.close() for e in engines), return_exceptions=True)
-        for engine, result in zip(engines, results, strict=True):
+        cores = list(self._cores)
+        results = await asyncio.gather(*(e.close() for e in cores), return_exceptions=True)
+        for core, result in zip(cores, results, strict=True):
             if isinstance(result, BaseException):
                 logger.error(
                     "closing the session of job %s failed",
-                    engine.options.job.job_id,
+                    core.options.job.job_id,
                     exc_info=result,
                 )
-        self._engines.clear()
+        self._cores.clear()
         channels = list(self._channels.values())
         self._channels.clear()
         await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)

@@ -1,6 +1,6 @@
 """The public session API: `Session` (blocking, for threads) and `AsyncSession` (asyncio).
 
-Both are thin shells around one `Engine`. `Session` runs the engine on the event loop of a
+Both are thin shells around one `SessionCore`. `Session` runs the core on the event loop of a
 `ClientRuntime` — its own, or one shared with other sessions — and calls into it without
 hopping threads on the hot path; `AsyncSession` runs it on the caller's loop.
 """
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from types import TracebackType
 
 from burstctl.client.bucket import Pattern
-from burstctl.client.engine import Engine
+from burstctl.client.core import SessionCore
 from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
 from burstctl.client.kinds import check_volume, op_kind
@@ -36,9 +36,9 @@ from burstctl.common.channels import ChannelSecurity
 class _OperationBase:
     """An explicit operation: posted on entry, completed on exit (also on an exception)."""
 
-    def __init__(self, engine: Engine, kind: str, volume: int) -> None:
+    def __init__(self, core: SessionCore, kind: str, volume: int) -> None:
         # Validated here so that a bad kind raises where operation() is called.
-        self._engine = engine
+        self._core = core
         self._kind = op_kind(kind)
         self._volume = check_volume(volume)
         self.op_id: int | None = None
@@ -46,11 +46,11 @@ class _OperationBase:
     def _open(self) -> None:
         if self.op_id is not None:
             raise RuntimeError("an operation object can be entered only once")
-        self.op_id = self._engine.open_operation(self._kind, self._volume)
+        self.op_id = self._core.open_operation(self._kind, self._volume)
 
     def _close(self) -> None:
         if self.op_id is not None:
-            self._engine.close_operation(self.op_id)
+            self._core.close_operation(self.op_id)
 
 
 class Operation(_OperationBase):
@@ -88,7 +88,7 @@ class AsyncOperation(_OperationBase):
 def _shares(nbytes: int, k: int) -> list[int]:
     """``nbytes`` split evenly over ``k`` streams (the remainder one byte each to the first)."""
     if isinstance(nbytes, bool) or not isinstance(nbytes, int) or nbytes < 0:
-        return [nbytes] + [0] * (k - 1)  # the first engine's check raises for it
+        return [nbytes] + [0] * (k - 1)  # the first core's check raises for it
     base, extra = divmod(nbytes, k)
     return [base + (1 if i < extra else 0) for i in range(k)]
 
@@ -115,7 +115,7 @@ class _Striped:
 
 
 class _SessionBase:
-    """What both session flavours share: options, the engine and its read-only state."""
+    """What both session flavours share: options, the core and its read-only state."""
 
     def __init__(
         self,
@@ -150,11 +150,11 @@ class _SessionBase:
             buffer=buffer,
             bucket_observer=bucket_observer,
         )
-        self._engine = Engine(options)
+        self._core = SessionCore(options)
         # Striping over advised replicas (`Session`): one more stream per extra target, the
-        # same job and client id; the first engine holds the buffer and the rate observer.
-        self._engines = [self._engine] + [
-            Engine(
+        # same job and client id; the first core holds the buffer and the rate observer.
+        self._cores = [self._core] + [
+            SessionCore(
                 SessionOptions.build(
                     extra,
                     options.job,
@@ -174,32 +174,32 @@ class _SessionBase:
     @property
     def targets(self) -> list[str]:
         """The replica addresses the session has a stream on (several: striped)."""
-        return [e.options.target for e in self._engines]
+        return [e.options.target for e in self._cores]
 
     @property
     def job(self) -> JobInfo:
-        return self._engine.options.job
+        return self._core.options.job
 
     @property
     def client_id(self) -> str:
-        return self._engine.options.client_id
+        return self._core.options.client_id
 
     @property
     def rate(self) -> float:
         """The rate in force, in bytes/s (``math.inf`` when unthrottled); striped: the sum
         over the streams."""
-        return sum(e.rate for e in self._engines)
+        return sum(e.rate for e in self._cores)
 
     @property
     def pattern(self) -> Pattern | None:
         """The periodic pattern of windows in force (docs/client.md, "Windows"), None when
         the session paces at a plain rate."""
-        return self._engine.pattern
+        return self._core.pattern
 
     @property
     def attached(self) -> bool:
         """True while an allocation from a live controller is in force (on every stream)."""
-        return all(e.attached for e in self._engines)
+        return all(e.attached for e in self._cores)
 
     @property
     def refused(self) -> str | None:
@@ -207,66 +207,66 @@ class _SessionBase:
         ``PERMISSION_DENIED`` (its user may not join the job) or ``UNAUTHENTICATED`` (missing
         or wrong credentials). A refused session runs on its fallback at once and keeps asking
         with backoff."""
-        return self._engine.refused
+        return self._core.refused
 
     @property
     def closed(self) -> bool:
-        return all(e.closed for e in self._engines)
+        return all(e.closed for e in self._cores)
 
     @property
     def total_wait_seconds(self) -> float:
         """Seconds acquire and acquire_space calls have spent waiting, in total."""
-        return sum(e.total_wait_seconds for e in self._engines)
+        return sum(e.total_wait_seconds for e in self._cores)
 
     @property
     def purpose(self) -> Purpose:
         """``"app"`` (the job's own I/O) or ``"drain"`` (its copy to the PFS)."""
-        return self._engine.options.purpose
+        return self._core.options.purpose
 
     @property
     def space_limit(self) -> int | None:
         """The burst buffer's space limit in force: the most `buffer_added` may reach. None
         when the session tracks no buffer or the controller sent no space (no capacity)."""
-        return self._engine.space_limit
+        return self._core.space_limit
 
     @property
     def buffer_added(self) -> int:
         """Bytes `acquire_space` let through since the session started (never decreases)."""
-        return self._engine.buffer_added
+        return self._core.buffer_added
 
     def report_buffer(self, resident: int, pending: int, drain_error: str = "") -> None:
         """Sets the session's burst-buffer gauges (``buffer=True`` sessions): ``resident`` bytes
         of the job this client holds on the buffer, ``pending`` of them not on the parallel
         file system yet (<= resident), ``drain_error`` why they do not drain ("" = they do).
         Sent with the next Usage, at once when ``drain_error`` changes. Thread-safe."""
-        self._engine.report_buffer(resident, pending, drain_error)
+        self._core.report_buffer(resident, pending, drain_error)
 
     async def acquire_space_async(self, nbytes: int, landed: bool = True) -> None:
         """`Session.acquire_space` for a coroutine (on any loop): suspends instead of blocking."""
-        await self._engine.acquire_space_async(nbytes, landed)
+        await self._core.acquire_space_async(nbytes, landed)
 
     def space_landed(self, nbytes: int) -> None:
         """Bytes acquired with ``acquire_space(n, landed=False)`` are now on the buffer and in
         the last `report_buffer` (or were never written): only then do the reports count them
         as added. Thread-safe."""
-        self._engine.space_landed(nbytes)
+        self._core.space_landed(nbytes)
 
     def record(self, nbytes: int, kind: str = "write") -> None:
         """Books ``nbytes`` of ``kind`` that were paced elsewhere (the preload library's shared
         page, docs/preload.md) without waiting: the usage reports count them as they count an
         ``acquire``, and they begin (or keep open) the implicit operation as an ``acquire``
         does. Striped: split evenly over the streams. Thread-safe."""
-        shares = _shares(nbytes, len(self._engines))
-        for engine, share in zip(self._engines, shares, strict=True):
-            if share or engine is self._engine:
-                engine.record(share, kind)
+        shares = _shares(nbytes, len(self._cores))
+        for core, share in zip(self._cores, shares, strict=True):
+            if share or core is self._core:
+                core.record(share, kind)
 
     def hold_waiting(self, waiting: bool) -> None:
         """The job's I/O is (True) or is no longer (False) waiting for tokens elsewhere: it
         counts as one waiter of the session (the controller is told the job waits, once per
         transition, and the wait time is reported). Idempotent. Thread-safe."""
-        for engine in self._engines:
-            engine.hold_waiting(waiting)
+        for core in self._cores:
+            core.hold_waiting(waiting)
 
     def end_phase(self) -> None:
         """Completes the implicit operation now, instead of after ``quiet_gap`` without I/O.
@@ -274,8 +274,8 @@ class _SessionBase:
         For a caller that knows its burst of I/O is over; the next ``acquire`` posts a new
         implicit operation. A no-op when none is open (explicit operations are not touched).
         """
-        for engine in self._engines:
-            engine.end_phase()
+        for core in self._cores:
+            core.end_phase()
 
 
 class Session(_SessionBase):
@@ -351,8 +351,8 @@ class Session(_SessionBase):
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")
         try:
-            for engine in self._engines:
-                self._runtime.start_engine(engine)
+            for core in self._cores:
+                self._runtime.start_core(core)
         except BaseException:
             if self._owns_runtime:
                 self._runtime.close()
@@ -365,20 +365,18 @@ class Session(_SessionBase):
 
     def wait_attached(self, timeout: float | None = None) -> bool:
         """Waits until the session is attached (every stream); returns whether it is."""
-        return all([e.wait_attached(timeout) for e in self._engines])
+        return all([e.wait_attached(timeout) for e in self._cores])
 
     def acquire(self, nbytes: int, kind: str = "write") -> None:
         """Blocks until the job's token bucket allows ``nbytes`` of I/O of ``kind``; striped,
         each stream's bucket its even share."""
-        if len(self._engines) == 1:
-            self._engine.acquire(nbytes, kind)
+        if len(self._cores) == 1:
+            self._core.acquire(nbytes, kind)
             return
         parts = [
-            (engine, share)
-            for engine, share in zip(
-                self._engines, _shares(nbytes, len(self._engines)), strict=True
-            )
-            if share or engine is self._engine
+            (core, share)
+            for core, share in zip(self._cores, _shares(nbytes, len(self._cores)), strict=True)
+            if share or core is self._core
         ]
 
         async def every_share() -> None:
@@ -400,15 +398,15 @@ class Session(_SessionBase):
         it waits for more, also while the controller is unreachable, until ``fallback_grace``
         after the lease ran out (then space is no longer enforced). Closing the session lets
         every waiter through. Never raises for a controller problem."""
-        self._engine.acquire_space(nbytes, landed)
+        self._core.acquire_space(nbytes, landed)
 
     def operation(self, kind: str, volume: int = 0) -> Operation | _Striped:
         """An explicit I/O operation of ``volume`` bytes (0 = unknown) for a ``with`` block;
         striped, one on each stream with its share of the volume."""
-        if len(self._engines) == 1:
-            return Operation(self._engine, kind, volume)
-        shares = _shares(volume, len(self._engines))
-        return _Striped([Operation(e, kind, v) for e, v in zip(self._engines, shares, strict=True)])
+        if len(self._cores) == 1:
+            return Operation(self._core, kind, volume)
+        shares = _shares(volume, len(self._cores))
+        return _Striped([Operation(e, kind, v) for e, v in zip(self._cores, shares, strict=True)])
 
     def close(self) -> None:
         """Says Goodbye and ends the stream (and its own runtime's thread); idempotent."""
@@ -417,8 +415,8 @@ class Session(_SessionBase):
         if self._owns_runtime:
             self._runtime.close(CLOSE_TIMEOUT)
         else:
-            for engine in self._engines:
-                self._runtime.close_engine(engine).result(CLOSE_TIMEOUT)
+            for core in self._cores:
+                self._runtime.close_core(core).result(CLOSE_TIMEOUT)
 
     def close_soon(self) -> concurrent.futures.Future[None]:
         """Starts closing without waiting; the future is done once the session said Goodbye.
@@ -428,9 +426,9 @@ class Session(_SessionBase):
         """
         if self._owns_runtime:
             return self._runtime.close_soon()
-        for engine in self._engines[1:]:
-            self._runtime.close_engine(engine)
-        return self._runtime.close_engine(self._engine)
+        for core in self._cores[1:]:
+            self._runtime.close_core(core)
+        return self._runtime.close_core(self._core)
 
     def __enter__(self) -> Session:
         return self
@@ -453,27 +451,27 @@ class AsyncSession(_SessionBase):
 
     async def start(self) -> None:
         """Connects in the background on the running loop."""
-        await self._engine.start()
+        await self._core.start()
 
     async def wait_attached(self, timeout: float | None = None) -> bool:
         """Waits until the session is attached; returns whether it is."""
-        return await self._engine.wait_attached_async(timeout)
+        return await self._core.wait_attached_async(timeout)
 
     async def acquire(self, nbytes: int, kind: str = "write") -> None:
         """Waits until the job's token bucket allows ``nbytes`` of I/O of ``kind``."""
-        await self._engine.acquire_async(nbytes, kind)
+        await self._core.acquire_async(nbytes, kind)
 
     async def acquire_space(self, nbytes: int, landed: bool = True) -> None:
         """Waits until ``nbytes`` more bytes fit on the burst buffer (`Session.acquire_space`)."""
-        await self._engine.acquire_space_async(nbytes, landed)
+        await self._core.acquire_space_async(nbytes, landed)
 
     def operation(self, kind: str, volume: int = 0) -> AsyncOperation:
         """An explicit I/O operation of ``volume`` bytes for an ``async with`` block."""
-        return AsyncOperation(self._engine, kind, volume)
+        return AsyncOperation(self._core, kind, volume)
 
     async def close(self) -> None:
         """Says Goodbye, ends the stream and awaits every background task; idempotent."""
-        await self._engine.close()
+        await self._core.close()
 
     async def __aenter__(self) -> AsyncSession:
         await self.start()

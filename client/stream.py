@@ -8,14 +8,14 @@ counters for the usage reports; the hot path (``acquire``) never touches it.
 Everything here runs on the loop the session was started on, so it needs no lock; only the
 attached flag is also read (and waited on) by other threads, through a condition.
 The channel is given to `SessionStream.start` and never closed here: it may be shared by
-every session of a `ClientRuntime`.
+every session of a `ClientRuntime` (`channel` says how it reconnects, and how a stream that
+ends is tried again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import random
@@ -25,11 +25,12 @@ from typing import Any
 
 import grpc
 
-from burstctl.client.bucket import Pattern, Throttle, ThrottleStats
+from burstctl.client.bucket import Pattern, Throttle
+from burstctl.client.channel import REFUSALS, Backoff, retry_hint
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
-from burstctl.common.channels import PLAIN, ChannelSecurity
-from burstctl.common.limits import RETRY_AFTER_KEY, windows_problem
+from burstctl.client.usage import UsageReports
+from burstctl.client.windows import MalformedWindows, pattern_of
 from burstctl.common.units import format_rate
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
@@ -42,77 +43,6 @@ MAX_BATCH = 64
 DEFAULT_BURST_SECONDS = 0.1
 # How long close() waits for the Goodbye and the half-close to reach the wire.
 GOODBYE_TIMEOUT = 2.0
-# gRPC reconnects the channel itself with these: start at 50 ms, cap at 2 s (with gRPC's own
-# jitter); a connection attempt may take up to 1 s before it counts as failed.
-CHANNEL_OPTIONS: tuple[tuple[str, int], ...] = (
-    ("grpc.initial_reconnect_backoff_ms", 50),
-    ("grpc.max_reconnect_backoff_ms", 2000),
-    ("grpc.min_reconnect_backoff_ms", 1000),
-)
-
-
-# The longest retry hint obeyed: a controller cannot park a client for longer than this.
-MAX_RETRY_AFTER = 300.0
-
-
-def retry_hint(err: grpc.aio.AioRpcError) -> float | None:
-    """Seconds a controller that refused the stream for load asks us to wait, or None.
-
-    The hint is the trailing metadata ``retry-after-ms`` of a ``RESOURCE_EXHAUSTED``
-    (docs/protocol.md); a missing or malformed one is no hint.
-    """
-    if err.code() != grpc.StatusCode.RESOURCE_EXHAUSTED:
-        return None
-    for key, value in err.trailing_metadata() or ():
-        if key == RETRY_AFTER_KEY:
-            try:
-                ms = float(value)
-            except (TypeError, ValueError):
-                return None
-            return min(ms / 1000, MAX_RETRY_AFTER) if ms >= 0 else None
-    return None
-
-
-# Stream endings that say the controller will not take this session as it is (docs/security.md).
-REFUSALS = (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED)
-
-
-def open_channel(target: str, security: ChannelSecurity = PLAIN) -> grpc.aio.Channel:
-    """A channel to ``target`` with the client's reconnect settings and ``security``'s
-    credentials (on the running loop)."""
-    return security.open(target, CHANNEL_OPTIONS)
-
-
-# A renewal of the same windows whose origin is within this many seconds of the one in force
-# keeps the phase in force (one-way delays vary by about a millisecond on a LAN).
-PHASE_SLACK = 0.01
-
-
-class Backoff:
-    """Exponential backoff with jitter between two stream attempts on a connected channel.
-
-    The channel's own reconnect backoff covers an unreachable controller; this one covers a
-    controller that is reachable but ends the stream (e.g. INVALID_ARGUMENT), so the client never
-    retries in a hot loop. Delays are drawn in ``[d/2, d]`` with ``d`` doubling up to ``maximum``.
-    """
-
-    def __init__(
-        self, initial: float = 0.05, maximum: float = 2.0, rng: random.Random | None = None
-    ) -> None:
-        if not 0 < initial <= maximum:
-            raise ValueError("backoff needs 0 < initial <= maximum")
-        self._initial = initial
-        self._maximum = maximum
-        self._rng = rng or random.Random()
-        self._attempt = 0
-
-    def next_delay(self) -> float:
-        ceiling = min(self._maximum, self._initial * 2.0 ** min(self._attempt, 60))
-        self._attempt += 1
-        return self._rng.uniform(ceiling / 2, ceiling)
-
-    def reset(self) -> None:
-        self._attempt = 0
 
 
 class SessionStream:
@@ -157,8 +87,7 @@ class SessionStream:
         self._last_burst: float | None = None
         # the pattern of windows of the last allocation (None: a plain rate); keep-last keeps it
         self._last_pattern: Pattern | None = None
-        self._last_report = ThrottleStats(bytes=0, acquires=0, wait_seconds=0.0, waiting=False)
-        self._last_report_at = 0.0
+        self._usage = UsageReports(throttle, space, clock)
         self._detached_logged = False
         self._refused: str | None = None
 
@@ -204,7 +133,7 @@ class SessionStream:
         self._loop = asyncio.get_running_loop()
         now = self._clock()
         self._lease_deadline = now + self._options.attach_timeout
-        self._last_report_at = now
+        self._usage.start()
         self._stub = pb_grpc.ControllerStub(channel)
         self._stream_task = self._spawn(self._run_streams(channel), "stream")
         self._spawn(self._report_usage(), "usage")
@@ -229,7 +158,7 @@ class SessionStream:
         if outbox is None or writer is None:
             return
         # The last report first: what was moved since the previous one is booked too.
-        outbox.put_nowait(self._usage_report(False))
+        outbox.put_nowait(self._usage.take(False, self._stream_epoch or 0))
         outbox.put_nowait(pb.ClientMessage(goodbye=pb.Goodbye()))
         outbox.put_nowait(None)  # half-close once everything queued before is written
         # asyncio.wait neither raises nor cancels: a dead controller only costs the timeout.
@@ -288,43 +217,7 @@ class SessionStream:
         """Reports the throttle's counters since the last report (if a stream is open)."""
         if self._outbox is None or self._stopping:
             return
-        self._send(self._usage_report(force_waiting))
-
-    def _usage_report(self, force_waiting: bool) -> pb.ClientMessage:
-        now = self._clock()
-        # The immediate report says "waiting" even if that acquire has been served since.
-        stats = self._throttle.snapshot(reported=True, assume_waiting=force_waiting)
-        buffer: pb.Buffer | None = None
-        if self._space is not None:
-            # A writer waiting for space waits like one waiting for tokens: the controller
-            # sees it in the flag and the wait seconds (docs/capacity.md).
-            space = self._space.snapshot(reported=True)
-            buffer = space.buffer
-            stats = dataclasses.replace(
-                stats,
-                waiting=stats.waiting or space.waiting,
-                wait_seconds=stats.wait_seconds + space.wait_seconds,
-            )
-        previous = self._last_report
-        usage = pb.Usage(
-            bytes=stats.bytes - previous.bytes,
-            ops=stats.acquires - previous.acquires,
-            wait_seconds=max(0.0, stats.wait_seconds - previous.wait_seconds),
-            interval_seconds=max(0.0, now - self._last_report_at),
-            waiting=stats.waiting,
-            totals=pb.Counters(
-                bytes=stats.bytes,
-                bytes_read=stats.bytes_read,
-                bytes_written=stats.bytes_written,
-                ops=stats.acquires,
-                metadata_ops=stats.metadata_acquires,
-                wait_seconds=stats.wait_seconds,
-            ),
-            applied_epoch=self._stream_epoch or 0,
-            buffer=buffer,
-        )
-        self._last_report, self._last_report_at = stats, now
-        return pb.ClientMessage(usage=usage)
+        self._send(self._usage.take(force_waiting, self._stream_epoch or 0))
 
     # ------------------------------------------------------------------ the stream
 
@@ -526,8 +419,14 @@ class SessionStream:
             return
         pattern = None
         if allocation.HasField("windows"):
-            pattern = self._pattern(allocation.windows)
-            if pattern is None:
+            try:
+                pattern = pattern_of(allocation.windows, self._clock(), self._last_pattern)
+            except MalformedWindows as err:
+                logger.error(
+                    "ignoring an allocation with malformed windows from %s: %s",
+                    self._options.target,
+                    err,
+                )
                 return
         self._stream_epoch_before, self._stream_epoch = self._stream_epoch, allocation.epoch
         self._lease_deadline = self._clock() + lease
@@ -563,37 +462,6 @@ class SessionStream:
         self._detached_logged = False
         self._refused = None
         self._set_attached(True)
-
-    def _pattern(self, windows: pb.Windows) -> Pattern | None:
-        """The allocation's pattern on this client's clock, or None (logged) if malformed.
-
-        The period's origin is ``origin_seconds`` from now, the receipt: the controller
-        computed it just before writing, so the phase is late by the message's one-way delay
-        (docs/protocol.md, "Windows").
-        """
-        received = self._clock()
-        period, origin = windows.period_seconds, windows.origin_seconds
-        spans = [(w.start_seconds, w.end_seconds, w.rate) for w in windows.window]
-        problem = windows_problem(period, spans)
-        if problem is None and not (0.0 <= origin < period):
-            problem = ("origin_seconds", f"must be in [0, period), got {origin!r}")
-        if problem is not None:
-            logger.error(
-                "ignoring an allocation with malformed windows from %s: windows.%s: %s",
-                self._options.target,
-                *problem,
-            )
-            return None
-        pattern = Pattern(period, received + origin, spans)
-        last = self._last_pattern
-        if last is not None and last.same_windows(pattern):
-            # A renewal of the pattern in force: its origin moved only by the jitter of the
-            # messages' delay. Keep the phase: a shifted phase mid-window loses its tokens,
-            # which the job then finds only in its next window (docs/client.md, "Windows").
-            drift = (pattern.origin - last.origin) % period
-            if min(drift, period - drift) <= PHASE_SLACK:
-                return last
-        return pattern
 
     # ------------------------------------------------------------------ lease and fallback
 

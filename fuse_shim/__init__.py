@@ -1,7 +1,9 @@
 """The FUSE passthrough filesystem and ``burstctl mount`` (docs/fuse.md).
 
 `config` holds every option of the mount (`MountConfig`); `mount` (lifecycle, signals) starts
-`fs.PassthroughFS` over a backing directory; `attribution` maps each request's pid/uid/gid to a
-job and `pacing` paces it through one client session per job, all on one client runtime. The
-FUSE binding is imported only through `_fuse`.
+`fs.PassthroughFS` over a backing directory, whose parts each own one concern (`inodes`,
+`directories`, `paced`, `staged`, `ownership`, `xattrs`); `stageout` drains the files written
+through the mount to the parallel file system. Which job a request belongs to and how it is
+paced (one client session per job, all on one client runtime) is `burstctl.node`, which the
+LD_PRELOAD shim's node agent shares. The FUSE binding is imported only through `_fuse`.
 """

@@ -34,15 +34,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 from burstctl.client.runtime import ClientRuntime
-from burstctl.fuse_shim.attribution import Attributor
 from burstctl.fuse_shim.config import (
     FUSE2_MAX_WRITE,
     LIBFUSE_CHOICES,
     MountConfig,
     MountError,
 )
-from burstctl.fuse_shim.pacing import Pacer
 from burstctl.fuse_shim.stageout import StageOut
+from burstctl.node.attribution import Attributor
+from burstctl.node.pacer import Pacer
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +205,7 @@ def _wait_ready(child: int, read_end: int) -> int:
 def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     from burstctl.fuse_shim._fuse import LIBFUSE_VERSION, ConnectionAborted, MountFailed, serve
     from burstctl.fuse_shim.fs import PassthroughFS
+    from burstctl.fuse_shim.inodes import InodeTable
 
     # Blocked before any thread starts: every thread (the client runtime's, libfuse's workers)
     # inherits the mask, so only the watcher receives these signals and libfuse's
@@ -227,6 +228,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         # One loop thread and one channel for the sessions of every job.
         runtime = ClientRuntime()
         pacer = Pacer(config, Attributor(config.attribution_ttl), runtime=runtime)
+    inodes = InodeTable(root_fd, config.max_handles)
     stage: StageOut | None = None
     if config.stage_out is not None or pacer is not None:
         # The jobs' files on the buffer (their space, reported to the controller) and, with
@@ -237,6 +239,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             config.stage_out,
             evict=config.evict_mode == "after-copy",
             hooks=pacer,
+            path_of=inodes.path_of,
         )
         stage.start()
         if config.stage_out is not None:
@@ -272,7 +275,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
                 os.close(ready_fd)
 
     fs = PassthroughFS(
-        root_fd,
+        inodes,
         pacer,
         on_init=on_init,
         max_write=config.max_write,
@@ -282,10 +285,9 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         attr_timeout=config.attr_timeout,
         entry_timeout=config.entry_timeout,
         negative_timeout=config.negative_timeout,
-        handles=config.max_handles,
         stage_out=stage,
     )
-    logger.info("keeping up to %d inode handles open", fs.handle_budget)
+    logger.info("keeping up to %d inode handles open", inodes.budget)
     watcher = threading.Thread(target=stopper.watch, name="burstctl-signals", daemon=True)
     watcher.start()
     code = 0

@@ -4,7 +4,7 @@ A local file system clears them itself when an unprivileged process writes or tr
 file (Linux ``setattr_should_drop_suidgid`` in ``fs/attr.c``, called by ``file_remove_privs``
 on write and by ``do_truncate``). Through the mount, with direct I/O (``--direct-io writes``,
 the default), the kernel leaves that to the daemon, whose ``pwrite`` runs as root and so
-clears nothing (issue 16, finding 2): a write by a non-owner would keep a file set-user-ID.
+clears nothing: a write by a non-owner would keep a file set-user-ID.
 `mode_after_write` is that rule, for the daemon to apply with the writer's credentials;
 `writer_of` reads those credentials from ``/proc``.
 

@@ -1,34 +1,32 @@
 """Stage-out: the mount copies the files written through it to the parallel file system.
 
 `StageOut` keeps, per job, an index of the files the job wrote through the mount (tagged on the
-backing file with the xattr ``user.burstctl.job``, so that a restart rebuilds the index by
-scanning BACKING), and drains them to ``PFS_DIR``:
+backing file, `stageout_marks`, so that a restart rebuilds the index by scanning BACKING), and
+drains them to ``PFS_DIR``:
 
-- `PassthroughFS` tells it of every modification (`modified`: write, truncate, fallocate,
-  create), which bumps the file's *write generation*, and of every open and close; the last
-  close of a file it tracks queues the file.
-- Worker threads (`DRAIN_WORKERS`, never two on one file) copy a queued file ``BACKING/rel`` to
-  ``PFS_DIR/rel``: into a temporary ``.NAME.burstctl-part-XXXX`` in the same directory, in
-  `CHUNK` pieces each paced by the job's drain stream (`DrainHooks.drain`), then fsync, rename
-  over the final name and fsync of the directory; mode, owner and times are kept. The
-  generation is read before and after: a file written during its copy is queued again (the
-  copy, complete, stays) and is not evicted. A good copy marks the backing file
-  ``user.burstctl.copied = "<mtime_ns>:<size>"``. A file open for writing is copied after its
+- `PassthroughFS` tells it (through `staged.StagedFiles`) of every modification (`modified`:
+  write, truncate, fallocate, create), which bumps the file's *write generation*, and of every
+  open and close; the last close of a file it tracks queues the file (`stageout_schedule`).
+- Worker threads (`DRAIN_WORKERS`, never two on one file) copy a queued file to the same
+  relative path under ``PFS_DIR``, paced by the job's drain stream (`DrainHooks.drain`;
+  `stageout_copy` says how a copy is made durable). The generation is read before and after: a
+  file written during its copy is queued again (the copy, complete, stays) and is not evicted.
+  A good copy is marked on the backing file; a file open for writing is copied after its
   writer's last close.
-- ``evict``: a copied file that nobody has open is marked ``user.burstctl.evicted`` (JSON
-  ``{size, mtime_ns, pfs}``) and truncated to 0; the mount then serves it from the PFS copy
-  (`evicted`, `open_pfs`) until it is opened for writing, which `restore`s it first.
-- A failed copy is retried with a backoff (`RETRY_MIN` doubling to `RETRY_MAX`), logged once per
-  cause, and reported as the job's ``drain_error`` until a copy of the job succeeds.
+- ``evict``: a copied file that nobody has open is marked evicted and truncated to 0; the mount
+  then serves it from the PFS copy (`evicted`, `open_pfs`) until it is opened for writing,
+  which `restore`s it first.
+- A failed copy is retried with a backoff, logged once per cause, and reported as the job's
+  ``drain_error`` until a copy of the job succeeds (`stageout_schedule.DrainErrors`).
 - Each job's ``resident`` (allocated bytes of its files on the buffer, kept as a running sum as
   files are written, evicted, restored, unlinked) and ``pending`` (those not copied yet) go to
   `DrainHooks.report_buffer` after every write through the mount (the controller compares
   ``resident`` with the bytes the client ``added``: a resident that lagged behind the writes
   would let it grant more than S), every `report_interval`, and soon after an eviction.
 
-Crash safety (`start`): temporaries left in PFS_DIR are removed; a file marked evicted but not
-yet truncated is truncated (its copy was complete before the mark); every tagged file whose
-copied marker does not match its current mtime and size is queued again.
+Crash safety (`start`): temporaries left in PFS_DIR are removed, evictions a crash interrupted
+are finished (`stageout_marks`), and every tagged file whose copied mark does not match its
+current mtime and size is queued again.
 
 Nothing here raises into the application's I/O: the file system calls that cannot fail.
 """
@@ -37,36 +35,40 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import heapq
-import itertools
-import json
+import functools
 import logging
 import os
-import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from burstctl.client.job import JobInfo
+from burstctl.fuse_shim.stageout_copy import CopyError, copy_back, copy_to_pfs
+from burstctl.fuse_shim.stageout_marks import (
+    XATTR_EVICTED,
+    Evicted,
+    Key,
+    Tracked,
+    mark_copied,
+    mark_evicted,
+    relative_path,
+    remove_temporaries,
+    scan,
+    signature,
+    signature_at,
+    write_tag,
+)
+from burstctl.fuse_shim.stageout_schedule import CopyQueue, DrainErrors, ReportTimer, retry_delay
 
 logger = logging.getLogger(__name__)
 
-XATTR_JOB = "user.burstctl.job"
-XATTR_COPIED = "user.burstctl.copied"
-XATTR_EVICTED = "user.burstctl.evicted"
-TEMP_MARK = ".burstctl-part-"  # a temporary copy: ".<name>.burstctl-part-<random>"
-CHUNK = 1 << 20
 RETRY_MIN = 1.0
 RETRY_MAX = 30.0
 REPORT_INTERVAL = 0.5
-RESCAN_INTERVAL = 5.0
-DRAIN_WORKERS = 2  # at most one rescan of BACKING this often (a tracked file lost its path)
-
-Key = tuple[int, int]  # (st_dev, st_ino) of the backing file
+RESCAN_INTERVAL = 5.0  # at most one rescan of BACKING this often (a tracked file lost its path)
+DRAIN_WORKERS = 2
 
 
 class DrainHooks(Protocol):
@@ -79,54 +81,6 @@ class DrainHooks(Protocol):
         """The job's gauges on the buffer."""
 
 
-@dataclass(frozen=True, slots=True)
-class Evicted:
-    """A file whose data is only on the PFS: its size and mtime then, and where it went."""
-
-    size: int
-    mtime_ns: int
-    pfs: str
-
-    def encode(self) -> bytes:
-        return json.dumps({"size": self.size, "mtime_ns": self.mtime_ns, "pfs": self.pfs}).encode()
-
-    @classmethod
-    def decode(cls, raw: bytes) -> Evicted:
-        value = json.loads(raw)
-        size, mtime_ns, pfs = value["size"], value["mtime_ns"], value["pfs"]
-        if not (isinstance(size, int) and isinstance(mtime_ns, int) and isinstance(pfs, str)):
-            raise ValueError("bad evicted mark")
-        return cls(size, mtime_ns, pfs)
-
-
-def encode_job(job: JobInfo | None) -> bytes:
-    if job is None:
-        return b"{}"
-    return json.dumps(
-        {
-            "job_id": job.job_id,
-            "user": job.user,
-            "group": job.group,
-            "nodes": job.nodes,
-            "priority": job.priority,
-        },
-        sort_keys=True,
-    ).encode()
-
-
-def decode_job(raw: bytes) -> JobInfo | None:
-    value = json.loads(raw)
-    if not value:
-        return None
-    return JobInfo(
-        value["job_id"],
-        value["user"],
-        value["group"],
-        nodes=value.get("nodes", 1),
-        priority=value.get("priority", 1.0),
-    )
-
-
 def _decrement(counts: dict[Key, int], key: Key) -> int:
     left = counts.get(key, 1) - 1
     if left > 0:
@@ -136,61 +90,13 @@ def _decrement(counts: dict[Key, int], key: Key) -> int:
     return max(0, left)
 
 
-def _give(fd: int, st: os.stat_result) -> None:
-    """Gives a copy the owner of its original, when the daemon may (root)."""
-    if os.geteuid() == 0:
-        os.fchown(fd, st.st_uid, st.st_gid)
-
-
-def _signature(st: os.stat_result) -> tuple[int, int]:
-    return st.st_mtime_ns, st.st_size
-
-
-def _parse_copied(raw: bytes) -> tuple[int, int] | None:
-    try:
-        mtime, size = raw.decode().split(":")
-        return int(mtime), int(size)
-    except ValueError:
-        return None
-
-
-@dataclass(slots=True)
-class Tracked:
-    """A file some job wrote through the mount."""
-
-    job: JobInfo | None
-    tag: bytes  # the encoded job, as in the xattr
-    rel: str  # its path relative to BACKING, when last known
-    copied: tuple[int, int] | None = None  # (mtime_ns, size) of its last good copy
-    copied_gen: int | None = None  # the write generation that copy saw (None: unknown)
-    evicted: Evicted | None = None
-    attempts: int = 0  # failed copies in a row
-    allocated: int = 0  # st_blocks * 512, at the last look
-    signature: tuple[int, int] | None = None  # (mtime_ns, size) at the last look
-    seen_gen: int = -1  # the write generation at the last look (a look again once it moves)
-    lost: bool = False
-
-
-@dataclass(order=True, slots=True)
-class _Due:
-    at: float
-    seq: int
-    key: Key = field(compare=False)
-
-
-class CopyError(Exception):
-    """A copy that failed for a reason worth reporting (``cause``: one line for the log)."""
-
-    def __init__(self, cause: str) -> None:
-        super().__init__(cause)
-        self.cause = cause
-
-
 class StageOut:
     """The drain of one mount's BACKING (open as ``backing_fd``, at ``backing``) to ``pfs``.
 
     Without ``pfs`` (a mount with a controller but no ``--stage-out``) it keeps the index and
-    reports the jobs' resident bytes; nothing is copied, nothing evicted.
+    reports the jobs' resident bytes; nothing is copied, nothing evicted. ``path_of(key)``:
+    where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
+    tracked file is no longer where it was.
     """
 
     def __init__(
@@ -201,6 +107,7 @@ class StageOut:
         *,
         evict: bool,
         hooks: DrainHooks | None = None,
+        path_of: Callable[[Key], str | None] | None = None,
         report_interval: float = REPORT_INTERVAL,
         retry_min: float = RETRY_MIN,
         retry_max: float = RETRY_MAX,
@@ -212,13 +119,11 @@ class StageOut:
         self._pfs = pfs
         self._evict = evict
         self._hooks = hooks
-        self._report_interval = report_interval
         self._retry_min = retry_min
         self._retry_max = retry_max
         self._workers = workers
         self._clock = clock
         self._lock = threading.Lock()
-        self._wake = threading.Condition(self._lock)
         self._files: dict[Key, Tracked] = {}
         self._gen: dict[Key, int] = {}
         self._opens: dict[Key, int] = {}  # open handles through the mount, per node
@@ -228,19 +133,13 @@ class StageOut:
         self._resident: dict[bytes, int] = {}
         self._pending: dict[bytes, int] = {}
         self._key_locks: dict[Key, threading.Lock] = {}
-        self._queue: list[_Due] = []
-        self._queued: dict[Key, _Due] = {}
-        self._seq = itertools.count()
-        self._errors: dict[bytes, str] = {}  # job tag -> why its copies fail
-        self._logged: set[str] = set()  # causes logged since the last good copy
+        self._errors = DrainErrors(pfs)
         self._stopping = threading.Event()
-        self._report_now = threading.Event()
+        self._reports = ReportTimer(self.report, report_interval, self._stopping)
         self._threads: list[threading.Thread] = []
-        self._busy: set[Key] = set()  # being drained by a worker
-        self._again: dict[Key, float] = {}  # queued while busy: (re)queued when done, delay
+        self._queue = CopyQueue(clock, self._stopping)
         self._last_rescan = -RESCAN_INTERVAL
-        # Where a node lives now, asked of the file system (its O_PATH handle), if it knows.
-        self.path_of: Callable[[Key], str | None] = lambda key: None
+        self._path_of = path_of
         self.copies = 0  # good copies (tests, logs)
         self.evictions = 0
 
@@ -249,9 +148,9 @@ class StageOut:
     def start(self) -> None:
         """Recovers from a crash (module docstring), then starts the worker and the reports."""
         if self._pfs is not None:
-            self._remove_temporaries()
+            remove_temporaries(self._pfs)
         self._scan(initial=True)
-        targets = [(self._report_loop, "burstctl-bb")]
+        targets = [(self._reports.run, "burstctl-bb")]
         if self._pfs is not None:
             # Two: one copies while the other fsyncs, renames or evicts, so the job's drain
             # stream is not left idle between files.
@@ -265,45 +164,14 @@ class StageOut:
         """Stops the worker (a copy in progress is abandoned: its temporary is removed at the
         next start) and the reports. Idempotent."""
         self._stopping.set()
-        self._report_now.set()
-        with self._wake:
-            self._wake.notify_all()
+        self._reports.soon()
+        self._queue.wake_all()
         for thread in self._threads:
             thread.join(timeout)
 
-    def _remove_temporaries(self) -> None:
-        assert self._pfs is not None
-        removed = 0
-        for dirpath, _, names in os.walk(self._pfs):
-            for name in names:
-                if name.startswith(".") and TEMP_MARK in name:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(dirpath, name))
-                        removed += 1
-        if removed:
-            logger.info("stage-out: removed %d unfinished copies from %s", removed, self._pfs)
-
     def _scan(self, *, initial: bool) -> None:
         """Rebuilds the index from the tags on BACKING; queues what is not copied."""
-        found: dict[Key, Tracked] = {}
-        # Through the backing directory's own handle: with the mount in place, its path now
-        # leads into the mount.
-        for dirpath, _, names, dir_fd in os.fwalk(".", dir_fd=self._root):
-            for name in names:
-                rel = os.path.normpath(os.path.join(dirpath, name))
-                try:
-                    st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
-                    if not stat.S_ISREG(st.st_mode):
-                        continue
-                    fd = os.open(name, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
-                except OSError:
-                    continue
-                try:
-                    tracked = self._scanned(fd, rel, st, initial)
-                finally:
-                    os.close(fd)
-                if tracked is not None:
-                    found[(st.st_dev, st.st_ino)] = tracked
+        found = scan(self._root, self._pfs if initial else None)
         with self._lock:
             if initial:
                 self._files = found
@@ -324,7 +192,7 @@ class StageOut:
                 for key, t in self._files.items()
                 if t.evicted is None
                 and not self._writers.get(key)
-                and t.copied != self._stat_signature(t)
+                and t.copied != signature_at(self._root, t.rel)
             ]
         if initial:
             for key in queue:
@@ -336,62 +204,6 @@ class StageOut:
                     self._backing,
                     len(queue),
                 )
-
-    def _scanned(self, fd: int, rel: str, st: os.stat_result, initial: bool) -> Tracked | None:
-        """What the marks on one backing file (open as ``fd``) say; None: not tagged."""
-        path = f"/proc/self/fd/{fd}"
-        try:
-            tag = os.getxattr(path, XATTR_JOB)
-        except OSError:
-            return None
-        try:
-            job = decode_job(tag)
-        except (ValueError, KeyError, TypeError):
-            logger.warning("stage-out: %s has an unreadable job tag; not drained", rel)
-            return None
-        tracked = Tracked(job, tag, rel)
-        with contextlib.suppress(OSError):
-            tracked.copied = _parse_copied(os.getxattr(path, XATTR_COPIED))
-        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
-            tracked.evicted = Evicted.decode(os.getxattr(path, XATTR_EVICTED))
-        if initial and tracked.evicted is not None and self._pfs is not None:
-            self._finish_eviction(path, st, tracked)
-        tracked.allocated, tracked.signature, tracked.seen_gen = (
-            0 if tracked.evicted is not None else st.st_blocks * 512,
-            _signature(st),
-            0,
-        )
-        return tracked
-
-    def _stat_signature(self, tracked: Tracked) -> tuple[int, int] | None:
-        try:
-            return _signature(os.stat(tracked.rel, dir_fd=self._root, follow_symlinks=False))
-        except OSError:
-            return None
-
-    def _finish_eviction(self, path: str, st: os.stat_result, tracked: Tracked) -> None:
-        """A file marked evicted at start: truncated if the crash came before that, or kept
-        (its mark cleared) if its PFS copy is not what the mark says."""
-        assert tracked.evicted is not None and self._pfs is not None
-        if st.st_size == 0:
-            return  # truncated already (or empty all along)
-        try:
-            pfs_size = os.stat(self._pfs / tracked.evicted.pfs).st_size
-        except OSError:
-            pfs_size = -1
-        if pfs_size != tracked.evicted.size:
-            logger.warning(
-                "stage-out: %s is marked evicted but its PFS copy is missing or differs; kept",
-                tracked.rel,
-            )
-            with contextlib.suppress(OSError):
-                os.removexattr(path, XATTR_EVICTED)
-                os.removexattr(path, XATTR_COPIED)
-            tracked.evicted = None
-            tracked.copied = None
-            return
-        os.truncate(path, 0)
-        logger.info("stage-out: finished evicting %s (interrupted by a restart)", tracked.rel)
 
     # ------------------------------------------------------------------ the file system's calls
 
@@ -429,21 +241,18 @@ class StageOut:
             with self._lock:
                 resident = self._resident.get(tracked.tag, 0)
                 pending = min(resident, self._pending.get(tracked.tag, 0))
-                error = self._errors.get(tracked.tag, "")
+                error = self._errors.of(tracked.tag)
             self._hook_call("report_buffer", tracked.job, resident, pending, error)
 
     def _tag(
         self, key: Key, path_fd: int, job: JobInfo | None, st: os.stat_result | None, gen: int
     ) -> Tracked | None:
         """Tags a file as ``job``'s (it was untracked, or another job's)."""
-        tag = encode_job(job)
-        try:
-            os.setxattr(f"/proc/self/fd/{path_fd}", XATTR_JOB, tag)
-        except OSError as err:
-            logger.warning("stage-out: cannot tag a file for its job (not drained): %s", err)
+        tag = write_tag(path_fd, job)
+        if tag is None:
             return None
         try:
-            rel = self._relative(os.readlink(f"/proc/self/fd/{path_fd}")) or ""
+            rel = relative_path(self._backing, os.readlink(f"/proc/self/fd/{path_fd}")) or ""
             st = os.fstat(path_fd)  # again: the tag may have taken a block
         except OSError:
             rel = ""
@@ -460,7 +269,7 @@ class StageOut:
 
     def _observe(self, tracked: Tracked, st: os.stat_result, gen: int) -> None:
         """A fresh stat of a tracked file (lock held)."""
-        tracked.signature, tracked.seen_gen = _signature(st), gen
+        tracked.signature, tracked.seen_gen = signature(st), gen
         if tracked.evicted is None:
             self._set_allocated(tracked, st.st_blocks * 512)
 
@@ -490,7 +299,7 @@ class StageOut:
             if tracked is None:
                 return
             if path is not None:
-                rel = self._relative(path)
+                rel = relative_path(self._backing, path)
                 if rel is not None:
                     tracked.rel, tracked.lost = rel, False
         if left == 0 or (writing and writers == 0):
@@ -499,15 +308,9 @@ class StageOut:
     def renamed(self, key: Key, path: str) -> None:
         with self._lock:
             tracked = self._files.get(key)
-            rel = self._relative(path)
+            rel = relative_path(self._backing, path)
             if tracked is not None and rel is not None:
                 tracked.rel, tracked.lost = rel, False
-
-    def _relative(self, path: str) -> str | None:
-        if not path or path.endswith(" (deleted)"):
-            return None
-        rel = os.path.relpath(path, self._backing)
-        return None if rel.startswith("..") or rel == "." else rel
 
     def forget(self, key: Key) -> None:
         """The file's last name is gone (unlinked, or replaced by a rename)."""
@@ -550,7 +353,7 @@ class StageOut:
             proc = f"/proc/self/fd/{path_fd}"
             moved = Evicted(evicted.size, os.stat(proc).st_mtime_ns, evicted.pfs)
             try:
-                os.setxattr(proc, XATTR_EVICTED, moved.encode())
+                mark_evicted(proc, moved)
             except OSError as err:
                 logger.warning("stage-out: cannot keep the new mtime of %s: %s", evicted.pfs, err)
                 return
@@ -563,73 +366,30 @@ class StageOut:
         tracked = self._files.get(key)
         if tracked is None or tracked.evicted is None:
             return
-        evicted = tracked.evicted
-        src = self.open_pfs(evicted)
+        src = self.open_pfs(tracked.evicted)
         try:
-            dst = os.open(f"/proc/self/fd/{path_fd}", os.O_WRONLY | os.O_CLOEXEC)
-            try:
-                offset = 0
-                while True:
-                    chunk = os.pread(src, CHUNK, offset)
-                    if not chunk:
-                        break
-                    pace(len(chunk))
-                    os.pwrite(dst, chunk, offset)
-                    offset += len(chunk)
-                os.ftruncate(dst, offset)
-                os.utime(dst, ns=(time.time_ns(), evicted.mtime_ns))
-                st = os.fstat(dst)
-                os.setxattr(dst, XATTR_COPIED, f"{st.st_mtime_ns}:{st.st_size}".encode())
-                os.removexattr(dst, XATTR_EVICTED)
-            finally:
-                os.close(dst)
+            st = copy_back(src, path_fd, tracked.evicted.mtime_ns, pace)
         finally:
             os.close(src)
         with self._lock:
             tracked.evicted = None
-            tracked.copied = _signature(st)
+            tracked.copied = signature(st)
             tracked.copied_gen = self._gen.get(key, 0)
             self._observe(tracked, st, tracked.copied_gen)
-        logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, offset)
+        logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, st.st_size)
 
     # ------------------------------------------------------------------ the queue
 
     def _enqueue(self, key: Key, delay: float = 0.0) -> None:
-        if self._pfs is None:
-            return
-        with self._wake:
-            if key in self._busy:  # never two copies of one file at once
-                self._again[key] = min(delay, self._again.get(key, delay))
-                return
-            if key in self._queued:
-                return
-            due = _Due(self._clock() + delay, next(self._seq), key)
-            self._queued[key] = due
-            heapq.heappush(self._queue, due)
-            self._wake.notify()
+        if self._pfs is not None:
+            self._queue.put(key, delay)
 
     def pending_copies(self) -> int:
         """Files queued or being copied (tests)."""
-        with self._lock:
-            return len(self._queued) + len(self._busy)
-
-    def _next(self) -> Key | None:
-        with self._wake:
-            while not self._stopping.is_set():
-                if self._queue:
-                    wait = self._queue[0].at - self._clock()
-                    if wait <= 0:
-                        due = heapq.heappop(self._queue)
-                        del self._queued[due.key]
-                        self._busy.add(due.key)
-                        return due.key
-                    self._wake.wait(wait)
-                else:
-                    self._wake.wait()
-            return None
+        return self._queue.pending()
 
     def _work(self) -> None:
-        while (key := self._next()) is not None:
+        while (key := self._queue.take()) is not None:
             tracked = self._files.get(key)
             try:
                 if tracked is not None:
@@ -638,11 +398,12 @@ class StageOut:
                 logger.exception("stage-out: draining a file failed unexpectedly")
                 self._enqueue(key, self._retry_max)
             finally:
-                with self._lock:
-                    self._busy.discard(key)
-                    again = self._again.pop(key, None)
-                if again is not None:
-                    self._enqueue(key, again)
+                self._queue.done(key)
+
+    def _drain_paced(self, job: JobInfo | None, nbytes: int) -> None:
+        """Paces ``nbytes`` of a copy on the job's drain stream."""
+        if job is not None:
+            self._hook_call("drain", job, nbytes)
 
     def _hook_call(self, name: str, *args: object) -> None:
         if self._hooks is None:
@@ -675,12 +436,14 @@ class StageOut:
                 return
             with self._lock:
                 gen0 = self._gen.get(key, 0)
-                done = tracked.copied == _signature(st0) and tracked.copied_gen in (None, gen0)
+                done = tracked.copied == signature(st0) and tracked.copied_gen in (None, gen0)
                 if tracked.copied_gen is None and gen0 != 0:
                     done = False  # written since the start: the marker alone cannot tell
             if not done:
                 try:
-                    self._copy(src, st0, rel, tracked.job)
+                    assert self._pfs is not None
+                    pace = functools.partial(self._drain_paced, tracked.job)
+                    copy_to_pfs(src, st0, rel, self._pfs, self._root, pace, self._stopping)
                 except CopyError as err:
                     self._failed(key, tracked, err.cause)
                     return
@@ -688,7 +451,7 @@ class StageOut:
                     return
                 st1 = os.fstat(src)
                 with self._lock:
-                    changed = self._gen.get(key, 0) != gen0 or _signature(st1) != _signature(st0)
+                    changed = self._gen.get(key, 0) != gen0 or signature(st1) != signature(st0)
                 if changed:
                     # Again, now unless a writer still has it open (its close queues it).
                     logger.debug("stage-out: %s changed during its copy; again", rel)
@@ -699,16 +462,12 @@ class StageOut:
                         self._enqueue(key)
                     return
                 try:
-                    os.setxattr(
-                        f"/proc/self/fd/{src}",
-                        XATTR_COPIED,
-                        f"{st0.st_mtime_ns}:{st0.st_size}".encode(),
-                    )
+                    mark_copied(f"/proc/self/fd/{src}", st0)
                 except OSError as err:
                     self._failed(key, tracked, f"cannot mark {rel} copied: {err.strerror}")
                     return
                 with self._lock:
-                    tracked.copied, tracked.copied_gen = _signature(st0), gen0
+                    tracked.copied, tracked.copied_gen = signature(st0), gen0
                 self.copies += 1
                 self._succeeded(tracked)
             if self._evict:
@@ -722,8 +481,8 @@ class StageOut:
             if candidate == 0:
                 rel: str | None = tracked.rel
             else:
-                path = self.path_of(key)
-                rel = None if path is None else self._relative(path)
+                path = None if self._path_of is None else self._path_of(key)
+                rel = None if path is None else relative_path(self._backing, path)
             if not rel:
                 continue
             try:
@@ -747,83 +506,6 @@ class StageOut:
             if not tracked.lost and not self._opens.get(key):
                 self._enqueue(key)
 
-    def _copy(self, src: int, st: os.stat_result, rel: str, job: JobInfo | None) -> None:
-        assert self._pfs is not None
-        target = self._pfs / rel
-        directory = target.parent
-        temp = directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
-        try:
-            self._make_dirs(os.path.dirname(rel))
-            out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-        except OSError as err:
-            raise CopyError(f"PFS_DIR not writable: {err.strerror}") from None
-        renamed = False
-        try:
-            offset = 0
-            while not self._stopping.is_set():
-                try:
-                    chunk = os.pread(src, CHUNK, offset)
-                except OSError as err:
-                    raise CopyError(f"cannot read {rel} on the buffer: {err.strerror}") from None
-                if not chunk:
-                    break
-                if job is not None and self._hooks is not None:
-                    self._hook_call("drain", job, len(chunk))
-                try:
-                    view = memoryview(chunk)
-                    while view:
-                        view = view[os.write(out, view) :]
-                except OSError as err:
-                    raise CopyError(f"cannot write to PFS_DIR: {err.strerror}") from None
-                offset += len(chunk)
-            if self._stopping.is_set():
-                return
-            try:
-                _give(out, st)
-                os.fchmod(out, stat.S_IMODE(st.st_mode))
-                os.fsync(out)
-                os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
-                os.rename(temp, target)
-                renamed = True
-                dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    os.fsync(dfd)
-                finally:
-                    os.close(dfd)
-            except OSError as err:
-                raise CopyError(f"cannot finish a copy on PFS_DIR: {err.strerror}") from None
-        finally:
-            os.close(out)
-            if not renamed:
-                with contextlib.suppress(OSError):
-                    os.unlink(temp)
-
-    def _make_dirs(self, rel_dir: str) -> None:
-        """Creates the missing directories of ``rel_dir`` under PFS_DIR with the modes (and, as
-        root, the owners) of their namesakes on BACKING."""
-        assert self._pfs is not None
-        here = self._pfs
-        for part in Path(rel_dir).parts:
-            here = here / part
-            if here.is_dir():
-                continue
-            try:
-                st = os.stat(os.path.relpath(here, self._pfs), dir_fd=self._root)
-                mode = stat.S_IMODE(st.st_mode)
-            except OSError:
-                st, mode = None, 0o755
-            try:
-                os.mkdir(here, mode)
-            except FileExistsError:
-                continue
-            if st is not None:
-                fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-                try:
-                    _give(fd, st)
-                    os.fchmod(fd, mode)  # exact, whatever the umask
-                finally:
-                    os.close(fd)
-
     def _evict_one(self, key: Key, tracked: Tracked, src: int, rel: str, gen: int) -> None:
         with self.holding(key):
             st = os.fstat(src)
@@ -831,14 +513,14 @@ class StageOut:
                 if (
                     self._opens.get(key)
                     or self._gen.get(key, 0) != gen
-                    or tracked.copied != _signature(st)
+                    or tracked.copied != signature(st)
                     or tracked.evicted is not None
                 ):
                     return
             evicted = Evicted(st.st_size, st.st_mtime_ns, rel)
             proc = f"/proc/self/fd/{src}"
             try:
-                os.setxattr(proc, XATTR_EVICTED, evicted.encode())
+                mark_evicted(proc, evicted)
             except OSError as err:
                 logger.warning("stage-out: cannot mark %s evicted (kept): %s", rel, err)
                 return
@@ -852,43 +534,19 @@ class StageOut:
                 logger.warning("stage-out: cannot truncate evicted %s: %s", rel, err)
         self.evictions += 1
         logger.debug("stage-out: evicted %s (%d bytes)", rel, st.st_size)
-        self._report_now.set()
+        self._reports.soon()
 
     def _failed(self, key: Key, tracked: Tracked, cause: str) -> None:
         tracked.attempts += 1
-        delay = min(self._retry_max, self._retry_min * 2 ** (tracked.attempts - 1))
-        with self._lock:
-            new_cause = cause not in self._logged
-            self._logged.add(cause)
-            self._errors[tracked.tag] = cause
-        if new_cause:
-            logger.error(
-                "stage-out to %s: %s (retrying, files stay on the buffer)", self._pfs, cause
-            )
-        self._enqueue(key, delay)
-        self._report_now.set()
+        self._errors.failed(tracked.tag, cause)
+        self._enqueue(key, retry_delay(tracked.attempts, self._retry_min, self._retry_max))
+        self._reports.soon()
 
     def _succeeded(self, tracked: Tracked) -> None:
         tracked.attempts = 0
-        with self._lock:
-            had = self._errors.pop(tracked.tag, None)
-            if had is not None:
-                self._logged.discard(had)
-        if had is not None:
-            logger.info("stage-out to %s works again (was: %s)", self._pfs, had)
+        self._errors.succeeded(tracked.tag)
 
     # ------------------------------------------------------------------ reports
-
-    def _report_loop(self) -> None:
-        while not self._stopping.is_set():
-            self._report_now.wait(self._report_interval)
-            self._report_now.clear()
-            if self._stopping.is_set():
-                return
-            try:
-                self.report()
-            except Exception:
-                logger.exception("stage-out: reporting the buffer failed")
 
     def gauges(self) -> dict[bytes, tuple[JobInfo | None, int, int, str]]:
         """Per job tag: (job, resident, pending, drain_error). A file is looked at (stat) again
@@ -913,7 +571,7 @@ class StageOut:
             for tag, job in jobs.items():
                 resident = self._resident.get(tag, 0)
                 self._pending[tag] = min(resident, pending.get(tag, 0))
-                out[tag] = (job, resident, self._pending[tag], self._errors.get(tag, ""))
+                out[tag] = (job, resident, self._pending[tag], self._errors.of(tag))
         return out
 
     def _look(self, key: Key, tracked: Tracked, gen: int) -> None:
@@ -933,18 +591,7 @@ class StageOut:
 
     def errors(self) -> dict[str, str]:
         """Why copies fail, per job id (tests, logs)."""
-        with self._lock:
-            tags = dict(self._errors)
-        return {(job.job_id if (job := decode_job(tag)) else ""): c for tag, c in tags.items()}
+        return self._errors.by_job()
 
 
-__all__ = [
-    "CHUNK",
-    "TEMP_MARK",
-    "XATTR_COPIED",
-    "XATTR_EVICTED",
-    "XATTR_JOB",
-    "DrainHooks",
-    "Evicted",
-    "StageOut",
-]
+__all__ = ["DrainHooks", "StageOut"]

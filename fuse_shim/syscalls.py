@@ -6,7 +6,8 @@
 - ``futimens`` / ``utimensat`` with ``UTIME_NOW`` and ``UTIME_OMIT`` per time;
 - ``fallocate`` with every mode (punch hole, zero range, keep size, ...).
 
-Each raises `OSError` with the call's errno.
+Each raises `OSError` with the call's errno. `proc_path` is the path that reaches the node of
+an ``O_PATH`` handle, for the calls that take only a path.
 """
 
 from __future__ import annotations
@@ -23,6 +24,11 @@ RENAME_EXCHANGE = 1 << 1
 UTIME_NOW = (1 << 30) - 1
 UTIME_OMIT = (1 << 30) - 2
 _AT_FDCWD = -100
+
+
+def proc_path(fd: int) -> str:
+    """The magic link that reaches the node of the handle ``fd``, for calls that take a path."""
+    return f"/proc/self/fd/{fd}"
 
 
 class _Timespec(ctypes.Structure):

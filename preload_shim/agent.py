@@ -1,11 +1,11 @@
 """The node agent (``burstctl agent``): one client session per job, one shared page per job.
 
 The library in each process of a job connects to the agent's socket at its first paced open;
-the agent takes the peer's credentials (``SO_PEERCRED``), resolves its job with the mount's
-`Attributor` and `Pacer` (`Pacer.admit`: the session per (job, user), the attach wait for a
-named job, the controller's refusal sending the caller to its own default job) and hands back
-that job's `JobPage` and eventfd. The pacing itself happens in the processes, on the page; the
-agent:
+the agent takes the peer's credentials (``SO_PEERCRED``), resolves its job with the
+`Attributor` and `Pacer` it shares with the mount (`burstctl.node`; `Pacer.admit`: the session
+per (job, user), the attach wait for a named job, the controller's refusal sending the caller
+to its own default job) and hands back that job's `JobPage` and eventfd. The pacing itself
+happens in the processes, on the page; the agent:
 
 - publishes every allocation or fallback of the job's session to its page (the session's
   bucket observer); with a pattern of windows, each window's rate at its edges, dropping the
@@ -46,8 +46,9 @@ from typing import Any
 from burstctl.client.bucket import Pattern
 from burstctl.client.job import JobInfo
 from burstctl.client.runtime import ClientRuntime
-from burstctl.fuse_shim.attribution import Attributor, Caller
-from burstctl.fuse_shim.pacing import Pacer, client_session_factory
+from burstctl.node.attribution import Attributor, Caller
+from burstctl.node.pacer import Pacer
+from burstctl.node.sessions import client_session_factory
 from burstctl.preload_shim import server
 from burstctl.preload_shim.config import AgentConfig
 from burstctl.preload_shim.page import JobPage

@@ -24,7 +24,7 @@ import stat
 import struct
 from pathlib import Path
 
-from burstctl.fuse_shim.attribution import Caller
+from burstctl.node.attribution import Caller
 from burstctl.preload_shim.config import AgentError
 
 logger = logging.getLogger(__name__)

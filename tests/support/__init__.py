@@ -10,17 +10,37 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
 
 
-def run_burstctl(*args: str | Path, timeout: float = 60.0) -> subprocess.CompletedProcess[str]:
-    """``python -m burstctl ARGS`` with this interpreter, its output captured as text."""
+def clean_env(prefixes: tuple[str, ...] = ("BURSTCTL_",)) -> dict[str, str]:
+    """This process's environment without the variables that start with ``prefixes``: the
+    settings of whoever runs the tests (``BURSTCTL_CONTROLLER``, a Slurm job's ids) must not
+    reach the commands under test."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(prefixes)}
+
+
+def run_burstctl(
+    *args: str | Path,
+    timeout: float = 60.0,
+    env: Mapping[str, str] | None = None,
+    stdin: int | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """``python -m burstctl ARGS`` with this interpreter, its output captured as text.
+
+    ``env``: the child's whole environment (default: this process's; `clean_env` leaves the
+    runner's own settings out). ``stdin``: e.g. ``subprocess.DEVNULL`` for a command that must
+    not read the runner's (a daemonized mount keeps what it inherits).
+    """
     return subprocess.run(
         [sys.executable, "-m", "burstctl", *map(str, args)],
         capture_output=True,
         text=True,
         timeout=timeout,
+        env=None if env is None else dict(env),
+        stdin=stdin,
+        check=False,
     )
 
 
@@ -87,7 +107,7 @@ class ControllerProcess:
         self._ready = threading.Event()
 
     def start(self, timeout: float = 20.0) -> ControllerProcess:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+        env = clean_env()
         env.update(self.env or {})
         self._ready.clear()
         self.proc = subprocess.Popen(
@@ -274,7 +294,7 @@ class MountProcess:
     def start(self, timeout: float = 20.0) -> MountProcess:
         if is_mounted(self.mountpoint):
             raise AssertionError(f"{self.mountpoint} is already a mount point")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+        env = clean_env()
         env.update(self.env or {})
         self.proc = subprocess.Popen(
             [

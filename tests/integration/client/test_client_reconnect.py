@@ -44,7 +44,9 @@ def test_fallback_after_lease_expiry_then_reattach_on_the_same_port(
                 assert time.monotonic() < deadline, "the fallback was not applied"
             assert not session.attached
             elapsed = pump_bytes(session, MiB)
-            assert 0.3 < elapsed < 0.8  # ~0.5 s at 2 MiB/s
+            # ~0.5 s at 2 MiB/s: never faster; slower by the wake-ups of a loaded machine (its
+            # bucket holds one chunk), never stalled.
+            assert 0.3 < elapsed < 3.0
 
             second = make_controller(first.port, initial_rate=8 * MiB, lease_seconds=30)
             assert session.wait_attached(5), "the session did not re-attach"

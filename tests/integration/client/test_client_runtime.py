@@ -61,7 +61,7 @@ def test_sessions_on_one_runtime_share_its_thread_and_its_channel(
     assert threading.active_count() == threads  # no thread per session
     assert runtime.session_count == 25
     (channel,) = runtime.channels.values()
-    assert all(s._engine.channel is channel for s in sessions)
+    assert all(s._core.channel is channel for s in sessions)
     wait_until(lambda: connections_to(controller.port) == 1)
     assert all(s.runtime is runtime for s in sessions)
 
@@ -87,7 +87,7 @@ def test_closing_one_session_leaves_the_runtime_to_the_others(
     assert time.monotonic() - start > 0.3
     late = Session(controller.address, job("late"), runtime=runtime)
     assert late.wait_attached(5)
-    assert late._engine.channel is channel
+    assert late._core.channel is channel
     assert controller.received("goodbye", hello_stream(controller, "staying")) == []
 
 

@@ -2,30 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import psutil
 import pytest
-from support import MountProcess, is_mounted, wait_until
+from support import MountProcess, clean_env, is_mounted, run_burstctl, wait_until
 
 pytestmark = pytest.mark.integration
 
 
-def burstctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+# The commands under test, without the runner's BURSTCTL_* settings or its stdin.
+burstctl = functools.partial(run_burstctl, env=clean_env(), stdin=subprocess.DEVNULL)
 
 
 def test_help_lists_the_options() -> None:

@@ -22,9 +22,9 @@ import httpx
 import psutil
 import pytest
 from fake_controller import FakeController
-from support import ControllerProcess, MountProcess, is_mounted, wait_until
+from support import ControllerProcess, MountProcess, clean_env, is_mounted, wait_until
 
-from burstctl.fuse_shim.attribution import Attributor, Caller
+from burstctl.node.attribution import Attributor, Caller
 
 pytestmark = pytest.mark.integration
 
@@ -32,8 +32,11 @@ MiB = 1 << 20
 KiB = 1 << 10
 
 # An application: opens, writes, reads and closes files through the mount on command.
+# ``writes PATH CHUNK N`` writes N chunks, ``writes_for PATH CHUNK SECONDS`` writes chunks for
+# that long, each as fast as the mount lets it; both answer the CLOCK_MONOTONIC time at which
+# each write returned (taken by the application itself: no pipe round trip per chunk).
 APP = r"""
-import os, sys
+import os, sys, time
 fds = {}
 for line in sys.stdin:
     cmd, *args = line.split()
@@ -41,6 +44,16 @@ for line in sys.stdin:
         fds[args[0]] = os.open(args[0], os.O_CREAT | os.O_RDWR, 0o644)
     elif cmd == "write":
         os.write(fds[args[0]], b"x" * int(args[1]))
+    elif cmd in ("writes", "writes_for"):
+        fd, data, times = fds[args[0]], b"x" * int(args[1]), []
+        end = time.monotonic() + float(args[2])
+        for _ in range(int(args[2]) if cmd == "writes" else 1 << 62):
+            if cmd == "writes_for" and time.monotonic() >= end:
+                break
+            os.write(fd, data)
+            times.append(time.monotonic())
+        print("ok", *times, flush=True)
+        continue
     elif cmd == "read":
         fd = fds[args[0]]
         os.lseek(fd, 0, os.SEEK_SET)
@@ -60,7 +73,7 @@ class App:
     """A child process that does I/O on command, with its own environment."""
 
     def __init__(self, env: dict[str, str], argv: list[str] | None = None) -> None:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+        clean = clean_env(("BURSTCTL_", "SLURM_"))
         self.proc = subprocess.Popen(
             argv or [sys.executable, "-c", APP],
             stdin=subprocess.PIPE,
@@ -70,10 +83,20 @@ class App:
         )
 
     def do(self, *command: object) -> None:
+        assert self.ask(*command) == [], f"the app answered more than ok to {command}"
+
+    def ask(self, *command: object) -> list[str]:
+        """Runs ``command``; what the app answered after its ``ok``."""
         assert self.proc.stdin is not None and self.proc.stdout is not None
         self.proc.stdin.write(" ".join(map(str, command)) + "\n")
         self.proc.stdin.flush()
-        assert self.proc.stdout.readline() == "ok\n", f"the app failed on {command}"
+        answer = self.proc.stdout.readline().split()
+        assert answer[:1] == ["ok"], f"the app failed on {command}"
+        return answer[1:]
+
+    def write_times(self, *command: object) -> list[float]:
+        """``writes``/``writes_for``: when each write returned (CLOCK_MONOTONIC)."""
+        return [float(t) for t in self.ask(*command)]
 
     def exit(self) -> None:
         assert self.proc.stdin is not None

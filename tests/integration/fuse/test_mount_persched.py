@@ -14,7 +14,6 @@ one-way delay, within LATE).
 from __future__ import annotations
 
 import asyncio
-import os
 import statistics
 import subprocess
 import threading
@@ -23,7 +22,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from support import MountProcess, async_wait_until
+from support import MountProcess, async_wait_until, clean_env
 from test_mount_pacing import App, apps  # noqa: F401 (apps: a fixture)
 
 from burstctl.controller.app import Replica
@@ -35,7 +34,7 @@ pytestmark = pytest.mark.integration
 MiB = 1 << 20
 KiB = 1 << 10
 CHUNK = 64 * KiB
-# the mount's thread, the kernel's reply and the application's answer on its pipe
+# the mount's thread and the kernel's reply (dd: its exit, seen by this test)
 LATE = 0.05
 PERIODIC = [("f1", 2, 0.2, 2 * MiB), ("f2", 2, 0.3, 3 * MiB), ("f3", 1, 0.25, 1 * MiB)]
 
@@ -76,9 +75,7 @@ async def test_periodic_applications_through_the_mount_follow_their_windows(
         }
         path = mnt / name
         if application == "dd":  # one dd per iteration; its return is the only time seen
-            clean = {
-                k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))
-            }
+            clean = clean_env(("BURSTCTL_", "SLURM_"))
             argv = ["dd", "if=/dev/zero", f"of={path}", f"bs={CHUNK}", f"count={vol // CHUNK}"]
             while not stop.is_set():
                 start = time.monotonic()
@@ -92,9 +89,8 @@ async def test_periodic_applications_through_the_mount_follow_their_windows(
         while not stop.is_set():
             start = time.monotonic()
             time.sleep(w)  # the application's compute phase
-            for _ in range(vol // CHUNK):
-                app.do("write", path, CHUNK)
-                writes[name].append(time.monotonic())
+            # Its I/O phase: vol_io in chunks, each write's return timed by the application.
+            writes[name] += app.write_times("writes", path, CHUNK, vol // CHUNK)
             iterations[name].append((start, time.monotonic()))
         app.do("close", path)
         app.exit()

@@ -30,10 +30,10 @@ from typing import Any, cast
 
 import pytest
 from fake_controller import FakeController
-from support import MountProcess, is_mounted, run_as
+from support import MountProcess, clean_env, is_mounted, run_as
 from test_posix import Outcome, attempt
 
-from burstctl.fuse_shim.attribution import Attributor, Caller
+from burstctl.node.attribution import Attributor, Caller
 
 pytestmark = pytest.mark.integration
 
@@ -535,7 +535,7 @@ def test_writes_through_a_shared_mapping_are_booked_to_the_writers_job(
     fake = fake_controller(initial_rate=256 * MiB)
     backing, mnt = fuse_dirs
     fuse_mount(backing, mnt, "--controller", fake.address)
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+    clean = clean_env(("BURSTCTL_", "SLURM_"))
     # The job of a request with no job of its own from this uid (user:root when run as root):
     # where kernel writeback (pid 0) lands today.
     default_job = Attributor().job_for(Caller(os.getpid(), os.getuid(), os.getgid())).job_id

@@ -4,6 +4,7 @@ the drain's own stream to the controller; bad flags. Real mounts (libfuse 2 and 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import signal
@@ -17,9 +18,9 @@ from typing import Any
 import httpx
 import pytest
 from fake_controller import FakeController
-from support import MountProcess, wait_until
+from support import MountProcess, clean_env, run_burstctl, wait_until
 
-from burstctl.fuse_shim.stageout import TEMP_MARK, XATTR_COPIED
+from burstctl.fuse_shim.stageout_marks import TEMP_MARK, XATTR_COPIED
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -244,7 +245,7 @@ def test_an_unwritable_pfs_fills_the_buffer_then_writes_wait_and_the_controller_
     writer = None
     try:
         fuse_mount(backing, mnt, "--controller", ctl.address, "--stage-out", str(pfs))
-        env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+        env = clean_env()
         script = (
             "import sys\n"
             "for i in range(4):\n"
@@ -291,16 +292,8 @@ def test_an_unwritable_pfs_fills_the_buffer_then_writes_wait_and_the_controller_
         assert (mnt / name).read_bytes() == bytes([i]) * (4 << 20)
 
 
-def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-        stdin=subprocess.DEVNULL,
-    )
+# The commands under test, without the runner's BURSTCTL_* settings or its stdin.
+burstctl = functools.partial(run_burstctl, env=clean_env(), stdin=subprocess.DEVNULL)
 
 
 def test_bad_stage_out_flags_are_refused_at_start(dirs: tuple[Path, Path, Path]) -> None:

@@ -4,7 +4,6 @@ fixtures that start and stop them)."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import socket
 import subprocess
@@ -14,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from support import ControllerProcess, wait_until
+from support import ControllerProcess, clean_env, wait_until
 
 # The test process's own job identity must not leak into what the children are booked to.
-CLEAN = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+CLEAN = clean_env(("BURSTCTL_", "SLURM_"))
 
 
 class AgentProcess:

@@ -19,7 +19,7 @@ from pathlib import Path
 import httpx
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args, jobs_of
-from support import ControllerProcess, wait_until
+from support import ControllerProcess, run_burstctl, wait_until
 
 from burstctl.preload_shim import page as layout
 
@@ -80,6 +80,22 @@ class Library:
         self.proc.stdout.close()
 
 
+def start_phase(ctl: ControllerProcess, lib: Library, job_id: str) -> None:
+    """Opens the job's I/O phase and holds it open: a waiter on the page first (the agent
+    holds the job's session waiting, which the controller sees as wait time), then one byte
+    asked for, which posts the phase. The quiet gap never ends a phase while its job waits,
+    so the controller's allocation to the job, and the page's rate, stay until `unhold`: a
+    test waits on them, not on the moment before the gap ends an unheld phase."""
+    lib.do("hold")
+    wait_until(
+        lambda: jobs_of(ctl).get(job_id, {}).get("wait_seconds", 0) > 0,
+        timeout=10,
+        interval=0.05,
+        message=f"{job_id}'s session to wait",
+    )
+    lib.do("ask", 1)
+
+
 @pytest.fixture
 def libraries(world: Path) -> Iterator[Callable[..., Library]]:
     started: list[Library] = []
@@ -106,7 +122,7 @@ def test_attach_gives_each_job_a_page_at_its_allocation_and_books_its_bytes(
     assert alpha.attach() == "alpha"
     # Bytes asked for post the job's I/O phase: the controller allots it a rate (fair
     # share: only jobs in I/O get one), and the page's rate becomes that allocation.
-    alpha.do("ask", 1)
+    start_phase(ctl, alpha, "alpha")
     wait_until(
         lambda: (
             jobs_of(ctl).get("alpha", {}).get("rate", 0) > 0
@@ -119,7 +135,7 @@ def test_attach_gives_each_job_a_page_at_its_allocation_and_books_its_bytes(
     assert jobs_of(ctl)["alpha"]["nodes"] == 2  # read from the child's environment
     beta = libraries({"SLURM_JOB_ID": "4242"})
     assert beta.attach() == "4242"
-    beta.do("ask", 1)
+    start_phase(ctl, beta, "4242")
     wait_until(
         lambda: (
             beta.rate()[0] > 0
@@ -152,6 +168,8 @@ def test_attach_gives_each_job_a_page_at_its_allocation_and_books_its_bytes(
     assert counters["moved_write"] == MiB and counters["calls_write"] == 1
     # The heartbeat is fresh while the agent runs.
     assert alpha.rate()[3] < 1.0
+    alpha.do("unhold")
+    beta.do("unhold")
     alpha.exit()
     wait_until(lambda: agent.job("alpha")["connections"] == [], message="alpha's EOF")  # type: ignore[index]
 
@@ -167,7 +185,7 @@ def test_paced_writes_on_the_page_move_at_the_jobs_allocation(
     agents(*agent_args(ctl, world))
     lib = libraries({"BURSTCTL_JOB_ID": "flat"})
     assert lib.attach() == "flat"
-    lib.do("ask", 1)
+    start_phase(ctl, lib, "flat")  # held through the measurement: the rate stays allotted
     wait_until(lambda: lib.rate()[0] == 4 * MiB, timeout=10, interval=0.05)
     _, moved, seconds = lib.do("flat", 3, 64 * 1024)
     rate = int(moved) / float(seconds)
@@ -179,6 +197,7 @@ def test_paced_writes_on_the_page_move_at_the_jobs_allocation(
         interval=0.05,
         message="every byte booked",
     )
+    lib.do("unhold")
 
 
 def test_a_wait_on_the_page_reaches_the_controller(
@@ -216,7 +235,7 @@ def test_controller_down_the_page_gets_the_fallback_and_an_agent_restart_new_pag
     agent = agents(*agent_args(ctl, world, "--fallback", "fixed:3MiB/s"))
     lib = libraries({"BURSTCTL_JOB_ID": "fb"})
     assert lib.attach() == "fb"
-    lib.do("ask", 1)
+    start_phase(ctl, lib, "fb")
     wait_until(
         lambda: (
             lib.rate()[0] > 0
@@ -342,13 +361,6 @@ def test_socket_modes_status_paths_and_sigterm_cleanup(
     ],
 )
 def test_bad_input_exits_2_naming_the_flag(args: list[str], flag: str) -> None:
-    done = subprocess.run(
-        [sys.executable, "-m", "burstctl", "agent", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=CLEAN,
-        check=False,
-    )
+    done = run_burstctl("agent", *args, env=CLEAN)
     assert done.returncode == 2, done.stderr
     assert flag in done.stderr.splitlines()[-1]

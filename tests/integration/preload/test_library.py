@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 from fake_agent import FakeAgent
-from support import wait_until
+from support import clean_env, wait_until
 
 from burstctl.preload_shim.library import library_path
 from burstctl.preload_shim.page import JobPage, _library, monotonic_ns
@@ -83,7 +83,7 @@ def agent(sock_dir: Path, bb: Path) -> Iterator[FakeAgent]:
 
 
 def shim_env(socket_path: Path, paths: str | None, **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+    env = clean_env()
     env.pop("LD_PRELOAD", None)
     env["LD_PRELOAD"] = str(library_path())
     env["BURSTCTL_AGENT_SOCKET"] = str(socket_path)
@@ -100,7 +100,7 @@ def run(
 
 
 def plain_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+    env = clean_env()
     env.pop("LD_PRELOAD", None)
     return env
 

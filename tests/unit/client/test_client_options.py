@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from burstctl.client import Fallback, JobInfo
+from burstctl.client.channel import Backoff
 from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
 from burstctl.client.kinds import check_nbytes, check_volume, op_kind
 from burstctl.client.options import SessionOptions
-from burstctl.client.stream import Backoff
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 MiB = 1 << 20

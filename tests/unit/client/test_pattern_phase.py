@@ -11,7 +11,8 @@ from __future__ import annotations
 from burstctl.client.bucket import Throttle
 from burstctl.client.job import JobInfo
 from burstctl.client.options import SessionOptions
-from burstctl.client.stream import PHASE_SLACK, SessionStream
+from burstctl.client.stream import SessionStream
+from burstctl.client.windows import PHASE_SLACK
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import grpc
 import pytest
 
-from burstctl.client.stream import MAX_RETRY_AFTER, retry_hint
+from burstctl.client.channel import MAX_RETRY_AFTER, retry_hint
 
 
 def rpc_error(code: grpc.StatusCode, trailing: tuple[tuple[str, str], ...]) -> grpc.aio.AioRpcError:

@@ -19,9 +19,19 @@ from typing import Any
 import pytest
 
 from burstctl.fuse_shim import _fuse
-from burstctl.fuse_shim._fuse import ROOT_ID, Entry, Opened, SetAttr
-from burstctl.fuse_shim.attribution import Caller
+from burstctl.fuse_shim._fuse import (
+    ROOT_ID,
+    Entry,
+    Opened,
+    SetAttr,
+    callbacks,
+    direct_io_mmap,
+    lowlevel,
+    operations,
+)
 from burstctl.fuse_shim.fs import PassthroughFS, _default_caller
+from burstctl.fuse_shim.inodes import InodeTable
+from burstctl.node.attribution import Caller
 
 REQ = 0x5EED  # a request: never dereferenced (the replies are recorded, not sent)
 V3 = _fuse.LIBFUSE_VERSION[0] >= 3
@@ -69,7 +79,7 @@ def replies(monkeypatch: pytest.MonkeyPatch) -> Replies:
                 return got.buf_result
             return got.open_result if result is None else result
 
-        monkeypatch.setattr(_fuse, "_reply_" + name, reply)
+        monkeypatch.setattr(callbacks, "reply_" + name, reply)
 
     record("err", lambda code: (code,))
     record("none", lambda: ())
@@ -110,22 +120,22 @@ def backing(tmp_path: Path) -> Iterator[tuple[Path, int]]:
 
 def serving(fs: Any) -> Any:
     """The ``struct fuse_lowlevel_ops`` libfuse would be given for ``fs``."""
-    ops = _fuse.fuse_lowlevel_ops()
-    ops.callbacks = _fuse._Callbacks(fs, ops)  # kept alive with the structure
+    ops = lowlevel.fuse_lowlevel_ops()
+    ops.callbacks = callbacks.Callbacks(fs, ops)  # kept alive with the structure
     return ops
 
 
 def file_info(fh: int = 0, flags: int = 0, writepage: int = 0) -> Any:
-    info = _fuse.fuse_file_info()
+    info = lowlevel.fuse_file_info()
     info.fh, info.flags, info.writepage = fh, flags, writepage
     return ctypes.pointer(info)
 
 
-NO_INFO = ctypes.POINTER(_fuse.fuse_file_info)()  # NULL: the kernel sent no handle
+NO_INFO = ctypes.POINTER(lowlevel.fuse_file_info)()  # NULL: the kernel sent no handle
 
 
 def passthrough(fd: int, **options: Any) -> PassthroughFS:
-    return PassthroughFS(fd, caller=lambda req: Caller(0, 65534, 65534), **options)
+    return PassthroughFS(InodeTable(fd), caller=lambda req: Caller(0, 65534, 65534), **options)
 
 
 # ---------------------------------------------------------------- the table of callbacks
@@ -137,7 +147,7 @@ def test_every_implemented_operation_has_a_thunk() -> None:
 
     ops = serving(Nothing())
     implemented = [
-        name for name, kind in _fuse.fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p
+        name for name, kind in lowlevel.fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p
     ]
     assert len(implemented) >= 33
     for name in implemented:
@@ -174,11 +184,11 @@ def every_request(ops: Any, keep: list[Any]) -> dict[str, Callable[[], None]]:
     data = ctypes.create_string_buffer(b"value", 5)
     keep.append(data)
     address = ctypes.addressof(data)
-    attr = ctypes.pointer(_fuse.c_stat())
+    attr = ctypes.pointer(lowlevel.c_stat())
     calls: dict[str, Callable[[], None]] = {
         "lookup": lambda: ops.lookup(REQ, ROOT_ID, b"x"),
         "getattr": lambda: ops.getattr(REQ, 2, NO_INFO),
-        "setattr": lambda: ops.setattr(REQ, 2, attr, _fuse.SET_ATTR_SIZE, file_info(5)),
+        "setattr": lambda: ops.setattr(REQ, 2, attr, lowlevel.SET_ATTR_SIZE, file_info(5)),
         "readlink": lambda: ops.readlink(REQ, 2),
         "mknod": lambda: ops.mknod(REQ, ROOT_ID, b"n", stat.S_IFIFO | 0o600, 0),
         "mkdir": lambda: ops.mkdir(REQ, ROOT_ID, b"d", 0o755),
@@ -250,13 +260,13 @@ def test_forget_init_and_destroy_never_raise(
     replies: Replies, caplog: pytest.LogCaptureFixture
 ) -> None:
     ops = serving(Failing(TypeError("a bug")))
-    forgets = (_fuse.fuse_forget_data * 2)((2, 1), (3, 4))
+    forgets = (lowlevel.fuse_forget_data * 2)((2, 1), (3, 4))
     with caplog.at_level(logging.ERROR, "burstctl.fuse_shim._fuse"):
         ops.forget(REQ, 2, 1)
         assert replies.only() == ("none", REQ)  # forget is answered with nothing, always
         ops.forget_multi(REQ, 2, forgets)
         assert replies.only() == ("none", REQ)
-        ops.init(None, ctypes.pointer(_fuse.fuse_conn_info()))
+        ops.init(None, ctypes.pointer(lowlevel.fuse_conn_info()))
         ops.destroy(None)
     assert replies.sent == []
     for name in ("forget", "init", "destroy"):
@@ -286,10 +296,10 @@ def test_lookup_answers_the_node_and_its_cache_times(
     assert replies.only() == ("err", REQ, errno.ESTALE)
     ops.forget(REQ, node, 1)
     assert replies.only() == ("none", REQ)
-    forgets = (_fuse.fuse_forget_data * 1)((node, 1))
+    forgets = (lowlevel.fuse_forget_data * 1)((node, 1))
     ops.forget_multi(REQ, 1, forgets)
     assert replies.only() == ("none", REQ)
-    assert fs.known_nodes == 1
+    assert fs.inodes.known == 1
 
 
 def test_getattr_uses_the_handle_when_there_is_one(
@@ -339,28 +349,28 @@ class Recording:
 def test_setattr_hands_over_only_the_fields_to_set(tmp_path: Path, replies: Replies) -> None:
     fs = Recording(tmp_path)
     ops = serving(fs)
-    attr = _fuse.c_stat()
+    attr = lowlevel.c_stat()
     attr.st_mode, attr.st_uid, attr.st_gid, attr.st_size = stat.S_IFREG | 0o640, 7, 8, 99
     attr.st_atimespec.tv_sec, attr.st_atimespec.tv_nsec = 1, 2
     attr.st_mtimespec.tv_sec, attr.st_mtimespec.tv_nsec = 3, 4
     every = (
-        _fuse.SET_ATTR_MODE
-        | _fuse.SET_ATTR_UID
-        | _fuse.SET_ATTR_GID
-        | _fuse.SET_ATTR_SIZE
-        | _fuse.SET_ATTR_ATIME
-        | _fuse.SET_ATTR_MTIME
+        lowlevel.SET_ATTR_MODE
+        | lowlevel.SET_ATTR_UID
+        | lowlevel.SET_ATTR_GID
+        | lowlevel.SET_ATTR_SIZE
+        | lowlevel.SET_ATTR_ATIME
+        | lowlevel.SET_ATTR_MTIME
     )
     ops.setattr(REQ, 5, ctypes.pointer(attr), every, file_info(9))
-    ops.setattr(REQ, 5, ctypes.pointer(attr), _fuse.SET_ATTR_SIZE, NO_INFO)
+    ops.setattr(REQ, 5, ctypes.pointer(attr), lowlevel.SET_ATTR_SIZE, NO_INFO)
     ops.setattr(
         REQ,
         5,
         ctypes.pointer(attr),
-        _fuse.SET_ATTR_ATIME | _fuse.SET_ATTR_ATIME_NOW | _fuse.SET_ATTR_MTIME_NOW,
+        lowlevel.SET_ATTR_ATIME | lowlevel.SET_ATTR_ATIME_NOW | lowlevel.SET_ATTR_MTIME_NOW,
         NO_INFO,
     )
-    ops.setattr(REQ, 5, ctypes.pointer(attr), _fuse.SET_ATTR_MTIME, NO_INFO)
+    ops.setattr(REQ, 5, ctypes.pointer(attr), lowlevel.SET_ATTR_MTIME, NO_INFO)
     assert fs.calls == [
         ("setattr", 5, SetAttr(stat.S_IFREG | 0o640, 7, 8, 99, 1_000_000_002, 3_000_000_004), 9),
         ("setattr", 5, SetAttr(size=99), None),
@@ -476,7 +486,7 @@ def test_an_interrupted_open_is_released(backing: tuple[Path, int], replies: Rep
         with pytest.raises(OSError) as info:
             os.fstat(fh)
         assert info.value.errno == errno.EBADF
-    assert fs._dirs == {}
+    assert fs._dirs._open == {}
 
 
 @pytest.mark.parametrize("request_kind", ["lookup", "mkdir", "create"])
@@ -499,7 +509,7 @@ def test_an_interrupted_entry_reply_forgets_the_node(
     else:
         ops.create(REQ, ROOT_ID, b"c", 0o644, file_info(flags=os.O_WRONLY))
     assert replies.only()[0] in ("entry", "create")
-    assert fs.known_nodes == 1  # only the root: the kernel holds no reference to the node
+    assert fs.inodes.known == 1  # only the root: the kernel holds no reference to the node
 
 
 def dirents(data: bytes) -> list[tuple[bytes, int, int, int]]:
@@ -607,9 +617,9 @@ def test_readdirplus_looks_up_each_entry_it_sends(
         node, ino, _, mode = by_name[name]
         st = os.lstat(root / os.fsdecode(name))
         assert (ino, mode) == (st.st_ino, st.st_mode), name
-        assert fs._nodes[node].nlookup == 1, name  # one reference per entry sent, no more
+        assert fs.inodes.get(node).nlookup == 1, name  # one reference per entry sent, no more
     # Every entry that did not fit a reply gave its reference back.
-    assert fs.known_nodes == 1 + 1 + len(names)
+    assert fs.inodes.known == 1 + 1 + len(names)
     ops.releasedir(REQ, ROOT_ID, fi)
 
 
@@ -628,7 +638,7 @@ def test_readdirplus_gives_references_back_when_the_reply_fails(
     replies.buf_result = -errno.ENOENT  # interrupted: the kernel takes none of them
     ops.readdirplus(REQ, ROOT_ID, 4096, 0, fi)
     assert replies.only()[0] == "buf"
-    assert fs.known_nodes == 1
+    assert fs.inodes.known == 1
     replies.buf_result = 0
     looked_up: list[bytes] = []
     real = fs.readdir_entry
@@ -642,13 +652,13 @@ def test_readdirplus_gives_references_back_when_the_reply_fails(
     monkeypatch.setattr(fs, "readdir_entry", third_fails)
     ops.readdirplus(REQ, ROOT_ID, 4096, 0, fi)
     assert replies.only() == ("err", REQ, errno.EIO)
-    assert fs.known_nodes == 1  # the two looked up before were given back
+    assert fs.inodes.known == 1  # the two looked up before were given back
     monkeypatch.delattr(fs, "readdir_entry")  # the class's again (the replies stay recorded)
     os.unlink(root / "f2")  # removed since the listing was taken: skipped
     ops.readdirplus(REQ, ROOT_ID, 4096, 2, fi)
     names = sorted(name for name, *_ in direntplus(replies.only()[2]))
     assert names == [b"f0", b"f1", b"f3", b"f4"]
-    assert fs.known_nodes == 1 + 4
+    assert fs.inodes.known == 1 + 4
     ops.releasedir(REQ, ROOT_ID, fi)
 
 
@@ -665,8 +675,8 @@ def test_open_and_create_ask_for_no_flush_at_close(
         sent.append((info.fh, info.noflush))
         return 0
 
-    monkeypatch.setattr(_fuse, "_reply_open", reply)
-    monkeypatch.setattr(_fuse, "_reply_create", reply)
+    monkeypatch.setattr(callbacks, "reply_open", reply)
+    monkeypatch.setattr(callbacks, "reply_create", reply)
     fs = passthrough(fd)
     ops = serving(fs)
     ops.open(REQ, fs.lookup(REQ, ROOT_ID, b"f").node, file_info(flags=os.O_RDONLY))
@@ -768,8 +778,8 @@ def test_init_gets_the_connection_and_the_session(replies: Replies) -> None:
             seen.append(("destroyed",))
 
     ops = serving(Init())
-    ops.callbacks.session = 0xABC
-    conn = _fuse.fuse_conn_info()
+    ops.callbacks.fuse_session = 0xABC
+    conn = lowlevel.fuse_conn_info()
     conn.max_write = 4096
     ops.init(None, ctypes.pointer(conn))
     ops.destroy(None)
@@ -786,9 +796,9 @@ def test_request_context_reads_the_callers_credentials() -> None:
     # a request, with the credentials written where libfuse keeps them.
     request = ctypes.create_string_buffer(4096)
     req = ctypes.addressof(request)
-    offset = ctypes.addressof(_fuse._req_ctx(req).contents) - req
-    assert 0 <= offset <= 4096 - ctypes.sizeof(_fuse.fuse_ctx)
-    ctx = _fuse.fuse_ctx.from_buffer(request, offset)
+    offset = ctypes.addressof(lowlevel.req_ctx(req).contents) - req
+    assert 0 <= offset <= 4096 - ctypes.sizeof(lowlevel.fuse_ctx)
+    ctx = lowlevel.fuse_ctx.from_buffer(request, offset)
     ctx.uid, ctx.gid, ctx.pid = 1000, 100, 4242
     assert _fuse.request_context(req) == _fuse.Context(uid=1000, gid=100, pid=4242)
     assert _default_caller(req) == Caller(pid=4242, uid=1000, gid=100)
@@ -803,7 +813,9 @@ def test_serve_raises_mount_failed_where_it_cannot_mount(
     root = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         with pytest.raises(_fuse.MountFailed):
-            _fuse.serve(PassthroughFS(root), str(tmp_path / "missing"), {"subtype": "burstctl"})
+            _fuse.serve(
+                PassthroughFS(InodeTable(root)), str(tmp_path / "missing"), {"subtype": "burstctl"}
+            )
     finally:
         os.close(root)
     assert "missing" in capfd.readouterr().err  # libfuse said why
@@ -822,7 +834,7 @@ def test_the_data_classes() -> None:
     assert SetAttr() == SetAttr(None, None, None, None, None, None)
     st = os.stat("/")
     assert Entry(2, st).attr is st
-    assert _fuse.file_type(stat.S_IFDIR | 0o755) == stat.S_IFDIR
+    assert operations.file_type(stat.S_IFDIR | 0o755) == stat.S_IFDIR
 
 
 # ---------------------------------------------------------------- DirectIoMmap
@@ -836,7 +848,7 @@ def init_reply(flags: int, *, major: int = 7, body_size: int = 64) -> tuple[Any,
     ctypes.c_uint32.from_buffer(body, 4).value = 38
     if body_size >= 16:
         ctypes.c_uint32.from_buffer(body, 12).value = flags
-    iov = (_fuse._IoVec * 2)()
+    iov = (direct_io_mmap._IoVec * 2)()
     iov[0].iov_base, iov[0].iov_len = ctypes.addressof(header), 16
     iov[1].iov_base, iov[1].iov_len = ctypes.addressof(body), body_size
     return iov, body
@@ -879,7 +891,7 @@ def test_the_hook_writes_the_patched_reply_then_hands_writing_to_libc(
     installed: list[int] = []
 
     def custom_io(session: Any, io: Any, fd: int) -> int:
-        installed.append(ctypes.cast(io, ctypes.POINTER(_fuse._CustomIo)).contents.writev)
+        installed.append(ctypes.cast(io, ctypes.POINTER(direct_io_mmap._CustomIo)).contents.writev)
         return 0
 
     monkeypatch.setattr(hook, "_custom_io", custom_io)
@@ -899,7 +911,7 @@ def test_the_hook_writes_the_patched_reply_then_hands_writing_to_libc(
         os.close(write_end)
     assert replies == [True]
     assert int.from_bytes(sent[16 + 32 : 16 + 36], "little") == 1 << 4
-    assert installed == [ctypes.cast(_fuse._libc.writev, ctypes.c_void_p).value]
+    assert installed == [ctypes.cast(direct_io_mmap._libc.writev, ctypes.c_void_p).value]
 
 
 def test_a_failing_on_reply_still_writes_the_reply(

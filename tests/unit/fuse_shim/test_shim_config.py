@@ -4,27 +4,19 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import subprocess
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import click
 import pytest
 from click.testing import CliRunner
+from support import clean_env
 
 from burstctl.cli import main
-from burstctl.cli.shims import config_params
-from burstctl.fuse_shim.config import (
-    DIRECT_IO_MODES,
-    Cli,
-    MountConfig,
-    MountError,
-    cli_of,
-    format_size,
-)
+from burstctl.fuse_shim.config import DIRECT_IO_MODES, MountConfig, MountError
+from burstctl.node.options import cli_of, format_size
 
 
 def mount_command_params() -> dict[str, click.Parameter]:
@@ -89,37 +81,6 @@ def test_help_shows_every_option_with_its_default() -> None:
             assert f"[default: {shown_default(f)}]" in line, line
 
 
-def test_the_options_are_generated_from_the_config_class_they_are_given() -> None:
-    @dataclass(frozen=True)
-    class Other:
-        gap: float = field(
-            default=0.25,
-            metadata={"cli": Cli(("--gap",), "A gap.", kind="seconds", metavar="S")},
-        )
-        mode: str = field(
-            default="b",
-            metadata={"cli": Cli(("--mode",), "A mode.", kind="choice", choices=("a", "b"))},
-        )
-        size: int = field(
-            default=3 << 20, metadata={"cli": Cli(("--size",), "A size.", kind="size")}
-        )
-
-    @click.command()
-    def show(**values: Any) -> None:
-        click.echo(json.dumps(values))
-
-    show.params = config_params(Other)
-    runner = CliRunner()
-    assert json.loads(runner.invoke(show, []).output) == {
-        "gap": 0.25,
-        "mode": "b",
-        "size": 3 << 20,
-    }
-    help_text = runner.invoke(show, ["--help"]).output
-    assert "A gap.  [default: 0.25]" in help_text and "[default: 3MiB]" in help_text
-    assert json.loads(runner.invoke(show, ["--size", "1KiB", "--mode", "A"]).output)["size"] == 1024
-
-
 # The mount command with run_mount replaced: prints the MountConfig it was given.
 _PRINT_CONFIG = """
 import dataclasses, json, sys
@@ -139,7 +100,7 @@ main()
 def run_mount_command(
     *args: str, env: dict[str, str] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    clean = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
+    clean = clean_env()
     return subprocess.run(
         [sys.executable, "-c", _PRINT_CONFIG, "mount", *args],
         capture_output=True,
@@ -253,20 +214,9 @@ def test_the_config_checks_its_values_itself(tmp_path: Path) -> None:
     assert MountConfig(tmp_path, tmp_path).direct_io in DIRECT_IO_MODES
 
 
-def test_format_size_is_exact() -> None:
-    assert [format_size(n) for n in (0, 1000, 4096, 1 << 20, 3 << 30, (1 << 20) + 1024)] == [
-        "0",
-        "1000",
-        "4KiB",
-        "1MiB",
-        "3GiB",
-        "1025KiB",
-    ]
-
-
 def test_the_fallback_grace_reaches_the_job_sessions(tmp_path: Path) -> None:
     from burstctl.client import ClientRuntime, JobInfo
-    from burstctl.fuse_shim.pacing import client_session_factory
+    from burstctl.node.sessions import client_session_factory
 
     config = MountConfig(
         tmp_path,
@@ -278,7 +228,7 @@ def test_the_fallback_grace_reaches_the_job_sessions(tmp_path: Path) -> None:
     with ClientRuntime() as runtime:
         session = client_session_factory(config, runtime)(JobInfo("j", "u", "g"))
         try:
-            options = session._engine.options  # type: ignore[attr-defined]
+            options = session._core.options  # type: ignore[attr-defined]
             assert options.fallback_grace == 7.5
             assert options.fallback.conservative_rate == 2 * (1 << 20)
         finally:

@@ -38,11 +38,13 @@ from burstctl.fuse_shim._fuse import (
     Entry,
     SetAttr,
 )
-from burstctl.fuse_shim.attribution import Caller
-from burstctl.fuse_shim.fs import PassthroughFS, handle_budget
+from burstctl.fuse_shim.fs import PassthroughFS
+from burstctl.fuse_shim.inodes import InodeTable, handle_budget
 from burstctl.fuse_shim.ownership import give_to_caller
 from burstctl.fuse_shim.setid import writer_of
-from burstctl.fuse_shim.stageout import XATTR_JOB, StageOut
+from burstctl.fuse_shim.stageout import StageOut
+from burstctl.fuse_shim.stageout_marks import XATTR_JOB
+from burstctl.node.attribution import Caller
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
 NOBODY = Caller(pid=0, uid=65534, gid=65534)
@@ -96,10 +98,10 @@ def made() -> Iterator[list[PassthroughFS]]:
     systems: list[PassthroughFS] = []
     yield systems
     for fs in systems:
-        for node, inode in list(fs._nodes.items()):
+        for node, inode in list(fs.inodes._nodes.items()):
             if node != ROOT_ID:
                 os.close(inode.fd)
-        for fh in list(fs._dirs):
+        for fh in list(fs._dirs._open):
             os.close(fh)
 
 
@@ -109,10 +111,12 @@ def make_fs(made: list[PassthroughFS]) -> Callable[..., PassthroughFS]:
         fd: int,
         pacer: Any = None,
         caller: Caller | Callable[[int], Caller] = NOBODY,
+        handles: int | None = None,
+        inodes: InodeTable | None = None,
         **options: Any,
     ) -> PassthroughFS:
         who = caller if callable(caller) else (lambda req: caller)
-        fs = PassthroughFS(fd, pacer, caller=who, **options)
+        fs = PassthroughFS(inodes or InodeTable(fd, handles), pacer, caller=who, **options)
         made.append(fs)
         return fs
 
@@ -162,17 +166,17 @@ def test_lookup_and_forget_count_the_kernels_references(
     second = fs.lookup(REQ, ROOT_ID, b"f")
     assert second.node == first.node
     assert open_fds(root) == before + 1  # one handle per inode, however often it is looked up
-    assert fs.known_nodes == 2
+    assert fs.inodes.known == 2
     fs.forget(first.node, 1)
-    assert fs.known_nodes == 2 and open_fds(root) == before + 1  # one reference left
+    assert fs.inodes.known == 2 and open_fds(root) == before + 1  # one reference left
     assert fs.getattr(REQ, first.node, None).st_ino == first.attr.st_ino
     fs.forget(first.node, 1)
-    assert fs.known_nodes == 1 and open_fds(root) == before  # the handle is closed
+    assert fs.inodes.known == 1 and open_fds(root) == before  # the handle is closed
     raises_errno(errno.ESTALE, fs.getattr, REQ, first.node, None)
     third = fs.lookup(REQ, ROOT_ID, b"f")  # looked up again: a node of its own
     assert third.node not in (first.node, ROOT_ID)
     fs.forget(third.node, 5)  # more than it had (a batch of forgets): gone, not negative
-    assert fs.known_nodes == 1 and open_fds(root) == before
+    assert fs.inodes.known == 1 and open_fds(root) == before
     fs.forget(third.node, 1)  # unknown nodes are ignored
     fs.forget(ROOT_ID, 1)  # the root is never forgotten
     assert fs.getattr(REQ, ROOT_ID, None).st_ino == os.stat(root).st_ino
@@ -188,9 +192,9 @@ def test_hard_links_are_one_node(backing: Backing, make_fs: Callable[..., Passth
     assert a.node == b.node
     c = fs.link(REQ, a.node, ROOT_ID, b"c")  # through the mount
     assert c.node == a.node and c.attr.st_nlink == 3
-    assert fs.known_nodes == 2
+    assert fs.inodes.known == 2
     fs.forget(a.node, 3)  # the kernel's three references
-    assert fs.known_nodes == 1
+    assert fs.inodes.known == 1
     # link(2) of a symbolic link links the link itself, not its target.
     link = fs.symlink(REQ, b"a", ROOT_ID, b"l")
     hard = fs.link(REQ, link.node, ROOT_ID, b"hl")
@@ -209,7 +213,7 @@ def test_a_missing_name_is_enoent_and_leaks_nothing(
     f = fs.lookup(REQ, ROOT_ID, b"f")
     raises_errno(errno.ENOTDIR, fs.lookup, REQ, f.node, b"x")
     fs.forget(f.node, 1)
-    assert open_fds(root) == before and fs.known_nodes == 1
+    assert open_fds(root) == before and fs.inodes.known == 1
 
 
 def test_os_errors_are_raised_with_their_errno(
@@ -264,9 +268,9 @@ def test_past_the_budget_the_kernel_is_asked_to_drop_the_oldest_names(
     for name in names:
         (root / os.fsdecode(name)).write_bytes(b"")
     fs = make_fs(fd, handles=20)
-    assert fs.handle_budget == 20
+    assert fs.inodes.budget == 20
     nodes = {name: fs.lookup(REQ, ROOT_ID, name).node for name in names[:31]}
-    assert fs.known_nodes == 32  # no session to ask yet: nothing is dropped
+    assert fs.inodes.known == 32  # no session to ask yet: nothing is dropped
     asked: list[tuple[int, bytes]] = []
     in_use = {b"f00"}  # open, say: the kernel keeps it whatever it is asked
     answers = {b"f15": -errno.EIO, b"f16": -errno.ENOENT}
@@ -284,20 +288,20 @@ def test_past_the_budget_the_kernel_is_asked_to_drop_the_oldest_names(
         wait_until(lambda: len(asked) >= 14, message="the oldest names dropped")
         # Down to 90% of the budget (18 nodes, the root included), oldest first.
         assert asked == [(ROOT_ID, name) for name in names[:14]]
-        wait_until(lambda: fs.invalidated == 14, message="every drop counted")
-        assert fs.known_nodes == 32 - 13  # f00 is still in use
+        wait_until(lambda: fs.inodes.invalidated == 14, message="every drop counted")
+        assert fs.inodes.known == 32 - 13  # f00 is still in use
         assert fs.lookup(REQ, ROOT_ID, b"f00").node == nodes[b"f00"]  # same node
         nodes[b"f31"] = fs.lookup(REQ, ROOT_ID, b"f31").node
         nodes[b"f32"] = fs.lookup(REQ, ROOT_ID, b"f32").node  # 21 nodes: over again
         wait_until(lambda: len(asked) >= 17, message="the next oldest names dropped")
         # The name in use went to the back: the next round starts after it.
         assert asked[14:] == [(ROOT_ID, name) for name in (b"f14", b"f15", b"f16")]
-        wait_until(lambda: fs.invalidated == 16, message="every drop counted")
-        assert fs.invalidated == 16  # -EIO: not dropped; -ENOENT: the kernel had none
+        wait_until(lambda: fs.inodes.invalidated == 16, message="every drop counted")
+        assert fs.inodes.invalidated == 16  # -EIO: not dropped; -ENOENT: the kernel had none
     finally:
-        valve = fs._valve
+        valve = fs.inodes._valve
         fs.invalidate_entry = None
-        fs._valve_wanted.set()
+        fs.inodes._valve_wanted.set()
         if valve is not None:
             valve.join(10)
             assert not valve.is_alive()
@@ -679,7 +683,7 @@ def test_a_write_the_kernel_makes_is_paced_for_the_openers_job(
     read_all(fs, entry.node, opened.fh, size=4, req=2)  # read-ahead of a mapping
     read_all(fs, entry.node, opened.fh, size=3, req=3)
     fs.release(1, entry.node, opened.fh)
-    assert fs._openers == {}  # forgotten with the file
+    assert fs._paced._openers == {}  # forgotten with the file
     # A kernel request on a handle nobody is known to have opened: its own caller.
     fs = make_fs(fd, pacer, caller=kernel)
     (root / "g").write_bytes(b"")
@@ -703,7 +707,7 @@ def test_a_pacing_failure_never_fails_the_io(
     _, fd = backing
     fs = make_fs(fd, RecordingPacer(fail=True))
     entry, opened = fs.create(REQ, ROOT_ID, b"f", 0o644, os.O_RDWR)
-    with caplog.at_level(logging.ERROR, "burstctl.fuse_shim.fs"):
+    with caplog.at_level(logging.ERROR, "burstctl.fuse_shim.paced"):
         assert fs.write(REQ, entry.node, memoryview(b"x"), 0, opened.fh) == 1
     fs.release(REQ, entry.node, opened.fh)
     assert "serving it unpaced" in caplog.text
@@ -807,7 +811,7 @@ def test_a_write_with_cap_fsetid_keeps_set_id_bits(
 def test_the_set_id_rule_is_asked_with_the_writers_pid_and_gid(
     backing: Backing, make_fs: Callable[..., PassthroughFS], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from burstctl.fuse_shim import fs as fs_module
+    from burstctl.fuse_shim import ownership
     from burstctl.fuse_shim.setid import Writer
 
     asked: list[tuple[int, int]] = []
@@ -816,7 +820,7 @@ def test_the_set_id_rule_is_asked_with_the_writers_pid_and_gid(
         asked.append((pid, fsgid))
         return Writer(has_fsetid=False, groups=frozenset({fsgid}))
 
-    monkeypatch.setattr(fs_module, "writer_of", fake_writer_of)
+    monkeypatch.setattr(ownership, "writer_of", fake_writer_of)
     root, fd = backing
     fs = make_fs(fd, caller=Caller(pid=31337, uid=1000, gid=4321))
     entry, fh = setid_file(root, fs, 0o2777)  # group-executable set-gid: dropped for all
@@ -1005,7 +1009,7 @@ class Conn:
 def test_init_on_libfuse_3(backing: Backing, hooks: list[tuple[Any, int]]) -> None:
     _, fd = backing
     inits: list[bool] = []
-    fs = PassthroughFS(fd, on_init=lambda: inits.append(True), max_write=256 << 10)
+    fs = PassthroughFS(InodeTable(fd), on_init=lambda: inits.append(True), max_write=256 << 10)
     conn = Conn(want=0xFFFF | CAP_HANDLE_KILLPRIV)
     fs.init(conn, True, 0)
     assert conn.max_write == 256 << 10 and inits == [True]
@@ -1014,25 +1018,25 @@ def test_init_on_libfuse_3(backing: Backing, hooks: list[tuple[Any, int]]) -> No
     assert conn.want & CAP_CACHE_SYMLINKS  # offered: taken
     assert conn.want & 0xFFFF == 0xFFFF & ~CAP_AUTO_INVAL_DATA  # the rest left as it was
     conn = Conn(capable=0)
-    PassthroughFS(fd).init(conn, True, 0)
+    PassthroughFS(InodeTable(fd)).init(conn, True, 0)
     assert not conn.want & CAP_CACHE_SYMLINKS  # not offered: not asked
     assert conn.max_write == 1 << 20  # no --max-write: libfuse's own
     conn = Conn()
-    PassthroughFS(fd, max_write=4 << 20).init(conn, True, 0)
+    PassthroughFS(InodeTable(fd), max_write=4 << 20).init(conn, True, 0)
     assert conn.max_write == 1 << 20  # never above what libfuse can take
 
 
 def test_init_on_libfuse_2(backing: Backing) -> None:
     _, fd = backing
     conn = Conn(capable=CAP_ATOMIC_O_TRUNC | CAP_BIG_WRITES)
-    PassthroughFS(fd, max_write=4096).init(conn, False, 0)
+    PassthroughFS(InodeTable(fd), max_write=4096).init(conn, False, 0)
     assert conn.want == CAP_ATOMIC_O_TRUNC | CAP_BIG_WRITES
     assert conn.max_write == 4096
     conn = Conn(capable=CAP_ATOMIC_O_TRUNC | CAP_BIG_WRITES)
-    PassthroughFS(fd, big_writes=False).init(conn, False, 0)
+    PassthroughFS(InodeTable(fd), big_writes=False).init(conn, False, 0)
     assert conn.want == CAP_ATOMIC_O_TRUNC and conn.max_write == 1 << 20
     conn = Conn(capable=CAP_BIG_WRITES)
-    PassthroughFS(fd).init(conn, False, 0)
+    PassthroughFS(InodeTable(fd)).init(conn, False, 0)
     assert conn.want == CAP_BIG_WRITES  # only what the kernel offers
 
 
@@ -1043,13 +1047,13 @@ def test_init_asks_for_the_read_ahead_window(
     # The kernel keeps min(its window, max_readahead) after init: both must be raised.
     _, fd = backing
     conn = Conn()
-    PassthroughFS(fd, read_ahead=1 << 20).init(conn, is_v3, 0)
+    PassthroughFS(InodeTable(fd), read_ahead=1 << 20).init(conn, is_v3, 0)
     assert conn.max_readahead == 1 << 20
     conn = Conn()
-    PassthroughFS(fd, read_ahead=64 << 10).init(conn, is_v3, 0)
+    PassthroughFS(InodeTable(fd), read_ahead=64 << 10).init(conn, is_v3, 0)
     assert conn.max_readahead == 128 << 10  # never lowered
     conn = Conn()
-    PassthroughFS(fd).init(conn, is_v3, 0)
+    PassthroughFS(InodeTable(fd)).init(conn, is_v3, 0)
     assert conn.max_readahead == 128 << 10  # 0: the kernel's default
 
 
@@ -1059,7 +1063,7 @@ def test_init_on_libfuse_3_hooks_the_session_for_the_life_of_the_mount(
     # libfuse calls the hook's ctypes thunk after init returns: were the hook collected, that
     # call would jump into freed memory (seen as a segfault at the INIT reply).
     _, fd = backing
-    fs = PassthroughFS(fd)
+    fs = PassthroughFS(InodeTable(fd))
     fs.init(Conn(), True, 0xC0FFEE)
     gc.collect()
     assert [(ref() is not None, session) for ref, session in hooks] == [(True, 0xC0FFEE)]
@@ -1071,7 +1075,7 @@ def test_init_on_libfuse_3_hooks_the_session_for_the_life_of_the_mount(
     del fs
     gc.collect()
     assert hooks[0][0]() is None  # lives exactly as long as the file system
-    PassthroughFS(fd).init(Conn(), False, 0xC0FFEE)
+    PassthroughFS(InodeTable(fd)).init(Conn(), False, 0xC0FFEE)
     assert len(hooks) == 1  # libfuse 2: nothing to hook
 
 
@@ -1085,7 +1089,7 @@ def test_a_hook_that_cannot_be_installed_is_logged(
     monkeypatch.setattr(DirectIoMmap, "install", refuse)
     _, fd = backing
     inits: list[bool] = []
-    fs = PassthroughFS(fd, on_init=lambda: inits.append(True))
+    fs = PassthroughFS(InodeTable(fd), on_init=lambda: inits.append(True))
     with caplog.at_level(logging.WARNING, "burstctl.fuse_shim.fs"):
         fs.init(Conn(), True, 1)
     assert inits == [True] and not fs.direct_io_mmap
@@ -1094,15 +1098,15 @@ def test_a_hook_that_cannot_be_installed_is_logged(
         DirectIoMmap, "unavailable", classmethod(lambda cls, *a: "libfuse 9.9 (a test)")
     )
     with caplog.at_level(logging.INFO, "burstctl.fuse_shim.fs"):
-        PassthroughFS(fd).init(Conn(), True, 1)
+        PassthroughFS(InodeTable(fd)).init(Conn(), True, 1)
     assert "cannot be asked for: libfuse 9.9 (a test)" in caplog.text
 
 
 def test_destroy_calls_back(backing: Backing) -> None:
     _, fd = backing
     destroyed: list[bool] = []
-    PassthroughFS(fd, on_destroy=lambda: destroyed.append(True)).destroy()
-    PassthroughFS(fd).destroy()
+    PassthroughFS(InodeTable(fd), on_destroy=lambda: destroyed.append(True)).destroy()
+    PassthroughFS(InodeTable(fd)).destroy()
     assert destroyed == [True]
 
 
@@ -1146,7 +1150,7 @@ def test_which_opens_bypass_the_page_cache(
     assert {key: plain for key, (plain, _) in chosen.items()} == expected
     assert opened_as == {key: (value, value) for key, value in expected.items()}
     with pytest.raises(ValueError, match="direct_io"):
-        PassthroughFS(fd, direct_io="sometimes")
+        PassthroughFS(InodeTable(fd), direct_io="sometimes")
 
 
 # ---------------------------------------------------------------- extended attributes
@@ -1191,14 +1195,14 @@ def test_absent_capability_is_answered_from_the_cache(
     f = fs.lookup(REQ, ROOT_ID, b"f")
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, _CAP)
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, _CAP)
-    assert fs._no_capability.hits == 1
+    assert fs._xattrs.no_capability.hits == 1
     # Other names, and other nodes, always go to BACKING.
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, b"user.absent")
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, b"user.absent")
     g = fs.lookup(REQ, ROOT_ID, b"g")
     raises_errno(errno.ENODATA, fs.getxattr, REQ, g.node, _CAP)
     raises_errno(errno.ESTALE, fs.getxattr, REQ, 999, _CAP)
-    assert fs._no_capability.hits == 1
+    assert fs._xattrs.no_capability.hits == 1
 
 
 @ROOT_ONLY
@@ -1216,9 +1220,9 @@ def test_setxattr_through_the_mount_shows_the_capability_at_once(
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, _CAP)
     # A failed setxattr forgets too (it may have changed something).
     raises_errno(errno.ENODATA, fs.setxattr, REQ, f.node, b"user.none", b"v", os.XATTR_REPLACE)
-    hits = fs._no_capability.hits
+    hits = fs._xattrs.no_capability.hits
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, _CAP)
-    assert fs._no_capability.hits == hits
+    assert fs._xattrs.no_capability.hits == hits
 
 
 @ROOT_ONLY
@@ -1247,7 +1251,7 @@ def test_a_change_of_names_forgets_absent_capabilities(
         os.mkdir(root / "d")
         d = fs.lookup(REQ, ROOT_ID, b"d")
         fs.rename(REQ, ROOT_ID, b"capped", d.node, b"plain", 0)
-    assert not fs._no_capability.known_absent(plain.node)  # forgotten
+    assert not fs._xattrs.no_capability.known_absent(plain.node)  # forgotten
     now = fs.lookup(REQ, d.node, b"plain")
     assert now.node == capped.node
     assert fs.getxattr(REQ, now.node, _CAP) == _CAP_BLOB
@@ -1260,7 +1264,7 @@ def test_a_capability_set_behind_the_mount_is_seen_after_the_ttl(
     root, fd = backing
     (root / "f").write_bytes(b"x")
     fs = make_fs(fd)
-    fs._no_capability = capabilities.AbsentCapabilities(ttl=0.2)
+    fs._xattrs.no_capability = capabilities.AbsentCapabilities(ttl=0.2)
     f = fs.lookup(REQ, ROOT_ID, b"f")
     raises_errno(errno.ENODATA, fs.getxattr, REQ, f.node, _CAP)
     os.setxattr(root / "f", _CAP, _CAP_BLOB)  # behind the mount's back: the documented limit
@@ -1318,10 +1322,11 @@ def staged(
     root, fd = backing
     pfs = tmp_path / "pfs"
     pfs.mkdir()
-    stage = StageOut(fd, root, pfs, evict=True, report_interval=0.05)
+    inodes = InodeTable(fd)
+    stage = StageOut(fd, root, pfs, evict=True, report_interval=0.05, path_of=inodes.path_of)
     stage.start()
     pacer = RecordingPacer()
-    fs = make_fs(fd, pacer, stage_out=stage)
+    fs = make_fs(fd, pacer, stage_out=stage, inodes=inodes)
     yield fs, stage, pacer, root, pfs
     stage.stop()
 

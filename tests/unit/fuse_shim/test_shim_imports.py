@@ -1,4 +1,4 @@
-"""Imports go one way: no cycle inside the mount or the client.
+"""Imports go one way: no cycle inside the mount, the shims' shared part or the client.
 
 Read from the source (every import statement, the lazy ones inside functions too), so a cycle
 that only closes at run time is found as well. Which package may import which is checked by
@@ -11,7 +11,11 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
-PACKAGES = {"burstctl.client": ROOT / "client", "burstctl.fuse_shim": ROOT / "fuse_shim"}
+PACKAGES = {
+    "burstctl.client": ROOT / "client",
+    "burstctl.node": ROOT / "node",
+    "burstctl.fuse_shim": ROOT / "fuse_shim",
+}
 
 
 def modules() -> dict[str, Path]:
@@ -66,7 +70,7 @@ def find_cycle(edges: dict[str, set[str]]) -> list[str] | None:
 
 def test_the_mount_and_the_client_have_no_import_cycle() -> None:
     edges = graph()
-    assert "burstctl.fuse_shim.fs" in edges and "burstctl.client.engine" in edges
+    assert "burstctl.fuse_shim.fs" in edges and "burstctl.client.core" in edges
     # Package __init__ modules are left out: importing a submodule runs them anyway, and
     # ``burstctl.client`` re-exports the public API.
     inner = {n: e - set(PACKAGES) for n, e in edges.items() if n not in PACKAGES}
@@ -77,3 +81,14 @@ def test_the_mount_and_the_client_have_no_import_cycle() -> None:
 def test_the_cycle_check_finds_a_cycle() -> None:
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_neither_shim_imports_the_other() -> None:
+    # What they share is burstctl.node (also the layers contract: fuse_shim | preload_shim).
+    for folder, other in (
+        ("preload_shim", "burstctl.fuse_shim"),
+        ("fuse_shim", "burstctl.preload_shim"),
+    ):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            found = [n for n in imports_of(path, set()) if n.startswith(other)]
+            assert not found, f"{folder}/{path.name} imports {found}"

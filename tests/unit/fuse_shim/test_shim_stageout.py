@@ -1,4 +1,4 @@
-"""The stage-out engine on real directories (no FUSE): copies, eviction, restores, restarts,
+"""The stage-out on real directories (no FUSE): copies, eviction, restores, restarts,
 errors and reports. The file system's calls (`modified`, `opened`, `released`) are made the way
 `PassthroughFS` makes them."""
 
@@ -17,13 +17,13 @@ import pytest
 from support import wait_until
 
 from burstctl.client.job import JobInfo
-from burstctl.fuse_shim.stageout import (
-    CHUNK,
+from burstctl.fuse_shim.stageout import StageOut
+from burstctl.fuse_shim.stageout_copy import CHUNK
+from burstctl.fuse_shim.stageout_marks import (
     TEMP_MARK,
     XATTR_COPIED,
     XATTR_EVICTED,
     XATTR_JOB,
-    StageOut,
     encode_job,
 )
 
@@ -67,21 +67,21 @@ def dirs(tmp_path: Path) -> tuple[Path, Path]:
 @pytest.fixture
 def make(dirs: tuple[Path, Path]) -> Iterator[object]:
     backing, pfs = dirs
-    engines: list[StageOut] = []
+    stages: list[StageOut] = []
     fds: list[int] = []
 
     def build(hooks: Hooks | None = None, *, evict: bool = True, **kwargs: Any) -> StageOut:
         fd = os.open(backing, os.O_RDONLY | os.O_DIRECTORY)
         fds.append(fd)
         kwargs.setdefault("report_interval", 0.05)
-        engine = StageOut(fd, backing, pfs, evict=evict, hooks=hooks, **kwargs)
-        engines.append(engine)
-        engine.start()
-        return engine
+        stage = StageOut(fd, backing, pfs, evict=evict, hooks=hooks, **kwargs)
+        stages.append(stage)
+        stage.start()
+        return stage
 
     yield build
-    for engine in engines:
-        engine.stop()
+    for stage in stages:
+        stage.stop()
     for fd in fds:
         os.close(fd)
 
@@ -91,17 +91,17 @@ def key_of(path: Path) -> tuple[int, int]:
     return st.st_dev, st.st_ino
 
 
-def write_through(engine: StageOut, path: Path, data: bytes, offset: int = 0) -> None:
+def write_through(stage: StageOut, path: Path, data: bytes, offset: int = 0) -> None:
     """What the mount does for an open, writes and the last close of ``path``."""
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o640)
     try:
         key = key_of(path)
-        engine.opened(key)
+        stage.opened(key)
         os.pwrite(fd, data, offset)
-        engine.modified(key, fd, JOB)
+        stage.modified(key, fd, JOB)
     finally:
         os.close(fd)
-    engine.released(key, str(path))
+    stage.released(key, str(path))
 
 
 def sha(path: Path) -> str:
@@ -115,11 +115,11 @@ def temporaries(pfs: Path) -> list[str]:
 def test_a_closed_file_is_copied_then_evicted(make, dirs: tuple[Path, Path]) -> None:
     backing, pfs = dirs
     hooks = Hooks()
-    engine = make(hooks)
+    stage = make(hooks)
     (backing / "d").mkdir(mode=0o750)
     data = os.urandom(3 * CHUNK + 123)
-    write_through(engine, backing / "d" / "f", data)
-    wait_until(lambda: engine.evictions == 1, message="the eviction")
+    write_through(stage, backing / "d" / "f", data)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
     assert (pfs / "d" / "f").read_bytes() == data
     assert os.stat(pfs / "d").st_mode & 0o777 == 0o750  # the directory's mode kept
     assert os.stat(pfs / "d" / "f").st_mode & 0o777 == 0o640
@@ -135,22 +135,22 @@ def test_a_closed_file_is_copied_then_evicted(make, dirs: tuple[Path, Path]) -> 
 
 def test_keep_mode_keeps_the_buffer_copy(make, dirs: tuple[Path, Path]) -> None:
     backing, pfs = dirs
-    engine = make(Hooks(), evict=False)
+    stage = make(Hooks(), evict=False)
     data = os.urandom(CHUNK)
-    write_through(engine, backing / "f", data)
-    wait_until(lambda: engine.copies == 1, message="the copy")
+    write_through(stage, backing / "f", data)
+    wait_until(lambda: stage.copies == 1, message="the copy")
     assert (backing / "f").read_bytes() == data == (pfs / "f").read_bytes()
     st = os.stat(backing / "f")
     assert os.getxattr(backing / "f", XATTR_COPIED) == f"{st.st_mtime_ns}:{st.st_size}".encode()
-    assert engine.evictions == 0
+    assert stage.evictions == 0
 
 
 def test_reports_resident_and_pending_per_job(make, dirs: tuple[Path, Path]) -> None:
     backing, _ = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()  # the copy waits: the file stays pending
-    engine = make(hooks, evict=False)
-    write_through(engine, backing / "f", os.urandom(256 * 1024))
+    stage = make(hooks, evict=False)
+    write_through(stage, backing / "f", os.urandom(256 * 1024))
     blocks = os.stat(backing / "f").st_blocks * 512
     wait_until(lambda: hooks.last_report() == ("j1", blocks, blocks, ""), message="pending")
     hooks.gate.set()
@@ -163,20 +163,20 @@ def test_a_file_written_during_its_copy_is_copied_again_not_evicted_stale(
     backing, pfs = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()
-    engine = make(hooks)
+    stage = make(hooks)
     path = backing / "f"
-    write_through(engine, path, b"a" * (2 * CHUNK))
+    write_through(stage, path, b"a" * (2 * CHUNK))
     assert hooks.waiting.wait(5)  # the copy has begun
     # A rewrite during the copy (same size: only the generation tells).
     fd = os.open(path, os.O_WRONLY)
-    engine.opened(key_of(path))
+    stage.opened(key_of(path))
     os.pwrite(fd, b"b" * 10, 0)
-    engine.modified(key_of(path), fd, JOB)
+    stage.modified(key_of(path), fd, JOB)
     os.close(fd)
-    engine.released(key_of(path), str(path))
+    stage.released(key_of(path), str(path))
     hooks.gate.set()
-    wait_until(lambda: engine.evictions == 1, message="the eviction")
-    assert engine.copies == 1  # the first copy was not marked good
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    assert stage.copies == 1  # the first copy was not marked good
     assert (pfs / "f").read_bytes() == b"b" * 10 + b"a" * (2 * CHUNK - 10)
 
 
@@ -184,39 +184,39 @@ def test_an_open_file_is_evicted_only_after_its_last_close(make, dirs: tuple[Pat
     backing, _ = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()
-    engine = make(hooks)
+    stage = make(hooks)
     path = backing / "f"
-    write_through(engine, path, b"x" * 1000)
+    write_through(stage, path, b"x" * 1000)
     assert hooks.waiting.wait(5)  # copying
-    engine.opened(key_of(path), writing=False)  # a reader meanwhile
+    stage.opened(key_of(path), writing=False)  # a reader meanwhile
     hooks.gate.set()
-    wait_until(lambda: engine.copies == 1 and engine.pending_copies() == 0, message="copy")
-    assert engine.evictions == 0 and os.stat(path).st_size == 1000
-    engine.released(key_of(path), str(path), writing=False)
-    wait_until(lambda: engine.evictions == 1, message="the eviction at the last close")
-    assert engine.copies == 1  # no second copy: it had not changed
+    wait_until(lambda: stage.copies == 1 and stage.pending_copies() == 0, message="copy")
+    assert stage.evictions == 0 and os.stat(path).st_size == 1000
+    stage.released(key_of(path), str(path), writing=False)
+    wait_until(lambda: stage.evictions == 1, message="the eviction at the last close")
+    assert stage.copies == 1  # no second copy: it had not changed
 
 
 def test_restore_brings_the_pfs_copy_back(make, dirs: tuple[Path, Path]) -> None:
     backing, _ = dirs
-    engine = make(Hooks())
+    stage = make(Hooks())
     path = backing / "f"
     data = os.urandom(CHUNK + 5)
-    write_through(engine, path, data)
-    wait_until(lambda: engine.evictions == 1, message="the eviction")
-    evicted = engine.evicted(key_of(path))
+    write_through(stage, path, data)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    evicted = stage.evicted(key_of(path))
     assert evicted is not None
     paced: list[int] = []
     fd = os.open(path, os.O_PATH)
     try:
-        engine.restore(key_of(path), fd, paced.append)
+        stage.restore(key_of(path), fd, paced.append)
     finally:
         os.close(fd)
     assert path.read_bytes() == data
     assert sum(paced) == len(data)
     assert os.stat(path).st_mtime_ns == evicted.mtime_ns
     assert XATTR_EVICTED not in os.listxattr(path)
-    assert engine.evicted(key_of(path)) is None
+    assert stage.evicted(key_of(path)) is None
 
 
 def test_a_restart_finishes_what_a_crash_left(make, dirs: tuple[Path, Path]) -> None:
@@ -238,9 +238,9 @@ def test_a_restart_finishes_what_a_crash_left(make, dirs: tuple[Path, Path]) -> 
     (pfs / "c").write_bytes(b"old")
     os.setxattr(backing / "c", XATTR_JOB, encode_job(JOB))
     os.setxattr(backing / "c", XATTR_COPIED, b"1:3")
-    engine = make(Hooks())
+    stage = make(Hooks())
     assert os.stat(backing / "b").st_size == 0  # eviction finished before anything else
-    wait_until(lambda: engine.evictions == 2, message="the resumed copies")
+    wait_until(lambda: stage.evictions == 2, message="the resumed copies")
     assert (pfs / "sub" / "a").read_bytes() == data
     assert (pfs / "c").read_bytes() == b"new"
     assert temporaries(pfs) == []
@@ -251,9 +251,9 @@ def test_an_evicted_mark_without_its_pfs_copy_keeps_the_data(make, dirs: tuple[P
     (backing / "b").write_bytes(b"z" * 10)
     os.setxattr(backing / "b", XATTR_JOB, encode_job(JOB))
     os.setxattr(backing / "b", XATTR_EVICTED, b'{"size": 10, "mtime_ns": 1, "pfs": "b"}')
-    engine = make(Hooks(), evict=False)
+    stage = make(Hooks(), evict=False)
     assert (backing / "b").read_bytes() == b"z" * 10
-    wait_until(lambda: engine.copies == 1, message="the copy")
+    wait_until(lambda: stage.copies == 1, message="the copy")
     assert (pfs / "b").read_bytes() == b"z" * 10
 
 
@@ -268,16 +268,16 @@ def test_an_unwritable_pfs_is_reported_and_retried(make, dirs: tuple[Path, Path]
         pytest.skip("chattr +i is not available here (needs root on ext4/xfs)")
     try:
         hooks = Hooks()
-        engine = make(hooks, retry_min=0.05, retry_max=0.2)
-        write_through(engine, backing / "f", b"q" * 5000)
+        stage = make(hooks, retry_min=0.05, retry_max=0.2)
+        write_through(stage, backing / "f", b"q" * 5000)
         cause = "PFS_DIR not writable: Operation not permitted"
-        wait_until(lambda: engine.errors() == {"j1": cause}, message="the error")
+        wait_until(lambda: stage.errors() == {"j1": cause}, message="the error")
         wait_until(lambda: (hooks.last_report() or ("",))[-1] == cause, message="reported")
-        assert engine.evictions == 0 and (backing / "f").read_bytes() == b"q" * 5000
+        assert stage.evictions == 0 and (backing / "f").read_bytes() == b"q" * 5000
     finally:
         _chattr("-i", pfs)
-    wait_until(lambda: engine.evictions == 1, message="the copy once writable")
-    assert engine.errors() == {}
+    wait_until(lambda: stage.evictions == 1, message="the copy once writable")
+    assert stage.errors() == {}
     assert (pfs / "f").read_bytes() == b"q" * 5000
     wait_until(lambda: hooks.last_report() == ("j1", 0, 0, ""), message="the error cleared")
 
@@ -286,12 +286,12 @@ def test_a_deleted_file_is_forgotten(make, dirs: tuple[Path, Path]) -> None:
     backing, _ = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()
-    engine = make(hooks, evict=False)
-    write_through(engine, backing / "f", b"x" * 5000)
+    stage = make(hooks, evict=False)
+    write_through(stage, backing / "f", b"x" * 5000)
     key = key_of(backing / "f")
     (backing / "f").unlink()
-    engine.forget(key)
-    assert not engine.tracks(key)
+    stage.forget(key)
+    assert not stage.tracks(key)
     hooks.gate.set()
 
 
@@ -300,18 +300,18 @@ def test_a_file_still_being_written_counts_as_resident_and_pending(
 ) -> None:
     backing, _ = dirs
     hooks = Hooks()
-    engine = make(hooks)
+    stage = make(hooks)
     path = backing / "f"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        engine.opened(key_of(path))
+        stage.opened(key_of(path))
         os.pwrite(fd, b"w" * 100_000, 0)
-        engine.modified(key_of(path), fd, JOB)  # never closed yet
+        stage.modified(key_of(path), fd, JOB)  # never closed yet
         blocks = os.stat(path).st_blocks * 512
         assert blocks >= 100_000
         wait_until(lambda: hooks.last_report() == ("j1", blocks, blocks, ""), message="resident")
         os.pwrite(fd, b"w" * 100_000, 100_000)
-        engine.modified(key_of(path), fd, JOB)
+        stage.modified(key_of(path), fd, JOB)
         more = os.stat(path).st_blocks * 512
         wait_until(lambda: hooks.last_report() == ("j1", more, more, ""), message="grown")
     finally:
@@ -324,27 +324,27 @@ def test_a_file_reopened_for_writing_is_copied_at_its_writers_close_and_a_reader
     backing, pfs = dirs
     hooks = Hooks()
     hooks.gate = threading.Event()
-    engine = make(hooks, workers=1)  # "busy" waits behind "first"
-    write_through(engine, backing / "first", b"0" * 1000)
+    stage = make(hooks, workers=1)  # "busy" waits behind "first"
+    write_through(stage, backing / "first", b"0" * 1000)
     assert hooks.waiting.wait(5)  # the drain is busy with "first"
-    write_through(engine, backing / "busy", b"1" * 1000)  # queued behind it
+    write_through(stage, backing / "busy", b"1" * 1000)  # queued behind it
     key = key_of(backing / "busy")
-    engine.opened(key, writing=True)  # a writer again before the drain gets to it
-    engine.opened(key, writing=False)  # and a reader, who stays
+    stage.opened(key, writing=True)  # a writer again before the drain gets to it
+    stage.opened(key, writing=False)  # and a reader, who stays
     hooks.gate.set()
-    wait_until(lambda: engine.pending_copies() == 0, message="the queue")
-    assert engine.copies == 1  # "first"; "busy" skipped: still written
+    wait_until(lambda: stage.pending_copies() == 0, message="the queue")
+    assert stage.copies == 1  # "first"; "busy" skipped: still written
     fd = os.open(backing / "busy", os.O_WRONLY)
     os.pwrite(fd, b"2" * 1000, 0)
-    engine.modified(key, fd, JOB)
+    stage.modified(key, fd, JOB)
     os.close(fd)
-    engine.released(key, str(backing / "busy"), writing=True)  # the writer's close
-    wait_until(lambda: engine.copies == 2, message="the copy at the writer's close")
+    stage.released(key, str(backing / "busy"), writing=True)  # the writer's close
+    wait_until(lambda: stage.copies == 2, message="the copy at the writer's close")
     assert (pfs / "busy").read_bytes() == b"2" * 1000
-    assert engine.evictions == 1  # "first" only: the reader still has "busy" open
-    engine.released(key, str(backing / "busy"), writing=False)
-    wait_until(lambda: engine.evictions == 2, message="the eviction at the reader's close")
-    assert engine.copies == 2
+    assert stage.evictions == 1  # "first" only: the reader still has "busy" open
+    stage.released(key, str(backing / "busy"), writing=False)
+    wait_until(lambda: stage.evictions == 2, message="the eviction at the reader's close")
+    assert stage.copies == 2
 
 
 def test_every_write_reports_the_jobs_resident_at_once(make, dirs: tuple[Path, Path]) -> None:
@@ -353,14 +353,14 @@ def test_every_write_reports_the_jobs_resident_at_once(make, dirs: tuple[Path, P
     # added since (issue 18: the live test saw the books 48 MiB over S).
     backing, _ = dirs
     hooks = Hooks()
-    engine = make(hooks, evict=False, report_interval=3600.0)
+    stage = make(hooks, evict=False, report_interval=3600.0)
     path = backing / "f"
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o644)
     try:
-        engine.opened(key_of(path))
+        stage.opened(key_of(path))
         for n in range(1, 4):
             os.pwrite(fd, b"w" * CHUNK, (n - 1) * CHUNK)
-            engine.modified(key_of(path), fd, JOB)
+            stage.modified(key_of(path), fd, JOB)
             on_disk = os.stat(path).st_blocks * 512
             assert hooks.last_report() == ("j1", on_disk, on_disk, "")
     finally:

@@ -1,5 +1,5 @@
-"""`AgentConfig`: the options it shares with the mount are the mount's, and bad values are
-refused naming the flag."""
+"""`AgentConfig`: the options it shares with the mount are spelled and defaulted as the mount's
+(both from `burstctl.node.options`), and bad values are refused naming the flag."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from burstctl.fuse_shim.config import MountConfig, cli_of
+from burstctl.fuse_shim.config import MountConfig
+from burstctl.node.options import cli_of
 from burstctl.preload_shim.config import AgentConfig, AgentError
 
 

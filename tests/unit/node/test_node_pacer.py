@@ -1,4 +1,4 @@
-"""The mount's pacer: lazy sessions per job, the last close, idle sessions, unmount."""
+"""The shims' pacer: lazy sessions per job, the last close, idle sessions, unmount."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ from support import wait_until
 
 from burstctl.client import ClientRuntime
 from burstctl.client.job import JobInfo, user_name
-from burstctl.fuse_shim.attribution import Attributor, Caller
 from burstctl.fuse_shim.config import MountConfig
-from burstctl.fuse_shim.pacing import SHORT_PHASE, Pacer
+from burstctl.node.attribution import Attributor, Caller
+from burstctl.node.pacer import SHORT_PHASE, Pacer
 
 
 class FakeSession:

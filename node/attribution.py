@@ -1,14 +1,16 @@
-"""Who is calling: the job of a FUSE request, from the caller's pid, uid and gid.
+"""Who is calling: the job of a request (a FUSE request, or a process attaching to the node
+agent), from the caller's pid, uid and gid.
 
-A request carries the (thread) id, uid and gid of the process that made it. The job comes from
-that process's environment (``/proc/<pid>/environ``, read with psutil) through
-`JobInfo.from_env`: ``BURSTCTL_JOB_ID`` / ``SLURM_JOB_ID`` / ``SLURM_JOBID``, the node count
-and the priority; user and group always come from the request's uid and gid. When the process
-names no job (or cannot be read), its ancestors are asked, nearest first; when none does, the
-caller belongs to its uid's default job ``user:<name>``.
+A request carries the (thread) id, uid and gid of the process that made it (the kernel's
+request context, or ``SO_PEERCRED`` on the agent's socket). The job comes from that process's
+environment (``/proc/<pid>/environ``, read with psutil) through `JobInfo.from_env`:
+``BURSTCTL_JOB_ID`` / ``SLURM_JOB_ID`` / ``SLURM_JOBID``, the node count and the priority; user
+and group always come from the request's uid and gid. When the process names no job (or cannot
+be read), its ancestors are asked, nearest first; when none does, the caller belongs to its
+uid's default job ``user:<name>``.
 
-Ownership is the controller's to decide, never the mount's by who came first
-(docs/security.md): the mount vouches for the caller's uid (user and group always come from the
+Ownership is the controller's to decide, never the shim's by who came first
+(docs/security.md): the shim vouches for the caller's uid (user and group always come from the
 request's credentials) and opens a session for the job the caller names; a controller that
 refuses it (``PERMISSION_DENIED``: the job is registered to another user, or another user's
 unregistered job) makes the pacer call `Attributor.deny`, and from then on that uid's requests
@@ -30,10 +32,11 @@ from dataclasses import dataclass
 import psutil
 
 from burstctl.client.job import JOB_ID_VARS, JobInfo, group_name, user_name
-from burstctl.fuse_shim.config import DEFAULT_ATTRIBUTION_TTL
 
 logger = logging.getLogger(__name__)
 
+# How long a pid's job is cached (--attribution-ttl).
+DEFAULT_ATTRIBUTION_TTL = 5.0
 # How many ancestors are asked before the per-uid default job applies.
 DEFAULT_MAX_ANCESTORS = 8
 # Past this many cache entries, expired ones are swept out on the next miss.
@@ -42,7 +45,7 @@ _SWEEP_AT = 4096
 
 @dataclass(frozen=True, slots=True)
 class Caller:
-    """The credentials of one FUSE request (pid 0: unknown, e.g. a kernel thread)."""
+    """The credentials of one request (pid 0: unknown, e.g. a kernel thread)."""
 
     pid: int
     uid: int

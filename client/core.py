@@ -1,13 +1,15 @@
-"""The session engine: the hot path behind ``acquire``, the operations, and the lifecycle.
+"""The core of a session with one replica: the hot path behind ``acquire``, the operations,
+and the lifecycle.
 
-Owns the thread-safe hot path (``acquire`` against the session's `Throttle`), the operations
-of the session — explicit ones, and the implicit one that the first ``acquire`` after a quiet
-gap posts and that completes after ``quiet_gap`` seconds without I/O, or at once on
-`Engine.end_phase` — and starting and closing the session on an asyncio loop. What goes over
-the wire, and when, is the `SessionStream`'s.
+`SessionCore` owns the thread-safe hot path (``acquire`` against the session's `Throttle`), the
+operations of the session — explicit ones, and the implicit one that the first ``acquire``
+after a quiet gap posts and that completes after ``quiet_gap`` seconds without I/O, or at once
+on `SessionCore.end_phase` — and starting and closing the session on an asyncio loop. What goes
+over the wire, and when, is the `SessionStream`'s. A public `Session` has one core, or one per
+advised replica when it stripes.
 
-An engine runs on one asyncio loop: the caller's for `AsyncSession`; for the sync `Session`,
-the loop of a `ClientRuntime`, which may be shared by many engines. On that loop it either
+A core runs on one asyncio loop: the caller's for `AsyncSession`; for the sync `Session`,
+the loop of a `ClientRuntime`, which may be shared by many cores. On that loop it either
 uses a channel it is given (and leaves it open) or opens one of its own (and closes it).
 
 Threading model: ``acquire`` may be called from any thread (or the loop, for coroutines). It
@@ -26,18 +28,19 @@ from collections.abc import Callable
 import grpc
 
 from burstctl.client.bucket import Pattern, Throttle
+from burstctl.client.channel import open_channel
 from burstctl.client.kinds import check_nbytes, op_kind
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
-from burstctl.client.stream import SessionStream, open_channel
+from burstctl.client.stream import SessionStream
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 # While an acquire is blocked, how often the quiet-gap timer looks again (at least).
 _MIN_QUIET_RECHECK = 0.01
 
 
-class Engine:
-    """One client session: the pacing and the operations behind the public API."""
+class SessionCore:
+    """One session with one replica: the pacing and the operations behind the public API."""
 
     def __init__(self, options: SessionOptions, clock: Callable[[], float] = time.monotonic):
         self._options = options
@@ -128,7 +131,7 @@ class Engine:
         return self._stream.wait_attached(timeout)
 
     async def wait_attached_async(self, timeout: float | None) -> bool:
-        """Suspends a coroutine on the engine's loop until the session is attached."""
+        """Suspends a coroutine on the core's loop until the session is attached."""
         return await self._stream.wait_attached_async(timeout)
 
     # ------------------------------------------------------------------ hot path (any thread)

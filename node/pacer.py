@@ -1,13 +1,15 @@
-"""Pacing for the mount: one client session per job, all on one client runtime.
+"""Per-job pacing, for both shims: one client session per (job, user), all on one runtime.
 
-For each job that does I/O through the mount, a `Pacer` keeps a `PacedJob`: its
-`burstctl.client.Session` (created lazily on the job's first paced request, on the mount's
+For each job that does I/O through a shim, a `Pacer` keeps a `PacedJob`: its client session
+(`burstctl.node.sessions`; created lazily on the job's first paced request, on the node's
 `ClientRuntime`, so every job shares one loop thread and one channel), its requests in flight
-and its open files.
+and its open files (the mount's open files; the agent's attached processes).
 
-- Every read and write acquires its bytes from the job's session before it touches the backing
-  file. Metadata operations acquire ``metadata_cost`` bytes of kind ``metadata``; with the
-  default cost of 0 they are neither paced nor posted.
+- The mount paces each request itself: every read and write acquires its bytes from the job's
+  session before it touches the backing file (`Pacer.data`). Metadata operations acquire
+  ``metadata_cost`` bytes of kind ``metadata``; with the default cost of 0 they are neither
+  paced nor posted. The node agent's processes pace themselves on a shared page
+  (docs/preload.md); the agent books what they moved (`Pacer.admit`, `record`, `waiting`).
 - I/O phases are the session's implicit operations: the first paced request after a quiet gap
   posts one (volume unknown), and the session completes it after ``quiet_gap`` seconds without
   a request. The pacer adds one rule: a job's last close ends its phase at once
@@ -19,11 +21,11 @@ and its open files.
   waits for that loop (starting the job's session), so the sweep never waits for a job's lock:
   a busy job is looked at again shortly.
 
-The burst buffer (docs/capacity.md): the jobs' sessions track it
-(``buffer=True``): a write acquires its bandwidth, then its space (`Pacer.data` with
-``space``); `Pacer.report_buffer` hands each job's gauges (from the stage-out's index) to its
-session, and to its next one. The stage-out's copies are paced on a second session per job,
-its drain session (``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
+The burst buffer (docs/capacity.md): the mount's sessions track it (``buffer=True``): a write
+acquires its bandwidth, then its space (`Pacer.data` with ``space``); `Pacer.report_buffer`
+hands each job's gauges (from the stage-out's index) to its session, and to its next one. The
+stage-out's copies are paced on a second session per job, its drain session
+(``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
 
 Controller trouble never fails a request: the session falls back as configured, and a session
 closed under a request (unmount, idle race) lets the request through unpaced.
@@ -45,15 +47,18 @@ import math
 import threading
 import time
 from collections.abc import Callable
-from pathlib import Path
-from typing import Protocol
 
 from burstctl.client.job import JobInfo
-from burstctl.client.options import BucketObserver
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
-from burstctl.client.session import Session
-from burstctl.common.channels import ChannelSecurity
-from burstctl.fuse_shim.attribution import Attributor, Caller
+from burstctl.node.attribution import Attributor, Caller
+from burstctl.node.sessions import (
+    JobSession,
+    PacingConfig,
+    SessionFactory,
+    client_session_factory,
+    close_session,
+    report_gauges,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -65,100 +70,8 @@ _BUSY_RECHECK = 0.05
 SHORT_PHASE = 1.0
 
 
-class SessionLike(Protocol):
-    """The part of `burstctl.client.Session` the pacer uses (tests pass fakes)."""
-
-    def acquire(self, nbytes: int, kind: str = "write") -> None: ...
-
-    def record(self, nbytes: int, kind: str = "write") -> None: ...
-
-    def hold_waiting(self, waiting: bool) -> None: ...
-
-    def end_phase(self) -> None: ...
-
-    def close_soon(self) -> concurrent.futures.Future[None]: ...
-
-    def wait_attached(self, timeout: float | None = None) -> bool: ...
-
-    @property
-    def refused(self) -> str | None: ...
-
-
 # What a refusal that redirects a caller to its own default job starts with (Session.refused).
 _NOT_YOURS = "PERMISSION_DENIED"
-
-SessionFactory = Callable[[JobInfo], SessionLike]
-
-
-class PacingConfig(Protocol):
-    """What a `Pacer` and its sessions are configured with: `MountConfig`, and the node
-    agent's `burstctl.preload_shim.config.AgentConfig`."""
-
-    @property
-    def controller(self) -> str | None: ...
-
-    @property
-    def fallback(self) -> str: ...
-
-    @property
-    def quiet_gap(self) -> float: ...
-
-    @property
-    def session_idle(self) -> float: ...
-
-    @property
-    def attach_timeout(self) -> float: ...
-
-    @property
-    def fallback_grace(self) -> float: ...
-
-    @property
-    def metadata_cost(self) -> int: ...
-
-    @property
-    def stage_out(self) -> Path | None: ...
-
-    def channel_security(self) -> ChannelSecurity: ...
-
-
-def client_session_factory(
-    config: PacingConfig,
-    runtime: ClientRuntime,
-    purpose: str = "app",
-    *,
-    buffer: bool | None = None,
-    observer_for: Callable[[JobInfo], BucketObserver] | None = None,
-) -> SessionFactory:
-    """Sessions of the client runtime, one per job, with the mount's options, on ``runtime``.
-
-    ``purpose``: ``app`` for the jobs' I/O through the mount (sessions that track the burst
-    buffer: ``buffer=True`` unless ``buffer`` says otherwise), ``drain`` for the stage-out's
-    copies to the PFS. ``observer_for``: each job's session gets ``observer_for(job)`` as its
-    bucket observer (the node agent publishes the job's allocations to its page).
-    """
-    if not config.controller:
-        raise ValueError("pacing needs a controller")
-    controller = config.controller
-    security = config.channel_security()
-    drain = purpose == "drain"
-    tracks_buffer = not drain if buffer is None else buffer and not drain
-
-    def make(job: JobInfo) -> SessionLike:
-        return Session(
-            controller,
-            job,
-            config.fallback,
-            quiet_gap=config.quiet_gap,
-            attach_timeout=config.attach_timeout,
-            fallback_grace=config.fallback_grace,
-            runtime=runtime,
-            security=security,
-            purpose="drain" if drain else "app",
-            buffer=tracks_buffer,
-            bucket_observer=None if observer_for is None else observer_for(job),
-        )
-
-    return make
 
 
 class PacedJob:
@@ -183,7 +96,7 @@ class PacedJob:
     def __init__(self, job: JobInfo, now: float) -> None:
         self.job = job
         self.lock = threading.Lock()
-        self.session: SessionLike | None = None
+        self.session: JobSession | None = None
         self.inflight = 0
         self.open_files = 0
         self.last_active = now
@@ -192,12 +105,12 @@ class PacedJob:
         self.forgotten = False  # dropped from the pacer by a sweep: look the job up again
         # The stage-out: the job's drain session, its copies in flight, when it last copied,
         # and the job's last buffer report (resident, pending, drain_error).
-        self.drain: SessionLike | None = None
+        self.drain: JobSession | None = None
         self.drain_inflight = 0
         self.drain_last = now
         self.buffer: tuple[int, int, str] | None = None
         # The session a wait elsewhere is held on (`Pacer.waiting`), counted in ``inflight``.
-        self.held: SessionLike | None = None
+        self.held: JobSession | None = None
 
 
 class Pacer:
@@ -270,7 +183,7 @@ class Pacer:
 
     def data(
         self, caller: Caller, kind: str, nbytes: int, *, space: bool = False
-    ) -> SessionLike | None:
+    ) -> JobSession | None:
         """Paces a read or write of ``nbytes`` before it is done; with ``space`` (a write to
         the burst buffer), then waits until the job's space grant covers the bytes too.
 
@@ -280,7 +193,7 @@ class Pacer:
         (docs/capacity.md, "The space contract")."""
         return self._pace(caller, kind, nbytes, space=space)
 
-    def landed(self, session: SessionLike, nbytes: int) -> None:
+    def landed(self, session: JobSession, nbytes: int) -> None:
         """``nbytes`` granted by ``session`` (`data`) are written and reported. Never raises."""
         land = getattr(session, "space_landed", None)
         if land is not None:
@@ -333,7 +246,7 @@ class Pacer:
         finally:
             state.lock.release()
         if session is not None:
-            _report(session, state.buffer)
+            report_gauges(session, state.buffer)
 
     def metadata(self, caller: Caller) -> None:
         """Paces one metadata operation (a no-op while the metadata cost is 0)."""
@@ -371,7 +284,7 @@ class Pacer:
 
     def _pace(
         self, caller: Caller, kind: str, nbytes: int, *, space: bool = False
-    ) -> SessionLike | None:
+    ) -> JobSession | None:
         entered = self._enter(caller)
         if entered is None:
             return None
@@ -391,7 +304,7 @@ class Pacer:
             self._leave(state)
         return None
 
-    def _enter(self, caller: Caller) -> tuple[PacedJob, SessionLike | None] | None:
+    def _enter(self, caller: Caller) -> tuple[PacedJob, JobSession | None] | None:
         """Counts a request in flight on the caller's job, opening its session if needed; a
         new session of a job the caller named first waits for the controller's answer, and a
         refusal sends the caller to its own default job. Returns the job's state and session
@@ -489,13 +402,13 @@ class Pacer:
             if not waiting:
                 self._leave(state)
 
-    def session_of(self, job: JobInfo) -> SessionLike | None:
+    def session_of(self, job: JobInfo) -> JobSession | None:
         """The job's open session (None: none now)."""
         with self._lock:
             state = self._jobs.get((job.job_id, job.user))
         return None if state is None else state.session
 
-    def _redirected(self, state: PacedJob, session: SessionLike, caller: Caller) -> bool:
+    def _redirected(self, state: PacedJob, session: JobSession, caller: Caller) -> bool:
         """True when the controller refused ``caller``'s uid the job of ``state``: the session is
         closed and the attributor sends the uid's requests to its own default job."""
         refused = session.refused
@@ -511,10 +424,10 @@ class Pacer:
             if mine:
                 state.session = None
         if mine:
-            _close_session(state.job, session, "refused")
+            close_session(state.job, session, "refused")
         return True
 
-    def _begin(self, state: PacedJob) -> tuple[SessionLike | None, bool]:
+    def _begin(self, state: PacedJob) -> tuple[JobSession | None, bool]:
         """Counts a request in flight on the job's session, opening one if needed (its lock is
         held); returns the session (None once closing) and whether it is new."""
         if self._closing:
@@ -524,7 +437,7 @@ class Pacer:
             state.session = self._make_session(state.job)
             logger.info("job %s: session opened", state.job.job_id)
             if state.buffer is not None:
-                _report(state.session, state.buffer)
+                report_gauges(state.session, state.buffer)
         now = self._clock()
         if (
             state.phase_started is None
@@ -548,7 +461,7 @@ class Pacer:
         idle = self._config.session_idle
         draining = self._config.stage_out is not None  # else nothing pending ever leaves
         next_at = math.inf
-        to_close: list[tuple[JobInfo, SessionLike]] = []
+        to_close: list[tuple[JobInfo, JobSession]] = []
         with self._lock:
             states = list(self._jobs.values())
         for state in states:
@@ -589,7 +502,7 @@ class Pacer:
             if idle_job:
                 self._forget(state)
         for job, session in to_close:
-            _close_session(job, session, "quiet")
+            close_session(job, session, "quiet")
         return next_at
 
     def _forget(self, state: PacedJob) -> None:
@@ -669,42 +582,5 @@ class Pacer:
                 drain, state.drain = state.drain, None
             for one in (session, drain):
                 if one is not None:
-                    closing.append(_close_session(state.job, one, "unmount"))
+                    closing.append(close_session(state.job, one, "unmount"))
         concurrent.futures.wait(closing, CLOSE_TIMEOUT)
-
-
-def _report(session: SessionLike, buffer: tuple[int, int, str]) -> None:
-    """Gives a session the job's buffer gauges, if its client tracks the buffer."""
-    report_buffer = getattr(session, "report_buffer", None)
-    if report_buffer is None:
-        return
-    resident, pending, error = buffer
-    try:
-        report_buffer(resident, pending, drain_error=error)
-    except RuntimeError:
-        pass  # closed under us
-    except Exception:
-        logger.exception("reporting the buffer failed")
-
-
-def _close_session(job: JobInfo, session: SessionLike, why: str) -> concurrent.futures.Future[None]:
-    """Completes the job's phase and starts closing its session; logs when it is closed."""
-
-    def closed(future: concurrent.futures.Future[None]) -> None:
-        if future.cancelled() or future.exception() is not None:
-            logger.error(
-                "job %s: closing its session failed", job.job_id, exc_info=future.exception()
-            )
-        else:
-            logger.info("job %s: session closed (%s)", job.job_id, why)
-
-    try:
-        session.end_phase()
-        future = session.close_soon()
-    except Exception as err:
-        logger.exception("job %s: closing its session failed", job.job_id)
-        future = concurrent.futures.Future()
-        future.set_exception(err)
-        return future
-    future.add_done_callback(closed)
-    return future

@@ -10,9 +10,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 import pytest
+from support import clean_env
 
 from burstctl.client.job import group_name, user_name
-from burstctl.fuse_shim.attribution import Attributor, Caller, default_job, read_process
+from burstctl.node.attribution import Attributor, Caller, default_job, read_process
 
 UID, GID = os.getuid(), os.getgid()
 ME = user_name(UID)
@@ -35,7 +36,7 @@ class Children:
         self.procs: list[subprocess.Popen[str]] = []
 
     def start(self, env: dict[str, str], argv: list[str] | None = None) -> int:
-        clean = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
+        clean = clean_env(("BURSTCTL_", "SLURM_"))
         proc = subprocess.Popen(
             argv or [sys.executable, "-c", WAIT],
             stdin=subprocess.PIPE,
@@ -122,7 +123,7 @@ def test_an_invalid_environment_falls_back_to_the_default_job(
     children: Children, caplog: pytest.LogCaptureFixture
 ) -> None:
     pid = children.start({"BURSTCTL_JOB_ID": "bad", "SLURM_NNODES": "many"})
-    with caplog.at_level(logging.WARNING, "burstctl.fuse_shim.attribution"):
+    with caplog.at_level(logging.WARNING, "burstctl.node.attribution"):
         job = attributor().job_for(Caller(pid, UID, GID))
     assert job.job_id == f"user:{ME}"
     assert "SLURM_NNODES" in caplog.text
@@ -141,7 +142,7 @@ def test_who_came_first_owns_nothing_the_controller_decides(
     assert attr.job_for(Caller(intruder, other_uid, GID)).job_id == "777"
     assert attr.job_for(Caller(owner, UID, GID)).job_id == "777"  # not pushed aside
     # The controller refused the intruder's uid a session of 777 (the pacer says so):
-    with caplog.at_level(logging.WARNING, "burstctl.fuse_shim.attribution"):
+    with caplog.at_level(logging.WARNING, "burstctl.node.attribution"):
         attr.deny("777", other_uid, "PERMISSION_DENIED: registered to another user")
         job = attr.job_for(Caller(intruder, other_uid, GID))  # the cached answer is dropped
         attr.forget()

@@ -1,0 +1,195 @@
+"""The inodes the kernel knows: an ``O_PATH`` handle each, and how many handles are kept.
+
+`InodeTable` keeps one `Inode` per backing node the kernel holds references to, keyed by its
+node id (the mount's own numbering, `ROOT_ID` the root) and by its backing (device, inode
+number), so hard links are one kernel inode. The kernel counts its references (``nlookup``)
+and gives them back in ``forget``; the handle is closed when the count reaches 0. Every
+operation of the file system is relative to such a handle, never a rebuilt path: depth is not
+limited by PATH_MAX, the backing directory may be the mount point itself, and a file unlinked
+or replaced while open is still reached.
+
+Handles are kept up to a budget under the open-file limit (`handle_budget`); past it a valve
+thread asks the kernel to drop the least recently looked-up names (``invalidate_entry``, set by
+the binding's ``serve`` once the FUSE session exists), after which it forgets their inodes
+unless they are in use.
+"""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import logging
+import os
+import resource
+import threading
+from collections import OrderedDict
+from collections.abc import Callable
+
+from burstctl.fuse_shim._fuse import ROOT_ID
+from burstctl.fuse_shim.syscalls import proc_path
+
+logger = logging.getLogger(__name__)
+
+PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
+_VALVE_INTERVAL = 0.05  # seconds between two passes of the handle valve, at least
+
+Key = tuple[int, int]  # (st_dev, st_ino) of a backing node
+
+
+class Inode:
+    """A backing node the kernel knows: its O_PATH handle, the kernel's reference count, and
+    the (parent node, name) it was last looked up by (to ask the kernel to drop it)."""
+
+    __slots__ = ("fd", "key", "name", "nlookup", "node", "parent")
+
+    def __init__(
+        self, node: int, fd: int, key: Key, nlookup: int, parent: int, name: bytes
+    ) -> None:
+        self.node = node
+        self.fd = fd
+        self.key = key
+        self.nlookup = nlookup
+        self.parent = parent
+        self.name = name
+
+
+def handle_budget(soft_limit: int) -> int:
+    """How many inode handles the mount keeps before it asks the kernel to drop names: the
+    open-file limit less room for open files, directories, sockets and libraries."""
+    reserve = min(4096, soft_limit // 2)
+    return max(64, soft_limit - reserve)
+
+
+class InodeTable:
+    """The inodes the kernel knows, the root (open as ``root_fd``, owned by the caller) first;
+    thread-safe. ``handles``: the budget (default: `handle_budget` of the open-file limit)."""
+
+    def __init__(self, root_fd: int, handles: int | None = None) -> None:
+        self._lock = threading.Lock()
+        root_st = os.fstat(root_fd)
+        root = Inode(ROOT_ID, root_fd, (root_st.st_dev, root_st.st_ino), 1, ROOT_ID, b"")
+        # In least recently looked-up order (the root never leaves).
+        self._nodes: OrderedDict[int, Inode] = OrderedDict({ROOT_ID: root})
+        self._by_key: dict[Key, Inode] = {root.key: root}
+        self._next_node = ROOT_ID + 1
+        if handles is None:
+            handles = handle_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
+        self.budget = handles
+        # Asks the kernel to drop a (parent, name) entry: 0, or a negative errno.
+        self.invalidate_entry: Callable[[int, bytes], int] | None = None
+        self.invalidated = 0  # names the valve asked the kernel to drop (tests, logs)
+        self._valve_wanted = threading.Event()
+        self._valve_closed = threading.Event()  # never set: the valve's pacing clock
+        self._valve: threading.Thread | None = None
+
+    def get(self, node: int) -> Inode:
+        """The inode ``node``; ESTALE for one the kernel was never told of, or forgot."""
+        inode = self._nodes.get(node)
+        if inode is None:  # the kernel never names a node it forgot; be loud if it does
+            raise OSError(errno.ESTALE, "unknown node")
+        return inode
+
+    @property
+    def known(self) -> int:
+        """How many inodes the kernel holds references to (the root included)."""
+        return len(self._nodes)
+
+    def remember(self, fd: int, st: os.stat_result, parent: int, name: bytes) -> int:
+        """The kernel learns of the node open as ``fd`` (taken over), as ``name`` in
+        ``parent``: one more reference. Returns its node id."""
+        key = (st.st_dev, st.st_ino)
+        with self._lock:
+            inode = self._by_key.get(key)
+            if inode is not None:
+                inode.nlookup += 1
+                inode.parent, inode.name = parent, name
+                self._nodes.move_to_end(inode.node)
+            else:
+                inode = Inode(self._next_node, fd, key, 1, parent, name)
+                self._next_node += 1
+                self._nodes[inode.node] = inode
+                self._by_key[key] = inode
+                fd = -1
+            over = len(self._nodes) > self.budget
+        if fd >= 0:
+            os.close(fd)
+        if over:
+            self._open_valve()
+        return inode.node
+
+    def look_up(self, parent: int, name: bytes) -> tuple[int, os.stat_result]:
+        """``name`` in the directory ``parent``, remembered (`remember`): its node id and
+        attributes."""
+        fd = os.open(name, PATH_FLAGS, dir_fd=self.get(parent).fd)
+        try:
+            st = os.fstat(fd)
+        except BaseException:
+            os.close(fd)
+            raise
+        return self.remember(fd, st, parent, name), st
+
+    def forget(self, node: int, nlookup: int) -> None:
+        """The kernel gives back ``nlookup`` references; the handle closes with the last."""
+        with self._lock:
+            inode = self._nodes.get(node)
+            if inode is None or node == ROOT_ID:
+                return
+            inode.nlookup -= nlookup
+            if inode.nlookup > 0:
+                return
+            del self._nodes[node]
+            if self._by_key.get(inode.key) is inode:
+                del self._by_key[inode.key]
+        os.close(inode.fd)
+
+    def path_of(self, key: Key) -> str | None:
+        """Where the node ``key`` is now, if the kernel knows it (its O_PATH handle's link)."""
+        with self._lock:
+            inode = self._by_key.get(key)
+            fd = None if inode is None else inode.fd
+        if fd is None:
+            return None
+        try:
+            return os.readlink(proc_path(fd))
+        except OSError:
+            return None
+
+    # ------------------------------------------------------------------ the valve
+
+    def _open_valve(self) -> None:
+        self._valve_wanted.set()
+        if self._valve is not None or self.invalidate_entry is None:
+            return
+        with self._lock:
+            if self._valve is not None:
+                return
+            self._valve = threading.Thread(
+                target=self._drain_handles, name="burstctl-handles", daemon=True
+            )
+        self._valve.start()
+
+    def _drain_handles(self) -> None:
+        """Keeps the handles under budget: asks the kernel to drop the least recently
+        looked-up names (it then forgets their inodes, unless they are in use: open, a
+        working directory, or an ancestor of one). A thread of its own: the kernel takes the
+        parent directory's lock to drop a name, which a request being served may hold."""
+        while True:
+            self._valve_wanted.wait()
+            # At most one pass per _VALVE_INTERVAL: when the kernel cannot forget (every name
+            # in use), each lookup past the budget would otherwise start another full pass.
+            self._valve_closed.wait(_VALVE_INTERVAL)
+            self._valve_wanted.clear()
+            invalidate = self.invalidate_entry
+            if invalidate is None:
+                return
+            with self._lock:
+                excess = max(0, len(self._nodes) - self.budget * 9 // 10)
+                oldest = list(itertools.islice(self._nodes.values(), 1, 1 + excess))
+                for inode in oldest:
+                    self._nodes.move_to_end(inode.node)  # one in use comes round again later
+                names = [(inode.parent, inode.name) for inode in oldest]
+            for parent, name in names:
+                if invalidate(parent, name) in (0, -errno.ENOENT):
+                    self.invalidated += 1
+            if names:
+                logger.debug("asked the kernel to drop %d names (handle budget)", len(names))

@@ -1,0 +1,210 @@
+"""The file system's side of the stage-out: the tracked files as the mount serves them.
+
+`StagedFiles` stands between `fs.PassthroughFS` and the drain (`stageout.StageOut`,
+docs/fuse.md, "Stage-out to the parallel file system"). It owns, per open file, the node it
+opened and whether for writing (the last close, or the last writer's, queues the file for its
+copy), and for an evicted file opened to read, the PFS copy its reads and seeks are served from.
+It shows an evicted file with its PFS copy's size and mtime (`shown`), brings one back onto the
+buffer before it is changed (`restore`, under `StageOut.holding`, paced as the caller's
+writes), drops the mark of one truncated to 0, and tells the drain of renames and of a file's
+last name going.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+import threading
+from collections.abc import Callable, Iterator
+
+from burstctl.client.job import JobInfo
+from burstctl.fuse_shim.inodes import Inode, InodeTable, Key
+from burstctl.fuse_shim.stageout import StageOut
+from burstctl.fuse_shim.stageout_marks import Evicted
+from burstctl.fuse_shim.syscalls import proc_path
+
+logger = logging.getLogger(__name__)
+
+
+def as_evicted(st: os.stat_result, evicted: Evicted) -> os.stat_result:
+    """The attributes of an evicted file: its size and mtime when it was evicted, and blocks
+    as if its data were there (tools take a file with no blocks for a hole)."""
+    values = [
+        *st,
+        st.st_atime,
+        evicted.mtime_ns / 1e9,
+        st.st_ctime,
+        st.st_atime_ns,
+        evicted.mtime_ns,
+        st.st_ctime_ns,
+        st.st_blksize,
+        -(-evicted.size // 512),
+        st.st_rdev,
+    ]
+    values[6] = evicted.size
+    values[8] = evicted.mtime_ns // 1_000_000_000
+    return os.stat_result(values)
+
+
+class StagedFiles:
+    """The stage-out's files on one mount; thread-safe. ``inodes``: the mount's inode table
+    (where a node is now)."""
+
+    def __init__(self, stage: StageOut, inodes: InodeTable) -> None:
+        self._stage = stage
+        self._inodes = inodes
+        self._lock = threading.Lock()
+        self._handles: dict[int, tuple[Key, bool]] = {}  # fh -> (node, writing)
+        self._pfs_fds: dict[int, int] = {}  # fh of an evicted file -> its PFS copy
+
+    # ------------------------------------------------------------------ what the mount shows
+
+    def shown(self, st: os.stat_result) -> os.stat_result:
+        """What the mount shows of a backing file: an evicted one as its PFS copy."""
+        evicted = self._stage.evicted((st.st_dev, st.st_ino))
+        return st if evicted is None else as_evicted(st, evicted)
+
+    def data_fd(self, fh: int) -> int:
+        """Where the reads and seeks of the open file ``fh`` go: its PFS copy when evicted."""
+        return self._pfs_fds.get(fh, fh)
+
+    # ------------------------------------------------------------------ changes
+
+    def modified(self, inode: Inode, job: JobInfo | None) -> None:
+        """A change to a file through the mount, by ``job`` (never fails)."""
+        try:
+            self._stage.modified(inode.key, inode.fd, job)
+        except Exception:
+            logger.exception("recording a change for the stage-out failed")
+
+    def restore(self, inode: Inode, pace: Callable[[int], None]) -> None:
+        """Brings an evicted file back onto the buffer (under `StageOut.holding`), ``pace(n)``
+        before each chunk; EIO when its PFS copy cannot be read."""
+        try:
+            self._stage.restore(inode.key, inode.fd, pace)
+        except OSError as err:
+            logger.error("cannot bring an evicted file back from the PFS: %s", err)
+            raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None
+
+    @contextlib.contextmanager
+    def truncating(self, inode: Inode, size: int, restore: Callable[[], None]) -> Iterator[None]:
+        """Around a truncate of a tracked file to ``size``: its residency held still, an
+        evicted one restored first (``restore``), or merely unmarked when truncated to 0."""
+        if not self._stage.tracks(inode.key):
+            yield
+            return
+        with self._stage.holding(inode.key):
+            if self._stage.evicted(inode.key) is None:
+                pass
+            elif size == 0:
+                self._stage.discard_evicted(inode.key, inode.fd)
+            else:
+                restore()
+            yield
+
+    def retimed(self, inode: Inode) -> None:
+        """The file's mtime was set: an evicted file shows the mtime of its mark."""
+        self._stage.retimed(inode.key, inode.fd)
+
+    # ------------------------------------------------------------------ opening and closing
+
+    def open(self, inode: Inode, flags: int, restore: Callable[[], None]) -> int:
+        """Opens a file (under `StageOut.holding`): an evicted one is restored first
+        (``restore``) when opened to change it (merely unmarked when truncated by the open),
+        else its reads are served from the PFS."""
+        with self._stage.holding(inode.key):
+            evicted = self._stage.evicted(inode.key)
+            if evicted is not None and flags & os.O_TRUNC:
+                self._stage.discard_evicted(inode.key, inode.fd)
+                evicted = None
+            elif evicted is not None and flags & os.O_ACCMODE != os.O_RDONLY:
+                restore()
+                evicted = None
+            pfs_fd = None
+            if evicted is not None:
+                try:
+                    pfs_fd = self._stage.open_pfs(evicted)
+                except OSError as err:
+                    logger.error("the PFS copy of an evicted file cannot be opened: %s", err)
+                    raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None
+            try:
+                fd = os.open(proc_path(inode.fd), flags)
+            except BaseException:
+                if pfs_fd is not None:
+                    os.close(pfs_fd)
+                raise
+            writing = flags & os.O_ACCMODE != os.O_RDONLY
+            with self._lock:
+                self._handles[fd] = (inode.key, writing)
+                if pfs_fd is not None:
+                    self._pfs_fds[fd] = pfs_fd
+            self._stage.opened(inode.key, writing)
+            return fd
+
+    def created(self, inode: Inode, fd: int, flags: int, restore: Callable[[], None]) -> None:
+        """A file created (or an existing one opened by create) through the mount, open as
+        ``fd``: the stage-out tracks it; an evicted one is brought back (or unmarked, when
+        truncated)."""
+        with self._stage.holding(inode.key):
+            if self._stage.evicted(inode.key) is not None:
+                if flags & os.O_TRUNC:
+                    self._stage.discard_evicted(inode.key, inode.fd)
+                else:
+                    restore()
+            with self._lock:
+                self._handles[fd] = (inode.key, True)
+            self._stage.opened(inode.key, True)
+
+    def forget_handle(self, fh: int) -> tuple[Key, bool] | None:
+        """Drops what is kept of an open file; returns its node's key and whether it was open
+        for writing."""
+        with self._lock:
+            key = self._handles.pop(fh, None)
+            pfs_fd = self._pfs_fds.pop(fh, None)
+        if pfs_fd is not None:
+            os.close(pfs_fd)
+        return key
+
+    def released(self, fh: int) -> None:
+        """The close of ``fh`` (before the handle is closed: its number may be reused then);
+        the last close queues the file for the drain. Never fails."""
+        known = self.forget_handle(fh)
+        if known is not None:
+            key, writing = known
+            try:
+                self._stage.released(key, self._inodes.path_of(key), writing)
+            except Exception:
+                logger.exception("queueing a closed file for the stage-out failed")
+
+    # ------------------------------------------------------------------ names
+
+    def last_name(self, parent_fd: int, name: bytes) -> Key | None:
+        """The node of a tracked file whose only name this is (None otherwise)."""
+        try:
+            st = os.stat(name, dir_fd=parent_fd, follow_symlinks=False)
+        except OSError:
+            return None
+        key = (st.st_dev, st.st_ino)
+        return key if st.st_nlink == 1 and self._stage.tracks(key) else None
+
+    def unlinked(self, gone: Key | None) -> None:
+        """``gone`` (from `last_name`) lost its last name."""
+        if gone is not None:
+            self._stage.forget(gone)
+
+    def renamed(self, new_fd: int, new_name: bytes, replaced: Key | None) -> None:
+        """A rename to ``new_name`` in the directory ``new_fd``, which replaced ``replaced``
+        (from `last_name`) if anything."""
+        try:
+            st = os.stat(new_name, dir_fd=new_fd, follow_symlinks=False)
+        except OSError:
+            return
+        key = (st.st_dev, st.st_ino)
+        if replaced is not None and replaced != key:
+            self._stage.forget(replaced)
+        if self._stage.tracks(key):
+            with contextlib.suppress(OSError):
+                dir_path = os.readlink(proc_path(new_fd))
+                self._stage.renamed(key, os.path.join(dir_path, os.fsdecode(new_name)))

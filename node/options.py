@@ -1,0 +1,300 @@
+"""The options both shims are configured with, and their command lines generated from them.
+
+A shim's configuration is a frozen dataclass (`burstctl.fuse_shim.config.MountConfig`,
+`burstctl.preload_shim.config.AgentConfig`) whose fields each carry, in their metadata, how the
+command line spells them (`Cli`): flags, help text, how ``--help`` shows the default.
+`config_params` generates a command's arguments and options from such a class, so a default or
+a help text is written once, on its field.
+
+The fields both shims have (the controller, its credentials, the fallback, the session timings,
+attribution, logging) are spelled here once (`shared_field`); each shim declares them in its
+own order and may change the help text. `check_values` applies the checks every spelled field
+gets (seconds are finite and >= 0, a choice is one of its choices), raising the shim's own
+error type.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import click
+
+from burstctl.client.options import (
+    DEFAULT_ATTACH_TIMEOUT,
+    DEFAULT_FALLBACK,
+    DEFAULT_FALLBACK_GRACE,
+)
+from burstctl.common.channels import ChannelSecurity
+from burstctl.common.units import parse_size
+from burstctl.node.attribution import DEFAULT_ATTRIBUTION_TTL
+
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
+CliKind = Literal[
+    "argument", "text", "file", "choice", "flag", "switch", "seconds", "size", "multiple", "count"
+]
+
+
+@dataclass(frozen=True, slots=True)
+class Cli:
+    """How one configuration field is given on the command line.
+
+    ``kind``: ``argument`` (a directory, positional), ``text``, ``file`` (a path), ``choice``
+    (one of ``choices``), ``flag`` (on when given), ``switch`` (``--x/--no-x``), ``seconds``
+    (a float >= 0), ``size`` (bytes, with units such as ``128KiB``), ``count`` (an integer
+    >= 0) or ``multiple`` (repeatable). ``show_default``: True shows the field's default, a
+    string says it in words, False shows nothing.
+    """
+
+    flags: tuple[str, ...] = ()
+    help: str = ""
+    kind: CliKind = "text"
+    metavar: str | None = None
+    choices: tuple[str, ...] = ()
+    envvar: str | None = None
+    show_default: bool | str = True
+
+
+def spelled(flags: tuple[str, ...] = (), help: str = "", **spelling: Any) -> dict[str, Cli]:
+    """The metadata of a configuration field: its command-line spelling."""
+    return {"cli": Cli(flags, help, **spelling)}
+
+
+def cli_of(f: dataclasses.Field[Any]) -> Cli:
+    """The command-line spelling of a configuration field."""
+    spec = f.metadata.get("cli")
+    if not isinstance(spec, Cli):
+        raise TypeError(f"field {f.name} has no command-line spelling")
+    return spec
+
+
+def format_size(nbytes: int) -> str:
+    """A size in the largest binary unit that divides it exactly (``1MiB``, ``0``)."""
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift}{unit}"
+    return str(nbytes)
+
+
+# ---------------------------------------------------------------------- the shared fields
+
+_CONTROLLER_HELP = "Controller replica that allots the jobs' rates [env BURSTCTL_CONTROLLER]"
+
+# name -> (default, spelling)
+_SHARED: dict[str, tuple[Any, Cli]] = {
+    "controller": (
+        None,
+        Cli(
+            ("--controller",),
+            _CONTROLLER_HELP + ".",
+            metavar="HOST:PORT",
+            envvar="BURSTCTL_CONTROLLER",
+            show_default=False,
+        ),
+    ),
+    "fallback": (
+        DEFAULT_FALLBACK,
+        Cli(
+            ("--fallback",),
+            "Rate when no controller renews a job's allocation: keep-last[:<rate>] keeps the"
+            " last allotted rate, 0 included (the <rate>, 1MiB/s by default, for a job that never"
+            " got one, or after --fallback-grace at 0); fixed:<rate> (e.g. fixed:100MiB/s);"
+            " unthrottled.",
+            metavar="MODE",
+        ),
+    ),
+    "tls_ca": (
+        None,
+        Cli(
+            ("--tls-ca",),
+            "PEM CA bundle that signed the controller's certificate: talk TLS to it.",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ),
+    "tls_cert": (
+        None,
+        Cli(
+            ("--tls-cert",),
+            "PEM client certificate shown to the controller (mutual TLS; with --tls-key).",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ),
+    "tls_key": (
+        None,
+        Cli(
+            ("--tls-key",),
+            "PEM private key of --tls-cert.",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ),
+    "secret_file": (
+        None,
+        Cli(
+            ("--secret-file",),
+            "File holding the controller's shared secret, sent on every call: the mount (or"
+            " the agent) is then a trusted component that vouches for its callers' uids"
+            " (docs/security.md).",
+            kind="file",
+            metavar="FILE",
+            show_default=False,
+        ),
+    ),
+    "quiet_gap": (
+        0.05,
+        Cli(
+            ("--quiet-gap",),
+            "A job's I/O phase ends after this long without a request (or at its last close).",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    ),
+    "session_idle": (
+        10.0,
+        Cli(
+            ("--session-idle",),
+            "A job's controller session is closed after this long without a request.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    ),
+    "attach_timeout": (
+        DEFAULT_ATTACH_TIMEOUT,
+        Cli(
+            ("--attach-timeout",),
+            "How long a new job session waits for its first allocation before the fallback.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    ),
+    "fallback_grace": (
+        DEFAULT_FALLBACK_GRACE,
+        Cli(
+            ("--fallback-grace",),
+            "keep-last: how long a job allotted 0 stays at 0 once its lease ran out with no"
+            " controller, before the fallback's conservative rate applies.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    ),
+    "attribution_ttl": (
+        DEFAULT_ATTRIBUTION_TTL,
+        Cli(
+            ("--attribution-ttl",),
+            "How long a pid's job is cached.",
+            kind="seconds",
+            metavar="SECONDS",
+        ),
+    ),
+    "log_level": (
+        "INFO",
+        Cli(("--log-level",), "Logging level.", kind="choice", choices=LOG_LEVELS),
+    ),
+}
+
+
+def shared_field(name: str, **changes: Any) -> Any:
+    """The field ``name`` that both shims' configurations have, with its default and its
+    spelling (``changes``: the `Cli` attributes a shim spells differently, e.g. ``help``)."""
+    default, spec = _SHARED[name]
+    if changes:
+        spec = dataclasses.replace(spec, **changes)
+    return dataclasses.field(default=default, metadata={"cli": spec})
+
+
+def controller_help(more: str) -> str:
+    """The help text of ``--controller``, with what it means for one shim."""
+    return _CONTROLLER_HELP + more
+
+
+def check_values(config: Any, error: type[Exception]) -> None:
+    """The checks every spelled field of ``config`` gets, as ``error`` naming the flag: a
+    ``seconds`` field is a finite number >= 0, a ``choice`` one of its choices (or None, where
+    None is the field's default: not given)."""
+    for f in dataclasses.fields(config):
+        spec = cli_of(f)
+        value = getattr(config, f.name)
+        flag = spec.flags[-1] if spec.flags else f.name.upper()
+        if spec.kind == "seconds" and not (
+            isinstance(value, int | float) and math.isfinite(value) and value >= 0
+        ):
+            raise error(f"{flag} must be a finite number of seconds >= 0, got {value!r}")
+        unset = value is None and f.default is None
+        if spec.kind == "choice" and value not in spec.choices and not unset:
+            raise error(f"{flag} must be one of {', '.join(spec.choices)}, got {value!r}")
+
+
+def channel_security(config: Any) -> ChannelSecurity:
+    """The credentials of a shim's channel to the controller, from its shared TLS and secret
+    fields (ValueError if unusable)."""
+    return ChannelSecurity.load(
+        tls_ca=config.tls_ca,
+        tls_cert=config.tls_cert,
+        tls_key=config.tls_key,
+        secret_file=config.secret_file,
+    )
+
+
+# ---------------------------------------------------------------------- the command line
+
+
+def _size(ctx: click.Context, param: click.Parameter, value: str | None) -> int | None:
+    if value is None:
+        return None
+    try:
+        return parse_size(value)
+    except ValueError as exc:
+        raise click.BadParameter(str(exc)) from None
+
+
+def config_params(config_class: type) -> list[click.Parameter]:
+    """The arguments and options of a command, generated from the fields of a configuration
+    dataclass whose metadata spells them (`Cli`): names, defaults, help."""
+    params: list[click.Parameter] = []
+    for f in dataclasses.fields(config_class):
+        spec = cli_of(f)
+        if spec.kind == "argument":
+            path = click.Path(file_okay=False, path_type=Path)
+            params.append(click.Argument([f.name], type=path))
+            continue
+        default = None if f.default is dataclasses.MISSING else f.default
+        options: dict[str, Any] = {}
+        if spec.kind == "seconds":
+            options["type"] = float
+        elif spec.kind == "size":
+            options["callback"] = _size  # given as text, such as the default "1MiB"
+            default = None if default is None else format_size(default)
+        elif spec.kind == "count":
+            options["type"] = click.IntRange(min=0)
+        elif spec.kind == "choice":
+            options["type"] = click.Choice(spec.choices, case_sensitive=False)
+        elif spec.kind == "file":
+            options["type"] = click.Path(dir_okay=False, path_type=Path)
+        elif spec.kind == "flag":
+            options["is_flag"] = True
+        elif spec.kind == "multiple":
+            options["multiple"] = True
+        help_text, show_default = spec.help, spec.show_default
+        if isinstance(show_default, str):  # a default in words, not a value
+            help_text, show_default = f"{help_text}  [default: {show_default}]", False
+        params.append(
+            click.Option(
+                [*spec.flags, f.name],
+                default=default,
+                show_default=show_default,
+                help=help_text,
+                metavar=spec.metavar,
+                envvar=spec.envvar,
+                **options,
+            )
+        )
+    return params
