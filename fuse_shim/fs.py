@@ -139,15 +139,6 @@ class PassthroughFS:
 
     # ------------------------------------------------------------------ inodes
 
-    @property
-    def invalidate_entry(self) -> Callable[[int, bytes], int] | None:
-        """Set by the binding's ``serve`` once the FUSE session exists (`InodeTable`)."""
-        return self.inodes.invalidate_entry
-
-    @invalidate_entry.setter
-    def invalidate_entry(self, invalidate: Callable[[int, bytes], int] | None) -> None:
-        self.inodes.invalidate_entry = invalidate
-
     def _lookup(self, parent: int, name: bytes) -> Entry:
         node, st = self.inodes.look_up(parent, name)
         return Entry(node, self._shown(st))

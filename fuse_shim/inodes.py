@@ -9,9 +9,9 @@ limited by PATH_MAX, the backing directory may be the mount point itself, and a 
 or replaced while open is still reached.
 
 Handles are kept up to a budget under the open-file limit (`handle_budget`); past it a valve
-thread asks the kernel to drop the least recently looked-up names (``invalidate_entry``, set by
-the binding's ``serve`` once the FUSE session exists), after which it forgets their inodes
-unless they are in use.
+thread asks the kernel to drop the least recently looked-up names (``invalidate``, given when
+the table is built: the binding's `EntryNotifier`, which answers -ENOTCONN while no FUSE
+session is up), after which it forgets their inodes unless they are in use.
 """
 
 from __future__ import annotations
@@ -64,7 +64,12 @@ class InodeTable:
     """The inodes the kernel knows, the root (open as ``root_fd``, owned by the caller) first;
     thread-safe. ``handles``: the budget (default: `handle_budget` of the open-file limit)."""
 
-    def __init__(self, root_fd: int, handles: int | None = None) -> None:
+    def __init__(
+        self,
+        root_fd: int,
+        handles: int | None = None,
+        invalidate: Callable[[int, bytes], int] | None = None,
+    ) -> None:
         self._lock = threading.Lock()
         root_st = os.fstat(root_fd)
         root = Inode(ROOT_ID, root_fd, (root_st.st_dev, root_st.st_ino), 1, ROOT_ID, b"")
@@ -75,10 +80,12 @@ class InodeTable:
         if handles is None:
             handles = handle_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.budget = handles
-        # Asks the kernel to drop a (parent, name) entry: 0, or a negative errno.
-        self.invalidate_entry: Callable[[int, bytes], int] | None = None
+        # Asks the kernel to drop a (parent, name) entry: 0, or a negative errno (-ENOTCONN:
+        # no FUSE session up). None: no kernel to ask (the handles are never given back).
+        self._invalidate = invalidate
         self.invalidated = 0  # names the valve asked the kernel to drop (tests, logs)
         self._valve_wanted = threading.Event()
+        self._valve_stopped = False
         self._valve_closed = threading.Event()  # never set: the valve's pacing clock
         self._valve: threading.Thread | None = None
 
@@ -158,7 +165,7 @@ class InodeTable:
 
     def _open_valve(self) -> None:
         self._valve_wanted.set()
-        if self._valve is not None or self.invalidate_entry is None:
+        if self._valve is not None or self._invalidate is None:
             return
         with self._lock:
             if self._valve is not None:
@@ -167,6 +174,14 @@ class InodeTable:
                 target=self._drain_handles, name="burstctl-handles", daemon=True
             )
         self._valve.start()
+
+    def stop_valve(self, timeout: float | None = None) -> None:
+        """Ends the valve thread (after its pass in progress, if any) and waits for it."""
+        self._valve_stopped = True
+        self._valve_wanted.set()
+        valve = self._valve
+        if valve is not None:
+            valve.join(timeout)
 
     def _drain_handles(self) -> None:
         """Keeps the handles under budget: asks the kernel to drop the least recently
@@ -179,8 +194,8 @@ class InodeTable:
             # in use), each lookup past the budget would otherwise start another full pass.
             self._valve_closed.wait(_VALVE_INTERVAL)
             self._valve_wanted.clear()
-            invalidate = self.invalidate_entry
-            if invalidate is None:
+            invalidate = self._invalidate
+            if invalidate is None or self._valve_stopped:
                 return
             with self._lock:
                 excess = max(0, len(self._nodes) - self.budget * 9 // 10)
@@ -189,7 +204,10 @@ class InodeTable:
                     self._nodes.move_to_end(inode.node)  # one in use comes round again later
                 names = [(inode.parent, inode.name) for inode in oldest]
             for parent, name in names:
-                if invalidate(parent, name) in (0, -errno.ENOENT):
+                answer = invalidate(parent, name)
+                if answer == -errno.ENOTCONN:
+                    break  # no FUSE session (not yet, or no more): nothing to drop now
+                if answer in (0, -errno.ENOENT):
                     self.invalidated += 1
             if names:
                 logger.debug("asked the kernel to drop %d names (handle budget)", len(names))

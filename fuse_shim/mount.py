@@ -203,7 +203,13 @@ def _wait_ready(child: int, read_end: int) -> int:
 
 
 def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
-    from burstctl.fuse_shim._fuse import LIBFUSE_VERSION, ConnectionAborted, MountFailed, serve
+    from burstctl.fuse_shim._fuse import (
+        LIBFUSE_VERSION,
+        ConnectionAborted,
+        EntryNotifier,
+        MountFailed,
+        serve,
+    )
     from burstctl.fuse_shim.fs import PassthroughFS
     from burstctl.fuse_shim.inodes import InodeTable
 
@@ -228,7 +234,10 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         # One loop thread and one channel for the sessions of every job.
         runtime = ClientRuntime()
         pacer = Pacer(config, Attributor(config.attribution_ttl), runtime=runtime)
-    inodes = InodeTable(root_fd, config.max_handles)
+    # The kernel's cached names, which the inode table asks it to drop past its budget, while
+    # `serve` holds the FUSE session open.
+    notifier = EntryNotifier()
+    inodes = InodeTable(root_fd, config.max_handles, notifier.invalidate_entry)
     stage: StageOut | None = None
     if config.stage_out is not None or pacer is not None:
         # The jobs' files on the buffer (their space, reported to the controller) and, with
@@ -292,7 +301,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     watcher.start()
     code = 0
     try:
-        serve(fs, str(config.mountpoint), options)
+        serve(fs, str(config.mountpoint), options, notifier)
     except MountFailed as err:
         logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
         code = 1

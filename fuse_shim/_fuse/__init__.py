@@ -26,7 +26,7 @@ The binding's parts:
   the file system's method, sends the reply, and turns an `OSError` into its errno (anything
   else is logged and answered EIO), so nothing ever raises into libfuse;
 - `loop`: `serve` mounts, runs libfuse's multithreaded loop until the mount is gone, and
-  unmounts;
+  unmounts; `EntryNotifier` asks the kernel to drop cached names while the session is up;
 - `direct_io_mmap`: `DirectIoMmap` patches libfuse 3.14's INIT reply to allow shared ``mmap``
   of ``direct_io`` files.
 """
@@ -38,7 +38,13 @@ from burstctl.fuse_shim._fuse.direct_io_mmap import (
     grant_direct_io_mmap,
     kernel_release,
 )
-from burstctl.fuse_shim._fuse.loop import ConnectionAborted, MountFailed, option_args, serve
+from burstctl.fuse_shim._fuse.loop import (
+    ConnectionAborted,
+    EntryNotifier,
+    MountFailed,
+    option_args,
+    serve,
+)
 from burstctl.fuse_shim._fuse.lowlevel import (
     CAP_ASYNC_READ,
     CAP_ATOMIC_O_TRUNC,
@@ -76,6 +82,7 @@ __all__ = [
     "DirEntry",
     "DirectIoMmap",
     "Entry",
+    "EntryNotifier",
     "Listing",
     "MountFailed",
     "Opened",

@@ -1,11 +1,17 @@
 """Mounting and serving: `serve` mounts a file system, runs libfuse's multithreaded loop until
 the mount is gone, unmounts and frees the FUSE session (libfuse 2 and 3 each their own way).
+
+`EntryNotifier` is how the file system asks the kernel to drop a cached name while a FUSE
+session is up: `serve` opens it on its session and closes it before the session is unmounted
+and freed, so that no request to the kernel ever reaches a freed session.
 """
 
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
+import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
@@ -41,32 +47,61 @@ class ConnectionAborted(RuntimeError):
     """libfuse's loop ended on an error reading /dev/fuse (not on the mount going away)."""
 
 
-def serve(fs: Operations, mountpoint: str, options: dict[str, str | bool | int]) -> None:
+class EntryNotifier:
+    """Asks the kernel to drop its cached (parent, name) entry, after which it forgets the
+    inode unless it is in use (fuse_lowlevel_notify_inval_entry on the FUSE session, libfuse 3,
+    or its channel, libfuse 2), for as long as `serve` holds the session open: -ENOTCONN
+    before and after. Closing waits for an invalidation in flight, and none starts after it,
+    so none reaches a session being freed. Thread-safe. ``notify`` is libfuse's function
+    (tests give a stand-in)."""
+
+    def __init__(self, notify: Callable[[int, int, bytes, int], int] | None = None) -> None:
+        self._notify = notify if notify is not None else notify_inval_entry
+        self._lock = threading.Lock()
+        self._handle: int | None = None
+
+    def open(self, handle: int) -> None:
+        with self._lock:
+            self._handle = handle
+
+    def close(self) -> None:
+        with self._lock:
+            self._handle = None
+
+    def invalidate_entry(self, parent: int, name: bytes) -> int:
+        """0, or a negative errno (-ENOENT when the kernel had no such entry, -ENOTCONN when
+        no session is open)."""
+        with self._lock:
+            if self._handle is None:
+                return -errno.ENOTCONN
+            return int(self._notify(self._handle, parent, name, len(name)))
+
+
+def serve(
+    fs: Operations,
+    mountpoint: str,
+    options: dict[str, str | bool | int],
+    notifier: EntryNotifier | None = None,
+) -> None:
     """Mounts ``fs`` on ``mountpoint`` and serves it with libfuse's multithreaded loop until
-    it is unmounted; then frees the FUSE session. Raises `MountFailed` when libfuse cannot mount
-    and `ConnectionAborted` when the loop ends on an error."""
+    it is unmounted; then frees the FUSE session. ``notifier`` is open on the session while it
+    is mounted. Raises `MountFailed` when libfuse cannot mount and `ConnectionAborted` when the
+    loop ends on an error."""
     ops = fuse_lowlevel_ops()
     callbacks = Callbacks(fs, ops)
     args, keep = _args(["burstctl", *option_args(options)])
     point = os.fsencode(mountpoint)
+    notifier = notifier if notifier is not None else EntryNotifier()
     if V3:
-        _serve_v3(callbacks, ops, args, point)
+        _serve_v3(callbacks, ops, args, point, notifier)
     else:
-        _serve_v2(callbacks, ops, args, point)
+        _serve_v2(callbacks, ops, args, point, notifier)
     del keep
 
 
-def _invalidator(handle: int) -> Callable[[int, bytes], int]:
-    """fuse_lowlevel_notify_inval_entry on the FUSE session (libfuse 3) or channel (libfuse 2):
-    0, or a negative errno (-ENOENT when the kernel had no such entry)."""
-
-    def invalidate(parent: int, name: bytes) -> int:
-        return int(notify_inval_entry(handle, parent, name, len(name)))
-
-    return invalidate
-
-
-def _serve_v3(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
+def _serve_v3(
+    callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes, notifier: EntryNotifier
+) -> None:
     new = bind(
         "fuse_session_new",
         ctypes.c_void_p,
@@ -84,22 +119,25 @@ def _serve_v3(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> 
     if not fuse_session:
         raise MountFailed("libfuse refused the options")
     callbacks.fuse_session = fuse_session
-    callbacks.fs.invalidate_entry = _invalidator(fuse_session)
+    notifier.open(fuse_session)
     try:
         if mount(fuse_session, point) != 0:
             raise MountFailed(f"cannot mount {os.fsdecode(point)}")
         try:
             result = loop(fuse_session, None)
         finally:
-            callbacks.fs.invalidate_entry = None
+            notifier.close()
             unmount(fuse_session)
         if result != 0:
             raise ConnectionAborted(f"libfuse's loop ended with {result}")
     finally:
+        notifier.close()
         destroy(fuse_session)
 
 
-def _serve_v2(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> None:
+def _serve_v2(
+    callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes, notifier: EntryNotifier
+) -> None:
     mount = bind("fuse_mount", ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(fuse_args), lib=lib)
     new = bind(
         "fuse_lowlevel_new",
@@ -123,12 +161,12 @@ def _serve_v2(callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes) -> 
         unmount(point, chan)
         raise MountFailed("libfuse refused the options")
     callbacks.fuse_session = fuse_session
-    callbacks.fs.invalidate_entry = _invalidator(chan)
+    notifier.open(chan)
     add_chan(fuse_session, chan)
     try:
         result = loop(fuse_session)
     finally:
-        callbacks.fs.invalidate_entry = None
+        notifier.close()
         remove_chan(chan)
         destroy(fuse_session)
         unmount(point, chan)

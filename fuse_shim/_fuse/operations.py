@@ -11,7 +11,7 @@ import ctypes
 import os
 import stat
 import struct
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -80,9 +80,6 @@ class Operations(Protocol):
     attr_timeout: float
     entry_timeout: float
     negative_timeout: float
-    # Set by `serve` once the session exists: asks the kernel to drop its cached
-    # (parent, name) entry, after which it forgets the inode unless it is in use.
-    invalidate_entry: Callable[[int, bytes], int] | None
 
     def init(self, conn: Any, is_v3: bool, fuse_session: int) -> None: ...
     def destroy(self) -> None: ...

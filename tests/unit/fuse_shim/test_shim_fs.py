@@ -14,6 +14,7 @@ import shutil
 import stat
 import subprocess
 import sys
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator
@@ -36,6 +37,7 @@ from burstctl.fuse_shim._fuse import (
     DirectIoMmap,
     DirEntry,
     Entry,
+    EntryNotifier,
     SetAttr,
 )
 from burstctl.fuse_shim.fs import PassthroughFS
@@ -267,23 +269,29 @@ def test_past_the_budget_the_kernel_is_asked_to_drop_the_oldest_names(
     names = [b"f%02d" % i for i in range(33)]
     for name in names:
         (root / os.fsdecode(name)).write_bytes(b"")
-    fs = make_fs(fd, handles=20)
-    assert fs.inodes.budget == 20
-    nodes = {name: fs.lookup(REQ, ROOT_ID, name).node for name in names[:31]}
-    assert fs.inodes.known == 32  # no session to ask yet: nothing is dropped
     asked: list[tuple[int, bytes]] = []
     in_use = {b"f00"}  # open, say: the kernel keeps it whatever it is asked
     answers = {b"f15": -errno.EIO, b"f16": -errno.ENOENT}
+    nodes: dict[bytes, int] = {}
+    fs: PassthroughFS
 
-    def invalidate(parent: int, name: bytes) -> int:
+    def notify(session: int, parent: int, name: bytes, length: int) -> int:
         # As the kernel does: drops its entry, then forgets the inode unless it is in use.
+        assert session == 7 and length == len(name)
         asked.append((parent, name))
         if name not in in_use:
             fs.forget(nodes[name], 1)
         return answers.get(name, 0)
 
-    fs.invalidate_entry = invalidate
+    notifier = EntryNotifier(notify)
+    fs = make_fs(fd, inodes=InodeTable(fd, 20, notifier.invalidate_entry))
+    assert fs.inodes.budget == 20
+    nodes.update({name: fs.lookup(REQ, ROOT_ID, name).node for name in names[:31]})
     try:
+        # No FUSE session yet: the valve asks, the notifier says -ENOTCONN, nothing is dropped.
+        wait_until(lambda: fs.inodes._valve is not None, message="the valve started")
+        assert fs.inodes.known == 32 and asked == []
+        notifier.open(7)
         fs.lookup(REQ, ROOT_ID, names[30])  # again: still over the budget
         wait_until(lambda: len(asked) >= 14, message="the oldest names dropped")
         # Down to 90% of the budget (18 nodes, the root included), oldest first.
@@ -299,12 +307,41 @@ def test_past_the_budget_the_kernel_is_asked_to_drop_the_oldest_names(
         wait_until(lambda: fs.inodes.invalidated == 16, message="every drop counted")
         assert fs.inodes.invalidated == 16  # -EIO: not dropped; -ENOENT: the kernel had none
     finally:
-        valve = fs.inodes._valve
-        fs.invalidate_entry = None
-        fs.inodes._valve_wanted.set()
-        if valve is not None:
-            valve.join(10)
-            assert not valve.is_alive()
+        notifier.close()
+        fs.inodes.stop_valve(timeout=10)
+        assert fs.inodes._valve is None or not fs.inodes._valve.is_alive()
+
+
+def test_a_closed_notifier_waits_for_the_invalidation_in_flight_and_starts_none() -> None:
+    # `serve` closes it before libfuse frees the session: an invalidation that were still
+    # running then, or started after, would reach freed memory (the mount crashed with SIGSEGV
+    # at unmount when its handle valve was mid-pass).
+    entered, release = threading.Event(), threading.Event()
+    calls: list[bytes] = []
+
+    def notify(session: int, parent: int, name: bytes, length: int) -> int:
+        calls.append(name)
+        entered.set()
+        release.wait(10)
+        return 0
+
+    notifier = EntryNotifier(notify)
+    assert notifier.invalidate_entry(ROOT_ID, b"early") == -errno.ENOTCONN  # not open yet
+    notifier.open(1)
+    answers: list[int] = []
+    worker = threading.Thread(target=lambda: answers.append(notifier.invalidate_entry(1, b"a")))
+    worker.start()
+    assert entered.wait(10)
+    closer = threading.Thread(target=notifier.close)
+    closer.start()
+    closer.join(0.2)
+    assert closer.is_alive(), "close returned while an invalidation was in flight"
+    release.set()
+    closer.join(10)
+    worker.join(10)
+    assert not closer.is_alive() and answers == [0]
+    assert notifier.invalidate_entry(1, b"late") == -errno.ENOTCONN
+    assert calls == [b"a"]
 
 
 # ---------------------------------------------------------------- files
