@@ -1,57 +1,8 @@
 /*
- * burstctl's LD_PRELOAD library: paces an application's reads and writes on files under the
- * burst-buffer paths (BURSTCTL_PRELOAD_PATHS) from inside the process, by drawing tokens from
- * its job's shared pacing page, which the node agent hands it over a Unix socket.
- *
- * The page layout and the protocol are the contract of preload_shim/page.py (its docstring);
- * what is caught and what is not: docs/preload.md, "What the library catches".
- *
- * Rules kept here:
- *  - never fail the application's I/O because of the library: any failure of ours means
- *    "run unpaced" (one warning line on stderr), and errno is preserved around our work;
- *  - an unpaced descriptor costs one load of the per-fd table and the real call;
- *  - no lock is held across a real I/O call or a sleep (the two mutexes guard the cached cwd
- *    and the cache of directory paths, and are held only to copy strings);
- *  - initialisation is lazy (the first intercepted call), and calls made while the library
- *    itself runs (a thread-local flag) go straight to the real functions.
+ * The library's parts that are not yet rooms of their own: the pacing page, configuration and
+ * the per-fd table, attaching to the agent, and the interposed entry points.
  */
-#undef _FORTIFY_SOURCE
-#undef _FILE_OFFSET_BITS
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
-#include <dirent.h>
-#include <dlfcn.h>
-#include <errno.h>
-#include <fcntl.h>
-#include <limits.h>
-#include <math.h>
-#include <pthread.h>
-#include <sched.h>
-#include <stdarg.h>
-#include <stdint.h>
-#include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/mman.h>
-#include <sys/resource.h>
-#include <sys/sendfile.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <sys/syscall.h>
-#include <sys/time.h>
-#include <sys/uio.h>
-#include <sys/un.h>
-#include <time.h>
-#include <unistd.h>
-
-/* glibc may define these as macros (bits/stdio.h, when optimising): the symbols are ours. */
-#undef fread_unlocked
-#undef fwrite_unlocked
-
-#define EXPORT __attribute__((visibility("default")))
-#define LIKELY(x) __builtin_expect(!!(x), 1)
-#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+#include "preload.h"
 
 /* ------------------------------------------------------------------ the page (page.py) */
 
@@ -183,158 +134,6 @@ static double supply_filled(const struct supply *s, int64_t now) {
     return (double)s->filled0 + s->rate * ((double)dt / 1e9);
 }
 
-/* ------------------------------------------------------------------ real functions */
-
-#define REAL(name) real_##name
-#define DEFINE_REAL(ret, name, args) static ret(*real_##name) args
-
-DEFINE_REAL(int, open, (const char *, int, ...));
-DEFINE_REAL(int, open64, (const char *, int, ...));
-DEFINE_REAL(int, openat, (int, const char *, int, ...));
-DEFINE_REAL(int, openat64, (int, const char *, int, ...));
-DEFINE_REAL(int, creat, (const char *, mode_t));
-DEFINE_REAL(int, creat64, (const char *, mode_t));
-DEFINE_REAL(int, __open_2, (const char *, int));
-DEFINE_REAL(int, __open64_2, (const char *, int));
-DEFINE_REAL(int, __openat_2, (int, const char *, int));
-DEFINE_REAL(int, __openat64_2, (int, const char *, int));
-DEFINE_REAL(int, close, (int));
-DEFINE_REAL(int, close_range, (unsigned int, unsigned int, int));
-DEFINE_REAL(void, closefrom, (int));
-DEFINE_REAL(int, closedir, (DIR *));
-DEFINE_REAL(int, dup, (int));
-DEFINE_REAL(int, dup2, (int, int));
-DEFINE_REAL(int, dup3, (int, int, int));
-DEFINE_REAL(int, fcntl, (int, int, ...));
-DEFINE_REAL(int, fcntl64, (int, int, ...));
-DEFINE_REAL(ssize_t, read, (int, void *, size_t));
-DEFINE_REAL(ssize_t, write, (int, const void *, size_t));
-DEFINE_REAL(ssize_t, pread, (int, void *, size_t, off_t));
-DEFINE_REAL(ssize_t, pread64, (int, void *, size_t, off64_t));
-DEFINE_REAL(ssize_t, pwrite, (int, const void *, size_t, off_t));
-DEFINE_REAL(ssize_t, pwrite64, (int, const void *, size_t, off64_t));
-DEFINE_REAL(ssize_t, readv, (int, const struct iovec *, int));
-DEFINE_REAL(ssize_t, writev, (int, const struct iovec *, int));
-DEFINE_REAL(ssize_t, preadv, (int, const struct iovec *, int, off_t));
-DEFINE_REAL(ssize_t, preadv64, (int, const struct iovec *, int, off64_t));
-DEFINE_REAL(ssize_t, pwritev, (int, const struct iovec *, int, off_t));
-DEFINE_REAL(ssize_t, pwritev64, (int, const struct iovec *, int, off64_t));
-DEFINE_REAL(ssize_t, preadv2, (int, const struct iovec *, int, off_t, int));
-DEFINE_REAL(ssize_t, pwritev2, (int, const struct iovec *, int, off_t, int));
-DEFINE_REAL(ssize_t, preadv64v2, (int, const struct iovec *, int, off64_t, int));
-DEFINE_REAL(ssize_t, pwritev64v2, (int, const struct iovec *, int, off64_t, int));
-DEFINE_REAL(ssize_t, __read_chk, (int, void *, size_t, size_t));
-DEFINE_REAL(ssize_t, __pread_chk, (int, void *, size_t, off_t, size_t));
-DEFINE_REAL(ssize_t, __pread64_chk, (int, void *, size_t, off64_t, size_t));
-DEFINE_REAL(ssize_t, copy_file_range, (int, off64_t *, int, off64_t *, size_t, unsigned int));
-DEFINE_REAL(ssize_t, sendfile, (int, int, off_t *, size_t));
-DEFINE_REAL(ssize_t, sendfile64, (int, int, off64_t *, size_t));
-DEFINE_REAL(FILE *, fopen, (const char *, const char *));
-DEFINE_REAL(FILE *, fopen64, (const char *, const char *));
-DEFINE_REAL(FILE *, fdopen, (int, const char *));
-DEFINE_REAL(FILE *, freopen, (const char *, const char *, FILE *));
-DEFINE_REAL(FILE *, freopen64, (const char *, const char *, FILE *));
-DEFINE_REAL(size_t, fread, (void *, size_t, size_t, FILE *));
-DEFINE_REAL(size_t, fwrite, (const void *, size_t, size_t, FILE *));
-DEFINE_REAL(size_t, fread_unlocked, (void *, size_t, size_t, FILE *));
-DEFINE_REAL(size_t, fwrite_unlocked, (const void *, size_t, size_t, FILE *));
-DEFINE_REAL(size_t, __fread_chk, (void *, size_t, size_t, size_t, FILE *));
-DEFINE_REAL(size_t, __fread_unlocked_chk, (void *, size_t, size_t, size_t, FILE *));
-DEFINE_REAL(int, fclose, (FILE *));
-DEFINE_REAL(int, fflush, (FILE *));
-DEFINE_REAL(int, chdir, (const char *));
-DEFINE_REAL(int, fchdir, (int));
-
-/* A thread-local "in the library" flag: intercepted calls made while it is set (by dlsym, by
- * the attach, by our warning) go straight to the real functions. Initial-exec: a preloaded
- * library has static TLS, and reading it never allocates. */
-static __thread int t_in_lib __attribute__((tls_model("initial-exec")));
-
-static void *resolve(const char *name, const char *fallback) {
-    t_in_lib++;
-    void *f = dlsym(RTLD_NEXT, name);
-    if (!f && fallback)
-        f = dlsym(RTLD_NEXT, fallback);
-    t_in_lib--;
-    return f;
-}
-
-#define RESOLVE(name, fallback)                                                                 \
-    do {                                                                                        \
-        if (UNLIKELY(!real_##name))                                                             \
-            __atomic_store_n((void **)&real_##name, resolve(#name, fallback), __ATOMIC_RELAXED); \
-    } while (0)
-
-/* A call that arrives before its real function could be found (only while dlsym itself runs,
- * in practice never): fail it as unsupported rather than recurse. */
-#define NEED(name, fallback, failure)                                                           \
-    do {                                                                                        \
-        RESOLVE(name, fallback);                                                                \
-        if (UNLIKELY(!real_##name)) {                                                           \
-            errno = ENOSYS;                                                                     \
-            return failure;                                                                     \
-        }                                                                                       \
-    } while (0)
-
-__attribute__((constructor)) static void resolve_all(void) {
-    RESOLVE(open, NULL);
-    RESOLVE(open64, "open");
-    RESOLVE(openat, NULL);
-    RESOLVE(openat64, "openat");
-    RESOLVE(creat, NULL);
-    RESOLVE(creat64, "creat");
-    RESOLVE(__open_2, NULL);
-    RESOLVE(__open64_2, "__open_2");
-    RESOLVE(__openat_2, NULL);
-    RESOLVE(__openat64_2, "__openat_2");
-    RESOLVE(close, NULL);
-    RESOLVE(close_range, NULL);
-    RESOLVE(closefrom, NULL);
-    RESOLVE(closedir, NULL);
-    RESOLVE(dup, NULL);
-    RESOLVE(dup2, NULL);
-    RESOLVE(dup3, NULL);
-    RESOLVE(fcntl, NULL);
-    RESOLVE(fcntl64, "fcntl");
-    RESOLVE(read, NULL);
-    RESOLVE(write, NULL);
-    RESOLVE(pread, NULL);
-    RESOLVE(pread64, "pread");
-    RESOLVE(pwrite, NULL);
-    RESOLVE(pwrite64, "pwrite");
-    RESOLVE(readv, NULL);
-    RESOLVE(writev, NULL);
-    RESOLVE(preadv, NULL);
-    RESOLVE(preadv64, "preadv");
-    RESOLVE(pwritev, NULL);
-    RESOLVE(pwritev64, "pwritev");
-    RESOLVE(preadv2, NULL);
-    RESOLVE(pwritev2, NULL);
-    RESOLVE(preadv64v2, "preadv2");
-    RESOLVE(pwritev64v2, "pwritev2");
-    RESOLVE(__read_chk, NULL);
-    RESOLVE(__pread_chk, NULL);
-    RESOLVE(__pread64_chk, "__pread_chk");
-    RESOLVE(copy_file_range, NULL);
-    RESOLVE(sendfile, NULL);
-    RESOLVE(sendfile64, "sendfile");
-    RESOLVE(fopen, NULL);
-    RESOLVE(fopen64, "fopen");
-    RESOLVE(fdopen, NULL);
-    RESOLVE(freopen, NULL);
-    RESOLVE(freopen64, "freopen");
-    RESOLVE(fread, NULL);
-    RESOLVE(fwrite, NULL);
-    RESOLVE(fread_unlocked, NULL);
-    RESOLVE(fwrite_unlocked, NULL);
-    RESOLVE(__fread_chk, NULL);
-    RESOLVE(__fread_unlocked_chk, NULL);
-    RESOLVE(fclose, NULL);
-    RESOLVE(fflush, NULL);
-    RESOLVE(chdir, NULL);
-    RESOLVE(fchdir, NULL);
-}
-
 /* ------------------------------------------------------------------ configuration and state */
 
 /* A state byte: the state in the low bits; ST_DIRCACHED: the directory's path is cached;
@@ -384,9 +183,6 @@ static int g_attaching;           /* one thread attaches at a time; the others r
 static int64_t g_last_try_ns;     /* when the last attach was tried (0: never) */
 static int g_warned_attach;
 static int g_warned_dead;
-
-#define SAVE_ERRNO() int saved_errno_ = errno
-#define RESTORE_ERRNO() (errno = saved_errno_)
 
 static void warn_line(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
 static void warn_line(const char *fmt, ...) {

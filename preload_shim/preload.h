@@ -1,0 +1,163 @@
+/*
+ * burstctl's LD_PRELOAD library: paces an application's reads and writes on files under the
+ * burst-buffer paths (BURSTCTL_PRELOAD_PATHS) from inside the process, by drawing tokens from
+ * its job's shared pacing page, which the node agent hands it over a Unix socket.
+ *
+ * The page layout and the protocol are the contract of preload_shim/page.py (its docstring);
+ * what is caught and what is not: docs/preload.md, "What the library catches".
+ *
+ * This header is the library's private header: what its parts (the .c files beside it, one
+ * translation unit each, linked into one shared object) share. Every part includes it
+ * first, so that every part sees the same feature macros. What it declares is hidden: only
+ * the functions a part marks EXPORT leave the library.
+ *
+ * Rules kept here:
+ *  - never fail the application's I/O because of the library: any failure of ours means
+ *    "run unpaced" (one warning line on stderr), and errno is preserved around our work;
+ *  - an unpaced descriptor costs one load of the per-fd table and the real call;
+ *  - no lock is held across a real I/O call or a sleep (the two mutexes guard the cached cwd
+ *    and the cache of directory paths, and are held only to copy strings);
+ *  - initialisation is lazy (the first intercepted call), and calls made while the library
+ *    itself runs (a thread-local flag) go straight to the real functions.
+ */
+#ifndef BURSTCTL_PRELOAD_H
+#define BURSTCTL_PRELOAD_H
+
+#undef _FORTIFY_SOURCE
+#undef _FILE_OFFSET_BITS
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE
+#endif
+#include <dirent.h>
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <math.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <sys/sendfile.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/time.h>
+#include <sys/uio.h>
+#include <sys/un.h>
+#include <time.h>
+#include <unistd.h>
+
+/* glibc may define these as macros (bits/stdio.h, when optimising): the symbols are ours. */
+#undef fread_unlocked
+#undef fwrite_unlocked
+
+#define EXPORT __attribute__((visibility("default")))
+#define LIKELY(x) __builtin_expect(!!(x), 1)
+#define UNLIKELY(x) __builtin_expect(!!(x), 0)
+
+#define SAVE_ERRNO() int saved_errno_ = errno
+#define RESTORE_ERRNO() (errno = saved_errno_)
+
+/* Declared hidden here (not only defined hidden by -fvisibility), so that every part reaches
+ * the shared state and functions directly, as one translation unit would, not through the GOT. */
+#pragma GCC visibility push(hidden)
+
+/* ------------------------------------------------------------------ real functions (real.c) */
+
+/* Every libc function the library interposes: X(return type, name, parameters, the name
+ * resolved instead when `name` is missing). Its real function is real_<name>. */
+#define REAL_FUNCTIONS(X)                                                                       \
+    X(int, open, (const char *, int, ...), NULL)                                                \
+    X(int, open64, (const char *, int, ...), "open")                                            \
+    X(int, openat, (int, const char *, int, ...), NULL)                                         \
+    X(int, openat64, (int, const char *, int, ...), "openat")                                   \
+    X(int, creat, (const char *, mode_t), NULL)                                                 \
+    X(int, creat64, (const char *, mode_t), "creat")                                            \
+    X(int, __open_2, (const char *, int), NULL)                                                 \
+    X(int, __open64_2, (const char *, int), "__open_2")                                         \
+    X(int, __openat_2, (int, const char *, int), NULL)                                          \
+    X(int, __openat64_2, (int, const char *, int), "__openat_2")                                \
+    X(int, close, (int), NULL)                                                                  \
+    X(int, close_range, (unsigned int, unsigned int, int), NULL)                                \
+    X(void, closefrom, (int), NULL)                                                             \
+    X(int, closedir, (DIR *), NULL)                                                             \
+    X(int, dup, (int), NULL)                                                                    \
+    X(int, dup2, (int, int), NULL)                                                              \
+    X(int, dup3, (int, int, int), NULL)                                                         \
+    X(int, fcntl, (int, int, ...), NULL)                                                        \
+    X(int, fcntl64, (int, int, ...), "fcntl")                                                   \
+    X(ssize_t, read, (int, void *, size_t), NULL)                                               \
+    X(ssize_t, write, (int, const void *, size_t), NULL)                                        \
+    X(ssize_t, pread, (int, void *, size_t, off_t), NULL)                                       \
+    X(ssize_t, pread64, (int, void *, size_t, off64_t), "pread")                                \
+    X(ssize_t, pwrite, (int, const void *, size_t, off_t), NULL)                                \
+    X(ssize_t, pwrite64, (int, const void *, size_t, off64_t), "pwrite")                        \
+    X(ssize_t, readv, (int, const struct iovec *, int), NULL)                                   \
+    X(ssize_t, writev, (int, const struct iovec *, int), NULL)                                  \
+    X(ssize_t, preadv, (int, const struct iovec *, int, off_t), NULL)                           \
+    X(ssize_t, preadv64, (int, const struct iovec *, int, off64_t), "preadv")                   \
+    X(ssize_t, pwritev, (int, const struct iovec *, int, off_t), NULL)                          \
+    X(ssize_t, pwritev64, (int, const struct iovec *, int, off64_t), "pwritev")                 \
+    X(ssize_t, preadv2, (int, const struct iovec *, int, off_t, int), NULL)                     \
+    X(ssize_t, pwritev2, (int, const struct iovec *, int, off_t, int), NULL)                    \
+    X(ssize_t, preadv64v2, (int, const struct iovec *, int, off64_t, int), "preadv2")           \
+    X(ssize_t, pwritev64v2, (int, const struct iovec *, int, off64_t, int), "pwritev2")         \
+    X(ssize_t, __read_chk, (int, void *, size_t, size_t), NULL)                                 \
+    X(ssize_t, __pread_chk, (int, void *, size_t, off_t, size_t), NULL)                         \
+    X(ssize_t, __pread64_chk, (int, void *, size_t, off64_t, size_t), "__pread_chk")            \
+    X(ssize_t, copy_file_range, (int, off64_t *, int, off64_t *, size_t, unsigned int), NULL)   \
+    X(ssize_t, sendfile, (int, int, off_t *, size_t), NULL)                                     \
+    X(ssize_t, sendfile64, (int, int, off64_t *, size_t), "sendfile")                           \
+    X(FILE *, fopen, (const char *, const char *), NULL)                                        \
+    X(FILE *, fopen64, (const char *, const char *), "fopen")                                   \
+    X(FILE *, fdopen, (int, const char *), NULL)                                                \
+    X(FILE *, freopen, (const char *, const char *, FILE *), NULL)                              \
+    X(FILE *, freopen64, (const char *, const char *, FILE *), "freopen")                       \
+    X(size_t, fread, (void *, size_t, size_t, FILE *), NULL)                                    \
+    X(size_t, fwrite, (const void *, size_t, size_t, FILE *), NULL)                             \
+    X(size_t, fread_unlocked, (void *, size_t, size_t, FILE *), NULL)                           \
+    X(size_t, fwrite_unlocked, (const void *, size_t, size_t, FILE *), NULL)                    \
+    X(size_t, __fread_chk, (void *, size_t, size_t, size_t, FILE *), NULL)                      \
+    X(size_t, __fread_unlocked_chk, (void *, size_t, size_t, size_t, FILE *), NULL)             \
+    X(int, fclose, (FILE *), NULL)                                                              \
+    X(int, fflush, (FILE *), NULL)                                                              \
+    X(int, chdir, (const char *), NULL)                                                         \
+    X(int, fchdir, (int), NULL)
+
+#define DECLARE_REAL(ret, name, args, fallback) extern ret(*real_##name) args;
+REAL_FUNCTIONS(DECLARE_REAL)
+#undef DECLARE_REAL
+
+/* A thread-local "in the library" flag: intercepted calls made while it is set (by dlsym, by
+ * the attach, by our warning) go straight to the real functions. Initial-exec: a preloaded
+ * library has static TLS, and reading it never allocates. */
+extern __thread int t_in_lib __attribute__((tls_model("initial-exec")));
+
+void *resolve(const char *name, const char *fallback);
+
+#define RESOLVE(name, fallback)                                                                 \
+    do {                                                                                        \
+        if (UNLIKELY(!real_##name))                                                             \
+            __atomic_store_n((void **)&real_##name, resolve(#name, fallback), __ATOMIC_RELAXED); \
+    } while (0)
+
+/* A call that arrives before its real function could be found (only while dlsym itself runs,
+ * in practice never): fail it as unsupported rather than recurse. */
+#define NEED(name, fallback, failure)                                                           \
+    do {                                                                                        \
+        RESOLVE(name, fallback);                                                                \
+        if (UNLIKELY(!real_##name)) {                                                           \
+            errno = ENOSYS;                                                                     \
+            return failure;                                                                     \
+        }                                                                                       \
+    } while (0)
+
+#pragma GCC visibility pop
+
+#endif
