@@ -1,138 +1,8 @@
 /*
- * The library's parts that are not yet rooms of their own: the pacing page, configuration and
- * the per-fd table, attaching to the agent, and the interposed entry points.
+ * The library's parts that are not yet rooms of their own: configuration and the per-fd table,
+ * attaching to the agent, and the interposed entry points.
  */
 #include "preload.h"
-
-/* ------------------------------------------------------------------ the page (page.py) */
-
-#define PAGE_BYTES 4096
-#define PAGE_MAGIC 0x31504342u /* "BCP1" */
-#define PAGE_VERSION 1u
-#define FLAG_CLOSED 1u
-
-#define OFF_MAGIC 0
-#define OFF_VERSION 4
-#define OFF_SEQ 8
-#define OFF_T0 16
-#define OFF_FILLED0 24
-#define OFF_RATE 32
-#define OFF_BURST 40
-#define OFF_HEARTBEAT 48
-#define OFF_FLAGS 56
-#define OFF_TAKEN 64
-#define OFF_REQ_READ 128
-#define OFF_REQ_WRITE 136
-#define OFF_MOVED_READ 144
-#define OFF_MOVED_WRITE 152
-#define OFF_CALLS_READ 160
-#define OFF_CALLS_WRITE 168
-#define OFF_WAITERS 192
-#define OFF_WAIT_NS 200
-#define OFF_WAITS 208
-
-#define I64(p, off) ((int64_t *)((char *)(p) + (off)))
-#define U32(p, off) ((uint32_t *)((char *)(p) + (off)))
-
-enum { KIND_READ = 0, KIND_WRITE = 1 };
-
-struct supply {
-    int64_t t0;
-    int64_t filled0;
-    double rate;
-    int64_t burst;
-};
-
-static int64_t mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-}
-
-static double bits_to_double(uint64_t bits) {
-    double d;
-    memcpy(&d, &bits, sizeof d);
-    return d;
-}
-
-static uint64_t double_to_bits(double d) {
-    uint64_t bits;
-    memcpy(&bits, &d, sizeof bits);
-    return bits;
-}
-
-EXPORT int64_t burstctl_page_load(void *page, int offset) {
-    return __atomic_load_n(I64(page, offset), __ATOMIC_ACQUIRE);
-}
-
-EXPORT void burstctl_page_store(void *page, int offset, int64_t value) {
-    __atomic_store_n(I64(page, offset), value, __ATOMIC_RELEASE);
-}
-
-EXPORT int64_t burstctl_page_add(void *page, int offset, int64_t delta) {
-    return __atomic_add_fetch(I64(page, offset), delta, __ATOMIC_ACQ_REL);
-}
-
-EXPORT uint32_t burstctl_page_or_flags(void *page, uint32_t bits) {
-    return __atomic_or_fetch(U32(page, OFF_FLAGS), bits, __ATOMIC_ACQ_REL);
-}
-
-EXPORT uint32_t burstctl_page_flags(void *page) {
-    return __atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE);
-}
-
-/* The seqlock write of the supply (the agent's side; one writer at a time). */
-EXPORT int burstctl_page_publish(void *page, int64_t t0_ns, int64_t filled0, double rate,
-                                 int64_t burst) {
-    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
-    uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED);
-    if (s & 1) /* a writer died mid-write: start from the next even value */
-        s += 1;
-    __atomic_store_n(seq, s + 1, __ATOMIC_RELAXED);
-    __atomic_thread_fence(__ATOMIC_RELEASE);
-    __atomic_store_n(I64(page, OFF_T0), t0_ns, __ATOMIC_RELAXED);
-    __atomic_store_n(I64(page, OFF_FILLED0), filled0, __ATOMIC_RELAXED);
-    __atomic_store_n((uint64_t *)I64(page, OFF_RATE), double_to_bits(rate), __ATOMIC_RELAXED);
-    __atomic_store_n(I64(page, OFF_BURST), burst, __ATOMIC_RELAXED);
-    __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
-    return 0;
-}
-
-/* The seqlock read: 0, or -1 when a writer stays mid-write for more than `give_up_ns`. */
-static int read_supply(void *page, struct supply *out, int64_t give_up_ns) {
-    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
-    int64_t start = 0;
-    for (unsigned spins = 0;; spins++) {
-        uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
-        if (!(s1 & 1)) {
-            out->t0 = __atomic_load_n(I64(page, OFF_T0), __ATOMIC_RELAXED);
-            out->filled0 = __atomic_load_n(I64(page, OFF_FILLED0), __ATOMIC_RELAXED);
-            out->rate = bits_to_double(
-                __atomic_load_n((uint64_t *)I64(page, OFF_RATE), __ATOMIC_RELAXED));
-            out->burst = __atomic_load_n(I64(page, OFF_BURST), __ATOMIC_RELAXED);
-            __atomic_thread_fence(__ATOMIC_ACQUIRE);
-            if (__atomic_load_n(seq, __ATOMIC_RELAXED) == s1)
-                return 0;
-        }
-        if (spins >= 64) {
-            int64_t now = mono_ns();
-            if (start == 0)
-                start = now;
-            else if (now - start > give_up_ns)
-                return -1;
-            sched_yield();
-        }
-    }
-}
-
-static double supply_filled(const struct supply *s, int64_t now) {
-    if (isinf(s->rate))
-        return INFINITY;
-    int64_t dt = now - s->t0;
-    if (dt < 0)
-        dt = 0;
-    return (double)s->filled0 + s->rate * ((double)dt / 1e9);
-}
 
 /* ------------------------------------------------------------------ configuration and state */
 
@@ -143,20 +13,19 @@ enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED =
 #define MAX_FDS (1 << 20)
 #define MAX_ROOTS 32
 #define DIRCACHE_SLOTS 256
-#define SLICE_NS 10000000LL    /* the longest sleep of a wait */
 #define ATTACH_TIMEOUT_S 5     /* SO_RCVTIMEO on the agent's answer */
 #define RETRY_NS 1000000000LL  /* attach at most once per second after a failure or a death */
 
-static pthread_once_t g_once = PTHREAD_ONCE_INIT;
-static int g_ready;           /* init done (acquire/release) */
-static int g_enabled;         /* BURSTCTL_PRELOAD_PATHS names at least one directory */
+pthread_once_t g_once = PTHREAD_ONCE_INIT;
+int g_ready;           /* init done (acquire/release) */
+int g_enabled;         /* BURSTCTL_PRELOAD_PATHS names at least one directory */
 static unsigned char *g_fds;  /* per-fd state bytes, anonymous mmap */
 static int g_nfds;
 static char *g_roots[MAX_ROOTS];
 static size_t g_root_len[MAX_ROOTS];
 static int g_nroots;
 static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
-static int64_t g_dead_after_ns = 2000000000LL;
+int64_t g_dead_after_ns = 2000000000LL;
 
 static pthread_mutex_t g_cwd_mu = PTHREAD_MUTEX_INITIALIZER;
 static char g_cwd[PATH_MAX];
@@ -312,7 +181,7 @@ static void atfork_child(void) {
     __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
 }
 
-static void init_once(void) {
+void init_once(void) {
     t_in_lib++;
     const char *paths = getenv("BURSTCTL_PRELOAD_PATHS");
     if (paths && *paths) {
@@ -361,14 +230,6 @@ static void init_once(void) {
     }
     __atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
     t_in_lib--;
-}
-
-static inline void ensure_init(void) {
-    if (UNLIKELY(!__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))) {
-        SAVE_ERRNO();
-        pthread_once(&g_once, init_once);
-        RESTORE_ERRNO();
-    }
 }
 
 /* ------------------------------------------------------------------ the per-fd table */
@@ -673,119 +534,6 @@ static void mark_dead(struct attachment *att, const char *why) {
     __atomic_store_n(&g_last_try_ns, mono_ns(), __ATOMIC_RELAXED);
     if (!__atomic_exchange_n(&g_warned_dead, 1, __ATOMIC_RELAXED))
         warn_line("the burstctl agent's page is %s: running unpaced until it answers again", why);
-}
-
-/* ------------------------------------------------------------------ drawing and waiting */
-
-/* 0: the page is alive; else it is dead (why set). */
-static int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why) {
-    if (__atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE) & FLAG_CLOSED) {
-        *why = "closed";
-        return 0;
-    }
-    int64_t hb = __atomic_load_n(I64(page, OFF_HEARTBEAT), __ATOMIC_ACQUIRE);
-    if (now - hb > dead_after_ns) {
-        *why = "stale";
-        return 0;
-    }
-    return 1;
-}
-
-static void notify_waiting(int *eventfd_slot) {
-    uint64_t one = 1;
-    int eventfd = __atomic_load_n(eventfd_slot, __ATOMIC_ACQUIRE);
-    if (eventfd >= 0 && real_write)
-        (void)!real_write(eventfd, &one, sizeof one);
-}
-
-static void waiter_gone(void *page) {
-    __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
-}
-
-/* Sleeps in slices until the supply covers `target`, re-reading it each slice. 0: covered (or
- * unlimited now); 1: the page died. `now` is the time of the last look. */
-static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t *now,
-                           int64_t dead_after_ns, const char **why) {
-    for (;;) {
-        double missing = (double)target - supply_filled(s, *now);
-        if (missing <= 0)
-            return 0;
-        int64_t slice = SLICE_NS;
-        if (s->rate > 0) {
-            double t = missing / s->rate * 1e9;
-            if (t < (double)slice)
-                slice = t < 1000 ? 1000 : (int64_t)t;
-        }
-        struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
-        nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
-        *now = mono_ns();
-        if (!page_alive(page, *now, dead_after_ns, why))
-            return 1;
-        if (read_supply(page, s, dead_after_ns) != 0) {
-            *why = "stuck mid-update";
-            return 1;
-        }
-        if (isinf(s->rate) && s->rate > 0)
-            return 0;
-    }
-}
-
-/* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
-static int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
-                            const char **why, int64_t *drawn) {
-    struct supply s;
-    *drawn = 0;
-    int64_t now = mono_ns();
-    if (!page_alive(page, now, dead_after_ns, why))
-        return 1;
-    if (read_supply(page, &s, dead_after_ns) != 0) {
-        *why = "stuck mid-update";
-        return 1;
-    }
-    if (isinf(s.rate) && s.rate > 0)
-        return 0;
-    if (n < 0)
-        n = 0;
-    if (n > ((int64_t)1 << 60))
-        n = (int64_t)1 << 60;
-    int64_t *taken = I64(page, OFF_TAKEN);
-    int64_t cur = __atomic_load_n(taken, __ATOMIC_RELAXED), target;
-    do {
-        double floor_ = supply_filled(&s, now) - (double)s.burst;
-        int64_t base = cur;
-        if (floor_ > (double)cur)
-            base = floor_ >= 0x1p62 ? ((int64_t)1 << 62) : (int64_t)floor_;
-        target = base + n;
-    } while (!__atomic_compare_exchange_n(taken, &cur, target, 1, __ATOMIC_ACQ_REL,
-                                          __ATOMIC_RELAXED));
-    *drawn = n;
-    if (supply_filled(&s, now) >= (double)target)
-        return 0;
-    int64_t start = now;
-    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
-        notify_waiting(eventfd);
-    /* nanosleep is a cancellation point: a thread cancelled while waiting is no waiter. */
-    int64_t end = now;
-    int dead;
-    pthread_cleanup_push(waiter_gone, page);
-    dead = wait_for_tokens(page, target, &s, &end, dead_after_ns, why);
-    pthread_cleanup_pop(0);
-    waiter_gone(page);
-    __atomic_fetch_add(I64(page, OFF_WAIT_NS), end - start, __ATOMIC_RELAXED);
-    __atomic_fetch_add(I64(page, OFF_WAITS), 1, __ATOMIC_RELAXED);
-    return dead;
-}
-
-/* The library's draw and wait, for tests and tools (uses BURSTCTL_PRELOAD_DEAD_AFTER).
- * 0: the tokens were there (at once or after a wait); 1: the page is dead or closed. */
-EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd) {
-    SAVE_ERRNO();
-    ensure_init();
-    const char *why = "";
-    int64_t drawn;
-    int r = reserve_and_wait(page, n, &eventfd, g_dead_after_ns, &why, &drawn);
-    RESTORE_ERRNO();
-    return r;
 }
 
 /* A read larger than this is first bounded by what the file still holds (an fstat and, for

@@ -158,6 +158,64 @@ void *resolve(const char *name, const char *fallback);
         }                                                                                       \
     } while (0)
 
+/* ------------------------------------------------------------------ the page (page.py; page.c) */
+
+#define PAGE_BYTES 4096
+#define PAGE_MAGIC 0x31504342u /* "BCP1" */
+#define PAGE_VERSION 1u
+#define FLAG_CLOSED 1u
+
+#define OFF_MAGIC 0
+#define OFF_VERSION 4
+#define OFF_SEQ 8
+#define OFF_T0 16
+#define OFF_FILLED0 24
+#define OFF_RATE 32
+#define OFF_BURST 40
+#define OFF_HEARTBEAT 48
+#define OFF_FLAGS 56
+#define OFF_TAKEN 64
+#define OFF_REQ_READ 128
+#define OFF_REQ_WRITE 136
+#define OFF_MOVED_READ 144
+#define OFF_MOVED_WRITE 152
+#define OFF_CALLS_READ 160
+#define OFF_CALLS_WRITE 168
+#define OFF_WAITERS 192
+#define OFF_WAIT_NS 200
+#define OFF_WAITS 208
+
+#define I64(p, off) ((int64_t *)((char *)(p) + (off)))
+#define U32(p, off) ((uint32_t *)((char *)(p) + (off)))
+
+enum { KIND_READ = 0, KIND_WRITE = 1 };
+
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
+                     const char **why, int64_t *drawn);
+
+/* ------------------------------------------------------------------ configuration (preload.c) */
+
+extern pthread_once_t g_once;
+extern int g_ready;
+extern int g_enabled;
+extern int64_t g_dead_after_ns;
+
+void init_once(void);
+
+static inline void ensure_init(void) {
+    if (UNLIKELY(!__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))) {
+        SAVE_ERRNO();
+        pthread_once(&g_once, init_once);
+        RESTORE_ERRNO();
+    }
+}
+
 #pragma GCC visibility pop
 
 #endif
