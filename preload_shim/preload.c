@@ -1,41 +1,13 @@
 /*
- * The library's parts that are not yet rooms of their own: configuration and the per-fd table,
- * attaching to the agent, and the interposed entry points.
+ * The library's parts that are not yet rooms of their own: attaching to the agent, and the
+ * interposed entry points.
  */
 #include "preload.h"
 
-/* ------------------------------------------------------------------ configuration and state */
+/* ------------------------------------------------------------------ attaching to the agent */
 
-/* A state byte: the state in the low bits; ST_DIRCACHED: the directory's path is cached;
- * ST_OWN: the library's own descriptor (the agent connection or the eventfd). */
-enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED = 4, ST_OWN = 8 };
-
-#define MAX_FDS (1 << 20)
-#define MAX_ROOTS 32
-#define DIRCACHE_SLOTS 256
-#define ATTACH_TIMEOUT_S 5     /* SO_RCVTIMEO on the agent's answer */
-#define RETRY_NS 1000000000LL  /* attach at most once per second after a failure or a death */
-
-pthread_once_t g_once = PTHREAD_ONCE_INIT;
-int g_ready;           /* init done (acquire/release) */
-int g_enabled;         /* BURSTCTL_PRELOAD_PATHS names at least one directory */
-static unsigned char *g_fds;  /* per-fd state bytes, anonymous mmap */
-static int g_nfds;
-static char *g_roots[MAX_ROOTS];
-static size_t g_root_len[MAX_ROOTS];
-static int g_nroots;
-static char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
-int64_t g_dead_after_ns = 2000000000LL;
-
-static pthread_mutex_t g_cwd_mu = PTHREAD_MUTEX_INITIALIZER;
-static char g_cwd[PATH_MAX];
-static int g_cwd_ok;
-
-static pthread_mutex_t g_dir_mu = PTHREAD_MUTEX_INITIALIZER;
-static struct {
-    int fd;
-    char *path;
-} g_dirs[DIRCACHE_SLOTS];
+#define ATTACH_TIMEOUT_S 5    /* SO_RCVTIMEO on the agent's answer */
+#define RETRY_NS 1000000000LL /* attach at most once per second after a failure or a death */
 
 /* One attachment to the agent: the mapped page, its eventfd, the connection. A dead one is
  * never unmapped (another thread may still be reading it): a page's worth per re-attach. */
@@ -47,9 +19,9 @@ struct attachment {
     struct attachment *next; /* every attachment this image made, newest first */
 };
 static struct attachment *g_atts;
-static struct attachment *g_att;  /* current attachment (acquire/release) */
-static int g_attaching;           /* one thread attaches at a time; the others run unpaced */
-static int64_t g_last_try_ns;     /* when the last attach was tried (0: never) */
+static struct attachment *g_att; /* current attachment (acquire/release) */
+int g_attaching;                 /* one thread attaches at a time; the others run unpaced */
+static int64_t g_last_try_ns;    /* when the last attach was tried (0: never) */
 static int g_warned_attach;
 static int g_warned_dead;
 
@@ -71,223 +43,10 @@ static void warn_line(const char *fmt, ...) {
         (void)!real_write(2, buf, (size_t)n);
 }
 
-/* Lexical normalisation of an absolute path: `//`, `/./` and `/../` go, no symlink is read.
- * Returns 0, or -1 when `in` is not absolute or does not fit. */
-static int normalize(const char *in, char *out, size_t cap) {
-    if (in[0] != '/' || cap < 2)
-        return -1;
-    size_t len = 0;
-    const char *p = in;
-    while (*p) {
-        while (*p == '/')
-            p++;
-        if (!*p)
-            break;
-        const char *end = p;
-        while (*end && *end != '/')
-            end++;
-        size_t n = (size_t)(end - p);
-        if (n == 1 && p[0] == '.') {
-            /* nothing */
-        } else if (n == 2 && p[0] == '.' && p[1] == '.') {
-            while (len > 0 && out[len - 1] != '/')
-                len--;
-            if (len > 0)
-                len--; /* the slash before the dropped component */
-        } else {
-            if (len + 1 + n + 1 > cap)
-                return -1;
-            out[len++] = '/';
-            memcpy(out + len, p, n);
-            len += n;
-        }
-        p = end;
-    }
-    if (len == 0)
-        out[len++] = '/';
-    out[len] = '\0';
-    return 0;
-}
-
-/* `rel` joined to the absolute directory `base`, normalised. */
-static int join(const char *base, const char *rel, char *out, size_t cap) {
-    if (rel[0] == '/')
-        return normalize(rel, out, cap);
-    char buf[2 * PATH_MAX + 2];
-    size_t b = strlen(base), r = strlen(rel);
-    if (b + 1 + r + 1 > sizeof buf)
-        return -1;
-    memcpy(buf, base, b);
-    buf[b] = '/';
-    memcpy(buf + b + 1, rel, r + 1);
-    return normalize(buf, out, cap);
-}
-
-static int under_roots(const char *norm) {
-    for (int i = 0; i < g_nroots; i++) {
-        size_t n = g_root_len[i];
-        if (n == 1) /* "/" */
-            return 1;
-        if (strncmp(norm, g_roots[i], n) == 0 && (norm[n] == '\0' || norm[n] == '/'))
-            return 1;
-    }
-    return 0;
-}
-
-static int fd_path(int fd, char *out, size_t cap) {
-    char link[64];
-    snprintf(link, sizeof link, "/proc/self/fd/%d", fd);
-    ssize_t n = readlink(link, out, cap - 1);
-    if (n <= 0 || out[0] != '/')
-        return -1;
-    out[n] = '\0';
-    return 0;
-}
-
-static void refresh_cwd(void) {
-    char buf[PATH_MAX];
-    int ok = getcwd(buf, sizeof buf) != NULL && buf[0] == '/';
-    pthread_mutex_lock(&g_cwd_mu);
-    g_cwd_ok = ok;
-    if (ok)
-        memcpy(g_cwd, buf, strlen(buf) + 1);
-    pthread_mutex_unlock(&g_cwd_mu);
-}
-
-static int cwd_copy(char *out, size_t cap) {
-    pthread_mutex_lock(&g_cwd_mu);
-    int ok = g_cwd_ok && strlen(g_cwd) < cap;
-    if (ok)
-        memcpy(out, g_cwd, strlen(g_cwd) + 1);
-    pthread_mutex_unlock(&g_cwd_mu);
-    return ok ? 0 : -1;
-}
-
-static void atfork_prepare(void) {
-    pthread_mutex_lock(&g_cwd_mu);
-    pthread_mutex_lock(&g_dir_mu);
-}
-
-static void atfork_parent(void) {
-    pthread_mutex_unlock(&g_dir_mu);
-    pthread_mutex_unlock(&g_cwd_mu);
-}
-
-static void atfork_child(void) {
-    pthread_mutex_unlock(&g_dir_mu);
-    pthread_mutex_unlock(&g_cwd_mu);
-    /* An attach under way in another thread of the parent does not exist here. The child
-     * keeps the parent's page and connection: its I/O stays on its job. */
-    __atomic_store_n(&g_attaching, 0, __ATOMIC_RELEASE);
-}
-
-void init_once(void) {
-    t_in_lib++;
-    const char *paths = getenv("BURSTCTL_PRELOAD_PATHS");
-    if (paths && *paths) {
-        char *copy = strdup(paths);
-        for (char *save = NULL, *tok = copy ? strtok_r(copy, ":", &save) : NULL;
-             tok && g_nroots < MAX_ROOTS; tok = strtok_r(NULL, ":", &save)) {
-            char norm[PATH_MAX];
-            if (normalize(tok, norm, sizeof norm) != 0)
-                continue; /* relative or too long: ignored */
-            char *root = strdup(norm);
-            if (!root)
-                continue;
-            g_roots[g_nroots] = root;
-            g_root_len[g_nroots] = strlen(root);
-            g_nroots++;
-        }
-        free(copy);
-    }
-    const char *sock = getenv("BURSTCTL_AGENT_SOCKET");
-    snprintf(g_socket, sizeof g_socket, "%s", sock && *sock ? sock : "/run/burstctl/agent.sock");
-    const char *dead = getenv("BURSTCTL_PRELOAD_DEAD_AFTER");
-    if (dead && *dead) {
-        char *end;
-        double s = strtod(dead, &end);
-        if (end != dead && s > 0 && s < 1e6)
-            g_dead_after_ns = (int64_t)(s * 1e9);
-    }
-    if (g_nroots > 0) {
-        struct rlimit rl;
-        long n = 65536;
-        if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-            rlim_t m = rl.rlim_max > rl.rlim_cur ? rl.rlim_max : rl.rlim_cur;
-            n = m == RLIM_INFINITY || m > MAX_FDS ? MAX_FDS : (long)m;
-            if (n < 1024)
-                n = 1024;
-        }
-        void *table = mmap(NULL, (size_t)n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
-                           -1, 0);
-        if (table != MAP_FAILED) {
-            g_fds = table;
-            g_nfds = (int)n;
-            refresh_cwd();
-            pthread_atfork(atfork_prepare, atfork_parent, atfork_child);
-            g_enabled = 1;
-        }
-    }
-    __atomic_store_n(&g_ready, 1, __ATOMIC_RELEASE);
-    t_in_lib--;
-}
-
-/* ------------------------------------------------------------------ the per-fd table */
-
-static void dircache_drop(int fd) {
-    pthread_mutex_lock(&g_dir_mu);
-    char *old = NULL;
-    for (int i = 0; i < DIRCACHE_SLOTS; i++) {
-        if (g_dirs[i].path && g_dirs[i].fd == fd) {
-            old = g_dirs[i].path;
-            g_dirs[i].path = NULL;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g_dir_mu);
-    free(old);
-}
-
-static int dircache_add(int fd, const char *path) {
-    char *copy = strdup(path);
-    if (!copy)
-        return -1;
-    int slot = -1;
-    pthread_mutex_lock(&g_dir_mu);
-    for (int i = 0; i < DIRCACHE_SLOTS; i++) {
-        if (!g_dirs[i].path) {
-            slot = i;
-            g_dirs[i].fd = fd;
-            g_dirs[i].path = copy;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g_dir_mu);
-    if (slot < 0) {
-        free(copy);
-        return -1;
-    }
-    return 0;
-}
-
-static int dircache_get(int fd, char *out, size_t cap) {
-    int found = -1;
-    pthread_mutex_lock(&g_dir_mu);
-    for (int i = 0; i < DIRCACHE_SLOTS; i++) {
-        if (g_dirs[i].path && g_dirs[i].fd == fd && strlen(g_dirs[i].path) < cap) {
-            memcpy(out, g_dirs[i].path, strlen(g_dirs[i].path) + 1);
-            found = 0;
-            break;
-        }
-    }
-    pthread_mutex_unlock(&g_dir_mu);
-    return found;
-}
-
 /* The application closes or replaces one of the library's own descriptors: the library
  * stops using that number at once (never writing its eventfd's 8 bytes into a file that
  * reuses it). Its connection then ends: the agent drops this process; the page stays. */
-static void own_fd_lost(int fd) {
+void own_fd_lost(int fd) {
     for (struct attachment *a = __atomic_load_n(&g_atts, __ATOMIC_ACQUIRE); a; a = a->next) {
         int expect = fd;
         __atomic_compare_exchange_n(&a->eventfd, &expect, -1, 0, __ATOMIC_ACQ_REL,
@@ -298,71 +57,10 @@ static void own_fd_lost(int fd) {
     }
 }
 
-/* Sets fd's state, dropping a cached directory path it had. */
-static void set_state(int fd, int st) {
-    if (fd < 0 || fd >= g_nfds)
-        return;
-    unsigned char old = __atomic_exchange_n(&g_fds[fd], (unsigned char)st, __ATOMIC_RELAXED);
-    if (UNLIKELY(old & ST_DIRCACHED))
-        dircache_drop(fd);
-    if (UNLIKELY(old & ST_OWN))
-        own_fd_lost(fd);
-}
-
-/* Before a call that replaces fd (dup2 and dup3 onto it): the library lets go of it first. */
-static void before_replace(int fd) {
-    if (g_enabled && fd >= 0 && fd < g_nfds &&
-        UNLIKELY(__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_OWN)) {
-        SAVE_ERRNO();
-        set_state(fd, ST_UNKNOWN);
-        RESTORE_ERRNO();
-    }
-}
-
 static void mark_own(int fd) {
     if (fd >= 0 && fd < g_nfds)
         __atomic_store_n(&g_fds[fd], (unsigned char)(ST_UNPACED | ST_OWN), __ATOMIC_RELAXED);
 }
-
-static int classify_norm(const char *norm) {
-    return under_roots(norm) ? ST_PACED : ST_UNPACED;
-}
-
-/* An fd the library never saw open: once, by its /proc/self/fd link. */
-static int resolve_unknown(int fd) {
-    SAVE_ERRNO();
-    t_in_lib++;
-    char path[PATH_MAX], norm[PATH_MAX];
-    int st = ST_UNPACED;
-    if (fd_path(fd, path, sizeof path) == 0 && normalize(path, norm, sizeof norm) == 0)
-        st = classify_norm(norm);
-    if (fd >= 0 && fd < g_nfds) {
-        unsigned char expect = ST_UNKNOWN;
-        /* an open in another thread may have set it meanwhile: that one wins */
-        __atomic_compare_exchange_n(&g_fds[fd], &expect, (unsigned char)st, 0, __ATOMIC_RELAXED,
-                                    __ATOMIC_RELAXED);
-    }
-    t_in_lib--;
-    RESTORE_ERRNO();
-    return st;
-}
-
-/* The fd's state: ST_UNPACED or ST_PACED. */
-static inline int fd_state(int fd) {
-    ensure_init();
-    if (!g_enabled)
-        return ST_UNPACED;
-    if (LIKELY(fd >= 0 && fd < g_nfds)) {
-        int st = __atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_MASK;
-        if (LIKELY(st != ST_UNKNOWN))
-            return st;
-    } else if (fd < 0) {
-        return ST_UNPACED;
-    }
-    return resolve_unknown(fd);
-}
-
-/* ------------------------------------------------------------------ attaching to the agent */
 
 static struct attachment *attach_now(char *why, size_t why_cap) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
@@ -478,7 +176,7 @@ static void wait_for_attach(void) {
 }
 
 /* Attaches when there is no live attachment and the last try is a second old or more. */
-static void maybe_attach(void) {
+void maybe_attach(void) {
     struct attachment *cur = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (cur && !__atomic_load_n(&cur->dead, __ATOMIC_ACQUIRE))
         return;
@@ -535,6 +233,8 @@ static void mark_dead(struct attachment *att, const char *why) {
     if (!__atomic_exchange_n(&g_warned_dead, 1, __ATOMIC_RELAXED))
         warn_line("the burstctl agent's page is %s: running unpaced until it answers again", why);
 }
+
+/* ------------------------------------------------------------------ pacing a call */
 
 /* A read larger than this is first bounded by what the file still holds (an fstat and, for
  * a read at the file position, an lseek): a 1 GiB buffer for a 4 KiB file must not wait for
@@ -615,45 +315,6 @@ static size_t iov_bytes(const struct iovec *iov, int cnt) {
 }
 
 /* ------------------------------------------------------------------ opens */
-
-/* After an open that returned fd: its state from the path, lexically. */
-static void after_open(int dirfd, const char *path, int fd, int flags) {
-    if (fd < 0 || !path)
-        return;
-    SAVE_ERRNO();
-    t_in_lib++;
-    char base[PATH_MAX], norm[PATH_MAX];
-    int ok = -1;
-    if (path[0] == '/') {
-        ok = normalize(path, norm, sizeof norm);
-    } else {
-        int have_base = -1;
-        if (dirfd == AT_FDCWD)
-            have_base = cwd_copy(base, sizeof base);
-        else if (dirfd >= 0 && dirfd < g_nfds &&
-                 (__atomic_load_n(&g_fds[dirfd], __ATOMIC_RELAXED) & ST_DIRCACHED))
-            have_base = dircache_get(dirfd, base, sizeof base);
-        if (have_base != 0 && dirfd != AT_FDCWD)
-            have_base = fd_path(dirfd, base, sizeof base);
-        if (have_base == 0)
-            ok = join(base, path, norm, sizeof norm);
-    }
-    if (ok != 0) { /* no usable base: ask the kernel where the new fd is */
-        char link[PATH_MAX];
-        if (fd_path(fd, link, sizeof link) == 0)
-            ok = normalize(link, norm, sizeof norm);
-    }
-    int st = ok == 0 ? classify_norm(norm) : ST_UNPACED;
-    set_state(fd, st);
-    int is_dir = (flags & (O_DIRECTORY | O_PATH)) && (flags & O_TMPFILE) != O_TMPFILE;
-    if (ok == 0 && is_dir && fd < g_nfds &&
-        dircache_add(fd, norm) == 0)
-        __atomic_fetch_or(&g_fds[fd], (unsigned char)ST_DIRCACHED, __ATOMIC_RELAXED);
-    t_in_lib--;
-    if (st == ST_PACED)
-        maybe_attach();
-    RESTORE_ERRNO();
-}
 
 static inline int needs_mode(int flags) {
     return (flags & O_CREAT) || ((flags & O_TMPFILE) == O_TMPFILE);
@@ -790,6 +451,16 @@ EXPORT int closedir(DIR *dir) {
         }
     }
     return real_closedir(dir);
+}
+
+/* Before a call that replaces fd (dup2 and dup3 onto it): the library lets go of it first. */
+static void before_replace(int fd) {
+    if (g_enabled && fd >= 0 && fd < g_nfds &&
+        UNLIKELY(__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_OWN)) {
+        SAVE_ERRNO();
+        set_state(fd, ST_UNKNOWN);
+        RESTORE_ERRNO();
+    }
 }
 
 static void copy_state(int oldfd, int newfd) {

@@ -68,7 +68,7 @@
  * the shared state and functions directly, as one translation unit would, not through the GOT. */
 #pragma GCC visibility push(hidden)
 
-/* ------------------------------------------------------------------ real functions (real.c) */
+/* ------------------------------------------------------------------ real.c: the real functions */
 
 /* Every libc function the library interposes: X(return type, name, parameters, the name
  * resolved instead when `name` is missing). Its real function is real_<name>. */
@@ -158,7 +158,7 @@ void *resolve(const char *name, const char *fallback);
         }                                                                                       \
     } while (0)
 
-/* ------------------------------------------------------------------ the page (page.py; page.c) */
+/* ------------------------------------------------------------------ page.c: the pacing page */
 
 #define PAGE_BYTES 4096
 #define PAGE_MAGIC 0x31504342u /* "BCP1" */
@@ -199,14 +199,25 @@ static inline int64_t mono_ns(void) {
 int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
                      const char **why, int64_t *drawn);
 
-/* ------------------------------------------------------------------ configuration (preload.c) */
+/* ------------------------------------------------------------------ fdstate.c: the fd table */
+
+/* A state byte: the state in the low bits; ST_DIRCACHED: the directory's path is cached;
+ * ST_OWN: the library's own descriptor (the agent connection or the eventfd). */
+enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED = 4, ST_OWN = 8 };
 
 extern pthread_once_t g_once;
 extern int g_ready;
 extern int g_enabled;
+extern unsigned char *g_fds;
+extern int g_nfds;
+extern char g_socket[sizeof(((struct sockaddr_un *)0)->sun_path)];
 extern int64_t g_dead_after_ns;
 
 void init_once(void);
+void refresh_cwd(void);
+void set_state(int fd, int st);
+int resolve_unknown(int fd);
+void after_open(int dirfd, const char *path, int fd, int flags);
 
 static inline void ensure_init(void) {
     if (UNLIKELY(!__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))) {
@@ -215,6 +226,28 @@ static inline void ensure_init(void) {
         RESTORE_ERRNO();
     }
 }
+
+/* The fd's state: ST_UNPACED or ST_PACED. */
+static inline int fd_state(int fd) {
+    ensure_init();
+    if (!g_enabled)
+        return ST_UNPACED;
+    if (LIKELY(fd >= 0 && fd < g_nfds)) {
+        int st = __atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_MASK;
+        if (LIKELY(st != ST_UNKNOWN))
+            return st;
+    } else if (fd < 0) {
+        return ST_UNPACED;
+    }
+    return resolve_unknown(fd);
+}
+
+/* ------------------------------------------------------------------ preload.c: attaching */
+
+extern int g_attaching;
+
+void own_fd_lost(int fd);
+void maybe_attach(void);
 
 #pragma GCC visibility pop
 
