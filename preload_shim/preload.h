@@ -242,12 +242,24 @@ static inline int fd_state(int fd) {
     return resolve_unknown(fd);
 }
 
-/* ------------------------------------------------------------------ preload.c: attaching */
+/* ------------------------------------------------------------------ attach.c: the agent */
 
+/* One attachment to the agent: the mapped page, its eventfd, the connection. A dead one is
+ * never unmapped (another thread may still be reading it): a page's worth per re-attach. */
+struct attachment {
+    void *page;
+    int eventfd; /* -1 once the application closed or replaced that number */
+    int conn;    /* -1 once hung up, or closed or replaced by the application */
+    int dead;
+    struct attachment *next; /* every attachment this image made, newest first */
+};
+
+extern struct attachment *g_att;
 extern int g_attaching;
 
 void own_fd_lost(int fd);
 void maybe_attach(void);
+void mark_dead(struct attachment *att, const char *why);
 
 #pragma GCC visibility pop
 
