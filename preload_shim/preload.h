@@ -261,6 +261,29 @@ void own_fd_lost(int fd);
 void maybe_attach(void);
 void mark_dead(struct attachment *att, const char *why);
 
+/* ------------------------------------------------------------------ io.c: pacing a call */
+
+/* What a paced call drew: the attachment to count on (NULL: unpaced) and the tokens. */
+struct paced {
+    struct attachment *att;
+    int64_t drawn;
+};
+
+struct paced pace(int kind, size_t n, int fd, int64_t off);
+
+/* After the real call: the bytes it moved are counted, and the tokens it drew and did not
+ * use (a short read at the end of a file, a failed call) go back. */
+static inline void settle(struct paced p, int kind, ssize_t r) {
+    if (!p.att)
+        return;
+    int64_t used = r > 0 ? (int64_t)r : 0;
+    if (used > 0)
+        __atomic_fetch_add(I64(p.att->page, kind == KIND_READ ? OFF_MOVED_READ : OFF_MOVED_WRITE),
+                           used, __ATOMIC_RELAXED);
+    if (p.drawn > used)
+        __atomic_fetch_sub(I64(p.att->page, OFF_TAKEN), p.drawn - used, __ATOMIC_RELAXED);
+}
+
 #pragma GCC visibility pop
 
 #endif
