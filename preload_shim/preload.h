@@ -6,12 +6,19 @@
  * The page layout and the protocol are the contract of preload_shim/page.py (its docstring);
  * what is caught and what is not: docs/preload.md, "What the library catches".
  *
- * This header is the library's private header: what its parts (the .c files beside it, one
- * translation unit each, linked into one shared object) share. Every part includes it
- * first, so that every part sees the same feature macros. What it declares is hidden: only
- * the functions a part marks EXPORT leave the library.
+ * The library's parts, one translation unit each, linked into one shared object:
+ *  - real.c:    the real libc functions behind the interposed ones, the in-library flag;
+ *  - page.c:    the pacing page: the agent's ctypes helpers, drawing tokens and waiting;
+ *  - fdstate.c: which descriptors are paced: configuration, paths, the per-fd table;
+ *  - attach.c:  attaching to the node agent, the library's own descriptors;
+ *  - io.c:      pacing a call; the read and write family;
+ *  - open.c:    the open, close, dup, fcntl and chdir family;
+ *  - stdio.c:   the stdio family.
+ * This private header is what they share. Every part includes it first, so that all see the
+ * same feature macros; what it declares is hidden: only the functions a part marks EXPORT
+ * leave the library.
  *
- * Rules kept here:
+ * Rules every part keeps:
  *  - never fail the application's I/O because of the library: any failure of ours means
  *    "run unpaced" (one warning line on stderr), and errno is preserved around our work;
  *  - an unpaced descriptor costs one load of the per-fd table and the real call;

@@ -1,6 +1,6 @@
 /*
- * The stdio family: fopen, fdopen, freopen and fclose (and their 64 forms) set or forget the
- * state of a stream's descriptor; fread and fwrite (and their unlocked and _chk forms) are
+ * The stdio family: fopen and freopen (and their 64 forms), fdopen and fclose set or forget
+ * the state of a stream's descriptor; fread and fwrite (and their unlocked and _chk forms) are
  * paced on it; fflush passes through.
  */
 #include "preload.h"

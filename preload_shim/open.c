@@ -1,6 +1,8 @@
 /*
- * The library's parts that are not yet rooms of their own: the open, close, dup,
- * fcntl and chdir entry points.
+ * The open, close, dup and fcntl family, and chdir and fchdir: the calls that make, copy and
+ * end descriptors, and so set, copy and forget their states in the per-fd table (fdstate.c),
+ * and the two that move the working directory against which relative paths are classified.
+ * None of them is paced (a paced open attaches the process to the agent: attach.c).
  */
 #include "preload.h"
 
