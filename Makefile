@@ -7,8 +7,8 @@ STAMP := $(VENV)/.installed
 .PHONY: run test test-all lint format proto bench system-deps clean
 
 # Install (or update) the package and its dev/test extras when pyproject.toml changes, and
-# rebuild the LD_PRELOAD library (setup.py) when its C source does.
-$(STAMP): pyproject.toml setup.py $(wildcard preload_shim/*.c)
+# rebuild the LD_PRELOAD library (setup.py) when one of its C sources or its header does.
+$(STAMP): pyproject.toml setup.py $(wildcard preload_shim/*.c preload_shim/*.h)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	  || { echo "burstctl needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@command -v gcc >/dev/null 2>&1 && test -e /usr/include/stdio.h \

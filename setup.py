@@ -1,4 +1,5 @@
-"""Builds the LD_PRELOAD library (preload_shim/preload.c) with the system's C compiler.
+"""Builds the LD_PRELOAD library (preload_shim/*.c, its parts, and their private header
+preload_shim/preload.h) with the system's C compiler.
 
 Everything else about the package is in pyproject.toml. The library is a plain shared object,
 not a Python extension (it carries setuptools' extension suffix, but nobody imports it):
@@ -7,6 +8,8 @@ links only libc (libdl, libpthread), never libpython.
 """
 
 from __future__ import annotations
+
+from glob import glob
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
@@ -23,7 +26,8 @@ setup(
     ext_modules=[
         Extension(
             "burstctl.preload_shim._preload",
-            sources=["preload_shim/preload.c"],
+            sources=sorted(glob("preload_shim/*.c")),
+            depends=sorted(glob("preload_shim/*.h")),  # a changed header rebuilds every part
             extra_compile_args=["-std=gnu11", "-O2", "-fPIC", "-fvisibility=hidden"],
             libraries=["dl", "pthread"],
         )

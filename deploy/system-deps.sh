@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Installs the system packages burstctl's tests need (libfuse 2 and 3, fio, and Chromium with its
 # WebDriver for the dashboard test, shellcheck for the deploy scripts' test, gcc and the libc headers
-# that build the LD_PRELOAD library, preload_shim/preload.c) when missing.
+# that build the LD_PRELOAD library, preload_shim/*.c) when missing.
 # Runs apt-get only as root (CI runs as root on a fresh machine); otherwise says what to install.
 set -euo pipefail
 

@@ -1,4 +1,4 @@
-"""Where the built LD_PRELOAD library is (``preload_shim/preload.c``, compiled by the package's
+"""Where the built LD_PRELOAD library is (``preload_shim/*.c``, compiled by the package's
 own build: ``setup.py``)."""
 
 from __future__ import annotations

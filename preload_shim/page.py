@@ -4,7 +4,7 @@ The agent creates one page per (job, user) as an anonymous ``memfd`` and passes 
 ``eventfd``, over its Unix socket (``SCM_RIGHTS``) to each process of the job that attaches.
 The library maps it ``MAP_SHARED`` and draws tokens from it with atomic operations: no socket
 round trip per read or write. The layout (little-endian, native alignment, `PAGE_SIZE` bytes)
-is the contract with ``preload_shim/preload.c``; both sides check `MAGIC` and `VERSION`.
+is the contract with the library (``preload_shim/page.c``); both sides check `MAGIC` and `VERSION`.
 
 ===== ====== ============== ==========================================================
 off   type   name           meaning (writer)

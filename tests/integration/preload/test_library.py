@@ -1,4 +1,4 @@
-"""The LD_PRELOAD library (preload_shim/preload.c) on real programs, against a fake agent.
+"""The LD_PRELOAD library (preload_shim/*.c) on real programs, against a fake agent.
 
 Real dd, cp, tar, Python and a C probe program (probe.c, compiled here with gcc) run with
 ``LD_PRELOAD=library_path()`` and the protocol's environment; the fake agent (fake_agent.py)

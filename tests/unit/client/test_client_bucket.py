@@ -8,20 +8,10 @@ import threading
 
 import pytest
 from support import wait_until
+from support.clock import FakeClock
 
 from burstctl.client.bucket import MAX_WAIT_SLICE, Throttle, TokenBucket, wait_slice
 from burstctl.common.limits import MIN_RATE
-
-
-class FakeClock:
-    """A settable clock for `Throttle`; waits still use real (short) timeouts."""
-
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
 
 # -------------------------------------------------------------------------- TokenBucket
 

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 from support import wait_until
+from support.clock import FakeClock
 
 from burstctl.client.bucket import Pattern, Throttle, TokenBucket
 from burstctl.common.limits import MAX_WINDOWS, windows_problem
@@ -142,14 +143,6 @@ def test_a_new_rate_without_windows_drops_the_pattern() -> None:
     target = bucket.reserve(10.0, now=0.5)
     # the window's burst was dropped at its end; then 50 B/s at once: no window to wait for
     assert bucket.delay(target, now=0.5) == pytest.approx(10 / 50)
-
-
-class FakeClock:
-    def __init__(self, now: float) -> None:
-        self.now = now
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def test_a_throttle_waiter_is_released_by_a_pattern_whose_window_is_open() -> None:

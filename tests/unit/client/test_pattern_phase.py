@@ -8,6 +8,8 @@ bytes then wait a whole period: the live ``persched`` test saw one iteration in 
 
 from __future__ import annotations
 
+from support.clock import FakeClock
+
 from burstctl.client.bucket import Throttle
 from burstctl.client.job import JobInfo
 from burstctl.client.options import SessionOptions
@@ -16,15 +18,7 @@ from burstctl.client.windows import PHASE_SLACK
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
-def stream(clock: Clock) -> SessionStream:
+def stream(clock: FakeClock) -> SessionStream:
     options = SessionOptions.build(
         "127.0.0.1:1",
         JobInfo("j", "ann", "phys"),
@@ -47,7 +41,7 @@ def allocation(epoch: int, origin: float, start: float = 0.1) -> pb.Allocation:
 
 
 def test_a_renewal_whose_origin_moved_by_a_delay_jitter_keeps_the_phase() -> None:
-    clock = Clock()
+    clock = FakeClock()
     s = stream(clock)
     s._on_allocation(allocation(1, 0.5))
     first = s._last_pattern
@@ -59,7 +53,7 @@ def test_a_renewal_whose_origin_moved_by_a_delay_jitter_keeps_the_phase() -> Non
 
 
 def test_a_new_phase_or_new_windows_are_taken() -> None:
-    clock = Clock()
+    clock = FakeClock()
     s = stream(clock)
     s._on_allocation(allocation(1, 0.5))
     clock.now = 100.5

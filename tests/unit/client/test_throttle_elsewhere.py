@@ -8,21 +8,14 @@ from __future__ import annotations
 import math
 
 import pytest
+from support.clock import FakeClock
 
 from burstctl.client.bucket import Pattern, Throttle
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_count_books_bytes_like_an_acquire_without_drawing_tokens() -> None:
-    clock = Clock()
+    clock = FakeClock()
     throttle = Throttle(clock)
     throttle.set_rate(1000.0, 1000.0)  # an empty bucket: any acquire would wait
     throttle.count(5000, pb.OP_KIND_WRITE)
@@ -40,7 +33,7 @@ def test_count_books_bytes_like_an_acquire_without_drawing_tokens() -> None:
 
 
 def test_hold_wait_is_one_waiter_with_its_wait_time_and_one_notice() -> None:
-    clock = Clock()
+    clock = FakeClock()
     notices: list[float] = []
     throttle = Throttle(clock, on_wait_start=lambda: notices.append(clock.now))
     throttle.hold_wait(True)
@@ -67,7 +60,7 @@ def test_the_bucket_observer_sees_every_set_rate_outside_the_lock() -> None:
         assert not throttle.waiting  # takes the throttle's lock: would deadlock under it
         seen.append((rate, burst, pattern))
 
-    throttle = Throttle(Clock(), on_bucket=observe)
+    throttle = Throttle(FakeClock(), on_bucket=observe)
     throttle.set_rate(2000.0, 100.0)
     throttle.set_rate(2000.0, 100.0)  # unchanged: seen too
     pattern = Pattern(10.0, 0.0, [(0.0, 2.0, 500.0)])

@@ -1,0 +1,212 @@
+/*
+ * The pacing page, the library's side of the contract in preload_shim/page.py: the helpers the
+ * agent loads with ctypes (atomic loads, stores and adds, the flags, the seqlock write of the
+ * token supply), the seqlock read, and drawing tokens from the supply and waiting for them,
+ * with the page's waiters and wait counters and the eventfd that wakes the agent.
+ */
+#include "preload.h"
+
+#define SLICE_NS 10000000LL /* the longest sleep of a wait */
+
+struct supply {
+    int64_t t0;
+    int64_t filled0;
+    double rate;
+    int64_t burst;
+};
+
+static double bits_to_double(uint64_t bits) {
+    double d;
+    memcpy(&d, &bits, sizeof d);
+    return d;
+}
+
+static uint64_t double_to_bits(double d) {
+    uint64_t bits;
+    memcpy(&bits, &d, sizeof bits);
+    return bits;
+}
+
+EXPORT int64_t burstctl_page_load(void *page, int offset) {
+    return __atomic_load_n(I64(page, offset), __ATOMIC_ACQUIRE);
+}
+
+EXPORT void burstctl_page_store(void *page, int offset, int64_t value) {
+    __atomic_store_n(I64(page, offset), value, __ATOMIC_RELEASE);
+}
+
+EXPORT int64_t burstctl_page_add(void *page, int offset, int64_t delta) {
+    return __atomic_add_fetch(I64(page, offset), delta, __ATOMIC_ACQ_REL);
+}
+
+EXPORT uint32_t burstctl_page_or_flags(void *page, uint32_t bits) {
+    return __atomic_or_fetch(U32(page, OFF_FLAGS), bits, __ATOMIC_ACQ_REL);
+}
+
+EXPORT uint32_t burstctl_page_flags(void *page) {
+    return __atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE);
+}
+
+/* The seqlock write of the supply (the agent's side; one writer at a time). */
+EXPORT int burstctl_page_publish(void *page, int64_t t0_ns, int64_t filled0, double rate,
+                                 int64_t burst) {
+    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
+    uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED);
+    if (s & 1) /* a writer died mid-write: start from the next even value */
+        s += 1;
+    __atomic_store_n(seq, s + 1, __ATOMIC_RELAXED);
+    __atomic_thread_fence(__ATOMIC_RELEASE);
+    __atomic_store_n(I64(page, OFF_T0), t0_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, OFF_FILLED0), filled0, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)I64(page, OFF_RATE), double_to_bits(rate), __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, OFF_BURST), burst, __ATOMIC_RELAXED);
+    __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
+    return 0;
+}
+
+/* The seqlock read: 0, or -1 when a writer stays mid-write for more than `give_up_ns`. */
+static int read_supply(void *page, struct supply *out, int64_t give_up_ns) {
+    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
+    int64_t start = 0;
+    for (unsigned spins = 0;; spins++) {
+        uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
+        if (!(s1 & 1)) {
+            out->t0 = __atomic_load_n(I64(page, OFF_T0), __ATOMIC_RELAXED);
+            out->filled0 = __atomic_load_n(I64(page, OFF_FILLED0), __ATOMIC_RELAXED);
+            out->rate = bits_to_double(
+                __atomic_load_n((uint64_t *)I64(page, OFF_RATE), __ATOMIC_RELAXED));
+            out->burst = __atomic_load_n(I64(page, OFF_BURST), __ATOMIC_RELAXED);
+            __atomic_thread_fence(__ATOMIC_ACQUIRE);
+            if (__atomic_load_n(seq, __ATOMIC_RELAXED) == s1)
+                return 0;
+        }
+        if (spins >= 64) {
+            int64_t now = mono_ns();
+            if (start == 0)
+                start = now;
+            else if (now - start > give_up_ns)
+                return -1;
+            sched_yield();
+        }
+    }
+}
+
+static double supply_filled(const struct supply *s, int64_t now) {
+    if (isinf(s->rate))
+        return INFINITY;
+    int64_t dt = now - s->t0;
+    if (dt < 0)
+        dt = 0;
+    return (double)s->filled0 + s->rate * ((double)dt / 1e9);
+}
+
+/* 0: the page is alive; else it is dead (why set). */
+static int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why) {
+    if (__atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE) & FLAG_CLOSED) {
+        *why = "closed";
+        return 0;
+    }
+    int64_t hb = __atomic_load_n(I64(page, OFF_HEARTBEAT), __ATOMIC_ACQUIRE);
+    if (now - hb > dead_after_ns) {
+        *why = "stale";
+        return 0;
+    }
+    return 1;
+}
+
+static void notify_waiting(int *eventfd_slot) {
+    uint64_t one = 1;
+    int eventfd = __atomic_load_n(eventfd_slot, __ATOMIC_ACQUIRE);
+    if (eventfd >= 0 && real_write)
+        (void)!real_write(eventfd, &one, sizeof one);
+}
+
+static void waiter_gone(void *page) {
+    __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
+}
+
+/* Sleeps in slices until the supply covers `target`, re-reading it each slice. 0: covered (or
+ * unlimited now); 1: the page died. `now` is the time of the last look. */
+static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t *now,
+                           int64_t dead_after_ns, const char **why) {
+    for (;;) {
+        double missing = (double)target - supply_filled(s, *now);
+        if (missing <= 0)
+            return 0;
+        int64_t slice = SLICE_NS;
+        if (s->rate > 0) {
+            double t = missing / s->rate * 1e9;
+            if (t < (double)slice)
+                slice = t < 1000 ? 1000 : (int64_t)t;
+        }
+        struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
+        nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
+        *now = mono_ns();
+        if (!page_alive(page, *now, dead_after_ns, why))
+            return 1;
+        if (read_supply(page, s, dead_after_ns) != 0) {
+            *why = "stuck mid-update";
+            return 1;
+        }
+        if (isinf(s->rate) && s->rate > 0)
+            return 0;
+    }
+}
+
+/* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
+int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
+                            const char **why, int64_t *drawn) {
+    struct supply s;
+    *drawn = 0;
+    int64_t now = mono_ns();
+    if (!page_alive(page, now, dead_after_ns, why))
+        return 1;
+    if (read_supply(page, &s, dead_after_ns) != 0) {
+        *why = "stuck mid-update";
+        return 1;
+    }
+    if (isinf(s.rate) && s.rate > 0)
+        return 0;
+    if (n < 0)
+        n = 0;
+    if (n > ((int64_t)1 << 60))
+        n = (int64_t)1 << 60;
+    int64_t *taken = I64(page, OFF_TAKEN);
+    int64_t cur = __atomic_load_n(taken, __ATOMIC_RELAXED), target;
+    do {
+        double floor_ = supply_filled(&s, now) - (double)s.burst;
+        int64_t base = cur;
+        if (floor_ > (double)cur)
+            base = floor_ >= 0x1p62 ? ((int64_t)1 << 62) : (int64_t)floor_;
+        target = base + n;
+    } while (!__atomic_compare_exchange_n(taken, &cur, target, 1, __ATOMIC_ACQ_REL,
+                                          __ATOMIC_RELAXED));
+    *drawn = n;
+    if (supply_filled(&s, now) >= (double)target)
+        return 0;
+    int64_t start = now;
+    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
+        notify_waiting(eventfd);
+    /* nanosleep is a cancellation point: a thread cancelled while waiting is no waiter. */
+    int64_t end = now;
+    int dead;
+    pthread_cleanup_push(waiter_gone, page);
+    dead = wait_for_tokens(page, target, &s, &end, dead_after_ns, why);
+    pthread_cleanup_pop(0);
+    waiter_gone(page);
+    __atomic_fetch_add(I64(page, OFF_WAIT_NS), end - start, __ATOMIC_RELAXED);
+    __atomic_fetch_add(I64(page, OFF_WAITS), 1, __ATOMIC_RELAXED);
+    return dead;
+}
+
+/* The library's draw and wait, for tests and tools (uses BURSTCTL_PRELOAD_DEAD_AFTER).
+ * 0: the tokens were there (at once or after a wait); 1: the page is dead or closed. */
+EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd) {
+    SAVE_ERRNO();
+    ensure_init();
+    const char *why = "";
+    int64_t drawn;
+    int r = reserve_and_wait(page, n, &eventfd, g_dead_after_ns, &why, &drawn);
+    RESTORE_ERRNO();
+    return r;
+}
