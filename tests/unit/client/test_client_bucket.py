@@ -7,7 +7,7 @@ import math
 import threading
 
 import pytest
-from support import wait_until
+from support import async_wait_until, wait_until
 from support.clock import FakeClock
 
 from burstctl.client.bucket import MAX_WAIT_SLICE, Throttle, TokenBucket, wait_slice
@@ -142,8 +142,7 @@ def test_close_makes_blocked_threads_raise() -> None:
 
     worker = threading.Thread(target=work)
     worker.start()
-    while not throttle.waiting:
-        worker.join(0.001)
+    wait_until(lambda: throttle.waiting, message="the acquire waiting")
     throttle.close()
     worker.join(2)
     assert [str(e) for e in errors] == ["session is closed"]
@@ -171,8 +170,7 @@ def test_wait_seconds_include_an_ongoing_wait() -> None:
     throttle = Throttle(clock=clock)
     worker = threading.Thread(target=throttle.acquire, args=(10,))
     worker.start()
-    while not throttle.waiting:
-        worker.join(0.001)
+    wait_until(lambda: throttle.waiting, message="the acquire waiting")
     clock.now += 2.0
     stats = throttle.snapshot()
     assert stats.waiting and stats.wait_seconds == pytest.approx(2.0)
@@ -184,8 +182,7 @@ def test_wait_seconds_include_an_ongoing_wait() -> None:
 async def test_async_waiters_are_woken_by_a_rate_change() -> None:
     throttle = Throttle()
     waiter = asyncio.create_task(throttle.acquire_async(100))
-    while not throttle.waiting:
-        await asyncio.sleep(0)
+    await async_wait_until(lambda: throttle.waiting, interval=0, message="the waiter waiting")
     assert not waiter.done()
     throttle.set_rate(1e9, 0)
     await asyncio.wait_for(waiter, 2)
@@ -207,8 +204,7 @@ async def test_async_waiters_are_paced_in_arrival_order() -> None:
 async def test_async_close_raises_in_waiters() -> None:
     throttle = Throttle()
     waiter = asyncio.create_task(throttle.acquire_async(1))
-    while not throttle.waiting:
-        await asyncio.sleep(0)
+    await async_wait_until(lambda: throttle.waiting, interval=0, message="the waiter waiting")
     throttle.close()
     with pytest.raises(RuntimeError, match="closed"):
         await asyncio.wait_for(waiter, 2)
