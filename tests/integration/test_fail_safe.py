@@ -150,11 +150,13 @@ def stopped_controllers(controller_factory) -> Iterator[list[ControllerProcess]]
 def test_keep_last_stays_within_capacity_when_the_controller_hangs(
     controller_factory, stopped_controllers: list[ControllerProcess]
 ) -> None:
-    """Three greedy-yield sessions on 60 MiB/s: one runs, two are told 0. SIGSTOP the
+    """Three FCFS sessions on 60 MiB/s: the first in FCFS order runs, two are told 0, and that holds
+    (FCFS keeps it while the first operation is open; a policy that rotates, as greedy-yield
+    does, may be stopped between a decrease and the increase it holds back). SIGSTOP the
     controller: after the leases, keep-last keeps 60 / 0 / 0, never 180."""
     ctl = controller_factory(
         "--policy",
-        "greedy-yield",
+        "fcfs",
         "--capacity",
         "60MiB/s",
         "--node-bandwidth",
@@ -164,7 +166,7 @@ def test_keep_last_stays_within_capacity_when_the_controller_hangs(
     assert ctl.address is not None
     with ExitStack() as stack:
         sessions = [
-            stack.enter_context(Session(ctl.address, job(f"greedy-{i}"), "keep-last"))
+            stack.enter_context(Session(ctl.address, job(f"fcfs-{i}"), "keep-last"))
             for i in range(3)
         ]
         for s in sessions:
@@ -174,13 +176,12 @@ def test_keep_last_stays_within_capacity_when_the_controller_hangs(
         wait_until(
             lambda: (
                 all(s.attached for s in sessions)
-                and sorted(s.rate for s in sessions)[-1] > 0
-                and sum(s.rate > 0 for s in sessions) == 1
+                and sorted(s.rate for s in sessions) == [0.0, 0.0, CAPACITY]
             ),
             10,
-            message="one session flowing, two told 0",
+            message="one session flowing at B, two told 0",
         )
-        live = [s.rate for s in sessions]
+        live = [s.rate for s in sessions]  # FCFS holds it while the operations stay open
         assert ctl.proc is not None
         stopped_controllers.append(ctl)
         ctl.proc.send_signal(signal.SIGSTOP)

@@ -89,7 +89,9 @@ def test_controller_down_while_fio_writes_falls_back_and_keeps_data(
     after = rate(run.ios, down + LEASE + 0.5, last)
     print({"before_mib_s": before / MiB, "after_mib_s": after / MiB})
     assert last - (down + LEASE + 0.5) >= 2.0, "too little written after the lease to measure"
-    assert 0.75 * CAPACITY <= before <= 1.1 * CAPACITY
+    # Before: the controller's rate, never above B; above the fallback, which a loaded machine
+    # cannot fake (how close it comes to B is the machine's, not the mount's).
+    assert 1.25 * FALLBACK <= before <= 1.1 * CAPACITY
     assert 0.8 * FALLBACK <= after <= 1.1 * FALLBACK
 
     # Every block, read straight from the backing store, carries its own offset and checksum.
