@@ -4,11 +4,11 @@ Owns the event loop of the authors' reference simulator ([BWS-SIM], its main
 loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10). Between two
 decisions every rate is constant, so the next event is the first phase
 completion, the policy's own period (PeriodicGreedyYield's δ) or T. At each
-decision the engine builds a ``SystemView`` of the applications in I/O and takes
-the controller's decision path, ``policies.decision.decide``, with the very
-policy objects the controller uses; it never imports the controller. A policy
-that declares an array entry point (``Policy.array_allocator``, GreedyYield)
-decides without the views, with the same rates (the conformance suite checks it).
+decision the loop takes a ``SystemView`` of the applications in I/O over its own
+lists (``SystemView.of_columns``: the columns are the per-application state
+below, read in place) and the controller's decision path,
+``policies.decision.decide``, with the very policy objects the controller uses;
+it never imports the controller.
 
 Units are normalised: B = 1, b_i = min(bw, B)/B, I/O volumes are volume/B and
 a phase's full-speed duration is volume/b_i. Progress P grows at rate 1 in
@@ -20,15 +20,16 @@ from __future__ import annotations
 import math
 import time
 from bisect import insort
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
 from math import ulp
 from typing import Any, Literal
 
-from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
-from burstctl.policies.decision import decide
+from burstctl.policies.base import Policy
+from burstctl.policies.decision import Fixes, decide
 from burstctl.policies.registry import PolicyRegistry, default_registry
-from burstctl.policies.view import JobView, SystemView
+from burstctl.policies.view import Columns, SystemView, advance
 from burstctl.simulator.instance import Window
 
 # Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
@@ -39,26 +40,7 @@ MAX_REPEATS = 10  # decisions allowed at one instant before giving up
 END_TOLERANCE = 1e-8
 
 SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (simulate's v2 switch)
-SIM_USER = "sim"
-# The order _job_view passes JobView's fields in (a unit test pins it).
-JOB_VIEW_FIELDS = (
-    "job_id",
-    "user",
-    "group",
-    "nodes",
-    "priority",
-    "cap",
-    "demand",
-    "posted_at",
-    "volume",
-    "remaining",
-    "moved",
-    "released_at",
-    "progress",
-    "last_work",
-    "mean_volume",
-    "index",
-)
+SIM_USER = "sim"  # user and group of every application
 
 Windows = Literal["v1", "v2"]
 
@@ -196,6 +178,7 @@ class _Run:
         self.tau = [a.released_at for a in apps]  # τ_i
         self.values = [[p.value for p in a.phases] for a in apps]
         self.io = [a.phases[0].io for a in apps]
+        self.first_io = self.io[:]  # phases alternate from the first: I/O or work
         self.phase = [0] * m
         # Q and P; in a closed-form work phase, Q_s and P_s at its base time s
         self.remaining = [v[0] for v in self.values]  # Q
@@ -207,31 +190,37 @@ class _Run:
         self.work_done = [0.0] * m  # W^(done) of completed work, from t = 0 (or s)
         self.work_began = [0.0] * m  # start of the current work phase (valid in work)
         self.last_work = [0.0] * m
-        self.io_total = [0.0] * m  # completed I/O volumes (for the mean)
-        self.io_count = [0] * m
         self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
-        self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
-        # the views are kept up to date only while the decisions take them (the array
-        # path builds none); the cache is emptied when the policy changes (``_switch``)
-        self.views_in_use = True
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
         # step whether served or not (the reference checks every application)
         self.tiny_io = [i for i in self.in_io if self.remaining[i] / self.cap[i] < DONE]
         # demand = b_i > 0 for every job of the views, which list A in index order
         self.all_active = all(b > 0.0 for b in self.cap)
-        # the policies' fast paths, where they decide exactly as their views would
-        self.arrays = _array_path(policy) if self.all_active else None
-        self.warmup_arrays = _array_path(warmup) if self.all_active else None
-        # the array entry points' view of the lists above (demand = b_i); A and t are
-        # set at each decision
-        # the full volume of each I/O phase under way (for the array path)
+        # the full volume of each I/O phase under way
         self.volume = [v[0] if self.io[i] else 0.0 for i, v in enumerate(self.values)]
-        self.rows = ArrayView(
-            0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
-            self.cap, self.remaining, self.posted, self.volume, self.last_work, self.ids,
-        )  # fmt: skip
-        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last view-path decision
+        # The views' columns: the lists above, read in place (row i is application i,
+        # whose id sorts like i: the stable order). demand = b_i; the volume moved and
+        # the mean past volume are computed when read (rarely: a policy that reads
+        # JobView rows, or a fallback for an unknown volume).
+        self.columns = Columns(
+            job_id=self.ids,
+            user=[SIM_USER] * m,
+            group=[SIM_USER] * m,
+            nodes=[1] * m,
+            priority=[1.0] * m,
+            cap=self.cap,
+            demand=self.cap,
+            posted_at=self.posted,
+            volume=self.volume,
+            remaining=self.remaining,
+            moved=_Moved(self.volume, self.remaining),
+            released_at=self.tau,
+            progress=self.progress,
+            last_work=self.last_work,
+            mean_volume=_MeanVolume(self.values, self.phase, self.first_io),
+            index=range(m),
+        )
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
         # power of two, s, i); crossings of phases ended or rebased are skipped
@@ -259,59 +248,22 @@ class _Run:
             return self.remaining[i] - (self.t - self.base[i])
         return self.remaining[i]
 
+    def io_completed(self) -> list[int]:
+        """Per application, the number of I/O phases it completed."""
+        return [
+            len(range(0 if first else 1, k, 2))
+            for first, k in zip(self.first_io, self.phase, strict=True)
+        ]
+
     def _weighted_progress(self) -> float:
         return math.fsum(self.cap[i] * self._progress_now(i) for i in range(len(self.cap)))
 
-    def _job_view(self, i: int) -> JobView:
-        volume = self.values[i][self.phase[i]] if self.phase[i] < len(self.values[i]) else 0.0
-        count = self.io_count[i]
-        q = self.remaining[i]
-        b = self.cap[i]
-        # Positional (twice as fast as keywords); tests pin JobView's field order.
-        return JobView(
-            self.ids[i],  # job_id
-            SIM_USER,  # user
-            SIM_USER,  # group
-            1,  # nodes
-            1.0,  # priority
-            b,  # cap
-            b,  # demand
-            self.posted[i],  # posted_at R
-            volume,  # volume
-            q,  # remaining Q
-            volume - q,  # moved
-            self.tau[i],  # released_at τ
-            self.progress[i],  # progress P
-            self.last_work[i],  # last_work
-            self.io_total[i] / count if count else 0.0,  # mean_volume
-            i,  # index
-        )
-
-    def _decide(self, policy: Policy) -> float:
-        """Sets ``serving`` from the decision's rates for A, through the views; returns
-        t_d, its next tick. (The array path is ``loop``'s.)"""
-        t = self.t
-        views = self.views
-        jobs: dict[str, JobView] = {}
-        for i in self.in_io:
-            v = views[i]
-            if v is None:
-                v = views[i] = self._job_view(i)
-            jobs[v.job_id] = v
-        decision = decide(policy, SystemView(t, 1.0, 1.0, jobs, self.seed, self.horizon))
-        self.events += 1
-        for job_id, proposed in decision.fixes:  # beyond rounding, a policy bug: stop
-            v = jobs[job_id]
-            if not (-EPS <= proposed <= v.cap + EPS):  # also rejects NaN
-                raise self._out_of_bounds(policy, v.index, proposed)
-        # A job without a rate gets β = 0 (stands still): only positive rates are listed.
-        self.serving = [(jobs[j].index, r) for j, r in decision.rates.items()]
-        period = decision.period
-        if period is None:
-            return self.horizon
-        if not period > 0.0:
-            raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
-        return t + period
+    def _check(self, policy: Policy, view: SystemView, fixes: Fixes) -> None:
+        """Stops the run at a proposal beyond rounding of its bounds: a policy bug."""
+        for job_id, proposed in fixes:
+            i = view.row_of[job_id]
+            if not (-EPS <= proposed <= self.cap[i] + EPS):  # also rejects NaN
+                raise self._out_of_bounds(policy, i, proposed)
 
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
         return SimulationError(
@@ -327,49 +279,46 @@ class _Run:
         work_ends = self.work_ends
         crossings = self.crossings
         slack = self.slack
-        complete = self._complete
-        rows = self.rows  # (rows.active is A itself, kept in place)
+        base = self.base
+        end_io = self._end_io
+        end_work = self._end_work
+        columns = self.columns
+        in_io = self.in_io  # A, kept in place: the rows of every view
+        # S(t): A itself when every b_i > 0 (demand = b_i), else A's rows with b_i > 0
+        active = in_io if self.all_active else [i for i in in_io if cap[i] > 0.0]
+        # one view for the run, over A and the columns, moved to each decision's t
+        view = SystemView.of_columns(self.t, 1.0, 1.0, columns, in_io, active, self.seed, T)
         counter = 0
         t = self.t
         switched = self.switched
-        policy, arrays = self.policy, self.arrays
-        if not switched:
-            assert self.warmup is not None
-            policy, arrays = self.warmup, self.warmup_arrays
-        allocate, period = arrays if arrays is not None else (None, None)
-        views_in_use = self.views_in_use
-        array_events = 0  # decisions on the array path (added to events at the end)
+        policy = self.policy if switched else self.warmup
+        assert policy is not None
+        events = 0
         while t < T - EPS:
             if not switched and t > self.switch_at - EPS:
                 self._switch()
                 switched = True
-                policy, arrays = self.policy, self.arrays
-                allocate, period = arrays if arrays is not None else (None, None)
+                policy = self.policy
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            if allocate is not None:
-                # the policy's array entry point: the rates ``decide`` gives the view
-                # ``_decide`` builds, without building it (the policy's promise, checked
-                # by the conformance suite), and its fixed period
-                rows.now = t
-                serving = allocate(rows)
-                array_events += 1
-                if period is None:
-                    t_next = T
-                else:
-                    if not period > 0.0:
-                        raise SimulationError(
-                            f"{policy.name} asked for a period {period} <= 0 at t = {t}"
-                        )
-                    t_next = t + period  # min(T, t + δ)
-                    if t_next > T:
-                        t_next = T
-                if views_in_use:
-                    views_in_use = self.views_in_use = False
+            advance(view, t)
+            if active is not in_io:
+                active[:] = [i for i in in_io if cap[i] > 0.0]
+            decision = decide(policy, view)
+            events += 1
+            if decision.fixes:
+                self._check(policy, view, decision.fixes)
+            serving = decision.served  # (i, β > 0): an application without one stands still
+            period = decision.period
+            if period is None:
+                t_next = T
             else:
-                t_next = min(T, self._decide(policy))
-                serving = self.serving
-                if not views_in_use:
-                    views_in_use = self.views_in_use = True
+                if not period > 0.0:
+                    raise SimulationError(
+                        f"{policy.name} asked for a period {period} <= 0 at t = {t}"
+                    )
+                t_next = t + period  # min(T, t + δ)
+                if t_next > T:
+                    t_next = T
             stepped = self.stepped
             if stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, stepped)))
@@ -395,35 +344,43 @@ class _Run:
             # reference.
             done = None
             for i, b in serving:
-                q = q_left[i] - dt * b
+                moved = dt * b  # Δβ
+                q = q_left[i] - moved
                 q_left[i] = q
-                prog[i] += dt * b / cap[i]
+                prog[i] += moved / cap[i]
                 if q / cap[i] < DONE:
                     if done is None:
                         done = [i]
                     else:
                         done.append(i)
-            if views_in_use:  # the served ones' views are stale
-                views = self.views
-                for i, _ in serving:
-                    views[i] = None
             if stepped:
                 self._advance_stepped(t, now)
             if crossings and crossings[0][0] - now < slack:
                 self._rebase_due(t, now)
             if work_ends and work_ends[0][0] - now < slack:
-                self._complete_work_due(t, now)
+                # the closed-form work phases that end at now
+                due = [heappop(work_ends)]
+                while work_ends and work_ends[0][0] - now < slack:
+                    due.append(heappop(work_ends))
+                for end, i in due:
+                    q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
+                    if q < DONE:
+                        if q < -DONE:
+                            self._check_done(i, q, now)
+                        end_work(i, t, now)
+                    else:
+                        heappush(work_ends, (end, i))
             if done is not None:
                 for i in done:
                     q = q_left[i] / cap[i]
                     if q < -DONE:
                         self._check_done(i, q, now)
-                    complete(i, t, now)
+                    end_io(i, now)
             if tiny:
                 for i in tiny:
                     if self.io[i]:  # (not completed above, served)
                         self._check_done(i, q_left[i] / cap[i], now)
-                        complete(i, t, now)
+                        end_io(i, now)
             if now == t:
                 counter += 1
                 if t + EPS2 > T:
@@ -433,7 +390,7 @@ class _Run:
             else:
                 self.t = t = now
                 counter = 0
-        self.events += array_events
+        self.events += events
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
@@ -442,24 +399,6 @@ class _Run:
         for _, s, i in _pop_due(self.crossings, now, self.slack):
             if self.closed[i] and self.base[i] == s:  # (else stale)
                 self._rebase(i, t, now)
-
-    def _complete_work_due(self, t: float, now: float) -> None:
-        """Completes the closed-form work phases that end at ``now``."""
-        work_ends = self.work_ends
-        q_left = self.remaining
-        base = self.base
-        slack = self.slack
-        due = [heappop(work_ends)]  # _pop_due, inline (the loop saw the first one due)
-        while work_ends and work_ends[0][0] - now < slack:
-            due.append(heappop(work_ends))
-        for end, i in due:
-            q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
-            if q < DONE:
-                if q < -DONE:
-                    self._check_done(i, q, now)
-                self._complete(i, t, now)
-            else:
-                heappush(work_ends, (end, i))
 
     def _advance_stepped(self, t: float, now: float) -> None:
         """The stepped work phases: Q −= Δ, P += Δ, as the reference does."""
@@ -473,7 +412,7 @@ class _Run:
             prog[i] += dt
             if q < DONE:
                 self._check_done(i, q, now)
-                self._complete(i, t, now)  # into I/O, or computing until T (stepped)
+                self._end_work(i, t, now)  # into I/O, or computing until T (stepped)
             elif not (q <= now and self._close(i, now)):  # (q <= now: a cheap pre-test)
                 self.stepped.append(i)
 
@@ -523,70 +462,75 @@ class _Run:
         q = self.remaining[i]
         if q < DONE:  # (the stepped pass of this step is over)
             self._check_done(i, q, now)
-            self._complete(i, t, now)
+            self._end_work(i, t, now)
         else:
             self.stepped.append(i)
 
     def _switch(self) -> None:
         self.switched = True
-        self.views = [None] * len(self.views)  # (stale if the warm-up took the array path)
         self.start = self.t  # s
         self.base_efficiency = self._weighted_progress()  # E₀ at the switch
         # eq. (9) counts W^(done)(T) − W^(done)(s): restart the count at s
         self.work_done = [0.0] * len(self.work_done)
         self.work_began = [self.t] * len(self.work_began)
 
-    def _complete(self, i: int, step_start: float, now: float) -> None:
-        """Phase completion at ``now`` in the step that began at ``step_start`` (STEP C)."""
+    def _end_io(self, i: int, now: float) -> None:
+        """I/O phase completion at ``now`` (STEP C): a work phase begins, in closed form
+        if exact, else stepped."""
+        k = self.phase[i] + 1
+        self.phase[i] = k
+        self.posted[i] = now  # R
+        self.in_io.remove(i)
+        self.work_began[i] = now
+        values = self.values[i]
+        if k >= len(values):
+            self._out_of_phases(i)
+            return
+        self.io[i] = False
+        self.remaining[i] = values[k]
+        if not self._close(i, now):
+            self.stepped.append(i)
+
+    def _end_work(self, i: int, step_start: float, now: float) -> None:
+        """Work phase completion at ``now`` in the step that began at ``step_start``
+        (STEP C): an I/O phase begins."""
         k = self.phase[i]
         values = self.values[i]
         n = len(values)
         length = values[k] if k < n else 0.0  # ℓ, the kept length
-        io = self.io
-        was_io = io[i]
-        if was_io:
-            self.io_total[i] += length
-            self.io_count[i] += 1
-            self.in_io.remove(i)
-        else:
-            self.last_work[i] = length
-            self.work_done[i] += now - self.work_began[i]
-            closed = self.closed
-            if closed[i]:  # P_s + (now − s), exact
-                self.progress[i] += now - self.base[i]
-                closed[i] = False
-            t_c = self.switch_at
-            if step_start > t_c:  # _credit, inline (it gives nothing otherwise)
-                if step_start - length > t_c:
-                    self.credit[i] = int(self.credit[i] + length)
-                else:
-                    self.credit[i] = int(self.credit[i] + step_start - t_c)
+        self.last_work[i] = length
+        self.work_done[i] += now - self.work_began[i]
+        closed = self.closed
+        if closed[i]:  # P_s + (now − s), exact
+            self.progress[i] += now - self.base[i]
+            closed[i] = False
+        t_c = self.switch_at
+        if step_start > t_c:  # the credit U (setUtilGopi); nothing before t_c
+            if step_start - length > t_c:
+                self.credit[i] = int(self.credit[i] + length)
+            else:
+                self.credit[i] = int(self.credit[i] + step_start - t_c)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
-        self.views[i] = None
         if k >= n:
-            # Kept phases sum to T only up to rounding, so an application can run out
-            # of phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference
-            # would read a missing value as 0 and loop on zero-length phases; here the
-            # application computes until T instead, which no metric can tell apart.
-            self.io[i] = False
-            self.remaining[i] = math.inf
             self.work_began[i] = now
-            self.stepped.append(i)
+            self._out_of_phases(i)
             return
-        if was_io:  # a work phase begins: closed form if exact, else stepped
-            io[i] = False
-            self.work_began[i] = now
-            self.remaining[i] = values[k]
-            if not self._close(i, now):
-                self.stepped.append(i)
-        else:
-            io[i] = True
-            self.remaining[i] = self.volume[i] = values[k]
-            insort(self.in_io, i)
-            if values[k] / self.cap[i] < DONE:
-                self.tiny_io.append(i)
+        self.io[i] = True
+        self.remaining[i] = self.volume[i] = values[k]
+        insort(self.in_io, i)
+        if values[k] / self.cap[i] < DONE:
+            self.tiny_io.append(i)
+
+    def _out_of_phases(self, i: int) -> None:
+        # Kept phases sum to T only up to rounding, so an application can run out of
+        # phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference would
+        # read a missing value as 0 and loop on zero-length phases; here the application
+        # computes until T instead, which no metric can tell apart.
+        self.io[i] = False
+        self.remaining[i] = math.inf
+        self.stepped.append(i)
 
     def metrics(self) -> tuple[float, float, float, float]:
         """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
@@ -614,28 +558,6 @@ class _Run:
                 u = int(T - s) if T - length + q < s else int(u + length - q)
             credit += u
         return min_yield, efficiency, utilization, credit / (span * m)
-
-
-def _array_path(policy: Policy | None) -> tuple[ArrayAllocator, float | None] | None:
-    """The policy's array entry point and its period (None: none), unless a subclass
-    changed ``allocate``, ``period`` or ``fixed_period`` below the class that declared
-    the entry point without declaring it again (it would then stand for another
-    decision), or the period depends on the view."""
-    if policy is None:
-        return None
-    for cls in type(policy).__mro__:
-        names = vars(cls)
-        if "array_allocator" in names:
-            break
-        if "allocate" in names or "period" in names or "fixed_period" in names:
-            return None
-    arrays = policy.array_allocator()
-    if arrays is None:
-        return None
-    if type(policy).period is Policy.period:  # no period
-        return arrays, None
-    period = policy.fixed_period()
-    return None if period is None else (arrays, period)
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:
@@ -670,3 +592,43 @@ def _closed_form_is_exact(s: float, q: float, p: float) -> bool:
     """
     u = math.ulp(s)
     return u <= q <= s and math.ulp(p) <= u
+
+
+class _Moved(Sequence[float]):
+    """The views' ``moved`` column: V − Q of the I/O phase under way, by application."""
+
+    __slots__ = ("_remaining", "_volume")
+
+    def __init__(self, volume: list[float], remaining: list[float]) -> None:
+        self._volume = volume
+        self._remaining = remaining
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]
+        return self._volume[i] - self._remaining[i]
+
+    def __len__(self) -> int:
+        return len(self._volume)
+
+
+class _MeanVolume(Sequence[float]):
+    """The views' ``mean_volume`` column: the mean volume of the completed I/O phases
+    (phases alternate from each application's first; summed in order)."""
+
+    __slots__ = ("_first_io", "_phase", "_values")
+
+    def __init__(self, values: list[list[float]], phase: list[int], first_io: list[bool]) -> None:
+        self._values = values
+        self._phase = phase
+        self._first_io = first_io
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]
+        values = self._values[i]
+        total = 0.0
+        count = 0
+        for k in range(0 if self._first_io[i] else 1, self._phase[i], 2):
+            total += values[k]
+            count += 1
+        return total / count if count else 0.0
+
+    def __len__(self) -> int:
+        return len(self._values)

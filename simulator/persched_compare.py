@@ -274,7 +274,7 @@ def run_online(app_set: AppSet, window: Window, strategy: str) -> OnlineResult:
     fractions = [run._progress_now(i) / H for i in range(len(apps))]  # P(H)/H ≤ 1
     rho_tilde = tuple(r * f for r, f in zip(rhos, fractions, strict=True))
     # work-first: an iteration is complete when its I/O phase is
-    iterations = tuple(run.io_count)
+    iterations = tuple(run.io_completed())
     return OnlineResult(
         strategy=policy.name,
         sys_eff=_sys_eff(apps, rho_tilde, platform),

@@ -14,13 +14,7 @@ import pytest
 
 from burstctl.policies import JobId, Policy, SystemView, default_registry
 from burstctl.policies.fair_share import FairShare
-from burstctl.policies.view import JobView
-from burstctl.simulator.engine import (
-    JOB_VIEW_FIELDS,
-    SimulationError,
-    create_policy,
-    simulate,
-)
+from burstctl.simulator.engine import SimulationError, create_policy, simulate
 from burstctl.simulator.instance import Window, parse_instance, prepare_window
 
 REGISTERED = set(default_registry().names())
@@ -28,10 +22,6 @@ REGISTERED = set(default_registry().names())
 
 def window(text: str, **kwargs: float) -> Window:
     return prepare_window(parse_instance(text), **kwargs)
-
-
-def test_job_view_field_order_is_what_the_engine_passes() -> None:
-    assert tuple(f.name for f in dataclasses.fields(JobView)) == JOB_VIEW_FIELDS
 
 
 # ---------------------------------------------------------------------------
