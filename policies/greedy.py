@@ -123,8 +123,12 @@ class PeriodicGreedyYield(GreedyYield):
     Params = PeriodicParams
     params: PeriodicParams
 
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        super().__init__(params)
+        self._delta = self.params.delta  # asked at every decision
+
     def period(self, view: SystemView) -> float:
-        return self.params.delta
+        return self._delta
 
 
 class GreedyCom(Policy):

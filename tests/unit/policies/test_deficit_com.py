@@ -26,9 +26,10 @@ from burstctl.policies.decision import decide
 from burstctl.policies.deficit_com import MAX_WEIGHT, DeficitCom, DeficitComParams
 from burstctl.policies.greedy import GreedyCom, GreedyYield
 from burstctl.policies.registry import PolicyParamsError
-from burstctl.simulator.engine import app_ids, simulate
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import Window, prepare_window
+from burstctl.simulator.bws.fluid import app_ids
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import Window, prepare_window
+from burstctl.simulator.bws.runs import simulate
 
 REGISTRY = default_registry()
 

@@ -13,7 +13,7 @@ from support.views import job
 from burstctl.policies import SystemView, default_registry, job_cap
 from burstctl.policies.decision import decide
 from burstctl.policies.persched import Platform, validate
-from burstctl.policies.persched_live import GB, PerSchedLive, compute, windows_of
+from burstctl.policies.persched.live import GB, PerSchedLive, compute, windows_of
 from burstctl.policies.view import Periodic
 
 MiB = float(1 << 20)

@@ -1,6 +1,6 @@
-"""The engine's fast paths keep the reference's arithmetic bit for bit.
+"""The fluid loop's fast paths keep the reference's arithmetic bit for bit.
 
-The engine moves only what can change at each step (served I/O applications,
+The loop moves only what can change at each step (served I/O applications,
 work phases in closed form, the reference's per-step update otherwise), so these tests pin
 it to the literal, step-by-step oracle ``tests/reference/simu.py`` with *exact*
 equality where the two do the same float operations, and check the arithmetic
@@ -22,9 +22,10 @@ from burstctl.policies import JobId, SystemView
 from burstctl.policies.base import Policy
 from burstctl.policies.greedy import GreedyYield
 from burstctl.policies.view import RowRates
-from burstctl.simulator.engine import SimResult, _closed_form_is_exact, _next_power_of_two, simulate
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.bws.fluid import _closed_form_is_exact, _next_power_of_two
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.bws.runs import SimResult, simulate
 
 # Set10Learn's running mean of ω is summed in another order by the oracle, so its
 # metrics agree to ~1e-15 only (test_reference_agreement covers it).
@@ -48,7 +49,7 @@ def test_synthetic_runs_match_the_step_by_step_oracle_exactly(heuristic: str, se
         )
         assert ours.events == ref.events
         assert ours.min_yield == ref.min_yield  # same floats, not merely close
-        # the oracle sums Σ b·P plainly, the engine with fsum
+        # the oracle sums Σ b·P plainly, the loop with fsum
         assert ours.efficiency == pytest.approx(ref.efficiency, rel=1e-14, abs=1e-15)
 
 
@@ -71,7 +72,7 @@ def test_heterogeneous_runs_match_the_step_by_step_oracle_exactly(heuristic: str
 
 
 def _steps(rng: random.Random, start: float, end: float) -> list[float]:
-    """Increasing event times in (start, end], ending at end, as the engine takes them."""
+    """Increasing event times in (start, end], ending at end, as the loop takes them."""
     times = sorted(rng.uniform(start, end) for _ in range(rng.randint(0, 40)))
     return [*times, end]
 
@@ -118,13 +119,13 @@ def test_closed_form_test_rejects_what_it_cannot_prove() -> None:
 
 
 class _Checking(GreedyYield):
-    """GreedyYield, checking each view the engine builds."""
+    """GreedyYield, checking each view the loop builds."""
 
     name = "checking"
 
     def allocate(self, view: SystemView) -> RowRates:
         assert view.observed and view.horizon is not None
-        # the engine lists A in index order, every job active: the stable order
+        # the loop lists A in index order, every job active: the stable order
         assert view.active_jobs() == list(view.jobs.values())
         assert list(view.active) == list(view.rows) == [j.index for j in view.active_jobs()]
         return super().allocate(view)
@@ -132,7 +133,7 @@ class _Checking(GreedyYield):
 
 class _ByRows(Policy):
     """GreedyYield written over the ``JobView`` rows, as a policy that reads objects is:
-    the rows the engine builds from its columns must give it GreedyYield's decisions."""
+    the rows the loop builds from its columns must give it GreedyYield's decisions."""
 
     name = "by-rows"
 
@@ -167,9 +168,9 @@ def _windows() -> list[Any]:
 
 
 @pytest.mark.parametrize("windows", ["v1", "v2"])
-def test_the_engines_views_are_what_the_policies_expect(windows: Literal["v1", "v2"]) -> None:
+def test_the_loops_views_are_what_the_policies_expect(windows: Literal["v1", "v2"]) -> None:
     for window in _windows():
         expected = simulate(window, "greedy-yield", windows=windows)
         _same_run(simulate(window, _Checking(), windows=windows), expected)
-        # the JobView rows the engine builds from its columns, read as objects
+        # the JobView rows the loop builds from its columns, read as objects
         _same_run(simulate(window, _ByRows(), windows=windows), expected)

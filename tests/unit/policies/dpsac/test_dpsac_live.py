@@ -1,4 +1,4 @@
-"""The live policy ``dpsac`` (policies/dpsac_live.py) on views with and without a buffer."""
+"""The live policy ``dpsac`` (policies/dpsac/live.py) on views with and without a buffer."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from support.views import job
 
 from burstctl.policies import JobView, SystemView, default_registry
 from burstctl.policies.decision import decide
-from burstctl.policies.dpsac_live import DpsacParams, DpsacPolicy, job_model
+from burstctl.policies.dpsac.live import DpsacParams, DpsacPolicy, job_model
 from burstctl.policies.registry import PolicyParamsError
 from burstctl.policies.view import BufferView, Periodic
 

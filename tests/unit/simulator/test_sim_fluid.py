@@ -2,7 +2,7 @@
 ([BWS] eqs. (8)–(10)).
 
 Hand-computed instances with FCFS and FairShare, the paper's Example 2 ([BWS] §5, Figure 1)
-for every strategy that is registered, and the engine's guards.
+for every strategy that is registered, and the loop's guards.
 """
 
 from __future__ import annotations
@@ -14,8 +14,9 @@ import pytest
 
 from burstctl.policies import JobId, Policy, SystemView, default_registry
 from burstctl.policies.fair_share import FairShare
-from burstctl.simulator.engine import SimulationError, create_policy, simulate
-from burstctl.simulator.instance import Window, parse_instance, prepare_window
+from burstctl.simulator.bws.fluid import SimulationError
+from burstctl.simulator.bws.instance import Window, parse_instance, prepare_window
+from burstctl.simulator.bws.runs import create_policy, simulate
 
 REGISTERED = set(default_registry().names())
 

@@ -1,7 +1,8 @@
-"""The fluid discrete-event loop: runs one policy on one prepared window.
+"""The fluid event loop of the bandwidth-sharing simulator: one policy on one window.
 
 Owns the event loop of the authors' reference simulator ([BWS-SIM], its main
-loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10). Between two
+loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10); ``runs`` is
+its entry point (``simulate``). Between two
 decisions every rate is constant, so the next event is the first phase
 completion, the policy's own period (PeriodicGreedyYield's δ) or T. At each
 decision the loop takes a ``SystemView`` of the applications in I/O over its own
@@ -18,19 +19,16 @@ work and β/b_i in I/O (eq. 6's numerator).
 from __future__ import annotations
 
 import math
-import time
 from bisect import insort
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
 from heapq import heapify, heappop, heappush
 from math import ulp
-from typing import Any, Literal
+from typing import Any
 
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Fixes, decide
-from burstctl.policies.registry import PolicyRegistry, default_registry
 from burstctl.policies.view import Columns, SystemView, advance
-from burstctl.simulator.instance import Window
+from burstctl.simulator.bws.instance import Window
 
 # Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
 EPS = 1e-10  # ε: rate tolerance, loop end
@@ -39,37 +37,11 @@ DONE = 1e-7  # a phase with q < 1e-7 completes; q < −1e-7 is an error
 MAX_REPEATS = 10  # decisions allowed at one instant before giving up
 END_TOLERANCE = 1e-8
 
-SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (simulate's v2 switch)
 SIM_USER = "sim"  # user and group of every application
-
-Windows = Literal["v1", "v2"]
 
 
 class SimulationError(RuntimeError):
     """The run cannot go on: a policy broke a rate bound or time stopped advancing."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimResult:
-    """Metrics of one run at T (as the reference's ``simulate`` computes them), and the run."""
-
-    policy: str
-    instance: str | None
-    windows: str
-    applications: int  # m
-    horizon: float  # T
-    delta: float  # δ of the window (used by policies with a ``delta`` parameter)
-    min_yield: float  # eq. (8), capped at 1, whole history
-    efficiency: float  # eq. (10), weighted by b_i
-    utilization: float  # eq. (9), p_i = 1
-    utilization_reference: float  # the reference's integer-truncated Utilization (setUtilGopi)
-    pressure: float  # load L (eq. 11)
-    events: int  # decisions taken (policy calls)
-    wall_seconds: float
-    known_omega: bool = False  # set-10 ran with known ω (the instance's wIter), not learned
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def app_ids(m: int) -> list[str]:
@@ -79,69 +51,7 @@ def app_ids(m: int) -> list[str]:
     return [f"{i:0{width}d}" for i in range(m)]
 
 
-def create_policy(
-    name: str,
-    window: Window,
-    registry: PolicyRegistry | None = None,
-    *,
-    known_omega: bool = False,
-) -> Policy:
-    """``registry.create(name)``; a policy whose ``Params`` has ``delta`` gets the window's δ.
-
-    ``known_omega``: a policy whose ``Params`` has ``known_omega`` (set-10) gets each
-    application's wIter from the instance as its known ω (applications with wIter > 0; the
-    reference's Set10); without it, ω is learned (its Set10Learn).
-    """
-    reg = registry if registry is not None else default_registry()
-    cls = reg.get(name)
-    fields = cls.Params.model_fields
-    params: dict[str, Any] = {"delta": window.delta} if "delta" in fields else {}
-    if known_omega and "known_omega" in fields:
-        ids = app_ids(len(window.apps))
-        params["known_omega"] = {
-            ids[i]: app.w_iter for i, app in enumerate(window.apps) if app.w_iter > 0.0
-        }
-    return reg.create(name, params)
-
-
-def simulate(
-    window: Window,
-    policy: Policy | str,
-    *,
-    windows: Windows = "v1",
-    registry: PolicyRegistry | None = None,
-    instance: str | None = None,
-    seed: int = 0,
-) -> SimResult:
-    """Runs ``policy`` on ``window`` and returns the metrics at T."""
-    reg = registry if registry is not None else default_registry()
-    strategy = create_policy(policy, window, reg) if isinstance(policy, str) else policy
-    if windows not in ("v1", "v2"):
-        raise ValueError(f"windows must be 'v1' or 'v2', got {windows!r}")
-    started = time.perf_counter()
-    run = _Run(window, strategy, reg.create(SWITCH_POLICY) if windows == "v2" else None, seed)
-    run.loop()
-    wall = time.perf_counter() - started
-    min_yield, efficiency, utilization, utilization_ref = run.metrics()
-    return SimResult(
-        policy=strategy.name,
-        instance=instance,
-        windows=windows,
-        applications=len(window.apps),
-        horizon=window.horizon,
-        delta=window.delta,
-        min_yield=min_yield,
-        efficiency=efficiency,
-        utilization=utilization,
-        utilization_reference=utilization_ref,
-        pressure=window.load,
-        events=run.events,
-        wall_seconds=wall,
-        known_omega=bool(getattr(strategy.params, "known_omega", None)),
-    )
-
-
-class _Run:
+class Run:
     """State of one run; per-application state lives in parallel lists (speed).
 
     The reference's ``simulate`` (its STEP C) advances every application at every
@@ -294,7 +204,8 @@ class _Run:
         policy = self.policy if switched else self.warmup
         assert policy is not None
         events = 0
-        while t < T - EPS:
+        t_end = T - EPS  # the loop's end
+        while t < t_end:
             if not switched and t > self.switch_at - EPS:
                 self._switch()
                 switched = True
