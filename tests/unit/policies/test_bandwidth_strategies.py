@@ -12,6 +12,7 @@ import random
 
 import pytest
 from support import views
+from support.sweep import seeds
 from support.views import allocation, job
 
 from burstctl.policies import JobView, SystemView, default_registry
@@ -443,7 +444,7 @@ def check_invariants(v: SystemView, rates: dict[str, float]) -> None:
     assert total == pytest.approx(min(v.capacity, sum(j.demand for j in v.jobs.values())), abs=tol)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(10, 40))
 def test_set10_invariants_over_a_learned_history(seed: int) -> None:
     # jobs re-post with random work and volumes, so ω spreads over many sets
     rng = random.Random(seed)
@@ -478,7 +479,7 @@ def test_set10_invariants_over_a_learned_history(seed: int) -> None:
         assert most_sets >= 2  # the case this test exists for: several sets at once
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(10, 40))
 def test_look_ahead_invariants_with_a_window(seed: int) -> None:
     rng = random.Random(seed)
     B = rng.choice([1.0, 10.0])

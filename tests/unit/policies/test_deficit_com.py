@@ -17,6 +17,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner
 from support import views
+from support.sweep import seeds
 from support.views import allocation, job
 
 from burstctl.cli import main
@@ -120,21 +121,21 @@ def test_greedy_fill_leftover_flows_on_and_no_job_above_its_demand() -> None:
     assert allocation(policy(0.2), view(a, b, c)) == {"b": 4.0, "c": 3.0, "a": 3.0}
 
 
-@pytest.mark.parametrize("seed", range(50))
+@pytest.mark.parametrize("seed", seeds(10, 50))
 def test_weight_zero_is_greedy_com(seed: int) -> None:
     # (with every volume known: GreedyCom serves unknown ones last, DeficitCom by deficit)
     v = random_view(seed, known=True)
     assert allocation(policy(0.0), v) == allocation(GreedyCom(), v)
 
 
-@pytest.mark.parametrize("seed", range(50))
+@pytest.mark.parametrize("seed", seeds(10, 50))
 def test_a_large_weight_is_greedy_yield_when_releases_are_equal(seed: int) -> None:
     # τ all 0 and distinct yields: largest deficit first = lowest yield first
     v = random_view(seed, released_at=0.0)
     assert allocation(policy(MAX_WEIGHT), v) == allocation(GreedyYield(), v)
 
 
-@pytest.mark.parametrize("seed", range(100))
+@pytest.mark.parametrize("seed", seeds(15, 100))
 def test_weight_one_is_the_pairwise_min_max_order(seed: int) -> None:
     # two jobs, b_i = B: the first served delays the other by its V/b. λ = 1 picks the
     # order whose larger deficit, once both are done, is the smaller one
