@@ -18,12 +18,13 @@ import random
 from pathlib import Path
 
 import pytest
+from support import views
 from support.sweep import seeds
 from support.views import Table, rates_of
 
 import burstctl.policies
 import burstctl.simulator
-from burstctl.policies import JobView, SystemView, default_registry, job_cap
+from burstctl.policies import SystemView, default_registry, job_cap
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import decide
 
@@ -48,14 +49,14 @@ def random_view(seed: int, n_jobs: int | None = None) -> SystemView:
         demand = 0.0 if state < 0.2 else cap if state < 0.7 else rng.uniform(0.01, 1.0) * cap
         volume = float(rng.choice([0, rng.randint(1, 1 << 34)]))
         released = rng.uniform(0, now - 1)
-        jobs[f"j{i}"] = JobView(
-            job_id=f"j{i}",
+        jobs[f"j{i}"] = views.job(
+            f"j{i}",
+            cap,
+            demand,
             user=f"u{rng.randint(0, 3)}",
             group=f"g{rng.randint(0, 1)}",
             nodes=nodes,
             priority=rng.choice([1.0, 2.0, 0.5]),
-            cap=cap,
-            demand=demand,
             posted_at=rng.uniform(released, now) if demand else None,
             volume=volume,
             remaining=rng.uniform(0, volume) if volume else None,

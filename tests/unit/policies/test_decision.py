@@ -6,15 +6,11 @@ import math
 from collections.abc import Mapping
 
 import pytest
+from support.views import job
 
-from burstctl.policies import JobId, JobView, Policy, SystemView
+from burstctl.policies import JobId, Policy, SystemView
 from burstctl.policies.decision import decide
 from burstctl.policies.view import RowRates
-
-
-def job(job_id: str, cap: float, demand: float | None = None, index: int = 0) -> JobView:
-    return JobView(job_id, "u", "g", 1, 1.0, cap, cap if demand is None else demand, index=index)
-
 
 VIEW = SystemView(
     now=0.0,

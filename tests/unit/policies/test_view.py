@@ -7,6 +7,7 @@ import copy
 import pickle
 
 import pytest
+from support.views import job
 
 from burstctl.policies import JobView, SystemView
 from burstctl.policies.view import FIELDS, Columns, advance
@@ -15,7 +16,7 @@ VALUES = ("j", "u", "g", 4, 2.0, 10.0, 5.0, -1.0, 8.0, 3.0, 5.0, -9.0, 1.5, 0.5,
 
 
 def row(job_id: str, index: int, demand: float = 1.0) -> JobView:
-    return JobView(job_id, "u", "g", 1, 1.0, 1.0, demand, 0.0, index=index)
+    return job(job_id, 1.0, demand, index=index)
 
 
 def test_a_job_view_is_an_immutable_value() -> None:
