@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from operator import attrgetter, itemgetter
+from itertools import compress, repeat
+from operator import gt, itemgetter
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeAlias
 
@@ -84,7 +85,8 @@ class JobView(NamedTuple):
 
 FIELDS: tuple[str, ...] = JobView._fields
 _FIELD_OF = {name: itemgetter(k) for k, name in enumerate(FIELDS)}
-_STABLE_ORDER = attrgetter("index", "job_id")  # a C-level key
+_INDEX = itemgetter(FIELDS.index("index"))
+_STABLE_ORDER = itemgetter(FIELDS.index("index"), FIELDS.index("job_id"))
 
 
 class Columns:
@@ -162,13 +164,11 @@ class _JobColumns(Columns):
     def __getattr__(self, name: str) -> Any:
         # Only called for what is not set yet: the rows in the stable order, or a column.
         if name == "_jobs":
-            jobs = list(self._given)
-            last = -1  # builders usually list the jobs in index order already: then no sort
-            for job in jobs:
-                if job.index <= last:
-                    jobs.sort(key=_STABLE_ORDER)
-                    break
-                last = job.index
+            # The stable order: by index (a C-level key), then by job id where indices are
+            # equal (only in views a builder gave equal indices).
+            jobs = sorted(self._given, key=_INDEX)
+            if len(set(map(_INDEX, jobs))) < len(jobs):
+                jobs.sort(key=_STABLE_ORDER)
             self._jobs = jobs
             return jobs
         get = _FIELD_OF.get(name)
@@ -400,10 +400,9 @@ def _init(
     _set(view, "observed", observed)
 
 
-def _active(columns: Columns, rows: Sequence[int]) -> list[int]:
-    """The rows of ``rows`` with demand > 0."""
-    demand = columns.demand
-    return [r for r in rows if demand[r] > 0.0]
+def _active(columns: Columns, rows: range) -> list[int]:
+    """The rows with demand > 0 of a view built from ``JobView`` rows (all its rows)."""
+    return list(compress(rows, map(gt, columns.demand, repeat(0.0))))
 
 
 # Rates by the rows of the view a policy decided on: (row, rate) pairs
