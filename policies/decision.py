@@ -45,23 +45,13 @@ class Decision:
 
     __slots__ = ("fixes", "period", "refused", "scaled", "schedules", "served", "view")
 
-    def __init__(
-        self,
-        view: SystemView,
-        served: Served,
-        period: float | None,
-        fixes: Fixes = (),
-        scaled: bool = False,
-        schedules: Mapping[JobId, Schedule] = NO_SCHEDULES,
-        refused: tuple[tuple[JobId, str], ...] = (),
-    ) -> None:
-        self.view = view
-        self.served = served
-        self.period = period
-        self.fixes = fixes
-        self.scaled = scaled
-        self.schedules = schedules
-        self.refused = refused
+    view: SystemView
+    served: Served
+    period: float | None
+    fixes: Fixes
+    scaled: bool
+    schedules: Mapping[JobId, Schedule]
+    refused: tuple[tuple[JobId, str], ...]
 
     @property
     def rates(self) -> dict[JobId, float]:
@@ -117,46 +107,46 @@ def decide(
     with demand, and Σ ≤ B: a proposal out of its bounds is fixed (and listed in
     ``fixes``), a sum above B scaled down to it (``scaled``). Proposals for jobs outside
     the view are ignored; zeros are not listed."""
-    if targets is not None:  # schedules only on a replica's own decision
-        return _enforced(policy, view, _by_row(view, blend(policy, view, targets)), None)
-    proposed = policy.allocate(view)
     cls = type(policy)
-    if type(proposed) is list and cls in WITHOUT_SCHEDULES:
-        # The usual case, checked in one pass: rows, every rate positive and within its
-        # bounds (`0 < rate <= cap` is False for NaN too), Σ ≤ B, and no schedule. The
-        # decision is then the proposal as it is.
-        columns = view.columns
-        cap = columns.cap
-        demand = columns.demand
-        total = 0.0
-        for r, rate in proposed:
-            if not (0.0 < rate <= cap[r] and demand[r] > 0.0):
-                break
-            total += rate
-        else:
-            if not total > view.capacity * _OVER:
-                # Decision(view, proposed, period): its constructor's call, spared
-                decision = _new(Decision)
-                decision.view = view
-                decision.served = proposed
-                decision.period = None if cls in WITHOUT_PERIOD else policy.period(view)
-                decision.fixes = ()
-                decision.scaled = False
-                decision.schedules = NO_SCHEDULES
-                decision.refused = ()
-                return decision
-    pairs = proposed if type(proposed) is list else _by_row(view, proposed)
-    return _enforced(policy, view, pairs, policy.schedules(view))
+    served: Served | None = None
+    if targets is not None:  # schedules only on a replica's own decision
+        proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets)
+        wanted: Mapping[JobId, Schedule] | None = None
+    else:
+        proposed = policy.allocate(view)
+        wanted = None if cls in WITHOUT_SCHEDULES else policy.schedules(view)
+        if type(proposed) is list and not wanted:
+            # The usual case, checked in one pass: rows, every rate positive and within its
+            # bounds (`0 < rate <= cap` is False for NaN too), Σ ≤ B: the decision is then
+            # the proposal as it is.
+            columns = view.columns
+            cap = columns.cap
+            demand = columns.demand
+            total = 0.0
+            for r, rate in proposed:
+                if not (0.0 < rate <= cap[r] and demand[r] > 0.0):
+                    break
+                total += rate
+            else:
+                if not total > view.capacity * _OVER:
+                    served = proposed
+    if served is None:
+        pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+        served, fixes, scaled, schedules, refused = _enforced(view, pairs, wanted)
+    else:
+        fixes, scaled, schedules, refused = (), False, NO_SCHEDULES, ()
+    decision = Decision()  # (its attributes set here: no constructor call to pay)
+    decision.view = view
+    decision.served = served
+    decision.period = None if cls in WITHOUT_PERIOD else policy.period(view)
+    decision.fixes = fixes
+    decision.scaled = scaled
+    decision.schedules = schedules
+    decision.refused = refused
+    return decision
 
 
 _OVER = 1 + SUM_TOLERANCE
-_new = object.__new__
-
-
-def _proposal(policy: Policy, view: SystemView) -> RowRates:
-    """``policy``'s proposal for ``view`` as (row, rate) pairs."""
-    proposed = policy.allocate(view)
-    return proposed if type(proposed) is list else _by_row(view, proposed)
 
 
 def _by_row(view: SystemView, proposed: Mapping[JobId, float]) -> RowRates:
@@ -166,10 +156,11 @@ def _by_row(view: SystemView, proposed: Mapping[JobId, float]) -> RowRates:
 
 
 def _enforced(
-    policy: Policy, view: SystemView, pairs: RowRates, wanted: Mapping[JobId, Schedule] | None
-) -> Decision:
-    """``decide`` where the proposal is not taken as it is: a rate to fix or to drop
-    (0), a sum to scale down to B, or schedules."""
+    view: SystemView, pairs: RowRates, wanted: Mapping[JobId, Schedule] | None
+) -> tuple[Served, Fixes, bool, Mapping[JobId, Schedule], tuple[tuple[JobId, str], ...]]:
+    """``decide`` where the proposal is not taken as it is (a rate to fix or to drop, a
+    sum to scale down to B, or schedules): the rates served, the fixes, whether the sum
+    was scaled, the schedules kept and those refused."""
     schedules: dict[int, Schedule] = {}
     refused: tuple[tuple[JobId, str], ...] = ()
     capped: Fixes = ()
@@ -206,8 +197,7 @@ def _enforced(
         if schedule is not None:
             wished = proposals[r]
             kept[ids[r]] = schedule if rate >= wished else schedule.scaled(rate / wished)
-    period = policy.period(view)
-    return Decision(view, served, period, (*fixes, *capped), scaled, kept, refused)
+    return served, (*fixes, *capped), scaled, kept, refused
 
 
 def _scheduled(
@@ -256,7 +246,9 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     newer = [j.job_id for j in active if j.job_id not in targets]
     if newer:
         # the local policy's rates on the whole view, enforced (its schedules aside)
-        served = _enforced(policy, view, _proposal(policy, view), None).served
+        proposed = policy.allocate(view)
+        pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+        served = _enforced(view, pairs, None)[0]
         ids = view.columns.job_id
         local = {ids[r]: rate for r, rate in served}
         fresh = {j: local.get(j, 0.0) for j in newer}

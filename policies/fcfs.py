@@ -20,6 +20,21 @@ class Fcfs(Policy):
         columns = view.columns
         posted_at = columns.posted_at
         now = view.now
-        # (R_i, row): rows are in the stable order, so the row breaks ties
+        capacity = view.capacity
+        # The least (R_i, row) as the loop goes (a later row replaces it only if posted
+        # strictly earlier: rows are in the stable order, so the row breaks ties). When it
+        # takes all of B (b_i = B, the simulator's case) nobody else gets anything.
+        first = -1
+        least = 0.0
+        for r in view.active:
+            p = posted_at[r]
+            if p is None:
+                p = now
+            if first < 0 or p < least:
+                first, least = r, p
+        if first >= 0 and capacity > 0.0:
+            d = columns.demand[first]
+            if not capacity > d:
+                return [(first, capacity if capacity < d else d)]
         ranked = [(now if (p := posted_at[r]) is None else p, r) for r in view.active]
-        return greedy_fill_by(ranked, columns.demand, view.capacity)
+        return greedy_fill_by(ranked, columns.demand, capacity)

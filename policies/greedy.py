@@ -20,6 +20,7 @@ the stable order (the row).
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from pydantic import Field
 
@@ -66,26 +67,70 @@ class GreedyYield(Policy):
     name = "greedy-yield"
 
     def allocate(self, view: SystemView) -> RowRates:
+        active = view.active
+        if not active:
+            return []
         columns = view.columns
         now = view.now
         progress = columns.progress
         released_at = columns.released_at
         capacity = view.capacity
-        # The least (y_i, row) as the loop goes (a later row replaces it only with a
-        # strictly smaller yield: min over the pairs in row order). When it takes all
-        # of B (b_i = B, the simulator's case) nobody else gets anything.
+        # The least (y_i, row). With one release time τ for every job (the synthetic
+        # windows) and t > τ, the yields P_i/(t − τ) share their divisor
+        # (``least_quotient``: no yield computed); otherwise each is computed as the loop
+        # goes (a later row replaces the least only with a strictly smaller yield: min
+        # over the pairs in row order).
         first = -1
-        least = 0.0
-        for r in view.active:
-            elapsed = now - released_at[r]
-            y = FRESH_YIELD if elapsed <= 0.0 else progress[r] / elapsed  # (yields)
-            if first < 0 or y < least:
-                first, least = r, y
-        if first >= 0 and capacity > 0.0:
+        found = least_quotient(active, progress, released_at)
+        if found is not None:
+            row, least, before = found
+            elapsed = now - released_at[row]
+            if elapsed <= 0.0:
+                first = active[0]  # every job fresh: every yield is FRESH_YIELD
+            elif before / elapsed > least / elapsed:
+                first = row
+        if first < 0:
+            least = 0.0
+            for r in active:
+                elapsed = now - released_at[r]
+                y = FRESH_YIELD if elapsed <= 0.0 else progress[r] / elapsed  # (yields)
+                if first < 0 or y < least:
+                    first, least = r, y
+        # When it takes all of B (b_i = B, the simulator's case) nobody else gets anything.
+        if capacity > 0.0:
             d = columns.demand[first]
             if not capacity > d:
                 return [(first, capacity if capacity < d else d)]
         return greedy_fill_by(yields(view), columns.demand, capacity)
+
+
+def least_quotient(
+    rows: Sequence[int], numerator: Sequence[float | None], divisor_of: Sequence[float]
+) -> tuple[int, float, float] | None:
+    """For rows (not empty) whose quotients numerator/divisor share one divisor
+    (``divisor_of`` equal): the row of the least numerator (the first in row order), that
+    numerator, and the least numerator of the rows before it (inf: none); None if the
+    rows do not share it or a numerator is unknown (None).
+
+    A correctly rounded division by one positive number is monotone, so the least quotient
+    is that row's, unless a row before it rounds to the same quotient: the quotient of the
+    least numerator before it, the least quotient before it, tells. (Found without a
+    division per row: this is the greedy policies' hot loop in the simulator.)"""
+    first = rows[0]
+    shared = divisor_of[first]
+    least = numerator[first]
+    if least is None:
+        return None
+    before = math.inf
+    for r in rows:
+        if divisor_of[r] != shared:
+            return None
+        x = numerator[r]
+        if x is None:
+            return None
+        if x < least:
+            first, least, before = r, x, least
+    return first, least, before
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -149,17 +194,25 @@ class GreedyCom(Policy):
         remaining = columns.remaining
         cap = columns.cap
         capacity = view.capacity
-        # The least (d_i, row), d_i = V_i/b_i the transfer time at full speed (eq. 3), as
-        # the loop goes (as GreedyYield's): when it takes all of B nobody else gets anything.
+        # The least (d_i, row), d_i = V_i/b_i the transfer time at full speed (eq. 3): with
+        # one b_i for every job (b_i = B, the simulator's case) the quotients share their
+        # divisor (``least_quotient``); else as the loop goes, as GreedyYield's. When it
+        # takes all of B nobody else gets anything.
         first = -1
-        least = 0.0
-        for r in view.active:
-            v = remaining[r]
-            if v is None:
-                v = known_remaining(columns, r)
-            key = math.inf if v is None else v / cap[r]
-            if first < 0 or key < least:
-                first, least = r, key
+        found = least_quotient(view.active, remaining, cap) if view.active else None
+        if found is not None:
+            row, least, before = found
+            if before / cap[row] > least / cap[row]:
+                first = row
+        if first < 0:
+            least = 0.0
+            for r in view.active:
+                v = remaining[r]
+                if v is None:
+                    v = known_remaining(columns, r)
+                key = math.inf if v is None else v / cap[r]
+                if first < 0 or key < least:
+                    first, least = r, key
         if first >= 0 and capacity > 0.0:
             d = columns.demand[first]
             if not capacity > d:

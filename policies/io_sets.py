@@ -140,6 +140,7 @@ class Set10(Policy):
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
         self._known_sets = {j: set_index(w) for j, w in self.params.known_omega.items()}
+        self._learns = self.params.learn  # read at every decision
         # By row of the views shown: the post last counted there, its job id and set. A
         # row whose job and post match is classified without a lookup by job id (the
         # simulator's rows are its applications; a view built from rows numbers them
@@ -157,7 +158,7 @@ class Set10(Policy):
         return None if state is None else state.omega
 
     def allocate(self, view: SystemView) -> RowRates:
-        learn = self.params.learn and view.observed
+        learn = self._learns and view.observed
         if learn and not self._known_sets:
             shares = self._unsaturated(view)
             if shares is not None:
@@ -200,6 +201,7 @@ class Set10(Policy):
         # over the members in row order gives).
         first: dict[int, int] = {}
         first_posted: dict[int, float] = {}
+        q_tot = 0.0  # Q_tot = Σ q_n over the sets, in their order
         for r in view.active:
             p = posted_at[r]
             if row_posted[r] == p and row_ids[r] == job_ids[r]:
@@ -208,11 +210,13 @@ class Set10(Policy):
                 n = self._observe(columns, r)
             if p is None:
                 p = now
-            j = first.get(n)
-            if j is None or p < first_posted[n]:
+            if n not in first:
                 first[n] = r
                 first_posted[n] = p
-        q_tot = sum([_WEIGHTS[n] for n in first])
+                q_tot += _WEIGHTS[n]
+            elif p < first_posted[n]:
+                first[n] = r
+                first_posted[n] = p
         demand = columns.demand
         capacity = view.capacity
         shares = []

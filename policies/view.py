@@ -291,13 +291,9 @@ class SystemView:
         given = MappingProxyType(dict(jobs) if jobs is not None else {})
         columns = Columns.of_jobs(given.values())
         rows = range(len(given))
-        _init(self, now, capacity, node_bandwidth, seed, horizon, observed)
-        _set(self, "periodic", NO_PERIODIC if not periodic else MappingProxyType(dict(periodic)))
-        _set(self, "buffer", buffer)
-        _set(self, "columns", columns)
-        _set(self, "rows", rows)
-        _set(self, "active", _active(columns, rows))
-        _set(self, "_jobs", given)
+        declared = NO_PERIODIC if not periodic else MappingProxyType(dict(periodic))
+        fields = (now, capacity, node_bandwidth, seed, horizon, observed, declared, buffer)
+        _init(self, fields, columns, rows, _active(columns, rows), given)
 
     @classmethod
     def of_columns(
@@ -324,13 +320,8 @@ class SystemView:
         ``row_of`` are then read anew from the rows.
         """
         view = object.__new__(cls)
-        _init(view, now, capacity, node_bandwidth, seed, horizon, observed)
-        _set(view, "periodic", periodic)
-        _set(view, "buffer", buffer)
-        _set(view, "columns", columns)
-        _set(view, "rows", rows)
-        _set(view, "active", active)
-        _set(view, "_jobs", None)
+        fields = (now, capacity, node_bandwidth, seed, horizon, observed, periodic, buffer)
+        _init(view, fields, columns, rows, active, None)
         return view
 
     def __setattr__(self, name: str, value: object) -> None:
@@ -385,19 +376,19 @@ advance = SystemView.now.__set__  # type: ignore[attr-defined]
 
 def _init(
     view: SystemView,
-    now: float,
-    capacity: float,
-    node_bandwidth: float,
-    seed: int,
-    horizon: float | None,
-    observed: bool,
+    fields: tuple[Any, ...],
+    columns: Columns,
+    rows: Sequence[int],
+    active: Sequence[int],
+    jobs: Mapping[JobId, JobView] | None,
 ) -> None:
-    _set(view, "now", now)
-    _set(view, "capacity", capacity)
-    _set(view, "node_bandwidth", node_bandwidth)
-    _set(view, "seed", seed)
-    _set(view, "horizon", horizon)
-    _set(view, "observed", observed)
+    """Sets a new view's attributes: ``fields`` the scalars, in ``_SCALARS``' order."""
+    for name, value in zip(_SCALARS, fields, strict=True):
+        _set(view, name, value)
+    _set(view, "columns", columns)
+    _set(view, "rows", rows)
+    _set(view, "active", active)
+    _set(view, "_jobs", jobs)
 
 
 def _active(columns: Columns, rows: range) -> list[int]:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from burstctl.common.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 from burstctl.policies.placement import metrics
 from burstctl.policies.placement.allocators import allocate
 from burstctl.policies.placement.model import App, Profile, io_load, n_sys
@@ -181,8 +182,6 @@ def simulate(apps: Sequence[SimApp], n_resources: int, audit: Audit | None = Non
 
 # ------------------------------------------------------------------ sets, runs, rows
 
-ALLOCATOR_NAMES = ("random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp")
-PLACEMENT_NAMES = ("random", "greedy-non-clairvoyant", "greedy-clairvoyant")
 # the combinations [DIST-IO] §VI-B runs with profile-class (inaccurate) inputs
 ROBUSTNESS = (
     ("tcpu-allocator", "greedy-non-clairvoyant"),

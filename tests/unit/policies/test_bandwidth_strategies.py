@@ -16,11 +16,14 @@ from support.sweep import seeds
 from support.views import allocation, job
 
 from burstctl.policies import JobView, SystemView, default_registry
+from burstctl.policies.decision import decide
 from burstctl.policies.greedy import (
     GreedyCom,
     GreedyYield,
     LookAheadGreedyYield,
     PeriodicGreedyYield,
+    known_remaining,
+    yields,
 )
 from burstctl.policies.io_sets import N_LIMIT, Set10, round_half_away, set_index
 
@@ -497,3 +500,50 @@ def test_look_ahead_invariants_with_a_window(seed: int) -> None:
     ]
     v = view(*jobs, capacity=B, now=50.0, horizon=rng.choice([None, 50.0, 60.0, 1e4]))
     check_invariants(v, allocation(LookAheadGreedyYield(), v))
+
+
+@pytest.mark.parametrize("seed", seeds(30, 300))
+def test_greedy_yield_serves_the_least_yield_first(seed: int) -> None:
+    # one release time, P values a few ulps apart so that yields round to the same value
+    # (then the row decides), fresh jobs, and views with several release times
+    rng = random.Random(seed)
+    now = rng.choice([1.0, 3.0, 1e3, 1.8e6])
+    tau = rng.choice([0.0, now, now + 1.0, now * rng.uniform(0.0, 1.0)])
+    base = rng.choice([0.0, 1e-300, now * rng.uniform(0.0, 1.0)])
+    jobs = []
+    for i in range(rng.randint(1, 9)):
+        p = base
+        for _ in range(rng.choice([0, 0, 1, 2, 3])):
+            p = math.nextafter(p, math.inf)
+        if rng.random() < 0.3:
+            p = rng.uniform(0.0, now)
+        released = tau if rng.random() < 0.9 or i == 0 else rng.uniform(0.0, now)
+        jobs.append(job(f"{i}", 1.0, index=rng.randint(0, 3), progress=p, released_at=released))
+    v = view(*jobs, now=now, capacity=1.0)  # b_i = B: the first served takes all of B
+    assert decide(GreedyYield(), v).served == [(min(yields(v))[1], 1.0)]
+
+
+@pytest.mark.parametrize("seed", seeds(30, 300))
+def test_greedy_com_serves_the_least_transfer_time_first(seed: int) -> None:
+    # one b_i, volumes a few ulps apart (equal transfer times: the row decides), unknown
+    # ones, several b_i
+    rng = random.Random(seed)
+    cap = rng.choice([1.0, 3.0, 0.7])
+    base = rng.choice([0.0, 1e-300, rng.uniform(0.0, 100.0)])
+    jobs = []
+    for i in range(rng.randint(1, 9)):
+        v: float | None = base
+        for _ in range(rng.choice([0, 0, 1, 2, 3])):
+            v = math.nextafter(v, math.inf)
+        if rng.random() < 0.1:
+            v = None
+        b = cap if rng.random() < 0.9 else rng.choice([0.5, 2.0])
+        jobs.append(job(f"{i}", b, index=rng.randint(0, 3), remaining=v, mean_volume=1.0))
+    v = view(*jobs, capacity=min(j.cap for j in jobs))  # the first served takes all of B
+    columns = v.columns
+    key = [
+        (math.inf if (x := known_remaining(columns, r)) is None else x / columns.cap[r], r)
+        for r in v.active
+    ]
+    first = min(key)[1]
+    assert decide(GreedyCom(), v).served == [(first, v.capacity)]
