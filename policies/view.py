@@ -153,33 +153,41 @@ class Columns:
 
 
 class _JobColumns(Columns):
-    """Columns of ``JobView`` rows: the rows sorted into the stable order, then each
-    column filled, on first use."""
+    """Columns of ``JobView`` rows: the rows sorted into the stable order when made, each
+    column filled on first use."""
 
-    __slots__ = ("_given", "_jobs")
+    __slots__ = ("_built", "_jobs")
 
     def __init__(self, jobs: Iterable[JobView]) -> None:  # (no super: every column lazy)
-        self._given = jobs
-
-    def __getattr__(self, name: str) -> Any:
-        # Only called for what is not set yet: the rows in the stable order, or a column.
-        if name == "_jobs":
-            # The stable order: by index (a C-level key), then by job id where indices are
-            # equal (only in views a builder gave equal indices).
-            jobs = sorted(self._given, key=_INDEX)
-            if len(set(map(_INDEX, jobs))) < len(jobs):
-                jobs.sort(key=_STABLE_ORDER)
-            self._jobs = jobs
-            return jobs
-        get = _FIELD_OF.get(name)
-        if get is None:
-            raise AttributeError(name)
-        column = list(map(get, self._jobs))
-        setattr(self, name, column)
-        return column
+        # The stable order: by index (a C-level key), then by job id where indices are
+        # equal (only in views a builder gave equal indices).
+        ordered = sorted(jobs, key=_INDEX)
+        if len(set(map(_INDEX, ordered))) < len(ordered):
+            ordered.sort(key=_STABLE_ORDER)
+        self._jobs = ordered
+        self._built: dict[str, list[Any]] = {}
 
     def job(self, row: int) -> JobView:
-        return self._jobs[row]  # type: ignore[no-any-return]
+        return self._jobs[row]
+
+
+def _lazy_column(name: str) -> property:
+    """A column of ``_JobColumns``, built from its rows on first use."""
+    get = _FIELD_OF[name]
+
+    def column(self: _JobColumns) -> list[Any]:
+        built = self._built
+        values = built.get(name)
+        if values is None:
+            values = built[name] = list(map(get, self._jobs))
+        return values
+
+    return property(column)
+
+
+for _name in FIELDS:
+    setattr(_JobColumns, _name, _lazy_column(_name))
+del _name
 
 
 def remaining_estimate(columns: Columns, row: int) -> float:
@@ -367,8 +375,6 @@ class SystemView:
         return f"SystemView({scalars}, jobs={dict(self.jobs)!r})"
 
 
-_set = object.__setattr__  # SystemView's own writes, past its read-only __setattr__
-
 # The owner of a view over columns moves it to its next decision: ``advance(view, now)``
 # (the simulator, at every decision: a C-level write of ``now``, past the guard).
 advance = SystemView.now.__set__  # type: ignore[attr-defined]
@@ -383,12 +389,20 @@ def _init(
     jobs: Mapping[JobId, JobView] | None,
 ) -> None:
     """Sets a new view's attributes: ``fields`` the scalars, in ``_SCALARS``' order."""
-    for name, value in zip(_SCALARS, fields, strict=True):
-        _set(view, name, value)
-    _set(view, "columns", columns)
-    _set(view, "rows", rows)
-    _set(view, "active", active)
-    _set(view, "_jobs", jobs)
+    for store, value in zip(_SCALAR_SETTERS, fields, strict=True):
+        store(view, value)
+    _set_columns(view, columns)
+    _set_rows(view, rows)
+    _set_active(view, active)
+    _set_jobs(view, jobs)
+
+
+# Each attribute's own setter, past the read-only __setattr__ (cheaper than _set by name).
+_SCALAR_SETTERS = tuple(getattr(SystemView, name).__set__ for name in _SCALARS)
+_set_columns = SystemView.columns.__set__  # type: ignore[attr-defined]
+_set_rows = SystemView.rows.__set__  # type: ignore[attr-defined]
+_set_active = SystemView.active.__set__  # type: ignore[attr-defined]
+_set_jobs = SystemView._jobs.__set__  # type: ignore[union-attr]
 
 
 def _active(columns: Columns, rows: range) -> list[int]:
