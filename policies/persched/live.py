@@ -239,9 +239,8 @@ class PerSchedLive(Policy):
         installed = self.installed if view.periodic else None
         if installed is None:
             return {}
-        return {
-            j: s for j, s in installed.schedules.items() if j in view.jobs and view.jobs[j].active
-        }
+        jobs = view.jobs
+        return {j: s for j, s in installed.schedules.items() if j in jobs and jobs[j].active}
 
 
 def _key(view: SystemView) -> Key | None:

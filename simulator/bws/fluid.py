@@ -27,7 +27,7 @@ from typing import Any
 
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Fixes, decide
-from burstctl.policies.view import Columns, SystemView, advance
+from burstctl.policies.view import Columns, JobView, SystemView, advance
 from burstctl.simulator.bws.instance import Window
 
 # Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
@@ -88,7 +88,6 @@ class Run:
         self.tau = [a.released_at for a in apps]  # τ_i
         self.values = [[p.value for p in a.phases] for a in apps]
         self.io = [a.phases[0].io for a in apps]
-        self.first_io = self.io[:]  # phases alternate from the first: I/O or work
         self.phase = [0] * m
         # Q and P; in a closed-form work phase, Q_s and P_s at its base time s
         self.remaining = [v[0] for v in self.values]  # Q
@@ -100,6 +99,9 @@ class Run:
         self.work_done = [0.0] * m  # W^(done) of completed work, from t = 0 (or s)
         self.work_began = [0.0] * m  # start of the current work phase (valid in work)
         self.last_work = [0.0] * m
+        self.io_total = [0.0] * m  # completed I/O volumes, summed in order (for the mean)
+        self.io_count = [0] * m
+        self.mean_volume = [0.0] * m  # io_total / io_count (0 with none)
         self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
@@ -110,10 +112,10 @@ class Run:
         # the full volume of each I/O phase under way
         self.volume = [v[0] if self.io[i] else 0.0 for i, v in enumerate(self.values)]
         # The views' columns: the lists above, read in place (row i is application i,
-        # whose id sorts like i: the stable order). demand = b_i; the volume moved and
-        # the mean past volume are computed when read (rarely: a policy that reads
-        # JobView rows, or a fallback for an unknown volume).
-        self.columns = Columns(
+        # whose id sorts like i: the stable order). demand = b_i; the volume moved is
+        # computed when read (rarely: a policy that reads JobView rows, or a fallback
+        # for an unknown volume).
+        self.columns = _SimColumns(
             job_id=self.ids,
             user=[SIM_USER] * m,
             group=[SIM_USER] * m,
@@ -128,7 +130,7 @@ class Run:
             released_at=self.tau,
             progress=self.progress,
             last_work=self.last_work,
-            mean_volume=_MeanVolume(self.values, self.phase, self.first_io),
+            mean_volume=self.mean_volume,
             index=range(m),
         )
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
@@ -160,10 +162,7 @@ class Run:
 
     def io_completed(self) -> list[int]:
         """Per application, the number of I/O phases it completed."""
-        return [
-            len(range(0 if first else 1, k, 2))
-            for first, k in zip(self.first_io, self.phase, strict=True)
-        ]
+        return self.io_count[:]
 
     def _weighted_progress(self) -> float:
         return math.fsum(self.cap[i] * self._progress_now(i) for i in range(len(self.cap)))
@@ -264,6 +263,10 @@ class Run:
                         done = [i]
                     else:
                         done.append(i)
+            if columns.used:  # the served rows moved: their JobViews are stale
+                views = columns.views
+                for i, _ in serving:
+                    views[i] = None
             if stepped:
                 self._advance_stepped(t, now)
             if crossings and crossings[0][0] - now < slack:
@@ -388,7 +391,13 @@ class Run:
     def _end_io(self, i: int, now: float) -> None:
         """I/O phase completion at ``now`` (STEP C): a work phase begins, in closed form
         if exact, else stepped."""
-        k = self.phase[i] + 1
+        k = self.phase[i]
+        total = self.io_total[i] + self.values[i][k]
+        count = self.io_count[i] + 1
+        self.io_total[i] = total
+        self.io_count[i] = count
+        self.mean_volume[i] = total / count
+        k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
         self.in_io.remove(i)
@@ -430,6 +439,7 @@ class Run:
             return
         self.io[i] = True
         self.remaining[i] = self.volume[i] = values[k]
+        self.columns.views[i] = None  # (a JobView of its last I/O phase is stale)
         insort(self.in_io, i)
         if values[k] / self.cap[i] < DONE:
             self.tiny_io.append(i)
@@ -521,25 +531,21 @@ class _Moved(Sequence[float]):
         return len(self._volume)
 
 
-class _MeanVolume(Sequence[float]):
-    """The views' ``mean_volume`` column: the mean volume of the completed I/O phases
-    (phases alternate from each application's first; summed in order)."""
+class _SimColumns(Columns):
+    """The run's columns; ``job(row)`` keeps the ``JobView`` it builds until the row
+    moves (served, or back in I/O: ``Run`` empties ``views[row]``), so that a policy
+    that reads rows as objects builds one per change, not one per decision."""
 
-    __slots__ = ("_first_io", "_phase", "_values")
+    __slots__ = ("used", "views")
 
-    def __init__(self, values: list[list[float]], phase: list[int], first_io: list[bool]) -> None:
-        self._values = values
-        self._phase = phase
-        self._first_io = first_io
+    def __init__(self, **columns: Sequence[Any]) -> None:
+        super().__init__(**columns)
+        self.views: list[JobView | None] = [None] * len(columns["index"])
+        self.used = False  # a JobView was built: the loop empties the served rows' views
 
-    def __getitem__(self, i: int) -> float:  # type: ignore[override]
-        values = self._values[i]
-        total = 0.0
-        count = 0
-        for k in range(0 if self._first_io[i] else 1, self._phase[i], 2):
-            total += values[k]
-            count += 1
-        return total / count if count else 0.0
-
-    def __len__(self) -> int:
-        return len(self._values)
+    def job(self, row: int) -> JobView:
+        view = self.views[row]
+        if view is None:
+            view = self.views[row] = super().job(row)
+            self.used = True
+        return view

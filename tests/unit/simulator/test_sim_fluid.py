@@ -14,7 +14,9 @@ import pytest
 
 from burstctl.policies import JobId, Policy, SystemView, default_registry
 from burstctl.policies.fair_share import FairShare
+from burstctl.policies.view import Columns
 from burstctl.simulator.bws.fluid import SimulationError
+from burstctl.simulator.bws.generate import GeneratorParams, generate
 from burstctl.simulator.bws.instance import Window, parse_instance, prepare_window
 from burstctl.simulator.bws.runs import create_policy, simulate
 
@@ -197,3 +199,35 @@ def test_an_application_that_runs_out_of_phases_before_t_computes_until_t() -> N
     r = simulate(win, "greedy-com")
     assert r.horizon == 2.0
     assert r.min_yield == pytest.approx(1.0)  # a: 1 of work, 1 − 1e-9 of I/O at full speed
+
+
+class _Checking(FairShare):
+    """Fair share that reads its jobs as ``JobView`` rows, twice per decision, and checks
+    each against the row built afresh from the columns (the run keeps built rows)."""
+
+    name = "checking"
+    checked = 0
+
+    def allocate(self, view: SystemView) -> Mapping[JobId, float]:
+        columns = view.columns
+        for job in (*view.active_jobs(), *view.jobs.values()):
+            assert job == Columns.job(columns, job.index)
+            self.checked += 1
+        return super().allocate(view)
+
+
+def test_the_jobview_rows_a_policy_reads_are_those_of_the_columns_now() -> None:
+    """Rows built once are kept until the application is served or a phase ends;
+    one kept past a change would differ from the columns. The mean past volume is
+    the mean of the completed I/O phases."""
+    win = prepare_window(generate(GeneratorParams(pressure=1.1), 3), window=0.02)
+    policy = _Checking()
+    ours = simulate(win, policy)
+    theirs = simulate(win, "fair-share")
+    assert (ours.min_yield, ours.efficiency, ours.utilization, ours.events) == (
+        theirs.min_yield,
+        theirs.efficiency,
+        theirs.utilization,
+        theirs.events,
+    )
+    assert policy.checked > 1000
