@@ -41,17 +41,21 @@ class Decision:
     down; ``schedules``: periodic patterns of windows for some jobs of ``rates`` (their
     rate is the mean rate); ``refused``: (job, reason) for every schedule the policy
     proposed malformed (the job got none).
+
+    A proposal taken as it is (the usual case) is a ``Decision`` whose last four are
+    the class's: nothing fixed, scaled, scheduled or refused; one that enforcing
+    changed is an ``Enforced``, which holds its own.
     """
 
-    __slots__ = ("fixes", "period", "refused", "scaled", "schedules", "served", "view")
+    __slots__ = ("period", "served", "view")
 
     view: SystemView
     served: Served
     period: float | None
-    fixes: Fixes
-    scaled: bool
-    schedules: Mapping[JobId, Schedule]
-    refused: tuple[tuple[JobId, str], ...]
+    fixes: Fixes = ()
+    scaled: bool = False
+    schedules: Mapping[JobId, Schedule] = NO_SCHEDULES
+    refused: tuple[tuple[JobId, str], ...] = ()
 
     @property
     def rates(self) -> dict[JobId, float]:
@@ -69,6 +73,17 @@ class Decision:
             f"scaled={self.scaled!r}, schedules={dict(self.schedules)!r}, "
             f"refused={self.refused!r})"
         )
+
+
+class Enforced(Decision):
+    """A decision whose proposal enforcing changed, or that holds schedules."""
+
+    __slots__ = ("fixes", "refused", "scaled", "schedules")  # (shadowing the class's)
+
+    fixes: Fixes
+    scaled: bool
+    schedules: Mapping[JobId, Schedule]
+    refused: tuple[tuple[JobId, str], ...]
 
 
 class Share(Mapping[JobId, float]):
@@ -108,34 +123,36 @@ def decide(
     ``fixes``), a sum above B scaled down to it (``scaled``). Proposals for jobs outside
     the view are ignored; zeros are not listed."""
     cls = type(policy)
-    served: Served | None = None
+    wanted: Mapping[JobId, Schedule] | None = None
     if targets is not None:  # schedules only on a replica's own decision
         proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets)
-        wanted: Mapping[JobId, Schedule] | None = None
     else:
         proposed = policy.allocate(view)
-        wanted = None if cls in WITHOUT_SCHEDULES else policy.schedules(view)
+        if cls not in WITHOUT_SCHEDULES:
+            wanted = policy.schedules(view)
         if type(proposed) is list and not wanted:
             # The usual case, checked in one pass: rows, every rate positive and within its
-            # bounds (`0 < rate <= cap` is False for NaN too), Σ ≤ B: the decision is then
-            # the proposal as it is.
+            # bounds (each test False for NaN too), Σ ≤ B: the decision is then the
+            # proposal as it is. (Each comparison on its own: one the interpreter runs fast.)
             columns = view.columns
             cap = columns.cap
             demand = columns.demand
             total = 0.0
             for r, rate in proposed:
-                if not (0.0 < rate <= cap[r] and demand[r] > 0.0):
+                if rate > 0.0 and rate <= cap[r] and demand[r] > 0.0:
+                    total += rate
+                else:
                     break
-                total += rate
             else:
                 if not total > view.capacity * _OVER:
-                    served = proposed
-    if served is None:
-        pairs = proposed if type(proposed) is list else _by_row(view, proposed)
-        served, fixes, scaled, schedules, refused = _enforced(view, pairs, wanted)
-    else:
-        fixes, scaled, schedules, refused = (), False, NO_SCHEDULES, ()
-    decision = Decision()  # (its attributes set here: no constructor call to pay)
+                    taken = Decision()  # (its attributes set here: no constructor to call)
+                    taken.view = view
+                    taken.served = proposed
+                    taken.period = None if cls in WITHOUT_PERIOD else policy.period(view)
+                    return taken
+    pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+    served, fixes, scaled, schedules, refused = _enforced(view, pairs, wanted)
+    decision = Enforced()
     decision.view = view
     decision.served = served
     decision.period = None if cls in WITHOUT_PERIOD else policy.period(view)

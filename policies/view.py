@@ -324,10 +324,10 @@ class SystemView:
         ``rows`` are increasing, ``active`` the rows of ``rows`` with demand > 0 (in
         increasing order, the stable order); ``capacity`` is the caller's to check
         (finite, ≥ 0). Between two decisions the caller may change its sequences and
-        move the view to the next decision's time with :func:`advance`; ``jobs`` and
-        ``row_of`` are then read anew from the rows.
+        move the view to the next decision's time, ``view.now = t`` (the one attribute
+        it sets); ``jobs`` and ``row_of`` are then read anew from the rows.
         """
-        view = object.__new__(cls)
+        view: SystemView = object.__new__(_MovedView)
         fields = (now, capacity, node_bandwidth, seed, horizon, observed, periodic, buffer)
         _init(view, fields, columns, rows, active, None)
         return view
@@ -375,9 +375,15 @@ class SystemView:
         return f"SystemView({scalars}, jobs={dict(self.jobs)!r})"
 
 
-# The owner of a view over columns moves it to its next decision: ``advance(view, now)``
-# (the simulator, at every decision: a C-level write of ``now``, past the guard).
-advance = SystemView.now.__set__  # type: ignore[attr-defined]
+class _MovedView(SystemView):
+    """A view over its owner's columns (:meth:`SystemView.of_columns`), which the owner
+    moves to its next decision by setting ``now`` (a plain attribute write: the
+    simulator does it at every event). A policy writes to no view."""
+
+    __slots__ = ()
+    # The generic store, both halves of the one slot (else every write goes through Python)
+    __setattr__ = object.__setattr__  # type: ignore[assignment]
+    __delattr__ = object.__delattr__  # type: ignore[assignment]
 
 
 def _init(

@@ -22,12 +22,13 @@ import math
 from bisect import insort
 from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
+from itertools import accumulate
 from math import ulp
 from typing import Any
 
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Fixes, decide
-from burstctl.policies.view import Columns, JobView, SystemView, advance
+from burstctl.policies.view import Columns, JobView, SystemView
 from burstctl.simulator.bws.instance import Window
 
 # Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
@@ -99,9 +100,7 @@ class Run:
         self.work_done = [0.0] * m  # W^(done) of completed work, from t = 0 (or s)
         self.work_began = [0.0] * m  # start of the current work phase (valid in work)
         self.last_work = [0.0] * m
-        self.io_total = [0.0] * m  # completed I/O volumes, summed in order (for the mean)
-        self.io_count = [0] * m
-        self.mean_volume = [0.0] * m  # io_total / io_count (0 with none)
+        self.first_io = self.io[:]  # phases alternate from the first: I/O or work
         self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
@@ -112,9 +111,9 @@ class Run:
         # the full volume of each I/O phase under way
         self.volume = [v[0] if self.io[i] else 0.0 for i, v in enumerate(self.values)]
         # The views' columns: the lists above, read in place (row i is application i,
-        # whose id sorts like i: the stable order). demand = b_i; the volume moved is
-        # computed when read (rarely: a policy that reads JobView rows, or a fallback
-        # for an unknown volume).
+        # whose id sorts like i: the stable order). demand = b_i; the volume moved and
+        # the mean past volume are computed when read (rarely: a policy that reads
+        # JobView rows, or a fallback for an unknown volume).
         self.columns = _SimColumns(
             job_id=self.ids,
             user=[SIM_USER] * m,
@@ -130,7 +129,7 @@ class Run:
             released_at=self.tau,
             progress=self.progress,
             last_work=self.last_work,
-            mean_volume=self.mean_volume,
+            mean_volume=_MeanVolume(self.values, self.phase, self.first_io),
             index=range(m),
         )
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
@@ -162,7 +161,9 @@ class Run:
 
     def io_completed(self) -> list[int]:
         """Per application, the number of I/O phases it completed."""
-        return self.io_count[:]
+        return [
+            (k + 1 if first else k) // 2 for first, k in zip(self.first_io, self.phase, strict=True)
+        ]
 
     def _weighted_progress(self) -> float:
         return math.fsum(self.cap[i] * self._progress_now(i) for i in range(len(self.cap)))
@@ -210,7 +211,7 @@ class Run:
                 switched = True
                 policy = self.policy
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            advance(view, t)
+            view.now = t
             if active is not in_io:
                 active[:] = [i for i in in_io if cap[i] > 0.0]
             decision = decide(policy, view)
@@ -391,13 +392,7 @@ class Run:
     def _end_io(self, i: int, now: float) -> None:
         """I/O phase completion at ``now`` (STEP C): a work phase begins, in closed form
         if exact, else stepped."""
-        k = self.phase[i]
-        total = self.io_total[i] + self.values[i][k]
-        count = self.io_count[i] + 1
-        self.io_total[i] = total
-        self.io_count[i] = count
-        self.mean_volume[i] = total / count
-        k += 1
+        k = self.phase[i] + 1
         self.phase[i] = k
         self.posted[i] = now  # R
         self.in_io.remove(i)
@@ -549,3 +544,31 @@ class _SimColumns(Columns):
             view = self.views[row] = super().job(row)
             self.used = True
         return view
+
+
+class _MeanVolume(Sequence[float]):
+    """The views' ``mean_volume`` column: the mean volume of the completed I/O phases
+    (phases alternate from each application's first), from the running sums of the
+    application's I/O volumes in order, made on first read."""
+
+    __slots__ = ("_first_io", "_phase", "_sums", "_values")
+
+    def __init__(self, values: list[list[float]], phase: list[int], first_io: list[bool]) -> None:
+        self._values = values
+        self._phase = phase
+        self._first_io = first_io
+        self._sums: list[list[float] | None] = [None] * len(values)
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]
+        k = self._phase[i]
+        count = (k + 1 if self._first_io[i] else k) // 2  # I/O phases before phase k
+        if not count:
+            return 0.0
+        sums = self._sums[i]
+        if sums is None:  # Σ of the first n I/O volumes, added in order, at [n − 1]
+            io = self._values[i][0 if self._first_io[i] else 1 :: 2]
+            sums = self._sums[i] = list(accumulate(io))
+        return sums[count - 1] / count
+
+    def __len__(self) -> int:
+        return len(self._values)

@@ -10,7 +10,7 @@ import pytest
 from support.views import job
 
 from burstctl.policies import JobView, SystemView
-from burstctl.policies.view import FIELDS, Columns, advance
+from burstctl.policies.view import FIELDS, Columns
 
 VALUES = ("j", "u", "g", 4, 2.0, 10.0, 5.0, -1.0, 8.0, 3.0, 5.0, -9.0, 1.5, 0.5, 7.0, 3)
 
@@ -85,7 +85,7 @@ def test_the_columns_of_a_view_built_from_rows_are_in_the_stable_order() -> None
     assert list(columns.demand) == [0.0, 1.0, 1.0]
 
 
-def test_a_view_over_columns_reads_them_in_place_and_is_advanced_by_its_owner() -> None:
+def test_a_view_over_columns_reads_them_in_place_and_is_moved_by_its_owner() -> None:
     m = 4
     cap = [1.0, 2.0, 3.0, 4.0]
     progress = [0.0] * m
@@ -100,7 +100,7 @@ def test_a_view_over_columns_reads_them_in_place_and_is_advanced_by_its_owner() 
     assert list(view.jobs) == ["0", "2"] and view.jobs["2"].cap == 3.0
     in_io.append(3)  # the owner's next decision: its lists, changed in place
     progress[3] = 7.0
-    advance(view, 2.0)
+    view.now = 2.0  # (the owner's; a view from JobView rows is read-only)
     assert view.now == 2.0 and view.row_of == {"0": 0, "2": 2, "3": 3}
     assert view.active_jobs()[-1] == JobView("3", "u", "g", 1, 1.0, 4.0, 4.0, 0.0, 5.0, 4.0,
                                              1.0, 0.0, 7.0, 0.0, 0.0, 3)  # fmt: skip
