@@ -25,9 +25,9 @@ from pathlib import Path
 from typing import Any
 
 from burstctl.policies.deficit_com import DeficitCom, DeficitComParams
-from burstctl.simulator.engine import simulate
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import prepare_window
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import prepare_window
+from burstctl.simulator.bws.runs import simulate
 
 # The target of issue 21 at W = 1.1: mean MinYield and mean Efficiency at least these
 TARGET = (0.879, 0.895)

@@ -1,7 +1,7 @@
 """DPSAC decision time per tick, and the mount's drain engine against ``cp``.
 
 **Decisions.** For 10, 100 and 1,000 applications (``--apps``), the live ``dpsac`` policy
-(`policies/dpsac_live.py`) decides on views with a burst buffer (S = 300 GB, B = 100 GB/s as
+(`policies/dpsac/live.py`) decides on views with a burst buffer (S = 300 GB, B = 100 GB/s as
 in [DPSAC] §5.1, scaled to the job count), the applications drawn from the mix of [DPSAC]
 Table 1 (I/O-phase lengths 20–280 s, caps 80–160 GB/s, declared periods), half of them in
 an I/O phase at each tick and the buffer's resident bytes random. Reported per size and
@@ -37,7 +37,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from burstctl.policies.dpsac_live import DpsacParams, DpsacPolicy
+from burstctl.policies.dpsac.live import DpsacParams, DpsacPolicy
 from burstctl.policies.view import BufferView, JobView, Periodic, SystemView
 
 GB = 1e9

@@ -31,7 +31,7 @@ from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.persched import jupiter_set
-from burstctl.policies.persched_live import PerSchedLive
+from burstctl.policies.persched.live import PerSchedLive
 from burstctl.policies.registry import default_registry
 
 RESERVE = 0.1

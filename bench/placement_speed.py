@@ -27,7 +27,8 @@ from typing import Any
 
 import httpx
 
-from burstctl.controller.advice import ALLOCATOR_NAMES, JobInput, Resource, advise_all
+from burstctl.common.limits import ALLOCATOR_NAMES
+from burstctl.controller.advice import JobInput, Resource, advise_all
 from burstctl.controller.app import build_replica
 from burstctl.controller.config import ControllerConfig
 from burstctl.controller.profiles import PROFILES_FILE

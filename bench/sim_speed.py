@@ -37,9 +37,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from burstctl.simulator.engine import simulate
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import format_instance, prepare_window
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import format_instance, prepare_window
+from burstctl.simulator.bws.runs import simulate
 
 # Our strategy → the reference's heuristic name (set-10 learns ω: Set10Learn;
 # periodic-greedy-yield is the reference's fixedWindow).

@@ -66,7 +66,7 @@ from dataclasses import dataclass
 from burstctl.policies.base import Policy
 from burstctl.policies.greedy import by_yield, known_remaining
 from burstctl.policies.sharing import greedy_fill, water_fill
-from burstctl.policies.view import JobId, JobView, SystemView
+from burstctl.policies.view import Columns, RowRates, SystemView
 
 EPS = 1e-10  # ε of the reference's keepBestSolution and Σb ≤ B test
 SHORT_IO = 1e-3  # seconds: the reference's short-I/O shortcut threshold on d_k
@@ -169,8 +169,8 @@ class _Choice:
 class _Decision:
     """One decision, in units normalised to B = 1 (rates and volumes divided by B)."""
 
-    def __init__(self, jobs: Sequence[JobView], now: float, capacity: float) -> None:
-        self.n = len(jobs)
+    def __init__(self, columns: Columns, rows: Sequence[int], now: float, capacity: float) -> None:
+        self.n = len(rows)
         self.cap: list[float] = []  # b_k
         self.rate: list[float] = []  # r_k = demand_k ≤ b_k: the rate bound
         self.slope: list[float] = []  # r_k/b_k: yield gained per second at full demand
@@ -180,19 +180,20 @@ class _Decision:
         self.done: list[float] = []  # P_k + V_k/b_k, the progress once done
         self.earliest: list[float] = []  # d_k = V_k/min(r_k, B): earliest completion
         breakpoints = []  # (V_k/r_k, k): where k's cap turns from r_k to V_k/δ
-        for k, job in enumerate(jobs):
-            rate = job.demand / capacity
-            cap = job.cap / capacity if job.cap > 0.0 else rate
-            v = job.remaining
+        for k, row in enumerate(rows):
+            rate = columns.demand[row] / capacity
+            cap = columns.cap[row] / capacity if columns.cap[row] > 0.0 else rate
+            v = columns.remaining[row]
             if v is None:  # live, volume not posted: estimate from past operations
-                v = known_remaining(job)
+                v = known_remaining(columns, row)
                 if v is not None and v <= 0.0:
                     v = None  # the estimate is used up: no prediction
+            progress = columns.progress[row]
             self.cap.append(cap)
             self.rate.append(rate)
             self.slope.append(rate / cap)
-            self.progress.append(job.progress)
-            self.age.append(max(now - job.released_at, 0.0))
+            self.progress.append(progress)
+            self.age.append(max(now - columns.released_at[row], 0.0))
             if v is None:
                 self.volume.append(INF)
                 self.done.append(INF)
@@ -200,7 +201,7 @@ class _Decision:
                 continue
             v = max(v, 0.0) / capacity
             self.volume.append(v)
-            self.done.append(job.progress + v / cap)
+            self.done.append(progress + v / cap)
             self.earliest.append(v / min(rate, 1.0))
             breakpoints.append((v / rate, k))
         breakpoints.sort()
@@ -426,33 +427,36 @@ class BestNextEvent(Policy):
 
     name = "best-next-event"
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        active = view.active_jobs()
+    def allocate(self, view: SystemView) -> RowRates:
+        active = view.active
         capacity = view.capacity
-        if not active:
-            return {}
         if capacity <= 0.0:
-            return {j.job_id: 0.0 for j in active}
-        if len(active) == 1 or sum(j.demand for j in active) <= capacity * (1.0 + EPS):
-            return {j.job_id: min(j.demand, capacity) for j in active}  # Σb ≤ B (first step)
-        return _decide(view, active)
+            return []
+        demand = view.columns.demand
+        if len(active) <= 1 or sum(demand[r] for r in active) <= capacity * (1.0 + EPS):
+            # Σb ≤ B (first step)
+            return [(r, min(demand[r], capacity)) for r in active]
+        return _decide(view)
 
 
-def _decide(view: SystemView, active: list[JobView]) -> dict[JobId, float]:
+def _decide(view: SystemView) -> list[tuple[int, float]]:
+    """(row, rate) for every job of S(t), in the stable order."""
     capacity = view.capacity
-    d = _Decision(active, view.now, capacity)
+    active = view.active
+    demand = view.columns.demand
+    d = _Decision(view.columns, active, view.now, capacity)
     n = d.n
     known = [k for k in range(n) if d.volume[k] < INF]
     if not known:  # nothing predictable: the δ → 0 limit of the objective
-        return greedy_fill(by_yield(active, view.now), capacity)
+        return greedy_fill(by_yield(view), demand, capacity)
 
     # Short-I/O shortcut (the reference's second step): an operation done within SHORT_IO.
     first = min(known, key=lambda k: (d.earliest[k], k))
     if d.earliest[first] < SHORT_IO:
         lead = active[first]
-        rates = {lead.job_id: min(lead.demand, capacity)}
-        rest = {j.job_id: j.demand for j in active if j is not lead}
-        rates.update(water_fill(rest, rest, capacity - rates[lead.job_id]))
+        rates = [(lead, min(demand[lead], capacity))]
+        rest = {r: demand[r] for r in active if r != lead}
+        rates.extend(water_fill(rest, rest, capacity - rates[0][1]).items())
         return rates
 
     if view.horizon is not None:
@@ -460,7 +464,7 @@ def _decide(view: SystemView, active: list[JobView]) -> dict[JobId, float]:
     else:
         span = max(sum(d.volume[k] for k in known), max(d.earliest[k] for k in known))
     if not span > 0.0:
-        return greedy_fill(by_yield(active, view.now), capacity)
+        return greedy_fill(by_yield(view), demand, capacity)
 
     best: _Choice | None = None
     floor = -INF  # candidates whose minimum cannot reach this are skipped
@@ -509,12 +513,12 @@ def _better(d: _Decision, best: _Choice | None, new: _Choice) -> _Choice:
 
 
 def _to_rates(
-    active: Sequence[JobView],
+    rows: Sequence[int],
     d: _Decision,
     rates: list[float],
     yields: list[float],
     capacity: float,
-) -> dict[JobId, float]:
+) -> list[tuple[int, float]]:
     """Normalised β → bytes/s, within [0, demand], Σ ≤ B; residues to the lowest yields."""
     beta = [min(max(r, 0.0), d.rate[k]) for k, r in enumerate(rates)]
     left = 1.0 - sum(beta)
@@ -526,4 +530,4 @@ def _to_rates(
                 left -= give
     total = sum(beta)
     scale = capacity / total if total > 1.0 else capacity
-    return {job.job_id: beta[k] * scale for k, job in enumerate(active)}
+    return [(row, beta[k] * scale) for k, row in enumerate(rows) if beta[k] != 0.0]

@@ -1,11 +1,12 @@
-"""The decision: a policy proposes, this module enforces (the engine's half).
+"""The decision: a policy proposes, this module enforces.
 
 ``decide`` is the one path from a view to rates, taken by the controller's
-scheduler, by its replicas for the global targets and by the simulator.
-Whatever a policy returns, the rates that leave here are finite, ≥ 0, at most
-b_i, 0 for a job without demand, and sum to at most B (within rounding). A
-replica that holds its part of a global split (``targets``) blends it with the
-local policy's decision for jobs the split does not cover yet (:func:`blend`).
+scheduler, by its replicas for the global targets and by the simulator, and
+the one place a proposal is enforced. Whatever a policy returns, the rates that
+leave here are finite, ≥ 0, at most b_i, 0 for a job without demand, and sum to
+at most B (within rounding). A replica that holds its part of a global split
+(``targets``) blends it with the local policy's decision for jobs the split does
+not cover yet (:func:`blend`).
 
 Pure: no clock, no I/O; the same view and targets give the same decision.
 """
@@ -13,35 +14,76 @@ Pure: no clock, no I/O; the same view and targets give the same decision.
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping, Sequence
-from types import MappingProxyType
-from typing import NamedTuple
+from collections.abc import Iterator, Mapping
+from typing import TypeAlias
 
-from burstctl.policies.base import Policy
-from burstctl.policies.schedule import Schedule
+from burstctl.policies.base import WITHOUT_PERIOD, WITHOUT_SCHEDULES, Policy
+from burstctl.policies.schedule import NO_SCHEDULES, Schedule
 from burstctl.policies.sharing import water_fill
-from burstctl.policies.view import JobId, SystemView
+from burstctl.policies.view import JobId, RowRates, SystemView
 
 # Σ rates may exceed B by this fraction (rounding in a policy's sums) before scaling
 SUM_TOLERANCE = 1e-9
 
+Served: TypeAlias = RowRates  # (row of the view, rate > 0)
+Fixes: TypeAlias = tuple[tuple[JobId, float], ...]  # (job, proposed rate) for each proposal fixed
 
-class Decision(NamedTuple):
-    """Enforced rates, and what enforcing them took."""
 
-    rates: dict[JobId, float]  # the positive rates; a job of the view not listed gets 0
-    period: float | None  # the policy's wish to decide again (None: at events only)
-    # (job, proposed rate) for every job whose proposal broke a bound and was fixed
-    fixes: tuple[tuple[JobId, float], ...] = ()
-    scaled: bool = False  # the proposals summed to more than B and were scaled down
-    # periodic patterns of windows for some jobs of ``rates`` (their rate is the mean rate)
-    schedules: Mapping[JobId, Schedule] = MappingProxyType({})
-    # (job, reason) for every schedule the policy proposed malformed: the job got none
+class Decision:
+    """Enforced rates, and what enforcing them took; read-only (built by :func:`decide`,
+    once per decision, so a plain record: the simulator takes one at every event).
+
+    ``served``: (row of ``view``, rate) for the jobs with a positive rate, in the order
+    the policy proposed them; ``rates``: the same by job id (a job of the view not
+    listed gets 0). ``period``: the policy's wish to decide again (None: at events
+    only). ``fixes``: (job, proposed rate) for every job whose proposal broke a bound
+    and was fixed; ``scaled``: the proposals summed to more than B and were scaled
+    down; ``schedules``: periodic patterns of windows for some jobs of ``rates`` (their
+    rate is the mean rate); ``refused``: (job, reason) for every schedule the policy
+    proposed malformed (the job got none).
+
+    A proposal taken as it is (the usual case) is a ``Decision`` whose last four are
+    the class's: nothing fixed, scaled, scheduled or refused; one that enforcing
+    changed is an ``Enforced``, which holds its own.
+    """
+
+    __slots__ = ("period", "served", "view")
+
+    view: SystemView
+    served: Served
+    period: float | None
+    fixes: Fixes = ()
+    scaled: bool = False
+    schedules: Mapping[JobId, Schedule] = NO_SCHEDULES
     refused: tuple[tuple[JobId, str], ...] = ()
+
+    @property
+    def rates(self) -> dict[JobId, float]:
+        """The positive rates by job id, in the order of ``served`` (a new dict)."""
+        ids = self.view.columns.job_id
+        return {ids[r]: rate for r, rate in self.served}
 
     @property
     def clamped(self) -> bool:
         return bool(self.fixes) or self.scaled or bool(self.refused)
+
+    def __repr__(self) -> str:
+        return (
+            f"Decision(rates={self.rates!r}, period={self.period!r}, fixes={self.fixes!r}, "
+            f"scaled={self.scaled!r}, schedules={dict(self.schedules)!r}, "
+            f"refused={self.refused!r})"
+        )
+
+
+class Enforced(Decision):
+    """A decision whose proposal enforcing changed, or that holds schedules."""
+
+    __slots__ = ("fixes", "refused", "scaled", "schedules")  # (shadowing the class's)
+
+    fixes: Fixes
+    scaled: bool
+    schedules: Mapping[JobId, Schedule]
+    refused: tuple[tuple[JobId, str], ...]
 
 
 class Share(Mapping[JobId, float]):
@@ -75,100 +117,132 @@ class Share(Mapping[JobId, float]):
 def decide(
     policy: Policy, view: SystemView, targets: Mapping[JobId, float] | None = None
 ) -> Decision:
-    """The policy's proposal for ``view`` (blended with ``targets`` when given), enforced."""
-    proposed = policy.allocate(view) if targets is None else blend(policy, view, targets)
-    # Schedules only on a replica's own decision: a global split is of rates.
-    wanted = policy.schedules(view) if targets is None else None
-    if not wanted:
-        rates, fixes, scaled = enforce(view, proposed)
-        return Decision(rates, policy.period(view), fixes, scaled)
-    proposed = dict(proposed)
-    schedules: dict[JobId, Schedule] = {}
+    """The policy's proposal for ``view`` (blended with ``targets`` when given), enforced:
+    what every policy promises, made true. Rates are finite, ≥ 0, ≤ b_i, only for jobs
+    with demand, and Σ ≤ B: a proposal out of its bounds is fixed (and listed in
+    ``fixes``), a sum above B scaled down to it (``scaled``). Proposals for jobs outside
+    the view are ignored; zeros are not listed."""
+    cls = type(policy)
+    wanted: Mapping[JobId, Schedule] | None = None
+    if targets is not None:  # schedules only on a replica's own decision
+        proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets)
+    else:
+        proposed = policy.allocate(view)
+        if cls not in WITHOUT_SCHEDULES:
+            wanted = policy.schedules(view)
+        if type(proposed) is list and not wanted:
+            # The usual case, checked in one pass: rows, every rate positive and within its
+            # bounds (each test False for NaN too), Σ ≤ B: the decision is then the
+            # proposal as it is. (Each comparison on its own: one the interpreter runs fast.)
+            columns = view.columns
+            cap = columns.cap
+            demand = columns.demand
+            total = 0.0
+            for r, rate in proposed:
+                if rate > 0.0 and rate <= cap[r] and demand[r] > 0.0:
+                    total += rate
+                else:
+                    break
+            else:
+                if not total > view.capacity * _OVER:
+                    taken = Decision()  # (its attributes set here: no constructor to call)
+                    taken.view = view
+                    taken.served = proposed
+                    taken.period = None if cls in WITHOUT_PERIOD else policy.period(view)
+                    return taken
+    pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+    served, fixes, scaled, schedules, refused = _enforced(view, pairs, wanted)
+    decision = Enforced()
+    decision.view = view
+    decision.served = served
+    decision.period = None if cls in WITHOUT_PERIOD else policy.period(view)
+    decision.fixes = fixes
+    decision.scaled = scaled
+    decision.schedules = schedules
+    decision.refused = refused
+    return decision
+
+
+_OVER = 1 + SUM_TOLERANCE
+
+
+def _by_row(view: SystemView, proposed: Mapping[JobId, float]) -> RowRates:
+    """``proposed`` as (row, rate) pairs, in its order; jobs outside the view left out."""
+    row_of = view.row_of
+    return [(row_of[j], rate) for j, rate in proposed.items() if j in row_of]
+
+
+def _enforced(
+    view: SystemView, pairs: RowRates, wanted: Mapping[JobId, Schedule] | None
+) -> tuple[Served, Fixes, bool, Mapping[JobId, Schedule], tuple[tuple[JobId, str], ...]]:
+    """``decide`` where the proposal is not taken as it is (a rate to fix or to drop, a
+    sum to scale down to B, or schedules): the rates served, the fixes, whether the sum
+    was scaled, the schedules kept and those refused."""
+    schedules: dict[int, Schedule] = {}
+    refused: tuple[tuple[JobId, str], ...] = ()
+    capped: Fixes = ()
+    if wanted:
+        pairs, schedules, refused, capped = _scheduled(view, pairs, wanted)
+    columns = view.columns
+    cap = columns.cap
+    demand = columns.demand
+    ids = columns.job_id
+    served: Served = []
+    fixes: list[tuple[JobId, float]] = []
+    total = 0.0
+    for r, rate in pairs:
+        c = cap[r]
+        if 0.0 < rate <= c and demand[r] > 0.0:
+            served.append((r, rate))
+            total += rate
+        elif rate != 0.0:
+            fixes.append((ids[r], rate))
+            if rate > c and demand[r] > 0.0:
+                served.append((r, c))
+                total += c
+    capacity = view.capacity
+    scaled = total > capacity * _OVER
+    if scaled:
+        scale = capacity / total
+        served = [(r, rate * scale) for r, rate in served]
+    # A schedule's mean is its job's rate: scaled with it when Σ was scaled down to B, and
+    # gone with it when the job got nothing.
+    proposals = dict(pairs)
+    kept = {}
+    for r, rate in served:
+        schedule = schedules.get(r)
+        if schedule is not None:
+            wished = proposals[r]
+            kept[ids[r]] = schedule if rate >= wished else schedule.scaled(rate / wished)
+    return served, (*fixes, *capped), scaled, kept, refused
+
+
+def _scheduled(
+    view: SystemView, pairs: RowRates, wanted: Mapping[JobId, Schedule]
+) -> tuple[RowRates, dict[int, Schedule], tuple[tuple[JobId, str], ...], Fixes]:
+    """The proposals with each well-formed schedule's mean rate for its job; the
+    schedules kept (by row, capped at b_i), those refused, and those capped."""
+    by_row = dict(pairs)
+    row_of = view.row_of
+    columns = view.columns
+    schedules: dict[int, Schedule] = {}
     refused: list[tuple[JobId, str]] = []
     capped: list[tuple[JobId, float]] = []
     for job_id, schedule in wanted.items():
-        job = view.jobs.get(job_id)
-        if job is None or job.demand <= 0.0:
+        row = row_of.get(job_id)
+        if row is None or columns.demand[row] <= 0.0:
             continue  # like a rate: only for jobs with demand
         problem = schedule.problem()
         if problem is not None:
             refused.append((job_id, problem))
             continue
-        if schedule.peak_rate() > job.cap:
+        cap = columns.cap[row]
+        if schedule.peak_rate() > cap:
             capped.append((job_id, schedule.peak_rate()))
-            schedule = schedule.capped(job.cap)
-        schedules[job_id] = schedule
-        proposed[job_id] = schedule.mean_rate()
-    rates, fixes, scaled = enforce(view, proposed)
-    # A schedule's mean is its job's rate: scaled with it when Σ was scaled down to B, and
-    # gone with it when the job got nothing.
-    schedules = {
-        j: s if rates[j] >= proposed[j] else s.scaled(rates[j] / proposed[j])
-        for j, s in schedules.items()
-        if j in rates
-    }
-    fixes = (*fixes, *capped)
-    return Decision(rates, policy.period(view), fixes, scaled, schedules, tuple(refused))
-
-
-def enforce(
-    view: SystemView, proposed: Mapping[JobId, float]
-) -> tuple[dict[JobId, float], tuple[tuple[JobId, float], ...], bool]:
-    """What every policy promises, made true: finite, ≥ 0, ≤ b_i, only jobs with
-    demand, Σ ≤ B.
-
-    Returns the positive rates, in the order of ``proposed`` (a job of the view
-    that is not listed gets 0), the proposals that broke a bound with the job
-    they were for, and whether the sum was scaled down to B. Proposals for jobs
-    outside the view are ignored.
-    """
-    jobs = view.jobs
-    rates: dict[JobId, float] = {}
-    fixes: list[tuple[JobId, float]] = []
-    total = 0.0
-    for job_id, rate in proposed.items():
-        job = jobs.get(job_id)
-        if job is None:
-            continue
-        # `0 < rate <= cap` is False for NaN too; the common cases cost two comparisons.
-        if 0.0 < rate <= job.cap and job.demand > 0.0:
-            rates[job_id] = rate
-            total += rate
-        elif rate != 0.0:
-            fixes.append((job_id, rate))
-            if rate > job.cap and job.demand > 0.0:
-                rates[job_id] = job.cap
-                total += job.cap
-    scaled = total > view.capacity * (1 + SUM_TOLERANCE)
-    if scaled:
-        scale = view.capacity / total
-        rates = {j: r * scale for j, r in rates.items()}
-    return rates, tuple(fixes) if fixes else (), scaled
-
-
-def enforce_rows(
-    rows: Sequence[tuple[int, float]],
-    demand: Sequence[float],
-    cap: Sequence[float],
-    capacity: float,
-) -> list[tuple[int, float]]:
-    """:func:`enforce`'s rates over arrays (an array entry point's ``(i, rate)``
-    proposals, demand and b_i by row): the same floats in the same order, positive
-    only. What was fixed is not reported."""
-    rates: list[tuple[int, float]] = []
-    total = 0.0
-    for i, rate in rows:
-        c = cap[i]
-        if 0.0 < rate <= c and demand[i] > 0.0:
-            rates.append((i, rate))
-            total += rate
-        elif rate != 0.0 and rate > c and demand[i] > 0.0:
-            rates.append((i, c))
-            total += c
-    if total > capacity * (1 + SUM_TOLERANCE):
-        scale = capacity / total
-        return [(i, r * scale) for i, r in rates]
-    return rates
+            schedule = schedule.capped(cap)
+        schedules[row] = schedule
+        by_row[row] = schedule.mean_rate()
+    return list(by_row.items()), schedules, tuple(refused), tuple(capped)
 
 
 def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> dict[JobId, float]:
@@ -188,7 +262,12 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     rates = {j.job_id: min(targets[j.job_id], j.cap) for j in active if j.job_id in targets}
     newer = [j.job_id for j in active if j.job_id not in targets]
     if newer:
-        local, _, _ = enforce(view, policy.allocate(view))
+        # the local policy's rates on the whole view, enforced (its schedules aside)
+        proposed = policy.allocate(view)
+        pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+        served = _enforced(view, pairs, None)[0]
+        ids = view.columns.job_id
+        local = {ids[r]: rate for r, rate in served}
         fresh = {j: local.get(j, 0.0) for j in newer}
         room = max(0.0, view.capacity - sum(fresh.values()))
         held = sum(rates.values())

@@ -1,5 +1,5 @@
 """DeficitCom: the cheapest jobs first, then shortest transfer first unless a job has
-fallen behind (issue 21).
+fallen behind.
 
 The published strategies sit on a front ([BWS] §6.2, W = 1.1): GreedyYield keeps
 the worst yield highest and GreedyCom (shortest transfer first) the efficiency.
@@ -21,7 +21,7 @@ waiting jobs, the efficiency loss), λ → ∞ is largest-deficit first (GreedyY
 when every τ_i is equal). The default is λ = 1 (docs/policies.md, "DeficitCom").
 
 The key uses what GreedyCom and GreedyYield use, nothing else: V_i from
-``remaining_estimate()`` (as GreedyCom), P_i and τ_i (as GreedyYield); the
+``known_remaining`` (as GreedyCom), P_i and τ_i (as GreedyYield); the
 protected class below also reads ``last_work``, as Set-10 does. A job whose
 volume is unknown (no volume given, no past operation) counts V_i = 0: it is
 ordered by its deficit alone, as GreedyYield serves fresh jobs first, so a job
@@ -58,8 +58,8 @@ from pydantic import Field
 
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.greedy import known_remaining
-from burstctl.policies.sharing import greedy_fill
-from burstctl.policies.view import JobId, JobView, SystemView
+from burstctl.policies.sharing import greedy_fill_by
+from burstctl.policies.view import Columns, JobId, RowRates, SystemView, remaining_estimate
 
 # λ range: 0 is GreedyCom; above 1e6 the deficit (seconds) decides alone for any
 # transfer shorter than ~11 days at λ = 1e6, i.e. largest-deficit first: a larger λ is
@@ -140,50 +140,58 @@ class DeficitCom(Policy):
         state = self._learned.get(job_id)
         return None if state is None or state.count == 0 else state.fraction()
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
+    def allocate(self, view: SystemView) -> RowRates:
         now = view.now
         weight = self.params.weight
-        active = view.active_jobs()
+        columns = view.columns
+        ids = columns.job_id
+        posted_at = columns.posted_at
+        active = view.active
         if self.params.budget > 0.0 and view.observed:
             learned = self._learned
             changes = self._changes
-            for job in active:
-                state = learned.get(job.job_id)
+            for r in active:
+                state = learned.get(ids[r])
                 if state is None:
-                    learned[job.job_id] = _Learned(
-                        job.posted_at, now, job.last_work + _transfer(job)
+                    learned[ids[r]] = _Learned(
+                        posted_at[r], now, columns.last_work[r] + _transfer(columns, r)
                     )
                     continue
                 state.seen = now
-                if state.posted_at != job.posted_at:
-                    self._count(job, state)
+                if state.posted_at != posted_at[r]:
+                    self._count(columns, r, state)
             if self._changes != changes:
                 self._protected = self._choose(now)
         protected = self._protected
+        cap = columns.cap
+        released_at = columns.released_at
+        progress = columns.progress
+        ranked = []
+        for r in active:  # (the protected class first, key_i, row): rows break ties
+            v = known_remaining(columns, r)
+            transfer = 0.0 if v is None else v / cap[r]  # V_i/b_i, eq. (3)
+            deficit = (now - released_at[r]) - progress[r]  # D_i
+            ranked.append(((ids[r] not in protected, transfer - weight * deficit), r))
+        return greedy_fill_by(ranked, columns.demand, view.capacity)
 
-        def key(job: JobView) -> tuple[bool, float, int, str]:
-            v = known_remaining(job)
-            transfer = 0.0 if v is None else v / job.cap  # V_i/b_i, eq. (3)
-            deficit = (now - job.released_at) - job.progress  # D_i
-            return (job.job_id not in protected, transfer - weight * deficit, job.index, job.job_id)
-
-        return greedy_fill(sorted(active, key=key), view.capacity)
-
-    def _count(self, job: JobView, state: _Learned) -> None:
-        """Counts ``job``'s new operation (seen for the first time; a job's first is not
+    def _count(self, columns: Columns, r: int, state: _Learned) -> None:
+        """Counts row ``r``'s new operation (seen for the first time; a job's first is not
         counted: its work phase may be a start-up, as [BWS] §4.2 ignores v^(0)) and moves
         the job to its new place in the ranking."""
-        state.posted_at = job.posted_at
-        transfer = _transfer(job)
+        job_id = columns.job_id[r]
+        cap = columns.cap[r]
+        last_work = columns.last_work[r]
+        state.posted_at = columns.posted_at[r]
+        transfer = _transfer(columns, r)
         if state.count > 0:
-            self._unrank(job.job_id, state)
+            self._unrank(job_id, state)
         state.count += 1
-        state.work += job.last_work
+        state.work += last_work
         state.transfer += transfer
-        state.iteration = job.last_work + transfer
-        state.cap = job.cap
+        state.iteration = last_work + transfer
+        state.cap = cap
         phi = state.fraction()
-        bisect.insort(self._ranked, (phi, job.job_id, phi * job.cap))
+        bisect.insort(self._ranked, (phi, job_id, phi * cap))
         self._changes += 1
 
     def _unrank(self, job_id: JobId, state: _Learned) -> None:
@@ -215,8 +223,10 @@ class DeficitCom(Policy):
         return frozenset(chosen)
 
 
-def _transfer(job: JobView) -> float:
-    """v/b_i: the full-speed transfer time of ``job``'s pending operation (v = its volume,
+def _transfer(columns: Columns, r: int) -> float:
+    """v/b_i: the full-speed transfer time of row ``r``'s pending operation (v = its volume,
     or ``remaining_estimate() + moved`` when unknown, as Set-10 reads it)."""
-    volume = job.volume if job.volume > 0.0 else job.remaining_estimate() + job.moved
-    return volume / job.cap
+    volume = columns.volume[r]
+    if not volume > 0.0:
+        volume = remaining_estimate(columns, r) + columns.moved[r]
+    return volume / columns.cap[r]

@@ -10,34 +10,50 @@ simulator's results are checked against; b_i there is ``demand`` here (equal to
 b_i in the simulator, the controller's estimate live), so a job never gets more
 than it can use and the rest flows on.
 
-Volumes V_i come from ``JobView.remaining_estimate()``: the remaining volume
-when the client said it, otherwise what the job's past operations suggest is
-left. A job that has neither (no volume, no completed operation) is *unknown*.
+Each reads the view's columns. Volumes V_i are ``known_remaining``: the
+remaining volume when the client said it, otherwise what the job's past
+operations suggest is left (``JobView.remaining_estimate``). A job that has
+neither (no volume, no completed operation) is *unknown*. Ties are broken in
+the stable order (the row).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 from pydantic import Field
 
-from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
-from burstctl.policies.decision import enforce_rows
-from burstctl.policies.sharing import greedy_fill, greedy_fill_ranked, greedy_fill_rows
-from burstctl.policies.view import FRESH_YIELD, JobId, JobView, SystemView
+from burstctl.policies.base import Policy, PolicyParams
+from burstctl.policies.sharing import greedy_fill, greedy_fill_by
+from burstctl.policies.view import FRESH_YIELD, Columns, RowRates, SystemView, remaining_estimate
 
 
-def known_remaining(job: JobView) -> float | None:
-    """V_i, or None when nothing is known: no volume given and no past operation."""
-    if job.remaining is None and job.mean_volume <= 0.0:
+def known_remaining(columns: Columns, row: int) -> float | None:
+    """V_i of ``row``, or None when nothing is known: no volume given and no past
+    operation (``JobView.remaining_estimate`` otherwise)."""
+    if columns.remaining[row] is None and columns.mean_volume[row] <= 0.0:
         return None
-    return job.remaining_estimate()
+    return remaining_estimate(columns, row)
 
 
-def by_yield(jobs: Iterable[JobView], now: float) -> list[JobView]:
-    """Non-decreasing y_i(t) (eq. 6), ties by the stable index (as ``computeGreedyYield``)."""
-    return sorted(jobs, key=lambda j: (j.yield_at(now), j.index, j.job_id))
+def yields(view: SystemView) -> list[tuple[float, int]]:
+    """(y_i(t), row) for S(t), in the stable order: y_i(t) as ``JobView.yield_at`` (eq. 6)."""
+    columns = view.columns
+    now = view.now
+    progress = columns.progress
+    released_at = columns.released_at
+    ranked = []
+    for r in view.active:
+        elapsed = now - released_at[r]
+        ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[r] / elapsed, r))
+    return ranked
+
+
+def by_yield(view: SystemView) -> list[int]:
+    """The rows of S(t) by non-decreasing y_i(t) (eq. 6), ties by the stable order (as
+    ``computeGreedyYield``)."""
+    return [r for _, r in sorted(yields(view))]
 
 
 class GreedyYield(Policy):
@@ -50,48 +66,80 @@ class GreedyYield(Policy):
 
     name = "greedy-yield"
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        return greedy_fill(by_yield(view.active_jobs(), view.now), view.capacity)
-
-    def array_allocator(self) -> ArrayAllocator | None:
-        return self.allocate_arrays
-
-    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
-        """``allocate`` over arrays (:class:`ArrayAllocator`): the same decision, bit
-        for bit, without building a view."""
-        now = rows.now
-        progress = rows.progress
-        released_at = rows.released_at
-        capacity = rows.capacity
-        # The least (y_i, i) as the loop goes (a later row replaces it only with a
-        # strictly smaller yield: min over the pairs in index order). When it takes all
-        # of B (b_i = B, the simulator's case) nobody else gets anything.
+    def allocate(self, view: SystemView) -> RowRates:
+        active = view.active
+        if not active:
+            return []
+        columns = view.columns
+        now = view.now
+        progress = columns.progress
+        released_at = columns.released_at
+        capacity = view.capacity
+        # The least (y_i, row). With one release time τ for every job (the synthetic
+        # windows) and t > τ, the yields P_i/(t − τ) share their divisor
+        # (``least_quotient``: no yield computed); otherwise each is computed as the loop
+        # goes (a later row replaces the least only with a strictly smaller yield: min
+        # over the pairs in row order).
         first = -1
-        least = 0.0
-        for i in rows.active:
-            # y_i(t) as JobView.yield_at computes it (eq. 6); the index breaks ties
-            elapsed = now - released_at[i]
-            y = FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed
-            if first < 0 or y < least:
-                first, least = i, y
-        if first >= 0 and capacity > 0.0:
-            d = rows.demand[first]
+        found = least_quotient(active, progress, released_at)
+        if found is not None:
+            row, least, before = found
+            elapsed = now - released_at[row]
+            if elapsed <= 0.0:
+                first = active[0]  # every job fresh: every yield is FRESH_YIELD
+            elif before / elapsed > least / elapsed:
+                first = row
+        if first < 0:
+            least = 0.0
+            for r in active:
+                elapsed = now - released_at[r]
+                y = FRESH_YIELD if elapsed <= 0.0 else progress[r] / elapsed  # (yields)
+                if first < 0 or y < least:
+                    first, least = r, y
+        # When it takes all of B (b_i = B, the simulator's case) nobody else gets anything.
+        if capacity > 0.0:
+            d = columns.demand[first]
             if not capacity > d:
                 return [(first, capacity if capacity < d else d)]
-        ranked = []
-        for i in rows.active:
-            elapsed = now - released_at[i]
-            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
-        return greedy_fill_ranked(ranked, rows.demand, capacity)
+        return greedy_fill_by(yields(view), columns.demand, capacity)
+
+
+def least_quotient(
+    rows: Sequence[int], numerator: Sequence[float | None], divisor_of: Sequence[float]
+) -> tuple[int, float, float] | None:
+    """For rows (not empty) whose quotients numerator/divisor share one divisor
+    (``divisor_of`` equal): the row of the least numerator (the first in row order), that
+    numerator, and the least numerator of the rows before it (inf: none); None if the
+    rows do not share it or a numerator is unknown (None).
+
+    A correctly rounded division by one positive number is monotone, so the least quotient
+    is that row's, unless a row before it rounds to the same quotient: the quotient of the
+    least numerator before it, the least quotient before it, tells. (Found without a
+    division per row: this is the greedy policies' hot loop in the simulator.)"""
+    first = rows[0]
+    shared = divisor_of[first]
+    least = numerator[first]
+    if least is None:
+        return None
+    before = math.inf
+    for r in rows:
+        if divisor_of[r] != shared:
+            return None
+        x = numerator[r]
+        if x is None:
+            return None
+        if x < least:
+            first, least, before = r, x, least
+    return first, least, before
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
-# happened: below 1 ms the timer alone asks for over 1,000 decisions per second
-# (δ = 1e-300 kept a core busy with ~65k/s, issue 15), faster than an allocation
-# reaches a client and is used (burst_window = 50 ms by default), so nothing is
-# gained. Above one day a period is no period: decisions happen at every event
-# anyway, and a larger number is a unit mistake. The simulator's δ from the
-# paper's instances ([BWS] §6.2) is seconds to tens of seconds.
+# happened: below 1 ms the timer alone asks for over 1,000 decisions per second,
+# faster than an allocation reaches a client and is used (burst_window = 50 ms by
+# default), so nothing is gained; a tiny δ only keeps a core busy. Above one day a
+# period is no period: decisions happen at every event anyway, and a larger number
+# is a unit mistake. The simulator's δ from the paper's instances ([BWS] §6.2) is
+# seconds to tens of seconds.
 MIN_DELTA = 1e-3
 MAX_DELTA = 86_400.0
 
@@ -120,20 +168,18 @@ class PeriodicGreedyYield(GreedyYield):
     Params = PeriodicParams
     params: PeriodicParams
 
+    def __init__(self, params: PolicyParams | None = None) -> None:
+        super().__init__(params)
+        self._delta = self.params.delta  # asked at every decision
+
     def period(self, view: SystemView) -> float:
-        return self.params.delta
-
-    def fixed_period(self) -> float:
-        return self.params.delta
-
-    def array_allocator(self) -> ArrayAllocator | None:
-        return self.allocate_arrays  # GreedyYield's, with δ from fixed_period
+        return self._delta
 
 
 class GreedyCom(Policy):
     """GREEDY_FILL by non-decreasing V_i/b_i (time to finish at full speed), then index.
 
-    V_i is ``remaining_estimate()``: live, when the client did not give the
+    V_i is ``known_remaining``: live, when the client did not give the
     volume, it is the job's mean past volume minus what the operation moved
     (0 once overdue, so an overdue operation is taken as about to finish).
     A job with no volume and no history is unknown and served after every
@@ -143,37 +189,41 @@ class GreedyCom(Policy):
 
     name = "greedy-com"
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        def key(job: JobView) -> tuple[float, int, str]:
-            v = known_remaining(job)
-            # d_i = V_i / b_i, the transfer time at full speed (eq. 3)
-            d = math.inf if v is None else v / job.cap
-            return (d, job.index, job.job_id)
-
-        return greedy_fill(sorted(view.active_jobs(), key=key), view.capacity)
-
-    def array_allocator(self) -> ArrayAllocator | None:
-        return self.allocate_arrays
-
-    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
-        """``allocate`` over arrays (:class:`ArrayAllocator`), every V_i known: the same
-        decision, bit for bit."""
-        remaining, cap = rows.remaining, rows.cap
-        capacity = rows.capacity
-        # The least (V_i/b_i, i) as the loop goes (as GreedyYield's array path): when
-        # it takes all of B nobody else gets anything.
+    def allocate(self, view: SystemView) -> RowRates:
+        columns = view.columns
+        remaining = columns.remaining
+        cap = columns.cap
+        capacity = view.capacity
+        # The least (d_i, row), d_i = V_i/b_i the transfer time at full speed (eq. 3): with
+        # one b_i for every job (b_i = B, the simulator's case) the quotients share their
+        # divisor (``least_quotient``); else as the loop goes, as GreedyYield's. When it
+        # takes all of B nobody else gets anything.
         first = -1
-        least = 0.0
-        for i in rows.active:
-            key = remaining[i] / cap[i]
-            if first < 0 or key < least:
-                first, least = i, key
+        found = least_quotient(view.active, remaining, cap) if view.active else None
+        if found is not None:
+            row, least, before = found
+            if before / cap[row] > least / cap[row]:
+                first = row
+        if first < 0:
+            least = 0.0
+            for r in view.active:
+                v = remaining[r]
+                if v is None:
+                    v = known_remaining(columns, r)
+                key = math.inf if v is None else v / cap[r]
+                if first < 0 or key < least:
+                    first, least = r, key
         if first >= 0 and capacity > 0.0:
-            d = rows.demand[first]
+            d = columns.demand[first]
             if not capacity > d:
                 return [(first, capacity if capacity < d else d)]
-        ranked = [(remaining[i] / cap[i], i) for i in rows.active]
-        return greedy_fill_ranked(ranked, rows.demand, capacity)
+        ranked = []
+        for r in view.active:
+            v = remaining[r]
+            if v is None:
+                v = known_remaining(columns, r)
+            ranked.append((math.inf if v is None else v / cap[r], r))
+        return greedy_fill_by(ranked, columns.demand, capacity)
 
 
 class LookAheadGreedyYield(Policy):
@@ -194,80 +244,38 @@ class LookAheadGreedyYield(Policy):
       cannot be scored and is never chosen over a scored one; when no
       candidate can be scored the allocation is GreedyYield's.
     - y_k(h) is ``FRESH_YIELD`` when h ≤ τ_k, as for y_k(t).
+
+    A job the candidate's fill leaves at 0 has y_k(h) = P_k/(h − τ_k) (P_k + 0 = P_k),
+    and when every τ_k is the same (synthetic windows) the least of those is the least
+    P_k's, as rounded division by one positive number keeps the order; Z is a minimum,
+    so the order it is taken in does not matter. A candidate's proposal is its fill's
+    positive prefix, then the candidate (``decide`` drops the zeros).
     """
 
     name = "look-ahead-greedy-yield"
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        active = view.active_jobs()
+    def allocate(self, view: SystemView) -> RowRates:
+        columns = view.columns
+        active = view.active
         capacity = view.capacity
+        demand = columns.demand
         if len(active) <= 1:
-            return {j.job_id: min(j.demand, capacity) for j in active}
-        ordered = by_yield(active, view.now)
-        volumes = {j.job_id: known_remaining(j) for j in active}
-
-        best: dict[JobId, float] | None = None
-        best_z = 0.0  # reference: strict `>` from threshold 0
-        first: dict[JobId, float] | None = None
-        scored = False
-        for candidate in active:
-            beta = min(candidate.demand, capacity)
-            rates = greedy_fill([j for j in ordered if j is not candidate], capacity - beta)
-            rates[candidate.job_id] = beta
-            if first is None:
-                first = rates
-            z = _min_projected_yield(view, active, rates, volumes)
-            if z is None:
-                continue
-            scored = True
-            if z > best_z:
-                best_z, best = z, rates
-        if not scored:
-            return greedy_fill(ordered, capacity)
-        if best is None:
-            assert first is not None
-            return first
-        return best
-
-    def array_allocator(self) -> ArrayAllocator | None:
-        return self.allocate_arrays
-
-    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
-        """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), every V_i
-        known: the same rates, bit for bit.
-
-        The same float operations as ``allocate``, fewer of them: a job the candidate's
-        fill leaves at 0 has y_k(h) = P_k/(h − τ_k) (P_k + 0 = P_k), and when every τ_k
-        is the same (synthetic windows) the least of those is the least P_k's, as
-        rounded division by one positive number keeps the order. Z is a minimum, so
-        the order it is taken in does not matter. ``enforce`` drops the zero rates,
-        which leaves the fill's positive prefix, then the candidate."""
-        active = rows.active
-        capacity = rows.capacity
-        demand = rows.demand
-        cap = rows.cap
-        if len(active) <= 1:
-            one = [(i, min(demand[i], capacity)) for i in active]
-            return enforce_rows(one, demand, cap, capacity)
-        now = rows.now
-        progress = rows.progress
-        released_at = rows.released_at
-        remaining = rows.remaining
-        horizon = rows.horizon
+            return [(r, min(demand[r], capacity)) for r in active]
+        now = view.now
+        progress = columns.progress
+        released_at = columns.released_at
+        remaining = columns.remaining
+        cap = columns.cap
+        horizon = view.horizon
         tau0 = released_at[active[0]]
         by_progress = None  # (P_k, k) ascending, when every τ_k is τ0
-        if all(released_at[i] == tau0 for i in active):
-            by_progress = sorted([(progress[i], i) for i in active])
+        if all(released_at[r] == tau0 for r in active):
+            by_progress = sorted([(progress[r], r) for r in active])
             if capacity > 0.0:
-                alone = _look_ahead_alone(rows, by_progress, tau0)
+                alone = _look_ahead_alone(view, by_progress, tau0)
                 if alone is not None:
-                    return enforce_rows(alone, demand, cap, capacity)
-        ranked = []
-        for i in active:  # by_yield
-            elapsed = now - released_at[i]
-            ranked.append((FRESH_YIELD if elapsed <= 0.0 else progress[i] / elapsed, i))
-        ranked.sort()
-        ordered = [i for _, i in ranked]
+                    return alone
+        ordered = by_yield(view)
 
         best: list[tuple[int, float]] | None = None
         best_z = 0.0  # reference: strict `>` from threshold 0
@@ -290,13 +298,15 @@ class LookAheadGreedyYield(Policy):
             served.append((c, beta))
             if first is None:
                 first = served
-            # _min_projected_yield: h, then Z = min(1, min_k y_k(h))
+            # h, then Z = min(1, min_k y_k(h))
             h = horizon
             for j, b in served:
                 if b > 0.0:
                     v = remaining[j]
-                    if v > 0.0:
-                        end = now + v / b
+                    if v is None:
+                        v = known_remaining(columns, j)
+                    if v is not None and v > 0.0:
+                        end = now + v / b  # completion of V_k at β_k
                         if h is None or end < h:
                             h = end
             if h is None:
@@ -305,6 +315,8 @@ class LookAheadGreedyYield(Policy):
             z = 1.0
             span = h - now
             for j, r in served:
+                # y_k(h) = (P_k + (h − t)·β_k/b_k)/(h − τ_k): eq. (6) with the
+                # transfer progress V^(transferred)/b_k of rate β_k over (t, h]
                 tau = released_at[j]
                 y = (progress[j] + span * r / cap[j]) / (h - tau) if h > tau else FRESH_YIELD
                 if y < z:
@@ -328,40 +340,43 @@ class LookAheadGreedyYield(Policy):
             if z > best_z:
                 best_z, best = z, served
         if not scored:
-            return greedy_fill_rows(ordered, demand, capacity)
+            return greedy_fill(ordered, demand, capacity)
         chosen = best if best is not None else first
         assert chosen is not None
-        return enforce_rows(chosen, demand, cap, capacity)
+        return chosen
 
 
 def _look_ahead_alone(
-    rows: ArrayView, by_progress: list[tuple[float, int]], tau0: float
+    view: SystemView, by_progress: list[tuple[float, int]], tau0: float
 ) -> list[tuple[int, float]] | None:
-    """:meth:`LookAheadGreedyYield.allocate_arrays` when every candidate takes all of
-    B (each demand ≥ B, the simulator's b_i = B): a candidate's fill gives nobody
-    else anything, so it is served alone at β = B and the least P_k at rate 0 is
-    the first of ``by_progress`` that is not it. The same values in the same order
-    as the general loop, without its lists; None when that case does not hold or
-    no candidate can be scored (the general path decides)."""
-    capacity = rows.capacity
-    demand = rows.demand
-    now = rows.now
-    progress = rows.progress
-    released_at = rows.released_at
-    remaining = rows.remaining
-    cap = rows.cap
-    horizon = rows.horizon
+    """:meth:`LookAheadGreedyYield.allocate` when every candidate takes all of B (each
+    demand ≥ B, the simulator's b_i = B): a candidate's fill gives nobody else
+    anything, so it is served alone at β = B and the least P_k at rate 0 is the
+    first of ``by_progress`` that is not it. The same values in the same order as
+    the general loop, without its lists; None when that case does not hold or no
+    candidate can be scored (the general loop decides)."""
+    columns = view.columns
+    capacity = view.capacity
+    demand = columns.demand
+    now = view.now
+    progress = columns.progress
+    released_at = columns.released_at
+    remaining = columns.remaining
+    cap = columns.cap
+    horizon = view.horizon
     p0, j0 = by_progress[0]
     p1, _ = by_progress[1]
     best = -1
     best_z = 0.0  # reference: strict `>` from threshold 0
     scored = False
-    for c in rows.active:
+    for c in view.active:
         if not demand[c] >= capacity:
             return None
         h = horizon
         v = remaining[c]
-        if v > 0.0:
+        if v is None:
+            v = known_remaining(columns, c)
+        if v is not None and v > 0.0:
             end = now + v / capacity
             if h is None or end < h:
                 h = end
@@ -381,35 +396,4 @@ def _look_ahead_alone(
             best_z, best = z, c
     if not scored:
         return None
-    return [(best if best >= 0 else rows.active[0], capacity)]
-
-
-def _min_projected_yield(
-    view: SystemView,
-    active: Sequence[JobView],
-    rates: dict[JobId, float],
-    volumes: dict[JobId, float | None],
-) -> float | None:
-    """Z = min(1, min_k y_k(h)) under ``rates`` held until h; None without a horizon."""
-    now = view.now
-    h = view.horizon  # T
-    for job_id, beta in rates.items():  # (``rates`` has every job of ``active``)
-        if beta > 0.0:
-            v = volumes[job_id]
-            if v is not None and v > 0.0:
-                end = now + v / beta  # completion of V_k at β_k
-                if h is None or end < h:
-                    h = end
-    if h is None:
-        return None
-    z = 1.0
-    for job in active:
-        # y_k(h) = (P_k + (h − t)·β_k/b_k)/(h − τ_k): eq. (6) with the
-        # transfer progress V^(transferred)/b_k of rate β_k over (t, h]
-        if h > job.released_at:
-            y = (job.progress + (h - now) * rates[job.job_id] / job.cap) / (h - job.released_at)
-        else:
-            y = FRESH_YIELD
-        if y < z:  # z = min(z, y) without the call: this loop is the policy's hot spot
-            z = y
-    return z
+    return [(best if best >= 0 else view.active[0], capacity)]

@@ -17,10 +17,9 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 
 from burstctl.common.limits import MAX_JOBS, MAX_TEXT, identifier_problem
-from burstctl.policies.base import ArrayAllocator, ArrayView, Policy, PolicyParams
-from burstctl.policies.decision import SUM_TOLERANCE, enforce_rows
+from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
-from burstctl.policies.view import JobId, JobView, SystemView
+from burstctl.policies.view import Columns, JobId, RowRates, SystemView, remaining_estimate
 
 # ω of a job seen for the first time (as ``computeSet10``): set n = −2, weight 100,
 # shared by every new job — high priority, but not a strictly dominant set.
@@ -118,13 +117,13 @@ class Set10(Policy):
     given ω (``computeSet10``, Set10 with wIter > 0).
 
     Allocation (the paper's extended algorithm for b_i < B, as the reference
-    implements it): sets in order of first appearance in index order; set g
+    implements it): sets in order of first appearance in the stable order; set g
     has weight q_g and demand D_g = Σ demand of its members. Scan the
     unsaturated sets, offering s_g = q_g·X/Q_tot; a set with s_g > D_g gets
     every member's demand, leaves X and Q_tot, and the scan restarts. A scan
     that saturates no set stands: each set's s_g is split by GREEDY_FILL in
-    FCFS order (R_i, then index). s_g ≤ D_g there, so Σ rates = X and the
-    split is work-conserving.
+    FCFS order (R_i, then the stable order). s_g ≤ D_g there, so Σ rates = X and
+    the split is work-conserving.
 
     Choices where the paper is silent: a job with no post time sorts as if
     posted now; a non-positive ω (all samples 0 s) is the shortest class, n is
@@ -141,7 +140,11 @@ class Set10(Policy):
         super().__init__(params)
         self._learned: dict[JobId, _Learned] = {}
         self._known_sets = {j: set_index(w) for j, w in self.params.known_omega.items()}
-        # the array path's rows by index: the post last counted, its job id and set
+        self._learns = self.params.learn  # read at every decision
+        # By row of the views shown: the post last counted there, its job id and set. A
+        # row whose job and post match is classified without a lookup by job id (the
+        # simulator's rows are its applications; a view built from rows numbers them
+        # anew, and then the rows simply do not match).
         self._row_posted: list[float | None] = []
         self._row_ids: list[str | None] = []
         self._row_set: list[int] = []
@@ -154,137 +157,117 @@ class Set10(Policy):
         state = self._learned.get(job_id)
         return None if state is None else state.omega
 
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
-        active = view.active_jobs()
-        sets: dict[int, list[JobView]] = {}  # n → members, in order of first appearance
+    def allocate(self, view: SystemView) -> RowRates:
+        learn = self._learns and view.observed
+        if learn and not self._known_sets:
+            shares = self._unsaturated(view)
+            if shares is not None:
+                return shares
+        columns = view.columns
+        job_ids = columns.job_id
         known = self._known_sets
-        learn = self.params.learn and view.observed
-        for job in active:
-            n = known.get(job.job_id)
+        sets: dict[int, list[int]] = {}  # n → member rows, in order of first appearance
+        for r in view.active:
+            n = known.get(job_ids[r]) if known else None
             if n is None:
-                n = self._observe(job) if learn else self._classified(job.job_id)
-            sets.setdefault(n, []).append(job)
-        return _split(sets, view.capacity, view.now)
+                n = self._observe(columns, r) if learn else self._classified(job_ids[r])
+            members = sets.get(n)
+            if members is None:
+                sets[n] = [r]
+            else:
+                members.append(r)
+        posted_at = _posted_at(view)
+        rates = _split(sets, columns.demand, posted_at, view.capacity)
+        return [(r, rate) for r, rate in rates.items() if rate != 0.0]
 
-    def array_allocator(self) -> ArrayAllocator | None:
-        return self.allocate_arrays
-
-    def allocate_arrays(self, rows: ArrayView) -> list[tuple[int, float]]:
-        """``decide`` on ``allocate`` over arrays (:class:`ArrayAllocator`), on an
-        observed view: the same learning and the same rates, bit for bit."""
-        active = rows.active
-        if self._known_sets or not self.params.learn:
-            return self._allocate_rows(rows)
-        # Learned ω only (the simulator's Set10Learn). Row i's counted post, job id and
-        # set are kept by index (``_observe_row`` records them, ``_observe`` forgets
-        # them all): a row whose post was counted keeps its set; the others are
-        # observed as ``_allocate_rows`` would.
-        posted_at, job_ids = rows.posted_at, rows.job_ids
+    def _unsaturated(self, view: SystemView) -> list[tuple[int, float]] | None:
+        """The split with learned ω only (the simulator's Set10Learn) when no set
+        saturates: each set's share to its FCFS-first member (``_split``'s one scan,
+        whose GREEDY_FILL gives a set's whole share to that member: each share is at
+        most its demand, so at most the set's demand D_g); None when a set saturates.
+        Classifies (and learns) the rows as ``allocate`` does."""
+        columns = view.columns
+        job_ids = columns.job_id
+        posted_at = columns.posted_at
+        now = view.now
         row_posted, row_ids, row_set = self._row_posted, self._row_ids, self._row_set
         if len(row_posted) < len(job_ids):
             grow = len(job_ids) - len(row_posted)
             row_posted.extend([None] * grow)
             row_ids.extend([None] * grow)
             row_set.extend([0] * grow)
-        # Sets in order of first appearance (in index order), each with its FCFS-first
-        # member, the least (R_i, i): a later row replaces it only if posted strictly
-        # earlier (what min over the members in index order gives).
+        # Sets in order of first appearance, each with its FCFS-first member, the least
+        # (R_i, row): a later row replaces it only if posted strictly earlier (what min
+        # over the members in row order gives).
         first: dict[int, int] = {}
-        for i in active:
-            p = posted_at[i]
-            if row_posted[i] == p and row_ids[i] == job_ids[i]:
-                n = row_set[i]
+        first_posted: dict[int, float] = {}
+        q_tot = 0.0  # Q_tot = Σ q_n over the sets, in their order
+        for r in view.active:
+            p = posted_at[r]
+            if row_posted[r] == p and row_ids[r] == job_ids[r]:
+                n = row_set[r]
             else:
-                n = self._observe_row(rows, i)
-            j = first.get(n)
-            if j is None or p < posted_at[j]:
-                first[n] = i
-        # _split_rows when no set saturates (each share at most the demand of its set's
-        # FCFS-first member, so at most the set's demand D_g): one scan, and each
-        # set's GREEDY_FILL gives its whole share to that member, zeros to the others.
-        # What enforce_rows does is checked inline: each share within b_i, and the sum.
-        q_tot = sum([_WEIGHTS[n] for n in first])
-        demand, cap, capacity = rows.demand, rows.cap, rows.capacity
-        proposals = []
-        total = 0.0
-        for n, i in first.items():
+                n = self._observe(columns, r)
+            if p is None:
+                p = now
+            if n not in first:
+                first[n] = r
+                first_posted[n] = p
+                q_tot += _WEIGHTS[n]
+            elif p < first_posted[n]:
+                first[n] = r
+                first_posted[n] = p
+        demand = columns.demand
+        capacity = view.capacity
+        shares = []
+        for n, r in first.items():
             share = _WEIGHTS[n] * capacity / q_tot
-            if not share <= demand[i]:
-                return self._allocate_rows(rows)  # a set saturates: the general split
-            if share > 0.0:
-                if not (share <= cap[i] and demand[i] > 0.0):
-                    return self._allocate_rows(rows)  # enforce would change it
-                proposals.append((i, share))
-                total += share
-        if total > capacity * (1 + SUM_TOLERANCE):
-            return enforce_rows(proposals, demand, cap, capacity)
-        return proposals
+            if not share <= demand[r]:
+                return None  # a set saturates: the general split
+            shares.append((r, share))
+        return shares
 
-    def _allocate_rows(self, rows: ArrayView) -> list[tuple[int, float]]:
-        """:meth:`allocate_arrays` with known ω or without learning."""
-        sets: dict[int, list[int]] = {}
-        known = self._known_sets
-        learn = self.params.learn
-        learned = self._learned
-        job_ids = rows.job_ids
-        posted_at = rows.posted_at
-        for i in rows.active:
-            job_id = job_ids[i]
-            n = known.get(job_id) if known else None
-            if n is None:
-                state = learned.get(job_id)
-                if learn and state is not None and state.posted_at == posted_at[i]:
-                    n = state.set_index  # (_observe_row: this operation is counted)
-                elif learn:
-                    n = self._observe_row(rows, i)
-                else:
-                    n = self._classified(job_id)
-            members = sets.get(n)
-            if members is None:
-                sets[n] = [i]
-            else:
-                members.append(i)
-        demand, cap, capacity = rows.demand, rows.cap, rows.capacity
-        rates = _split_rows(sets, demand, rows.posted_at, capacity)
-        return enforce_rows(list(rates.items()), demand, cap, capacity)
-
-    def _observe_row(self, rows: ArrayView, i: int) -> int:
-        """``_observe`` of row ``i`` (V_i known: the fallback volume is V_i + moved)."""
-        state = self._learned.get(rows.job_ids[i])
-        posted_at = rows.posted_at[i]
+    def _observe(self, columns: Columns, r: int) -> int:
+        """Counts row ``r``'s pending operation once, the first time it is seen; returns
+        the set index n of its job's ω."""
+        job_id = columns.job_id[r]
+        posted_at = columns.posted_at[r]
+        state = self._learned.get(job_id)
         if state is None:
-            state = self._learned[rows.job_ids[i]] = _Learned()
+            state = self._learned[job_id] = _Learned()
         elif state.posted_at == posted_at:
-            self._remember_row(i, posted_at, rows.job_ids[i], state.set_index)
+            self._remember(r, posted_at, job_id, state.set_index)
             return state.set_index
         state.posted_at = posted_at
         if state.count == 0:
             state.omega = FIRST_OMEGA
         else:
-            volume = rows.volume[i]
-            if not volume > 0.0:
-                q = rows.remaining[i]
-                volume = q + (volume - q)  # remaining_estimate() + moved
+            volume = columns.volume[r]
+            if not volume > 0.0:  # unknown: remaining_estimate() + moved
+                volume = remaining_estimate(columns, r) + columns.moved[r]
+            # ω_i = (1/j) Σ_k (w_i^(k) + d_i,min^(k)) with d_min = v/b_i (§4.2, eq. 3),
+            # kept as a running mean over the operations after the first
             c = state.count
-            state.omega = (state.omega * (c - 1) + rows.last_work[i] + volume / rows.cap[i]) / c
+            omega = state.omega * (c - 1) + columns.last_work[r] + volume / columns.cap[r]
+            state.omega = omega / c
         state.count += 1
         n = state.set_index = set_index(state.omega)
-        self._remember_row(i, posted_at, rows.job_ids[i], n)
+        self._remember(r, posted_at, job_id, n)
         return n
 
-    def _remember_row(self, i: int, posted_at: float, job_id: str, n: int) -> None:
-        """Row i shows ``job_id``'s post ``posted_at``, counted, in set n. A job is
+    def _remember(self, r: int, posted_at: float | None, job_id: str, n: int) -> None:
+        """Row r shows ``job_id``'s post ``posted_at``, counted, in set n. A job is
         remembered at one row only (the row it was last seen at), so a row that
         matches is the job's state as it is now."""
         row_posted = self._row_posted
-        if i < len(row_posted):
+        if r < len(row_posted):
             before = self._row_of.get(job_id)
-            if before is not None and before != i and self._row_ids[before] == job_id:
+            if before is not None and before != r and self._row_ids[before] == job_id:
                 row_posted[before] = None
-            self._row_of[job_id] = i
-            row_posted[i] = posted_at
-            self._row_ids[i] = job_id
-            self._row_set[i] = n
+            self._row_of[job_id] = r
+            row_posted[r] = posted_at
+            self._row_ids[r] = job_id
+            self._row_set[r] = n
 
     def _classified(self, job_id: JobId) -> int:
         """n of what is learned of ``job_id`` so far, without learning (a view that was
@@ -292,87 +275,40 @@ class Set10(Policy):
         state = self._learned.get(job_id) if self.params.learn else None
         return _FIRST_SET if state is None or state.count == 0 else state.set_index
 
-    def _observe(self, job: JobView) -> int:
-        """Counts ``job``'s pending operation once, the first time it is seen; returns
-        the set index n of its ω."""
-        state = self._learned.get(job.job_id)
-        if state is None:
-            state = self._learned[job.job_id] = _Learned()
-        elif state.posted_at == job.posted_at:
-            return state.set_index
-        if self._row_posted:  # the array path's rows no longer tell what is counted
-            self._row_posted.clear()
-            self._row_ids.clear()
-            self._row_set.clear()
-            self._row_of.clear()
-        state.posted_at = job.posted_at
-        if state.count == 0:
-            state.omega = FIRST_OMEGA
+
+def _posted_at(view: SystemView) -> Sequence[float]:
+    """R_i by row, a job with none as if posted now."""
+    posted_at = view.columns.posted_at
+    if all(posted_at[r] is not None for r in view.active):
+        return posted_at  # type: ignore[return-value]
+    now = view.now
+    return [now if p is None else p for p in posted_at]
+
+
+def _split(
+    sets: dict[int, list[int]],
+    demand: Sequence[float],
+    posted_at: Sequence[float],
+    capacity: float,
+) -> dict[int, float]:
+    """The proposals by row (zeros included: they keep a row's place in the order)."""
+    weight = {}
+    total = {}
+    fcfs = {}
+    for n, members in sets.items():
+        weight[n] = _WEIGHTS[n]  # q_n = 10^(−n)
+        total[n] = sum([demand[i] for i in members])  # D_g
+        if len(members) == 1:
+            fcfs[n] = members
         else:
-            volume = job.volume if job.volume > 0.0 else job.remaining_estimate() + job.moved
-            # ω_i = (1/j) Σ_k (w_i^(k) + d_i,min^(k)) with d_min = v/b_i (§4.2, eq. 3),
-            # kept as a running mean over the operations after the first
-            c = state.count
-            state.omega = (state.omega * (c - 1) + job.last_work + volume / job.cap) / c
-        state.count += 1
-        state.set_index = set_index(state.omega)
-        return state.set_index
-
-
-def _split(sets: dict[int, list[JobView]], capacity: float, now: float) -> dict[JobId, float]:
-    weight = {n: 10.0 ** (-n) for n in sets}  # q_n = 10^(−n)
-    demand = {n: sum(j.demand for j in members) for n, members in sets.items()}  # D_g
-    fcfs = {
-        n: sorted(
-            members,
-            key=lambda j: (j.posted_at if j.posted_at is not None else now, j.index, j.job_id),
-        )
-        for n, members in sets.items()
-    }
-    rates: dict[JobId, float] = {}
+            fcfs[n] = [i for _, i in sorted([(posted_at[i], i) for i in members])]
+    rates: dict[int, float] = {}
     left = list(sets)  # unsaturated sets, in order
     q_tot = sum(weight[n] for n in left)
     x = capacity
     while left:
         for n in left:
             share = weight[n] * x / q_tot  # s_g = q_g·X/Q_tot
-            if share > demand[n]:
-                for job in sets[n]:
-                    rates[job.job_id] = job.demand
-                    x -= job.demand
-                left.remove(n)
-                q_tot = sum(weight[g] for g in left)
-                break
-            rates.update(greedy_fill(fcfs[n], share))
-        else:
-            break  # a scan that saturated nothing: its fills stand
-    return rates
-
-
-def _split_rows(
-    sets: dict[int, list[int]],
-    demand: Sequence[float],
-    posted_at: Sequence[float],
-    capacity: float,
-) -> dict[int, float]:
-    """:func:`_split` over rows: the same proposals (zeros included), in the same order."""
-    weight = {}
-    total = {}
-    fcfs = {}
-    for n, members in sets.items():
-        weight[n] = _WEIGHTS[n]
-        total[n] = sum([demand[i] for i in members])
-        if len(members) == 1:
-            fcfs[n] = members
-        else:
-            fcfs[n] = [i for _, i in sorted([(posted_at[i], i) for i in members])]
-    rates: dict[int, float] = {}
-    left = list(sets)
-    q_tot = sum(weight[n] for n in left)
-    x = capacity
-    while left:
-        for n in left:
-            share = weight[n] * x / q_tot
             if share > total[n]:
                 for i in sets[n]:
                     rates[i] = demand[i]
@@ -380,16 +316,12 @@ def _split_rows(
                 left.remove(n)
                 q_tot = sum(weight[g] for g in left)
                 break
-            # greedy_fill of the set, zeros included (they keep their place in the order)
-            budget = share
-            for i in fcfs[n]:
-                if budget > 0.0:
-                    d = demand[i]
-                    give = budget if budget < d else d
-                    budget -= give
-                else:
-                    give = 0.0
-                rates[i] = give
+            # GREEDY_FILL of the set; the members it leaves out get 0
+            order = fcfs[n]
+            filled = greedy_fill(order, demand, share)
+            rates.update(filled)
+            for i in order[len(filled) :]:
+                rates[i] = 0.0
         else:
-            break
+            break  # a scan that saturated nothing: its fills stand
     return rates

@@ -42,8 +42,8 @@ _BUILTIN: dict[str, str] = {
     "set-10": "burstctl.policies.io_sets:Set10",
     "best-next-event": "burstctl.policies.best_next_event:BestNextEvent",
     "deficit-com": "burstctl.policies.deficit_com:DeficitCom",
-    "persched": "burstctl.policies.persched_live:PerSchedLive",
-    "dpsac": "burstctl.policies.dpsac_live:DpsacPolicy",
+    "persched": "burstctl.policies.persched.live:PerSchedLive",
+    "dpsac": "burstctl.policies.dpsac.live:DpsacPolicy",
     # ThemisIO statistical tokens; the spec each name stands for is in the comment
     "job-fair": "burstctl.policies.statistical_tokens:JobFair",  # job
     "user-fair": "burstctl.policies.statistical_tokens:UserFair",  # user>job

@@ -11,7 +11,9 @@ paces to it locally. Pure data: no clock, no I/O.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from burstctl.common.limits import windows_problem
 
@@ -61,3 +63,6 @@ class Schedule:
         """The same windows with no rate above ``cap``."""
         windows = tuple(Window(w.start, w.end, min(w.rate, cap)) for w in self.windows)
         return Schedule(self.period, windows, self.origin)
+
+
+NO_SCHEDULES: Mapping[str, Schedule] = MappingProxyType({})  # by job id: none

@@ -1,8 +1,6 @@
-"""Discrete-event simulator of the bandwidth-sharing policies (docs/simulator.md).
-
-``instance`` owns the application line format and the window (T, truncation, δ,
-load); ``generate`` the synthetic workloads of [BWS] §6.2; ``engine`` the
-fluid event loop and the metrics; ``sweep`` campaigns in worker processes. The
-simulator calls the same ``burstctl.policies`` objects as the controller and
-never imports the controller.
+"""Simulators of the policies' families (docs/simulator.md), one subpackage each:
+``bws`` (the bandwidth-sharing strategies, the paper's fluid event loop), ``persched``,
+``dpsac`` and ``placement``; ``campaign`` runs the sweeps of all of them. The simulators
+call the same ``burstctl.policies`` objects as the controller and never import the
+controller.
 """

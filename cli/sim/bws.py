@@ -36,8 +36,8 @@ def sim_generate(
     pressure: float, n_small: int, sigma: float, nu: float, horizon: float, seed: int, out: Path
 ) -> None:
     """Write a synthetic 60-application instance ([BWS] §6.2)."""
-    from burstctl.simulator.generate import GeneratorParams, generate
-    from burstctl.simulator.instance import write_instance
+    from burstctl.simulator.bws.generate import GeneratorParams, generate
+    from burstctl.simulator.bws.instance import write_instance
 
     try:
         params = GeneratorParams(
@@ -101,8 +101,9 @@ def sim_run(
 ) -> None:
     """Simulate one policy on one instance; print its metrics."""
     from burstctl.policies.registry import UnknownPolicyError, default_registry
-    from burstctl.simulator.engine import SimulationError, create_policy, simulate
-    from burstctl.simulator.instance import prepare_window, read_instance
+    from burstctl.simulator.bws.fluid import SimulationError
+    from burstctl.simulator.bws.instance import prepare_window, read_instance
+    from burstctl.simulator.bws.runs import create_policy, simulate
 
     registry = default_registry()
     try:
@@ -173,9 +174,9 @@ def sim_sweep(
 ) -> None:
     """Run policies × pressures × seeds on synthetic instances; one row per run."""
     from burstctl.policies.registry import UnknownPolicyError, default_registry
+    from burstctl.simulator.bws.fluid import SimulationError
+    from burstctl.simulator.bws.sweep import FIELDS, row_file, run_sweep, tasks
     from burstctl.simulator.campaign import CampaignError
-    from burstctl.simulator.engine import SimulationError
-    from burstctl.simulator.sweep import FIELDS, row_file, run_sweep, tasks
 
     registry = default_registry()
     for name in policies:
@@ -255,7 +256,7 @@ def sim_plot(csv_file: Path, out: Path, metric: str, policies: tuple[str, ...]) 
     import csv
 
     try:
-        from burstctl.simulator.plots import boxplots
+        from burstctl.simulator.bws.plots import boxplots
     except ImportError:
         raise click.ClickException(
             "plotting needs matplotlib: pip install 'burstctl[plot]'"

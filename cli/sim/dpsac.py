@@ -23,7 +23,7 @@ from burstctl.cli.sim.common import (
 
 def _dpsac_params(values: dict[str, Any]) -> Any:
     """The model options (``_dpsac_model``) as ``simulator.dpsac.Params``; pops them."""
-    from burstctl.simulator.dpsac import Params
+    from burstctl.simulator.dpsac.model import Params
 
     return Params(
         knee=values.pop("knee"),
@@ -110,7 +110,7 @@ def _dpsac_model(f: Any) -> Any:
 def _dpsac_runs_file(runs_file: Path | None, resume: Path | None, keys: Sequence[str]) -> Any:
     """The runs file of a DPSAC command (`simulator.dpsac.runs_file`), or None; ``keys``:
     the options that find a run's case or shape stdout only, left out of its record."""
-    from burstctl.simulator.dpsac import runs_file as dpsac_runs_file
+    from burstctl.simulator.dpsac.runs import runs_file as dpsac_runs_file
 
     path = runs_target(runs_file, resume)
     if path is None:
@@ -121,7 +121,7 @@ def _dpsac_runs_file(runs_file: Path | None, resume: Path | None, keys: Sequence
 def _dpsac_emit(summaries: list[Any], fmt: str, key: str, head: str) -> None:
     import json
 
-    from burstctl.simulator.dpsac import table
+    from burstctl.simulator.dpsac.runs import table
 
     if fmt == "json":
         for s in summaries:
@@ -168,7 +168,8 @@ def sim_dpsac(
 ) -> None:
     """SysEff and Dilation of DPSAC, MCIOS and BIOS on a Table 2 set ([DPSAC] §5.2;
     docs/simulator.md, "DPSAC")."""
-    from burstctl.simulator.dpsac import METHODS, run_set
+    from burstctl.simulator.dpsac.methods import METHODS
+    from burstctl.simulator.dpsac.runs import run_set
 
     params = _dpsac_params(model)
     where = campaign_cluster(workers, scheduler)
@@ -227,7 +228,8 @@ def sim_dpsac_join(
 ) -> None:
     """DPSAC's updaters ST, DT and OK on Table 3's batch with periodic joiners of Table 4
     ([DPSAC] §5.3; docs/simulator.md, "DPSAC")."""
-    from burstctl.simulator.dpsac import UPDATERS, run_join
+    from burstctl.simulator.dpsac.methods import UPDATERS
+    from burstctl.simulator.dpsac.runs import run_join
 
     params = _dpsac_params(model)
     where = campaign_cluster(workers, scheduler)
@@ -274,7 +276,8 @@ def sim_dpsac_plot(
 ) -> None:
     """Run the ten Table 2 sets with the three methods; write a CSV and a PNG of SysEff
     and Dilation per set (needs extra [plot])."""
-    from burstctl.simulator.dpsac import METHODS, plot_sets, run_sets, write_csv
+    from burstctl.simulator.dpsac.methods import METHODS
+    from burstctl.simulator.dpsac.runs import plot_sets, run_sets, write_csv
 
     params = _dpsac_params(model)
     where = campaign_cluster(workers, scheduler)

@@ -223,7 +223,7 @@ def sim_persched_compare(
     from burstctl.policies.persched import SetFileError, load_set_file
     from burstctl.policies.registry import UnknownPolicyError, default_registry
     from burstctl.simulator.campaign import CampaignError
-    from burstctl.simulator.persched_compare import (
+    from burstctl.simulator.persched.compare import (
         ONLINE_STRATEGIES,
         CompareError,
         NamedSet,
@@ -234,7 +234,7 @@ def sim_persched_compare(
         synthetic_sets,
         table_json,
     )
-    from burstctl.simulator.persched_compare import runs_file as compare_file
+    from burstctl.simulator.persched.compare import runs_file as compare_file
 
     given = sum(bool(x) for x in (set_numbers, set_files, synthetic))
     if given != 1:

@@ -87,7 +87,7 @@ def sim_placement(
     I/O-spread, ρ_io, ρ_con and Machine-IdleTime per (set, allocator, placement)."""
     import json
 
-    from burstctl.simulator.placement import make_set, run_set, table
+    from burstctl.simulator.placement.runs import make_set, run_set, table
 
     rows = []
     for index in range(sets):
@@ -147,8 +147,8 @@ def sim_placement_sweep(
     paper's orderings and the figures (needs extra [plot]; docs/simulator.md, "[DIST-IO]
     placement")."""
     from burstctl.simulator.campaign import CampaignError
-    from burstctl.simulator.placement import sweep
-    from burstctl.simulator.placement_report import plots, readings
+    from burstctl.simulator.placement.report import plots, readings
+    from burstctl.simulator.placement.runs import sweep
 
     cluster = campaign_cluster(workers, scheduler)
     try:

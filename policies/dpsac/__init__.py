@@ -1,7 +1,7 @@
 """DPSAC: probabilistic scheduling of I/O via application clustering ([DPSAC]).
 
 Pure building blocks (no I/O, no clock, no threads; every draw from a ``random.Random``
-passed in), shared by the live policy ``dpsac`` (``policies/dpsac_live.py``) and the
+passed in), shared by the live policy ``dpsac`` (``policies/dpsac/live.py``) and the
 simulator:
 
 - ``clustering``: 1-D K-means by dynamic programming, Algorithm 1 ([DPSAC] §4.2), and the

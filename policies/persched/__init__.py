@@ -1,7 +1,7 @@
 """Periodic I/O scheduling: PERSCHED's patterns, computed offline ([PERSCHED]).
 
 Pure model and algorithms (no I/O, no clock); docs/persched.md describes them. The
-live policy that enforces a pattern is ``policies/persched_live.py`` (``persched``).
+live policy that enforces a pattern is ``policies/persched/live.py`` (``persched``).
 """
 
 from burstctl.policies.persched.algorithm import (

@@ -22,7 +22,7 @@ from support import async_wait_until
 from burstctl.client import JobInfo, Session
 from burstctl.client.bucket import Pattern
 from burstctl.controller.app import Replica
-from burstctl.policies.persched_live import PerSchedLive, predicted_iteration
+from burstctl.policies.persched.live import PerSchedLive, predicted_iteration
 
 pytestmark = pytest.mark.integration
 

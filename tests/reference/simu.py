@@ -6,7 +6,7 @@ windows and metrics, ``compute`` and the ``compute*`` heuristics) for the eight
 simple heuristics, in float64, plus nextEvLexMin (``computeNextEvLexMin``, in
 ``next_ev_lexmin.py``). It shares no code with ``burstctl.simulator`` or
 ``burstctl.policies`` (it parses the line format itself, truncates, loops and
-allocates on its own), so comparing the two per instance checks our engine
+allocates on its own), so comparing the two per instance checks our fluid loop
 *and* our policy objects against the reference semantics. It is deliberately
 slow and literal; it is not part of the product.
 

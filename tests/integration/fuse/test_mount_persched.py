@@ -26,7 +26,7 @@ from support import MountProcess, async_wait_until, clean_env
 from test_mount_pacing import App, apps  # noqa: F401 (apps: a fixture)
 
 from burstctl.controller.app import Replica
-from burstctl.policies.persched_live import PerSchedLive, predicted_iteration
+from burstctl.policies.persched.live import PerSchedLive, predicted_iteration
 from burstctl.policies.schedule import Schedule
 
 pytestmark = pytest.mark.integration

@@ -10,13 +10,14 @@ import random
 
 import pytest
 from digests import B_NODE, BIG, C, digest, exchange, job, per_job, per_replica
+from support import views
 
 from burstctl.controller.digest import Digest, JobDigest, from_proto, to_proto
 from burstctl.controller.membership import Membership
 from burstctl.controller.merge import Conflict, merge, split_targets
 from burstctl.policies.decision import decide
 from burstctl.policies.registry import default_registry
-from burstctl.policies.view import JobView, SystemView
+from burstctl.policies.view import JobView
 
 REGISTRY = default_registry()
 
@@ -139,19 +140,19 @@ def test_global_targets_equal_one_controller_on_the_union(seed: int) -> None:
         copies = [j for d in cluster for j in d.jobs if j.job_id == job_id]
         demand = min(capacity, sum(j.demand for j in copies))
         if demand > 0:
-            union[job_id] = JobView(
-                job_id=job_id,
+            union[job_id] = views.job(
+                job_id,
+                capacity,
+                demand,
                 user=copies[0].user,
                 group=copies[0].group,
                 nodes=copies[0].nodes,
                 priority=copies[0].priority,
-                cap=capacity,
-                demand=demand,
                 index=index,
             )
     single = decide(
         REGISTRY.create("group>user>size"),
-        SystemView(now=0.0, capacity=capacity, node_bandwidth=B_NODE, jobs=union),
+        views.view(*union.values(), capacity=capacity, node_bandwidth=B_NODE),
     ).rates
     expected = {j: single.get(j, 0.0) for j in union}
     targets, rates = exchange(m, me)

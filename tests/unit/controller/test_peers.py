@@ -16,7 +16,7 @@ from typing import Any
 import grpc
 import pytest
 from digests import FULL_DIGEST
-from support import async_wait_until
+from support import async_wait_until, views
 
 from burstctl.controller.digest import Digest, JobDigest, to_proto
 from burstctl.controller.jobs import JobTable
@@ -33,7 +33,7 @@ from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.decision import Share, blend
 from burstctl.policies.registry import default_registry
-from burstctl.policies.view import JobView, SystemView
+from burstctl.policies.view import SystemView
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 REGISTRY = default_registry()
@@ -111,11 +111,11 @@ async def _servicer(servicer: PeerServicer) -> tuple[grpc.aio.Server, str]:
 
 def _rows(capacity: float = 100.0, **jobs: tuple[int, float]) -> SystemView:
     """A local view: job id -> (nodes, demand), cap 100, index in keyword order."""
-    rows = {
-        j: JobView(j, "u", "g", nodes, 1.0, cap=100.0, demand=demand, index=i)
+    rows = [
+        views.job(j, 100.0, demand, nodes=nodes, index=i)
         for i, (j, (nodes, demand)) in enumerate(jobs.items())
-    }
-    return SystemView(now=0.0, capacity=capacity, node_bandwidth=100.0, jobs=rows)
+    ]
+    return views.view(*rows, capacity=capacity, node_bandwidth=100.0)
 
 
 SIZE_FAIR = REGISTRY.create("size-fair", {})

@@ -3,12 +3,14 @@ policy's schedules, how the scheduler pushes and splits them, and the origin on 
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import pytest
+from support import views
 
 from burstctl.controller.config import load_config
 from burstctl.controller.jobs import JobTable
@@ -26,17 +28,9 @@ from burstctl.policies.view import JobId, JobView, SystemView
 MiB = 1 << 20
 
 
-def job(job_id: str, cap: float = 8 * MiB, demand: float | None = None, index: int = 0) -> JobView:
-    return JobView(
-        job_id=job_id,
-        user="u",
-        group="g",
-        nodes=1,
-        priority=1.0,
-        cap=cap,
-        demand=cap if demand is None else demand,
-        index=index,
-    )
+def job(job_id: str, demand: float | None = None, index: int = 0) -> JobView:
+    """A job with b_i = b = 8 MiB/s."""
+    return views.job(job_id, 8 * MiB, demand, index=index)
 
 
 class Params(PolicyParams):
@@ -62,8 +56,7 @@ class Scheduled(Policy):
         return {j: Schedule(p.period, (Window(p.start, p.end, p.rate),)) for j in p.jobs}
 
 
-def view(*jobs: JobView, capacity: float = 40 * MiB) -> SystemView:
-    return SystemView(0.0, capacity, 8 * MiB, {j.job_id: j for j in jobs})
+view = functools.partial(views.view, capacity=40 * MiB, node_bandwidth=8 * MiB)
 
 
 # -------------------------------------------------------------------------- decide

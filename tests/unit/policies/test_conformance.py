@@ -2,22 +2,31 @@
 
 rates ≥ 0; Σ rates ≤ B; idle jobs get 0; no job above its cap b_i; work-conserving
 when demand exceeds B; deterministic for a fixed view and seed; the decision path
-(``policies.decision.decide``) never needs to fix what a policy proposes; and where a
-policy declares an array entry point, it gives the view path's rates. Random views
-are drawn from seeded generators so a failure names its seed.
+(``policies.decision.decide``) never needs to fix what a policy proposes; the same rates,
+bit for bit, whatever the order the view lists its jobs in and whether it was built from
+``JobView`` rows or over columns; and one decision entry point per policy. Random views
+are drawn from seeded generators so a failure names its seed; the first seeds run in
+``make test``, the rest behind the ``sweep`` marker.
 """
 
 from __future__ import annotations
 
+import ast
+import inspect
 import math
 import random
+from pathlib import Path
 
 import pytest
+from support import views
+from support.sweep import seeds
+from support.views import Table, rates_of
 
-from burstctl.policies import JobView, SystemView, default_registry, job_cap
-from burstctl.policies.base import ArrayView
+import burstctl.policies
+import burstctl.simulator
+from burstctl.policies import SystemView, default_registry, job_cap
+from burstctl.policies.base import Policy
 from burstctl.policies.decision import decide
-from burstctl.policies.greedy import GreedyYield
 
 REGISTRY = default_registry()
 # Registered names, plus ThemisIO sharing specs that resolve without being listed
@@ -40,14 +49,14 @@ def random_view(seed: int, n_jobs: int | None = None) -> SystemView:
         demand = 0.0 if state < 0.2 else cap if state < 0.7 else rng.uniform(0.01, 1.0) * cap
         volume = float(rng.choice([0, rng.randint(1, 1 << 34)]))
         released = rng.uniform(0, now - 1)
-        jobs[f"j{i}"] = JobView(
-            job_id=f"j{i}",
+        jobs[f"j{i}"] = views.job(
+            f"j{i}",
+            cap,
+            demand,
             user=f"u{rng.randint(0, 3)}",
             group=f"g{rng.randint(0, 1)}",
             nodes=nodes,
             priority=rng.choice([1.0, 2.0, 0.5]),
-            cap=cap,
-            demand=demand,
             posted_at=rng.uniform(released, now) if demand else None,
             volume=volume,
             remaining=rng.uniform(0, volume) if volume else None,
@@ -66,11 +75,11 @@ def policy_name(request: pytest.FixtureRequest) -> str:
     return request.param
 
 
-@pytest.mark.parametrize("seed", range(200))
+@pytest.mark.parametrize("seed", seeds(20, 200))
 def test_invariants(policy_name: str, seed: int) -> None:
     view = random_view(seed)
     policy = REGISTRY.create(policy_name)
-    rates = dict(policy.allocate(view))
+    rates = rates_of(view, policy.allocate(view))
     tol = 1e-9 * view.capacity
     assert set(rates) <= set(view.jobs), "rates for unknown jobs"
     for job in view.jobs.values():
@@ -88,9 +97,9 @@ def test_invariants(policy_name: str, seed: int) -> None:
     for job in view.jobs.values():
         assert rates.get(job.job_id, 0.0) <= job.demand + tol
     # deterministic: a fresh instance and the same instance agree
-    assert dict(REGISTRY.create(policy_name).allocate(view)) == rates
-    assert dict(policy.allocate(view)) == rates
-    # the engine's enforcement has nothing to fix and keeps the positive rates as they are
+    assert rates_of(view, REGISTRY.create(policy_name).allocate(view)) == rates
+    assert rates_of(view, policy.allocate(view)) == rates
+    # the enforcement has nothing to fix and keeps the positive rates as they are
     decision = decide(REGISTRY.create(policy_name), view)
     assert not decision.clamped
     assert decision.rates == {j: r for j, r in rates.items() if r > 0.0}
@@ -98,109 +107,14 @@ def test_invariants(policy_name: str, seed: int) -> None:
 
 def test_empty_view(policy_name: str) -> None:
     view = SystemView(now=0.0, capacity=MiB, node_bandwidth=MiB)
-    assert sum(REGISTRY.create(policy_name).allocate(view).values()) == 0.0
+    assert sum(rates_of(view, REGISTRY.create(policy_name).allocate(view)).values()) == 0.0
 
 
 def test_registry_knows_the_core_policies() -> None:
     assert {"fcfs", "fair-share"} <= set(POLICIES)
 
 
-# ---------------------------------------------------------------------------
-# The array entry point (Policy.array_allocator): where a policy declares one, it
-# must give the rates of the view path, bit for bit, in the same order.
-
-
-def arrays_case(seed: int, one_release: bool = False) -> tuple[SystemView, ArrayView]:
-    """A view whose jobs are all active and in index order, and the same view as arrays
-    (NaN in the rows that are not jobs of the view, so reading one shows); with
-    ``one_release``, every job released at the same time (as in synthetic windows)."""
-    rng = random.Random(seed)
-    now = rng.choice([0.0, 1.0, 1000.0, 1.8e6])
-    capacity = rng.choice([1.0, 4.0, 0.3, 1e9])
-    horizon = rng.choice([None, now + rng.choice([0.5, 10.0, 1e6])])
-    size = rng.randint(0, 40)
-    active = sorted(rng.sample(range(size), rng.randint(0, size)))
-    progress, released_at, demand, caps, remaining, posted_at, volume, last_work = (
-        [math.nan] * size for _ in range(8)
-    )
-    job_ids = [f"{i:02d}" for i in range(size)]
-    jobs = {}
-    for i in active:
-        cap = capacity * rng.choice([1.0, 1.0, 0.5, rng.uniform(0.01, 1.0)])
-        caps[i] = cap
-        demand[i] = rng.choice([cap, cap * rng.uniform(0.01, 1.0)])
-        # fresh (τ ≥ t) and equal yields (P = 0, or P proportional to the age) for ties
-        released_at[i] = rng.choice([now, now + 1.0, now * rng.uniform(0.0, 1.0), 0.0])
-        if one_release:
-            released_at[i] = 0.0 if now > 0.0 else -1.0
-        age = now - released_at[i]
-        progress[i] = rng.choice([0.0, age * 0.5, age * rng.uniform(0.0, 1.0)]) if age > 0 else 0.0
-        # equal and zero volumes and post times, for ties
-        remaining[i] = rng.choice([0.0, cap, cap * rng.uniform(0.0, 100.0)])
-        volume[i] = rng.choice([0.0, remaining[i], remaining[i] * rng.uniform(1.0, 2.0)])
-        posted_at[i] = rng.choice([now, now - 1.0, now * rng.uniform(0.0, 1.0)])
-        last_work[i] = rng.choice([0.0, rng.uniform(0.0, 1e4)])
-        jobs[job_ids[i]] = JobView(
-            job_ids[i], "u", "g", 1, 1.0, cap, demand[i], posted_at=posted_at[i],
-            volume=volume[i], remaining=remaining[i], moved=volume[i] - remaining[i],
-            released_at=released_at[i], progress=progress[i], last_work=last_work[i],
-            index=i,
-        )  # fmt: skip
-    view = SystemView(
-        now=now, capacity=capacity, node_bandwidth=capacity, jobs=jobs, horizon=horizon
-    )
-    rows = ArrayView(
-        now, capacity, horizon, active, progress, released_at, demand, caps, remaining,
-        posted_at, volume, last_work, job_ids,
-    )  # fmt: skip
-    return view, rows
-
-
-ARRAY_POLICIES = [p for p in POLICIES if REGISTRY.create(p).array_allocator() is not None]
-
-
-def test_greedy_yield_declares_an_array_entry_point() -> None:
-    assert {"greedy-yield", "fair-share"} <= set(ARRAY_POLICIES)  # the suite checks something
-    assert "periodic-greedy-yield" in ARRAY_POLICIES  # a fixed period
-
-
-@pytest.mark.parametrize("name", ARRAY_POLICIES)
-@pytest.mark.parametrize("seed", range(300))
-def test_array_entry_point_is_the_view_path(name: str, seed: int) -> None:
-    view, rows = arrays_case(seed)
-    policy = REGISTRY.create(name)
-    arrays = policy.array_allocator()
-    assert arrays is not None
-    decision = decide(REGISTRY.create(name), view)
-    assert decision.period == policy.fixed_period()  # the simulator has no view to ask
-    expected = [(view.jobs[j].index, rate) for j, rate in decision.rates.items()]
-    got = arrays(rows)
-    assert got == expected  # same jobs, same order, same floats
-
-
-@pytest.mark.parametrize("name", ARRAY_POLICIES)
-@pytest.mark.parametrize("seed", range(100))
-def test_array_entry_point_is_the_view_path_with_one_release_time(name: str, seed: int) -> None:
-    view, rows = arrays_case(seed, one_release=True)
-    arrays = REGISTRY.create(name).array_allocator()
-    assert arrays is not None
-    expected = [
-        (view.jobs[j].index, r) for j, r in decide(REGISTRY.create(name), view).rates.items()
-    ]
-    assert arrays(rows) == expected
-
-
-def test_greedy_yield_arrays_break_yield_ties_by_index() -> None:
-    # equal yields 0.5 and a fresh job (τ = t): the fresh one first, then by index
-    progress, released_at, demand = [1.0, 1.0, 0.0, 2.0], [0.0, 0.0, 2.0, -2.0], [0.6] * 4
-    rows = ArrayView(
-        2.0, 1.0, None, [0, 1, 2, 3], progress, released_at, demand, demand, [], [], [], [], []
-    )
-    got = GreedyYield().allocate_arrays(rows)
-    assert got == [(2, 0.6), (0, 0.4)]
-
-
-@pytest.mark.parametrize("seed", range(100))
+@pytest.mark.parametrize("seed", seeds(10, 100))
 def test_rates_do_not_depend_on_the_order_the_view_lists_its_jobs(
     policy_name: str, seed: int
 ) -> None:
@@ -216,7 +130,7 @@ def test_rates_do_not_depend_on_the_order_the_view_lists_its_jobs(
     assert decide(REGISTRY.create(policy_name), other).rates == expected
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", seeds(8, 60))
 def test_the_blend_with_a_split_does_not_depend_on_the_views_order(
     policy_name: str, seed: int
 ) -> None:
@@ -229,3 +143,72 @@ def test_the_blend_with_a_split_does_not_depend_on_the_views_order(
     expected = decide(REGISTRY.create(policy_name), view, targets)
     assert decide(REGISTRY.create(policy_name), other, targets).rates == expected.rates
     assert sum(expected.rates.values()) <= view.capacity * (1 + 1e-9)
+
+
+# ---------------------------------------------------------------------------
+# One path: a view over columns (the simulator's) and views built from the same rows in
+# any order (the controller's) decide alike, decision after decision, for policies that
+# learn from the views they are shown as for the others. Where every demand is B (the
+# synthetic windows) the greedy policies take their shortcuts; jobs post, leave, come back
+# and change rows, so Set-10's by-row memory is put to the test.
+
+
+@pytest.mark.parametrize("full", [True, False])
+@pytest.mark.parametrize("seed", seeds(3, 30))
+def test_a_view_over_columns_decides_as_views_of_rows_in_any_order(
+    policy_name: str, full: bool, seed: int
+) -> None:
+    rng = random.Random(seed)
+    table = Table(rng, rng.randint(2, 30), rng.choice([1.0, 4.0, 0.3]), full=full)
+    on_columns, on_rows = REGISTRY.create(policy_name), REGISTRY.create(policy_name)
+    mixed = REGISTRY.create(policy_name)  # one policy shown both kinds of view, in turn
+    served = 0
+    for _ in range(60):
+        table.step()
+        expected = decide(on_rows, table.rows_view(shuffle=rng)).rates
+        served += len(expected)
+        assert decide(on_columns, table.columns_view()).rates == expected
+        either = table.rows_view(shuffle=rng) if rng.random() < 0.3 else table.columns_view()
+        assert decide(mixed, either).rates == expected
+    assert served > 0  # the comparison says something
+    if hasattr(on_rows, "omega"):
+        for job_id in set(table.ids):
+            assert on_columns.omega(job_id) == on_rows.omega(job_id) == mixed.omega(job_id)
+
+
+# ---------------------------------------------------------------------------
+# One decision entry point per policy: ``allocate``.
+
+POLICY_CLASSES = sorted({type(REGISTRY.create(name)) for name in POLICIES}, key=str)
+ENTRY_POINT = set(vars(Policy)) - {"__init__", "__repr__", "__init_subclass__"}
+# Public methods that return a float per job and are not rates (so not a way to decide)
+NOT_RATES = {"shares": "ThemisIO's token shares (eq. 1, Σ = 1), what its rates are made of"}
+
+
+@pytest.mark.parametrize("cls", POLICY_CLASSES, ids=lambda c: c.__name__)
+def test_no_policy_class_has_two_decision_entry_points(cls: type[Policy]) -> None:
+    """Only ``allocate`` returns rates: every other public method of a policy class is
+    part of the ``Policy`` interface (schedules, period, offload) or an accessor of what
+    it learned, and none returns rates by row or by job id."""
+    for klass in cls.__mro__:
+        if klass is Policy or not issubclass(klass, Policy):
+            continue
+        for name, member in vars(klass).items():
+            if name.startswith("_") or name in ENTRY_POINT or not inspect.isfunction(member):
+                continue
+            returns = str(inspect.signature(member).return_annotation)
+            assert "RowRates" not in returns and "tuple[int, float]" not in returns, (klass, name)
+            if name not in NOT_RATES:
+                assert "float]" not in returns, (klass, name, returns)
+
+
+def test_no_second_decision_path_is_left_in_the_code() -> None:
+    for package in (burstctl.policies, burstctl.simulator):
+        for path in Path(package.__path__[0]).rglob("*.py"):
+            names = {
+                node.id if isinstance(node, ast.Name) else node.attr
+                for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Name | ast.Attribute)
+            }
+            found = names & {"allocate_arrays", "array_allocator", "ArrayView", "enforce_rows"}
+            assert not found, (path, found)

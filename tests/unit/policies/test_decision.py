@@ -1,4 +1,4 @@
-"""``policies.decision``: what the engine enforces on a policy's proposal."""
+"""``policies.decision``: what ``decide`` enforces on a policy's proposal."""
 
 from __future__ import annotations
 
@@ -6,14 +6,11 @@ import math
 from collections.abc import Mapping
 
 import pytest
+from support.views import job
 
-from burstctl.policies import JobId, JobView, Policy, SystemView
-from burstctl.policies.decision import decide, enforce
-
-
-def job(job_id: str, cap: float, demand: float | None = None, index: int = 0) -> JobView:
-    return JobView(job_id, "u", "g", 1, 1.0, cap, cap if demand is None else demand, index=index)
-
+from burstctl.policies import JobId, Policy, SystemView
+from burstctl.policies.decision import decide
+from burstctl.policies.view import RowRates
 
 VIEW = SystemView(
     now=0.0,
@@ -23,10 +20,41 @@ VIEW = SystemView(
 )
 
 
+class _Proposing(Policy):
+    """Proposes what it was given, by job id or by row."""
+
+    name = "proposing"
+
+    def __init__(self, proposal: Mapping[JobId, float] | RowRates) -> None:
+        super().__init__()
+        self.proposal = proposal
+
+    def allocate(self, view: SystemView) -> Mapping[JobId, float] | RowRates:
+        return self.proposal
+
+
+def enforce(
+    view: SystemView, proposal: Mapping[JobId, float] | RowRates
+) -> tuple[dict[JobId, float], tuple[tuple[JobId, float], ...], bool]:
+    """What ``decide`` makes of ``proposal``: the rates, the fixes, whether it scaled."""
+    decision = decide(_Proposing(proposal), view)
+    return decision.rates, decision.fixes, decision.scaled
+
+
 def test_feasible_proposals_pass_unchanged_in_their_order() -> None:
     rates, fixes, scaled = enforce(VIEW, {"b": 30.0, "a": 50.0, "idle": 0.0})
     assert list(rates.items()) == [("b", 30.0), ("a", 50.0)]  # zeros are not listed
     assert fixes == () and not scaled
+
+
+def test_proposals_by_row_are_those_of_the_views_rows() -> None:
+    rows = VIEW.row_of
+    decision = decide(_Proposing([(rows["b"], 30.0), (rows["a"], 50.0)]), VIEW)
+    assert decision.served == [(rows["b"], 30.0), (rows["a"], 50.0)]
+    assert decision.rates == {"b": 30.0, "a": 50.0} and not decision.clamped
+    # the same bounds as by job id
+    decision = decide(_Proposing([(rows["idle"], 10.0), (rows["a"], 80.0)]), VIEW)
+    assert decision.rates == {"a": 50.0} and decision.fixes == (("idle", 10.0), ("a", 80.0))
 
 
 @pytest.mark.parametrize(
@@ -75,6 +103,7 @@ def test_decide_enforces_and_carries_the_period() -> None:
     assert decision.rates == {"a": 50.0, "b": 50.0}
     assert decision.clamped and {j for j, _ in decision.fixes} == {"a", "b", "idle"}
     assert decision.period == 0.5
+    assert "rates={'a': 50.0, 'b': 50.0}" in repr(decision)
 
 
 def test_decide_with_targets_blends_and_still_enforces() -> None:

@@ -8,6 +8,7 @@ comments.
 from __future__ import annotations
 
 import csv
+import functools
 import io
 import itertools
 import random
@@ -15,6 +16,9 @@ from typing import Any
 
 import pytest
 from click.testing import CliRunner
+from support import views
+from support.sweep import seeds
+from support.views import allocation, job
 
 from burstctl.cli import main
 from burstctl.controller.jobs import JobMeta, JobTable, OpKind
@@ -23,36 +27,23 @@ from burstctl.policies.decision import decide
 from burstctl.policies.deficit_com import MAX_WEIGHT, DeficitCom, DeficitComParams
 from burstctl.policies.greedy import GreedyCom, GreedyYield
 from burstctl.policies.registry import PolicyParamsError
-from burstctl.simulator.engine import app_ids, simulate
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import Window, prepare_window
+from burstctl.simulator.bws.fluid import app_ids
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import Window, prepare_window
+from burstctl.simulator.bws.runs import simulate
 
 REGISTRY = default_registry()
 
 
-def job(
-    job_id: str,
-    index: int,
-    *,
-    remaining: float | None,
-    progress: float,
-    cap: float = 10.0,
-    demand: float | None = None,
-    released_at: float = 0.0,
-    mean_volume: float = 0.0,
-) -> JobView:
-    return JobView(
-        job_id=job_id, user="u", group="g", nodes=1, priority=1.0, cap=cap,
-        demand=cap if demand is None else demand, posted_at=0.0,
-        volume=0.0 if remaining is None else remaining, remaining=remaining,
-        released_at=released_at, progress=progress, mean_volume=mean_volume, index=index,
-    )  # fmt: skip
+# B = 10 = b_i at t = 1000 unless a case says otherwise
+view = functools.partial(views.view, capacity=10.0, now=1000.0)
 
 
-def view(*jobs: JobView, now: float = 1000.0, capacity: float = 10.0) -> SystemView:
-    return SystemView(
-        now=now, capacity=capacity, node_bandwidth=capacity, jobs={j.job_id: j for j in jobs}
-    )
+def waiting(remaining: float | None, progress: float) -> dict[str, Any]:
+    """A job's pending operation (V_i; its volume, 0 when unknown) and its progress P_i,
+    as ``job`` keywords."""
+    volume = 0.0 if remaining is None else remaining
+    return {"remaining": remaining, "volume": volume, "progress": progress}
 
 
 def policy(weight: float | None = None) -> DeficitCom:
@@ -69,92 +60,92 @@ def test_registered_with_its_defaults() -> None:
 
 def test_equal_deficits_shortest_transfer_first() -> None:
     # D = 1000 − 900 = 100 for both; keys 50/10 − 20 = −15 and 10/10 − 20 = −19: b first
-    a = job("a", 0, remaining=50.0, progress=900.0)
-    b = job("b", 1, remaining=10.0, progress=900.0)
-    assert policy(0.2).allocate(view(a, b)) == {"a": 0.0, "b": 10.0}
+    a = job("a", 10.0, index=0, **waiting(50.0, 900.0))
+    b = job("b", 10.0, index=1, **waiting(10.0, 900.0))
+    assert allocation(policy(0.2), view(a, b)) == {"a": 0.0, "b": 10.0}
 
 
 def test_a_job_far_behind_goes_before_a_shorter_transfer() -> None:
     # a: V/b = 5, D = 100, key 5 − 0.2·100 = −15; b: V/b = 1, D = 0, key 1: a first,
     # where GreedyCom (shortest transfer) would serve b
-    a = job("a", 0, remaining=50.0, progress=900.0)
-    b = job("b", 1, remaining=10.0, progress=1000.0)
+    a = job("a", 10.0, index=0, **waiting(50.0, 900.0))
+    b = job("b", 10.0, index=1, **waiting(10.0, 1000.0))
     v = view(a, b)
-    assert policy(0.2).allocate(v) == {"a": 10.0, "b": 0.0}
-    assert GreedyCom().allocate(v)["b"] == 10.0
+    assert allocation(policy(0.2), v) == {"a": 10.0, "b": 0.0}
+    assert allocation(GreedyCom(), v)["b"] == 10.0
 
 
 def test_a_small_lag_does_not_outweigh_a_much_shorter_transfer() -> None:
     # a: D = 10, key 5 − 2 = 3; b: D = 0, key 1: b first, where GreedyYield
     # (lowest yield, a's 0.99 < b's 1.0) would serve a
-    a = job("a", 0, remaining=50.0, progress=990.0)
-    b = job("b", 1, remaining=10.0, progress=1000.0)
+    a = job("a", 10.0, index=0, **waiting(50.0, 990.0))
+    b = job("b", 10.0, index=1, **waiting(10.0, 1000.0))
     v = view(a, b)
-    assert policy(0.2).allocate(v) == {"a": 0.0, "b": 10.0}
-    assert GreedyYield().allocate(v)["a"] == 10.0
+    assert allocation(policy(0.2), v) == {"a": 0.0, "b": 10.0}
+    assert allocation(GreedyYield(), v)["a"] == 10.0
     # λ = 1: key a 5 − 10 = −5 < 1: the lag now decides
-    assert policy(1.0).allocate(v) == {"a": 10.0, "b": 0.0}
+    assert allocation(policy(1.0), v) == {"a": 10.0, "b": 0.0}
 
 
 def test_equal_keys_by_index() -> None:
     # a: 5 − 0.2·20 = 1, b: 1 − 0 = 1: a tie, the lower index first
-    a = job("a", 1, remaining=50.0, progress=980.0)
-    b = job("b", 0, remaining=10.0, progress=1000.0)
-    assert policy(0.2).allocate(view(a, b)) == {"a": 0.0, "b": 10.0}
+    a = job("a", 10.0, index=1, **waiting(50.0, 980.0))
+    b = job("b", 10.0, index=0, **waiting(10.0, 1000.0))
+    assert allocation(policy(0.2), view(a, b)) == {"a": 0.0, "b": 10.0}
 
 
 def test_unknown_volume_is_ordered_by_deficit_alone() -> None:
     # u: no volume, no history: V = 0, key −0.2·5 = −1; k: V/b = 0.1, D = 5, key −0.9:
     # u first (a job that never says its volume is not starved behind those that do)
-    u = job("u", 1, remaining=None, progress=995.0)
-    k = job("k", 0, remaining=1.0, progress=995.0)
-    assert policy(0.2).allocate(view(u, k)) == {"u": 10.0, "k": 0.0}
+    u = job("u", 10.0, index=1, **waiting(None, 995.0))
+    k = job("k", 10.0, index=0, **waiting(1.0, 995.0))
+    assert allocation(policy(0.2), view(u, k)) == {"u": 10.0, "k": 0.0}
     # with a history its estimate counts: mean 30, V/b = 3, key 2 > −0.9
-    h = job("u", 1, remaining=None, progress=995.0, mean_volume=30.0)
-    assert policy(0.2).allocate(view(h, k)) == {"u": 0.0, "k": 10.0}
+    h = job("u", 10.0, index=1, **waiting(None, 995.0), mean_volume=30.0)
+    assert allocation(policy(0.2), view(h, k)) == {"u": 0.0, "k": 10.0}
 
 
 def test_the_deficit_counts_from_the_release() -> None:
     # same P, released later: smaller deficit. a: τ = 0, D = 1000 − 600 = 400;
     # b: τ = 300, D = 700 − 600 = 100. Transfers equal: a first
-    a = job("a", 1, remaining=10.0, progress=600.0)
-    b = job("b", 0, remaining=10.0, progress=600.0, released_at=300.0)
-    assert policy(0.2).allocate(view(a, b)) == {"a": 10.0, "b": 0.0}
+    a = job("a", 10.0, index=1, **waiting(10.0, 600.0))
+    b = job("b", 10.0, index=0, **waiting(10.0, 600.0), released_at=300.0)
+    assert allocation(policy(0.2), view(a, b)) == {"a": 10.0, "b": 0.0}
 
 
 def test_greedy_fill_leftover_flows_on_and_no_job_above_its_demand() -> None:
     # B = 10, caps 4: order b (key 1/4·... shortest), c, a; c wants only 3
-    a = job("a", 0, remaining=40.0, progress=1000.0, cap=4.0)
-    b = job("b", 1, remaining=4.0, progress=1000.0, cap=4.0)
-    c = job("c", 2, remaining=8.0, progress=1000.0, cap=4.0, demand=3.0)
-    assert policy(0.2).allocate(view(a, b, c)) == {"b": 4.0, "c": 3.0, "a": 3.0}
+    a = job("a", 4.0, index=0, **waiting(40.0, 1000.0))
+    b = job("b", 4.0, index=1, **waiting(4.0, 1000.0))
+    c = job("c", 4.0, 3.0, index=2, **waiting(8.0, 1000.0))
+    assert allocation(policy(0.2), view(a, b, c)) == {"b": 4.0, "c": 3.0, "a": 3.0}
 
 
-@pytest.mark.parametrize("seed", range(50))
+@pytest.mark.parametrize("seed", seeds(10, 50))
 def test_weight_zero_is_greedy_com(seed: int) -> None:
     # (with every volume known: GreedyCom serves unknown ones last, DeficitCom by deficit)
     v = random_view(seed, known=True)
-    assert policy(0.0).allocate(v) == GreedyCom().allocate(v)
+    assert allocation(policy(0.0), v) == allocation(GreedyCom(), v)
 
 
-@pytest.mark.parametrize("seed", range(50))
+@pytest.mark.parametrize("seed", seeds(10, 50))
 def test_a_large_weight_is_greedy_yield_when_releases_are_equal(seed: int) -> None:
     # τ all 0 and distinct yields: largest deficit first = lowest yield first
     v = random_view(seed, released_at=0.0)
-    assert policy(MAX_WEIGHT).allocate(v) == GreedyYield().allocate(v)
+    assert allocation(policy(MAX_WEIGHT), v) == allocation(GreedyYield(), v)
 
 
-@pytest.mark.parametrize("seed", range(100))
+@pytest.mark.parametrize("seed", seeds(15, 100))
 def test_weight_one_is_the_pairwise_min_max_order(seed: int) -> None:
     # two jobs, b_i = B: the first served delays the other by its V/b. λ = 1 picks the
     # order whose larger deficit, once both are done, is the smaller one
     rng = random.Random(seed)
     jobs = [
-        job(n, i, remaining=rng.uniform(1, 500), progress=rng.uniform(0, 1000))
+        job(n, 10.0, index=i, **waiting(rng.uniform(1, 500), rng.uniform(0, 1000)))
         for i, n in enumerate("ab")
     ]
     v = view(*jobs)
-    first = max(policy(1.0).allocate(v).items(), key=lambda kv: kv[1])[0]
+    first = max(allocation(policy(1.0), v).items(), key=lambda kv: kv[1])[0]
 
     def worst(order: tuple[JobView, JobView]) -> float:
         x, y = order
@@ -185,12 +176,14 @@ def random_view(seed: int, released_at: float | None = None, known: bool = False
         jobs.append(
             job(
                 f"j{i}",
-                i,
-                cap=cap,
+                cap,
+                rng.choice([cap, rng.uniform(0.1, cap)]),
+                index=i,
                 released_at=tau,
-                remaining=rng.choice([rng.uniform(0.1, 100), None if not known else 1.0]),
-                progress=rng.uniform(0, 1000 - tau),
-                demand=rng.choice([cap, rng.uniform(0.1, cap)]),
+                **waiting(
+                    rng.choice([rng.uniform(0.1, 100), None if not known else 1.0]),
+                    rng.uniform(0, 1000 - tau),
+                ),
             )
         )
     return view(*jobs)
@@ -245,11 +238,7 @@ def posted(
     cap: float = 10.0,
 ) -> JobView:
     """A job of S(t) whose operation of ``volume`` was posted at ``at`` after ``work`` s."""
-    return JobView(
-        job_id=job_id, user="u", group="g", nodes=1, priority=1.0, cap=cap, demand=cap,
-        posted_at=at, volume=volume, remaining=volume, released_at=0.0, progress=progress,
-        last_work=work, index=index,
-    )  # fmt: skip
+    return job(job_id, cap, index=index, posted_at=at, **waiting(volume, progress), last_work=work)
 
 
 def protecting(budget: float, weight: float = 0.3) -> DeficitCom:
@@ -259,7 +248,7 @@ def protecting(budget: float, weight: float = 0.3) -> DeficitCom:
 def learn(p: DeficitCom, *rounds: list[JobView], start: float = 0.0) -> None:
     """Shows ``p`` one view per round (now = start, start + 1, …)."""
     for k, jobs in enumerate(rounds):
-        p.allocate(view(*jobs, now=start + k))
+        allocation(p, view(*jobs, now=start + k))
 
 
 def test_a_cheap_job_goes_first_within_the_budget() -> None:
@@ -277,8 +266,8 @@ def test_a_cheap_job_goes_first_within_the_budget() -> None:
     # alone (β = 0) serves d; c is protected and goes first
     c = posted("c", 0, at=1.0, work=99.0, volume=50.0, progress=990.0)
     d = posted("d", 1, at=1.0, work=10.0, volume=10.0, progress=900.0)
-    assert p.allocate(view(c, d)) == {"c": 10.0, "d": 0.0}
-    assert protecting(0.0).allocate(view(c, d)) == {"c": 0.0, "d": 10.0}
+    assert allocation(p, view(c, d)) == {"c": 10.0, "d": 0.0}
+    assert allocation(protecting(0.0), view(c, d)) == {"c": 0.0, "d": 10.0}
 
 
 def test_the_protected_load_is_at_most_the_budget_s_share_of_the_learned_load() -> None:
@@ -315,8 +304,7 @@ def test_a_view_not_observed_here_teaches_nothing() -> None:
     p = protecting(0.5)
     for k, work in enumerate([1.0, 9.0]):
         a = posted("a", 0, at=float(k), work=work, volume=10.0)
-        p.allocate(SystemView(now=float(k), capacity=10.0, node_bandwidth=10.0,
-                              jobs={"a": a}, observed=False))  # fmt: skip
+        allocation(p, view(a, now=float(k), observed=False))
     assert p.fraction("a") is None
 
 
@@ -408,10 +396,10 @@ def test_the_controller_s_job_table_teaches_it_the_fractions() -> None:
     for _ in range(3):
         io(c, "c", mib)
         io(h, "h", 10 * mib)
-        assert p.allocate(table.view(mib, mib)) == {"c": mib, "h": 0.0}
+        assert allocation(p, table.view(mib, mib)) == {"c": mib, "h": 0.0}
         now[0] += 1.0
         table.complete(c, op["c"])
-        p.allocate(table.view(mib, mib))
+        allocation(p, table.view(mib, mib))
         now[0] += 10.0
         table.complete(h, op["h"])
         now[0] += 88.0
@@ -423,5 +411,5 @@ def test_the_controller_s_job_table_teaches_it_the_fractions() -> None:
     io(h, "h", mib)
     now[0] += 1.0
     io(c, "c", mib)
-    assert protecting(0.0).allocate(table.view(mib, mib)) == {"c": 0.0, "h": mib}
-    assert p.allocate(table.view(mib, mib)) == {"c": mib, "h": 0.0}
+    assert allocation(protecting(0.0), table.view(mib, mib)) == {"c": 0.0, "h": mib}
+    assert allocation(p, table.view(mib, mib)) == {"c": mib, "h": 0.0}

@@ -1,4 +1,4 @@
-"""The live policy ``persched`` on views (issue 17): the pattern becomes one Schedule per
+"""The live policy ``persched`` on views: the pattern becomes one Schedule per
 periodic job, the others share the reserve, and a recomputation runs off the decision path."""
 
 from __future__ import annotations
@@ -7,11 +7,13 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from support import views
+from support.views import job
 
-from burstctl.policies import JobView, SystemView, default_registry, job_cap
+from burstctl.policies import SystemView, default_registry, job_cap
 from burstctl.policies.decision import decide
 from burstctl.policies.persched import Platform, validate
-from burstctl.policies.persched_live import GB, PerSchedLive, compute, windows_of
+from burstctl.policies.persched.live import GB, PerSchedLive, compute, windows_of
 from burstctl.policies.view import Periodic
 
 MiB = float(1 << 20)
@@ -21,21 +23,10 @@ B, b = 40 * MiB, 8 * MiB
 def view(
     active: dict[str, int], periodic: dict[str, tuple[int, float, float]], now: float = 10.0
 ) -> SystemView:
-    jobs = {
-        j: JobView(
-            job_id=j,
-            user="u",
-            group="g",
-            nodes=n,
-            priority=1.0,
-            cap=job_cap(n, b, B),
-            demand=job_cap(n, b, B),
-            index=i,
-        )
-        for i, (j, n) in enumerate(active.items())
-    }
+    """Jobs in I/O (id → nodes), the jobs that declared a period (id → (nodes, w, vol_io))."""
+    jobs = [job(j, job_cap(n, b, B), nodes=n, index=i) for i, (j, n) in enumerate(active.items())]
     declared = {j: Periodic(n, w, v) for j, (n, w, v) in periodic.items()}
-    return SystemView(now=now, capacity=B, node_bandwidth=b, jobs=jobs, periodic=declared)
+    return views.view(*jobs, capacity=B, node_bandwidth=b, now=now, periodic=declared)
 
 
 PERIODIC = {"p1": (2, 0.2, 3 * MiB), "p2": (2, 0.3, 4 * MiB), "p3": (1, 0.25, 1 * MiB)}
@@ -76,14 +67,14 @@ def test_periodic_jobs_get_the_patterns_windows_and_the_others_the_reserve() -> 
     result = installed.computed.result
     platform = Platform(B=0.9 * B / GB, b=b / GB)
     assert validate(result.pattern, platform, sys_eff=result.sys_eff) == []
-    for job, schedule in decision.schedules.items():
+    for job_id, schedule in decision.schedules.items():
         assert schedule.origin == v.now
         assert schedule.period == pytest.approx(result.period)
         assert schedule.problem() is None
         # every instance moves at least vol_io (the headroom)
-        n = installed.computed.instances(job)
-        assert schedule.mean_rate() * schedule.period >= n * PERIODIC[job][2]
-        assert decision.rates[job] == pytest.approx(schedule.mean_rate())
+        n = installed.computed.instances(job_id)
+        assert schedule.mean_rate() * schedule.period >= n * PERIODIC[job_id][2]
+        assert decision.rates[job_id] == pytest.approx(schedule.mean_rate())
     assert decision.rates["np"] == pytest.approx(0.1 * B)
     # Σ of the windows' rates at every instant stays within B less the reserve
     for t in [i * result.period / 500 for i in range(500)]:

@@ -10,8 +10,10 @@ from collections import Counter
 from fractions import Fraction
 
 import pytest
+from support import views
+from support.views import allocation, job
 
-from burstctl.policies import JobView, SystemView, UnknownPolicyError, default_registry
+from burstctl.policies import JobView, UnknownPolicyError, default_registry
 from burstctl.policies.statistical_tokens import (
     JOB_LEVELS,
     Segments,
@@ -24,31 +26,12 @@ from burstctl.policies.statistical_tokens import (
 REGISTRY = default_registry()
 
 
-def job(
-    job_id: str,
-    user: str = "u",
-    group: str = "g",
-    nodes: int = 1,
-    demand: float = 1.0,
-    priority: float = 1.0,
-    index: int = 0,
-) -> JobView:
-    return JobView(
-        job_id=job_id,
-        user=user,
-        group=group,
-        nodes=nodes,
-        priority=priority,
-        cap=max(demand, 1.0),
-        demand=demand,
-        index=index,
-    )
+def wants(demand: float) -> dict[str, float]:
+    """A job's demand and its cap b_i (at least 1), as ``job`` keywords."""
+    return {"cap": max(demand, 1.0), "demand": demand}
 
 
-def view(*jobs: JobView, capacity: float = 1.0) -> SystemView:
-    return SystemView(
-        now=0.0, capacity=capacity, node_bandwidth=1.0, jobs={j.job_id: j for j in jobs}
-    )
+view = views.view  # B = 1 unless a case says otherwise
 
 
 def tokens(spec: str) -> StatisticalTokens:
@@ -83,7 +66,7 @@ FIG11_SHARES = {
 
 def fig11(**demand: float) -> list[JobView]:
     return [
-        job(f"J{i}", user=u, group=g, nodes=n, demand=demand.get(f"J{i}", 1.0), index=i)
+        job(f"J{i}", **wants(demand.get(f"J{i}", 1.0)), user=u, group=g, nodes=n, index=i)
         for i, (g, u, n) in enumerate(FIG11_TREE, start=1)
     ]
 
@@ -173,7 +156,7 @@ def test_policies_pickle_by_spec() -> None:
     policy = REGISTRY.create("group-user-size-fair")
     copy = pickle.loads(pickle.dumps(policy))
     assert type(copy) is type(policy)
-    assert copy.allocate(view(*fig11())) == policy.allocate(view(*fig11()))
+    assert allocation(copy, view(*fig11())) == allocation(policy, view(*fig11()))
 
 
 def test_unknown_name_still_lists_the_known_ones() -> None:
@@ -236,7 +219,7 @@ def random_jobs(rng: random.Random) -> list[JobView]:
                 group=f"g{rng.randint(0, 2)}",
                 nodes=rng.choice([1, 2, 3, 8, 64]),
                 priority=rng.choice([0.5, 1.0, 2.0, 7.0]),
-                demand=rng.choice([0.0, 0.0, 1.0, 5.0]),  # a third idle
+                **wants(rng.choice([0.0, 0.0, 1.0, 5.0])),  # a third idle
                 index=rng.randint(0, 3),  # ties broken by id
             )
         )
@@ -265,18 +248,18 @@ def test_tree_shares_equal_the_matrix_product(spec: str) -> None:
         # nobody capped (every demand ≥ B): rates are B × share
         capacity = 3.0
         uncapped = view(*(job_with_demand(j, capacity) for j in jobs), capacity=capacity)
-        rates = policy.allocate(uncapped)
+        rates = allocation(policy, uncapped)
         assert rates == pytest.approx({k: capacity * s for k, s in shares.items()}, rel=1e-12)
 
 
 def job_with_demand(j: JobView, at_least: float) -> JobView:
     if not j.active:
         return j
-    return job(j.job_id, j.user, j.group, j.nodes, at_least, j.priority, j.index)
+    return j._replace(**wants(at_least))
 
 
 def idle(j: JobView) -> JobView:
-    return job(j.job_id, j.user, j.group, j.nodes, 0.0, j.priority, j.index)
+    return j._replace(**wants(0.0))
 
 
 # ---------------------------------------------------------------------------
@@ -286,7 +269,7 @@ def idle(j: JobView) -> JobView:
 def test_figure_3b_user_then_job_fair() -> None:
     for name in ("user-fair", "user>job"):
         assert tokens(name).shares(view(*FIG3)) == approx(FIG3_SHARES)
-        assert tokens(name).allocate(view(*FIG3)) == approx(FIG3_SHARES)  # B = 1, demand 1
+        assert allocation(tokens(name), view(*FIG3)) == approx(FIG3_SHARES)  # B = 1, demand 1
 
 
 def test_figure_11_group_then_user_then_size_fair() -> None:
@@ -295,7 +278,7 @@ def test_figure_11_group_then_user_then_size_fair() -> None:
         assert list(shares) == [f"J{i}" for i in range(1, 9)]  # the figure's order
         assert shares == approx(FIG11_SHARES)
         saturated = fig11(**dict.fromkeys(FIG11_SHARES, 20.7))  # every job could use all B
-        rates = tokens(name).allocate(view(*saturated, capacity=20.7))
+        rates = allocation(tokens(name), view(*saturated, capacity=20.7))
         assert rates == approx({k: 20.7 * s for k, s in FIG11_SHARES.items()})
 
 
@@ -307,7 +290,7 @@ def test_figure_11_group_then_user_then_size_fair() -> None:
         ("job-fair", [job("a", nodes=4), job("b", nodes=1)], {"a": 0.5, "b": 0.5}),
         (
             "user-fair",
-            [job("a1", "A", nodes=2), job("a2", "A", nodes=2), job("b", "B")],
+            [job("a1", user="A", nodes=2), job("a2", user="A", nodes=2), job("b", user="B")],
             {"a1": 0.25, "a2": 0.25, "b": 0.5},
         ),
         (
@@ -323,18 +306,18 @@ def test_figure_11_group_then_user_then_size_fair() -> None:
     ],
 )
 def test_primitive_policies(name: str, jobs: list[JobView], expected: dict[str, float]) -> None:
-    assert tokens(name).allocate(view(*jobs)) == approx(dict(expected))
+    assert allocation(tokens(name), view(*jobs)) == approx(dict(expected))
 
 
 def test_figure_9_user_then_size_fair() -> None:
     # user 1: jobs of 1 and 2 nodes; user 2: 4 and 6 nodes; 20 GB/s → 3.33/6.67, 4/6
     jobs = [
-        job("J1", "U1", nodes=1, demand=20.0),
-        job("J2", "U1", nodes=2, demand=20.0),
-        job("J3", "U2", nodes=4, demand=20.0),
-        job("J4", "U2", nodes=6, demand=20.0),
+        job("J1", **wants(20.0), user="U1", nodes=1),
+        job("J2", **wants(20.0), user="U1", nodes=2),
+        job("J3", **wants(20.0), user="U2", nodes=4),
+        job("J4", **wants(20.0), user="U2", nodes=6),
     ]
-    rates = tokens("user-size-fair").allocate(view(*jobs, capacity=20.0))
+    rates = allocation(tokens("user-size-fair"), view(*jobs, capacity=20.0))
     assert rates == approx({"J1": 10 / 3, "J2": 20 / 3, "J3": 4.0, "J4": 6.0})
 
 
@@ -377,7 +360,7 @@ def test_hierarchical_not_leaf_renormalisation() -> None:
 
 def test_capped_job_hands_back_inside_its_user_first() -> None:
     # J3 can use 0.01 of B = 1: J2 and J4 take U2's rest; the other users keep theirs
-    rates = tokens("group>user>size").allocate(view(*fig11(J3=0.01)))
+    rates = allocation(tokens("group>user>size"), view(*fig11(J3=0.01)))
     rest = (Fraction(1, 6) - Fraction(1, 100)) / 2
     assert rates == approx(dict(FIG11_SHARES, J2=rest, J3=Fraction(1, 100), J4=rest))
     assert sum(rates.values()) == pytest.approx(1.0)
@@ -385,7 +368,7 @@ def test_capped_job_hands_back_inside_its_user_first() -> None:
 
 def test_capped_user_hands_back_inside_its_group_first() -> None:
     # U2's jobs can use 0.01 each: U3 and U4 split G2's rest; G1 keeps 1/2
-    rates = tokens("group>user>size").allocate(view(*fig11(J2=0.01, J3=0.01, J4=0.01)))
+    rates = allocation(tokens("group>user>size"), view(*fig11(J2=0.01, J3=0.01, J4=0.01)))
     per_user = (Fraction(1, 2) - Fraction(3, 100)) / 2
     expected = {
         "J1": Fraction(1, 2),
@@ -402,17 +385,17 @@ def test_capped_user_hands_back_inside_its_group_first() -> None:
 
 def test_capped_group_hands_back_to_the_other_group() -> None:
     small = {f"J{i}": 0.01 for i in range(2, 9)}
-    rates = tokens("group>user>size").allocate(view(*fig11(**small)))
+    rates = allocation(tokens("group>user>size"), view(*fig11(**small)))
     assert rates == approx({"J1": 0.93, **small})
     # and the other way: J1 (all of G1) uses 0.1, G2's users get 0.3 each
-    rates = tokens("group>user>size").allocate(view(*fig11(J1=0.1)))
+    rates = allocation(tokens("group>user>size"), view(*fig11(J1=0.1)))
     g2 = {k: s * Fraction(9, 5) for k, s in FIG11_SHARES.items() if k != "J1"}
     assert rates == approx({"J1": 0.1, **g2})
 
 
 def test_underload_gives_every_job_its_demand() -> None:
     jobs = fig11(**{f"J{i}": 0.05 for i in range(1, 9)})
-    assert tokens("group>user>size").allocate(view(*jobs)) == approx(
+    assert allocation(tokens("group>user>size"), view(*jobs)) == approx(
         {f"J{i}": 0.05 for i in range(1, 9)}
     )
 
@@ -420,8 +403,8 @@ def test_underload_gives_every_job_its_demand() -> None:
 def test_zero_priority_only_takes_what_the_others_leave() -> None:
     policy = tokens("priority")
     assert policy.shares(view(job("a"), job("z", priority=0.0))) == {"a": 1.0, "z": 0.0}
-    assert policy.allocate(view(job("a"), job("z", priority=0.0))) == {"a": 1.0, "z": 0.0}
-    rates = policy.allocate(view(job("a", demand=0.3), job("z", priority=0.0)))
+    assert allocation(policy, view(job("a"), job("z", priority=0.0))) == {"a": 1.0, "z": 0.0}
+    rates = allocation(policy, view(job("a", **wants(0.3)), job("z", priority=0.0)))
     assert rates == approx({"a": 0.3, "z": 0.7})
     assert policy.shares(view(job("y", priority=0.0), job("z", priority=0.0))) == approx(
         {"y": 0.5, "z": 0.5}
@@ -494,14 +477,12 @@ def test_one_level_shortcut_equals_the_tree(level: str, seed: int) -> None:
 
     rng = random.Random(seed)
     jobs = [
-        JobView(
+        job(
             f"j{i}",
-            "u",
-            "g",
-            rng.choice([1, 2, 8]),
-            rng.choice([0.0, 1.0, 3.0, float("inf")]),  # zero or odd priorities scavenge
             100.0,
             rng.choice([0.0, 1.0, rng.uniform(0.0, 100.0), 100.0]),
+            nodes=rng.choice([1, 2, 8]),
+            priority=rng.choice([0.0, 1.0, 3.0, float("inf")]),  # zero or odd scavenge
             index=i,
         )
         for i in range(rng.randint(1, 12))
@@ -511,9 +492,7 @@ def test_one_level_shortcut_equals_the_tree(level: str, seed: int) -> None:
     _fill(_tree((level,), jobs), capacity, tree)
     flat = _flat(level, jobs, capacity)
     assert list(flat.items()) == list(tree.items())
-    view = SystemView(
-        now=0.0, capacity=capacity, node_bandwidth=100.0, jobs={j.job_id: j for j in jobs}
-    )
-    assert default_registry().create(level).allocate(view) == {
-        j: r for j, r in tree.items() if view.jobs[j].demand > 0.0
+    v = view(*jobs, capacity=capacity, node_bandwidth=100.0)
+    assert allocation(default_registry().create(level), v) == {
+        j: r for j, r in tree.items() if v.jobs[j].demand > 0.0
     }

@@ -9,9 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from burstctl.simulator import dpsac
-from burstctl.simulator.dpsac import Params, Simulation, Step, make_scheduler, simulate
-from burstctl.simulator.dpsac_workloads import (
+from burstctl.simulator.dpsac import methods, runs
+from burstctl.simulator.dpsac.methods import make_scheduler
+from burstctl.simulator.dpsac.model import Params, Simulation, Step
+from burstctl.simulator.dpsac.runs import simulate
+from burstctl.simulator.dpsac.workloads import (
     B_PFS,
     JOINERS,
     KINDS,
@@ -81,18 +83,18 @@ def test_tables_3_and_4() -> None:
     assert len(batch) == 7 and sum(a.instances for a in batch) == 13 + 8 + 2 + 2 + 1 + 1
     assert (JOINERS["eap"].period, JOINERS["eap"].instances) == (6 * 5671, 5)
     assert (JOINERS["lap5"].period, JOINERS["silverton"].period) == (3 * 12682, 2 * 15005)
-    work = dpsac.join_workload("silverton", joins=3)
+    work = runs.join_workload("silverton", joins=3)
     assert [t for _, t in work[7:]] == [30010.0, 60020.0, 90030.0]
     assert all(k.instances == 1 for k, _ in work[7:])
 
 
-@pytest.mark.parametrize("method", dpsac.METHODS)
+@pytest.mark.parametrize("method", methods.METHODS)
 @pytest.mark.parametrize("number", [1, 5])
 def test_bytes_are_conserved_and_the_buffer_and_the_pfs_stay_in_bounds(
     method: str, number: int
 ) -> None:
     steps: list[Step] = []
-    r = simulate(dpsac.set_workload(number), method, 3, on_step=steps.append)
+    r = simulate(runs.set_workload(number), method, 3, on_step=steps.append)
     expected = sum(k.instances * k.io_volume for k in set_apps(number))
     assert r.io_total == pytest.approx(expected, rel=1e-12)
     assert r.moved == pytest.approx(expected, rel=1e-9)  # every byte sent once
@@ -108,7 +110,7 @@ def test_bytes_are_conserved_and_the_buffer_and_the_pfs_stay_in_bounds(
 
 def _sim(method: str, number: int, seed: int = 0) -> Simulation:
     sim = Simulation(
-        dpsac.set_workload(number), make_scheduler(method), Params(), random.Random(seed)
+        runs.set_workload(number), make_scheduler(method), Params(), random.Random(seed)
     )
     sim.scheduler.layout(sim)
     return sim
@@ -158,17 +160,17 @@ def test_bios_ignores_the_buffer() -> None:
     assert empty == full
     assert sum(r for _, r in full) > B_PFS  # it grants beyond B whatever the buffer holds
     # and in a run it fills the buffer, which the probabilistic methods avoid
-    assert simulate(dpsac.set_workload(1), "bios", 0).max_level == pytest.approx(S_BUFFER)
-    assert simulate(dpsac.set_workload(1), "mcios", 0).max_level < S_BUFFER
+    assert simulate(runs.set_workload(1), "bios", 0).max_level == pytest.approx(S_BUFFER)
+    assert simulate(runs.set_workload(1), "mcios", 0).max_level < S_BUFFER
 
 
 def test_same_seed_same_result_different_seeds_differ() -> None:
-    work = dpsac.set_workload(2)
-    for method in dpsac.METHODS:
+    work = runs.set_workload(2)
+    for method in methods.METHODS:
         a, b = simulate(work, method, 7), simulate(work, method, 7)
         assert replace(a, sched_seconds=0.0) == replace(b, sched_seconds=0.0)  # CPU time varies
-    runs = [simulate(work, "dpsac", s) for s in range(4)]
-    assert len({(r.sys_eff, r.dilation, r.makespan) for r in runs}) > 1
+    seeded = [simulate(work, "dpsac", s) for s in range(4)]
+    assert len({(r.sys_eff, r.dilation, r.makespan) for r in seeded}) > 1
     # with the releases fixed, only Algorithm 3's draws differ between seeds
     fixed = Params(release_spread=0.0)
     draws = [simulate(work, "dpsac", s, fixed) for s in range(4)]
@@ -189,7 +191,7 @@ def test_ssd_slowdown_model() -> None:
 
 def _absorbed_in_one_step(params: Params, fill: float) -> float:
     steps: list[Step] = []
-    sim = Simulation(dpsac.set_workload(1), make_scheduler("bios"), params, random.Random(0))
+    sim = Simulation(runs.set_workload(1), make_scheduler("bios"), params, random.Random(0))
     sim.on_step = steps.append
     sim.scheduler.layout(sim)
     part = sim.partitions[0]
@@ -213,7 +215,7 @@ def test_the_slowdown_slows_a_filling_buffer() -> None:
 
 
 def test_run_set_summarises_runs() -> None:
-    rows = dpsac.run_set(10, ("mcios", "bios"), runs=3, seed=4)
+    rows = runs.run_set(10, ("mcios", "bios"), runs=3, seed=4)
     assert [(s.label, s.method, s.runs) for s in rows] == [
         ("set 10", "mcios", 3),
         ("set 10", "bios", 3),
@@ -226,7 +228,7 @@ def test_run_set_summarises_runs() -> None:
 
 
 def test_metrics_follow_the_definitions() -> None:
-    sim = Simulation(dpsac.set_workload(9), make_scheduler("bios"), Params(), random.Random(1))
+    sim = Simulation(runs.set_workload(9), make_scheduler("bios"), Params(), random.Random(1))
     sim.run()
     r = sim.result(1)
     n = sum(a.kind.nodes for a in sim.apps)
@@ -242,17 +244,17 @@ def test_metrics_follow_the_definitions() -> None:
 
 
 def test_csv_and_plot(tmp_path: Path) -> None:
-    rows = [s for n in (1, 2) for s in dpsac.run_set(n, dpsac.METHODS, runs=1)]
-    out = dpsac.write_csv(rows, tmp_path / "x.csv")
+    rows = [s for n in (1, 2) for s in runs.run_set(n, methods.METHODS, runs=1)]
+    out = runs.write_csv(rows, tmp_path / "x.csv")
     lines = out.read_text().splitlines()
-    assert lines[0].split(",") == list(dpsac.CSV_FIELDS) and len(lines) == 7
-    png = dpsac.plot_sets(rows, tmp_path / "x.png").read_bytes()
+    assert lines[0].split(",") == list(runs.CSV_FIELDS) and len(lines) == 7
+    png = runs.plot_sets(rows, tmp_path / "x.png").read_bytes()
     assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 5000
 
 
-@pytest.mark.parametrize("updater", dpsac.UPDATERS)
+@pytest.mark.parametrize("updater", methods.UPDATERS)
 def test_join_runs_conserve_bytes_and_repartition_s_and_b(updater: str) -> None:
-    work = dpsac.join_workload("eap", joins=3)
+    work = runs.join_workload("eap", joins=3)
     steps: list[Step] = []
     r = simulate(work, "dpsac", 2, updater=updater, on_step=steps.append)
     expected = sum(k.instances * k.io_volume for k, _ in work)
@@ -266,10 +268,10 @@ def test_join_runs_conserve_bytes_and_repartition_s_and_b(updater: str) -> None:
 
 
 def test_joins_go_through_the_updater() -> None:
-    work = dpsac.join_workload("silverton", joins=2)
+    work = runs.join_workload("silverton", joins=2)
     sim = Simulation(work, make_scheduler("dpsac", "st"), Params(), random.Random(0))
     sched = sim.scheduler
-    assert isinstance(sched, dpsac.Probabilistic)
+    assert isinstance(sched, methods.Probabilistic)
     sim.scheduler.layout(sim)
     assert sched.updater is not None and len(sched.updater) == 7  # Table 3's batch
     joiner = sim.apps[7]

@@ -23,8 +23,8 @@ from burstctl.policies.persched import (
     time_io,
     upper_bound,
 )
-from burstctl.simulator.engine import simulate
-from burstctl.simulator.persched_compare import (
+from burstctl.simulator.bws.runs import simulate
+from burstctl.simulator.persched.compare import (
     ONLINE_STRATEGIES,
     NamedSet,
     build_window,

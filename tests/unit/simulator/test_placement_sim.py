@@ -1,5 +1,5 @@
 """The [DIST-IO] simulator (docs/simulator.md, "[DIST-IO] placement"): the generator's
-bound and invariants, the fluid engine against the paper's unit-step alternation rule,
+bound and invariants, the fluid simulation against the paper's unit-step alternation rule,
 conservation and capacity, ρ ≥ 1, and determinism by seed."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 
 from burstctl.policies.placement.model import io_load
-from burstctl.simulator import placement, placement_report
-from burstctl.simulator.placement import SimApp, simulate
-from burstctl.simulator.placement_workloads import (
+from burstctl.simulator.placement import report, runs
+from burstctl.simulator.placement.runs import SimApp, simulate
+from burstctl.simulator.placement.workloads import (
     C_MAX,
     HORIZON,
     MAX_PHASES,
@@ -90,7 +90,7 @@ def test_mean_io_load_of_pi_1_is_the_target_within_its_standard_error(load: floa
     assert abs(mean - load) <= 3 * se
 
 
-# ---------------------------------------------------------------- the engine
+# ------------------------------------------------------------ the simulation
 
 
 def _unit_step(apps: list[tuple[int, int, int, tuple[int, ...]]], n: int) -> list[int]:
@@ -133,7 +133,7 @@ def _unit_step(apps: list[tuple[int, int, int, tuple[int, ...]]], n: int) -> lis
     return io_time
 
 
-def test_fluid_engine_agrees_with_the_unit_step_alternation_rule() -> None:
+def test_fluid_simulation_agrees_with_the_unit_step_alternation_rule() -> None:
     rng = random.Random(11)
     n = 4
     spec = []
@@ -208,7 +208,7 @@ def test_every_byte_moves_no_resource_exceeds_its_capacity_and_rho_is_at_least_1
             assert m.io_time[j] * a.bandwidth >= m.volume[j] * (1 - 1e-9)
 
 
-def test_engine_refuses_bad_applications() -> None:
+def test_simulate_refuses_bad_applications() -> None:
     with pytest.raises(ValueError, match="distinct"):
         simulate([SimApp(2, 1.0, 1.0, 1.0, (0, 0))], 2)
     with pytest.raises(ValueError, match="outside"):
@@ -219,10 +219,10 @@ def test_engine_refuses_bad_applications() -> None:
 
 
 def test_sets_are_reproducible_by_seed_and_differ_across_seeds() -> None:
-    a, b = placement.make_set(0.6, 7, 3), placement.make_set(0.6, 7, 3)
+    a, b = runs.make_set(0.6, 7, 3), runs.make_set(0.6, 7, 3)
     assert a == b
-    assert placement.make_set(0.6, 8, 3).apps != a.apps
-    assert placement.make_set(0.6, 7, 4).apps != a.apps
+    assert runs.make_set(0.6, 8, 3).apps != a.apps
+    assert runs.make_set(0.6, 7, 4).apps != a.apps
     # I/O-load(π_sys) ≤ I/O-load(π_1) ([DIST-IO] §III-B), and the set's load is π_sys's
     pi_1 = [1] * len(a.apps)
     assert a.load_sys <= io_load(a.apps, pi_1, N_RESOURCES) + 1e-12
@@ -230,13 +230,13 @@ def test_sets_are_reproducible_by_seed_and_differ_across_seeds() -> None:
 
 
 def test_rows_are_reproducible_and_slowdowns_consistent() -> None:
-    pset = placement.make_set(0.5, 1, 0)
-    rows = placement.run_set(pset, placement.ALLOCATOR_NAMES, placement.PLACEMENT_NAMES, 1)
-    again = placement.run_set(pset, placement.ALLOCATOR_NAMES, placement.PLACEMENT_NAMES, 1)
+    pset = runs.make_set(0.5, 1, 0)
+    rows = runs.run_set(pset, runs.ALLOCATOR_NAMES, runs.PLACEMENT_NAMES, 1)
+    again = runs.run_set(pset, runs.ALLOCATOR_NAMES, runs.PLACEMENT_NAMES, 1)
     assert rows == again
     assert len(rows) == 18
     for r in rows:
-        assert set(r) == set(placement.FIELDS)
+        assert set(r) == set(runs.FIELDS)
         assert r["max_slowdown"] >= r["mean_slowdown"] >= 1.0 - 1e-9  # ρ ≥ 1, measured
         assert r["rho_io"] >= 1.0 - 1e-12
         assert r["mean_slowdown"] == pytest.approx(r["rho_io"] + r["rho_con"])
@@ -247,28 +247,26 @@ def test_rows_are_reproducible_and_slowdowns_consistent() -> None:
 
 
 def test_inaccurate_inputs_change_what_the_allocators_see_only() -> None:
-    pset = placement.make_set(0.9, 2, 0)
-    exact = placement.run_one(pset, "tcpu-allocator", "greedy-non-clairvoyant", 2)
-    rough = placement.run_one(pset, "tcpu-allocator", "greedy-non-clairvoyant", 2, True)
+    pset = runs.make_set(0.9, 2, 0)
+    exact = runs.run_one(pset, "tcpu-allocator", "greedy-non-clairvoyant", 2)
+    rough = runs.run_one(pset, "tcpu-allocator", "greedy-non-clairvoyant", 2, True)
     assert rough["inaccurate"] and not exact["inaccurate"]
     assert rough["load"] == exact["load"]  # the set (true b_j) is the same
     assert rough["mean_slowdown"] >= 1.0 - 1e-9
     # GNC and Random ignore b_j: same rows whatever the inputs (by construction, §VI-B)
     for alloc in ("random", "static"):
-        a = placement.run_one(pset, alloc, "greedy-non-clairvoyant", 2)
-        b = placement.run_one(pset, alloc, "greedy-non-clairvoyant", 2, True)
+        a = runs.run_one(pset, alloc, "greedy-non-clairvoyant", 2)
+        b = runs.run_one(pset, alloc, "greedy-non-clairvoyant", 2, True)
         assert {k: v for k, v in a.items() if k != "inaccurate"} == {
             k: v for k, v in b.items() if k != "inaccurate"
         }
 
 
 def test_sweep_rows_are_the_same_whatever_the_worker_count() -> None:
-    one = placement.sweep([0.2, 0.4], sets=2, seed=3, workers=1)
-    two = placement.sweep([0.2, 0.4], sets=2, seed=3, workers=2)
+    one = runs.sweep([0.2, 0.4], sets=2, seed=3, workers=1)
+    two = runs.sweep([0.2, 0.4], sets=2, seed=3, workers=2)
     assert one == two
-    per_set = len(placement.ALLOCATOR_NAMES) * len(placement.PLACEMENT_NAMES) + len(
-        placement.ROBUSTNESS
-    )
+    per_set = len(runs.ALLOCATOR_NAMES) * len(runs.PLACEMENT_NAMES) + len(runs.ROBUSTNESS)
     assert len(one) == 4 * per_set
     assert [(r["target"], r["set"]) for r in one[::per_set]] == [
         (0.2, 0),
@@ -279,21 +277,21 @@ def test_sweep_rows_are_the_same_whatever_the_worker_count() -> None:
 
 
 def test_csv_round_trip_and_readings(tmp_path: Path) -> None:
-    rows = placement.sweep([0.3], sets=3, seed=0)
-    path = placement.write_csv(rows, tmp_path / "p.csv")
-    back = placement.read_csv(path)
+    rows = runs.sweep([0.3], sets=3, seed=0)
+    path = runs.write_csv(rows, tmp_path / "p.csv")
+    back = runs.read_csv(path)
     assert len(back) == len(rows)
     for a, b in zip(rows, back, strict=True):
-        for key in placement.FIELDS:
+        for key in runs.FIELDS:
             assert (
                 b[key] == pytest.approx(a[key]) if isinstance(a[key], float) else b[key] == a[key]
             )
-    text = "\n".join(placement_report.readings(back))
+    text = "\n".join(report.readings(back))
     assert "I/O-spread: GC < GNC < Random" in text and "3 sets" in text
 
 
 def test_linear_fit_and_ci() -> None:
-    slope, icpt, r2 = placement_report.linear_fit([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 7.0])
+    slope, icpt, r2 = report.linear_fit([0.0, 1.0, 2.0, 3.0], [1.0, 3.0, 5.0, 7.0])
     assert (slope, icpt, r2) == pytest.approx((2.0, 1.0, 1.0))
-    mean, half = placement_report.ci95([1.0, 2.0, 3.0, 4.0])
+    mean, half = report.ci95([1.0, 2.0, 3.0, 4.0])
     assert mean == 2.5 and half == pytest.approx(1.96 * statistics.stdev([1, 2, 3, 4]) / 2)

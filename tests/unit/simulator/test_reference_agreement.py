@@ -17,9 +17,9 @@ import random
 import pytest
 from reference import next_ev_lexmin, simu
 
-from burstctl.simulator.engine import create_policy, simulate
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.bws.runs import create_policy, simulate
 
 # reference heuristic → our policy (Set10Learn is our set-10, which learns ω online)
 POLICIES = {

@@ -1,10 +1,11 @@
-"""The engine's fast paths keep the reference's arithmetic bit for bit.
+"""The fluid loop's fast paths keep the reference's arithmetic bit for bit.
 
-The engine moves only what can change at each step (served I/O applications,
+The loop moves only what can change at each step (served I/O applications,
 work phases in closed form, the reference's per-step update otherwise), so these tests pin
 it to the literal, step-by-step oracle ``tests/reference/simu.py`` with *exact*
 equality where the two do the same float operations, and check the arithmetic
-claims of ``_closed_form_is_exact`` directly.
+claims of ``_closed_form_is_exact`` directly. And the views it decides on are what a
+policy expects, read as columns or as ``JobView`` rows.
 """
 
 from __future__ import annotations
@@ -18,20 +19,13 @@ from reference import simu
 from test_reference_agreement import POLICIES, heterogeneous
 
 from burstctl.policies import JobId, SystemView
-from burstctl.policies.base import ArrayAllocator, Policy
-from burstctl.policies.fair_share import FairShare
-from burstctl.policies.greedy import GreedyYield, PeriodicGreedyYield, PeriodicParams
-from burstctl.policies.registry import default_registry
-from burstctl.simulator.engine import (
-    SimResult,
-    _array_path,
-    _closed_form_is_exact,
-    _next_power_of_two,
-    create_policy,
-    simulate,
-)
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import Window, format_instance, parse_instance, prepare_window
+from burstctl.policies.base import Policy
+from burstctl.policies.greedy import GreedyYield
+from burstctl.policies.view import RowRates
+from burstctl.simulator.bws.fluid import _closed_form_is_exact, _next_power_of_two
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.bws.runs import SimResult, simulate
 
 # Set10Learn's running mean of ω is summed in another order by the oracle, so its
 # metrics agree to ~1e-15 only (test_reference_agreement covers it).
@@ -55,7 +49,7 @@ def test_synthetic_runs_match_the_step_by_step_oracle_exactly(heuristic: str, se
         )
         assert ours.events == ref.events
         assert ours.min_yield == ref.min_yield  # same floats, not merely close
-        # the oracle sums Σ b·P plainly, the engine with fsum
+        # the oracle sums Σ b·P plainly, the loop with fsum
         assert ours.efficiency == pytest.approx(ref.efficiency, rel=1e-14, abs=1e-15)
 
 
@@ -78,7 +72,7 @@ def test_heterogeneous_runs_match_the_step_by_step_oracle_exactly(heuristic: str
 
 
 def _steps(rng: random.Random, start: float, end: float) -> list[float]:
-    """Increasing event times in (start, end], ending at end, as the engine takes them."""
+    """Increasing event times in (start, end], ending at end, as the loop takes them."""
     times = sorted(rng.uniform(start, end) for _ in range(rng.randint(0, 40)))
     return [*times, end]
 
@@ -125,65 +119,39 @@ def test_closed_form_test_rejects_what_it_cannot_prove() -> None:
 
 
 class _Checking(GreedyYield):
-    """GreedyYield through its views, checking each view the engine builds."""
+    """GreedyYield, checking each view the loop builds."""
 
     name = "checking"
 
-    def array_allocator(self) -> ArrayAllocator | None:
-        return None
-
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
+    def allocate(self, view: SystemView) -> RowRates:
         assert view.observed and view.horizon is not None
-        # the engine lists A in index order, every job active: the stable order
+        # the loop lists A in index order, every job active: the stable order
         assert view.active_jobs() == list(view.jobs.values())
+        assert list(view.active) == list(view.rows) == [j.index for j in view.active_jobs()]
         return super().allocate(view)
 
 
-def test_the_engines_views_are_what_the_policies_expect() -> None:
-    text = heterogeneous(3, m=8)
-    win = prepare_window(parse_instance(text), window=0.6, bandwidth=4.0)
-    assert simulate(win, _Checking()).events == simulate(win, "greedy-yield").events
+class _ByRows(Policy):
+    """GreedyYield written over the ``JobView`` rows, as a policy that reads objects is:
+    the rows the loop builds from its columns must give it GreedyYield's decisions."""
+
+    name = "by-rows"
+
+    def allocate(self, view: SystemView) -> dict[JobId, float]:
+        order = sorted(view.active_jobs(), key=lambda j: (j.yield_at(view.now), j.index))
+        rates, left = {}, view.capacity
+        for job in order:
+            if not left > 0.0:
+                break
+            rates[job.job_id] = give = min(job.demand, left)
+            left -= give
+        return rates
 
 
-class _ViewsOnly(GreedyYield):
-    """GreedyYield that declares no array entry point: decided through its views."""
-
-    name = "views-only"
-
-    def array_allocator(self) -> ArrayAllocator | None:
-        return None
-
-
-class _CountingArrays(GreedyYield):
-    """GreedyYield that counts the decisions taken through its array entry point."""
-
-    name = "counting-arrays"
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.calls = 0
-
-    def array_allocator(self) -> ArrayAllocator | None:
-        return self._counted
-
-    def _counted(self, *arrays: Any) -> list[tuple[int, float]]:
-        self.calls += 1
-        return self.allocate_arrays(*arrays)
-
-
-def test_the_array_path_is_taken_where_the_policy_declares_it() -> None:
-    assert _array_path(GreedyYield()) is not None
-    assert _array_path(_CountingArrays()) is not None
-    assert _array_path(_ViewsOnly()) is None
-    assert _array_path(PeriodicGreedyYield()) is not None  # a fixed period, δ
-    assert _array_path(FairShare()) is not None
-    assert _array_path(None) is None
-
-
-def _same_run(fast: SimResult, plain: SimResult) -> None:
+def _same_run(one: SimResult, other: SimResult) -> None:
     """Every metric equal, not merely close (the wall time aside)."""
-    ours = fast.as_dict() | {"policy": None, "wall_seconds": None}
-    assert ours == plain.as_dict() | {"policy": None, "wall_seconds": None}
+    ours = one.as_dict() | {"policy": None, "wall_seconds": None}
+    assert ours == other.as_dict() | {"policy": None, "wall_seconds": None}
 
 
 def _windows() -> list[Any]:
@@ -200,78 +168,9 @@ def _windows() -> list[Any]:
 
 
 @pytest.mark.parametrize("windows", ["v1", "v2"])
-def test_the_array_path_gives_the_views_results(windows: Literal["v1", "v2"]) -> None:
+def test_the_loops_views_are_what_the_policies_expect(windows: Literal["v1", "v2"]) -> None:
     for window in _windows():
-        counting = _CountingArrays()
-        fast = simulate(window, counting, windows=windows)
-        plain = simulate(window, _ViewsOnly(), windows=windows)
-        _same_run(fast, plain)
-        _same_run(simulate(window, "greedy-yield", windows=windows), plain)
-        assert counting.calls > 0  # the fast path was taken
-        if windows == "v1":
-            assert counting.calls == fast.events
-
-
-ARRAY_POLICIES = [
-    name for name in default_registry().names() if _array_path(default_registry().create(name))
-]
-
-
-def _without_arrays(name: str, window: Window) -> Policy:
-    """The registry's ``name`` as ``simulate`` creates it for ``window``, deciding
-    through its views."""
-    policy = create_policy(name, window)
-    policy.array_allocator = lambda: None  # type: ignore[method-assign]
-    return policy
-
-
-def test_the_strategies_of_the_paper_take_the_array_path() -> None:
-    expected = {"fcfs", "fair-share", "greedy-yield", "greedy-com", "look-ahead-greedy-yield"}
-    assert expected | {"periodic-greedy-yield", "set-10"} <= set(ARRAY_POLICIES)
-
-
-@pytest.mark.parametrize("name", ARRAY_POLICIES)
-@pytest.mark.parametrize("windows", ["v1", "v2"])
-def test_every_array_path_gives_its_views_results(name: str, windows: Literal["v1", "v2"]) -> None:
-    for window in _windows():
-        fast = simulate(window, name, windows=windows)
-        plain = simulate(window, _without_arrays(name, window), windows=windows)
-        assert fast.policy == plain.policy
-        _same_run(fast, plain)
-
-
-def test_an_inherited_array_path_is_not_taken_past_a_changed_decision() -> None:
-    class Ticking(FairShare):
-        name = "ticking"
-
-        def period(self, view: SystemView) -> float | None:
-            return 0.25
-
-    class Halved(FairShare):
-        name = "halved"
-
-        def allocate(self, view: SystemView) -> dict[JobId, float]:
-            return {j: r / 2 for j, r in super().allocate(view).items()}
-
-    assert _array_path(FairShare()) is not None
-    assert _array_path(Ticking()) is None
-
-    class Slower(PeriodicGreedyYield):
-        name = "slower"
-
-        def period(self, view: SystemView) -> float:
-            return 2 * self.params.delta
-
-    assert _array_path(Slower()) is None
-    periodic = _array_path(PeriodicGreedyYield(PeriodicParams(delta=2.5)))
-    assert periodic is not None and periodic[1] == 2.5
-    assert _array_path(Halved()) is None
-
-
-def test_set_10_with_known_omega_gives_its_views_results() -> None:
-    for window in _windows():
-        fast = simulate(window, create_policy("set-10", window, known_omega=True))
-        plain_policy = create_policy("set-10", window, known_omega=True)
-        plain_policy.array_allocator = lambda: None  # type: ignore[method-assign]
-        assert _array_path(plain_policy) is None
-        _same_run(fast, simulate(window, plain_policy))
+        expected = simulate(window, "greedy-yield", windows=windows)
+        _same_run(simulate(window, _Checking(), windows=windows), expected)
+        # the JobView rows the loop builds from its columns, read as objects
+        _same_run(simulate(window, _ByRows(), windows=windows), expected)

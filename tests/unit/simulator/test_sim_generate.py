@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import format_instance, parse_instance, prepare_window
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import format_instance, parse_instance, prepare_window
 
 
 def test_same_seed_same_instance() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from burstctl.simulator.instance import (
+from burstctl.simulator.bws.instance import (
     Application,
     InstanceError,
     Phase,

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from burstctl.simulator.plots import boxplots
+from burstctl.simulator.bws.plots import boxplots
 
 ROWS = [
     {"pressure_goal": w, "policy": p, "min_yield": y, "efficiency": y, "error": ""}

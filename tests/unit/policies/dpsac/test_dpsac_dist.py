@@ -7,6 +7,7 @@ import random
 
 import numpy as np
 import pytest
+from support.sweep import seeds
 
 from burstctl.policies.dpsac.dist import LoadDistribution, to_units
 
@@ -33,7 +34,7 @@ def random_apps(rng: random.Random, n: int) -> list[tuple[int, float]]:
     return apps
 
 
-@pytest.mark.parametrize("seed", range(60))
+@pytest.mark.parametrize("seed", seeds(15, 60))
 def test_dist_equals_enumeration_and_tail(seed: int) -> None:
     rng = random.Random(seed)
     apps = random_apps(rng, rng.randint(0, 10))
@@ -49,7 +50,7 @@ def test_dist_equals_enumeration_and_tail(seed: int) -> None:
     assert dist.tail(0.5) == pytest.approx(float(expected[1:].sum()), abs=1e-12)
 
 
-@pytest.mark.parametrize("seed", range(40))
+@pytest.mark.parametrize("seed", seeds(10, 40))
 def test_remove_undoes_add_in_every_order(seed: int) -> None:
     rng = random.Random(1000 + seed)
     apps = random_apps(rng, rng.randint(1, 6 if seed % 2 else 10))

@@ -14,16 +14,11 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
+from burstctl.simulator.bws.fluid import SimulationError
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import prepare_window
+from burstctl.simulator.bws.runs import SimResult, Windows, create_policy, simulate
 from burstctl.simulator.campaign import Cluster, Format, Row, RowFile, run_campaign
-from burstctl.simulator.engine import (
-    SimResult,
-    SimulationError,
-    Windows,
-    create_policy,
-    simulate,
-)
-from burstctl.simulator.generate import GeneratorParams, generate
-from burstctl.simulator.instance import prepare_window
 
 
 @dataclass(frozen=True, slots=True)

@@ -182,7 +182,8 @@ class DpsacPolicy(Policy):
             delta = self.params.time_unit
             models = {j.job_id: job_model(j, view.periodic.get(j.job_id), delta) for j in active}
             order = self._order(self._efficiencies(view, active, models))
-            return greedy_fill([by_id[e.app_id] for e in order], view.capacity)
+            demand = {j: job.demand for j, job in by_id.items()}
+            return dict(greedy_fill([e.app_id for e in order], demand, view.capacity))
         self._sync(view)
         assert self._updater is not None and isinstance(self.params, DpsacParams)
         delta = self.params.time_unit

@@ -28,8 +28,8 @@ from burstctl.policies.base import Offload, Policy, PolicyParams
 from burstctl.policies.persched.algorithm import MIN_TIME_IO, PerSchedResult, persched
 from burstctl.policies.persched.model import App, Platform, time_io
 from burstctl.policies.schedule import Schedule, Window
-from burstctl.policies.sharing import water_fill
-from burstctl.policies.view import JobId, SystemView
+from burstctl.policies.sharing import water_levels
+from burstctl.policies.view import JobId, RowRates, SystemView
 
 GB = 1e9  # PERSCHED's model counts in GB and GB/s; the controller in bytes and bytes/s
 
@@ -214,31 +214,33 @@ class PerSchedLive(Policy):
         return self.installed if key is not None else None
 
     # -- the decision -------------------------------------------------------------------
-    def allocate(self, view: SystemView) -> dict[JobId, float]:
+    def allocate(self, view: SystemView) -> RowRates:
         installed = self._current(view)
-        demand = {j: v.demand for j, v in view.jobs.items() if v.demand > 0.0}
-        weights = {j: view.jobs[j].cap for j in demand}
+        columns = view.columns
+        demand = columns.demand
+        cap = columns.cap
+        # FairShare's water-filling (weights b_i), sums and ties in the stable order
         if not view.periodic:
-            return water_fill(demand, weights, view.capacity)
+            return water_levels(view.active, demand, cap, view.capacity)
         assert isinstance(self.params, PerSchedParams)
-        rates: dict[JobId, float] = {}
-        shared: dict[JobId, float] = {}
-        for job_id, want in demand.items():
-            schedule = installed.schedules.get(job_id) if installed is not None else None
+        ids = columns.job_id
+        rates: RowRates = []
+        shared = []
+        for r in view.active:
+            schedule = installed.schedules.get(ids[r]) if installed is not None else None
             if schedule is not None:
-                rates[job_id] = schedule.mean_rate()
+                rates.append((r, schedule.mean_rate()))
             else:
-                shared[job_id] = want
-        rates.update(water_fill(shared, weights, view.capacity * self.params.reserve))
+                shared.append(r)
+        rates.extend(water_levels(shared, demand, cap, view.capacity * self.params.reserve))
         return rates
 
     def schedules(self, view: SystemView) -> Mapping[JobId, Schedule]:
         installed = self.installed if view.periodic else None
         if installed is None:
             return {}
-        return {
-            j: s for j, s in installed.schedules.items() if j in view.jobs and view.jobs[j].active
-        }
+        jobs = view.jobs
+        return {j: s for j, s in installed.schedules.items() if j in jobs and jobs[j].active}
 
 
 def _key(view: SystemView) -> Key | None:

@@ -24,7 +24,7 @@ import math
 import random
 from dataclasses import dataclass
 
-from burstctl.simulator.instance import WORK_FIRST, Application
+from burstctl.simulator.bws.instance import WORK_FIRST, Application
 
 APPLICATIONS = 60  # m
 MEDIUM = 20

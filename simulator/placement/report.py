@@ -1,6 +1,7 @@
 """Figures and readings of a ``burstctl sim placement-sweep`` (docs/simulator.md,
 "[DIST-IO] placement"): the paper's figure types as PNGs and, for each ordering the
-issue asks about, the paired differences over sets with 95 % confidence intervals.
+paper claims (GC < GNC < Random in I/O-spread, the slowdowns, BestBdw at low load), the
+paired differences over sets with 95 % confidence intervals.
 
 Sets are grouped by I/O-load(π_sys) (the paper's x axis) in bins of ``BIN`` wide.
 "Low load" is I/O-load(π_sys) < ``LOW``, "high load" ≥ ``HIGH``. matplotlib (extra
@@ -101,7 +102,7 @@ def _fmt(label: str, res: tuple[float, float, int, float], unit: str = "") -> st
 
 
 def readings(rows: Sequence[Row]) -> list[str]:
-    """Markdown lines, one block per ordering of the issue (module docstring)."""
+    """Markdown lines, one block per ordering the paper claims (module docstring)."""
     acc = [r for r in rows if not r["inaccurate"]]
     allocs = list(dict.fromkeys(r["allocator"] for r in acc))
     n_sets = len({_key(r) for r in acc})

@@ -5,7 +5,7 @@ choices the paper leaves open are in docs/simulator.md, "[DIST-IO] placement". T
 allocators, placements, metrics and profiles are those of ``burstctl.policies.placement``;
 this module only generates sets (``placement_workloads``), runs them and measures.
 
-The engine is an exact fluid one, event to event. Application j alternates a compute
+The run is an exact fluid simulation, event to event. Application j alternates a compute
 subphase (T_cpu/p_j) and an I/O subphase (V_io/p_j) made of n_j independent transfers of
 V_io/(p_j·n_j), one on each of its n_j distinct resources, each at b_j(n_j)/n_j when
 alone; the subphase ends when the last of its transfers ends ([DIST-IO] §III, Fig. 4).
@@ -36,20 +36,21 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from burstctl.common.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
 from burstctl.policies.placement import metrics
 from burstctl.policies.placement.allocators import allocate
 from burstctl.policies.placement.model import App, Profile, io_load, n_sys
 from burstctl.policies.placement.placements import place
 from burstctl.policies.placement.profiles import class_curve, random_profile
 from burstctl.simulator.campaign import Cluster, Format, RowFile, run_campaign
-from burstctl.simulator.placement_workloads import N_RESOURCES, Q_CPU, generate
+from burstctl.simulator.placement.workloads import N_RESOURCES, Q_CPU, generate
 
 _REL = 1e-9  # a transfer with less than this fraction of its volume left is over
 
 
 @dataclass(frozen=True, slots=True)
 class SimApp:
-    """One application as the engine runs it."""
+    """One application as ``simulate`` runs it."""
 
     phases: int  # p_j ≥ 1
     t_cpu: float  # T_cpu^j, all phases, s
@@ -60,7 +61,7 @@ class SimApp:
 
 @dataclass(frozen=True, slots=True)
 class Measured:
-    """What the engine measured over the window [0, t]."""
+    """What ``simulate`` measured over the window [0, t]."""
 
     t: float
     io_time: tuple[float, ...]  # T_j
@@ -181,8 +182,6 @@ def simulate(apps: Sequence[SimApp], n_resources: int, audit: Audit | None = Non
 
 # ------------------------------------------------------------------ sets, runs, rows
 
-ALLOCATOR_NAMES = ("random", "static", "best-bdw", "nsys-allocator", "tcpu-allocator", "mckp")
-PLACEMENT_NAMES = ("random", "greedy-non-clairvoyant", "greedy-clairvoyant")
 # the combinations [DIST-IO] §VI-B runs with profile-class (inaccurate) inputs
 ROBUSTNESS = (
     ("tcpu-allocator", "greedy-non-clairvoyant"),
@@ -430,7 +429,7 @@ def table(rows: Sequence[dict[str, Any]]) -> list[str]:
 
 
 def measure(apps: Sequence[App], counts: Sequence[int], m: Measured) -> dict[str, float]:
-    """The metrics of [DIST-IO] §III-C (``policies.placement.metrics``) from what the engine
+    """The metrics of [DIST-IO] §III-C (``policies.placement.metrics``) from what ``simulate``
     measured, against the true b_j: Mean- and Max-I/O-SlowDown, the mean over applications
     of ρ_j^io and ρ_j^con, I/O-spread of the resources' occupancy, Machine-IdleTime."""
     slow = []

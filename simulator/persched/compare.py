@@ -3,11 +3,11 @@
 Owns ``burstctl sim persched-compare``: for a PerSched set ([PERSCHED] §2: apps
 ``(w, vol_io, β)``, platform ``(b, B)``) it computes PERSCHED's pattern and runs each
 of the eight online strategies of the bandwidth-sharing paper ([BWS] §4) in the
-existing fluid simulator (``engine.py``) on the equivalent instance, and reports the
+bandwidth-sharing simulator (``simulator/bws``) on the equivalent instance, and reports the
 same two metrics for all of them: SysEff and Dilation ([PERSCHED] eqs. (1), (2)).
 
 The equivalent instance. Application k becomes one instance line with bandwidth
-``β·b`` (GB/s; the engine clips it to B), work-first phases ``w, vol_io, w, vol_io,
+``β·b`` (GB/s; the simulator clips it to B), work-first phases ``w, vol_io, w, vol_io,
 …``, and enough iterations to run solo past the horizon H; the window is cut at H
 exactly, and B normalises volumes and caps (``prepare_window(…, bandwidth=B)``).
 So an I/O phase alone takes ``vol_io / min(β·b, B) = time_io`` and the model is the
@@ -50,15 +50,16 @@ from burstctl.policies.persched import (
     time_io,
 )
 from burstctl.policies.persched.synthetic import MACHINES, synthetic_set
-from burstctl.simulator.campaign import Cluster, Row, RowFile, map_cases, run_campaign
-from burstctl.simulator.engine import SimulationError, _Run, create_policy
-from burstctl.simulator.instance import (
+from burstctl.simulator.bws.fluid import Run, SimulationError
+from burstctl.simulator.bws.instance import (
     WORK_FIRST,
     Application,
     Window,
     prepare_window,
     solo_duration,
 )
+from burstctl.simulator.bws.runs import create_policy
+from burstctl.simulator.campaign import Cluster, Row, RowFile, map_cases, run_campaign
 
 # The eight online strategies of [BWS] (§4.1–§4.3), by their registry names.
 ONLINE_STRATEGIES: tuple[str, ...] = (
@@ -266,7 +267,7 @@ def run_online(app_set: AppSet, window: Window, strategy: str) -> OnlineResult:
     apps, platform = app_set.apps, app_set.platform
     policy = create_policy(strategy, window)
     started = time.perf_counter()
-    run = _Run(window, policy, None, 0)
+    run = Run(window, policy, None, 0)
     run.loop()
     wall = time.perf_counter() - started
     H = window.horizon
@@ -274,7 +275,7 @@ def run_online(app_set: AppSet, window: Window, strategy: str) -> OnlineResult:
     fractions = [run._progress_now(i) / H for i in range(len(apps))]  # P(H)/H ≤ 1
     rho_tilde = tuple(r * f for r, f in zip(rhos, fractions, strict=True))
     # work-first: an iteration is complete when its I/O phase is
-    iterations = tuple(run.io_count)
+    iterations = tuple(run.io_completed())
     return OnlineResult(
         strategy=policy.name,
         sys_eff=_sys_eff(apps, rho_tilde, platform),

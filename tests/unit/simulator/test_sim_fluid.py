@@ -2,7 +2,7 @@
 ([BWS] eqs. (8)–(10)).
 
 Hand-computed instances with FCFS and FairShare, the paper's Example 2 ([BWS] §5, Figure 1)
-for every strategy that is registered, and the engine's guards.
+for every strategy that is registered, and the loop's guards.
 """
 
 from __future__ import annotations
@@ -14,24 +14,17 @@ import pytest
 
 from burstctl.policies import JobId, Policy, SystemView, default_registry
 from burstctl.policies.fair_share import FairShare
-from burstctl.policies.view import JobView
-from burstctl.simulator.engine import (
-    JOB_VIEW_FIELDS,
-    SimulationError,
-    create_policy,
-    simulate,
-)
-from burstctl.simulator.instance import Window, parse_instance, prepare_window
+from burstctl.policies.view import Columns
+from burstctl.simulator.bws.fluid import SimulationError, _MeanVolume
+from burstctl.simulator.bws.generate import GeneratorParams, generate
+from burstctl.simulator.bws.instance import Window, parse_instance, prepare_window
+from burstctl.simulator.bws.runs import create_policy, simulate
 
 REGISTERED = set(default_registry().names())
 
 
 def window(text: str, **kwargs: float) -> Window:
     return prepare_window(parse_instance(text), **kwargs)
-
-
-def test_job_view_field_order_is_what_the_engine_passes() -> None:
-    assert tuple(f.name for f in dataclasses.fields(JobView)) == JOB_VIEW_FIELDS
 
 
 # ---------------------------------------------------------------------------
@@ -206,3 +199,46 @@ def test_an_application_that_runs_out_of_phases_before_t_computes_until_t() -> N
     r = simulate(win, "greedy-com")
     assert r.horizon == 2.0
     assert r.min_yield == pytest.approx(1.0)  # a: 1 of work, 1 − 1e-9 of I/O at full speed
+
+
+class _Checking(FairShare):
+    """Fair share that reads its jobs as ``JobView`` rows, twice per decision, and checks
+    each against the row built afresh from the columns (the run keeps built rows)."""
+
+    name = "checking"
+    checked = 0
+
+    def allocate(self, view: SystemView) -> Mapping[JobId, float]:
+        columns = view.columns
+        for job in (*view.active_jobs(), *view.jobs.values()):
+            assert job == Columns.job(columns, job.index)
+            self.checked += 1
+        return super().allocate(view)
+
+
+def test_the_jobview_rows_a_policy_reads_are_those_of_the_columns_now() -> None:
+    """Rows built once are kept until the application is served or a phase ends;
+    one kept past a change would differ from the columns. The mean past volume is
+    the mean of the completed I/O phases."""
+    win = prepare_window(generate(GeneratorParams(pressure=1.1), 3), window=0.02)
+    policy = _Checking()
+    ours = simulate(win, policy)
+    theirs = simulate(win, "fair-share")
+    assert (ours.min_yield, ours.efficiency, ours.utilization, ours.events) == (
+        theirs.min_yield,
+        theirs.efficiency,
+        theirs.utilization,
+        theirs.events,
+    )
+    assert policy.checked > 1000
+
+
+def test_the_mean_past_volume_is_that_of_the_completed_io_phases() -> None:
+    # a: I/O first (1, 2, 4 at phases 0, 2, 4); b: work first (1, 3 at phases 1, 3)
+    phase = [0, 0]
+    mean = _MeanVolume([[1.0, 5.0, 2.0, 5.0, 4.0], [5.0, 1.0, 5.0, 3.0]], phase, [True, False])
+    seen = []
+    for k in range(5):
+        phase[:] = [k, k]
+        seen.append((mean[0], mean[1]))
+    assert seen == [(0.0, 0.0), (1.0, 0.0), (1.0, 1.0), (1.5, 1.0), (1.5, 2.0)]

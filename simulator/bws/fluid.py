@@ -1,14 +1,15 @@
-"""The fluid discrete-event loop: runs one policy on one prepared window.
+"""The fluid event loop of the bandwidth-sharing simulator: one policy on one window.
 
 Owns the event loop of the authors' reference simulator ([BWS-SIM], its main
-loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10). Between two
+loop and the v2 windows) and the metrics at T ([BWS] eqs. 8–10); ``runs`` is
+its entry point (``simulate``). Between two
 decisions every rate is constant, so the next event is the first phase
 completion, the policy's own period (PeriodicGreedyYield's δ) or T. At each
-decision the engine builds a ``SystemView`` of the applications in I/O and takes
-the controller's decision path, ``policies.decision.decide``, with the very
-policy objects the controller uses; it never imports the controller. A policy
-that declares an array entry point (``Policy.array_allocator``, GreedyYield)
-decides without the views, with the same rates (the conformance suite checks it).
+decision the loop takes a ``SystemView`` of the applications in I/O over its own
+lists (``SystemView.of_columns``: the columns are the per-application state
+below, read in place) and the controller's decision path,
+``policies.decision.decide``, with the very policy objects the controller uses;
+it never imports the controller.
 
 Units are normalised: B = 1, b_i = min(bw, B)/B, I/O volumes are volume/B and
 a phase's full-speed duration is volume/b_i. Progress P grows at rate 1 in
@@ -18,18 +19,17 @@ work and β/b_i in I/O (eq. 6's numerator).
 from __future__ import annotations
 
 import math
-import time
 from bisect import insort
-from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
+from itertools import accumulate
 from math import ulp
-from typing import Any, Literal
+from typing import Any
 
-from burstctl.policies.base import ArrayAllocator, ArrayView, Policy
-from burstctl.policies.decision import decide
-from burstctl.policies.registry import PolicyRegistry, default_registry
-from burstctl.policies.view import JobView, SystemView
-from burstctl.simulator.instance import Window
+from burstctl.policies.base import Policy
+from burstctl.policies.decision import Fixes, decide
+from burstctl.policies.view import Columns, JobView, SystemView
+from burstctl.simulator.bws.instance import Window
 
 # Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
 EPS = 1e-10  # ε: rate tolerance, loop end
@@ -38,56 +38,11 @@ DONE = 1e-7  # a phase with q < 1e-7 completes; q < −1e-7 is an error
 MAX_REPEATS = 10  # decisions allowed at one instant before giving up
 END_TOLERANCE = 1e-8
 
-SWITCH_POLICY = "fair-share"  # v2 runs FairShare on [0, T/2) (simulate's v2 switch)
-SIM_USER = "sim"
-# The order _job_view passes JobView's fields in (a unit test pins it).
-JOB_VIEW_FIELDS = (
-    "job_id",
-    "user",
-    "group",
-    "nodes",
-    "priority",
-    "cap",
-    "demand",
-    "posted_at",
-    "volume",
-    "remaining",
-    "moved",
-    "released_at",
-    "progress",
-    "last_work",
-    "mean_volume",
-    "index",
-)
-
-Windows = Literal["v1", "v2"]
+SIM_USER = "sim"  # user and group of every application
 
 
 class SimulationError(RuntimeError):
     """The run cannot go on: a policy broke a rate bound or time stopped advancing."""
-
-
-@dataclass(frozen=True, slots=True)
-class SimResult:
-    """Metrics of one run at T (as the reference's ``simulate`` computes them), and the run."""
-
-    policy: str
-    instance: str | None
-    windows: str
-    applications: int  # m
-    horizon: float  # T
-    delta: float  # δ of the window (used by policies with a ``delta`` parameter)
-    min_yield: float  # eq. (8), capped at 1, whole history
-    efficiency: float  # eq. (10), weighted by b_i
-    utilization: float  # eq. (9), p_i = 1
-    utilization_reference: float  # the reference's integer-truncated Utilization (setUtilGopi)
-    pressure: float  # load L (eq. 11)
-    events: int  # decisions taken (policy calls)
-    wall_seconds: float
-    known_omega: bool = False  # set-10 ran with known ω (the instance's wIter), not learned
-
-    def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def app_ids(m: int) -> list[str]:
@@ -97,69 +52,7 @@ def app_ids(m: int) -> list[str]:
     return [f"{i:0{width}d}" for i in range(m)]
 
 
-def create_policy(
-    name: str,
-    window: Window,
-    registry: PolicyRegistry | None = None,
-    *,
-    known_omega: bool = False,
-) -> Policy:
-    """``registry.create(name)``; a policy whose ``Params`` has ``delta`` gets the window's δ.
-
-    ``known_omega``: a policy whose ``Params`` has ``known_omega`` (set-10) gets each
-    application's wIter from the instance as its known ω (applications with wIter > 0; the
-    reference's Set10); without it, ω is learned (its Set10Learn).
-    """
-    reg = registry if registry is not None else default_registry()
-    cls = reg.get(name)
-    fields = cls.Params.model_fields
-    params: dict[str, Any] = {"delta": window.delta} if "delta" in fields else {}
-    if known_omega and "known_omega" in fields:
-        ids = app_ids(len(window.apps))
-        params["known_omega"] = {
-            ids[i]: app.w_iter for i, app in enumerate(window.apps) if app.w_iter > 0.0
-        }
-    return reg.create(name, params)
-
-
-def simulate(
-    window: Window,
-    policy: Policy | str,
-    *,
-    windows: Windows = "v1",
-    registry: PolicyRegistry | None = None,
-    instance: str | None = None,
-    seed: int = 0,
-) -> SimResult:
-    """Runs ``policy`` on ``window`` and returns the metrics at T."""
-    reg = registry if registry is not None else default_registry()
-    strategy = create_policy(policy, window, reg) if isinstance(policy, str) else policy
-    if windows not in ("v1", "v2"):
-        raise ValueError(f"windows must be 'v1' or 'v2', got {windows!r}")
-    started = time.perf_counter()
-    run = _Run(window, strategy, reg.create(SWITCH_POLICY) if windows == "v2" else None, seed)
-    run.loop()
-    wall = time.perf_counter() - started
-    min_yield, efficiency, utilization, utilization_ref = run.metrics()
-    return SimResult(
-        policy=strategy.name,
-        instance=instance,
-        windows=windows,
-        applications=len(window.apps),
-        horizon=window.horizon,
-        delta=window.delta,
-        min_yield=min_yield,
-        efficiency=efficiency,
-        utilization=utilization,
-        utilization_reference=utilization_ref,
-        pressure=window.load,
-        events=run.events,
-        wall_seconds=wall,
-        known_omega=bool(getattr(strategy.params, "known_omega", None)),
-    )
-
-
-class _Run:
+class Run:
     """State of one run; per-application state lives in parallel lists (speed).
 
     The reference's ``simulate`` (its STEP C) advances every application at every
@@ -207,31 +100,38 @@ class _Run:
         self.work_done = [0.0] * m  # W^(done) of completed work, from t = 0 (or s)
         self.work_began = [0.0] * m  # start of the current work phase (valid in work)
         self.last_work = [0.0] * m
-        self.io_total = [0.0] * m  # completed I/O volumes (for the mean)
-        self.io_count = [0] * m
+        self.first_io = self.io[:]  # phases alternate from the first: I/O or work
         self.credit = [0] * m  # U of the reference (setUtilGopi), an integer
-        self.views: list[JobView | None] = [None] * m  # cache while Q and P do not move
-        # the views are kept up to date only while the decisions take them (the array
-        # path builds none); the cache is emptied when the policy changes (``_switch``)
-        self.views_in_use = True
         self.in_io = [i for i in range(m) if self.io[i]]  # the set A, in index order
         # I/O phases that began below DONE in the last step: they complete at the next
         # step whether served or not (the reference checks every application)
         self.tiny_io = [i for i in self.in_io if self.remaining[i] / self.cap[i] < DONE]
         # demand = b_i > 0 for every job of the views, which list A in index order
         self.all_active = all(b > 0.0 for b in self.cap)
-        # the policies' fast paths, where they decide exactly as their views would
-        self.arrays = _array_path(policy) if self.all_active else None
-        self.warmup_arrays = _array_path(warmup) if self.all_active else None
-        # the array entry points' view of the lists above (demand = b_i); A and t are
-        # set at each decision
-        # the full volume of each I/O phase under way (for the array path)
+        # the full volume of each I/O phase under way
         self.volume = [v[0] if self.io[i] else 0.0 for i, v in enumerate(self.values)]
-        self.rows = ArrayView(
-            0.0, 1.0, self.horizon, self.in_io, self.progress, self.tau, self.cap,
-            self.cap, self.remaining, self.posted, self.volume, self.last_work, self.ids,
-        )  # fmt: skip
-        self.serving: list[tuple[int, float]] = []  # (i, β > 0) of the last view-path decision
+        # The views' columns: the lists above, read in place (row i is application i,
+        # whose id sorts like i: the stable order). demand = b_i; the volume moved and
+        # the mean past volume are computed when read (rarely: a policy that reads
+        # JobView rows, or a fallback for an unknown volume).
+        self.columns = _SimColumns(
+            job_id=self.ids,
+            user=[SIM_USER] * m,
+            group=[SIM_USER] * m,
+            nodes=[1] * m,
+            priority=[1.0] * m,
+            cap=self.cap,
+            demand=self.cap,
+            posted_at=self.posted,
+            volume=self.volume,
+            remaining=self.remaining,
+            moved=_Moved(self.volume, self.remaining),
+            released_at=self.tau,
+            progress=self.progress,
+            last_work=self.last_work,
+            mean_volume=_MeanVolume(self.values, self.phase, self.first_io),
+            index=range(m),
+        )
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
         # power of two, s, i); crossings of phases ended or rebased are skipped
@@ -259,59 +159,21 @@ class _Run:
             return self.remaining[i] - (self.t - self.base[i])
         return self.remaining[i]
 
+    def io_completed(self) -> list[int]:
+        """Per application, the number of I/O phases it completed."""
+        return [
+            (k + 1 if first else k) // 2 for first, k in zip(self.first_io, self.phase, strict=True)
+        ]
+
     def _weighted_progress(self) -> float:
         return math.fsum(self.cap[i] * self._progress_now(i) for i in range(len(self.cap)))
 
-    def _job_view(self, i: int) -> JobView:
-        volume = self.values[i][self.phase[i]] if self.phase[i] < len(self.values[i]) else 0.0
-        count = self.io_count[i]
-        q = self.remaining[i]
-        b = self.cap[i]
-        # Positional (twice as fast as keywords); tests pin JobView's field order.
-        return JobView(
-            self.ids[i],  # job_id
-            SIM_USER,  # user
-            SIM_USER,  # group
-            1,  # nodes
-            1.0,  # priority
-            b,  # cap
-            b,  # demand
-            self.posted[i],  # posted_at R
-            volume,  # volume
-            q,  # remaining Q
-            volume - q,  # moved
-            self.tau[i],  # released_at τ
-            self.progress[i],  # progress P
-            self.last_work[i],  # last_work
-            self.io_total[i] / count if count else 0.0,  # mean_volume
-            i,  # index
-        )
-
-    def _decide(self, policy: Policy) -> float:
-        """Sets ``serving`` from the decision's rates for A, through the views; returns
-        t_d, its next tick. (The array path is ``loop``'s.)"""
-        t = self.t
-        views = self.views
-        jobs: dict[str, JobView] = {}
-        for i in self.in_io:
-            v = views[i]
-            if v is None:
-                v = views[i] = self._job_view(i)
-            jobs[v.job_id] = v
-        decision = decide(policy, SystemView(t, 1.0, 1.0, jobs, self.seed, self.horizon))
-        self.events += 1
-        for job_id, proposed in decision.fixes:  # beyond rounding, a policy bug: stop
-            v = jobs[job_id]
-            if not (-EPS <= proposed <= v.cap + EPS):  # also rejects NaN
-                raise self._out_of_bounds(policy, v.index, proposed)
-        # A job without a rate gets β = 0 (stands still): only positive rates are listed.
-        self.serving = [(jobs[j].index, r) for j, r in decision.rates.items()]
-        period = decision.period
-        if period is None:
-            return self.horizon
-        if not period > 0.0:
-            raise SimulationError(f"{policy.name} asked for a period {period} <= 0 at t = {t}")
-        return t + period
+    def _check(self, policy: Policy, view: SystemView, fixes: Fixes) -> None:
+        """Stops the run at a proposal beyond rounding of its bounds: a policy bug."""
+        for job_id, proposed in fixes:
+            i = view.row_of[job_id]
+            if not (-EPS <= proposed <= self.cap[i] + EPS):  # also rejects NaN
+                raise self._out_of_bounds(policy, i, proposed)
 
     def _out_of_bounds(self, policy: Policy, i: int, rate: float) -> SimulationError:
         return SimulationError(
@@ -327,49 +189,47 @@ class _Run:
         work_ends = self.work_ends
         crossings = self.crossings
         slack = self.slack
-        complete = self._complete
-        rows = self.rows  # (rows.active is A itself, kept in place)
+        base = self.base
+        end_io = self._end_io
+        end_work = self._end_work
+        columns = self.columns
+        in_io = self.in_io  # A, kept in place: the rows of every view
+        # S(t): A itself when every b_i > 0 (demand = b_i), else A's rows with b_i > 0
+        active = in_io if self.all_active else [i for i in in_io if cap[i] > 0.0]
+        # one view for the run, over A and the columns, moved to each decision's t
+        view = SystemView.of_columns(self.t, 1.0, 1.0, columns, in_io, active, self.seed, T)
         counter = 0
         t = self.t
         switched = self.switched
-        policy, arrays = self.policy, self.arrays
-        if not switched:
-            assert self.warmup is not None
-            policy, arrays = self.warmup, self.warmup_arrays
-        allocate, period = arrays if arrays is not None else (None, None)
-        views_in_use = self.views_in_use
-        array_events = 0  # decisions on the array path (added to events at the end)
-        while t < T - EPS:
+        policy = self.policy if switched else self.warmup
+        assert policy is not None
+        events = 0
+        t_end = T - EPS  # the loop's end
+        while t < t_end:
             if not switched and t > self.switch_at - EPS:
                 self._switch()
                 switched = True
-                policy, arrays = self.policy, self.arrays
-                allocate, period = arrays if arrays is not None else (None, None)
+                policy = self.policy
             # simulate STEP B: t′ = min(T, t_d, t + Q/β over I/O, t + Q over work)
-            if allocate is not None:
-                # the policy's array entry point: the rates ``decide`` gives the view
-                # ``_decide`` builds, without building it (the policy's promise, checked
-                # by the conformance suite), and its fixed period
-                rows.now = t
-                serving = allocate(rows)
-                array_events += 1
-                if period is None:
-                    t_next = T
-                else:
-                    if not period > 0.0:
-                        raise SimulationError(
-                            f"{policy.name} asked for a period {period} <= 0 at t = {t}"
-                        )
-                    t_next = t + period  # min(T, t + δ)
-                    if t_next > T:
-                        t_next = T
-                if views_in_use:
-                    views_in_use = self.views_in_use = False
+            view.now = t
+            if active is not in_io:
+                active[:] = [i for i in in_io if cap[i] > 0.0]
+            decision = decide(policy, view)
+            events += 1
+            if decision.fixes:
+                self._check(policy, view, decision.fixes)
+            serving = decision.served  # (i, β > 0): an application without one stands still
+            period = decision.period
+            if period is None:
+                t_next = T
             else:
-                t_next = min(T, self._decide(policy))
-                serving = self.serving
-                if not views_in_use:
-                    views_in_use = self.views_in_use = True
+                if not period > 0.0:
+                    raise SimulationError(
+                        f"{policy.name} asked for a period {period} <= 0 at t = {t}"
+                    )
+                t_next = t + period  # min(T, t + δ)
+                if t_next > T:
+                    t_next = T
             stepped = self.stepped
             if stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, stepped)))
@@ -395,16 +255,17 @@ class _Run:
             # reference.
             done = None
             for i, b in serving:
-                q = q_left[i] - dt * b
+                moved = dt * b  # Δβ
+                q = q_left[i] - moved
                 q_left[i] = q
-                prog[i] += dt * b / cap[i]
+                prog[i] += moved / cap[i]
                 if q / cap[i] < DONE:
                     if done is None:
                         done = [i]
                     else:
                         done.append(i)
-            if views_in_use:  # the served ones' views are stale
-                views = self.views
+            if columns.used:  # the served rows moved: their JobViews are stale
+                views = columns.views
                 for i, _ in serving:
                     views[i] = None
             if stepped:
@@ -412,18 +273,29 @@ class _Run:
             if crossings and crossings[0][0] - now < slack:
                 self._rebase_due(t, now)
             if work_ends and work_ends[0][0] - now < slack:
-                self._complete_work_due(t, now)
+                # the closed-form work phases that end at now
+                due = [heappop(work_ends)]
+                while work_ends and work_ends[0][0] - now < slack:
+                    due.append(heappop(work_ends))
+                for end, i in due:
+                    q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
+                    if q < DONE:
+                        if q < -DONE:
+                            self._check_done(i, q, now)
+                        end_work(i, t, now)
+                    else:
+                        heappush(work_ends, (end, i))
             if done is not None:
                 for i in done:
                     q = q_left[i] / cap[i]
                     if q < -DONE:
                         self._check_done(i, q, now)
-                    complete(i, t, now)
+                    end_io(i, now)
             if tiny:
                 for i in tiny:
                     if self.io[i]:  # (not completed above, served)
                         self._check_done(i, q_left[i] / cap[i], now)
-                        complete(i, t, now)
+                        end_io(i, now)
             if now == t:
                 counter += 1
                 if t + EPS2 > T:
@@ -433,7 +305,7 @@ class _Run:
             else:
                 self.t = t = now
                 counter = 0
-        self.events += array_events
+        self.events += events
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
 
@@ -442,24 +314,6 @@ class _Run:
         for _, s, i in _pop_due(self.crossings, now, self.slack):
             if self.closed[i] and self.base[i] == s:  # (else stale)
                 self._rebase(i, t, now)
-
-    def _complete_work_due(self, t: float, now: float) -> None:
-        """Completes the closed-form work phases that end at ``now``."""
-        work_ends = self.work_ends
-        q_left = self.remaining
-        base = self.base
-        slack = self.slack
-        due = [heappop(work_ends)]  # _pop_due, inline (the loop saw the first one due)
-        while work_ends and work_ends[0][0] - now < slack:
-            due.append(heappop(work_ends))
-        for end, i in due:
-            q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
-            if q < DONE:
-                if q < -DONE:
-                    self._check_done(i, q, now)
-                self._complete(i, t, now)
-            else:
-                heappush(work_ends, (end, i))
 
     def _advance_stepped(self, t: float, now: float) -> None:
         """The stepped work phases: Q −= Δ, P += Δ, as the reference does."""
@@ -473,7 +327,7 @@ class _Run:
             prog[i] += dt
             if q < DONE:
                 self._check_done(i, q, now)
-                self._complete(i, t, now)  # into I/O, or computing until T (stepped)
+                self._end_work(i, t, now)  # into I/O, or computing until T (stepped)
             elif not (q <= now and self._close(i, now)):  # (q <= now: a cheap pre-test)
                 self.stepped.append(i)
 
@@ -523,70 +377,76 @@ class _Run:
         q = self.remaining[i]
         if q < DONE:  # (the stepped pass of this step is over)
             self._check_done(i, q, now)
-            self._complete(i, t, now)
+            self._end_work(i, t, now)
         else:
             self.stepped.append(i)
 
     def _switch(self) -> None:
         self.switched = True
-        self.views = [None] * len(self.views)  # (stale if the warm-up took the array path)
         self.start = self.t  # s
         self.base_efficiency = self._weighted_progress()  # E₀ at the switch
         # eq. (9) counts W^(done)(T) − W^(done)(s): restart the count at s
         self.work_done = [0.0] * len(self.work_done)
         self.work_began = [self.t] * len(self.work_began)
 
-    def _complete(self, i: int, step_start: float, now: float) -> None:
-        """Phase completion at ``now`` in the step that began at ``step_start`` (STEP C)."""
+    def _end_io(self, i: int, now: float) -> None:
+        """I/O phase completion at ``now`` (STEP C): a work phase begins, in closed form
+        if exact, else stepped."""
+        k = self.phase[i] + 1
+        self.phase[i] = k
+        self.posted[i] = now  # R
+        self.in_io.remove(i)
+        self.work_began[i] = now
+        values = self.values[i]
+        if k >= len(values):
+            self._out_of_phases(i)
+            return
+        self.io[i] = False
+        self.remaining[i] = values[k]
+        if not self._close(i, now):
+            self.stepped.append(i)
+
+    def _end_work(self, i: int, step_start: float, now: float) -> None:
+        """Work phase completion at ``now`` in the step that began at ``step_start``
+        (STEP C): an I/O phase begins."""
         k = self.phase[i]
         values = self.values[i]
         n = len(values)
         length = values[k] if k < n else 0.0  # ℓ, the kept length
-        io = self.io
-        was_io = io[i]
-        if was_io:
-            self.io_total[i] += length
-            self.io_count[i] += 1
-            self.in_io.remove(i)
-        else:
-            self.last_work[i] = length
-            self.work_done[i] += now - self.work_began[i]
-            closed = self.closed
-            if closed[i]:  # P_s + (now − s), exact
-                self.progress[i] += now - self.base[i]
-                closed[i] = False
-            t_c = self.switch_at
-            if step_start > t_c:  # _credit, inline (it gives nothing otherwise)
-                if step_start - length > t_c:
-                    self.credit[i] = int(self.credit[i] + length)
-                else:
-                    self.credit[i] = int(self.credit[i] + step_start - t_c)
+        self.last_work[i] = length
+        self.work_done[i] += now - self.work_began[i]
+        closed = self.closed
+        if closed[i]:  # P_s + (now − s), exact
+            self.progress[i] += now - self.base[i]
+            closed[i] = False
+        t_c = self.switch_at
+        if step_start > t_c:  # the credit U (setUtilGopi); nothing before t_c
+            if step_start - length > t_c:
+                self.credit[i] = int(self.credit[i] + length)
+            else:
+                self.credit[i] = int(self.credit[i] + step_start - t_c)
         k += 1
         self.phase[i] = k
         self.posted[i] = now  # R
-        self.views[i] = None
         if k >= n:
-            # Kept phases sum to T only up to rounding, so an application can run out
-            # of phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference
-            # would read a missing value as 0 and loop on zero-length phases; here the
-            # application computes until T instead, which no metric can tell apart.
-            self.io[i] = False
-            self.remaining[i] = math.inf
             self.work_began[i] = now
-            self.stepped.append(i)
+            self._out_of_phases(i)
             return
-        if was_io:  # a work phase begins: closed form if exact, else stepped
-            io[i] = False
-            self.work_began[i] = now
-            self.remaining[i] = values[k]
-            if not self._close(i, now):
-                self.stepped.append(i)
-        else:
-            io[i] = True
-            self.remaining[i] = self.volume[i] = values[k]
-            insort(self.in_io, i)
-            if values[k] / self.cap[i] < DONE:
-                self.tiny_io.append(i)
+        self.io[i] = True
+        self.remaining[i] = self.volume[i] = values[k]
+        self.columns.views[i] = None  # (a JobView of its last I/O phase is stale)
+        insort(self.in_io, i)
+        if values[k] / self.cap[i] < DONE:
+            self.tiny_io.append(i)
+
+    def _out_of_phases(self, i: int) -> None:
+        # Kept phases sum to T only up to rounding, so an application can run out of
+        # phases a few ulps before T (seen: 9e-10 s at T = 1.8e6). The reference would
+        # read a missing value as 0 and loop on zero-length phases; here the application
+        # computes until T instead, which no metric can tell apart.
+        self.io[i] = False
+        self.remaining[i] = math.inf
+        self.stepped.append(i)
 
     def metrics(self) -> tuple[float, float, float, float]:
         """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
@@ -614,28 +474,6 @@ class _Run:
                 u = int(T - s) if T - length + q < s else int(u + length - q)
             credit += u
         return min_yield, efficiency, utilization, credit / (span * m)
-
-
-def _array_path(policy: Policy | None) -> tuple[ArrayAllocator, float | None] | None:
-    """The policy's array entry point and its period (None: none), unless a subclass
-    changed ``allocate``, ``period`` or ``fixed_period`` below the class that declared
-    the entry point without declaring it again (it would then stand for another
-    decision), or the period depends on the view."""
-    if policy is None:
-        return None
-    for cls in type(policy).__mro__:
-        names = vars(cls)
-        if "array_allocator" in names:
-            break
-        if "allocate" in names or "period" in names or "fixed_period" in names:
-            return None
-    arrays = policy.array_allocator()
-    if arrays is None:
-        return None
-    if type(policy).period is Policy.period:  # no period
-        return arrays, None
-    period = policy.fixed_period()
-    return None if period is None else (arrays, period)
 
 
 def _pop_due(heap: list[Any], now: float, slack: float) -> list[Any]:
@@ -670,3 +508,67 @@ def _closed_form_is_exact(s: float, q: float, p: float) -> bool:
     """
     u = math.ulp(s)
     return u <= q <= s and math.ulp(p) <= u
+
+
+class _Moved(Sequence[float]):
+    """The views' ``moved`` column: V − Q of the I/O phase under way, by application."""
+
+    __slots__ = ("_remaining", "_volume")
+
+    def __init__(self, volume: list[float], remaining: list[float]) -> None:
+        self._volume = volume
+        self._remaining = remaining
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]
+        return self._volume[i] - self._remaining[i]
+
+    def __len__(self) -> int:
+        return len(self._volume)
+
+
+class _SimColumns(Columns):
+    """The run's columns; ``job(row)`` keeps the ``JobView`` it builds until the row
+    moves (served, or back in I/O: ``Run`` empties ``views[row]``), so that a policy
+    that reads rows as objects builds one per change, not one per decision."""
+
+    __slots__ = ("used", "views")
+
+    def __init__(self, **columns: Sequence[Any]) -> None:
+        super().__init__(**columns)
+        self.views: list[JobView | None] = [None] * len(columns["index"])
+        self.used = False  # a JobView was built: the loop empties the served rows' views
+
+    def job(self, row: int) -> JobView:
+        view = self.views[row]
+        if view is None:
+            view = self.views[row] = super().job(row)
+            self.used = True
+        return view
+
+
+class _MeanVolume(Sequence[float]):
+    """The views' ``mean_volume`` column: the mean volume of the completed I/O phases
+    (phases alternate from each application's first), from the running sums of the
+    application's I/O volumes in order, made on first read."""
+
+    __slots__ = ("_first_io", "_phase", "_sums", "_values")
+
+    def __init__(self, values: list[list[float]], phase: list[int], first_io: list[bool]) -> None:
+        self._values = values
+        self._phase = phase
+        self._first_io = first_io
+        self._sums: list[list[float] | None] = [None] * len(values)
+
+    def __getitem__(self, i: int) -> float:  # type: ignore[override]
+        k = self._phase[i]
+        count = (k + 1 if self._first_io[i] else k) // 2  # I/O phases before phase k
+        if not count:
+            return 0.0
+        sums = self._sums[i]
+        if sums is None:  # Σ of the first n I/O volumes, added in order, at [n − 1]
+            io = self._values[i][0 if self._first_io[i] else 1 :: 2]
+            sums = self._sums[i] = list(accumulate(io))
+        return sums[count - 1] / count
+
+    def __len__(self) -> int:
+        return len(self._values)
