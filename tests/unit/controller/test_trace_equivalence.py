@@ -22,9 +22,13 @@ reads the same demand in its view.
 Units: the run has B = 1; live, B is 2³⁰ bytes/s and every I/O volume a whole
 number of MiB, so scaling between the two is exact. What is not exact is that
 live the bytes moved are whole bytes and the clock-derived quantities (W^(done),
-P_i) are computed from event times rather than stepped: rates agree to a
-relative 1e-9, not bit for bit. The live controller knows no horizon T, so the
-run's view is given none either (the run still ends at T).
+P_i) are computed from event times rather than stepped: the two views agree to a
+relative 1e-6 (checked column by column), and so do the rates, except where a
+policy's order turns on values equal in exact arithmetic (two jobs never slowed
+both have a yield of exactly 1 in the run, and 1 ± rounding live): there the
+policy, as it was before the decision, must give on the live inputs exactly the
+live rates. The live controller knows no horizon T, so the run's view is given
+none either (the run still ends at T).
 """
 
 from __future__ import annotations
