@@ -28,7 +28,7 @@ from typing import Any
 from burstctl.controller.config import load_config
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import JobMeta, OpKind
-from burstctl.controller.scheduler import Scheduler
+from burstctl.controller.scheduler import Scheduler, offload_to_thread
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.persched import jupiter_set
 from burstctl.policies.persched.live import PerSchedLive
@@ -60,12 +60,11 @@ async def run(set_number: int, others: int, interval: float, offload: bool, seed
         StateStore(Path(state)),
         ("persched", {"reserve": RESERVE}),
         replica_id="r",
+        offload=offload_to_thread if offload else None,  # None: computes in the decision
     )
     scheduler = Scheduler(table, slot, config)
     policy = slot.policy
     assert isinstance(policy, PerSchedLive)
-    if not offload:
-        scheduler._offloading = policy  # never given the offload: computes in the decision
     sessions = []
     for i in range(others):
         s = table.open_session(JobMeta(f"o{i}", "u", "g", 1, 1.0), "c", "h", outbox=NullOutbox())

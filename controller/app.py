@@ -31,7 +31,7 @@ from burstctl.controller.registrations import Registrations
 from burstctl.controller.rest import build_app
 from burstctl.controller.rest.auth import TokenError, admin_token
 from burstctl.controller.rest.server import HttpServer
-from burstctl.controller.scheduler import Scheduler
+from burstctl.controller.scheduler import Scheduler, offload_to_thread
 from burstctl.controller.server import GrpcServer
 from burstctl.controller.servicer import SERVICE_NAME, ControllerServicer
 from burstctl.controller.state import PolicySlot, StateStore
@@ -58,6 +58,7 @@ class Replica:
             self.store,
             (config.policy, config.policy_params),
             replica_id=config.replica_id,
+            offload=offload_to_thread,
         )
         self.table = JobTable(
             clock,

@@ -103,6 +103,23 @@ class GlobalTargets(Protocol):
     def updated(self) -> Signal: ...
 
 
+def offload_to_thread(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    """A policy's slow work (PerSched's pattern) in a worker thread; ``done`` gets its
+    result on the running loop (``Policy.use_offload``; the replica's ``PolicySlot`` gives
+    it to each policy it builds, and asks for a decision once ``done`` ran)."""
+    future = asyncio.get_running_loop().run_in_executor(None, work)
+
+    def finished(f: asyncio.Future[Any]) -> None:
+        if f.cancelled():
+            return
+        try:
+            done(f.result())
+        except Exception:  # a policy bug must not stop the controller
+            log.exception("offloaded policy work failed")
+
+    future.add_done_callback(finished)
+
+
 class Scheduler:
     """Owns the decision loop of one replica."""
 
@@ -141,9 +158,9 @@ class Scheduler:
         self._deciding = False
         self._release_task: asyncio.Task[None] | None = None
         self._hold_max = min(INCREASE_HOLD_MAX, config.lease / 8)
-        self._offloading: Policy | None = None  # the policy last given `_offload`
         table.changed.connect(self.request)
         slot.changed.connect(self.request)
+        slot.worked.connect(self.request)  # a policy's offloaded work landed
         if peers is not None:
             peers.updated.connect(self.request)
         if books is not None:
@@ -193,9 +210,6 @@ class Scheduler:
     def _decide(self) -> None:
         started = time.perf_counter()
         policy = self.slot.policy
-        if policy is not self._offloading:
-            self._offloading = policy
-            policy.use_offload(self._offload)
         buffer = self.books.view() if self.books is not None else None
         view = self.table.view(self.config.capacity, self.config.node_bandwidth, buffer=buffer)
         targets = self._peers.local_targets if self._peers is not None else None
@@ -340,22 +354,6 @@ class Scheduler:
             if job is not None:
                 rates[job_id] = sum(s.rate or 0.0 for s in job.drains.values())
         return rates
-
-    def _offload(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
-        """A policy's slow work (PerSched's pattern) in a worker thread; ``done`` gets its
-        result on the loop, then a decision follows (``Policy.use_offload``)."""
-        future = asyncio.get_running_loop().run_in_executor(None, work)
-
-        def finished(f: asyncio.Future[Any]) -> None:
-            if f.cancelled():
-                return
-            try:
-                done(f.result())
-            except Exception:  # a policy bug must not stop the controller
-                log.exception("offloaded policy work failed")
-            self.request()
-
-        future.add_done_callback(finished)
 
     def _recheck(self) -> None:
         self._recheck_pending = False

@@ -38,7 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from burstctl.common.files import DurableFile
 from burstctl.controller.signal import Signal
-from burstctl.policies.base import Policy
+from burstctl.policies.base import Offload, Policy
 from burstctl.policies.registry import PolicyRegistry
 
 log = logging.getLogger(__name__)
@@ -135,15 +135,21 @@ class PolicySlot:
         *,
         replica_id: str,
         wall_clock: Callable[[], float] = time.time,
+        offload: Offload | None = None,
     ) -> None:
         self.registry = registry
         self.replica_id = replica_id
+        # Where the policies this slot builds run their slow work (``Policy.use_offload``,
+        # given as each is built); None: in the decision (tests, benchmarks).
+        self._offload = offload
+        # After offloaded work landed in the active policy: a decision should follow.
+        self.worked = Signal()
         self._store = store
         self._wall_clock = wall_clock
         name, params = configured
         self._configured = ConfiguredPolicy(name=name, params=dict(params))
         # The configured policy must be usable: a configuration error, raised here.
-        self.policy: Policy = registry.create(name, params)
+        self.policy: Policy = self._create(name, params)
         self.name = name
         self.params: dict[str, Any] = dict(params)
         self.version = 0
@@ -152,6 +158,24 @@ class PolicySlot:
         self.switches = 0  # changes of name or parameters applied here
         self._highest_seen = 0  # the highest version any peer has reported
         self.changed = Signal()  # after every change of the active policy or its version
+
+    def _create(self, name: str, params: Mapping[str, Any] | None) -> Policy:
+        """A new instance of ``name``, given where to run its slow work."""
+        policy = self.registry.create(name, params)
+        if self._offload is not None:
+            policy.use_offload(self._offload_then_decide)
+        return policy
+
+    def _offload_then_decide(self, work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+        assert self._offload is not None
+
+        def landed(result: Any) -> None:
+            try:
+                done(result)
+            finally:
+                self.worked()
+
+        self._offload(work, landed)
 
     @property
     def spec(self) -> tuple[str, dict[str, Any]]:
@@ -188,7 +212,7 @@ class PolicySlot:
             self._install(self.policy, configured.name, configured.params, version, self.replica_id)
             return
         try:
-            policy = self.registry.create(saved.policy.name, saved.policy.params)
+            policy = self._create(saved.policy.name, saved.policy.params)
         except Exception as exc:  # whatever it is, a saved policy never stops a start
             log.warning(
                 "saved policy %r is unusable (%s); starting with the configured %s "
@@ -224,7 +248,7 @@ class PolicySlot:
         version is one above any this replica or its peers have used, so the switch
         wins over every replica's current policy.
         """
-        policy = self.registry.create(name, params)
+        policy = self._create(name, params)
         version = max(self.version, self._highest_seen) + 1
         self._install(policy, name, dict(params or {}), version, self.replica_id)
         log.info("policy switched to %s (version %d)", name, version)
@@ -239,7 +263,7 @@ class PolicySlot:
         params = dict(params)
         newer = (version, origin) > (self.version, self.origin)
         same = (name, params) == self.spec
-        policy = self.registry.create(name, params) if newer and not same else self.policy
+        policy = self._create(name, params) if newer and not same else self.policy
         self._highest_seen = max(self._highest_seen, version)
         if not newer:
             return False

@@ -77,8 +77,9 @@ class Policy:
 
     def use_offload(self, offload: Offload | None) -> None:
         """Where to run slow work (PerSched's pattern) so that it does not hold up decisions
-        for other jobs; the controller gives one before the first decision. Without one (the
-        simulator, tests) such a policy does the work in the decision. Default: ignored."""
+        for other jobs; the controller's ``PolicySlot`` gives one as it builds the policy,
+        before its first decision. Without one (the simulator, tests) such a policy does the
+        work in the decision. Default: ignored."""
 
     def period(self, view: SystemView) -> float | None:
         """Seconds after which the policy wants to decide again even if nothing

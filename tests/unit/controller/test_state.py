@@ -192,3 +192,34 @@ def test_an_unreadable_state_file_is_kept_aside_not_overwritten(tmp_path: Path) 
         "state.json.unreadable-1",
         "state.json.unreadable-2",
     ]
+
+
+def test_every_policy_the_slot_builds_is_given_its_offload_and_a_landing_asks_a_decision(
+    tmp_path: Path,
+) -> None:
+    """The slot's offload reaches each policy it builds (configured, switched, adopted);
+    once the work's result landed in the policy, ``worked`` fires (a decision follows)."""
+    ran: list[object] = []
+
+    def offload(work, done) -> None:  # type: ignore[no-untyped-def]
+        ran.append(work)
+        done(work())
+
+    slot = PolicySlot(
+        REGISTRY, StateStore(tmp_path), ("persched", {}), replica_id="r1", offload=offload
+    )
+    worked: list[int] = []
+    slot.worked.connect(lambda: worked.append(1))
+    given = []
+    for build in (
+        lambda: slot.policy,
+        lambda: (slot.switch("persched", {"reserve": 0.2}), slot.policy)[1],
+        lambda: (slot.adopt("persched", {"reserve": 0.3}, 99, "r2"), slot.policy)[1],
+    ):
+        policy = build()
+        seen: list[object] = []
+        policy._offload(lambda: 7, seen.append)  # type: ignore[attr-defined]
+        given.append(seen)
+    assert given == [[7], [7], [7]] and len(ran) == 3 and worked == [1, 1, 1]
+    unwired = slot_in(tmp_path / "b", "persched")
+    assert unwired.policy._offload is None  # type: ignore[attr-defined]  # in the decision
