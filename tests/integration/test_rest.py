@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import stat
 import subprocess
-import sys
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -15,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
-from support import Pump, async_wait_until
+from support import Pump, async_wait_until, clean_env, run_burstctl
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -230,14 +228,7 @@ async def test_busy_rest_port_fails_start_clearly(replica_factory: Make, replica
 
 
 def burstctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("BURSTCTL_")}
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", *args],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env,
-    )
+    return run_burstctl(*args, env=clean_env())
 
 
 async def test_cli_lists_gets_and_sets(replica: Replica) -> None:

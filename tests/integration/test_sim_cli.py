@@ -6,10 +6,10 @@ import csv
 import io
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support import run_burstctl
 
 pytestmark = pytest.mark.integration
 
@@ -26,12 +26,7 @@ KEYS = {
 
 
 def burstctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "burstctl", "sim", *map(str, args)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_burstctl("sim", *args, timeout=120)
 
 
 @pytest.fixture(scope="module")
