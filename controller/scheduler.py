@@ -4,7 +4,7 @@ Events (post, completion, usage/demand change, session open/close, policy
 switch, peer exchange, periodic tick) only mark the table dirty; one task then
 decides for all of them at once, so a burst of events costs one decision. A
 decision is: build the ``SystemView``, take the one decision path
-(``policies.decision.decide``: the policy proposes, the engine enforces, blended
+(``policies.decision.decide``: the policy proposes, ``decide`` enforces, blended
 with this replica's part of the global split when it has peers), split each
 job's rate over its sessions, and push an ``Allocation`` to every session whose
 rate changed. Leases are renewed at half their length.
