@@ -149,6 +149,10 @@ def _run_on_dask(
                 host="127.0.0.1",
                 scheduler_port=0,
                 dashboard_address=None,
+                # The scheduler's HTTP server (health routes) runs even without the
+                # dashboard: on a free loopback port, not 8787, which a second campaign
+                # on the node (or anything else) may hold.
+                scheduler_kwargs={"dashboard_address": "127.0.0.1:0"},
                 silence_logs=logging.WARNING,
             )
             client = Client(local)

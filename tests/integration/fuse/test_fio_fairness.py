@@ -22,6 +22,7 @@ pytestmark = pytest.mark.integration
 
 # Pacing sits above the binding, so this 40-second run is done on one library only: libfuse 3,
 # what `--libfuse auto` takes as root (the POSIX, integrity and lifecycle tests cover both).
+@pytest.mark.serial  # shares measured over a window: alone, not beside other tests
 @pytest.mark.parametrize("libfuse", ["3"], indirect=True)
 def test_two_fio_jobs_share_the_mount_in_proportion_to_their_nodes(
     controller_factory, fuse_mount, fuse_dirs, tmp_path: Path

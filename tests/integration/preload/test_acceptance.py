@@ -236,6 +236,7 @@ def test_tools_under_exec_move_the_same_bytes_and_are_booked_to_their_own_jobs(
         assert now[j][0] <= w + MiB and now[j][1] <= r + 2 * MiB, (j, now[j])
 
 
+@pytest.mark.serial  # shares measured over a window: alone, not beside other tests
 def test_two_fio_jobs_under_exec_share_in_proportion_to_their_nodes(
     controller_factory: Callable[..., ControllerProcess],
     agents: Callable[..., AgentProcess],
