@@ -101,6 +101,7 @@ class Sampler(threading.Thread):
             )
 
 
+@pytest.mark.serial  # the drain rate is measured over a window: alone, not beside other tests
 @pytest.mark.parametrize("libfuse", ["3"], indirect=True)
 def test_three_writers_share_a_small_buffer_that_drains_to_the_pfs(
     controller_factory, fuse_mount, fuse_dirs, tmp_path: Path
