@@ -291,6 +291,17 @@ def plots(rows: Sequence[Row], out: Path) -> list[Path]:
         ax.set_xlabel("I/O-load(π_sys)")
         ax.grid(alpha=0.3)
 
+    def legend(ax: Any, among: Any) -> None:
+        """On ``ax``, one entry per label drawn on any of ``among``: a panel without data
+        (a placement with no rows) still gets the others' legend, and no figure gets an
+        empty one."""
+        entries: dict[str, Any] = {}
+        for a in among:
+            for handle, label in zip(*a.get_legend_handles_labels(), strict=True):
+                entries.setdefault(label, handle)
+        if entries:
+            ax.legend(list(entries.values()), list(entries), fontsize=7)
+
     def save(fig: Any, name: str) -> None:
         fig.tight_layout()
         path = out / name
@@ -307,7 +318,7 @@ def plots(rows: Sequence[Row], out: Path) -> list[Path]:
         ax.set_title(pl)
         ax.set_yscale("log")
     axes[0][0].set_ylabel("Mean-I/O-SlowDown (mean, 10–90 % band)")
-    axes[0][0].legend(fontsize=7)
+    legend(axes[0][0], axes[0])
     save(fig, "mean_slowdown_vs_load.png")
     # Figs. 6–7: I/O-spread per placement, panels BestBdw / Nsys / Random allocators
     chosen = [a for a in ("best-bdw", "nsys-allocator", "random") if a in allocs] or allocs[:1]
@@ -318,7 +329,7 @@ def plots(rows: Sequence[Row], out: Path) -> list[Path]:
         lines(ax, {pl: pick(al, pl) for pl in places}, "io_spread")
         ax.set_title(al)
     axes[0][0].set_ylabel("I/O-spread (mean, 10–90 % band)")
-    axes[0][0].legend(fontsize=7)
+    legend(axes[0][0], axes[0])
     save(fig, "io_spread_vs_load.png")
     # Fig. 9: ρ_io and ρ_con vs load per allocator (GNC)
     pl0 = GNC if GNC in places else places[0]
@@ -326,14 +337,14 @@ def plots(rows: Sequence[Row], out: Path) -> list[Path]:
     for ax, metric in zip(axes[0], ("rho_io", "rho_con"), strict=True):
         lines(ax, {al: pick(al, pl0) for al in allocs}, metric, band=False)
         ax.set_title(f"{metric} ({pl0})")
-    axes[0][0].legend(fontsize=7)
+    legend(axes[0][0], axes[0])
     save(fig, "rho_io_rho_con_vs_load.png")
     # Fig. 10: Machine-IdleTime vs load per allocator (GNC)
     fig, ax = plt.subplots(figsize=(6, 4))
     lines(ax, {al: pick(al, pl0) for al in allocs}, "machine_idle_time", band=False)
     ax.set_ylabel("Machine-IdleTime")
     ax.set_title(pl0)
-    ax.legend(fontsize=7)
+    legend(ax, [ax])
     save(fig, "machine_idle_time_vs_load.png")
     # Fig. 12a: % worsening with profile-class inputs
     inac = [r for r in rows if r["inaccurate"]]
@@ -348,6 +359,6 @@ def plots(rows: Sequence[Row], out: Path) -> list[Path]:
                 groups[f"{r['allocator']} + {r['placement']}"].append({**r, "worsening": pct})
         lines(ax, dict(groups), "worsening")
         ax.set_ylabel("Mean-I/O-SlowDown worsening, %")
-        ax.legend(fontsize=7)
+        legend(ax, [ax])
         save(fig, "robustness_vs_load.png")
     return paths

@@ -5,11 +5,11 @@ from __future__ import annotations
 import csv
 import io
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
-from support import run_burstctl
+from click.testing import Result
+from support.cli import invoke
 
 pytestmark = pytest.mark.integration
 
@@ -25,8 +25,8 @@ KEYS = {
 }
 
 
-def burstctl(*args: str | Path) -> subprocess.CompletedProcess[str]:
-    return run_burstctl("sim", *args, timeout=120)
+def burstctl(*args: str | Path) -> Result:
+    return invoke("sim", *args)
 
 
 @pytest.fixture(scope="module")
@@ -35,7 +35,7 @@ def instance(tmp_path_factory: pytest.TempPathFactory) -> Path:
     done = burstctl(
         "generate", "--pressure", "0.8", "--horizon", "20000", "--seed", "5", "--out", path
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     return path
 
 
@@ -44,14 +44,14 @@ def test_generate_is_reproducible(instance: Path, tmp_path: Path) -> None:
     done = burstctl(
         "generate", "--pressure", "0.8", "--horizon", "20000", "--seed", "5", "--out", again
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert again.read_text() == instance.read_text()
     assert len(instance.read_text().splitlines()) == 60
 
 
 def test_run_prints_json(instance: Path) -> None:
     done = burstctl("run", "--policy", "fair-share", "--instance", instance)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     row = json.loads(done.stdout)
     assert set(row) >= KEYS
     assert row["policy"] == "fair-share" and row["instance"] == str(instance)
@@ -74,7 +74,7 @@ def test_run_v2_csv_with_window(instance: Path) -> None:
         "--format",
         "csv",
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     (row,) = list(csv.DictReader(io.StringIO(done.stdout)))
     assert set(row) >= KEYS and row["windows"] == "v2" and row["policy"] == "fcfs"
 
@@ -83,20 +83,20 @@ def test_run_set10_with_known_omega_takes_it_from_the_instance(instance: Path) -
     rows = {}
     for flag in ((), ("--known-omega",)):
         done = burstctl("run", "--policy", "set-10", "--instance", instance, *flag)
-        assert done.returncode == 0, done.stderr
+        assert done.exit_code == 0, done.stderr
         rows[bool(flag)] = json.loads(done.stdout)
     assert rows[True]["known_omega"] is True and rows[False]["known_omega"] is False
     assert rows[True]["policy"] == rows[False]["policy"] == "set-10"
     assert rows[True]["min_yield"] != rows[False]["min_yield"]  # ω known, not learned
     # a policy without ω ignores the flag
     done = burstctl("run", "--policy", "fcfs", "--instance", instance, "--known-omega")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert json.loads(done.stdout)["known_omega"] is False
 
 
 def test_unknown_policy_lists_known(instance: Path) -> None:
     done = burstctl("run", "--policy", "nope", "--instance", instance)
-    assert done.returncode == 2
+    assert done.exit_code == 2
     assert "unknown policy 'nope'" in done.stderr and "fair-share" in done.stderr
     assert "fcfs" in done.stderr
 
@@ -114,7 +114,7 @@ def test_malformed_instance(tmp_path: Path, content: str, message: str) -> None:
     path = tmp_path / "bad.txt"
     path.write_text(content)
     done = burstctl("run", "--policy", "fcfs", "--instance", path)
-    assert done.returncode == 1
+    assert done.exit_code == 1
     assert message in done.stderr
     assert "Traceback" not in done.stderr
 
@@ -122,14 +122,14 @@ def test_malformed_instance(tmp_path: Path, content: str, message: str) -> None:
 @pytest.mark.parametrize("pressure", ["0", "-0.5"])
 def test_pressure_must_be_positive(tmp_path: Path, pressure: str) -> None:
     done = burstctl("generate", "--pressure", pressure, "--seed", "1", "--out", tmp_path / "x")
-    assert done.returncode == 2 and "--pressure" in done.stderr and "> 0" in done.stderr
+    assert done.exit_code == 2 and "--pressure" in done.stderr and "> 0" in done.stderr
     assert not (tmp_path / "x").exists()
 
 
 @pytest.mark.parametrize("window", ["0", "1.5", "-1"])
 def test_window_must_be_a_fraction(instance: Path, window: str) -> None:
     done = burstctl("run", "--policy", "fcfs", "--instance", instance, "--window", window)
-    assert done.returncode == 2 and "--window" in done.stderr and "(0, 1]" in done.stderr
+    assert done.exit_code == 2 and "--window" in done.stderr and "(0, 1]" in done.stderr
 
 
 def test_sweep_rows_in_order() -> None:
@@ -150,7 +150,7 @@ def test_sweep_rows_in_order() -> None:
         "--workers",
         "2",
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO(done.stdout)))
     got = [(r["pressure_goal"], r["seed"], r["policy"]) for r in rows]
     assert got == [
@@ -162,22 +162,22 @@ def test_sweep_rows_in_order() -> None:
 def test_sweep_with_known_omega_matches_single_runs(tmp_path: Path) -> None:
     common = ("--pressure", "0.8", "--seeds", "1", "--first-seed", "3", "--horizon", "20000")
     done = burstctl("sweep", "--policy", "set-10", *common, "--known-omega", "--workers", "1")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     (row,) = list(csv.DictReader(io.StringIO(done.stdout)))
     assert row["known_omega"] == "True"
     path = tmp_path / "w0.8-3.txt"
     made = burstctl(
         "generate", "--pressure", "0.8", "--horizon", "20000", "--seed", "3", "--out", path
     )
-    assert made.returncode == 0, made.stderr
+    assert made.exit_code == 0, made.stderr
     single = burstctl("run", "--policy", "set-10", "--instance", path, "--known-omega")
-    assert single.returncode == 0, single.stderr
+    assert single.exit_code == 0, single.stderr
     assert float(row["min_yield"]) == json.loads(single.stdout)["min_yield"]
 
 
 def test_sweep_rejects_bad_pressure() -> None:
     done = burstctl("sweep", "--policy", "fcfs", "--pressure", "0", "--seeds", "1")
-    assert done.returncode == 2 and "--pressure" in done.stderr
+    assert done.exit_code == 2 and "--pressure" in done.stderr
 
 
 # -- DPSAC (docs/simulator.md, "DPSAC") ---------------------------------------------------
@@ -196,7 +196,7 @@ DPSAC_KEYS = {
 
 def test_dpsac_prints_one_json_object_per_method() -> None:
     done = burstctl("dpsac", "--set", "2", "--runs", "2", "--seed", "3", "--format", "json")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["method"] for r in rows] == ["dpsac", "mcios", "bios"]
     for r in rows:
@@ -214,7 +214,7 @@ def test_dpsac_prints_one_json_object_per_method() -> None:
 
 def test_dpsac_table_with_one_method() -> None:
     done = burstctl("dpsac", "--set", "10", "--runs", "1", "--method", "bios")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     lines = done.stdout.splitlines()
     assert "SysEff" in lines[0] and "Dilation" in lines[0]
     assert len(lines) == 2 and lines[1].startswith("set 10") and "bios" in lines[1]
@@ -235,7 +235,7 @@ def test_dpsac_table_with_one_method() -> None:
 )
 def test_dpsac_bad_input_names_the_option(args: list[str], name: str) -> None:
     done = burstctl(*args)
-    assert done.returncode == 2
+    assert done.exit_code == 2
     assert name in done.stderr and "Traceback" not in done.stderr
 
 
@@ -243,7 +243,7 @@ def test_dpsac_join_prints_one_json_object_per_updater() -> None:
     done = burstctl(
         "dpsac-join", "--joiner", "silverton", "--joins", "2", "--runs", "1", "--format", "json"
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [r["updater"] for r in rows] == ["st", "dt", "ok"]
     for r in rows:
@@ -254,7 +254,7 @@ def test_dpsac_join_prints_one_json_object_per_updater() -> None:
 
 def test_dpsac_plot_writes_csv_and_png(tmp_path: Path) -> None:
     done = burstctl("dpsac-plot", "--out", tmp_path / "out", "--runs", "1")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO((tmp_path / "out" / "dpsac_sets.csv").read_text())))
     assert len(rows) == 30
     assert {r["label"] for r in rows} == {f"set {n}" for n in range(1, 11)}
@@ -279,7 +279,7 @@ PLACEMENT_KEYS = {
 
 def test_placement_prints_one_json_object_per_set_allocator_placement() -> None:
     done = burstctl("placement", "--load", "0.4", "--sets", "2", "--seed", "3", "--format", "json")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert len(rows) == 2 * 6 * 3  # default: every allocator and placement
     assert {r["allocator"] for r in rows} == {
@@ -320,7 +320,7 @@ def test_placement_options_repeat_and_the_seed_reproduces() -> None:
         "json",
     ]
     done, again = burstctl(*args), burstctl(*args)
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     assert done.stdout == again.stdout
     rows = [json.loads(line) for line in done.stdout.splitlines()]
     assert [(r["allocator"], r["placement"]) for r in rows] == [
@@ -328,13 +328,13 @@ def test_placement_options_repeat_and_the_seed_reproduces() -> None:
         ("tcpu-allocator", "greedy-clairvoyant"),
     ]
     rough = burstctl(*args, "--inaccurate")
-    assert rough.returncode == 0, rough.stderr
+    assert rough.exit_code == 0, rough.stderr
     assert all(json.loads(line)["inaccurate"] for line in rough.stdout.splitlines())
 
 
 def test_placement_table_has_a_header_and_a_line_per_row() -> None:
     done = burstctl("placement", "--allocator", "static", "--placement", "random")
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     lines = done.stdout.splitlines()
     assert lines[0].split()[:4] == ["set", "load", "allocator", "placement"]
     assert len(lines) == 2 and "static" in lines[1]
@@ -355,7 +355,7 @@ def test_placement_table_has_a_header_and_a_line_per_row() -> None:
 )
 def test_placement_bad_input_names_the_option(args: list[str], name: str) -> None:
     done = burstctl(*args)
-    assert done.returncode == 2
+    assert done.exit_code == 2
     assert name in done.stderr and "Traceback" not in done.stderr
 
 
@@ -364,7 +364,7 @@ def test_placement_sweep_writes_csv_readings_and_pngs(tmp_path: Path) -> None:
     done = burstctl(
         "placement-sweep", "--loads", "0.2", "--loads", "0.9", "--sets", "6", "--out", out
     )
-    assert done.returncode == 0, done.stderr
+    assert done.exit_code == 0, done.stderr
     rows = list(csv.DictReader(io.StringIO((out / "placement.csv").read_text())))
     assert len(rows) == 2 * 6 * (18 + 3)
     assert {r["target"] for r in rows} == {"0.2", "0.9"}

@@ -14,15 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner, Result
-
-from burstctl.cli import main
+from support.cli import invoke
 
 SWEEP = ["sim", "sweep", "--policy", "greedy-yield", "--pressure", "1.1", "--horizon", "5000"]
 
 
-def run(*args: str | Path) -> Result:
-    return CliRunner().invoke(main, [str(a) for a in args])
+run = invoke
 
 
 def record(path: Path) -> dict[str, object]:

@@ -10,9 +10,8 @@ import math
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 
-from burstctl.cli import main
 from burstctl.policies.persched import (
     App,
     AppSet,
@@ -148,7 +147,7 @@ def test_bad_arguments_are_refused() -> None:
 
 
 def _run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["sim", "persched-compare", *args])
+    result = invoke("sim", "persched-compare", *args)
     return result.exit_code, result.stdout, result.stderr
 
 

@@ -6,9 +6,8 @@ import json
 from pathlib import Path
 
 import pytest
-from click.testing import CliRunner
+from support.cli import invoke
 
-from burstctl.cli import main
 from burstctl.policies.persched import (
     JUPITER_TMIN,
     Pattern,
@@ -85,7 +84,7 @@ def test_malformed_files_name_the_problem(case: str) -> None:
 
 
 def _run(*args: str) -> tuple[int, str, str]:
-    result = CliRunner().invoke(main, ["sim", "persched", *args])
+    result = invoke("sim", "persched", *args)
     return result.exit_code, result.stdout, result.stderr
 
 
