@@ -114,6 +114,7 @@ def late_by(t: float) -> float:
     return 0.0 if START <= phase <= END else phase - END
 
 
+@pytest.mark.serial  # the rate is measured over whole periods: alone, not beside other tests
 async def test_a_session_paces_to_its_windows(
     probe_replica: Callable[..., Awaitable[Replica]],
 ) -> None:

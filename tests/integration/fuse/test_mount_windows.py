@@ -37,6 +37,7 @@ def late_by(t: float) -> float:
 
 
 # Pacing sits above the binding: one library is enough (libfuse 3, as test_fio_fairness).
+@pytest.mark.serial  # the rate is measured over whole periods: alone, not beside other tests
 @pytest.mark.parametrize("libfuse", ["3"], indirect=True)
 def test_writes_through_the_mount_follow_the_windows(
     fake_controller: Callable[..., FakeController],
