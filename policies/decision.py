@@ -123,23 +123,25 @@ def decide(
     ``fixes``), a sum above B scaled down to it (``scaled``). Proposals for jobs outside
     the view are ignored; zeros are not listed."""
     cls = type(policy)
-    wanted: Mapping[JobId, Schedule] | None = None
+    wanted: Mapping[JobId, Schedule] | None
     if targets is not None:  # schedules only on a replica's own decision
         proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets)
+        wanted = None
     else:
         proposed = policy.allocate(view)
-        if cls not in WITHOUT_SCHEDULES:
-            wanted = policy.schedules(view)
-        if type(proposed) is list and not wanted:
+        wanted = None if cls in WITHOUT_SCHEDULES else policy.schedules(view)
+        if not wanted and type(proposed) is list:
             # The usual case, checked in one pass: rows, every rate positive and within its
             # bounds (each test False for NaN too), Σ ≤ B: the decision is then the
             # proposal as it is. (Each comparison on its own: one the interpreter runs fast.)
             columns = view.columns
             cap = columns.cap
             demand = columns.demand
+            # One list for both (the simulator's, demand = b_i): a rate in (0, b_i] has demand.
+            demand_is_cap = demand is cap
             total = 0.0
             for r, rate in proposed:
-                if rate > 0.0 and rate <= cap[r] and demand[r] > 0.0:
+                if rate > 0.0 and rate <= cap[r] and (demand_is_cap or demand[r] > 0.0):
                     total += rate
                 else:
                     break

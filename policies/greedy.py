@@ -15,12 +15,20 @@ remaining volume when the client said it, otherwise what the job's past
 operations suggest is left (``JobView.remaining_estimate``). A job that has
 neither (no volume, no completed operation) is *unknown*. Ties are broken in
 the stable order (the row).
+
+One shared divisor: where every key is a quotient by one positive number
+(GreedyYield's y_i = P_i/(t − τ) when every job has the same τ, GreedyCom's V_i/b_i
+when every job has the same b_i, both the simulator's case), the least key is
+found from the numerators, without a division per row. A correctly rounded
+division by one positive number is monotone, so the least quotient is that of
+the least numerator (its first row in row order), unless a row before it rounds
+to the same quotient: the quotient of the least numerator before it tells (when
+it does, the keys are computed one by one, as without a shared divisor).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
 
 from pydantic import Field
 
@@ -76,15 +84,25 @@ class GreedyYield(Policy):
         released_at = columns.released_at
         capacity = view.capacity
         # The least (y_i, row). With one release time τ for every job (the synthetic
-        # windows) and t > τ, the yields P_i/(t − τ) share their divisor
-        # (``least_quotient``: no yield computed); otherwise each is computed as the loop
-        # goes (a later row replaces the least only with a strictly smaller yield: min
-        # over the pairs in row order).
+        # windows) and t > τ, the yields P_i/(t − τ) share their divisor: the least is
+        # found from the P_i (module docstring: one shared divisor); otherwise each yield
+        # is computed as the loop goes (a later row replaces the least only with a
+        # strictly smaller yield: min over the pairs in row order). Both inline, not in a
+        # helper: this is the hot loop of the greedy policies in the simulator, where a
+        # call costs as much as the loop.
         first = -1
-        found = least_quotient(active, progress, released_at)
-        if found is not None:
-            row, least, before = found
-            elapsed = now - released_at[row]
+        row = active[0]
+        tau = released_at[row]
+        least = progress[row]
+        before = math.inf  # the least P_i of the rows before ``row``
+        for r in active:
+            if released_at[r] != tau:
+                break
+            p = progress[r]
+            if p < least:
+                row, least, before = r, p, least
+        else:
+            elapsed = now - tau
             if elapsed <= 0.0:
                 first = active[0]  # every job fresh: every yield is FRESH_YIELD
             elif before / elapsed > least / elapsed:
@@ -102,35 +120,6 @@ class GreedyYield(Policy):
             if not capacity > d:
                 return [(first, capacity if capacity < d else d)]
         return greedy_fill_by(yields(view), columns.demand, capacity)
-
-
-def least_quotient(
-    rows: Sequence[int], numerator: Sequence[float | None], divisor_of: Sequence[float]
-) -> tuple[int, float, float] | None:
-    """For rows (not empty) whose quotients numerator/divisor share one divisor
-    (``divisor_of`` equal): the row of the least numerator (the first in row order), that
-    numerator, and the least numerator of the rows before it (inf: none); None if the
-    rows do not share it or a numerator is unknown (None).
-
-    A correctly rounded division by one positive number is monotone, so the least quotient
-    is that row's, unless a row before it rounds to the same quotient: the quotient of the
-    least numerator before it, the least quotient before it, tells. (Found without a
-    division per row: this is the greedy policies' hot loop in the simulator.)"""
-    first = rows[0]
-    shared = divisor_of[first]
-    least = numerator[first]
-    if least is None:
-        return None
-    before = math.inf
-    for r in rows:
-        if divisor_of[r] != shared:
-            return None
-        x = numerator[r]
-        if x is None:
-            return None
-        if x < least:
-            first, least, before = r, x, least
-    return first, least, before
 
 
 # The range of δ, seconds. Every δ the controller decides once more, whatever
@@ -195,15 +184,29 @@ class GreedyCom(Policy):
         cap = columns.cap
         capacity = view.capacity
         # The least (d_i, row), d_i = V_i/b_i the transfer time at full speed (eq. 3): with
-        # one b_i for every job (b_i = B, the simulator's case) the quotients share their
-        # divisor (``least_quotient``); else as the loop goes, as GreedyYield's. When it
-        # takes all of B nobody else gets anything.
+        # one b_i for every job (b_i = B, the simulator's case) and every V_i known, the
+        # quotients share their divisor and the least is found from the V_i (module
+        # docstring: one shared divisor); else as the loop goes. Both inline, as
+        # GreedyYield's. When it takes all of B nobody else gets anything.
         first = -1
-        found = least_quotient(view.active, remaining, cap) if view.active else None
-        if found is not None:
-            row, least, before = found
-            if before / cap[row] > least / cap[row]:
-                first = row
+        active = view.active
+        if active:
+            row = active[0]
+            shared = cap[row]
+            least = remaining[row]
+            before = math.inf  # the least V_i of the rows before ``row``
+            if least is not None:
+                for r in active:
+                    if cap[r] != shared:
+                        break
+                    v = remaining[r]
+                    if v is None:
+                        break
+                    if v < least:
+                        row, least, before = r, v, least
+                else:
+                    if before / shared > least / shared:
+                        first = row
         if first < 0:
             least = 0.0
             for r in view.active:

@@ -134,9 +134,11 @@ class Run:
         )
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
         # (s + Q_s, i), one per closed-form phase, and (the time P reaches its next
-        # power of two, s, i); crossings of phases ended or rebased are skipped
-        self.work_ends: list[tuple[float, int]] = []
-        self.crossings: list[tuple[float, float, int]] = []
+        # power of two, s, i); crossings of phases ended or rebased are skipped. Each
+        # holds a sentinel at +inf, never due: the loop reads the first entry of each at
+        # every step, without testing for an empty heap first.
+        self.work_ends: list[tuple[float, int]] = [(math.inf, -1)]
+        self.crossings: list[tuple[float, float, int]] = [(math.inf, math.inf, -1)]
         # slack for the heaps' rounded keys before the exact tests: ends stay below ~2T
         self.slack = DONE + math.ulp(2 * self.horizon)
         self.events = 0
@@ -207,6 +209,7 @@ class Run:
         t_end = T - EPS  # the loop's end
         while t < t_end:
             if not switched and t > self.switch_at - EPS:
+                self.t = t  # (the loop keeps t; the methods it calls read self.t)
                 self._switch()
                 switched = True
                 policy = self.policy
@@ -217,6 +220,7 @@ class Run:
             decision = decide(policy, view)
             events += 1
             if decision.fixes:
+                self.t = t
                 self._check(policy, view, decision.fixes)
             serving = decision.served  # (i, β > 0): an application without one stands still
             period = decision.period
@@ -233,8 +237,8 @@ class Run:
             stepped = self.stepped
             if stepped:  # t + Q over stepped work = t + min Q (rounding is monotonic)
                 t_next = min(t_next, t + min(map(q_left.__getitem__, stepped)))
-            if work_ends and work_ends[0][0] < t_next:
-                t_next = work_ends[0][0]  # t + Q = s + Q_s in closed form
+            if (end := work_ends[0][0]) < t_next:
+                t_next = end  # t + Q = s + Q_s in closed form
             for i, b in serving:  # β = 0 never completes: only the served count
                 c = t + q_left[i] / b
                 if c < t_next:
@@ -270,12 +274,12 @@ class Run:
                     views[i] = None
             if stepped:
                 self._advance_stepped(t, now)
-            if crossings and crossings[0][0] - now < slack:
+            if crossings[0][0] - now < slack:
                 self._rebase_due(t, now)
-            if work_ends and work_ends[0][0] - now < slack:
+            if work_ends[0][0] - now < slack:
                 # the closed-form work phases that end at now
                 due = [heappop(work_ends)]
-                while work_ends and work_ends[0][0] - now < slack:
+                while work_ends[0][0] - now < slack:
                     due.append(heappop(work_ends))
                 for end, i in due:
                     q = q_left[i] - (now - base[i])  # Q_s − (now − s), exact
@@ -303,8 +307,9 @@ class Run:
                 if counter > MAX_REPEATS:
                     raise SimulationError(f"time does not advance at t = {t}")
             else:
-                self.t = t = now
+                t = now
                 counter = 0
+        self.t = t
         self.events += events
         if abs(self.t - T) > END_TOLERANCE:
             raise SimulationError(f"the run ended at {self.t}, not at T = {T}")
