@@ -138,11 +138,10 @@ class Live:
         self.completed_at: list[float | None] = [None] * m
         self.op_id = [0] * m
 
-    def catch_up(self, run: Run) -> None:
-        """Brings the table to the run's time and state: Usage reports of the bytes its
-        open operations moved, then completions and posts of the phases that ended and
-        began."""
-        now = run.t
+    def catch_up(self, run: Run, now: float) -> None:
+        """Brings the table to the run's state at ``now``, the time of its decision: Usage
+        reports of the bytes its open operations moved, then completions and posts of the
+        phases that ended and began."""
         self.timer.run_to(now)
         for i, session in enumerate(self.sessions):
             k, io = run.phase[i], run.io[i]
@@ -240,10 +239,10 @@ class Mirror(Policy):
 
     def allocate(self, view: SystemView) -> RowRates:
         run = self.run
-        assert run is not None and view.now == run.t
+        assert run is not None
         view.horizon = None  # type: ignore[misc]  # (see the module docstring)
         live = self.live
-        live.catch_up(run)
+        live.catch_up(run, view.now)
         decision = live.decide()
         columns = run.columns
         demand = columns.demand
