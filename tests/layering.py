@@ -30,10 +30,17 @@ lint_imports_command()
 """
 
 
-def link_tree(dest: Path, root: Path = ROOT) -> Path:
-    """``dest/burstctl`` laid out as installed, made of links into ``root``."""
+def package_dirs(root: Path = ROOT) -> dict[str, str]:
+    """Each installed package (``burstctl.<part>``) and the folder under ``root`` it comes
+    from: pyproject's ``[tool.setuptools.package-dir]``."""
     config = tomllib.loads((root / "pyproject.toml").read_text())
     mapping: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
+    return mapping
+
+
+def link_tree(dest: Path, root: Path = ROOT) -> Path:
+    """``dest/burstctl`` laid out as installed, made of links into ``root``."""
+    mapping = package_dirs(root)
     package = dest / "burstctl"
     package.mkdir(parents=True)
     for source in (root / mapping["burstctl"]).iterdir():

@@ -6,7 +6,7 @@ import shutil
 import tomllib
 from pathlib import Path
 
-from layering import ROOT, check, link_tree
+from layering import ROOT, check, link_tree, package_dirs
 
 
 def test_the_import_contracts_hold(tmp_path: Path) -> None:
@@ -23,8 +23,7 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path: Path) -> None:
     copy = tmp_path / "repo"
     copy.mkdir()
     shutil.copy(ROOT / "pyproject.toml", copy)
-    config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    for folder in set(config["tool"]["setuptools"]["package-dir"].values()) - {"policies"}:
+    for folder in set(package_dirs().values()) - {"policies"}:
         (copy / folder).symlink_to(ROOT / folder, target_is_directory=True)
     shutil.copytree(ROOT / "policies", copy / "policies", ignore=shutil.ignore_patterns("__py*"))
     fcfs = copy / "policies" / "fcfs.py"
@@ -36,11 +35,7 @@ def test_a_forbidden_import_breaks_a_contract(tmp_path: Path) -> None:
 
 def test_the_layers_contract_names_every_package() -> None:
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
-    packages = {
-        name.removeprefix("burstctl.")
-        for name in config["tool"]["setuptools"]["package-dir"]
-        if name != "burstctl"
-    }
+    packages = {name.removeprefix("burstctl.") for name in package_dirs() if name != "burstctl"}
     (layers,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["type"] == "layers"]
     named = {part.strip() for layer in layers["layers"] for part in layer.split("|")}
     assert named == packages

@@ -7,18 +7,16 @@ modules) is not written by hand and is left out.
 
 from __future__ import annotations
 
-import tomllib
 from pathlib import Path
 
-from layering import ROOT
+from layering import ROOT, package_dirs
 
 MAX_LINES = 600
 
 
 def product_sources(root: Path) -> list[Path]:
     """The Python and C sources of the installed packages (pyproject's package folders)."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    folders = set(config["tool"]["setuptools"]["package-dir"].values()) - {""}
+    folders = set(package_dirs(root).values())
     return sorted(
         path
         for folder in folders
