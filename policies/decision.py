@@ -152,7 +152,7 @@ def decide(
                     taken.served = proposed
                     taken.period = None if cls in WITHOUT_PERIOD else policy.period(view)
                     return taken
-    pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+    pairs = proposed if isinstance(proposed, list) else _by_row(view, proposed)
     served, fixes, scaled, schedules, refused = _enforced(view, pairs, wanted)
     decision = Enforced()
     decision.view = view
@@ -266,7 +266,7 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     if newer:
         # the local policy's rates on the whole view, enforced (its schedules aside)
         proposed = policy.allocate(view)
-        pairs = proposed if type(proposed) is list else _by_row(view, proposed)
+        pairs = proposed if isinstance(proposed, list) else _by_row(view, proposed)
         served = _enforced(view, pairs, None)[0]
         ids = view.columns.job_id
         local = {ids[r]: rate for r, rate in served}

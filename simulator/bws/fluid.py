@@ -20,15 +20,14 @@ from __future__ import annotations
 
 import math
 from bisect import insort
-from collections.abc import Sequence
 from heapq import heapify, heappop, heappush
-from itertools import accumulate
 from math import ulp
 from typing import Any
 
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Fixes, decide
-from burstctl.policies.view import Columns, JobView, SystemView
+from burstctl.policies.view import SystemView
+from burstctl.simulator.bws.columns import MeanVolume, Moved, SimColumns
 from burstctl.simulator.bws.instance import Window
 
 # Constants of the reference ([BWS-SIM] simu.cc: ERROR, ERROR2 and the literals of simulate).
@@ -41,7 +40,7 @@ END_TOLERANCE = 1e-8
 SIM_USER = "sim"  # user and group of every application
 
 
-class SimulationError(RuntimeError):
+class SimulationError(Exception):
     """The run cannot go on: a policy broke a rate bound or time stopped advancing."""
 
 
@@ -114,7 +113,7 @@ class Run:
         # whose id sorts like i: the stable order). demand = b_i; the volume moved and
         # the mean past volume are computed when read (rarely: a policy that reads
         # JobView rows, or a fallback for an unknown volume).
-        self.columns = _SimColumns(
+        self.columns = SimColumns(
             job_id=self.ids,
             user=[SIM_USER] * m,
             group=[SIM_USER] * m,
@@ -125,11 +124,11 @@ class Run:
             posted_at=self.posted,
             volume=self.volume,
             remaining=self.remaining,
-            moved=_Moved(self.volume, self.remaining),
+            moved=Moved(self.volume, self.remaining),
             released_at=self.tau,
             progress=self.progress,
             last_work=self.last_work,
-            mean_volume=_MeanVolume(self.values, self.phase, self.first_io),
+            mean_volume=MeanVolume(self.values, self.phase, self.first_io),
             index=range(m),
         )
         self.stepped = [i for i in range(m) if not self.io[i]]  # work phases not closed
@@ -513,67 +512,3 @@ def _closed_form_is_exact(s: float, q: float, p: float) -> bool:
     """
     u = math.ulp(s)
     return u <= q <= s and math.ulp(p) <= u
-
-
-class _Moved(Sequence[float]):
-    """The views' ``moved`` column: V − Q of the I/O phase under way, by application."""
-
-    __slots__ = ("_remaining", "_volume")
-
-    def __init__(self, volume: list[float], remaining: list[float]) -> None:
-        self._volume = volume
-        self._remaining = remaining
-
-    def __getitem__(self, i: int) -> float:  # type: ignore[override]
-        return self._volume[i] - self._remaining[i]
-
-    def __len__(self) -> int:
-        return len(self._volume)
-
-
-class _SimColumns(Columns):
-    """The run's columns; ``job(row)`` keeps the ``JobView`` it builds until the row
-    moves (served, or back in I/O: ``Run`` empties ``views[row]``), so that a policy
-    that reads rows as objects builds one per change, not one per decision."""
-
-    __slots__ = ("used", "views")
-
-    def __init__(self, **columns: Sequence[Any]) -> None:
-        super().__init__(**columns)
-        self.views: list[JobView | None] = [None] * len(columns["index"])
-        self.used = False  # a JobView was built: the loop empties the served rows' views
-
-    def job(self, row: int) -> JobView:
-        view = self.views[row]
-        if view is None:
-            view = self.views[row] = super().job(row)
-            self.used = True
-        return view
-
-
-class _MeanVolume(Sequence[float]):
-    """The views' ``mean_volume`` column: the mean volume of the completed I/O phases
-    (phases alternate from each application's first), from the running sums of the
-    application's I/O volumes in order, made on first read."""
-
-    __slots__ = ("_first_io", "_phase", "_sums", "_values")
-
-    def __init__(self, values: list[list[float]], phase: list[int], first_io: list[bool]) -> None:
-        self._values = values
-        self._phase = phase
-        self._first_io = first_io
-        self._sums: list[list[float] | None] = [None] * len(values)
-
-    def __getitem__(self, i: int) -> float:  # type: ignore[override]
-        k = self._phase[i]
-        count = (k + 1 if self._first_io[i] else k) // 2  # I/O phases before phase k
-        if not count:
-            return 0.0
-        sums = self._sums[i]
-        if sums is None:  # Σ of the first n I/O volumes, added in order, at [n − 1]
-            io = self._values[i][0 if self._first_io[i] else 1 :: 2]
-            sums = self._sums[i] = list(accumulate(io))
-        return sums[count - 1] / count
-
-    def __len__(self) -> int:
-        return len(self._values)

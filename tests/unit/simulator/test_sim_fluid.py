@@ -15,7 +15,8 @@ import pytest
 from burstctl.policies import JobId, Policy, SystemView, default_registry
 from burstctl.policies.fair_share import FairShare
 from burstctl.policies.view import Columns
-from burstctl.simulator.bws.fluid import SimulationError, _MeanVolume
+from burstctl.simulator.bws.columns import MeanVolume
+from burstctl.simulator.bws.fluid import SimulationError
 from burstctl.simulator.bws.generate import GeneratorParams, generate
 from burstctl.simulator.bws.instance import Window, parse_instance, prepare_window
 from burstctl.simulator.bws.runs import create_policy, simulate
@@ -236,7 +237,7 @@ def test_the_jobview_rows_a_policy_reads_are_those_of_the_columns_now() -> None:
 def test_the_mean_past_volume_is_that_of_the_completed_io_phases() -> None:
     # a: I/O first (1, 2, 4 at phases 0, 2, 4); b: work first (1, 3 at phases 1, 3)
     phase = [0, 0]
-    mean = _MeanVolume([[1.0, 5.0, 2.0, 5.0, 4.0], [5.0, 1.0, 5.0, 3.0]], phase, [True, False])
+    mean = MeanVolume([[1.0, 5.0, 2.0, 5.0, 4.0], [5.0, 1.0, 5.0, 3.0]], phase, [True, False])
     seen = []
     for k in range(5):
         phase[:] = [k, k]
