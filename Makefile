@@ -6,9 +6,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: run test test-all lint format proto bench system-deps clean
 
+# The modules setup.py compiles with mypyc (pyproject.toml: [tool.burstctl] compiled).
+COMPILED := $(shell $(PYTHON) package_layout.py 2>/dev/null)
+
 # Install (or update) the package and its dev/test extras when pyproject.toml changes, and
-# rebuild the LD_PRELOAD library (setup.py) when one of its C sources or its header does.
-$(STAMP): pyproject.toml setup.py $(wildcard preload_shim/*.c preload_shim/*.h)
+# rebuild the native parts (setup.py) when one of their sources does: the LD_PRELOAD
+# library's C sources and header, the compiled modules' Python sources.
+$(STAMP): pyproject.toml setup.py package_layout.py $(wildcard preload_shim/*.c preload_shim/*.h) \
+  $(COMPILED)
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' \
 	  || { echo "burstctl needs Python >= 3.11 (found $$($(PYTHON) --version))"; exit 1; }
 	@command -v gcc >/dev/null 2>&1 && test -e /usr/include/stdio.h \
@@ -72,4 +77,5 @@ bench: $(STAMP)
 	$(PY) bench/metadata.py
 
 clean:
+	find . -path ./$(VENV) -prune -o -name '*.so' -print -delete
 	rm -rf $(VENV) build *.egg-info .pytest_cache .ruff_cache .mypy_cache

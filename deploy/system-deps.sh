@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs the system packages burstctl's tests need (libfuse 2 and 3, fio, and Chromium with its
 # WebDriver for the dashboard test, shellcheck for the deploy scripts' test, gcc and the libc headers
-# that build the LD_PRELOAD library, preload_shim/*.c) when missing.
+# that build the LD_PRELOAD library, preload_shim/*.c, and Python's headers for the modules setup.py
+# compiles) when missing.
 # Runs apt-get only as root (CI runs as root on a fresh machine); otherwise says what to install.
 set -euo pipefail
 
@@ -16,15 +17,18 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 [ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
+"${PYTHON:-python3}" -c 'import os, sys, sysconfig
+sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
+  || missing+=(python3-dev)
 
 if [ ${#missing[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "missing system packages: ${missing[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev)" >&2
+  echo "missing system packages: ${missing[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev)" >&2
   exit 0
 fi
-echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev"
+echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev"
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
-apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev >/dev/null
+apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev >/dev/null

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 import sys
 import uuid
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, settings
+from layering import compiled_modules, source_of
 from support import ControllerProcess
 
 from burstctl.controller.app import Replica, build_replica
@@ -35,6 +37,26 @@ settings.register_profile(
     print_blob=True,
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """Stops before any test when a compiled module (setup.py) is older than its source: the
+    suite would test the code as it was at the last install, not as it is."""
+    stale = []
+    for module in compiled_modules():
+        spec = importlib.util.find_spec(module)
+        origin = spec.origin if spec is not None else None
+        if origin is not None and not origin.endswith(".py"):
+            source = source_of(module)
+            if os.path.getmtime(origin) < source.stat().st_mtime:
+                stale.append(str(source))
+    if stale:
+        pytest.exit(
+            f"changed since the install compiled them: {', '.join(stale)}; rebuild with"
+            " `make` (or `.venv/bin/pip install -e .`), or install with BURSTCTL_PURE_PYTHON=1",
+            returncode=4,
+        )
+
 
 REPLICA_DEFAULTS = {
     "grpc_listen": "127.0.0.1:0",

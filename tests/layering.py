@@ -12,15 +12,44 @@ install (``-S``: no ``.pth`` files; the site-packages directories come after the
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import site
 import subprocess
 import sys
 import tempfile
-import tomllib
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def _package_layout() -> ModuleType:
+    """``package_layout.py``, beside setup.py, loaded from its file: the repository root on
+    ``sys.path`` would shadow the installed ``burstctl`` with its ``burstctl/`` folder."""
+    spec = importlib.util.spec_from_file_location("package_layout", ROOT / "package_layout.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("package_layout", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+_layout = _package_layout()
+link_tree = _layout.link_tree
+package_dirs = _layout.package_dirs
+compiled_modules = _layout.compiled_modules
+source_of = _layout.source_of
+
+__all__ = [
+    "ROOT",
+    "check",
+    "compiled_modules",
+    "link_tree",
+    "main",
+    "package_dirs",
+    "source_of",
+]
 
 _RUN = """
 import sys
@@ -28,28 +57,6 @@ from importlinter.cli import lint_imports_command
 sys.argv = ["lint-imports", sys.argv[1]]
 lint_imports_command()
 """
-
-
-def package_dirs(root: Path = ROOT) -> dict[str, str]:
-    """Each installed package (``burstctl.<part>``) and the folder under ``root`` it comes
-    from: pyproject's ``[tool.setuptools.package-dir]``."""
-    config = tomllib.loads((root / "pyproject.toml").read_text())
-    mapping: dict[str, str] = config["tool"]["setuptools"]["package-dir"]
-    return mapping
-
-
-def link_tree(dest: Path, root: Path = ROOT) -> Path:
-    """``dest/burstctl`` laid out as installed, made of links into ``root``."""
-    mapping = package_dirs(root)
-    package = dest / "burstctl"
-    package.mkdir(parents=True)
-    for source in (root / mapping["burstctl"]).iterdir():
-        if source.suffix in (".py", ".typed"):
-            (package / source.name).symlink_to(source)
-    for name, folder in mapping.items():
-        if name != "burstctl":
-            (dest / name.replace(".", "/")).symlink_to(root / folder, target_is_directory=True)
-    return dest
 
 
 def check(tree: Path, config: Path = ROOT / "pyproject.toml") -> subprocess.CompletedProcess[str]:
