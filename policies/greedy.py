@@ -15,15 +15,6 @@ remaining volume when the client said it, otherwise what the job's past
 operations suggest is left (``JobView.remaining_estimate``). A job that has
 neither (no volume, no completed operation) is *unknown*. Ties are broken in
 the stable order (the row).
-
-One shared divisor: where every key is a quotient by one positive number
-(GreedyYield's y_i = P_i/(t − τ) when every job has the same τ, GreedyCom's V_i/b_i
-when every job has the same b_i, both the simulator's case), the least key is
-found from the numerators, without a division per row. A correctly rounded
-division by one positive number is monotone, so the least quotient is that of
-the least numerator (its first row in row order), unless a row before it rounds
-to the same quotient: the quotient of the least numerator before it tells (when
-it does, the keys are computed one by one, as without a shared divisor).
 """
 
 from __future__ import annotations
@@ -33,7 +24,7 @@ import math
 from pydantic import Field
 
 from burstctl.policies.base import Policy, PolicyParams
-from burstctl.policies.sharing import greedy_fill, greedy_fill_by
+from burstctl.policies.sharing import greedy_fill, greedy_fill_by, least_quotient
 from burstctl.policies.view import FRESH_YIELD, Columns, RowRates, SystemView, remaining_estimate
 
 
@@ -84,25 +75,15 @@ class GreedyYield(Policy):
         released_at = columns.released_at
         capacity = view.capacity
         # The least (y_i, row). With one release time τ for every job (the synthetic
-        # windows) and t > τ, the yields P_i/(t − τ) share their divisor: the least is
-        # found from the P_i (module docstring: one shared divisor); otherwise each yield
-        # is computed as the loop goes (a later row replaces the least only with a
-        # strictly smaller yield: min over the pairs in row order). Both inline, not in a
-        # helper: this is the hot loop of the greedy policies in the simulator, where a
-        # call costs as much as the loop.
+        # windows) and t > τ, the yields P_i/(t − τ) share their divisor
+        # (``least_quotient``: no yield computed); otherwise each is computed as the loop
+        # goes (a later row replaces the least only with a strictly smaller yield: min
+        # over the pairs in row order).
         first = -1
-        row = active[0]
-        tau = released_at[row]
-        least = progress[row]
-        before = math.inf  # the least P_i of the rows before ``row``
-        for r in active:
-            if released_at[r] != tau:
-                break
-            p = progress[r]
-            if p < least:
-                row, least, before = r, p, least
-        else:
-            elapsed = now - tau
+        found = least_quotient(active, progress, released_at)
+        if found is not None:
+            row, least, before = found
+            elapsed = now - released_at[row]
             if elapsed <= 0.0:
                 first = active[0]  # every job fresh: every yield is FRESH_YIELD
             elif before / elapsed > least / elapsed:
@@ -184,29 +165,15 @@ class GreedyCom(Policy):
         cap = columns.cap
         capacity = view.capacity
         # The least (d_i, row), d_i = V_i/b_i the transfer time at full speed (eq. 3): with
-        # one b_i for every job (b_i = B, the simulator's case) and every V_i known, the
-        # quotients share their divisor and the least is found from the V_i (module
-        # docstring: one shared divisor); else as the loop goes. Both inline, as
-        # GreedyYield's. When it takes all of B nobody else gets anything.
+        # one b_i for every job (b_i = B, the simulator's case) the quotients share their
+        # divisor (``least_quotient``); else as the loop goes, as GreedyYield's. When it
+        # takes all of B nobody else gets anything.
         first = -1
-        active = view.active
-        if active:
-            row = active[0]
-            shared = cap[row]
-            least = remaining[row]
-            before = math.inf  # the least V_i of the rows before ``row``
-            if least is not None:
-                for r in active:
-                    if cap[r] != shared:
-                        break
-                    v = remaining[r]
-                    if v is None:
-                        break
-                    if v < least:
-                        row, least, before = r, v, least
-                else:
-                    if before / shared > least / shared:
-                        first = row
+        found = least_quotient(view.active, remaining, cap) if view.active else None
+        if found is not None:
+            row, least, before = found
+            if before / cap[row] > least / cap[row]:
+                first = row
         if first < 0:
             least = 0.0
             for r in view.active:

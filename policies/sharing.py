@@ -6,13 +6,15 @@ the functions here turn that into rates that never exceed what a job can use
 want more. The result is work-conserving: Σ rates = min(B, Σ demand).
 
 Each works over keys: the rows of a view (with its columns as the values, read
-by row), or any hashable keys with mappings (job ids, session ids).
+by row), or any hashable keys with mappings (job ids, session ids). Also here, for
+the greedy orders: ``least_quotient``, the least key when every key is a quotient by
+one divisor.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Collection, Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from typing import Any, Protocol, TypeVar
 
 K = TypeVar("K")
@@ -118,3 +120,32 @@ def water_levels(
             rates[other] = level * w_other
         break
     return [(k, rates[k]) for k in live]
+
+
+def least_quotient(
+    rows: Sequence[int], numerator: Sequence[float | None], divisor_of: Sequence[float]
+) -> tuple[int, float, float] | None:
+    """For rows (not empty) whose quotients numerator/divisor share one divisor
+    (``divisor_of`` equal): the row of the least numerator (the first in row order), that
+    numerator, and the least numerator of the rows before it (inf: none); None if the
+    rows do not share it or a numerator is unknown (None).
+
+    A correctly rounded division by one positive number is monotone, so the least quotient
+    is that row's, unless a row before it rounds to the same quotient: the quotient of the
+    least numerator before it, the least quotient before it, tells. (Found without a
+    division per row: this is the greedy policies' hot loop in the simulator.)"""
+    first = rows[0]
+    shared = divisor_of[first]
+    least = numerator[first]
+    if least is None:
+        return None
+    before = math.inf
+    for r in rows:
+        if divisor_of[r] != shared:
+            return None
+        x = numerator[r]
+        if x is None:
+            return None
+        if x < least:
+            first, least, before = r, x, least
+    return first, least, before
