@@ -14,6 +14,7 @@ import json
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from layering import compiled_modules, source_of
@@ -24,12 +25,14 @@ from burstctl.simulator.bws.instance import prepare_window
 from burstctl.simulator.bws.runs import simulate
 
 PURE = bool(os.environ.get("BURSTCTL_PURE_PYTHON"))
+_HERE = Path(__file__).resolve().parent
+_TEST_PATHS = [str(_HERE), str(_HERE.parent)]  # this module, and tests/ (layering)
 
 # Loads the compiled modules from their sources (argv[1]: their folders; argv[2]: the
-# modules), runs every registered policy on one small window, v1 and v2, and prints the
-# metrics as repr strings (every bit) and where each module was loaded from.
+# modules; argv[3:]: the folders of this test and of its imports), then prints
+# every_policy_metrics() and where each module was loaded from.
 _RUN = r"""
-import importlib.machinery as machinery, json, os, sys
+import importlib, importlib.machinery as machinery, json, os, sys
 folders = set(json.loads(sys.argv[1]))
 sources = machinery.FileFinder.path_hook((machinery.SourceFileLoader, machinery.SOURCE_SUFFIXES))
 def hook(path):
@@ -38,30 +41,36 @@ def hook(path):
     raise ImportError(path)
 sys.path_hooks.insert(0, hook)
 sys.path_importer_cache.clear()
-import importlib
-from burstctl.policies.registry import default_registry
-from burstctl.simulator.bws.generate import GeneratorParams, generate
-from burstctl.simulator.bws.instance import prepare_window
-from burstctl.simulator.bws.runs import simulate
+sys.path[:0] = sys.argv[3:]
+from test_compiled import every_policy_metrics
 loaded = {m: importlib.import_module(m).__file__ for m in json.loads(sys.argv[2])}
-window = prepare_window(generate(GeneratorParams(pressure=1.1, horizon=1e5), 3))
-results = {}
-for name in default_registry().names():
-    for windows in ("v1", "v2"):
-        r = simulate(window, name, windows=windows)
-        results[f"{name} {windows}"] = [
-            repr(r.min_yield), repr(r.efficiency), repr(r.utilization),
-            repr(r.utilization_reference), r.events,
-        ]
-print(json.dumps({"loaded": loaded, "results": results}))
+print(json.dumps({"loaded": loaded, "results": every_policy_metrics()}))
 """
+
+
+def every_policy_metrics() -> dict[str, list[object]]:
+    """Every registered policy on one small window, v1 and v2: the metrics as ``repr``
+    strings (every bit) and the event count."""
+    window = prepare_window(generate(GeneratorParams(pressure=1.1, horizon=1e5), 3))
+    results: dict[str, list[object]] = {}
+    for name in default_registry().names():
+        for windows in ("v1", "v2"):
+            r = simulate(window, name, windows=windows)
+            results[f"{name} {windows}"] = [
+                repr(r.min_yield),
+                repr(r.efficiency),
+                repr(r.utilization),
+                repr(r.utilization_reference),
+                r.events,
+            ]
+    return results
 
 
 def _run_from_sources() -> dict[str, dict[str, object]]:
     modules = compiled_modules()
     folders = sorted({os.path.realpath(source_of(m).parent) for m in modules})
     out = subprocess.run(
-        [sys.executable, "-c", _RUN, json.dumps(folders), json.dumps(modules)],
+        [sys.executable, "-c", _RUN, json.dumps(folders), json.dumps(modules), *_TEST_PATHS],
         capture_output=True,
         text=True,
         timeout=300,
@@ -94,16 +103,4 @@ def test_compiled_and_interpreted_give_the_same_bits_for_every_policy() -> None:
     pure = _run_from_sources()
     for module, path in pure["loaded"].items():
         assert str(path).endswith(".py"), f"{module} was not loaded from its source: {path}"
-    window = prepare_window(generate(GeneratorParams(pressure=1.1, horizon=1e5), 3))
-    here = {}
-    for name in default_registry().names():
-        for windows in ("v1", "v2"):
-            r = simulate(window, name, windows=windows)
-            here[f"{name} {windows}"] = [
-                repr(r.min_yield),
-                repr(r.efficiency),
-                repr(r.utilization),
-                repr(r.utilization_reference),
-                r.events,
-            ]
-    assert pure["results"] == here
+    assert pure["results"] == every_policy_metrics()
