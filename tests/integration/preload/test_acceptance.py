@@ -254,6 +254,7 @@ def test_two_fio_jobs_under_exec_share_in_proportion_to_their_nodes(
         assert measured["aggregate_of_B"] >= 0.95, (rw, measured)
 
 
+@pytest.mark.serial  # compares the times of two 1 GiB writes: alone, not beside other tests
 def test_files_outside_the_paths_are_neither_paced_nor_counted(
     controller_factory: Callable[..., ControllerProcess],
     agents: Callable[..., AgentProcess],
