@@ -280,6 +280,10 @@ class ControllerServicer:
                 host,
                 context.peer(),
             )
+            # Admitted: say so at once with the (empty) initial metadata, before any allocation
+            # is decided. A client writes nothing after its Hello until then, so that none of
+            # its writes is in flight when a refusal ends the stream (docs/protocol.md, "Errors").
+            await context.send_initial_metadata(())
             reader = asyncio.create_task(
                 self._read(requests, session, stream), name=f"session-{session.sid}-reader"
             )

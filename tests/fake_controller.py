@@ -34,10 +34,14 @@ class Received:
         return self.message.WhichOneof("body") or ""
 
 
+# In a stream's outbox: the Hello was taken, send the initial metadata (as the controller does).
+ADMITTED = "admitted"
+
+
 @dataclass
 class _Stream:
     index: int
-    outbox: asyncio.Queue[pb.Allocation | grpc.StatusCode | None] = field(
+    outbox: asyncio.Queue[pb.Allocation | grpc.StatusCode | str | None] = field(
         default_factory=asyncio.Queue
     )
     epoch: int = 0
@@ -235,6 +239,9 @@ class FakeController(pb_grpc.ControllerServicer):
                 item = await stream.outbox.get()
                 if item is None:
                     return
+                if item == ADMITTED:
+                    await context.send_initial_metadata(())
+                    continue
                 if isinstance(item, grpc.StatusCode):
                     if item != grpc.StatusCode.OK:
                         await context.abort(item, f"scripted {item.name}")
@@ -267,8 +274,10 @@ class FakeController(pb_grpc.ControllerServicer):
             self._cond.notify_all()
         if kind == "hello" and self.reject_with is not None:
             stream.outbox.put_nowait(self.reject_with)
-        elif kind == "hello" and self.initial_rate is not None:
-            stream.outbox.put_nowait(self._allocation(stream, self.initial_rate))
+        elif kind == "hello":
+            stream.outbox.put_nowait(ADMITTED)
+            if self.initial_rate is not None:
+                stream.outbox.put_nowait(self._allocation(stream, self.initial_rate))
         elif kind == "goodbye":
             stream.outbox.put_nowait(grpc.StatusCode.OK)
 
