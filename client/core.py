@@ -23,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 import grpc
 
@@ -101,6 +101,11 @@ class SessionCore:
     @property
     def refused(self) -> str | None:
         return self._stream.refused
+
+    @property
+    def stream_ends(self) -> Mapping[str, int]:
+        """How the session's streams ended so far, by status name (docs/protocol.md)."""
+        return self._stream.ends
 
     @property
     def closed(self) -> bool:

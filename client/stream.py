@@ -20,6 +20,7 @@ import logging
 import math
 import random
 import threading
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from typing import Any
 
@@ -90,6 +91,9 @@ class SessionStream:
         self._usage = UsageReports(throttle, space, clock)
         self._detached_logged = False
         self._refused: str | None = None
+        # How this session's streams ended, by status name ("restarted": cancelled here, the
+        # lease having run out on a silent stream); docs/protocol.md, "Errors".
+        self.ends: Counter[str] = Counter()
 
     # ------------------------------------------------------------------ attachment (any thread)
 
@@ -245,6 +249,7 @@ class SessionStream:
                     raise
                 # gRPC raises CancelledError in read() after we cancelled the call ourselves
                 # (lease expired on a silent stream); that is a restart, not our task ending.
+                self.ends["restarted"] += 1
                 logger.info("restarting the session stream to %s", self._options.target)
             except Exception:
                 logger.exception("session stream to %s failed", self._options.target)
@@ -303,16 +308,22 @@ class SessionStream:
         self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.ClientMessage | None]
     ) -> None:
         try:
+            # Hello opens the stream on its own (the controller reads it alone), and nothing
+            # follows it until the controller admitted the stream (its initial metadata): a
+            # write in flight when a refusal arrives turns the refusal into INTERNAL here, its
+            # code and retry hint lost (gRPC Python; docs/protocol.md, "Errors").
+            hello = await outbox.get()
+            assert hello is not None
+            await call.write(hello)
+            await call.initial_metadata()
+            if call.done():
+                return  # refused: the reader learns how
             while True:
                 # What queued up while the previous write was in flight goes as one Batch:
                 # each gRPC message has a fixed cost on both ends.
-                # Hello opens the stream on its own (the controller reads it alone).
                 pending = [await outbox.get()]
-                if pending[0] is not None and pending[0].WhichOneof("body") != "hello":
-                    while (
-                        pending[-1] is not None and len(pending) < MAX_BATCH and not outbox.empty()
-                    ):
-                        pending.append(outbox.get_nowait())
+                while pending[-1] is not None and len(pending) < MAX_BATCH and not outbox.empty():
+                    pending.append(outbox.get_nowait())
                 done = pending[-1] is None
                 messages = [m for m in pending if m is not None]
                 if len(messages) == 1:
@@ -362,6 +373,7 @@ class SessionStream:
             self._lease_expired()
 
     def _log_stream_end(self, code: grpc.StatusCode, details: str | None) -> None:
+        self.ends[code.name] += 1
         target = self._options.target
         if self._stopping:
             logger.debug("session stream to %s closed: %s", target, code.name)
@@ -374,6 +386,10 @@ class SessionStream:
         elif code == grpc.StatusCode.RESOURCE_EXHAUSTED and not self._detached_logged:
             # A limit of the controller (e.g. its session limit): retried after its hint.
             logger.warning("controller %s refused the session: %s", target, details)
+        elif code == grpc.StatusCode.CANCELLED:
+            # gRPC cancelled a stream the overloaded controller did not take up in time:
+            # expected under load, tried again after the backoff.
+            logger.info("controller %s did not take the session stream up in time", target)
         elif not self._detached_logged:
             logger.warning("session stream to %s ended: %s %s", target, code.name, details or "")
         else:

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import time
 from collections.abc import Callable
 from typing import Any
 
+import grpc
 import pytest
+from support import async_wait_until
 
 from burstctl.client import JobInfo, Session
+from burstctl.client.core import SessionCore
+from burstctl.client.options import SessionOptions
 
 pytestmark = pytest.mark.integration
 
@@ -94,3 +99,32 @@ def test_a_silent_stream_is_restarted_when_its_lease_expires(
         assert [h.stream for h in hellos][:2] == [0, 1]
         assert session.wait_attached(5)
         assert session.rate == 2 * MiB
+
+
+async def test_a_stream_cancelled_on_the_controller_side_is_counted_and_tried_again_quietly(
+    make_controller: Callable[..., Any], caplog: pytest.LogCaptureFixture
+) -> None:
+    # What an overloaded controller's gRPC does to a stream its loop did not take up in time
+    # (docs/protocol.md, "Errors"): expected under load, not an error of the session.
+    controller = make_controller(reject_with=grpc.StatusCode.CANCELLED)
+    options = SessionOptions.build(
+        controller.address,
+        JOB,
+        "fixed:1MiB/s",
+        report_interval=0.1,
+        quiet_gap=1.0,
+        attach_timeout=60.0,
+        client_id="node-1",
+    )
+    caplog.set_level(logging.DEBUG, "burstctl.client.stream")
+    core = SessionCore(options)
+    await core.start()
+    try:
+        await async_wait_until(
+            lambda: core.stream_ends.get("CANCELLED", 0) >= 2, 10, message="tried again"
+        )
+        assert set(core.stream_ends) == {"CANCELLED"}
+    finally:
+        await core.close()
+    loud = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert not loud, loud
