@@ -87,6 +87,8 @@ class ControllerProcess:
     """``burstctl controller`` in a child process on a loopback port chosen by the OS.
 
     Stopped by pid (SIGTERM, then SIGKILL) in ``stop()``; the log is kept for failures.
+    ``python_args`` go to the interpreter before ``-m burstctl`` (a benchmark runs the
+    controller under ``-m cProfile -o FILE``).
     """
 
     def __init__(
@@ -95,9 +97,11 @@ class ControllerProcess:
         args: Sequence[str] = (),
         address: str = "127.0.0.1:0",
         env: dict[str, str] | None = None,
+        python_args: Sequence[str] = (),
     ) -> None:
         self.state_dir = state_dir
         self.args = list(args)
+        self.python_args = list(python_args)
         self.requested_address = address
         self.env = env
         self.address: str | None = None
@@ -113,6 +117,7 @@ class ControllerProcess:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
+                *self.python_args,
                 "-m",
                 "burstctl",
                 "controller",
