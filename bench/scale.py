@@ -15,7 +15,10 @@ generator; the nodes are dealt round robin over the generators. Each session acq
 ``--chunk`` bytes every ``--period`` seconds (256 KiB / 100 ms: 2.5 MiB/s, so 410 sessions
 want a replica's 1 GiB/s). Nodes start over ``--ramp`` seconds in a seeded order; then
 ``--seconds`` are measured. ``--raw``: sessions speak the protocol themselves (a lighter
-generator, strict fallback 0; ``scale_node.py``).
+generator, strict fallback 0; ``scale_node.py``). With ``--replicas 1`` and
+``--max-sessions``, ``--max-sessions-per-client``, ``--shed-loop-lag`` it measures one
+controller shedding load: attached, within capacity, or refused with a retry hint, never
+loose.
 
 Prints one JSON object. Per replica (``replicas``):
 
@@ -23,8 +26,9 @@ Prints one JSON object. Per replica (``replicas``):
   (windows every 0.5 s), against its capacity: ``max``, ``mean``, ``over_1_05`` (windows over
   1.05 B) and the series; ``demand`` (what its sessions want, against capacity);
   ``in_force_max`` (``--raw``: the rates in force, summed, against capacity);
-- ``sessions``, ``attached_end``, ``never_attached``, ``attach_s_p50`` / ``p99`` (from a
-  session's start to its first allocation), ``unthrottled_max``;
+- ``sessions``, ``attached_end``, ``attached_min`` (in the measured part),
+  ``never_attached``, ``attach_s_p50`` / ``p99`` (from a session's start to its first
+  allocation), ``unthrottled_max`` (most sessions at once running without a limit);
 - ``jain``: Jain's index of the bytes per node of its single-replica jobs (a multi-replica
   job's slice here is the split's, not an equal share);
 - ``cpu_cores`` (all threads, over the measured part), ``cpu_cores_per_1000_sessions``,
@@ -32,7 +36,7 @@ Prints one JSON object. Per replica (``replicas``):
   it stops; its counters run from its start, ramp included): ``decision_p50_s`` /
   ``p99_s`` (its last 100,000 decisions), ``messages``, ``messages_per_session_s``
   (messages over the sessions' lifetimes), ``pushes``, ``renewals``, refusals, loop lag
-  peak, and ``sync`` (exchanges, failed sends);
+  peak, and ``sync`` (exchanges, failed sends); ``heartbeat_closures`` from its log;
 - ``profile`` (``--profile``): each controller runs under cProfile (its event-loop thread:
   gRPC's own threads are C); the top functions by own time, and the profiled seconds per
   message and per session per second. The profiler slows the Python code: read the shares,
@@ -233,6 +237,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     replica_cpu = [(b - a) / (w1 - w0) for a, b in zip(rc0, rc1, strict=True)]
     gen_cpu = [(b - a) / (w1 - w0) for a, b in zip(gc0, gc1, strict=True)]
     stats = [stats_of(c) for c in replicas]
+    for st, c in zip(stats, replicas, strict=True):
+        st["heartbeat_closures"] = "".join(c.log).count("no heartbeat for")
     profiles = [profile_of(tmp / f"r{i}.prof") for i in range(len(replicas))]
     return summarise(
         args, jobs, per, results, replica_cpu, gen_cpu, rss, stats, profiles, (load0, load1)
@@ -352,6 +358,7 @@ def summarise(
             if args.raw and ratios
             else None,
             "attached_end": int(sums[last_k][i][1]),
+            "attached_min": int(min(sums[k][i][1] for k in steady)) if ratios else None,
             "never_attached": len(mine) - len(lat),
             "attach_s_p50": pct(lat, 0.5),
             "attach_s_p99": pct(lat, 0.99),
@@ -373,6 +380,7 @@ def summarise(
             "renewals": st.get("renewals"),
             "refused_sessions": st.get("refused_sessions"),
             "rejected_sessions": st.get("rejected_sessions"),
+            "heartbeat_closures": st.get("heartbeat_closures"),
             "loop_lag_peak_s": st.get("loop_lag_peak_s"),
             "sync": {
                 "exchanges": sync.get("exchanges"),
