@@ -63,7 +63,6 @@ import os
 import pstats
 import random
 import re
-import socket
 import subprocess
 import sys
 import tempfile
@@ -77,7 +76,7 @@ import psutil
 from scale_node import SAMPLE
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from support import ControllerProcess, clean_env
+from support import ControllerProcess, clean_env, free_port
 
 MiB = 1 << 20
 NODE = Path(__file__).resolve().with_name("scale_node.py")
@@ -119,21 +118,12 @@ def plan(args: argparse.Namespace) -> tuple[list[Job], list[list[list[Any]]]]:
     return jobs, per
 
 
-def free_ports(n: int) -> list[int]:
-    """n loopback ports free a moment ago: the replicas need each other's before they start."""
-    held = [socket.socket() for _ in range(n)]
-    try:
-        for s in held:
-            s.bind(("127.0.0.1", 0))
-        return [int(s.getsockname()[1]) for s in held]
-    finally:
-        for s in held:
-            s.close()
-
-
 def start_replicas(args: argparse.Namespace, tmp: Path, started: list[ControllerProcess]) -> None:
     """Every replica started, appended to ``started`` at once so that a failure stops them."""
-    ports = free_ports(args.replicas)
+    ports: list[int] = []
+    while len(ports) < args.replicas:  # distinct: the replicas need each other's before they start
+        if (port := free_port()) not in ports:
+            ports.append(port)
     limit = str(max(4 * args.sessions, 10_000))
     for i, port in enumerate(ports):
         env = {

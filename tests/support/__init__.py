@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -77,6 +78,15 @@ async def async_wait_until(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout}s waiting for {message}")
         await asyncio.sleep(interval)
+
+
+def free_port() -> int:
+    """A loopback port nobody listened on a moment ago, for a server that must know its port
+    before it starts (a replica's peers). Bind-and-close leaves a tiny window for another
+    process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
 
 
 _SERVING = re.compile(r"serving gRPC on (\S+)")
