@@ -47,8 +47,9 @@ Over the run (``total``): the same attach figures, the per-node rate of multi-re
 against single-replica ones (``multi_vs_single_per_node`` mean and max; 1.0 is fair when
 every job wants more than its share: below that a multi-replica node wants 2–3× as much,
 ``demand_multi_vs_single``), the clients' counters (lease expiries, attach timeouts,
-refusals, stream ends by code). Per generator: its CPU (cores) and loop lag, so a reader
-sees what bounds the run; ``bound`` names what ran at 85 % of a core or more.
+refusals, stream ends by code). Per generator: its CPU (cores, its own count over the
+measured part) and loop lag, so a reader sees what bounds the run; ``bound`` names what ran
+at 85 % of a core or more.
 
 Everything started is stopped by pid; the run has a deadline.
 
@@ -157,7 +158,7 @@ def cpu_of(procs: list[psutil.Process]) -> list[float]:
         try:
             t = p.cpu_times()
             out.append(t.user + t.system)
-        except psutil.Error:  # exited early: counted as idle from here
+        except psutil.Error:  # exited early: no figure
             out.append(float("nan"))
     return out
 
@@ -199,14 +200,13 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             proc.stdin.write(json.dumps(spec).encode())
             proc.stdin.close()
         rep_ps = [psutil.Process(c.proc.pid) for c in replicas if c.proc is not None]
-        gen_ps = [psutil.Process(p.pid) for p in gens]
         begin, end = t0 + args.ramp, t0 + args.ramp + args.seconds
         rss = [0] * len(rep_ps)
-        marks: list[tuple[float, list[float], list[float]]] = []
-        while any(p.poll() is None for p in gens) and time.time() < end + LATE:
+        marks: list[tuple[float, list[float]]] = []  # the replicas' CPU at begin and end
+        while time.time() < end + LATE and (len(marks) < 2 or any(p.poll() is None for p in gens)):
             now = time.time()
             if len(marks) < 2 and now >= (begin, end)[len(marks)]:
-                marks.append((now, cpu_of(rep_ps), cpu_of(gen_ps)))
+                marks.append((now, cpu_of(rep_ps)))
             for i, p in enumerate(rep_ps):
                 rss[i] = max(rss[i], p.memory_info().rss)
             time.sleep(0.1)  # sampling the processes, not synchronisation
@@ -227,9 +227,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         results.append(json.loads(path.read_text()))
     if len(marks) < 2:
         raise SystemExit("the run ended before its measured part did")
-    (w0, rc0, gc0), (w1, rc1, gc1) = marks
+    (w0, rc0), (w1, rc1) = marks
     replica_cpu = [(b - a) / (w1 - w0) for a, b in zip(rc0, rc1, strict=True)]
-    gen_cpu = [(b - a) / (w1 - w0) for a, b in zip(gc0, gc1, strict=True)]
+    gen_cpu = [r["cpu_cores"] for r in results]
     stats = [stats_of(c) for c in replicas]
     for st, c in zip(stats, replicas, strict=True):
         st["heartbeat_closures"] = "".join(c.log).count("no heartbeat for")

@@ -121,6 +121,7 @@ class Generator:
         k, lag = 0, 0.0
         from_k = round(self.spec["ramp"] / SAMPLE)
         moved_from = list(self.moved)
+        cpu: list[tuple[float, float]] = []  # (wall, this process's CPU) at from_k and the end
         while (wall := self.spec["t0"] + k * SAMPLE) <= self.end:
             await self.until(wall)
             lag = max(lag, self.loop.time() - self.at(wall))  # how late this sample ran
@@ -137,7 +138,9 @@ class Generator:
             samples.append(rows)
             if k == from_k:
                 moved_from = list(self.moved)
+                cpu.append((time.time(), time.process_time()))
             k += 1
+        cpu.append((time.time(), time.process_time()))
         self.stop.set()
         window = [b - a for a, b in zip(moved_from, self.moved, strict=True)]
         for task in tasks:
@@ -153,6 +156,8 @@ class Generator:
             "window_bytes": window,
             "counts": dict(self.counts),
             "loop_lag_max": lag,
+            # every thread of the process (loop and gRPC core), over the measured part
+            "cpu_cores": (cpu[-1][1] - cpu[0][1]) / max(1e-9, cpu[-1][0] - cpu[0][0]),
         }
 
 

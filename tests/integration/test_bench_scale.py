@@ -19,12 +19,12 @@ pytestmark = pytest.mark.integration
 
 SCALE = Path(__file__).resolve().parents[2] / "bench" / "scale.py"
 SECONDS = 3
+ARGS = ("--replicas", "2", "--sessions", "50", "--generators", "1", "--ramp", "1")
 
 
 def test_scale_bench_prints_every_field() -> None:
     done = subprocess.run(
-        [sys.executable, str(SCALE), "--replicas", "2", "--sessions", "50"]
-        + ["--generators", "1", "--ramp", "1", "--seconds", str(SECONDS)],
+        [sys.executable, str(SCALE), *ARGS, "--seconds", str(SECONDS)],
         capture_output=True,
         text=True,
         timeout=100,
