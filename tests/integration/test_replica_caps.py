@@ -10,13 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import socket
 import time
 from collections.abc import Awaitable, Callable
 from contextlib import ExitStack
 
 import pytest
-from support import ControllerProcess, Pump, async_wait_until
+from support import ControllerProcess, Pump, async_wait_until, free_port
 
 from burstctl.client import JobInfo, Session
 from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
@@ -28,13 +27,6 @@ LAMBDA = 0.2
 PUSH_TOLERANCE = 0.02  # config push_tolerance (default): pushed rates may lag by this much
 Make = Callable[..., Awaitable[Replica]]
 Placement = list[tuple[str, Replica, JobInfo]]  # (session name "job@replica", replica, job)
-
-
-def free_port() -> int:
-    # Peers need fixed ports; bind-and-close leaves a tiny window for another process.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def cluster(make: Make, capacities: list[int], **settings: object) -> list[Replica]:

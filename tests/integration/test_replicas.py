@@ -12,14 +12,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import ExitStack
 
 import grpc
 import pytest
-from support import Pump, async_wait_until, measure
+from support import Pump, async_wait_until, free_port, measure
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -31,13 +30,6 @@ pytestmark = pytest.mark.integration
 LAMBDA = 0.2
 B_NODE = "8MiB/s"
 Make = Callable[..., Awaitable[Replica]]
-
-
-def free_port() -> int:
-    # Peers need fixed ports; bind-and-close leaves a tiny window for another process.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def job(job_id: str, nodes: int, user: str = "tester", group: str = "testers") -> JobInfo:

@@ -6,6 +6,7 @@ import asyncio
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -79,6 +80,15 @@ async def async_wait_until(
         await asyncio.sleep(interval)
 
 
+def free_port() -> int:
+    """A loopback port nobody listened on a moment ago, for a server that must know its port
+    before it starts (a replica's peers). Bind-and-close leaves a tiny window for another
+    process."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 _SERVING = re.compile(r"serving gRPC on (\S+)")
 _SERVING_REST = re.compile(r"serving REST on (\S+)")
 
@@ -87,6 +97,8 @@ class ControllerProcess:
     """``burstctl controller`` in a child process on a loopback port chosen by the OS.
 
     Stopped by pid (SIGTERM, then SIGKILL) in ``stop()``; the log is kept for failures.
+    ``python_args`` go to the interpreter before ``-m burstctl`` (a benchmark runs the
+    controller under ``-m cProfile -o FILE``).
     """
 
     def __init__(
@@ -95,9 +107,11 @@ class ControllerProcess:
         args: Sequence[str] = (),
         address: str = "127.0.0.1:0",
         env: dict[str, str] | None = None,
+        python_args: Sequence[str] = (),
     ) -> None:
         self.state_dir = state_dir
         self.args = list(args)
+        self.python_args = list(python_args)
         self.requested_address = address
         self.env = env
         self.address: str | None = None
@@ -113,6 +127,7 @@ class ControllerProcess:
         self.proc = subprocess.Popen(
             [
                 sys.executable,
+                *self.python_args,
                 "-m",
                 "burstctl",
                 "controller",
