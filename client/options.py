@@ -29,8 +29,8 @@ DEFAULT_QUIET_GAP = 0.1
 # Seconds a new session waits for its first allocation before the fallback applies.
 DEFAULT_ATTACH_TIMEOUT = 2.0
 # DEFAULT_FALLBACK_GRACE (common/limits.py): seconds a keep-last session keeps its last allotted
-# rate after its lease ran out, with no controller answering, before it falls to at most the
-# fallback's conservative rate (client/fallback.py). Re-exported here for the client's users.
+# rate after its lease ran out, with no controller answering, before it moves to its share of
+# the controller's fallback budget (client/fallback.py). Re-exported here for the client's users.
 
 # Called with the new rate (bytes/s, inf = unthrottled) whenever a session's rate in force changes.
 RateObserver = Callable[[float], None]

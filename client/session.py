@@ -282,12 +282,14 @@ class Session(_SessionBase):
     """A blocking client session of one job with one controller replica.
 
     ``job=None`` takes the job from this process's environment (`JobInfo.from_env`). The
-    session connects in the background; until the first allocation arrives (or
-    ``attach_timeout`` passes and the fallback applies) ``acquire`` waits. Controller problems
-    are logged, never raised into ``acquire`` or ``operation``.
+    session connects in the background; until the first allocation arrives ``acquire`` waits
+    (under ``keep-last``, however long: a session paces only at rates a controller handed out;
+    ``fixed`` and ``unthrottled`` apply after ``attach_timeout``). Controller problems are
+    logged, never raised into ``acquire`` or ``operation``.
 
-    ``fallback_grace``: seconds a ``keep-last`` session allotted 0 keeps that 0 once its lease
-    ran out before the conservative rate applies (client/fallback.py). ``rate_observer``: called
+    ``fallback_grace``: seconds a ``keep-last`` session keeps its last allotted rate once its
+    lease ran out, before it moves to its share of the controller's fallback budget
+    (client/fallback.py). ``rate_observer``: called
     with the new rate whenever the rate in force changes, on the session's loop thread with the
     throttle's lock held (it must return quickly and not call into the session).
     ``bucket_observer``: called with (rate, burst, pattern) every time the session applies an

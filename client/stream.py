@@ -38,6 +38,13 @@ from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
+# Stream ends by which a live controller turns a session away (a limit, load shedding, a
+# message it rejected, the trust rules): no rate kept now is counted by anyone.
+TURNED_AWAY = (
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    *REFUSALS,
+)
 # Most messages sent as one Batch (the controller accepts up to 1024).
 MAX_BATCH = 64
 # Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
@@ -84,6 +91,13 @@ class SessionStream:
         self._lease_changed = asyncio.Event()
         self._in_fallback = False
         self._last_rate: float | None = None  # last allotted by a live controller, 0 included
+        # the last allocation's budget share (Allocation.fallback_rate) and lease: keep-last's
+        # steps after the grace (client/fallback.py)
+        self._last_share = 0.0
+        self._last_lease = 0.0
+        # A live controller turned the session away (refused or ended it): nobody counts a
+        # rate kept now, so keep-last waits at 0 until an allocation comes.
+        self._turned_away = False
         self._grace_timer: asyncio.TimerHandle | None = None
         self._last_burst: float | None = None
         # the pattern of windows of the last allocation (None: a plain rate); keep-last keeps it
@@ -239,10 +253,10 @@ class SessionStream:
                 code = err.code()
                 hint = retry_hint(err)
                 self._log_stream_end(code, err.details())
-                if hint is not None:
-                    self._shed()
                 if code in REFUSALS:
                     self._refuse(f"{code.name}: {err.details() or ''}")
+                if code in TURNED_AWAY:
+                    self._turn_away()
             except asyncio.CancelledError:
                 current = asyncio.current_task()
                 if self._stopping or (current is not None and current.cancelling()):
@@ -359,6 +373,9 @@ class SessionStream:
                 host=options.host,
                 purpose=pb.PURPOSE_DRAIN if options.purpose == "drain" else pb.PURPOSE_APP,
                 buffer=buffer,
+                # what it paces at as the stream opens (unthrottled, an explicit choice
+                # outside the rule, says nothing)
+                pacing_rate=rate if math.isfinite(rate := self._throttle.rate) else 0.0,
             )
         )
 
@@ -368,9 +385,6 @@ class SessionStream:
         with self._attached_cond:
             self._refused = details
             self._attached_cond.notify_all()
-        if not self._in_fallback:
-            self._lease_deadline = self._clock()
-            self._lease_expired()
 
     def _log_stream_end(self, code: grpc.StatusCode, details: str | None) -> None:
         self.ends[code.name] += 1
@@ -444,6 +458,14 @@ class SessionStream:
                     err,
                 )
                 return
+        share = allocation.fallback_rate
+        if not 0.0 <= share < math.inf:  # also rejects NaN
+            logger.error(
+                "ignoring an invalid fallback_rate %r from %s", share, self._options.target
+            )
+            share = 0.0
+        self._last_share = share
+        self._last_lease = lease
         self._stream_epoch_before, self._stream_epoch = self._stream_epoch, allocation.epoch
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
@@ -475,6 +497,7 @@ class SessionStream:
                 format_rate(rate),
             )
         self._in_fallback = False
+        self._turned_away = False
         self._detached_logged = False
         self._refused = None
         self._set_attached(True)
@@ -496,13 +519,26 @@ class SessionStream:
                 if self._clock() >= self._lease_deadline:
                     self._lease_expired()
 
+    def _turn_away(self) -> None:
+        """A live controller refused or ended the session (``TURNED_AWAY``): ``keep-last``
+        waits at 0 until it is admitted again; the other fallbacks apply as they are."""
+        if self._turned_away and self._in_fallback:
+            return  # turned away again while it retries: nothing changes
+        self._turned_away = True
+        self._cancel_grace()
+        self._lease_deadline = self._clock()
+        self._lease_expired()
+
     def _lease_expired(self) -> None:
         fallback = self._options.fallback
-        rate = fallback.rate(self._last_rate)
+        last = 0.0 if self._turned_away and fallback.mode == "keep-last" else self._last_rate
+        rate = fallback.rate(last)
         self._apply_fallback_rate(rate)
         self._in_fallback = True
         self._set_attached(False)
-        if self._last_burst is not None:
+        if self._turned_away:
+            reason = "turned away by the controller"
+        elif self._last_burst is not None:
             reason = "allocation lease expired without renewal"
         else:
             reason = f"no allocation within {self._options.attach_timeout:g}s"
@@ -514,10 +550,11 @@ class SessionStream:
             format_rate(rate) if math.isfinite(rate) else "unthrottled",
         )
         grace = self._options.fallback_grace
-        if fallback.rate_after_grace(self._last_rate) is not None and math.isfinite(grace):
+        steps = fallback.steps_after_grace(self._last_rate, self._last_share)
+        if steps is not None and math.isfinite(grace) and not self._turned_away:
             assert self._loop is not None
             self._cancel_grace()
-            self._grace_timer = self._loop.call_later(grace, self._grace_expired)
+            self._grace_timer = self._loop.call_later(grace, self._grace_expired, steps)
         if self._space is not None:
             self._space.attach_timed_out()
             if math.isfinite(grace) and self._space_timer is None:
@@ -526,17 +563,6 @@ class SessionStream:
         if self._stream_had_allocation and self._call is not None:
             # The controller on this stream stopped renewing: treat the stream as dead.
             self._call.cancel()
-
-    def _shed(self) -> None:
-        """A live controller shed this session for load (RESOURCE_EXHAUSTED with a retry
-        hint). One that never had an allocation takes it as an allotted 0: under ``keep-last``
-        it waits (0) while it retries, and ``fallback_grace`` later moves to the conservative
-        rate, instead of adding that rate to a controller already full (docs/client.md)."""
-        if self._last_rate is not None or self._options.fallback.mode != "keep-last":
-            return
-        self._last_rate = 0.0
-        if self._in_fallback:  # the attach timeout already applied the conservative rate
-            self._lease_expired()
 
     def _apply_fallback_rate(self, rate: float) -> None:
         burst = self._last_burst
@@ -549,21 +575,29 @@ class SessionStream:
             pattern = self._last_pattern
         self._throttle.set_rate(rate, burst, pattern)
 
-    def _grace_expired(self) -> None:
-        """A kept rate outlived ``fallback_grace`` without a controller: the conservative rate
-        (a kept 0 is lifted to it, a higher rate falls to it; Fallback.rate_after_grace)."""
+    def _grace_expired(self, steps: tuple[float, float]) -> None:
+        """A kept rate outlived ``fallback_grace`` without a controller: the lower of it and
+        the budget share for one lease, then the share (client/fallback.py, steps 3 and 4)."""
         self._grace_timer = None
-        rate = self._options.fallback.rate_after_grace(self._last_rate)
-        if not self._in_fallback or rate is None or self._stopping:
+        if not self._in_fallback or self._stopping:
             return
-        self._apply_fallback_rate(rate)
+        for_a_lease, then = steps
+        self._apply_fallback_rate(for_a_lease)
+        assert self._loop is not None
+        self._grace_timer = self._loop.call_later(self._last_lease, self._share_applies, then)
         logger.warning(
-            "no controller at %s for %gs after the lease ran out; keep-last moves the allotted"
-            " rate to its conservative rate %s",
+            "no controller at %s for %gs after the lease ran out; keep-last paces at %s, then"
+            " at its budget share %s",
             self._options.target,
             self._options.fallback_grace,
-            format_rate(rate),
+            format_rate(for_a_lease),
+            format_rate(then),
         )
+
+    def _share_applies(self, rate: float) -> None:
+        self._grace_timer = None
+        if self._in_fallback and not self._stopping:
+            self._apply_fallback_rate(rate)
 
     def _space_grace_expired(self) -> None:
         """No controller for ``fallback_grace`` after the lease ran out: the space limit is no

@@ -55,8 +55,8 @@ def identifier_problem(value: object) -> str | None:
 
 
 # s a keep-last client keeps a vanished controller's last rate after its lease before it
-# falls to at most its conservative rate (client/fallback.py); the survivors of a dead
-# replica count that replica's rates as long (controller config ``fallback_grace``).
+# moves to its share of that controller's fallback budget (client/fallback.py); the survivors
+# of a dead replica count that replica's rates as long (controller config ``fallback_grace``).
 DEFAULT_FALLBACK_GRACE = 30.0
 
 

@@ -21,6 +21,7 @@ from typing import Any
 from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
+from burstctl.controller.ghosts import Ghosts
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import LatencyHistogram, Metrics
@@ -107,6 +108,9 @@ class Replica:
             horizon=config.bb_grant_horizon,
         )
         latency = LatencyHistogram(config.replica_id)
+        # Sessions gone without a Goodbye stay counted until they come back, or for as long as
+        # a silent client is given before it is taken as gone (controller/ghosts.py).
+        self.ghosts = Ghosts(retention=config.heartbeat_timeout, clock=clock)
         self.scheduler = Scheduler(
             self.table,
             self.slot,
@@ -115,6 +119,7 @@ class Replica:
             clock=clock,
             observe_latency=latency.observe,
             books=self.books,
+            ghosts=self.ghosts,
         )
         self.servicer = ControllerServicer(
             self.table,
@@ -131,6 +136,9 @@ class Replica:
                 max_priority=config.max_unregistered_priority,
             ),
             books=self.books,
+            capacities=(config.capacity, config.pfs_bandwidth or config.capacity),
+            ghosts=self.ghosts,
+            lease=config.lease,
         )
         self.registrations = Registrations(self.table, self.store, self.servicer)
         handlers = [self.servicer.rpc_handlers()]

@@ -39,6 +39,7 @@ class StreamOutbox:
         "_end",
         "_errors",
         "_event",
+        "_fallback_rate",
         "_last",
         "_replica",
         "_space",
@@ -51,8 +52,11 @@ class StreamOutbox:
         replica_id: str = "",
         max_notices: int = DEFAULT_MAX_NOTICES,
         clock: Callable[[], float] = time.monotonic,
+        fallback_rate: float = 0.0,
     ) -> None:
         self._event = asyncio.Event()
+        # the session's share of the replica's fallback budget, in every Allocation
+        self._fallback_rate = fallback_rate
         self._allocation: tuple[float, float, int, float, str, Schedule | None] | None = None
         self._clock = clock  # the clock of the schedules' origins (the job table's)
         self._errors: deque[tuple[str, str, str]] = deque()  # (code, field, message)
@@ -194,6 +198,7 @@ class StreamOutbox:
                     lease_seconds=lease,
                     policy=policy,
                     replica_id=self._replica,
+                    fallback_rate=self._fallback_rate,
                 )
                 if self._space is not None:
                     allocation.space.limit = self._space

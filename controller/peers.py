@@ -325,7 +325,8 @@ class PeerSync:
     that goes silent is dropped from the view after ``missed``·λ, but its
     sessions may still pace at the rates it last pushed until their lease
     runs out, and a ``keep-last`` client keeps it ``keep`` seconds more (config
-    ``fallback_grace``) before it falls to its conservative rate; so its column
+    ``fallback_grace``) before it moves to its share of the dead replica's fallback budget
+    (within that replica's capacity, which leaves the view with it); so its column
     of the last split stays counted (:class:`HeldBack`) until λ + ``lease`` +
     ``keep`` + λ after its last digest (the last push came at most about λ after
     it; one λ more of margin for transit). ``lease`` None: not held back.

@@ -124,7 +124,9 @@ class SessionRecord:
     closed: bool = False
     # allocation bookkeeping, owned by the scheduler
     rate: float | None = None  # last rate pushed (None: nothing pushed yet)
-    offered: float = 0.0  # last rate handed to the outbox (an increase may be held back)
+    # the rate the client may pace at: the last rate handed to the outbox (an increase may be
+    # held back), at first the Hello's pacing_rate (what it kept from an earlier stream)
+    offered: float = 0.0
     epoch: int = 0
     pushed_at: float = 0.0
     outbox: Outbox | None = None  # where the scheduler offers allocations

@@ -9,10 +9,12 @@ with this replica's part of the global split when it has peers), split each
 job's rate over its sessions, and push an ``Allocation`` to every session whose
 rate changed. Leases are renewed at half their length.
 
-Two rules keep the rates in force at the clients within B (docs/protocol.md,
-"Decreases before increases"): a rate below ``MIN_RATE`` is pushed as 0 (a
-residue of rounding, not an allotment), and an increase is offered only once
-every decrease offered before it has been acknowledged by its client.
+Two rules keep the rates in force at the clients within B (1 + push tolerance)
+(docs/protocol.md, "Decreases before increases"): a rate below ``MIN_RATE`` is
+pushed as 0 (a residue of rounding, not an allotment), and an increase is offered
+only once every decrease offered before it has been acknowledged by its client,
+or, past a bound, only as far as it fits beside the rates the clients of the
+decreases not yet acknowledged may still pace at.
 
 Time comes in through ``clock`` and ``timer`` (a policy's period, a session's
 release delay), so a test can drive the scheduler on a virtual clock.
@@ -32,6 +34,7 @@ from typing import Any, Protocol, runtime_checkable
 from burstctl.common.limits import MIN_RATE
 from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig
+from burstctl.controller.ghosts import Ghosts
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import SessionRecord, WindowsOutbox
 from burstctl.controller.signal import Signal
@@ -45,10 +48,10 @@ from burstctl.policies.view import JobId
 log = logging.getLogger(__name__)
 decision_log = logging.getLogger("burstctl.decisions")
 
-# Longest an increase waits for the decreases offered before it to be acknowledged, in seconds
-# (and at most an eighth of the lease, so a held increase never costs a client its lease): a
-# client that does not acknowledge (it stopped reading, or it is too old to) holds nobody back
-# longer.
+# Longest every increase waits for the decreases offered before it to be acknowledged, in
+# seconds (and at most an eighth of the lease): then the increases that fit beside the rates
+# still possibly in force go out, and the others wait for more acknowledgements. A client that
+# does not acknowledge (it stopped reading, or is slow) holds back only what does not fit.
 INCREASE_HOLD_MAX = 0.25
 
 # rate, burst, epoch, lease, policy, pattern of windows (None: a plain rate)
@@ -64,7 +67,7 @@ class SchedulerStats:
     renewals: int = 0
     clamped: int = 0
     held: int = 0  # increases held back until the decreases before them were acknowledged
-    hold_expired: int = 0  # holds that ended at their bound, not by acknowledgements
+    hold_expired: int = 0  # holds that reached their bound: only what fit went out then
     # seconds per decision (policy + clamp + split + push), most recent first-in
     latencies: deque[float] = field(default_factory=lambda: deque(maxlen=100_000))
 
@@ -134,8 +137,12 @@ class Scheduler:
         timer: Timer | None = None,
         observe_latency: Callable[[float], None] | None = None,
         books: BufferBooks | None = None,
+        ghosts: Ghosts | None = None,
     ) -> None:
         self.table = table
+        # Sessions gone without a Goodbye whose clients may still pace: decisions share the
+        # capacity less their rates (controller/ghosts.py).
+        self.ghosts = ghosts if ghosts is not None else Ghosts(retention=0.0)
         # The burst buffer's books (controller/buffer.py): SystemView.buffer, when S is set.
         self.books = books
         self.slot = slot  # the active policy: its one live instance decides
@@ -154,7 +161,9 @@ class Scheduler:
         # Decreases before increases: increases waiting to be offered, and the
         # acknowledgements of the decreases offered before them they wait for.
         self._held: dict[SessionRecord, Offer] = {}
-        self._unapplied: set[asyncio.Future[None]] = set()
+        # each decrease not yet acknowledged: its session, and the rate offered before it (what
+        # the client may still pace at until it applies the decrease)
+        self._unapplied: dict[asyncio.Future[None], tuple[SessionRecord, float]] = {}
         self._deciding = False
         self._release_task: asyncio.Task[None] | None = None
         self._hold_max = min(INCREASE_HOLD_MAX, config.lease / 8)
@@ -197,6 +206,8 @@ class Scheduler:
                     self._push(session, session.rate, now, session.schedule)
                     self.stats.renewals += 1
             self._release_held()
+            if self.ghosts.expire():  # their rates are free again
+                self.request()
 
     def rebalance(self) -> None:
         """One decision; its decreases are offered at once, its increases after them."""
@@ -211,7 +222,9 @@ class Scheduler:
         started = time.perf_counter()
         policy = self.slot.policy
         buffer = self.books.view() if self.books is not None else None
-        view = self.table.view(self.config.capacity, self.config.node_bandwidth, buffer=buffer)
+        away, _ = self.ghosts.reserved()
+        capacity = max(0.0, self.config.capacity - away)
+        view = self.table.view(capacity, self.config.node_bandwidth, buffer=buffer)
         targets = self._peers.local_targets if self._peers is not None else None
         decision = self.last = decide(policy, view, targets)
         rates = decision.rates
@@ -329,7 +342,9 @@ class Scheduler:
         (``pfs_bandwidth``; unset: the capacity B) water-filled over the jobs with a drain
         stream by their demand, equal weights, then each job's share over its drain streams
         the same way. Apart from the policy's decision: drains are no rows of S(t)."""
-        total = self.config.pfs_bandwidth or self.config.capacity
+        total = max(
+            0.0, (self.config.pfs_bandwidth or self.config.capacity) - self.ghosts.reserved()[1]
+        )
         headroom = self.table.demand_headroom
         jobs = self.table.jobs
         demands: dict[JobId, dict[int, float]] = {}
@@ -417,6 +432,7 @@ class Scheduler:
         outbox = session.outbox
         assert outbox is not None
         lowered = offer[0] < session.offered
+        before = session.offered
         session.offered = offer[0]
         rate, burst, epoch, lease, policy, schedule = offer
         if schedule is not None and isinstance(outbox, WindowsOutbox):
@@ -426,13 +442,14 @@ class Scheduler:
         if lowered and isinstance(outbox, Acknowledging):
             applied = outbox.applied(offer[2])
             if not applied.done():
-                self._unapplied.add(applied)
+                self._unapplied[applied] = (session, before)
 
     def _release_held(self) -> None:
-        """Offers the held increases now, or once the decreases before them are applied."""
+        """Offers the held increases now, or once the decreases before them are applied (past
+        a bound, those that fit beside the rates the clients may still pace at)."""
         if not self._held:
             return
-        self._unapplied = {f for f in self._unapplied if not f.done()}
+        self._prune_applied()
         if not self._unapplied:
             self._deliver_held()
         elif self._release_task is None or self._release_task.done():
@@ -441,28 +458,74 @@ class Scheduler:
                 self._release_after_acknowledgements(), name="scheduler-increases"
             )
 
+    def _prune_applied(self) -> None:
+        self._unapplied = {f: v for f, v in self._unapplied.items() if not f.done()}
+
     async def _release_after_acknowledgements(self) -> None:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self._hold_max
-        while self._unapplied:
-            self._unapplied = {f for f in self._unapplied if not f.done()}
-            left = deadline - loop.time()
+        expired = False
+        while self._held:
+            self._prune_applied()
             if not self._unapplied:
                 break
-            if left <= 0:
+            left = deadline - loop.time()
+            if left > 0:
+                await asyncio.wait(self._unapplied, timeout=left)  # the acknowledgements first
+                continue
+            if not expired:
+                expired = True
                 self.stats.hold_expired += 1
                 log.debug(
-                    "%d decrease(s) not acknowledged after %.3fs; offering the increases anyway",
+                    "%d decrease(s) not acknowledged after %.3fs; offering the increases that"
+                    " fit beside them",
                     len(self._unapplied),
                     self._hold_max,
                 )
-                self._unapplied.clear()
-                break
-            await asyncio.wait(self._unapplied, timeout=left)
+            self._deliver_fitting()
+            if not self._held:
+                return
+            # an acknowledgement, or another look a bound later: a decision since may have
+            # made room, or added decreases this wait does not watch
+            await asyncio.wait(
+                self._unapplied, timeout=self._hold_max, return_when=asyncio.FIRST_COMPLETED
+            )
         self._deliver_held()
 
     def _deliver_held(self) -> None:
         held, self._held = self._held, {}
         for session, offer in held.items():
             if not session.closed and session.outbox is not None and offer[2] == session.epoch:
+                self._deliver(session, offer)
+
+    def _deliver_fitting(self) -> None:
+        """Offers the held increases that fit, in the order they were decided, beside the
+        rates the clients may pace at now: a session's offered rate, or the higher rate it had
+        before a decrease it has not acknowledged yet. Drain streams count against the PFS
+        bandwidth, the others against the capacity, each with the push tolerance."""
+        possibly: dict[SessionRecord, float] = {}
+        for session, before in self._unapplied.values():
+            possibly[session] = max(possibly.get(session, 0.0), before)
+        in_force = [0.0, 0.0]  # (application streams, drain streams)
+        for session in self.table.sessions.values():
+            if session.closed:
+                continue
+            in_force[session.drain] += max(session.offered, possibly.get(session, 0.0))
+        # a rate within the push tolerance of the decided one is not pushed again: held rates
+        # may be up to 1 / (1 − tolerance) of the decided ones
+        slack = 1.0 / (1.0 - self.config.push_tolerance)
+        away = self.ghosts.reserved()
+        room = [
+            self.config.capacity * slack - in_force[0] - away[0],
+            (self.config.pfs_bandwidth or self.config.capacity) * slack - in_force[1] - away[1],
+        ]
+        for session, offer in list(self._held.items()):
+            if session.closed or session.outbox is None or offer[2] != session.epoch:
+                del self._held[session]  # superseded or gone
+                continue
+            now_at = max(session.offered, possibly.get(session, 0.0))
+            more = offer[0] - now_at
+            if more <= room[session.drain]:
+                room[session.drain] -= max(more, 0.0)
+                del self._held[session]
                 self._deliver(session, offer)

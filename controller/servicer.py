@@ -38,6 +38,7 @@ from burstctl.common.limits import (
     RETRY_AFTER_KEY,
 )
 from burstctl.controller.buffer import BufferBooks
+from burstctl.controller.ghosts import Ghosts
 from burstctl.controller.jobs import JobTable, LimitError, ProtocolError
 from burstctl.controller.messages import (
     Malformed,
@@ -117,8 +118,22 @@ class ControllerServicer:
         gate: Gate | None = None,
         unregistered: UnregisteredLimits | None = None,
         books: BufferBooks | None = None,
+        capacities: tuple[float, float] = (0.0, 0.0),
+        ghosts: Ghosts | None = None,
+        lease: float = 5.0,
     ) -> None:
         self.table = table
+        # What the streams share: (the capacity B, the PFS bandwidth), for application and
+        # drain streams. A new session's Hello.pacing_rate counts as in force up to it.
+        self.capacities = capacities
+        # Each session's share of the fallback budget, in every Allocation: what it may pace
+        # at once this replica has been away past the client's grace. A share is the capacity
+        # over max_sessions, so the sessions the replica can hold never exceed it together
+        # (docs/client.md, "When the controller is away").
+        self.fallback_shares = (capacities[0] / max_sessions, capacities[1] / max_sessions)
+        # Sessions gone without a Goodbye, whose clients may still pace (controller/ghosts.py)
+        self.ghosts = ghosts if ghosts is not None else Ghosts(retention=0.0)
+        self.lease = lease
         # The burst buffer's books (controller/buffer.py): Buffer reports and space grants.
         self.books = books
         self._grant_soon = False
@@ -267,8 +282,17 @@ class ControllerServicer:
                 self._check_buffer(buffer, client_id, "hello.buffer")
             self.admit(client)
             meta = self._admit(meta, context)
-            stream = StreamOutbox(self.replica_id, self.max_notices, self.table.clock)
+            stream = StreamOutbox(
+                self.replica_id,
+                self.max_notices,
+                self.table.clock,
+                fallback_rate=self.fallback_shares[1 if drain else 0],
+            )
             session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
+            # What the client paces at now (kept from an earlier stream) is in force until it
+            # acknowledges a lower rate: the scheduler's increases for others wait for that.
+            session.offered = min(hello.hello.pacing_rate, self.capacities[1 if drain else 0])
+            self.ghosts.claim((client_id, session.job.job_id, drain))  # counted as this now
             self.streams[session.sid] = stream
             if buffer is not None:
                 self._open_holder(session, buffer)
@@ -311,6 +335,13 @@ class ControllerServicer:
                 if self.books is not None and session.sid in self.books.holders:
                     self.books.close(session.sid, clean=session.sid in self._goodbyes)
                     self.request_grant()
+                if session.sid not in self._goodbyes and self._gave_up(session):
+                    # its client may go on pacing under its fallback
+                    share = self.fallback_shares[1 if session.drain else 0]
+                    self.ghosts.add(
+                        (session.client_id, session.job.job_id, session.drain),
+                        max(session.offered, share),
+                    )
                 ended = self.streams.pop(session.sid, None)
                 if ended is not None:
                     ended.end()  # releases whoever waits for an acknowledgement that cannot come
@@ -322,6 +353,16 @@ class ControllerServicer:
                 self.table.close_session(session)
                 self._goodbyes.discard(session.sid)
                 log.debug("session %d closed", session.sid)
+
+    def _gave_up(self, session: SessionRecord) -> bool:
+        """Whether the client of a stream that ended without a Goodbye may have given it up
+        itself, its lease run out unrenewed, and go on pacing under its fallback: this replica
+        last pushed to it longer ago than it renews (half a lease, checked every quarter), as
+        when it stalled. A client that exited or was killed ends its stream while renewals
+        are on time: its rate is free at once."""
+        if session.rate is None:
+            return False  # never allotted anything: it waits at 0
+        return self.table.clock() - session.pushed_at > 0.75 * self.lease
 
     async def _refuse(self, exc: LimitError, context: grpc.aio.ServicerContext) -> None:
         """Ends a stream refused by a limit: RESOURCE_EXHAUSTED, with a retry hint if the

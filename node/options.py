@@ -101,9 +101,10 @@ _SHARED: dict[str, tuple[Any, Cli]] = {
         Cli(
             ("--fallback",),
             "Rate when no controller renews a job's allocation: keep-last[:<rate>] keeps the"
-            " last allotted rate, 0 included (the <rate>, 1MiB/s by default, for a job that never"
-            " got one, or after --fallback-grace at 0); fixed:<rate> (e.g. fixed:100MiB/s);"
-            " unthrottled.",
+            " last allotted rate, 0 included (0 for a job that never got one), and after"
+            " --fallback-grace moves to the job's share of the controller's fallback budget (at"
+            " most <rate>): never past the buffer's capacity; fixed:<rate> (e.g."
+            " fixed:100MiB/s) and unthrottled are per-session rates outside that rule.",
             metavar="MODE",
         ),
     ),
@@ -180,8 +181,8 @@ _SHARED: dict[str, tuple[Any, Cli]] = {
         DEFAULT_FALLBACK_GRACE,
         Cli(
             ("--fallback-grace",),
-            "keep-last: how long a job allotted 0 stays at 0 once its lease ran out with no"
-            " controller, before the fallback's conservative rate applies.",
+            "keep-last: how long a job keeps its last allotted rate once its lease ran out with"
+            " no controller, before it moves to its share of the controller's fallback budget.",
             kind="seconds",
             metavar="SECONDS",
         ),

@@ -53,7 +53,8 @@ class FakeController(pb_grpc.ControllerServicer):
 
     ``initial_rate`` (if set) is allocated right after each Hello; ``renew_interval`` (if set)
     re-sends the last allocation of each stream with a new epoch that often; ``reject_with``
-    (if set) ends every stream with that status right after its Hello.
+    (if set) ends every stream with that status right after its Hello; ``fallback_rate``: the
+    budget share every allocation carries.
     """
 
     def __init__(
@@ -65,8 +66,10 @@ class FakeController(pb_grpc.ControllerServicer):
         lease_seconds: float = 30.0,
         renew_interval: float | None = None,
         reject_with: grpc.StatusCode | None = None,
+        fallback_rate: float = 0.0,
     ) -> None:
         self.initial_rate = initial_rate
+        self.fallback_rate = fallback_rate  # every allocation's budget share
         self.burst = burst
         self.lease_seconds = lease_seconds
         self.renew_interval = renew_interval
@@ -189,6 +192,7 @@ class FakeController(pb_grpc.ControllerServicer):
                 lease_seconds=self.lease_seconds if lease is None else lease,
                 policy="scripted",
                 replica_id="fake",
+                fallback_rate=self.fallback_rate,
             )
             if space is not None:
                 allocation.space.limit = space

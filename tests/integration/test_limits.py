@@ -332,12 +332,12 @@ async def test_client_refused_for_load_waits_the_hint_then_attaches(
             assert await waiting.wait_attached(5), "not attached once a place came free"
 
 
-async def test_a_shed_keep_last_session_waits_instead_of_adding_its_conservative_rate(
+async def test_a_shed_keep_last_session_waits_at_zero_until_admitted(
     replica_factory: ReplicaFactory,
 ) -> None:
     # A controller at its session limit said "not now": a keep-last session that never had an
-    # allocation keeps that 0 (not the conservative rate a full controller never counted)
-    # until a place comes free, or until fallback_grace lifts it.
+    # allocation waits at 0 (never at a rate a full controller does not count) until a place
+    # comes free.
     replica = await replica_factory(max_sessions=1, retry_after=0.5)
     async with grpc.aio.insecure_channel(replica.grpc_address) as channel:
         holder = await Honest(channel, "holder").start()

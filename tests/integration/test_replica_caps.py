@@ -18,7 +18,7 @@ import pytest
 from support import ControllerProcess, Pump, async_wait_until, free_port
 
 from burstctl.client import JobInfo, Session
-from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
+from burstctl.common.limits import DEFAULT_MAX_SESSIONS
 from burstctl.controller.app import Replica
 
 MiB = 1 << 20
@@ -236,5 +236,7 @@ async def test_a_dead_replicas_rates_count_until_their_leases_expire(
     # not before the lease and the clients' grace have surely run out: R2's last digest
     # came at most about λ before the kill, and the survivor holds for λ + lease + grace + λ
     assert resplit_after >= lease + grace - LAMBDA
-    # by then R2's session has let go of its share: at most its conservative rate
-    assert 0.0 < dead_rate <= DEFAULT_CONSERVATIVE_RATE
+    # by then R2's session has let go of its share: it paces at most at its share of R2's
+    # fallback budget (R2's capacity over its max_sessions), first as the lower of that and
+    # its kept 40 MiB/s, then as the share itself
+    assert dead_rate == pytest.approx(40 * MiB / DEFAULT_MAX_SESSIONS)

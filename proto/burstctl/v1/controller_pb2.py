@@ -24,47 +24,47 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62urstctl/v1/controller.proto\x12\x0b\x62urstctl.v1\"\xe8\x01\n\x05Hello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x01\x12\x11\n\tclient_id\x18\x06 \x01(\t\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x10\n\x08period_w\x18\x08 \x01(\x01\x12\x12\n\nperiod_vol\x18\t \x01(\x01\x12%\n\x07purpose\x18\n \x01(\x0e\x32\x14.burstctl.v1.Purpose\x12#\n\x06\x62uffer\x18\x0b \x01(\x0b\x32\x13.burstctl.v1.Buffer\"O\n\x06\x42uffer\x12\x10\n\x08resident\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x03 \x01(\x03\x12\x13\n\x0b\x64rain_error\x18\x04 \x01(\t\"L\n\x08OpPosted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.burstctl.v1.OpKind\x12\x0e\n\x06volume\x18\x03 \x01(\x03\"\x1c\n\x0bOpCompleted\x12\r\n\x05op_id\x18\x01 \x01(\x04\"\xc7\x01\n\x05Usage\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0b\n\x03ops\x18\x02 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x08\x12%\n\x06totals\x18\x06 \x01(\x0b\x32\x15.burstctl.v1.Counters\x12\x15\n\rapplied_epoch\x18\x07 \x01(\x04\x12#\n\x06\x62uffer\x18\x08 \x01(\x0b\x32\x13.burstctl.v1.Buffer\"}\n\x08\x43ounters\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x12\n\nbytes_read\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x03\x12\x0b\n\x03ops\x18\x04 \x01(\x03\x12\x14\n\x0cmetadata_ops\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\"\t\n\x07Goodbye\"5\n\x05\x42\x61tch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ClientMessage\"\x8d\x02\n\rClientMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.burstctl.v1.HelloH\x00\x12*\n\top_posted\x18\x02 \x01(\x0b\x32\x15.burstctl.v1.OpPostedH\x00\x12\x30\n\x0cop_completed\x18\x03 \x01(\x0b\x32\x18.burstctl.v1.OpCompletedH\x00\x12#\n\x05usage\x18\x04 \x01(\x0b\x32\x12.burstctl.v1.UsageH\x00\x12\'\n\x07goodbye\x18\x05 \x01(\x0b\x32\x14.burstctl.v1.GoodbyeH\x00\x12#\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x12.burstctl.v1.BatchH\x00\x42\x06\n\x04\x62ody\"\xbd\x01\n\nAllocation\x12\x0c\n\x04rate\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nreplica_id\x18\x06 \x01(\t\x12%\n\x07windows\x18\x07 \x01(\x0b\x32\x14.burstctl.v1.Windows\x12!\n\x05space\x18\x08 \x01(\x0b\x32\x12.burstctl.v1.Space\"\x16\n\x05Space\x12\r\n\x05limit\x18\x01 \x01(\x03\"^\n\x07Windows\x12\x16\n\x0eperiod_seconds\x18\x01 \x01(\x01\x12\x16\n\x0eorigin_seconds\x18\x02 \x01(\x01\x12#\n\x06window\x18\x03 \x03(\x0b\x32\x13.burstctl.v1.Window\"B\n\x06Window\x12\x15\n\rstart_seconds\x18\x01 \x01(\x01\x12\x13\n\x0b\x65nd_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04rate\x18\x03 \x01(\x01\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"k\n\rServerMessage\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x17.burstctl.v1.AllocationH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.burstctl.v1.ErrorH\x00\x42\x06\n\x04\x62ody*\\\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_READ\x10\x01\x12\x11\n\rOP_KIND_WRITE\x10\x02\x12\x14\n\x10OP_KIND_METADATA\x10\x03*-\n\x07Purpose\x12\x0f\n\x0bPURPOSE_APP\x10\x00\x12\x11\n\rPURPOSE_DRAIN\x10\x01\x32S\n\nController\x12\x45\n\x07Session\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62urstctl/v1/controller.proto\x12\x0b\x62urstctl.v1\"\xfd\x01\n\x05Hello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x01\x12\x11\n\tclient_id\x18\x06 \x01(\t\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x10\n\x08period_w\x18\x08 \x01(\x01\x12\x12\n\nperiod_vol\x18\t \x01(\x01\x12%\n\x07purpose\x18\n \x01(\x0e\x32\x14.burstctl.v1.Purpose\x12#\n\x06\x62uffer\x18\x0b \x01(\x0b\x32\x13.burstctl.v1.Buffer\x12\x13\n\x0bpacing_rate\x18\x0c \x01(\x01\"O\n\x06\x42uffer\x12\x10\n\x08resident\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x03 \x01(\x03\x12\x13\n\x0b\x64rain_error\x18\x04 \x01(\t\"L\n\x08OpPosted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.burstctl.v1.OpKind\x12\x0e\n\x06volume\x18\x03 \x01(\x03\"\x1c\n\x0bOpCompleted\x12\r\n\x05op_id\x18\x01 \x01(\x04\"\xc7\x01\n\x05Usage\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0b\n\x03ops\x18\x02 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x08\x12%\n\x06totals\x18\x06 \x01(\x0b\x32\x15.burstctl.v1.Counters\x12\x15\n\rapplied_epoch\x18\x07 \x01(\x04\x12#\n\x06\x62uffer\x18\x08 \x01(\x0b\x32\x13.burstctl.v1.Buffer\"}\n\x08\x43ounters\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x12\n\nbytes_read\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x03\x12\x0b\n\x03ops\x18\x04 \x01(\x03\x12\x14\n\x0cmetadata_ops\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\"\t\n\x07Goodbye\"5\n\x05\x42\x61tch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ClientMessage\"\x8d\x02\n\rClientMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.burstctl.v1.HelloH\x00\x12*\n\top_posted\x18\x02 \x01(\x0b\x32\x15.burstctl.v1.OpPostedH\x00\x12\x30\n\x0cop_completed\x18\x03 \x01(\x0b\x32\x18.burstctl.v1.OpCompletedH\x00\x12#\n\x05usage\x18\x04 \x01(\x0b\x32\x12.burstctl.v1.UsageH\x00\x12\'\n\x07goodbye\x18\x05 \x01(\x0b\x32\x14.burstctl.v1.GoodbyeH\x00\x12#\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x12.burstctl.v1.BatchH\x00\x42\x06\n\x04\x62ody\"\xd4\x01\n\nAllocation\x12\x0c\n\x04rate\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nreplica_id\x18\x06 \x01(\t\x12%\n\x07windows\x18\x07 \x01(\x0b\x32\x14.burstctl.v1.Windows\x12!\n\x05space\x18\x08 \x01(\x0b\x32\x12.burstctl.v1.Space\x12\x15\n\rfallback_rate\x18\t \x01(\x01\"\x16\n\x05Space\x12\r\n\x05limit\x18\x01 \x01(\x03\"^\n\x07Windows\x12\x16\n\x0eperiod_seconds\x18\x01 \x01(\x01\x12\x16\n\x0eorigin_seconds\x18\x02 \x01(\x01\x12#\n\x06window\x18\x03 \x03(\x0b\x32\x13.burstctl.v1.Window\"B\n\x06Window\x12\x15\n\rstart_seconds\x18\x01 \x01(\x01\x12\x13\n\x0b\x65nd_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04rate\x18\x03 \x01(\x01\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"k\n\rServerMessage\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x17.burstctl.v1.AllocationH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.burstctl.v1.ErrorH\x00\x42\x06\n\x04\x62ody*\\\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_READ\x10\x01\x12\x11\n\rOP_KIND_WRITE\x10\x02\x12\x14\n\x10OP_KIND_METADATA\x10\x03*-\n\x07Purpose\x12\x0f\n\x0bPURPOSE_APP\x10\x00\x12\x11\n\rPURPOSE_DRAIN\x10\x01\x32S\n\nController\x12\x45\n\x07Session\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'burstctl.v1.controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPKIND']._serialized_start=1680
-  _globals['_OPKIND']._serialized_end=1772
-  _globals['_PURPOSE']._serialized_start=1774
-  _globals['_PURPOSE']._serialized_end=1819
+  _globals['_OPKIND']._serialized_start=1724
+  _globals['_OPKIND']._serialized_end=1816
+  _globals['_PURPOSE']._serialized_start=1818
+  _globals['_PURPOSE']._serialized_end=1863
   _globals['_HELLO']._serialized_start=46
-  _globals['_HELLO']._serialized_end=278
-  _globals['_BUFFER']._serialized_start=280
-  _globals['_BUFFER']._serialized_end=359
-  _globals['_OPPOSTED']._serialized_start=361
-  _globals['_OPPOSTED']._serialized_end=437
-  _globals['_OPCOMPLETED']._serialized_start=439
-  _globals['_OPCOMPLETED']._serialized_end=467
-  _globals['_USAGE']._serialized_start=470
-  _globals['_USAGE']._serialized_end=669
-  _globals['_COUNTERS']._serialized_start=671
-  _globals['_COUNTERS']._serialized_end=796
-  _globals['_GOODBYE']._serialized_start=798
-  _globals['_GOODBYE']._serialized_end=807
-  _globals['_BATCH']._serialized_start=809
-  _globals['_BATCH']._serialized_end=862
-  _globals['_CLIENTMESSAGE']._serialized_start=865
-  _globals['_CLIENTMESSAGE']._serialized_end=1134
-  _globals['_ALLOCATION']._serialized_start=1137
-  _globals['_ALLOCATION']._serialized_end=1326
-  _globals['_SPACE']._serialized_start=1328
-  _globals['_SPACE']._serialized_end=1350
-  _globals['_WINDOWS']._serialized_start=1352
-  _globals['_WINDOWS']._serialized_end=1446
-  _globals['_WINDOW']._serialized_start=1448
-  _globals['_WINDOW']._serialized_end=1514
-  _globals['_ERROR']._serialized_start=1516
-  _globals['_ERROR']._serialized_end=1569
-  _globals['_SERVERMESSAGE']._serialized_start=1571
-  _globals['_SERVERMESSAGE']._serialized_end=1678
-  _globals['_CONTROLLER']._serialized_start=1821
-  _globals['_CONTROLLER']._serialized_end=1904
+  _globals['_HELLO']._serialized_end=299
+  _globals['_BUFFER']._serialized_start=301
+  _globals['_BUFFER']._serialized_end=380
+  _globals['_OPPOSTED']._serialized_start=382
+  _globals['_OPPOSTED']._serialized_end=458
+  _globals['_OPCOMPLETED']._serialized_start=460
+  _globals['_OPCOMPLETED']._serialized_end=488
+  _globals['_USAGE']._serialized_start=491
+  _globals['_USAGE']._serialized_end=690
+  _globals['_COUNTERS']._serialized_start=692
+  _globals['_COUNTERS']._serialized_end=817
+  _globals['_GOODBYE']._serialized_start=819
+  _globals['_GOODBYE']._serialized_end=828
+  _globals['_BATCH']._serialized_start=830
+  _globals['_BATCH']._serialized_end=883
+  _globals['_CLIENTMESSAGE']._serialized_start=886
+  _globals['_CLIENTMESSAGE']._serialized_end=1155
+  _globals['_ALLOCATION']._serialized_start=1158
+  _globals['_ALLOCATION']._serialized_end=1370
+  _globals['_SPACE']._serialized_start=1372
+  _globals['_SPACE']._serialized_end=1394
+  _globals['_WINDOWS']._serialized_start=1396
+  _globals['_WINDOWS']._serialized_end=1490
+  _globals['_WINDOW']._serialized_start=1492
+  _globals['_WINDOW']._serialized_end=1558
+  _globals['_ERROR']._serialized_start=1560
+  _globals['_ERROR']._serialized_end=1613
+  _globals['_SERVERMESSAGE']._serialized_start=1615
+  _globals['_SERVERMESSAGE']._serialized_end=1722
+  _globals['_CONTROLLER']._serialized_start=1865
+  _globals['_CONTROLLER']._serialized_end=1948
 # @@protoc_insertion_point(module_scope)

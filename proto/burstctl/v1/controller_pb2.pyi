@@ -26,7 +26,7 @@ PURPOSE_APP: Purpose
 PURPOSE_DRAIN: Purpose
 
 class Hello(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol", "purpose", "buffer")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol", "purpose", "buffer", "pacing_rate")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -38,6 +38,7 @@ class Hello(_message.Message):
     PERIOD_VOL_FIELD_NUMBER: _ClassVar[int]
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     BUFFER_FIELD_NUMBER: _ClassVar[int]
+    PACING_RATE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user: str
     group: str
@@ -49,7 +50,8 @@ class Hello(_message.Message):
     period_vol: float
     purpose: Purpose
     buffer: Buffer
-    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., buffer: _Optional[_Union[Buffer, _Mapping]] = ...) -> None: ...
+    pacing_rate: float
+    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., buffer: _Optional[_Union[Buffer, _Mapping]] = ..., pacing_rate: _Optional[float] = ...) -> None: ...
 
 class Buffer(_message.Message):
     __slots__ = ("resident", "pending", "added", "drain_error")
@@ -142,7 +144,7 @@ class ClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space")
+    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space", "fallback_rate")
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -151,6 +153,7 @@ class Allocation(_message.Message):
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     SPACE_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_RATE_FIELD_NUMBER: _ClassVar[int]
     rate: float
     burst: float
     epoch: int
@@ -159,7 +162,8 @@ class Allocation(_message.Message):
     replica_id: str
     windows: Windows
     space: Space
-    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ...) -> None: ...
+    fallback_rate: float
+    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ..., fallback_rate: _Optional[float] = ...) -> None: ...
 
 class Space(_message.Message):
     __slots__ = ("limit",)

@@ -1,5 +1,5 @@
-"""Issue 15, findings 7 and 8 on the client side: nothing raised into the application, and a
-session that degrades stays within what a live controller last allotted it.
+"""Nothing raised into the application, and a session that degrades paces only at rates a
+controller handed out: what it last allotted, or the session's share of its fallback budget.
 
 Real gRPC servers on loopback (the scripted `FakeController`); the session is the real one.
 """
@@ -16,7 +16,6 @@ import pytest
 from support import Pump, measure
 
 from burstctl.client import AsyncSession, JobInfo, Session
-from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
 from burstctl.common.limits import MIN_RATE
 
 pytestmark = pytest.mark.integration
@@ -90,50 +89,65 @@ def test_keep_last_keeps_an_allotted_zero_after_the_lease(
         assert not pump.errors
 
 
-def test_keep_last_gives_up_an_allotted_zero_after_the_grace(
+def test_keep_last_gives_up_an_allotted_zero_for_its_budget_share_after_the_grace(
     make_controller: Callable[..., Any], wait_until: Callable[..., None]
 ) -> None:
-    """...but does not block the application forever: after ``fallback_grace`` the
-    conservative rate applies."""
-    controller = make_controller(initial_rate=3 * MiB, lease_seconds=0.2, renew_interval=0.05)
-    with Session(controller.address, JOB, "keep-last:2MiB/s", fallback_grace=0.5) as session:
+    """...but does not block the application forever: after ``fallback_grace`` and one more
+    lease, the session's share of the controller's fallback budget applies."""
+    controller = make_controller(
+        initial_rate=3 * MiB, lease_seconds=0.2, renew_interval=0.05, fallback_rate=2 * MiB
+    )
+    with Session(controller.address, JOB, "keep-last", fallback_grace=0.5) as session:
         assert session.wait_attached(5)
         controller.push(0.0, burst=0, lease=0.2)
         wait_until(lambda: session.rate == 0, message="the allotted 0 in force")
         controller.stop()
         start = time.monotonic()
-        session.acquire(KiB)  # blocked until lease (0.2 s) + grace (0.5 s)
+        session.acquire(KiB)  # blocked until lease (0.2 s) + grace (0.5 s) + lease (0.2 s)
         waited = time.monotonic() - start
-        assert 0.5 <= waited < 3.0
+        assert 0.8 <= waited < 3.0
         assert session.rate == 2 * MiB
 
 
-def test_keep_last_keeps_a_positive_rate_not_more(
+def test_keep_last_rises_to_its_share_only_a_lease_after_the_grace(
     make_controller: Callable[..., Any], wait_until: Callable[..., None]
 ) -> None:
-    controller = make_controller(initial_rate=8 * MiB, lease_seconds=0.3, renew_interval=0.1)
-    with Session(controller.address, JOB, "keep-last:4MiB/s", fallback_grace=0.1) as session:
+    """A kept rate below the budget share is kept through the grace and one more lease (the
+    lower of the two), and only then rises to the share: by then every session of the
+    vanished controller has left its kept rate (their leases end at most a lease apart)."""
+    lease, grace = 0.4, 0.3
+    controller = make_controller(
+        initial_rate=8 * MiB, lease_seconds=lease, renew_interval=0.1, fallback_rate=5 * MiB
+    )
+    changes: list[tuple[float, float]] = []
+    with Session(
+        controller.address,
+        JOB,
+        "keep-last",
+        fallback_grace=grace,
+        rate_observer=lambda rate: changes.append((time.monotonic(), rate)),
+    ) as session:
         assert session.wait_attached(5)
-        controller.push(3 * MiB, lease=0.3)
+        controller.push(3 * MiB, lease=lease)
         wait_until(lambda: session.rate == 3 * MiB)
         controller.stop()
-        wait_until(lambda: not session.attached, 5, message="the lease ran out")
-        # Past the grace a share below the conservative rate is kept as it was.
-        pump = Pump(session, chunk=16 * KiB).start()
-        try:
-            wait_until(lambda: pump.moved >= 512 * KiB, 5)
-        finally:
-            pump.stop()
-        assert session.rate == 3 * MiB
-        assert not pump.errors
+        stopped = time.monotonic()
+        wait_until(lambda: session.rate == 5 * MiB, 10, message="the budget share")
+        rose = next(t for t, rate in changes if rate == 5 * MiB)
+        # not before the last allocation's lease, the grace and one more lease have passed
+        assert rose - stopped >= grace + lease, (rose - stopped, changes)
+        assert all(rate <= 3 * MiB for t, rate in changes if t < rose and t >= stopped)
 
 
-def test_keep_last_falls_to_the_conservative_rate_after_the_grace(
+def test_keep_last_falls_to_its_budget_share_after_the_grace(
     make_controller: Callable[..., Any], wait_until: Callable[..., None]
 ) -> None:
-    """A kept share above the conservative rate is kept only ``fallback_grace`` past the
-    lease: as long as the survivors of a dead replica count it (docs/replicas.md)."""
-    controller = make_controller(initial_rate=8 * MiB, lease_seconds=0.3, renew_interval=0.1)
+    """A kept share above the budget share is kept only ``fallback_grace`` past the lease:
+    as long as the survivors of a dead replica count it (docs/replicas.md). ``keep-last:<rate>``
+    caps the share."""
+    controller = make_controller(
+        initial_rate=8 * MiB, lease_seconds=0.3, renew_interval=0.1, fallback_rate=3 * MiB
+    )
     with Session(controller.address, JOB, "keep-last:2MiB/s", fallback_grace=1.5) as session:
         assert session.wait_attached(5)
         controller.push(8 * MiB, lease=0.3)
@@ -144,27 +158,32 @@ def test_keep_last_falls_to_the_conservative_rate_after_the_grace(
         wait_until(lambda: session.rate == 2 * MiB, 5, message="the fall after the grace")
 
 
-def test_never_attached_session_is_not_unthrottled(
-    make_controller: Callable[..., Any],
+def test_a_never_attached_keep_last_session_waits_at_zero_then_is_served(
+    make_controller: Callable[..., Any], wait_until: Callable[..., None]
 ) -> None:
-    # A controller that accepts the stream but never allocates (overloaded, or hung).
+    # A controller that accepts the stream but does not allocate (overloaded, or hung): the
+    # session paces at no per-session constant, however long it waits, and nothing raises.
     controller = make_controller()
     with Session(controller.address, JOB, "keep-last", attach_timeout=0.2) as session:
-        start = time.monotonic()
-        session.acquire(KiB)  # waits for the first allocation up to attach_timeout
-        assert time.monotonic() - start >= 0.15
-        assert session.rate == DEFAULT_CONSERVATIVE_RATE
-        assert math.isfinite(session.rate)
-        assert not session.attached
-        assert controller.received()[0].kind == "hello"
+        pump = Pump(session, chunk=16 * KiB).start()
+        try:
+            wait_until(lambda: session.total_wait_seconds >= 0.5, message="past attach_timeout")
+            assert pump.moved == 0 and session.rate == 0 and not session.attached
+            assert not pump.errors
+            assert controller.received()[0].kind == "hello"
+            controller.push(4 * MiB, burst=64 * KiB)  # admitted at last: served
+            wait_until(lambda: pump.moved >= 256 * KiB, 10, message="served once attached")
+        finally:
+            pump.stop()
+        assert not pump.errors
 
 
-def test_never_attached_session_with_an_unreachable_controller_is_paced(
+def test_a_fixed_fallback_paces_a_never_attached_session_at_its_rate(
     free_port: int,
 ) -> None:
-    with Session(f"127.0.0.1:{free_port}", JOB, "keep-last:4MiB/s", attach_timeout=0.2) as s:
+    with Session(f"127.0.0.1:{free_port}", JOB, "fixed:4MiB/s", attach_timeout=0.2) as s:
         s.acquire(KiB)
-        assert s.rate == 4 * MiB
+        assert s.rate == 4 * MiB and math.isfinite(s.rate)
         start = time.monotonic()
         for _ in range(16):
             s.acquire(128 * KiB)  # 2 MiB at 4 MiB/s

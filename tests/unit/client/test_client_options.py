@@ -10,7 +10,6 @@ import pytest
 
 from burstctl.client import Fallback, JobInfo
 from burstctl.client.channel import Backoff
-from burstctl.client.fallback import DEFAULT_CONSERVATIVE_RATE
 from burstctl.client.kinds import check_nbytes, check_volume, op_kind
 from burstctl.client.options import SessionOptions
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -29,7 +28,7 @@ def test_fallback_specs_parse() -> None:
     assert Fallback.parse(" fixed: 1.5 GB/s ").fixed_rate == 1.5e9
     assert Fallback.parse("fixed:4096").fixed_rate == 4096
     assert str(Fallback.parse("fixed:10MiB/s")) == "fixed:10.00 MiB/s"
-    assert Fallback.parse("keep-last:4MiB/s") == Fallback("keep-last", conservative_rate=4 * MiB)
+    assert Fallback.parse("keep-last:4MiB/s") == Fallback("keep-last", share_cap=4 * MiB)
     assert str(Fallback.parse("keep-last:4MiB/s")) == "keep-last:4.00 MiB/s"
     assert str(Fallback.parse("keep-last")) == "keep-last"
 
@@ -60,17 +59,22 @@ def test_fallback_rates() -> None:
     assert keep_last.rate(3.0) == 3.0
     # Never more than the last live share: an allotted 0 is kept...
     assert keep_last.rate(0.0) == 0.0
-    # ...until the grace lifts it to the conservative rate (a 0 forever would block forever).
-    assert keep_last.rate_after_grace(0.0) == DEFAULT_CONSERVATIVE_RATE
-    assert keep_last.rate_after_grace(3.0) is None  # a share below it is kept as it is
-    # ...and a higher kept share falls to it: the survivors of a dead replica count the
-    # share only that long (docs/replicas.md)
-    assert keep_last.rate_after_grace(8 * MiB) == DEFAULT_CONSERVATIVE_RATE
-    # Never attached: the conservative rate, never unthrottled.
-    assert keep_last.rate(None) == DEFAULT_CONSERVATIVE_RATE
-    assert Fallback.parse("keep-last:2MiB/s").rate(None) == 2 * MiB
+    # ...and a session never allotted anything waits at 0: no per-session constant.
+    assert keep_last.rate(None) == 0.0
+    assert Fallback.parse("keep-last:2MiB/s").rate(None) == 0.0
+    # After the grace: the lower of the kept rate and the budget share for a lease, then the
+    # share (a kept 0 is lifted to it, a higher rate falls to it).
+    assert keep_last.steps_after_grace(0.0, 5.0) == (0.0, 5.0)
+    assert keep_last.steps_after_grace(8 * MiB, 5.0) == (5.0, 5.0)
+    assert keep_last.steps_after_grace(3.0, 5.0) == (3.0, 5.0)
+    # keep-last:<rate> caps the share; no budget (an old controller) ends at 0.
+    assert Fallback.parse("keep-last:4").steps_after_grace(8.0, 5.0) == (4.0, 4.0)
+    assert keep_last.steps_after_grace(3.0, 0.0) == (0.0, 0.0)
+    # Never allotted anything: no steps, it waits at 0.
+    assert keep_last.steps_after_grace(None, 5.0) is None
     assert Fallback.parse("fixed:1KiB/s").rate(3.0) == 1024
-    assert Fallback.parse("fixed:1KiB/s").rate_after_grace(0.0) is None
+    assert Fallback.parse("fixed:1KiB/s").rate(None) == 1024
+    assert Fallback.parse("fixed:1KiB/s").steps_after_grace(0.0, 5.0) is None
     assert Fallback.parse("unthrottled").rate(3.0) == math.inf
 
 

@@ -230,6 +230,6 @@ def test_the_fallback_grace_reaches_the_job_sessions(tmp_path: Path) -> None:
         try:
             options = session._core.options  # type: ignore[attr-defined]
             assert options.fallback_grace == 7.5
-            assert options.fallback.conservative_rate == 2 * (1 << 20)
+            assert options.fallback.share_cap == 2 * (1 << 20)
         finally:
             session.close()
