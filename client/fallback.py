@@ -21,15 +21,25 @@ at most its capacity (docs/client.md, "When the controller is away"):
 
 ``fixed:<rate>`` and ``unthrottled`` are the operator's choice of a rate per session, outside
 that rule: n sessions in fallback pace at n times the rate.
+
+``Fallback`` is the parsed spec; ``FallbackPacer`` applies it to one session's throttle.
 """
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import math
 from dataclasses import dataclass
 from typing import Literal
 
+from burstctl.client.bucket import Pattern, Throttle
 from burstctl.common.units import format_rate, parse_rate
+
+logger = logging.getLogger(__name__)
+
+# Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
+DEFAULT_BURST_SECONDS = 0.1
 
 FallbackMode = Literal["keep-last", "fixed", "unthrottled"]
 
@@ -112,3 +122,89 @@ class Fallback:
         if self.mode == "keep-last" and math.isfinite(self.share_cap):
             return f"keep-last:{format_rate(self.share_cap)}"
         return self.mode
+
+
+class FallbackPacer:
+    """What one session paces at when no controller renews its allocation: it remembers what
+    the controller last allotted (rate, burst, pattern of windows, budget share, lease) and
+    sets the session's throttle to the fallback, then to ``keep-last``'s steps after
+    ``grace`` (timers on the session's loop). ``SessionStream`` owns one.
+
+    ``active``: the fallback is in force (no allocation of a live controller is).
+    """
+
+    def __init__(self, fallback: Fallback, grace: float, throttle: Throttle) -> None:
+        self.fallback = fallback
+        self.grace = grace
+        self._throttle = throttle
+        self.active = False
+        self.last_rate: float | None = None  # last allotted by a live controller, 0 included
+        self.last_burst: float | None = None
+        # the pattern of windows of the last allocation (None: a plain rate); keep-last keeps it
+        self.last_pattern: Pattern | None = None
+        self._share = 0.0  # the last allocation's budget share (Allocation.fallback_rate)
+        self._lease = 0.0  # and lease: the length of keep-last's step 3
+        self._timer: asyncio.TimerHandle | None = None
+
+    def allotted(
+        self, rate: float, burst: float, pattern: Pattern | None, share: float, lease: float
+    ) -> None:
+        """A live controller's allocation is in force (``rate`` after the throttle's floor):
+        remembered, and the fallback ends."""
+        self.last_rate, self.last_burst, self.last_pattern = rate, burst, pattern
+        self._share, self._lease = share, lease
+        self.cancel()
+        self.active = False
+
+    def apply(self, turned_away: bool) -> float:
+        """The lease (or the first attach) ran out, or a live controller turned the session
+        away: the fallback's rate, in force from now (keep-last: 0 when turned away), and
+        keep-last's steps after the grace scheduled unless turned away. The rate applied."""
+        keep_last = self.fallback.mode == "keep-last"
+        rate = self.fallback.rate(0.0 if turned_away and keep_last else self.last_rate)
+        self._set(rate)
+        self.active = True
+        self.cancel()
+        steps = self.fallback.steps_after_grace(self.last_rate, self._share)
+        if steps is not None and math.isfinite(self.grace) and not turned_away:
+            loop = asyncio.get_running_loop()
+            self._timer = loop.call_later(self.grace, self._grace_expired, steps)
+        return rate
+
+    def cancel(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+
+    def _set(self, rate: float) -> None:
+        burst = self.last_burst
+        if not burst:  # never told how deep, or told 0 along with a rate of 0
+            burst = rate * DEFAULT_BURST_SECONDS if math.isfinite(rate) else 0.0
+        # keep-last keeps the last pattern of windows along with its rate (its phase goes on
+        # on this client's clock); any other fallback rate is a plain rate.
+        pattern = None
+        if self.fallback.mode == "keep-last" and rate == self.last_rate:
+            pattern = self.last_pattern
+        self._throttle.set_rate(rate, burst, pattern)
+
+    def _grace_expired(self, steps: tuple[float, float]) -> None:
+        """A kept rate outlived the grace without a controller: the lower of it and the
+        budget share for one lease, then the share (steps 3 and 4 above)."""
+        self._timer = None
+        if not self.active:
+            return
+        for_a_lease, then = steps
+        self._set(for_a_lease)
+        self._timer = asyncio.get_running_loop().call_later(self._lease, self._share_applies, then)
+        logger.warning(
+            "no controller for %gs after the lease ran out; keep-last paces at %s, then at its"
+            " budget share %s",
+            self.grace,
+            format_rate(for_a_lease),
+            format_rate(then),
+        )
+
+    def _share_applies(self, rate: float) -> None:
+        self._timer = None
+        if self.active:
+            self._set(rate)

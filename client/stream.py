@@ -26,8 +26,9 @@ from typing import Any
 
 import grpc
 
-from burstctl.client.bucket import Pattern, Throttle
+from burstctl.client.bucket import Throttle
 from burstctl.client.channel import REFUSALS, Backoff, retry_hint
+from burstctl.client.fallback import FallbackPacer
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.usage import UsageReports
@@ -47,8 +48,6 @@ TURNED_AWAY = (
 )
 # Most messages sent as one Batch (the controller accepts up to 1024).
 MAX_BATCH = 64
-# Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
-DEFAULT_BURST_SECONDS = 0.1
 # How long close() waits for the Goodbye and the half-close to reach the wire.
 GOODBYE_TIMEOUT = 2.0
 
@@ -89,19 +88,11 @@ class SessionStream:
         self._stream_had_allocation = False
         self._lease_deadline = math.inf
         self._lease_changed = asyncio.Event()
-        self._in_fallback = False
-        self._last_rate: float | None = None  # last allotted by a live controller, 0 included
-        # the last allocation's budget share (Allocation.fallback_rate) and lease: keep-last's
-        # steps after the grace (client/fallback.py)
-        self._last_share = 0.0
-        self._last_lease = 0.0
+        # What the session paces at without a live controller (client/fallback.py).
+        self._fallback = FallbackPacer(options.fallback, options.fallback_grace, throttle)
         # A live controller turned the session away (refused or ended it): nobody counts a
         # rate kept now, so keep-last waits at 0 until an allocation comes.
         self._turned_away = False
-        self._grace_timer: asyncio.TimerHandle | None = None
-        self._last_burst: float | None = None
-        # the pattern of windows of the last allocation (None: a plain rate); keep-last keeps it
-        self._last_pattern: Pattern | None = None
         self._usage = UsageReports(throttle, space, clock)
         self._detached_logged = False
         self._refused: str | None = None
@@ -160,7 +151,7 @@ class SessionStream:
     async def close(self) -> None:
         """Says Goodbye, ends the stream and stops every task (the channel stays open)."""
         self._stopping = True
-        self._cancel_grace()
+        self._fallback.cancel()
         self._cancel_space_timer()
         try:
             await self._say_goodbye()
@@ -450,7 +441,7 @@ class SessionStream:
         pattern = None
         if allocation.HasField("windows"):
             try:
-                pattern = pattern_of(allocation.windows, self._clock(), self._last_pattern)
+                pattern = pattern_of(allocation.windows, self._clock(), self._fallback.last_pattern)
             except MalformedWindows as err:
                 logger.error(
                     "ignoring an allocation with malformed windows from %s: %s",
@@ -464,22 +455,19 @@ class SessionStream:
                 "ignoring an invalid fallback_rate %r from %s", share, self._options.target
             )
             share = 0.0
-        self._last_share = share
-        self._last_lease = lease
         self._stream_epoch_before, self._stream_epoch = self._stream_epoch, allocation.epoch
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
         before = self._throttle.rate
         self._throttle.set_rate(rate, burst, pattern)
-        self._last_pattern = pattern
-        self._last_rate = self._throttle.rate  # after the floor: a residue is a 0
-        self._cancel_grace()
-        if self._last_rate < before:
+        was_in_fallback = self._fallback.active
+        # the rate after the throttle's floor: a residue is a 0
+        self._fallback.allotted(self._throttle.rate, burst, pattern, share, lease)
+        if self._throttle.rate < before:
             # Acknowledge a decrease at once: the controller holds the increases it made room
             # for until then (docs/protocol.md, "Decreases before increases"). Counters and
             # interval 0: an acknowledgement only, not a (short, noisy) usage sample.
             self._send(pb.ClientMessage(usage=pb.Usage(applied_epoch=allocation.epoch)))
-        self._last_burst = burst
         if self._space is not None:
             self._cancel_space_timer()
             if not allocation.HasField("space"):
@@ -489,14 +477,13 @@ class SessionStream:
             else:
                 self._space.raise_limit(allocation.space.limit)
         self._stream_had_allocation = True
-        if self._in_fallback or self._detached_logged:
+        if was_in_fallback or self._detached_logged:
             logger.info(
                 "attached to %s (%s): rate %s",
                 self._options.target,
                 allocation.replica_id or "?",
                 format_rate(rate),
             )
-        self._in_fallback = False
         self._turned_away = False
         self._detached_logged = False
         self._refused = None
@@ -507,7 +494,7 @@ class SessionStream:
     async def _watch_lease(self) -> None:
         """Applies the fallback when the lease (or the first attach) runs out unrenewed."""
         while True:
-            remaining = None if self._in_fallback else self._lease_deadline - self._clock()
+            remaining = None if self._fallback.active else self._lease_deadline - self._clock()
             if remaining is not None and math.isinf(remaining):
                 remaining = None
             self._lease_changed.clear()
@@ -522,23 +509,19 @@ class SessionStream:
     def _turn_away(self) -> None:
         """A live controller refused or ended the session (``TURNED_AWAY``): ``keep-last``
         waits at 0 until it is admitted again; the other fallbacks apply as they are."""
-        if self._turned_away and self._in_fallback:
+        if self._turned_away and self._fallback.active:
             return  # turned away again while it retries: nothing changes
         self._turned_away = True
-        self._cancel_grace()
         self._lease_deadline = self._clock()
         self._lease_expired()
 
     def _lease_expired(self) -> None:
         fallback = self._options.fallback
-        last = 0.0 if self._turned_away and fallback.mode == "keep-last" else self._last_rate
-        rate = fallback.rate(last)
-        self._apply_fallback_rate(rate)
-        self._in_fallback = True
+        rate = self._fallback.apply(self._turned_away)
         self._set_attached(False)
         if self._turned_away:
             reason = "turned away by the controller"
-        elif self._last_burst is not None:
+        elif self._fallback.last_burst is not None:
             reason = "allocation lease expired without renewal"
         else:
             reason = f"no allocation within {self._options.attach_timeout:g}s"
@@ -550,11 +533,6 @@ class SessionStream:
             format_rate(rate) if math.isfinite(rate) else "unthrottled",
         )
         grace = self._options.fallback_grace
-        steps = fallback.steps_after_grace(self._last_rate, self._last_share)
-        if steps is not None and math.isfinite(grace) and not self._turned_away:
-            assert self._loop is not None
-            self._cancel_grace()
-            self._grace_timer = self._loop.call_later(grace, self._grace_expired, steps)
         if self._space is not None:
             self._space.attach_timed_out()
             if math.isfinite(grace) and self._space_timer is None:
@@ -564,47 +542,12 @@ class SessionStream:
             # The controller on this stream stopped renewing: treat the stream as dead.
             self._call.cancel()
 
-    def _apply_fallback_rate(self, rate: float) -> None:
-        burst = self._last_burst
-        if not burst:  # never told how deep, or told 0 along with a rate of 0
-            burst = rate * DEFAULT_BURST_SECONDS if math.isfinite(rate) else 0.0
-        # keep-last keeps the last pattern of windows along with its rate (its phase goes on
-        # on this client's clock); any other fallback rate is a plain rate.
-        pattern = None
-        if self._options.fallback.mode == "keep-last" and rate == self._last_rate:
-            pattern = self._last_pattern
-        self._throttle.set_rate(rate, burst, pattern)
-
-    def _grace_expired(self, steps: tuple[float, float]) -> None:
-        """A kept rate outlived ``fallback_grace`` without a controller: the lower of it and
-        the budget share for one lease, then the share (client/fallback.py, steps 3 and 4)."""
-        self._grace_timer = None
-        if not self._in_fallback or self._stopping:
-            return
-        for_a_lease, then = steps
-        self._apply_fallback_rate(for_a_lease)
-        assert self._loop is not None
-        self._grace_timer = self._loop.call_later(self._last_lease, self._share_applies, then)
-        logger.warning(
-            "no controller at %s for %gs after the lease ran out; keep-last paces at %s, then"
-            " at its budget share %s",
-            self._options.target,
-            self._options.fallback_grace,
-            format_rate(for_a_lease),
-            format_rate(then),
-        )
-
-    def _share_applies(self, rate: float) -> None:
-        self._grace_timer = None
-        if self._in_fallback and not self._stopping:
-            self._apply_fallback_rate(rate)
-
     def _space_grace_expired(self) -> None:
         """No controller for ``fallback_grace`` after the lease ran out: the space limit is no
         longer enforced (a dead controller must not stop the application's writes for ever;
         docs/capacity.md). The next allocation enforces it again."""
         self._space_timer = None
-        if self._space is None or not self._in_fallback or self._stopping:
+        if self._space is None or not self._fallback.active or self._stopping:
             return
         self._space.release()
         logger.warning(
@@ -618,8 +561,3 @@ class SessionStream:
         if self._space_timer is not None:
             self._space_timer.cancel()
             self._space_timer = None
-
-    def _cancel_grace(self) -> None:
-        if self._grace_timer is not None:
-            self._grace_timer.cancel()
-            self._grace_timer = None

@@ -44,11 +44,11 @@ def test_a_renewal_whose_origin_moved_by_a_delay_jitter_keeps_the_phase() -> Non
     clock = FakeClock()
     s = stream(clock)
     s._on_allocation(allocation(1, 0.5))
-    first = s._last_pattern
+    first = s._fallback.last_pattern
     assert first is not None and first.origin == 100.5
     clock.now = 100.5  # half a period later, the renewal arrives 3 ms later than the first did
     s._on_allocation(allocation(2, 0.997))
-    assert s._last_pattern is first
+    assert s._fallback.last_pattern is first
     assert PHASE_SLACK >= 0.003
 
 
@@ -58,7 +58,7 @@ def test_a_new_phase_or_new_windows_are_taken() -> None:
     s._on_allocation(allocation(1, 0.5))
     clock.now = 100.5
     s._on_allocation(allocation(2, 0.8))  # the phase moved by 0.2 s: a new origin
-    moved = s._last_pattern
+    moved = s._fallback.last_pattern
     assert moved is not None and abs(moved.origin - 101.3) < 1e-9
     s._on_allocation(allocation(3, 0.8, start=0.2))  # other windows
-    assert s._last_pattern is not moved
+    assert s._fallback.last_pattern is not moved
