@@ -8,16 +8,19 @@ every rate it paces at is one a controller handed out, and the rates a replica h
 at most its capacity (docs/client.md, "When the controller is away"):
 
 1. A session that never got an allocation paces at 0 (a shed or refused one too): it waits
-   for its first allocation, however long, and can always be interrupted.
+   for its first allocation through ``fallback_grace``. Past it, it paces at the
+   conservative rate (the ``<rate>`` of ``keep-last:<rate>``, 1 MiB/s by default): the one
+   per-session constant left, so that a writer waiting in the FUSE mount, which cannot be
+   killed while the mount holds its request, is never held for ever.
 2. When the lease runs out unrenewed, the session keeps the rate it was last allotted, 0
    included: the sessions of a vanished controller together keep what it last allotted.
 3. ``fallback_grace`` seconds later it paces at the lower of that rate and its *budget share*
    (``Allocation.fallback_rate``: the replica's capacity over the most sessions it holds), for
    one more lease, so that every session of the controller has left step 2 before any
    leaves step 3 (their leases end at most one lease apart).
-4. Then at its budget share (at most the ``<rate>`` of ``keep-last:<rate>``): a kept 0 is
-   lifted to it, a higher rate falls to it. The shares of all the sessions a replica can
-   hold sum to at most its capacity.
+4. Then at its budget share (at most the conservative rate): a kept 0 is lifted to it, a
+   higher rate falls to it. The shares of all the sessions a replica can hold sum to at most
+   its capacity.
 
 ``fixed:<rate>`` and ``unthrottled`` are the operator's choice of a rate per session, outside
 that rule: n sessions in fallback pace at n times the rate.
@@ -38,6 +41,9 @@ from burstctl.common.units import format_rate, parse_rate
 
 logger = logging.getLogger(__name__)
 
+# bytes/s: keep-last's conservative rate (module docstring, steps 1 and 4). Small on purpose.
+DEFAULT_CONSERVATIVE_RATE = float(1 << 20)
+
 # Bucket depth used by a fallback rate when no controller ever said how deep: 100 ms of I/O.
 DEFAULT_BURST_SECONDS = 0.1
 
@@ -48,21 +54,22 @@ FallbackMode = Literal["keep-last", "fixed", "unthrottled"]
 class Fallback:
     """A parsed fallback spec; `parse` is the way in.
 
-    ``fixed_rate``: the rate of ``fixed``; ``share_cap``: the most ``keep-last`` paces at
-    from its budget share (the ``<rate>`` of ``keep-last:<rate>``; inf: the share itself).
+    ``fixed_rate``: the rate of ``fixed``; ``share_cap``: ``keep-last``'s conservative rate
+    (the ``<rate>`` of ``keep-last:<rate>``): the most it paces at from its budget share, and
+    its rate past the grace for a session no controller admitted.
     """
 
     mode: FallbackMode
     fixed_rate: float = 0.0
-    share_cap: float = math.inf
+    share_cap: float = DEFAULT_CONSERVATIVE_RATE
 
     def __post_init__(self) -> None:
         if self.mode not in ("keep-last", "fixed", "unthrottled"):
             raise ValueError(f"unknown fallback mode {self.mode!r}")
         if self.mode == "fixed" and not (math.isfinite(self.fixed_rate) and self.fixed_rate > 0):
             raise ValueError(f"a fixed fallback rate must be finite and > 0, got {self.fixed_rate}")
-        if not self.share_cap > 0:  # also rejects NaN
-            raise ValueError(f"a keep-last rate must be > 0, got {self.share_cap}")
+        if not (math.isfinite(self.share_cap) and self.share_cap > 0):
+            raise ValueError(f"a keep-last rate must be finite and > 0, got {self.share_cap}")
 
     @classmethod
     def parse(cls, spec: str | Fallback) -> Fallback:
@@ -109,17 +116,20 @@ class Fallback:
         self, last_rate: float | None, share: float
     ) -> tuple[float, float] | None:
         """``keep-last``'s rates once ``fallback_grace`` more seconds passed without a
-        controller: (the rate for one lease, the rate after it), steps 3 and 4 above; None
-        to keep `rate` for good (other modes; a session never allotted anything)."""
-        if self.mode != "keep-last" or last_rate is None:
+        controller: (the rate for one lease, the rate after it), steps 3 and 4 above, or the
+        conservative rate for a session no controller admitted (``last_rate`` None, step 1);
+        None to keep `rate` for good (the other modes)."""
+        if self.mode != "keep-last":
             return None
+        if last_rate is None:
+            return self.share_cap, self.share_cap
         target = min(share, self.share_cap)
         return min(last_rate, target), target
 
     def __str__(self) -> str:
         if self.mode == "fixed":
             return f"fixed:{format_rate(self.fixed_rate)}"
-        if self.mode == "keep-last" and math.isfinite(self.share_cap):
+        if self.mode == "keep-last" and self.share_cap != DEFAULT_CONSERVATIVE_RATE:
             return f"keep-last:{format_rate(self.share_cap)}"
         return self.mode
 
@@ -165,8 +175,10 @@ class FallbackPacer:
         self._set(rate)
         self.active = True
         self.cancel()
-        steps = self.fallback.steps_after_grace(self.last_rate, self._share)
-        if steps is not None and math.isfinite(self.grace) and not turned_away:
+        # turned away by a live controller: nothing it was allotted is counted any more
+        last = None if turned_away else self.last_rate
+        steps = self.fallback.steps_after_grace(last, self._share)
+        if steps is not None and math.isfinite(self.grace):
             loop = asyncio.get_running_loop()
             self._timer = loop.call_later(self.grace, self._grace_expired, steps)
         return rate
@@ -197,8 +209,8 @@ class FallbackPacer:
         self._set(for_a_lease)
         self._timer = asyncio.get_running_loop().call_later(self._lease, self._share_applies, then)
         logger.warning(
-            "no controller for %gs after the lease ran out; keep-last paces at %s, then at its"
-            " budget share %s",
+            "no controller for %gs after the lease ran out (or no admission); keep-last paces at"
+            " %s, then at %s",
             self.grace,
             format_rate(for_a_lease),
             format_rate(then),

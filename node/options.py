@@ -101,10 +101,10 @@ _SHARED: dict[str, tuple[Any, Cli]] = {
         Cli(
             ("--fallback",),
             "Rate when no controller renews a job's allocation: keep-last[:<rate>] keeps the"
-            " last allotted rate, 0 included (0 for a job that never got one), and after"
-            " --fallback-grace moves to the job's share of the controller's fallback budget (at"
-            " most <rate>): never past the buffer's capacity; fixed:<rate> (e.g."
-            " fixed:100MiB/s) and unthrottled are per-session rates outside that rule.",
+            " last allotted rate, 0 included, and after --fallback-grace moves to the job's share"
+            " of the controller's fallback budget (at most <rate>, 1MiB/s by default); a job"
+            " that never got one waits at 0, then after --fallback-grace paces at <rate>;"
+            " fixed:<rate> (e.g. fixed:100MiB/s); unthrottled.",
             metavar="MODE",
         ),
     ),

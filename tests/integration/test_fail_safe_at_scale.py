@@ -43,7 +43,9 @@ CHUNK, PERIOD = 64 * KiB, 0.25  # 256 KiB/s a session
 DEMAND = NODES * PER_NODE * CHUNK / PERIOD  # bytes/s the sessions want in all: 150 MiB/s
 PUSH_TOLERANCE: float = ControllerConfig.model_fields["push_tolerance"].default
 MAX_SESSIONS = 1024  # each session's budget share: B / 1024
-LEASE, GRACE = 1.5, 1.0
+# The grace outlasts admission here: a session no controller admitted within it paces at the
+# conservative rate (docs/client.md, "Not yet within the invariant").
+LEASE, GRACE = 1.5, 8.0
 SAMPLE = 0.1
 
 
@@ -131,18 +133,14 @@ def test_the_rates_in_force_never_sum_past_capacity_while_the_controller_stops_a
         stack.callback(os.kill, pid, signal.SIGCONT)  # first of all: the sessions say Goodbye
         phases: dict[str, float] = {"waiting": time.monotonic()}
 
-        # 1. Waiting for admission, past attach_timeout: nothing flows.
-        wait_until(lambda: len(samples) >= 20, 10, message="2 s of samples while stopped")
+        # 1. Waiting for admission, past attach_timeout (not past the grace): nothing flows.
+        wait_until(lambda: len(samples) >= 10, 10, message="1 s of samples while stopped")
         assert max(total for _, total in samples) == 0.0
 
         # 2. Resumed: sessions attach and share B.
         os.kill(pid, signal.SIGCONT)
         phases["resumed"] = time.monotonic()
-        wait_until(
-            lambda: sum(c.attached for c in cores) >= 0.9 * len(cores),
-            90,
-            message="most sessions attached",
-        )
+        wait_until(lambda: all(c.attached for c in cores), GRACE, message="every session attached")
 
         # 3. Stopped again: leases run out, kept rates, the grace, one lease, budget shares.
         os.kill(pid, signal.SIGSTOP)

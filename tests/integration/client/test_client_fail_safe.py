@@ -97,7 +97,7 @@ def test_keep_last_gives_up_an_allotted_zero_for_its_budget_share_after_the_grac
     controller = make_controller(
         initial_rate=3 * MiB, lease_seconds=0.2, renew_interval=0.05, fallback_rate=2 * MiB
     )
-    with Session(controller.address, JOB, "keep-last", fallback_grace=0.5) as session:
+    with Session(controller.address, JOB, "keep-last:4MiB/s", fallback_grace=0.5) as session:
         assert session.wait_attached(5)
         controller.push(0.0, burst=0, lease=0.2)
         wait_until(lambda: session.rate == 0, message="the allotted 0 in force")
@@ -123,7 +123,7 @@ def test_keep_last_rises_to_its_share_only_a_lease_after_the_grace(
     with Session(
         controller.address,
         JOB,
-        "keep-last",
+        "keep-last:8MiB/s",  # a cap above the share
         fallback_grace=grace,
         rate_observer=lambda rate: changes.append((time.monotonic(), rate)),
     ) as session:

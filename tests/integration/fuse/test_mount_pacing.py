@@ -545,13 +545,22 @@ def test_the_mount_carries_the_controllers_secret(
         tmp_path / "b1", tmp_path / "m1", "--controller", ctl.address, "--secret-file", str(secret)
     )
     bare = fuse_mount(
-        tmp_path / "b2", tmp_path / "m2", "--controller", ctl.address, "--attach-timeout", "30"
+        tmp_path / "b2",
+        tmp_path / "m2",
+        "--controller",
+        ctl.address,
+        "--attach-timeout",
+        "30",
+        "--fallback-grace",
+        "0.5",
     )
     for mnt, job in ((tmp_path / "m1", "sec"), (tmp_path / "m2", "nosec")):
         app = apps({"BURSTCTL_JOB_ID": job})
         app.do("open", mnt / "f")
-        app.do("write", mnt / "f", MiB)  # the bare mount's session is refused: its fallback
-        app.do("close", mnt / "f")  # applies at once, not after the 30 s attach timeout
+        # the bare mount's session is refused: its fallback applies at once, not after the
+        # 30 s attach timeout (keep-last: 0 through the grace, then the conservative rate)
+        app.do("write", mnt / "f", MiB)
+        app.do("close", mnt / "f")
         app.exit()
     wait_until(lambda: moved("sec") == MiB, timeout=15, interval=0.05, message="bytes of sec")
     assert moved("nosec") is None  # never admitted

@@ -67,11 +67,14 @@ def test_fallback_rates() -> None:
     assert keep_last.steps_after_grace(0.0, 5.0) == (0.0, 5.0)
     assert keep_last.steps_after_grace(8 * MiB, 5.0) == (5.0, 5.0)
     assert keep_last.steps_after_grace(3.0, 5.0) == (3.0, 5.0)
-    # keep-last:<rate> caps the share; no budget (an old controller) ends at 0.
+    # keep-last:<rate> caps the share (1 MiB/s by default); no budget (an old controller)
+    # ends at 0.
     assert Fallback.parse("keep-last:4").steps_after_grace(8.0, 5.0) == (4.0, 4.0)
+    assert keep_last.steps_after_grace(8 * MiB, 4 * MiB) == (MiB, MiB)
     assert keep_last.steps_after_grace(3.0, 0.0) == (0.0, 0.0)
-    # Never allotted anything: no steps, it waits at 0.
-    assert keep_last.steps_after_grace(None, 5.0) is None
+    # Never admitted: 0 through the grace, then the conservative rate (never unthrottled).
+    assert keep_last.steps_after_grace(None, 5.0) == (MiB, MiB)
+    assert Fallback.parse("keep-last:2MiB/s").steps_after_grace(None, 5.0) == (2 * MiB, 2 * MiB)
     assert Fallback.parse("fixed:1KiB/s").rate(3.0) == 1024
     assert Fallback.parse("fixed:1KiB/s").rate(None) == 1024
     assert Fallback.parse("fixed:1KiB/s").steps_after_grace(0.0, 5.0) is None
