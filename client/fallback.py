@@ -169,7 +169,8 @@ class FallbackPacer:
     def apply(self, turned_away: bool) -> float:
         """The lease (or the first attach) ran out, or a live controller turned the session
         away: the fallback's rate, in force from now (keep-last: 0 when turned away), and
-        keep-last's steps after the grace scheduled unless turned away. The rate applied."""
+        keep-last's steps after the grace scheduled (the conservative rate for a session turned
+        away or never admitted). The rate applied."""
         keep_last = self.fallback.mode == "keep-last"
         rate = self.fallback.rate(0.0 if turned_away and keep_last else self.last_rate)
         self._set(rate)
