@@ -283,7 +283,7 @@ class Session(_SessionBase):
 
     ``job=None`` takes the job from this process's environment (`JobInfo.from_env`). The
     session connects in the background; until the first allocation arrives ``acquire`` waits
-    (under ``keep-last``, however long: a session paces only at rates a controller handed out;
+    (under ``keep-last``, through ``fallback_grace``, then at its conservative rate;
     ``fixed`` and ``unthrottled`` apply after ``attach_timeout``). Controller problems are
     logged, never raised into ``acquire`` or ``operation``.
 

@@ -91,7 +91,7 @@ class SessionStream:
         # What the session paces at without a live controller (client/fallback.py).
         self._fallback = FallbackPacer(options.fallback, options.fallback_grace, throttle)
         # A live controller turned the session away (refused or ended it): nobody counts a
-        # rate kept now, so keep-last waits at 0 until an allocation comes.
+        # rate kept now, so keep-last waits at 0 (through the grace) until an allocation comes.
         self._turned_away = False
         self._usage = UsageReports(throttle, space, clock)
         self._detached_logged = False
@@ -508,7 +508,8 @@ class SessionStream:
 
     def _turn_away(self) -> None:
         """A live controller refused or ended the session (``TURNED_AWAY``): ``keep-last``
-        waits at 0 until it is admitted again; the other fallbacks apply as they are."""
+        waits at 0 until it is admitted again (through the grace, then at its conservative
+        rate); the other fallbacks apply as they are."""
         if self._turned_away and self._fallback.active:
             return  # turned away again while it retries: nothing changes
         self._turned_away = True
