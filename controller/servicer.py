@@ -362,6 +362,15 @@ class ControllerServicer:
         are on time: its rate is free at once."""
         if session.rate is None:
             return False  # never allotted anything: it waits at 0
+        job = session.job
+        back = (
+            other is not session
+            and other.client_id == session.client_id
+            and other.drain == session.drain
+            for other in (*job.sessions.values(), *job.drains.values())
+        )
+        if any(back):
+            return False  # it came back already: its new stream declared its rate
         return self.table.clock() - session.pushed_at > 0.75 * self.lease
 
     async def _refuse(self, exc: LimitError, context: grpc.aio.ServicerContext) -> None:
