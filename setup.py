@@ -16,8 +16,8 @@ Everything else about the package is in pyproject.toml.
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import runpy
 import shutil
 import sys
 import sysconfig
@@ -28,14 +28,6 @@ from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 ROOT = Path(__file__).resolve().parent
-
-
-def _package_layout():  # type: ignore[no-untyped-def]
-    spec = importlib.util.spec_from_file_location("package_layout", ROOT / "package_layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 class BuildNative(build_ext):
@@ -80,15 +72,16 @@ def compiled_modules() -> list[Extension]:
         return _interpreted("mypyc is not installed")
     if not Path(sysconfig.get_paths()["include"], "Python.h").exists():
         return _interpreted("Python's C headers are not installed (python3-dev)")
-    layout = _package_layout()
+    # package_layout.py, beside this file, run from its path: not installed yet
+    layout = runpy.run_path(str(ROOT / "package_layout.py"))
     # mypy names a module by the packages above its file, so it reads the sources from a
     # tree of links laid out as installed (burstctl/<part>/...), not from the folders.
     tree = ROOT / "build" / "mypyc-src"
     shutil.rmtree(tree, ignore_errors=True)
-    layout.link_tree(tree)
+    layout["link_tree"](tree)
     paths = [
         str(tree.joinpath(*module.split(".")).with_suffix(".py"))
-        for module in layout.compiled_modules()
+        for module in layout["compiled_modules"]()
     ]
     # one shared library for the compiled code, inside the package (an editable install
     # finds nothing at the top level)

@@ -12,34 +12,24 @@ install (``-S``: no ``.pth`` files; the site-packages directories come after the
 
 from __future__ import annotations
 
-import importlib.util
 import os
+import runpy
 import site
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _package_layout() -> ModuleType:
-    """``package_layout.py``, beside setup.py, loaded from its file: the repository root on
-    ``sys.path`` would shadow the installed ``burstctl`` with its ``burstctl/`` folder."""
-    spec = importlib.util.spec_from_file_location("package_layout", ROOT / "package_layout.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules.setdefault("package_layout", module)
-    spec.loader.exec_module(module)
-    return module
-
-
-_layout = _package_layout()
-link_tree = _layout.link_tree
-package_dirs = _layout.package_dirs
-compiled_modules = _layout.compiled_modules
-source_of = _layout.source_of
+# package_layout.py, beside setup.py, run from its path: the repository root on ``sys.path``
+# would shadow the installed ``burstctl`` with its ``burstctl/`` folder.
+_layout = runpy.run_path(str(ROOT / "package_layout.py"))
+link_tree = _layout["link_tree"]
+package_dirs = _layout["package_dirs"]
+compiled_modules = _layout["compiled_modules"]
+source_of = _layout["source_of"]
 
 __all__ = [
     "ROOT",
