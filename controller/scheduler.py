@@ -222,7 +222,7 @@ class Scheduler:
         started = time.perf_counter()
         policy = self.slot.policy
         buffer = self.books.view() if self.books is not None else None
-        away, _ = self.ghosts.reserved()
+        away, drains_away = self.ghosts.reserved()
         capacity = max(0.0, self.config.capacity - away)
         view = self.table.view(capacity, self.config.node_bandwidth, buffer=buffer)
         targets = self._peers.local_targets if self._peers is not None else None
@@ -273,7 +273,7 @@ class Scheduler:
                     mine = None if schedule is None or not rate else schedule.scaled(part / rate)
                     offer(s, part, now, mine)
         if self.table.draining:
-            self._drain(stamp, now)
+            self._drain(stamp, now, drains_away)
         # Sessions outside S(t) that still hold a rate, and new ones, get 0. A
         # session whose operation just completed keeps its rate for the release
         # delay: it cannot use it without posting again (which triggers a new
@@ -337,14 +337,13 @@ class Scheduler:
                 ),
             )
 
-    def _drain(self, stamp: int, now: float) -> None:
+    def _drain(self, stamp: int, now: float, away: float) -> None:
         """The drain streams' rates (docs/capacity.md, "Drains"): the PFS bandwidth B
         (``pfs_bandwidth``; unset: the capacity B) water-filled over the jobs with a drain
         stream by their demand, equal weights, then each job's share over its drain streams
-        the same way. Apart from the policy's decision: drains are no rows of S(t)."""
-        total = max(
-            0.0, (self.config.pfs_bandwidth or self.config.capacity) - self.ghosts.reserved()[1]
-        )
+        the same way, less ``away`` (the ghosts' drain rates). Apart from the policy's decision:
+        drains are no rows of S(t)."""
+        total = max(0.0, (self.config.pfs_bandwidth or self.config.capacity) - away)
         headroom = self.table.demand_headroom
         jobs = self.table.jobs
         demands: dict[JobId, dict[int, float]] = {}
