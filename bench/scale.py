@@ -388,6 +388,8 @@ def summarise(
             else None,
             "pushes": st.get("pushes"),
             "renewals": st.get("renewals"),
+            "held": st.get("held"),
+            "hold_expired": st.get("hold_expired"),
             "refused_sessions": st.get("refused_sessions"),
             "rejected_sessions": st.get("rejected_sessions"),
             "heartbeat_closures": st.get("heartbeat_closures"),

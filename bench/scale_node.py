@@ -44,6 +44,7 @@ import grpc
 MiB = 1 << 20
 SAMPLE = 0.5  # s between a generator's samples
 REPORT = 0.25  # s between two Usage reports (the client's default heartbeat)
+LINGER = 0.01  # s a raw node stream lets messages gather (the client runtime's)
 CLOSE_TIMEOUT = 10.0  # s the sessions get to say Goodbye at the end
 _ENDED = re.compile(r"ended: ([A-Z_]+)")
 
@@ -314,9 +315,147 @@ async def raw_node(spec: dict[str, Any]) -> dict[str, Any]:
     return await gen.run(one, sample, close)
 
 
+async def raw_node_stream(spec: dict[str, Any]) -> dict[str, Any]:
+    """Sessions that speak the protocol themselves on one Node stream per replica (module
+    docstring): what comes in queued and written every ``LINGER`` as one Batch."""
+    from burstctl.proto.burstctl.v1 import controller_pb2 as pb
+    from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
+
+    gen = Generator(spec)
+    channels = [grpc.aio.insecure_channel(t) for t in spec["targets"]]
+    n = len(gen.sessions)
+    rate = [0.0] * n
+    lease_end = [0.0] * n  # loop time
+    heartbeat = [REPORT] * n
+    began = [0.0] * n  # loop time of the session's start
+    tag_of = [0] * n  # the session's tag on its replica's stream (0: none open)
+    by_tag: list[dict[int, int]] = [{} for _ in channels]  # tag -> session
+    tags = [1] * len(channels)
+    queues: list[list[pb.ClientMessage]] = [[] for _ in channels]
+    calls = [pb_grpc.ControllerStub(ch).Node() for ch in channels]
+
+    def in_force(i: int, now: float) -> float:
+        return rate[i] if now < lease_end[i] else 0.0
+
+    def hello(i: int) -> None:
+        job_id, user, nodes, replica, _ = gen.sessions[i]
+        tag = tags[replica]
+        tags[replica] += 1
+        tag_of[i], by_tag[replica][tag] = tag, i
+        queues[replica] += [
+            pb.ClientMessage(
+                session=tag, hello=pb.Hello(job_id=job_id, user=user, group="g", nodes=nodes)
+            ),
+            pb.ClientMessage(session=tag, op_posted=pb.OpPosted(op_id=1, kind=pb.OP_KIND_WRITE)),
+        ]
+
+    async def write(r: int) -> None:
+        await calls[r].initial_metadata()
+        while not gen.stop.is_set():
+            await asyncio.sleep(LINGER)
+            batch, queues[r] = queues[r][:1024], queues[r][1024:]
+            if batch:
+                await calls[r].write(pb.ClientMessage(batch=pb.Batch(messages=batch)))
+
+    async def read(r: int) -> None:
+        while (msg := await calls[r].read()) is not grpc.aio.EOF:
+            now = gen.loop.time()
+            inner = msg.batch.messages if msg.WhichOneof("body") == "batch" else [msg]
+            for one in inner:
+                body = one.WhichOneof("body")
+                if body == "renew":
+                    for j in by_tag[r].values():
+                        if lease_end[j] > now:
+                            lease_end[j] = now + one.renew.lease_seconds
+                    continue
+                if one.session not in by_tag[r]:
+                    continue
+                i = by_tag[r][one.session]
+                if body == "allocation":
+                    a = one.allocation
+                    if now >= lease_end[i] > 0:
+                        gen.counts["lease_expiries"] += 1
+                    if a.rate < rate[i]:  # acknowledged at once: others' increases wait on it
+                        queues[r].append(
+                            pb.ClientMessage(
+                                session=one.session, usage=pb.Usage(applied_epoch=a.epoch)
+                            )
+                        )
+                    rate[i], lease_end[i] = a.rate, now + a.lease_seconds
+                    heartbeat[i] = a.heartbeat_seconds or REPORT
+                    gen.attached(i, began[i])
+                elif body == "end":
+                    del by_tag[r][one.session]
+                    tag_of[i], lease_end[i] = 0, 0.0
+                    gen.counts[
+                        "refusals"
+                        if one.end.code == "RESOURCE_EXHAUSTED"
+                        else f"ended_{one.end.code}"
+                    ] += 1
+                    delay = one.end.retry_after_ms / 1000 or 1.0
+                    gen.loop.call_later(delay * random.uniform(1.0, 1.5), hello, i)
+
+    async def one(i: int) -> None:
+        replica, start_s = gen.sessions[i][3:5]
+        await gen.until(spec["t0"] + start_s)
+        began[i] = gen.loop.time()
+        gen.started[i] = True
+        hello(i)
+        last = said_at = gen.loop.time()
+        said = (0.0, False)
+        moved = 0.0
+        while True:
+            await asyncio.sleep(REPORT)
+            now = gen.loop.time()
+            dt, r = now - last, in_force(i, now)
+            got = min(gen.want, r) * dt
+            gen.moved[i] += got
+            moved += got
+            last = now
+            short = r < gen.want  # the application waited on its bucket
+            rate_now = moved / max(1e-9, now - said_at)
+            new = short != said[1] or abs(rate_now - said[0]) > 0.1 * said[0]
+            if tag_of[i] and (new or now - said_at >= heartbeat[i]):
+                span = now - said_at
+                queues[replica].append(
+                    pb.ClientMessage(
+                        session=tag_of[i],
+                        usage=pb.Usage(
+                            bytes=int(moved),
+                            interval_seconds=span,
+                            wait_seconds=span * (1 - r / gen.want) if short else 0.0,
+                            waiting=short,
+                        ),
+                    )
+                )
+                said, said_at, moved = (rate_now, short), now, 0.0
+
+    def sample(i: int) -> tuple[bool, bool, float]:
+        now = gen.loop.time()
+        return now < lease_end[i], False, min(gen.want, in_force(i, now))
+
+    streams = [asyncio.create_task(f(r)) for r in range(len(channels)) for f in (write, read)]
+
+    async def close() -> None:
+        for task in streams:
+            task.cancel()
+        await asyncio.gather(*streams, return_exceptions=True)
+        for call in calls:
+            call.cancel()
+        await asyncio.gather(*(ch.close() for ch in channels), return_exceptions=True)
+
+    return await gen.run(one, sample, close)
+
+
 def main() -> None:
     spec = json.loads(sys.stdin.read())
-    result = asyncio.run(raw_node(spec) if spec["raw"] else runtime_node(spec))
+    if not spec["raw"]:
+        node = runtime_node(spec)
+    elif spec.get("node_streams", True):
+        node = raw_node_stream(spec)
+    else:
+        node = raw_node(spec)
+    result = asyncio.run(node)
     with open(spec["out"], "w", encoding="utf-8") as f:
         json.dump(result, f)
 

@@ -37,7 +37,8 @@ logger = logging.getLogger(__name__)
 
 # Seconds the writer of a stream that carries several sessions lets their messages gather
 # before it writes: each gRPC message costs both ends a fixed amount, and a node's sessions
-# report at their own moments. A session alone on its stream writes at once.
+# report at their own moments. A session alone on its stream writes at once, and so does one
+# whose message others wait on (`urgent`).
 LINGER = 0.01
 # Most bytes of messages in one Batch: well below the smallest message a controller may be
 # configured to receive (max_message_bytes, 64 KiB at least).
@@ -135,7 +136,7 @@ class Leg:
         # taken apart, each message tagged.
         for one in message.batch.messages if message.WhichOneof("body") == "batch" else (message,):
             one.session = self.tag
-            self._stream.send(one)
+            self._stream.send(one, urgent(one))
 
     async def read(self) -> Any:
         while not self._inbox:
@@ -199,6 +200,19 @@ class Leg:
         return True
 
 
+def urgent(message: pb.ClientMessage) -> bool:
+    """Whether someone waits on ``message``: a Hello (the session's first allocation) or the
+    acknowledgement of a decrease (a Usage with only ``applied_epoch``: the controller holds
+    other sessions' increases until it comes; docs/protocol.md)."""
+    body = message.WhichOneof("body")
+    if body == "hello":
+        return True
+    if body != "usage":
+        return False
+    usage = message.usage
+    return not (usage.interval_seconds or usage.bytes or usage.HasField("totals"))
+
+
 class _NodeCall:
     """One ``Node`` call and the legs on it; ended for good when the call ends."""
 
@@ -209,6 +223,7 @@ class _NodeCall:
         self._legs: dict[int, Leg] = {}
         self._queue: deque[pb.ClientMessage] = deque()
         self._queued = asyncio.Event()
+        self._urgent = asyncio.Event()  # a message is queued that must not linger
         self._admitted = asyncio.Event()
         self._ended = False
         self._on_end = on_end
@@ -231,10 +246,13 @@ class _NodeCall:
     def forget(self, tag: int) -> None:
         self._legs.pop(tag, None)
 
-    def send(self, message: pb.ClientMessage) -> None:
+    def send(self, message: pb.ClientMessage, now: bool = False) -> None:
+        """Queues ``message``; ``now``: written without the linger."""
         if not self._ended:
             self._queue.append(message)
             self._queued.set()
+            if now:
+                self._urgent.set()
 
     async def admitted(self) -> None:
         if not self._ended:
@@ -256,8 +274,11 @@ class _NodeCall:
                 while not queue:
                     self._queued.clear()
                     await self._queued.wait()
-                if len(self._legs) > 1 and len(queue) < MAX_BATCH:
-                    await asyncio.sleep(LINGER)
+                if len(self._legs) > 1 and len(queue) < MAX_BATCH and not self._urgent.is_set():
+                    with contextlib.suppress(TimeoutError):
+                        async with asyncio.timeout(LINGER):
+                            await self._urgent.wait()
+                self._urgent.clear()
                 # What queued up while the previous write was in flight goes as one Batch:
                 # each gRPC message has a fixed cost on both ends.
                 batch = [queue.popleft()]

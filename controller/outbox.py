@@ -49,6 +49,7 @@ class StreamOutbox:
         "_replica",
         "_space",
         "_waiting",
+        "_written",
         "max_notices",
     )
 
@@ -60,6 +61,7 @@ class StreamOutbox:
         fallback_rate: float = 0.0,
         notify: Callable[[], None] | None = None,
         heartbeat: float = 0.0,
+        pacing: float = 0.0,
     ) -> None:
         self._event = asyncio.Event()
         # Called whenever there is something to take (a Node stream's writer), else the
@@ -76,6 +78,9 @@ class StreamOutbox:
         self._replica = replica_id
         self.max_notices = max_notices
         self._acked = 0  # the newest epoch the client reported in force (Usage.applied_epoch)
+        # The rate the client paces at once it has read what was written: at first what it
+        # declared in its Hello, then the rate of the last allocation written.
+        self._written = pacing
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # see `applied`
         # The burst buffer's space limit every Allocation carries (None: no capacity), and the
         # last allocation written, re-sent as it was when only the limit rises (`offer_space`).
@@ -221,6 +226,12 @@ class StreamOutbox:
         if schedule is not None:
             # Computed last, just before the write: the origin's error is the delay.
             allocation.windows.CopyFrom(self._windows(schedule))
+        if rate >= self._written:
+            # Not a decrease for the client (a decrease offered since its last allocation was
+            # superseded before it was written): it will not acknowledge, and never paces above
+            # this rate, so whoever waits for an epoch up to this one waits no more.
+            self.acknowledge(epoch)
+        self._written = rate
         return pb.ServerMessage(allocation=allocation)
 
     async def next(self) -> pb.ServerMessage | None:

@@ -2,8 +2,10 @@
 
 Events (post, completion, usage/demand change, session open/close, policy
 switch, peer exchange, periodic tick) only mark the table dirty; one task then
-decides for all of them at once, so a burst of events costs one decision. A
-decision is: build the ``SystemView``, take the one decision path
+decides for all of them at once, so a burst of events costs one decision; after a
+decision it lets events gather for three times what the decision cost (at most
+50 ms), so under load decisions come on a cadence and take at most a quarter of
+the loop. A decision is: build the ``SystemView``, take the one decision path
 (``policies.decision.decide``: the policy proposes, ``decide`` enforces, blended
 with this replica's part of the global split when it has peers), split each
 job's rate over its sessions, and push an ``Allocation`` to every session whose
@@ -53,6 +55,12 @@ decision_log = logging.getLogger("burstctl.decisions")
 # still possibly in force go out, and the others wait for more acknowledgements. A client that
 # does not acknowledge (it stopped reading, or is slow) holds back only what does not fit.
 INCREASE_HOLD_MAX = 0.25
+
+# The most of the event loop's time decisions take under load: after a decision that took d
+# seconds, the next one waits d (1 / DECISION_SHARE - 1), at most DECISION_GAP_MAX seconds,
+# and covers every event that came meanwhile.
+DECISION_SHARE = 0.25
+DECISION_GAP_MAX = 0.05
 
 # rate, burst, epoch, lease, policy, pattern of windows (None: a plain rate)
 Offer = tuple[float, float, int, float, str, Schedule | None]
@@ -176,9 +184,14 @@ class Scheduler:
         # Decreases before increases: increases waiting to be offered, and the
         # acknowledgements of the decreases offered before them they wait for.
         self._held: dict[SessionRecord, Offer] = {}
-        # each decrease not yet acknowledged: its session, and the rate offered before it (what
-        # the client may still pace at until it applies the decrease)
-        self._unapplied: dict[asyncio.Future[None], tuple[SessionRecord, float]] = {}
+        # what each held increase waits for: the decreases offered up to that number (None:
+        # those of the decision under way, numbered when it ends). Decreases offered later
+        # only make more room, so an increase never waits for them.
+        self._held_after: dict[SessionRecord, int | None] = {}
+        self._decreases = 0  # decreases offered so far, numbered in order
+        # each decrease not yet acknowledged: its session, the rate offered before it (what
+        # the client may still pace at until it applies the decrease), and its number
+        self._unapplied: dict[asyncio.Future[None], tuple[SessionRecord, float, int]] = {}
         self._deciding = False
         self._release_task: asyncio.Task[None] | None = None
         self._hold_max = min(INCREASE_HOLD_MAX, config.lease / 8)
@@ -198,12 +211,17 @@ class Scheduler:
         while True:
             await self._dirty.wait()
             self._dirty.clear()
+            started = time.perf_counter()
             try:
                 self.rebalance()
             except Exception:  # a policy bug must not stop the controller
                 log.exception("decision failed; keeping previous allocations")
-            # Let pending events land so the next decision covers all of them.
-            await asyncio.sleep(0)
+            # Let pending events land so the next decision covers all of them: for a moment
+            # proportional to what this one cost, so that under load (many sessions, many
+            # events) decisions come on a cadence and take at most DECISION_SHARE of the loop,
+            # and with few sessions at once.
+            spent = time.perf_counter() - started
+            await asyncio.sleep(min(DECISION_GAP_MAX, spent * (1 / DECISION_SHARE - 1)))
 
     async def tick(self, period: float) -> None:
         """Periodic decisions (PeriodicGreedyYield's δ); only when configured."""
@@ -413,7 +431,7 @@ class Scheduler:
         outbox = session.outbox
         if outbox is None or session.closed:
             self._nonzero.discard(session)
-            self._held.pop(session, None)
+            self._unhold(session)
             return
         if rate > 0:
             self._nonzero.add(session)
@@ -438,9 +456,14 @@ class Scheduler:
         if rate > session.offered and (self._deciding or self._unapplied):
             # An increase: offered once the decreases before it are applied (_release_held).
             self._held[session] = offer
+            self._held_after[session] = None if self._deciding else self._decreases
             return
-        self._held.pop(session, None)
+        self._unhold(session)
         self._deliver(session, offer)
+
+    def _unhold(self, session: SessionRecord) -> None:
+        self._held.pop(session, None)
+        self._held_after.pop(session, None)
 
     def _deliver(self, session: SessionRecord, offer: Offer) -> None:
         outbox = session.outbox
@@ -457,17 +480,20 @@ class Scheduler:
         if lowered and acknowledging:
             applied = outbox.applied(offer[2])
             if not applied.done():
-                self._unapplied[applied] = (session, before)
+                self._decreases += 1
+                self._unapplied[applied] = (session, before, self._decreases)
 
     def _release_held(self) -> None:
         """Offers the held increases now, or once the decreases before them are applied (past
         a bound, those that fit beside the rates the clients may still pace at)."""
         if not self._held:
             return
+        for session, after in self._held_after.items():
+            if after is None:  # held by the decision that just ended: after all its decreases
+                self._held_after[session] = self._decreases
         self._prune_applied()
-        if not self._unapplied:
-            self._deliver_held()
-        elif self._release_task is None or self._release_task.done():
+        self._deliver_ready()
+        if self._held and (self._release_task is None or self._release_task.done()):
             self.stats.held += len(self._held)
             self._release_task = asyncio.get_running_loop().create_task(
                 self._release_after_acknowledgements(), name="scheduler-increases"
@@ -482,11 +508,15 @@ class Scheduler:
         expired = False
         while self._held:
             self._prune_applied()
-            if not self._unapplied:
+            self._deliver_ready()
+            if not self._held or not self._unapplied:
                 break
             left = deadline - loop.time()
             if left > 0:
-                await asyncio.wait(self._unapplied, timeout=left)  # the acknowledgements first
+                # the acknowledgements first
+                await asyncio.wait(
+                    self._unapplied, timeout=left, return_when=asyncio.FIRST_COMPLETED
+                )
                 continue
             if not expired:
                 expired = True
@@ -502,14 +532,21 @@ class Scheduler:
                 return
             # an acknowledgement, or another look a bound later: a decision since may have
             # made room, or added decreases this wait does not watch
-            await asyncio.wait(
-                self._unapplied, timeout=self._hold_max, return_when=asyncio.FIRST_COMPLETED
-            )
-        self._deliver_held()
+            if self._unapplied:
+                await asyncio.wait(
+                    self._unapplied, timeout=self._hold_max, return_when=asyncio.FIRST_COMPLETED
+                )
+        self._deliver_ready()
 
-    def _deliver_held(self) -> None:
-        held, self._held = self._held, {}
-        for session, offer in held.items():
+    def _deliver_ready(self) -> None:
+        """Offers the held increases whose decreases are all acknowledged (those offered
+        before them: later ones do not hold them)."""
+        oldest = min((number for _, _, number in self._unapplied.values()), default=None)
+        for session, offer in list(self._held.items()):
+            after = self._held_after.get(session)
+            if oldest is not None and (after is None or after >= oldest):
+                continue  # a decrease before it is not acknowledged yet
+            self._unhold(session)
             if not session.closed and session.outbox is not None and offer[2] == session.epoch:
                 self._deliver(session, offer)
 
@@ -519,7 +556,7 @@ class Scheduler:
         before a decrease it has not acknowledged yet. Drain streams count against the PFS
         bandwidth, the others against the capacity, each with the push tolerance."""
         possibly: dict[SessionRecord, float] = {}
-        for session, before in self._unapplied.values():
+        for session, before, _ in self._unapplied.values():
             possibly[session] = max(possibly.get(session, 0.0), before)
         in_force = [0.0, 0.0]  # (application streams, drain streams)
         for session in self.table.sessions.values():
@@ -536,11 +573,11 @@ class Scheduler:
         ]
         for session, offer in list(self._held.items()):
             if session.closed or session.outbox is None or offer[2] != session.epoch:
-                del self._held[session]  # superseded or gone
+                self._unhold(session)  # superseded or gone
                 continue
             now_at = max(session.offered, possibly.get(session, 0.0))
             more = offer[0] - now_at
             if more <= room[session.drain]:
                 room[session.drain] -= max(more, 0.0)
-                del self._held[session]
+                self._unhold(session)
                 self._deliver(session, offer)

@@ -251,6 +251,9 @@ class ControllerServicer:
             self._check_buffer(buffer, client_id, "hello.buffer")
         self.admit(client)
         meta = self._admit(meta, context)
+        # What the client paces at now (kept from an earlier stream) is in force until it
+        # acknowledges a lower rate: the scheduler's increases for others wait for that.
+        pacing = min(hello.hello.pacing_rate, self.capacities[1 if drain else 0])
         stream = StreamOutbox(
             self.replica_id,
             self.max_notices,
@@ -258,11 +261,10 @@ class ControllerServicer:
             fallback_rate=self.fallback_shares[1 if drain else 0],
             notify=notify,
             heartbeat=self.table.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT,
+            pacing=pacing,
         )
         session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
-        # What the client paces at now (kept from an earlier stream) is in force until it
-        # acknowledges a lower rate: the scheduler's increases for others wait for that.
-        session.offered = min(hello.hello.pacing_rate, self.capacities[1 if drain else 0])
+        session.offered = pacing
         self.ghosts.claim((client_id, session.job.job_id, drain))  # counted as this now
         self.streams[session.sid] = stream
         if buffer is not None:
