@@ -48,7 +48,7 @@ MAX_BATCH_BYTES = 48 * 1024
 class Call(Protocol):
     """What a session's stream code uses of its stream: a `Leg` or a `SessionCall`."""
 
-    async def write(self, message: pb.ClientMessage) -> None: ...
+    async def write(self, message: pb.ClientMessage, urgent: bool = False) -> None: ...
 
     async def read(self) -> Any: ...
 
@@ -73,7 +73,7 @@ class SessionCall:
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
 
-    async def write(self, message: pb.ClientMessage) -> None:
+    async def write(self, message: pb.ClientMessage, urgent: bool = False) -> None:
         await self._call.write(message)
 
     async def read(self) -> Any:
@@ -129,14 +129,16 @@ class Leg:
 
     # --------------------------------------------------------------- the session's side
 
-    async def write(self, message: pb.ClientMessage) -> None:
+    async def write(self, message: pb.ClientMessage, urgent: bool = False) -> None:
+        """Queues ``message`` (a Batch taken apart) on the node's stream; ``urgent`` (or a
+        message someone waits on by its kind, `is_urgent`): written without the linger."""
         if self._end is not None:
             return
         # The node stream batches what all its sessions queued: a session's own Batch is
         # taken apart, each message tagged.
         for one in message.batch.messages if message.WhichOneof("body") == "batch" else (message,):
             one.session = self.tag
-            self._stream.send(one, urgent(one))
+            self._stream.send(one, urgent or is_urgent(one))
 
     async def read(self) -> Any:
         while not self._inbox:
@@ -200,12 +202,15 @@ class Leg:
         return True
 
 
-def urgent(message: pb.ClientMessage) -> bool:
-    """Whether someone waits on ``message``: a Hello (the session's first allocation) or the
-    acknowledgement of a decrease (a Usage with only ``applied_epoch``: the controller holds
-    other sessions' increases until it comes; docs/protocol.md)."""
+def is_urgent(message: pb.ClientMessage) -> bool:
+    """Whether someone waits on ``message`` by its kind: a Hello (the session's first
+    allocation), an operation that starts or ends (the job's application, or the others its
+    bandwidth goes to), a Leave, or the acknowledgement of a decrease (a Usage with only
+    ``applied_epoch``: the controller holds other sessions' increases until it comes;
+    docs/protocol.md). A report that a wait starts is urgent by its writer's word
+    (`Leg.write`). What lingers is the periodic reporting, the bulk of a node's messages."""
     body = message.WhichOneof("body")
-    if body == "hello":
+    if body in ("hello", "op_posted", "op_completed", "leave"):
         return True
     if body != "usage":
         return False

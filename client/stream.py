@@ -90,6 +90,7 @@ class SessionStream:
         # The longest the stream's controller lets the session go without a Usage (its
         # Allocation.heartbeat_seconds); None: it said none, so every report interval.
         self._heartbeat: float | None = None
+        self._urgent = False  # a message queued for the stream must not linger
         self._lease_deadline = math.inf
         self._lease_changed = asyncio.Event()
         # What the session paces at without a live controller (client/fallback.py).
@@ -238,7 +239,7 @@ class SessionStream:
         heartbeat = self._heartbeat if periodic else None
         report = self._usage.take(force_waiting, self._stream_epoch or 0, heartbeat)
         if report is not None:
-            self._send(report)
+            self._send(report, urgent=force_waiting)  # a wait starts: its application waits
 
     # ------------------------------------------------------------------ the stream
 
@@ -350,10 +351,11 @@ class SessionStream:
                     pending.append(outbox.get_nowait())
                 done = pending[-1] is None
                 messages = [m for m in pending if m is not None]
+                urgent, self._urgent = self._urgent, False
                 if len(messages) == 1:
-                    await call.write(messages[0])
+                    await call.write(messages[0], urgent)
                 elif messages:
-                    await call.write(pb.ClientMessage(batch=pb.Batch(messages=messages)))
+                    await call.write(pb.ClientMessage(batch=pb.Batch(messages=messages)), urgent)
                 if done:
                     await call.done_writing()
                     return
@@ -361,11 +363,14 @@ class SessionStream:
             # The call is over; the reader learns why and reconnects.
             logger.debug("stopped writing to the session stream: %r", err)
 
-    def _send(self, message: pb.ClientMessage) -> None:
+    def _send(self, message: pb.ClientMessage, urgent: bool = False) -> None:
+        """Queues ``message`` for the stream; ``urgent``: someone waits on it, so the node's
+        stream writes it without its linger (client/link.py)."""
         # While no stream is open the message is dropped: a new stream starts from the state
         # (Hello + open operations), not from a replay.
         if self._outbox is not None:
             self._outbox.put_nowait(message)
+            self._urgent = self._urgent or urgent
 
     def _hello(self) -> pb.ClientMessage:
         job, options = self._options.job, self._options
