@@ -1,7 +1,9 @@
 """Which peers are in the global view, with their latest digests.
 
 ``Membership`` takes every digest a peer sends (:meth:`Membership.receive`),
-keeps the newest of each replica by ``(incarnation, sequence)``, refuses
+applies a delta to the digest it holds of that peer when that digest is the
+delta's base (``controller/delta.py``), keeps the newest of each replica by
+``(incarnation, sequence)``, refuses
 impostors (a lower incarnation for a known id, a different digest for a held
 sequence, an id that is not a configured peer) and digests whose policy this
 replica could not build, and drops a peer silent for k·λ (:meth:`expire`); a
@@ -15,6 +17,7 @@ of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -24,6 +27,7 @@ from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
 from burstctl.common.limits import identifier_problem
+from burstctl.controller.delta import apply
 from burstctl.controller.digest import Digest, DigestError, ReplicaId, validate
 from burstctl.policies.registry import PolicyRegistry
 
@@ -38,6 +42,7 @@ class Status(enum.Enum):
     ACCEPTED = "accepted"
     STALE = "stale"  # older than what is held: ignored
     DUPLICATE = "duplicate"  # the same digest again: ignored
+    UNKNOWN_BASE = "unknown_base"  # a delta on a digest not held: ignored, a full one wanted
     REJECTED = "rejected"  # invalid or not trusted: ignored, logged
 
 
@@ -108,7 +113,9 @@ class Membership:
         """Takes one peer's digest received at ``now``; never raises for a bad digest.
 
         ``validated``: the caller already ran :func:`validate` on this very digest
-        (``digest.from_proto`` does), so it is not checked twice.
+        (``digest.from_proto`` does), so it is not checked twice. A delta is held as
+        the full digest it makes of its base; with no base held, or a malformed one,
+        what is held does not change.
         """
         try:
             if not validated:
@@ -124,6 +131,31 @@ class Membership:
         if self.peers is not None and rid not in self.peers:
             return self._reject(rid, "replica_id", "not a configured peer")
         held = self._held.get(rid)
+        if digest.base_sequence:
+            base = held.digest if held is not None else None
+            if base is None or (base.incarnation, base.sequence) != (
+                digest.incarnation,
+                digest.base_sequence,
+            ):
+                if base is not None and (digest.incarnation, digest.sequence) <= (
+                    base.incarnation,
+                    base.sequence,
+                ):
+                    return Outcome(Status.STALE, f"sequence {digest.sequence} <= held")
+                return Outcome(
+                    Status.UNKNOWN_BASE, f"delta on sequence {digest.base_sequence}, not held"
+                )
+            try:
+                digest = apply(base, digest)
+            except DigestError as exc:
+                return self._reject(rid, exc.field, exc.message)
+        elif (
+            held is not None
+            and digest.jobs is not held.digest.jobs
+            and digest.jobs == held.digest.jobs
+        ):
+            # one object while the jobs do not change: what tells the exchange so, cheaply
+            digest = dataclasses.replace(digest, jobs=held.digest.jobs)
         if held is not None:
             old = held.digest
             if digest.incarnation < old.incarnation:

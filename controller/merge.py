@@ -8,7 +8,8 @@ the jobs are present on (:func:`split_targets`, ``controller/split.py``) and its
 own share (:meth:`Merged.share`). See ``docs/replicas.md``, "The global view".
 
 The merge treats the digests of one exchange as taken at one common instant
-(the view's ``now`` is 0; times in digests are offsets), which is off by at most
+(the view's ``now`` is 0; a digest's times are read as offsets from its own
+``sent_at``, on the sender's clock), which is off by at most
 the spread of the send instants within an exchange plus transit time, normally
 well under λ. Everything iterates in sorted ids, so every replica holding the
 same digests gets bit-identical results, whatever order they arrived in.
@@ -120,12 +121,13 @@ def merge(digests: Sequence[Digest]) -> Merged:
     )
     cap = np.minimum(nodes[first] * b, capacity)  # job_cap, eq. (1)
     demand = np.minimum(cap, np.add.reduceat(entry_demand[order], starts))
-    posted_at = np.fmin.reduceat(column("posted_at")[order], starts)  # NaN: none open
+    sent_at = np.repeat([d.sent_at for d in digests], sizes)  # times → offsets (≤ 0)
+    posted_at = np.fmin.reduceat((column("posted_at") - sent_at)[order], starts)  # NaN: none
     remaining = column("remaining")
     unknown = np.logical_or.reduceat((open_op & np.isnan(remaining))[order], starts)
     remaining = np.add.reduceat(np.where(open_op, remaining, 0.0)[order], starts)
     remaining[unknown] = math.nan
-    released_at = np.minimum.reduceat(column("released_at")[order], starts)
+    released_at = np.minimum.reduceat((column("released_at") - sent_at)[order], starts)
     work = column("progress") - np.divide(
         transferred, local_cap, out=np.zeros_like(transferred), where=local_cap > 0
     )

@@ -45,6 +45,11 @@ class Policy:
 
     name: ClassVar[str]
     Params: ClassVar[type[PolicyParams]] = PolicyParams
+    # True: ``allocate`` reads no time of the view (``now``, released_at, posted_at,
+    # progress) and keeps no state between calls, so views equal but for the passing of
+    # time get equal rates; the replicas' exchange then keeps its share while no digest
+    # changes (controller/peers.py). False (the default) is always safe.
+    time_invariant: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

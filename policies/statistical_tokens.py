@@ -263,6 +263,7 @@ class StatisticalTokens(Policy):
     """
 
     levels: ClassVar[tuple[str, ...]]
+    time_invariant = True  # the tree of entities and demands only
 
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         rates: dict[JobId, float] = {}

@@ -21,14 +21,8 @@ from support import async_wait_until, views
 from burstctl.controller.digest import Digest, JobDigest, to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
-from burstctl.controller.peers import (
-    EARLY_GAP,
-    REPLICA_ID_KEY,
-    PeerLink,
-    PeerServicer,
-    PeerSync,
-    _decode_digest,
-)
+from burstctl.controller.peer_link import REPLICA_ID_KEY, Outgoing, PeerLink
+from burstctl.controller.peers import EARLY_GAP, PeerServicer, PeerSync, _decode_digest
 from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.decision import Share, blend
@@ -75,15 +69,22 @@ async def running(sync: PeerSync) -> AsyncIterator[None]:
         await sync.close()
 
 
+def raw(wire: bytes) -> Outgoing:
+    """An exchange's digest that is ``wire`` as it is (a malformed one, say) for every peer."""
+    outgoing = Outgoing(DIGEST, None)
+    outgoing._full_wire = wire
+    return outgoing
+
+
 async def _peer_server(handler: Callable[..., Any]) -> tuple[grpc.aio.Server, int]:
-    """A real gRPC server on loopback whose Peer/Stream is ``handler``."""
+    """A real gRPC server on loopback whose Peer/Sync is ``handler``."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
                 "burstctl.v1.Peer",
                 {
-                    "Stream": grpc.stream_stream_rpc_method_handler(
+                    "Sync": grpc.stream_stream_rpc_method_handler(
                         handler,
                         request_deserializer=_decode_digest,
                         response_serializer=pb.ExchangeReply.SerializeToString,
@@ -340,7 +341,7 @@ async def test_the_servicer_adopts_a_newer_policy_and_ignores_an_older_one(
 
     async def send(wire: bytes) -> None:
         sent = peer.received
-        assert await link.send(wire, timeout=2.0)
+        assert await link.send(raw(wire), timeout=2.0)
         await async_wait_until(lambda: peer.received == sent + 1, 2.0, message="the digest")
 
     try:
@@ -396,10 +397,10 @@ async def test_the_peer_names_itself_once_and_answers_only_what_it_does_not_acce
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
     good = to_proto(DIGEST).SerializeToString()
     try:
-        assert await link.send(good, timeout=2.0)  # accepted: no reply
+        assert await link.send(raw(good), timeout=2.0)  # accepted: no reply
         assert link.replica_id == "r2"  # from the stream's initial metadata
-        assert await link.send(b"\xff\xff", timeout=2.0)  # malformed: a rejected reply
-        assert await link.send(good, timeout=2.0)  # the same sequence again: a duplicate
+        assert await link.send(raw(b"\xff\xff"), timeout=2.0)  # malformed: a rejected reply
+        assert await link.send(raw(good), timeout=2.0)  # the same sequence again: a duplicate
         await async_wait_until(lambda: link.refused == 2, 2.0, message="two replies")
         assert (peer.received, peer.rejected) == (3, 1)
         assert peer.membership.live_peers() == ["r1"]
@@ -421,8 +422,8 @@ async def test_a_peer_that_does_not_name_itself_costs_a_failure_and_a_new_stream
     link = PeerLink(f"127.0.0.1:{port}", interval=0.1)
     wire = to_proto(DIGEST).SerializeToString()
     try:
-        assert not await link.send(wire, timeout=0.2)
-        assert not await link.send(wire, timeout=0.2)
+        assert not await link.send(raw(wire), timeout=0.2)
+        assert not await link.send(raw(wire), timeout=0.2)
         assert (link.failures, link.streams_opened, link.replica_id) == (2, 2, None)
         assert len(opened) == 2
     finally:
@@ -444,12 +445,12 @@ async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception()
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
     wire = to_proto(DIGEST).SerializeToString()
     try:
-        sent = [await link.send(wire, timeout=2.0)]
+        sent = [await link.send(raw(wire), timeout=2.0)]
         # once the peer has ended the first stream, the next send opens another
         call = link._call
         assert call is not None
         await async_wait_until(call.done, 2.0, message="the peer to end the stream")
-        sent += [await link.send(wire, timeout=2.0) for _ in range(7)]  # fast: races
+        sent += [await link.send(raw(wire), timeout=2.0) for _ in range(7)]  # fast: races
     finally:
         await link.close()
         await server.stop(None)
