@@ -235,11 +235,10 @@ class Digest:
         return self.policy_version, self.policy_origin
 
 
-def same_but_time(a: Digest, b: Digest) -> bool:
-    """``a`` and ``b`` say the same but for their sequence and send instant: the same
-    sender, header and jobs (times are instants, so time passing changes none of it).
-    One ``jobs`` object for both is the cheap case (``Membership`` and ``delta.advance``
-    keep the object while the jobs do not change)."""
+def same_columns(a: Digest, b: Digest, columns: Iterable[str]) -> bool:
+    """``a`` and ``b`` say the same in their header (but for sequence and send instant)
+    and in the job ``columns`` (``job_id`` among them). One ``jobs`` object for both is
+    the cheap case (``Membership`` and ``delta.advance`` keep it while no job changes)."""
     return (
         a.replica_id == b.replica_id
         and a.incarnation == b.incarnation
@@ -250,8 +249,15 @@ def same_but_time(a: Digest, b: Digest) -> bool:
         and a.election_key == b.election_key
         and not a.base_sequence
         and not b.base_sequence
-        and (a.jobs is b.jobs or a.jobs == b.jobs)
+        and (a.jobs is b.jobs or all(_same_column(a.jobs, b.jobs, c) for c in columns))
     )
+
+
+def _same_column(a: DigestJobs, b: DigestJobs, name: str) -> bool:
+    x, y = getattr(a, name), getattr(b, name)
+    if name in JOB_TEXT_FIELDS:
+        return bool(x == y)
+    return x.shape == y.shape and np.array_equal(x, y, equal_nan=name in _FLOAT_FIELDS)
 
 
 # ---------------------------------------------------------------------------

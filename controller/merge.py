@@ -184,6 +184,32 @@ def merge(digests: Sequence[Digest]) -> Merged:
     )
 
 
+# The digest columns each field of the merged view is computed from; released_at and
+# posted_at are also read against each digest's sent_at, so they move with time.
+_SOURCES: dict[str, frozenset[str]] = {
+    "user": frozenset({"user"}),
+    "group": frozenset({"group"}),
+    "nodes": frozenset({"nodes"}),
+    "priority": frozenset({"priority"}),
+    "cap": frozenset({"nodes"}),
+    "demand": frozenset({"demand", "nodes"}),
+    "remaining": frozenset({"remaining", "open_op"}),
+    "progress": frozenset({"progress", "transferred", "nodes"}),
+}
+# What the view's jobs and order, the split and the ceilings read whatever the policy.
+_ALWAYS = frozenset({"job_id", "open_op", "nodes", "demand"})
+
+
+def columns_read(fields: frozenset[str] | None) -> frozenset[str] | None:
+    """The digest columns that a policy reading the view's ``fields`` (``Policy.reads``)
+    and the split depend on, through :func:`merge`; None when one of them moves with
+    time (released_at, posted_at), is unknown, or ``fields`` is None: then equal
+    columns do not mean equal targets."""
+    if fields is None or not fields <= _SOURCES.keys():
+        return None
+    return _ALWAYS.union(*(_SOURCES[f] for f in fields))
+
+
 def _conflicts(
     ids: list[JobId],
     rids: list[ReplicaId],

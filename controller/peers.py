@@ -10,9 +10,10 @@ within λ, as a delta on the previous one where the peer holds it,
 each exchange it expires peers silent for k·λ and, when at least one peer is
 live, merges the digests, decides the global targets with the slot's policy and
 keeps its own share of their split for the scheduler (``local_targets``). With
-a policy whose rates do not depend on time (``Policy.time_invariant``) and the
-same digests as at the previous computation (but for their sequence and send
-instant), it keeps the share it has. See ``docs/replicas.md``.
+a policy that names the view fields it reads, none of them a time
+(``Policy.reads``), and digests equal to those of the previous computation in
+the columns those fields and the split come from, it keeps the share it has.
+See ``docs/replicas.md``.
 """
 
 from __future__ import annotations
@@ -37,11 +38,11 @@ from burstctl.controller.digest import (
     DigestError,
     build_digest,
     from_proto,
-    same_but_time,
+    same_columns,
 )
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
-from burstctl.controller.merge import Conflict, ceilings, merge, split_targets
+from burstctl.controller.merge import Conflict, ceilings, columns_read, merge, split_targets
 from burstctl.controller.peer_link import PEER_SERVICE_NAME, REPLICA_ID_KEY, Outgoing, PeerLink
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
@@ -423,17 +424,20 @@ class PeerSync:
 
     def _same_inputs(self, inputs: tuple[Policy, list[Digest], list[HeldBack]]) -> bool:
         """The share computed from ``self._inputs`` holds for ``inputs``: the same policy
-        object, one whose rates do not depend on time, and the same digests but for
-        their sequences and send instants (their times are instants: a digest whose
-        only change is that time passed has the same jobs)."""
+        object, one that names the view fields it reads (``Policy.reads``), none of them
+        a time, and the same digests in the columns those fields and the split come
+        from (``merge.columns_read``), but for their sequences and send instants."""
         last = self._inputs
         policy, digests, held = inputs
-        if last is None or last[0] is not policy or not policy.time_invariant:
+        if last is None or last[0] is not policy:
+            return False
+        columns = columns_read(policy.reads)
+        if columns is None:
             return False
         before, held_before = last[1], last[2]
         return (
             len(before) == len(digests)
-            and all(same_but_time(a, b) for a, b in zip(before, digests, strict=True))
+            and all(same_columns(a, b, columns) for a, b in zip(before, digests, strict=True))
             and len(held_before) == len(held)
             and all(a is b for a, b in zip(held_before, held, strict=True))
         )

@@ -45,11 +45,12 @@ class Policy:
 
     name: ClassVar[str]
     Params: ClassVar[type[PolicyParams]] = PolicyParams
-    # True: ``allocate`` reads no time of the view (``now``, released_at, posted_at,
-    # progress) and keeps no state between calls, so views equal but for the passing of
-    # time get equal rates; the replicas' exchange then keeps its share while no digest
-    # changes (controller/peers.py). False (the default) is always safe.
-    time_invariant: ClassVar[bool] = False
+    # The ``JobView`` fields ``allocate`` reads, besides the view's capacity and which
+    # jobs are active, for a policy that keeps no state between calls: two views equal in
+    # them get equal rates, so the replicas' exchange keeps its share while the digest
+    # columns they come from do not change (controller/peers.py). None (the default,
+    # always safe): any field, and time (``now``, released_at, posted_at).
+    reads: ClassVar[frozenset[str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

@@ -27,11 +27,12 @@ from burstctl.controller.digest import (
     DigestJobs,
     JobDigest,
     from_proto,
-    same_but_time,
+    same_columns,
     to_proto,
 )
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
+from burstctl.controller.merge import columns_read
 from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.state import PolicySlot, StateStore
@@ -98,7 +99,7 @@ def test_time_passing_alone_sends_no_job_and_keeps_one_jobs_object() -> None:
     sent, _ = advance(None, at(1, ROWS))
     view, delta = advance(sent, at(2, ROWS, sent_at=160.0))
     assert delta is not None and len(delta.jobs) == 0 and delta.left == ()
-    assert view.jobs is sent.jobs and same_but_time(view, sent)
+    assert view.jobs is sent.jobs and same_columns(view, sent, ())
     m = receiver(sent)
     before = held(m).jobs
     assert m.receive(wire(delta), 1.0, validated=True).accepted
@@ -398,3 +399,39 @@ async def test_a_malformed_delta_on_the_stream_gets_a_rejected_reply_naming_the_
         assert (reply.status, reply.field) == ("rejected", "left[0]")
         (held_r1,) = r2.sync.membership.digests()
         assert held_r1.sequence == sent.sequence and bits(held_r1.jobs) == bits(sent.jobs)
+
+
+def test_the_columns_a_share_depends_on() -> None:
+    assert columns_read(REGISTRY.create("size-fair", {}).reads) == {
+        "job_id",
+        "open_op",
+        "nodes",
+        "demand",
+        "user",
+        "group",
+        "priority",
+    }
+    assert columns_read(REGISTRY.create("fair-share", {}).reads) == {
+        "job_id",
+        "open_op",
+        "nodes",
+        "demand",
+    }
+    for name in ("fcfs", "greedy-yield", "best-next-event"):  # they read time or say nothing
+        assert columns_read(REGISTRY.create(name, {}).reads) is None
+    assert columns_read(frozenset({"demand", "released_at"})) is None
+
+
+async def test_a_job_that_only_moves_bytes_is_sent_but_changes_no_share(tmp_path: Path) -> None:
+    async with pair(tmp_path, "size-fair") as replicas:
+        r1, r2 = replicas["r1"], replicas["r2"]
+        await r1.exchange(r2)
+        await r2.exchange(r1)
+        first, kept = r2.sync.local_targets, r2.sync.reused
+        (session,) = r1.jobs.jobs["J1"].sessions.values()
+        r1.jobs.usage(session, 1 << 20, 0, 0.0, 0.5, True)  # waiting: its demand stays b_i
+        await r1.exchange(r2)
+        (held_r1,) = r2.sync.membership.digests()
+        assert held_r1.jobs[0].transferred == 1 << 20  # sent in the delta
+        await r2.exchange(r1)
+        assert r2.sync.local_targets is first and r2.sync.reused == kept + 1
