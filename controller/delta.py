@@ -11,10 +11,15 @@ The sender keeps the digest its peers hold of it, the *sent view*
 (:func:`advance`): every row as last sent. A row is sent again when any of its
 columns differs, bit for bit, from the sent one; times are instants on the
 sender's clock (``controller/digest.py``), so a job whose only change is that
-time passed is not resent. One exception: the ``progress`` P_i of a job with no
-open operation on the sender grows with time (its work time runs); it is resent
-when it differs from the sent one by more than ``PROGRESS_TOLERANCE`` of it, and
-every ``FULL_EVERY``-th digest resets the sent view to the digest as built. The
+time passed is not resent. Two exceptions, each compared with the value sent (so
+what peers hold never drifts further than the tolerance from the truth): the
+``progress`` P_i of a job with no open operation on the sender grows with time
+(its work time runs), and is resent when it differs from the sent one by more
+than ``PROGRESS_TOLERANCE`` of it; a job's ``demand`` (a measured rate times
+the headroom, which wobbles) is resent when it differs by more than
+``DEMAND_TOLERANCE``, the controller's default push tolerance, below which no
+client's pace changes anyway; 0 and > 0 always differ. Every ``FULL_EVERY``-th
+digest resets the sent view to the digest as built. The
 receiver's reconstruction equals the sender's sent view bit for bit, and the
 sender merges its own sent view, not the digest as built, so that every replica
 computes the global view from the same input.
@@ -44,6 +49,8 @@ from burstctl.controller.digest import (
 FULL_EVERY = 20
 # Relative change of P_i of a job without an open operation that is not worth a row.
 PROGRESS_TOLERANCE = 0.01
+# Relative change of a job's demand that is not worth a row (config push_tolerance's default).
+DEMAND_TOLERANCE = 0.02
 
 _NAN_EQUAL = frozenset({"posted_at", "remaining"})  # NaN marks an absent value: equal
 
@@ -92,6 +99,8 @@ def _changed(sent: DigestJobs, at: np.ndarray, built: DigestJobs) -> np.ndarray:
             idle = ~built.open_op & ~sent.open_op[where]
             close = np.abs(new_col - old_col) <= PROGRESS_TOLERANCE * np.abs(old_col)
             differs &= ~(idle & close)
+        elif name == "demand":
+            differs &= np.abs(new_col - old_col) > DEMAND_TOLERANCE * np.abs(old_col)
         changed |= differs
     return changed
 

@@ -18,7 +18,13 @@ import pytest
 from digests import REGISTRY, digest, job
 from support import async_wait_until
 
-from burstctl.controller.delta import FULL_EVERY, PROGRESS_TOLERANCE, advance, apply
+from burstctl.controller.delta import (
+    DEMAND_TOLERANCE,
+    FULL_EVERY,
+    PROGRESS_TOLERANCE,
+    advance,
+    apply,
+)
 from burstctl.controller.digest import (
     JOB_ARRAY_FIELDS,
     JOB_TEXT_FIELDS,
@@ -435,3 +441,18 @@ async def test_a_job_that_only_moves_bytes_is_sent_but_changes_no_share(tmp_path
         assert held_r1.jobs[0].transferred == 1 << 20  # sent in the delta
         await r2.exchange(r1)
         assert r2.sync.local_targets is first and r2.sync.reused == kept + 1
+
+
+def test_a_demand_is_resent_past_its_tolerance_and_from_or_to_zero() -> None:
+    sent, _ = advance(None, at(1, (job("a", demand=100.0),)))
+    near = at(2, (job("a", demand=100.0 * (1 + DEMAND_TOLERANCE / 2)),))
+    view, delta = advance(sent, near)
+    assert delta is not None and len(delta.jobs) == 0 and view.jobs[0].demand == 100.0
+    # compared with the value sent, not the last one built: no drift past the tolerance
+    nearer = at(3, (job("a", demand=100.0 * (1 + 1.5 * DEMAND_TOLERANCE)),))
+    view, delta = advance(view, nearer)
+    assert delta is not None and delta.jobs.job_id == ("a",)
+    zero = dataclasses.replace(job("a", demand=0.0), released_at=-10.0)
+    sent, _ = advance(None, at(1, (zero,)))
+    _, delta = advance(sent, at(2, (job("a", demand=1e-9),)))
+    assert delta is not None and delta.jobs.job_id == ("a",)
