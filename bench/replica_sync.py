@@ -28,8 +28,12 @@ stdin/stdout (one JSON object a line). Then, per case:
   during the CPU window (a Usage report through the table's own ``usage``, the
   session waiting on its allocation so its demand stays b_i): their
   ``transferred``, ``remaining`` and ``usage_bytes`` change at every exchange,
-  so each delta carries them and every exchange merges, decides and splits
-  again. The default, 0, is the steady state of the runs above;
+  so each delta carries them, but no share changes (size-fair reads none of
+  them). With ``--wobble`` as well, each moving job reports 0.5–1.5 MiB, drawn
+  anew every λ, as a session that is not waiting: its demand (measured rate ×
+  headroom) moves past the delta's tolerance, so every exchange merges, decides
+  and splits again (a cluster where jobs start and end I/O phases every λ pays
+  the same). The default, 0, is the steady state of the runs above;
 - the pure parts timed alone in this process once the workers have stopped
   (median CPU time of 5), on replica r0's data (a copy of its job table, never
   started, and the digests fetched from the workers): ``build_digest``,
@@ -49,7 +53,7 @@ without gRPC (``exchange_pure_ms``: build, encode, decode, validate and merge
 R − 1 digests, targets), done offline on the digests fetched in steady state.
 
     python bench/replica_sync.py [--replicas 2 4 8] [--jobs 10 100 1000] [--interval 0.5]
-        [--exchanges 10] [--moving 0.0] [--quick]
+        [--exchanges 10] [--moving 0.0 [--wobble]] [--quick]
 """
 
 from __future__ import annotations
@@ -255,7 +259,9 @@ class Worker:
                 self._mover.cancel()
                 self._mover = None
             if msg["fraction"] > 0:
-                self._mover = asyncio.create_task(self.move(msg["fraction"]), name="bench-move")
+                self._mover = asyncio.create_task(
+                    self.move(msg["fraction"], msg["wobble"]), name="bench-move"
+                )
             return {}
         if cmd == "quit":
             self.expect(None)
@@ -274,17 +280,20 @@ class Worker:
         if want is not None:
             self._watch = asyncio.create_task(self.watch(want), name="bench-watch")
 
-    async def move(self, fraction: float) -> None:
-        """Every λ, the first ``fraction`` of the jobs (by id) report MOVED bytes."""
+    async def move(self, fraction: float, wobble: bool) -> None:
+        """Every λ, the first ``fraction`` of the jobs (by id) report MOVED bytes, waiting
+        on their allocation; ``wobble``: 0.5–1.5 × MOVED, drawn anew, not waiting."""
         table = self.svc.table
         interval = self.svc.config.sync_interval
         jobs = sorted(table.jobs)
         sessions = [
             s for j in jobs[: round(fraction * len(jobs))] for s in table.jobs[j].sessions.values()
         ]
+        rng = random.Random(len(jobs))
         while True:
             for session in sessions:
-                table.usage(session, MOVED, 0, 0.0, interval, True)
+                moved = round(MOVED * rng.uniform(0.5, 1.5)) if wobble else MOVED
+                table.usage(session, moved, 0, 0.0, interval, not wobble)
             await asyncio.sleep(interval)
 
     async def watch(self, want: dict[JobId, float]) -> None:
@@ -610,6 +619,7 @@ async def run_case(
     seed: int,
     profile: bool,
     moving: float = 0.0,
+    wobble: bool = False,
 ) -> dict:
     rng, offsets, placed = plan(replicas, jobs, interval, seed)
     registry = default_registry()
@@ -629,13 +639,15 @@ async def run_case(
 
             # CPU per exchange: the replicas do nothing but exchange for `exchanges` λ.
             if moving:
-                await asyncio.gather(*(w.call("move", fraction=moving) for w in workers))
+                await asyncio.gather(
+                    *(w.call("move", fraction=moving, wobble=wobble) for w in workers)
+                )
             await asyncio.sleep(interval)
             before = await stats(workers)
             await asyncio.sleep(exchanges * interval)
             after = await stats(workers)
             if moving:
-                await asyncio.gather(*(w.call("move", fraction=0.0) for w in workers))
+                await asyncio.gather(*(w.call("move", fraction=0.0, wobble=False) for w in workers))
                 await until_live(workers, 20 * interval + 10)
             reference = reference_ms()
             cpu = [a["cpu"] - b["cpu"] for a, b in zip(after, before, strict=True)]
@@ -681,6 +693,7 @@ async def run_case(
         "jobs": jobs,
         "interval_s": interval,
         "moving_fraction": moving,
+        "wobble": wobble,
         "load_average_1m": round(os.getloadavg()[0], 2),
         "digest_bytes_mean": round(statistics.fmean(sizes)),
         "digest_bytes_max": max(sizes),
@@ -723,7 +736,15 @@ async def run_case(
 async def run_all(args: argparse.Namespace) -> list[dict]:
     return [
         await run_case(
-            r, n, args.interval, args.exchanges, args.trials, args.seed, args.profile, args.moving
+            r,
+            n,
+            args.interval,
+            args.exchanges,
+            args.trials,
+            args.seed,
+            args.profile,
+            args.moving,
+            args.wobble,
         )
         for r in args.replicas
         for n in args.jobs
@@ -743,6 +764,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--moving", type=float, default=0.0, help="fraction of jobs moving bytes every λ"
+    )
+    parser.add_argument(
+        "--wobble", action="store_true", help="moving jobs' demand changes every λ (--moving)"
     )
     parser.add_argument("--profile", action="store_true", help="cProfile one exchange (stderr)")
     parser.add_argument("--quick", action="store_true", help="2 replicas, 10 and 100 jobs")

@@ -75,6 +75,25 @@ def _gather(first: DigestJobs, at: np.ndarray, second: DigestJobs, other: np.nda
     return DigestJobs(**columns)
 
 
+def _replace(base: DigestJobs, at: np.ndarray, rows: DigestJobs) -> DigestJobs:
+    """``base`` with row ``at[k]`` replaced by row k of ``rows``: numpy assignments, and
+    ``base``'s own text columns where the new rows' text is the same (the usual case)."""
+    picks = at.tolist()
+    columns: dict[str, Any] = {}
+    for name in JOB_TEXT_FIELDS:
+        column, new = getattr(base, name), getattr(rows, name)
+        if any(column[i] != v for i, v in zip(picks, new, strict=True)):
+            column = list(column)
+            for i, v in zip(picks, new, strict=True):
+                column[i] = v
+        columns[name] = column
+    for name in JOB_ARRAY_FIELDS:
+        column = getattr(base, name).copy()
+        column[at] = getattr(rows, name)
+        columns[name] = column
+    return DigestJobs(**columns)
+
+
 def _changed(sent: DigestJobs, at: np.ndarray, built: DigestJobs) -> np.ndarray:
     """Per row of ``built``: whether it differs from row ``at`` of ``sent`` (−1: none)."""
     new = at < 0
@@ -122,7 +141,8 @@ def advance(sent: Digest | None, built: Digest) -> tuple[Digest, Digest | None]:
     ):
         return built, None
     old, new = sent.jobs, built.jobs
-    if old.job_id == new.job_id:
+    aligned = old.job_id == new.job_id
+    if aligned:
         at = np.arange(len(new), dtype=np.intp)
         left: tuple[str, ...] = ()
     else:
@@ -132,17 +152,17 @@ def advance(sent: Digest | None, built: Digest) -> tuple[Digest, Digest | None]:
         left = tuple(j for j in old.job_id if j not in present)
     changed = _changed(old, at, new)
     rows = np.flatnonzero(changed)
-    none = np.full(len(rows), -1, dtype=np.intp)
+    delta_rows = _gather(new, rows, new, np.full(len(rows), -1, dtype=np.intp))
     if not rows.size and not left:
         view = old
     elif rows.size == len(new):
         view = new
+    elif aligned:
+        view = _replace(old, rows, delta_rows)
     else:
         view = _gather(old, np.where(changed, -1, at), new, np.arange(len(new)))
     sent_view = dataclasses.replace(built, jobs=view)
-    delta = dataclasses.replace(
-        built, jobs=_gather(new, rows, new, none), base_sequence=sent.sequence, left=left
-    )
+    delta = dataclasses.replace(built, jobs=delta_rows, base_sequence=sent.sequence, left=left)
     return sent_view, delta
 
 
@@ -169,10 +189,10 @@ def apply(base: Digest, delta: Digest) -> Digest:
         if job_id in changed:
             raise DigestError(f"left[{i}]", f"job {job_id!r} is also among the delta's jobs")
     gone = set(delta.left)
-    if gone or not changed <= position.keys():
-        ids = sorted((position.keys() - gone) | changed)  # digests list jobs in id order
-    else:  # rows replaced in place: the base's order
-        ids = list(old.job_id)
+    if not gone and changed <= position.keys():  # rows replaced in place: the base's order
+        at = np.fromiter(map(position.__getitem__, rows.job_id), dtype=np.intp, count=len(rows))
+        return dataclasses.replace(full, jobs=_replace(old, at, rows))
+    ids = sorted((position.keys() - gone) | changed)  # digests list jobs in id order
     if len(ids) > MAX_JOBS:
         raise DigestError("jobs", f"{len(ids)} jobs after the delta, more than {MAX_JOBS}")
     in_delta = {job_id: i for i, job_id in enumerate(rows.job_id)}

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from burstctl.common.channels import ChannelSecurity
@@ -42,7 +43,14 @@ from burstctl.controller.digest import (
 )
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
-from burstctl.controller.merge import Conflict, ceilings, columns_read, merge, split_targets
+from burstctl.controller.merge import (
+    Conflict,
+    Merged,
+    ceilings,
+    columns_read,
+    merge,
+    split_targets,
+)
 from burstctl.controller.peer_link import PEER_SERVICE_NAME, REPLICA_ID_KEY, Outgoing, PeerLink
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
@@ -268,7 +276,8 @@ class PeerSync:
         self.keep = keep
         self.local_targets: Share | None = None
         self.held_back: dict[str, HeldBack] = {}
-        self._columns: dict[str, dict[JobId, float]] = {}  # last split, by live replica
+        # The last split and the live replicas whose column a hold-back may still take.
+        self._split: tuple[Merged, np.ndarray, set[str]] | None = None
         self.exchanges = 0
         self.updated = Signal()
         self._usage_seen: dict[JobId, int] = {}
@@ -373,7 +382,11 @@ class PeerSync:
 
     def _hold_back(self, rid: str) -> None:
         """Peer ``rid`` just left the view: keep its last column until its leases expire."""
-        column = self._columns.pop(rid, None)
+        column = None
+        if self._split is not None and rid in self._split[2]:
+            merged, x, live = self._split
+            live.discard(rid)
+            column = merged.share(x, rid)  # read only when a peer leaves: no dict per exchange
         heard = self.membership.last_heard(rid)
         if self.lease is None or column is None or heard is None:
             return
@@ -408,11 +421,7 @@ class PeerSync:
         targets = decide(self.slot.policy, merged.view).rates
         fixed = {rid: h.column for rid, h in self.held_back.items()}
         x = split_targets(merged, targets, fixed)
-        edges = merged.by_edge(x)
-        self._columns = {}
-        for (job_id, rid), rate in edges.items():
-            if rid not in fixed:
-                self._columns.setdefault(rid, {})[job_id] = rate
+        self._split = (merged, x, {rid for rid in merged.replicas if rid not in fixed})
         share = merged.share(x, self.replica_id)
         ceiling = merged.share(ceilings(merged, x), self.replica_id)
         # Jobs in the global view: those that had an open operation here when the
