@@ -416,7 +416,7 @@ class PeerSync:
         self._inputs = inputs
         if self.held_back:  # their jobs and capacity are still in use: in the view
             digests = sorted([*digests, *(h.digest for h in held)], key=lambda d: d.replica_id)
-        merged = merge(digests)
+        merged = merge(digests, self._split[0].layout if self._split is not None else None)
         self._log(merged.conflicts)
         targets = decide(self.slot.policy, merged.view).rates
         fixed = {rid: h.column for rid, h in self.held_back.items()}
