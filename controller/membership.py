@@ -7,7 +7,9 @@ delta's base (``controller/delta.py``), keeps the newest of each replica by
 impostors (a lower incarnation for a known id, a different digest for a held
 sequence, an id that is not a configured peer) and digests whose policy this
 replica could not build, and drops a peer silent for k·λ (:meth:`expire`); a
-newer digest brings it back. It also says which policy wins the election
+newer digest brings it back. ``io_changed`` fires when an accepted digest changes
+which of its sender's jobs have an open operation (S(t) moved there). It also says
+which policy wins the election
 (:meth:`elected`): the highest ``(policy_version, policy_origin)`` among the live
 digests and this replica's own.
 
@@ -26,9 +28,12 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
+import numpy as np
+
 from burstctl.common.limits import identifier_problem
 from burstctl.controller.delta import apply
 from burstctl.controller.digest import Digest, DigestError, ReplicaId, validate
+from burstctl.controller.signal import Signal
 from burstctl.policies.registry import PolicyRegistry
 
 log = logging.getLogger(__name__)
@@ -108,6 +113,7 @@ class Membership:
         self._held: dict[ReplicaId, _Peer] = {}
         self._buildable: set[tuple[str, str]] = set()  # (policy, params JSON) known good
         self._self_checked: Digest | None = None
+        self.io_changed = Signal()
 
     def receive(self, digest: Digest, now: float, *, validated: bool = False) -> Outcome:
         """Takes one peer's digest received at ``now``; never raises for a bad digest.
@@ -179,6 +185,8 @@ class Membership:
             if not held.live:
                 log.info("replica %r rejoins the global view", rid)
         self._held[rid] = _Peer(digest, now)
+        if _open_jobs_differ(held.digest if held is not None else None, digest):
+            self.io_changed()
         return Outcome(Status.ACCEPTED)
 
     def _reject(self, rid: ReplicaId, field: str, reason: str) -> Outcome:
@@ -274,3 +282,17 @@ class Membership:
         """The digest whose policy every replica enforces: the highest
         ``(policy_version, policy_origin)`` among the live digests and ``self_digest``."""
         return max(self.digests(self_digest), key=lambda d: d.election_key)
+
+
+def _open_jobs_differ(old: Digest | None, new: Digest) -> bool:
+    """Whether ``new`` lists other jobs with an open operation than ``old`` (None: none)."""
+    if old is None:
+        return bool(new.jobs.open_op.any())
+    a, b = old.jobs, new.jobs
+    if a is b:
+        return False
+    if a.job_id == b.job_id:  # the usual case: the same jobs, one C-level compare
+        return not np.array_equal(a.open_op, b.open_op)
+    return {j for j, o in zip(a.job_id, a.open_op.tolist(), strict=True) if o} != {
+        j for j, o in zip(b.job_id, b.open_op.tolist(), strict=True) if o
+    }

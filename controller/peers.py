@@ -289,6 +289,9 @@ class PeerSync:
         self._wake: asyncio.Event | None = None  # set by poke(); made in run()'s loop
         self._urgent: asyncio.Event | None = None  # set by send_now()
         table.io_changed.connect(self.poke)
+        # A peer's S(t) moved: this replica's share changes with it, so it exchanges and
+        # recomputes soon (EARLY_GAP after its previous exchange), not up to λ later.
+        self.membership.io_changed.connect(self.poke)
         slot.changed.connect(self.send_now)
 
     def _allowed(self) -> None:
@@ -300,7 +303,8 @@ class PeerSync:
     def poke(self, *_change: object) -> None:
         """The local S(t) changed (a job started or ended an I/O phase: the table's
         ``io_changed``): exchange soon, not at the end of the interval, so peers learn of it
-        within about λ/4."""
+        within about λ/4. The same when a peer's digest shows its S(t) changed
+        (``Membership.io_changed``): this replica recomputes its share within about λ/4."""
         if self._wake is not None:
             self._wake.set()
 

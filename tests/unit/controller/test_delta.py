@@ -456,3 +456,20 @@ def test_a_demand_is_resent_past_its_tolerance_and_from_or_to_zero() -> None:
     sent, _ = advance(None, at(1, (zero,)))
     _, delta = advance(sent, at(2, (job("a", demand=1e-9),)))
     assert delta is not None and delta.jobs.job_id == ("a",)
+
+
+def test_a_digest_that_moves_its_senders_s_t_is_signalled_and_one_that_moves_bytes_is_not() -> None:
+    m = Membership("R1")
+    seen: list[int] = []
+    m.io_changed.connect(lambda: seen.append(1))
+    first, _ = advance(None, at(1, ROWS))
+    assert m.receive(wire(first), 0.0, validated=True).accepted and seen == [1]  # news
+    moved = (dataclasses.replace(ROWS[0], transferred=5.0), *ROWS[1:])
+    sent, delta = advance(first, at(2, moved))
+    assert m.receive(wire(delta), 1.0, validated=True).accepted and seen == [1]  # type: ignore[arg-type]
+    idle = (job("a", demand=0.0, released_at=10.0), *ROWS[1:])  # a ends its I/O phase
+    sent, delta = advance(sent, at(3, idle))
+    assert m.receive(wire(delta), 2.0, validated=True).accepted and seen == [1, 1]  # type: ignore[arg-type]
+    sent, delta = advance(sent, at(4, (*idle, job("d", released_at=99.0))))  # d arrives in I/O
+    assert m.receive(wire(delta), 3.0, validated=True).accepted and len(seen) == 3  # type: ignore[arg-type]
+    assert m.receive(wire(at(5, sent.jobs)), 4.0, validated=True).accepted and len(seen) == 3
