@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import random
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import grpc
 import numpy as np
 import pytest
 from digests import REGISTRY, digest, job
-from support import async_wait_until
+from support.replicas import Replica, replica_pair
 
 from burstctl.controller.delta import (
     DEMAND_TOLERANCE,
@@ -36,12 +35,9 @@ from burstctl.controller.digest import (
     same_columns,
     to_proto,
 )
-from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import columns_read
-from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.records import JobMeta, OpKind
-from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 
@@ -278,33 +274,9 @@ def test_an_unchanged_view_is_equal_to_the_full_digest_as_arrays() -> None:
 
 @contextlib.asynccontextmanager
 async def pair(tmp_path: Path, policy: str) -> AsyncIterator[dict[str, Replica]]:
-    """Replicas r1 and r2, each the other's peer on a real loopback gRPC server, with
-    J1 running on r1 and J2 on r2; their exchanges are made by the test."""
-    replicas: dict[str, Replica] = {}
-    servers = [grpc.aio.server() for _ in range(2)]
-    ports = [server.add_insecure_port("127.0.0.1:0") for server in servers]
-    try:
-        for i, rid in enumerate(("r1", "r2")):
-            jobs = JobTable(
-                time.monotonic, heartbeat_timeout=30.0, job_retention=60.0, demand_headroom=1.1
-            )
-            session = jobs.open_session(JobMeta(f"J{i + 1}", "u", "g", 4, 1.0), "c", "h")
-            jobs.post(session, 1, OpKind.WRITE, 0)
-            slot = PolicySlot(REGISTRY, StateStore(tmp_path / rid), (policy, {}), replica_id=rid)
-            sync = PeerSync(
-                jobs,
-                slot,
-                replica_id=rid,
-                addresses=[f"127.0.0.1:{ports[1 - i]}"],
-                interval=30.0,
-                missed=3,
-                capacity=100.0,
-                node_bandwidth=10.0,
-            )
-            servicer = PeerServicer(sync.membership, slot, rid)
-            servers[i].add_generic_rpc_handlers((servicer.rpc_handlers(),))
-            await servers[i].start()
-            replicas[rid] = Replica(jobs, sync, servicer)
+    """Replicas r1 (J1) and r2 (J2), once each holds the other's digest."""
+    metas = {"r1": JobMeta("J1", "u", "g", 4, 1.0), "r2": JobMeta("J2", "u", "g", 4, 1.0)}
+    async with replica_pair(tmp_path, metas, policy) as replicas:
         r1, r2 = replicas["r1"], replicas["r2"]
         # a replica's digests are refused until the receiver has reached it once
         for _ in range(5):
@@ -315,26 +287,6 @@ async def pair(tmp_path: Path, policy: str) -> AsyncIterator[dict[str, Replica]]
         assert r1.sync.membership.live_peers() == ["r2"]
         assert r2.sync.membership.live_peers() == ["r1"]
         yield replicas
-    finally:
-        for replica in replicas.values():
-            await replica.sync.close()
-        for server in servers:
-            await server.stop(None)
-
-
-@dataclasses.dataclass
-class Replica:
-    jobs: JobTable
-    sync: PeerSync
-    servicer: PeerServicer
-
-    async def exchange(self, peer: Replica) -> None:
-        """One exchange, done once ``peer`` has taken the digest."""
-        received = peer.servicer.received
-        await self.sync.exchange_once()
-        await async_wait_until(
-            lambda: peer.servicer.received == received + 1, 5.0, message="the digest"
-        )
 
 
 async def test_replicas_send_deltas_and_keep_their_share_until_a_digest_changes(

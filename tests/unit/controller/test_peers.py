@@ -17,6 +17,7 @@ import grpc
 import pytest
 from digests import FULL_DIGEST
 from support import async_wait_until, views
+from support.replicas import replica_pair
 
 from burstctl.controller.digest import Digest, JobDigest, to_proto
 from burstctl.controller.jobs import JobTable
@@ -472,44 +473,15 @@ async def test_two_replicas_share_the_global_split_and_log_each_conflict_once(
         "r1": JobMeta("J1", "alice", "g", 16, 1.0),
         "r2": JobMeta("J1", "mallory", "g", 2, 1.0),
     }
-    servers: list[grpc.aio.Server] = []
-    ports = []
-    for _ in metas:
-        server = grpc.aio.server()
-        ports.append(server.add_insecure_port("127.0.0.1:0"))
-        servers.append(server)
-    syncs: dict[str, PeerSync] = {}
-    servicers: dict[str, PeerServicer] = {}
-    for i, (rid, meta) in enumerate(metas.items()):
-        jobs = table()
-        session = jobs.open_session(meta, "c", "h")
-        jobs.post(session, 1, OpKind.WRITE, 0)
-        own = slot(tmp_path / rid, rid)
-        syncs[rid] = sync = PeerSync(
-            jobs,
-            own,
-            replica_id=rid,
-            addresses=[f"127.0.0.1:{ports[1 - i]}"],
-            interval=30.0,
-            missed=3,
-            capacity=100.0,
-            node_bandwidth=10.0,
-        )
-        servicers[rid] = PeerServicer(sync.membership, own, rid)
-        servers[i].add_generic_rpc_handlers((servicers[rid].rpc_handlers(),))
-        await servers[i].start()
+    async with replica_pair(tmp_path, metas) as replicas:
+        syncs = {rid: r.sync for rid, r in replicas.items()}
 
-    async def exchange(rid: str) -> None:
-        """One exchange of ``rid``, done once its peer has taken the digest."""
-        other = servicers["r2" if rid == "r1" else "r1"]
-        received = other.received
-        await syncs[rid].exchange_once()
-        await async_wait_until(lambda: other.received == received + 1, 5.0, message="digest")
+        async def exchange(rid: str) -> None:
+            await replicas[rid].exchange(replicas["r2" if rid == "r1" else "r1"])
 
-    def conflicts() -> int:
-        return sum("mallory" in r.getMessage() for r in caplog.records)
+        def conflicts() -> int:
+            return sum("mallory" in r.getMessage() for r in caplog.records)
 
-    try:
         with caplog.at_level(logging.WARNING, logger="burstctl.controller"):
             # r1 speaks first: r2 has not reached r1 yet, so does not know it as a peer
             await exchange("r1")
@@ -533,8 +505,3 @@ async def test_two_replicas_share_the_global_split_and_log_each_conflict_once(
         assert 0.0 < shares["r2"]["J1"] <= 20.0
         assert 0.0 < shares["r1"]["J1"] <= 100.0
         assert all(s.stats()["in_global_view"] for s in syncs.values())
-    finally:
-        for sync in syncs.values():
-            await sync.close()
-        for server in servers:
-            await server.stop(None)
