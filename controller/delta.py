@@ -11,18 +11,19 @@ The sender keeps the digest its peers hold of it, the *sent view*
 (:func:`advance`): every row as last sent. A row is sent again when any of its
 columns differs, bit for bit, from the sent one; times are instants on the
 sender's clock (``controller/digest.py``), so a job whose only change is that
-time passed is not resent. Two exceptions, each compared with the value sent (so
-what peers hold never drifts further than the tolerance from the truth): the
-``progress`` P_i of a job with no open operation on the sender grows with time
-(its work time runs), and is resent when it differs from the sent one by more
-than ``PROGRESS_TOLERANCE`` of it; a job's ``demand`` (a measured rate times
-the headroom, which wobbles) is resent when it differs by more than
+time passed is not resent. Two exceptions, each compared with the value sent
+(so what peers hold never drifts further than the tolerance from the truth):
+the ``progress`` P_i of a job with no open operation on the sender grows with
+time (its work time runs), and is resent when it differs from the sent one by
+more than ``PROGRESS_TOLERANCE`` of it; a job's ``demand`` (a measured rate
+times the headroom, which wobbles) is resent when it differs by more than
 ``DEMAND_TOLERANCE``, the controller's default push tolerance, below which no
-client's pace changes anyway; 0 and > 0 always differ. Every ``FULL_EVERY``-th
-digest resets the sent view to the digest as built. The
-receiver's reconstruction equals the sender's sent view bit for bit, and the
-sender merges its own sent view, not the digest as built, so that every replica
-computes the global view from the same input.
+client's pace changes anyway; 0 and > 0 always differ. Every
+``FULL_EVERY``-th digest resets the sent view to the digest as built.
+
+The receiver's reconstruction equals the sender's sent view bit for bit, and
+the sender merges its own sent view, not the digest as built, so that every
+replica computes the global view from the same input.
 
 Pure: arrays in, arrays out; the stream bookkeeping is ``controller/peer_link.py``'s.
 """
@@ -152,7 +153,7 @@ def advance(sent: Digest | None, built: Digest) -> tuple[Digest, Digest | None]:
         left = tuple(j for j in old.job_id if j not in present)
     changed = _changed(old, at, new)
     rows = np.flatnonzero(changed)
-    delta_rows = _gather(new, rows, new, np.full(len(rows), -1, dtype=np.intp))
+    delta_rows = _gather(new, rows, new, rows)  # the changed rows of ``built``
     if not rows.size and not left:
         view = old
     elif rows.size == len(new):
