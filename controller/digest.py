@@ -266,10 +266,10 @@ def _same_column(a: DigestJobs, b: DigestJobs, name: str) -> bool:
 _INF = math.inf
 
 
-Check = Callable[[DigestJobs, float], np.ndarray]
+_Check = Callable[[DigestJobs, float], np.ndarray]
 
 
-def _finite_non_negative(name: str) -> Check:
+def _finite_non_negative(name: str) -> _Check:
     def good(c: DigestJobs, _sent_at: float) -> np.ndarray:
         column = getattr(c, name)
         return (column >= 0.0) & (column < _INF)
@@ -284,7 +284,7 @@ def _must_be(what: str) -> Callable[[Any], str]:
 # Per job field, in the order a bad job's fields are named: whether each entry is
 # good given the send instant (NaN compares False, so it fails every range), and the
 # message for a bad one.
-_CHECKS: tuple[tuple[str, Check, Callable[[Any], str]], ...] = (
+_CHECKS: tuple[tuple[str, _Check, Callable[[Any], str]], ...] = (
     (
         "nodes",
         lambda c, _: (c.nodes >= 1) & (c.nodes <= MAX_NODES),

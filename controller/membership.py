@@ -3,15 +3,14 @@
 ``Membership`` takes every digest a peer sends (:meth:`Membership.receive`),
 applies a delta to the digest it holds of that peer when that digest is the
 delta's base (``controller/delta.py``), keeps the newest of each replica by
-``(incarnation, sequence)``, refuses
-impostors (a lower incarnation for a known id, a different digest for a held
-sequence, an id that is not a configured peer) and digests whose policy this
-replica could not build, and drops a peer silent for k·λ (:meth:`expire`); a
-newer digest brings it back. ``io_changed`` fires when an accepted digest changes
-which of its sender's jobs have an open operation (S(t) moved there). It also says
-which policy wins the election
-(:meth:`elected`): the highest ``(policy_version, policy_origin)`` among the live
-digests and this replica's own.
+``(incarnation, sequence)``, refuses impostors (a lower incarnation for a known
+id, a different digest for a held sequence, an id that is not a configured
+peer) and digests whose policy this replica could not build, and drops a peer
+silent for k·λ (:meth:`expire`); a newer digest brings it back.
+``io_changed`` fires when an accepted digest changes which of its sender's jobs
+have an open operation (S(t) moved there). It also says which policy wins the
+election (:meth:`elected`): the highest ``(policy_version, policy_origin)``
+among the live digests and this replica's own.
 
 Pure: no networking and no clock; the caller passes ``now``, a monotonic clock
 of its own.
