@@ -45,12 +45,15 @@ stdin/stdout (one JSON object a line). Then, per case:
   digests with the same merge and split). Each worker checks its own
   share every 1 ms and stamps the first match with ``time.monotonic()`` (one
   clock for all processes on Linux). Target: ≤ λ + one client heartbeat
-  (0.25 s, ``client/session.py``); also reported in λ (the issue's target is
-  ≤ 1.5 λ).
+  (0.25 s, ``client/session.py``); also reported in λ (target at 8 × 10,000
+  jobs: ≤ 1.5 λ).
 
 Prints JSON; ``--profile`` prints to stderr a cProfile of replica r0's exchange
 without gRPC (``exchange_pure_ms``: build, encode, decode, validate and merge
 R − 1 digests, targets), done offline on the digests fetched in steady state.
+That is the full path, every peer digest decoded whole and the targets
+recomputed: what an exchange costs when its inputs changed. A steady-state
+exchange with deltas decodes empty deltas and keeps its share.
 
     python bench/replica_sync.py [--replicas 2 4 8] [--jobs 10 100 1000] [--interval 0.5]
         [--exchanges 10] [--moving 0.0 [--wobble]] [--quick]
