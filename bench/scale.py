@@ -4,8 +4,10 @@ Starts R replicas (``burstctl controller`` processes on fixed loopback ports, ea
 peer, each with its own capacity ``--capacity``, ``--node-bandwidth``, policy ``--policy``;
 ``max_sessions`` and ``max_sessions_per_client`` raised above the run's sessions and
 ``shed_loop_lag`` 0, so nothing is refused unless a limit is asked for) and W load-generator
-processes (``bench/scale_node.py``) acting as compute nodes: each holds one gRPC channel per
-replica and runs its share of the sessions over them, as a `ClientRuntime` does.
+processes (``bench/scale_node.py``) acting as compute nodes: each holds one gRPC channel and
+one Node stream per replica and runs its share of the sessions on them, as a `ClientRuntime`
+does (``--session-streams``: one Session stream per session instead, the protocol before Node
+streams).
 
 Jobs are placed (seeded) until there are ``--sessions`` sessions: each job has
 ``--sessions-per-job`` nodes (Hello ``nodes``); ``--multi`` of the jobs (20 %) are on 2–3
@@ -54,7 +56,8 @@ at 85 % of a core or more.
 Everything started is stopped by pid; the run has a deadline.
 
     python bench/scale.py [--replicas 2] [--sessions 1000] [--generators 2] [--seconds 20]
-        [--ramp 10] [--raw] [--profile] [--max-sessions N] [--shed-loop-lag S]
+        [--ramp 10] [--raw] [--session-streams] [--profile] [--max-sessions N]
+        [--shed-loop-lag S]
 """
 
 from __future__ import annotations
@@ -184,6 +187,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                 "fallback": args.fallback,
                 "attach_timeout": args.attach_timeout,
                 "raw": args.raw,
+                "node_streams": not args.session_streams,
                 "out": str(tmp / f"g{g}.json"),
             }
             err = open(tmp / f"g{g}.log", "wb")  # noqa: SIM115 - the child's stderr
@@ -426,6 +430,7 @@ def summarise(
         "sessions_per_job": args.sessions_per_job,
         "generators_n": args.generators,
         "raw": args.raw,
+        "streams": "session" if args.raw or args.session_streams else "node",
         "fallback": None if args.raw else args.fallback,
         "policy": args.policy,
         "capacity": args.capacity,
@@ -490,6 +495,12 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument(
         "--raw", action="store_true", help="sessions speak the protocol themselves (light load)"
+    )
+    parser.add_argument(
+        "--session-streams",
+        action="store_true",
+        help="client-runtime sessions on one Session stream each (the protocol before Node "
+        "streams), not one Node stream per generator and replica",
     )
     parser.add_argument("--profile", action="store_true", help="each controller under cProfile")
     args = parser.parse_args()

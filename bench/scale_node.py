@@ -162,10 +162,12 @@ class Generator:
 
 
 async def runtime_node(spec: dict[str, Any]) -> dict[str, Any]:
-    """Sessions of the client runtime, one `SessionCore` each, on one channel per replica."""
+    """Sessions of the client runtime, one `SessionCore` each, on one channel and node stream
+    per replica (or one Session stream per session, ``node_streams`` false)."""
     from burstctl.client.channel import open_channel
     from burstctl.client.core import SessionCore
     from burstctl.client.job import JobInfo
+    from burstctl.client.link import NodeLink
     from burstctl.client.options import SessionOptions
 
     counter = _Count()
@@ -175,7 +177,10 @@ async def runtime_node(spec: dict[str, Any]) -> dict[str, Any]:
     stream_log.propagate = False
 
     gen = Generator(spec)
-    channels = [open_channel(t) for t in spec["targets"]]
+    links = [
+        NodeLink(open_channel(t), node_streams=spec.get("node_streams", True))
+        for t in spec["targets"]
+    ]
     cores: list[SessionCore | None] = [None] * len(gen.sessions)
 
     async def one(i: int) -> None:
@@ -192,7 +197,7 @@ async def runtime_node(spec: dict[str, Any]) -> dict[str, Any]:
         )
         core = cores[i] = SessionCore(options)
         began = gen.loop.time()
-        await core.start(channels[replica])
+        await core.start(links[replica])
         gen.started[i] = True
 
         async def watch() -> None:
@@ -212,7 +217,8 @@ async def runtime_node(spec: dict[str, Any]) -> dict[str, Any]:
 
     async def close() -> None:
         await asyncio.gather(*(c.close() for c in cores if c is not None), return_exceptions=True)
-        await asyncio.gather(*(ch.close() for ch in channels), return_exceptions=True)
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+        await asyncio.gather(*(link.channel.close() for link in links), return_exceptions=True)
 
     result = await gen.run(one, sample, close)
     result["counts"].update(counter.counts)

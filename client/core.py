@@ -30,6 +30,7 @@ import grpc
 from burstctl.client.bucket import Pattern, Throttle
 from burstctl.client.channel import open_channel
 from burstctl.client.kinds import check_nbytes, op_kind
+from burstctl.client.link import NodeLink
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.stream import SessionStream
@@ -76,8 +77,8 @@ class SessionCore:
         # Loop-only state.
         self._quiet_timer: asyncio.TimerHandle | None = None
         self._quiet_op: int | None = None  # the implicit operation the timer looks after
-        self._channel: grpc.aio.Channel | None = None
-        self._owns_channel = False
+        self._link: NodeLink | None = None
+        self._owns_link = False
         self._closed_event = asyncio.Event()
 
     # ------------------------------------------------------------------ public state
@@ -114,7 +115,7 @@ class SessionCore:
     @property
     def channel(self) -> grpc.aio.Channel | None:
         """The channel the session's stream runs on (None before `start`)."""
-        return self._channel
+        return None if self._link is None else self._link.channel
 
     @property
     def total_wait_seconds(self) -> float:
@@ -275,10 +276,11 @@ class SessionCore:
 
     # ------------------------------------------------------------------ lifecycle (on the loop)
 
-    async def start(self, channel: grpc.aio.Channel | None = None) -> None:
-        """Starts the session on the running loop, on ``channel`` or on a channel of its own.
+    async def start(self, link: NodeLink | None = None) -> None:
+        """Starts the session on the running loop, on ``link`` (its node's stream to the
+        replica, `client/link.py`) or on a channel and stream of its own.
 
-        A channel that is given stays open when the session closes (others may share it).
+        A link that is given stays open when the session closes (others share it).
         """
         with self._lock:
             if self._closed:
@@ -286,18 +288,18 @@ class SessionCore:
             if self._loop is not None:
                 raise RuntimeError("session is already started")
             self._loop = asyncio.get_running_loop()
-        self._owns_channel = channel is None
-        self._channel = (
-            open_channel(self._options.target, self._options.security)
-            if channel is None
-            else channel
+        self._owns_link = link is None
+        self._link = (
+            NodeLink(open_channel(self._options.target, self._options.security))
+            if link is None
+            else link
         )
-        self._stream.start(self._channel)
+        self._stream.start(self._link)
 
     async def close(self) -> None:
         """Says Goodbye, ends the stream and stops every task; idempotent.
 
-        Closes the channel only if the session opened it itself.
+        Closes the link and its channel only if the session opened them itself.
         """
         with self._lock:
             already_closed, self._closed = self._closed, True
@@ -314,8 +316,9 @@ class SessionCore:
         try:
             self._cancel_quiet_timer()
             await self._stream.close()
-            if self._owns_channel and self._channel is not None:
-                await self._channel.close()
+            if self._owns_link and self._link is not None:
+                await self._link.close()
+                await self._link.channel.close()
         finally:
             self._closed_event.set()
 

@@ -1,14 +1,17 @@
 """`ClientRuntime`: one event loop thread and one gRPC channel per controller, for many sessions.
 
 A blocking `Session` needs an asyncio loop to run its stream on. A runtime owns one such loop in
-one daemon thread and, on it, one ``grpc.aio`` channel per controller target; every session
-built on the runtime runs there and streams over that channel (gRPC multiplexes the streams on
-one connection). A process that speaks for many jobs at once (the FUSE mount) builds all their
-sessions on one runtime, so its threads and connections do not grow with the number of jobs.
+one daemon thread and, on it, one ``grpc.aio`` channel per controller target and, on that
+channel, one ``Node`` stream (`client/link.py`: `NodeLink`) that carries every session built on
+the runtime to that controller. A process that speaks for many jobs at once (the FUSE mount,
+the preload agent) builds all their sessions on one runtime, so its threads, connections and
+streams do not grow with the number of jobs, and the controller reads and writes one batch for
+all of them.
 
 Ownership: a session closed on its own says Goodbye and leaves the runtime and its channels
 open for the others. `ClientRuntime.close` closes every session still open on it (they say
-Goodbye in parallel), then the channels, then stops the loop and joins the thread. A `Session`
+Goodbye in parallel), then the node streams and the channels, then stops the loop and joins
+the thread. A `Session`
 built without a runtime gets one of its own, closed with it.
 
 Channels are made and looked up only on the runtime's loop.
@@ -29,6 +32,7 @@ import grpc
 
 from burstctl.client.channel import open_channel
 from burstctl.client.core import SessionCore
+from burstctl.client.link import NodeLink
 from burstctl.common.channels import ChannelSecurity
 
 logger = logging.getLogger(__name__)
@@ -49,8 +53,8 @@ class ClientRuntime:
         self._lock = threading.Lock()
         self._closed = False
         self._closing: concurrent.futures.Future[None] | None = None
-        # One channel per target and credentials (loop only).
-        self._channels: dict[tuple[str, ChannelSecurity], grpc.aio.Channel] = {}
+        # One channel and node stream per target and credentials (loop only).
+        self._links: dict[tuple[str, ChannelSecurity], NodeLink] = {}
         self._cores: set[SessionCore] = set()  # loop only
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._run_loop, name=name, daemon=True)
@@ -75,7 +79,7 @@ class ClientRuntime:
     def channels(self) -> Mapping[str, grpc.aio.Channel]:
         """The open channels by target (read-only snapshot; made only on the loop). Sessions
         to one target with different credentials have a channel each; the last one shows."""
-        return MappingProxyType({target: ch for (target, _), ch in self._channels.items()})
+        return MappingProxyType({target: ln.channel for (target, _), ln in self._links.items()})
 
     @property
     def session_count(self) -> int:
@@ -105,7 +109,7 @@ class ClientRuntime:
     # ------------------------------------------------------------------ sessions
 
     def start_core(self, core: SessionCore) -> None:
-        """Starts ``core`` on the loop, on the runtime's channel to its target."""
+        """Starts ``core`` on the loop, on the runtime's node stream to its target."""
         self.run(self._start_core(core))
 
     def close_core(self, core: SessionCore) -> concurrent.futures.Future[None]:
@@ -123,10 +127,10 @@ class ClientRuntime:
 
     async def _start_core(self, core: SessionCore) -> None:
         key = (core.options.target, core.options.security)
-        channel = self._channels.get(key)
-        if channel is None:
-            channel = self._channels[key] = open_channel(*key)
-        await core.start(channel)
+        link = self._links.get(key)
+        if link is None:
+            link = self._links[key] = NodeLink(open_channel(*key))
+        await core.start(link)
         self._cores.add(core)
 
     async def _close_core(self, core: SessionCore) -> None:
@@ -173,9 +177,10 @@ class ClientRuntime:
                     exc_info=result,
                 )
         self._cores.clear()
-        channels = list(self._channels.values())
-        self._channels.clear()
-        await asyncio.gather(*(c.close() for c in channels), return_exceptions=True)
+        links = list(self._links.values())
+        self._links.clear()
+        await asyncio.gather(*(link.close() for link in links), return_exceptions=True)
+        await asyncio.gather(*(link.channel.close() for link in links), return_exceptions=True)
 
     def _run_loop(self) -> None:
         asyncio.set_event_loop(self._loop)

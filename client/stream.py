@@ -7,9 +7,10 @@ counters for the usage reports; the hot path (``acquire``) never touches it.
 
 Everything here runs on the loop the session was started on, so it needs no lock; only the
 attached flag is also read (and waited on) by other threads, through a condition.
-The channel is given to `SessionStream.start` and never closed here: it may be shared by
-every session of a `ClientRuntime` (`channel` says how it reconnects, and how a stream that
-ends is tried again).
+The session's stream is a leg of its node's one stream to the replica (`client/link.py`:
+`NodeLink`, given to `SessionStream.start` and never closed here: every session of a
+`ClientRuntime` shares it; `channel` says how it reconnects, and how a stream that ends is
+tried again).
 """
 
 from __future__ import annotations
@@ -29,13 +30,13 @@ import grpc
 from burstctl.client.bucket import Throttle
 from burstctl.client.channel import REFUSALS, Backoff, retry_hint
 from burstctl.client.fallback import FallbackPacer
+from burstctl.client.link import Call, Leg, NodeLink
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.usage import UsageReports
 from burstctl.client.windows import MalformedWindows, pattern_of
 from burstctl.common.units import format_rate
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
-from burstctl.proto.burstctl.v1 import controller_pb2_grpc as pb_grpc
 
 logger = logging.getLogger(__name__)
 
@@ -77,8 +78,8 @@ class SessionStream:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
-        self._stub: pb_grpc.ControllerStub | None = None
-        self._call: grpc.aio.StreamStreamCall | None = None
+        self._link: NodeLink | None = None
+        self._call: Call | None = None
         self._outbox: asyncio.Queue[pb.ClientMessage | None] | None = None
         self._writer: asyncio.Task[None] | None = None
         self._stream_task: asyncio.Task[None] | None = None
@@ -86,6 +87,9 @@ class SessionStream:
         self._stream_epoch: int | None = None
         self._stream_epoch_before: int | None = None  # before the allocation being handled
         self._stream_had_allocation = False
+        # The longest the stream's controller lets the session go without a Usage (its
+        # Allocation.heartbeat_seconds); None: it said none, so every report interval.
+        self._heartbeat: float | None = None
         self._lease_deadline = math.inf
         self._lease_changed = asyncio.Event()
         # What the session paces at without a live controller (client/fallback.py).
@@ -137,14 +141,15 @@ class SessionStream:
 
     # ------------------------------------------------------------------ lifecycle
 
-    def start(self, channel: grpc.aio.Channel) -> None:
-        """Starts the stream, the usage reports and the lease watch on the running loop."""
+    def start(self, link: NodeLink) -> None:
+        """Starts the stream (a leg of ``link``'s), the usage reports and the lease watch on the
+        running loop."""
         self._loop = asyncio.get_running_loop()
         now = self._clock()
         self._lease_deadline = now + self._options.attach_timeout
         self._usage.start()
-        self._stub = pb_grpc.ControllerStub(channel)
-        self._stream_task = self._spawn(self._run_streams(channel), "stream")
+        self._link = link
+        self._stream_task = self._spawn(self._run_streams(link.channel), "stream")
         self._spawn(self._report_usage(), "usage")
         self._spawn(self._watch_lease(), "lease")
 
@@ -167,7 +172,9 @@ class SessionStream:
         if outbox is None or writer is None:
             return
         # The last report first: what was moved since the previous one is booked too.
-        outbox.put_nowait(self._usage.take(False, self._stream_epoch or 0))
+        last = self._usage.take(False, self._stream_epoch or 0)
+        if last is not None:
+            outbox.put_nowait(last)
         outbox.put_nowait(pb.ClientMessage(goodbye=pb.Goodbye()))
         outbox.put_nowait(None)  # half-close once everything queued before is written
         # asyncio.wait neither raises nor cancels: a dead controller only costs the timeout.
@@ -212,21 +219,26 @@ class SessionStream:
             self._send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
 
     async def _report_usage(self) -> None:
-        """The heartbeat: a Usage every ``report_interval``, idle or not."""
+        """The periodic reports: every ``report_interval`` a Usage if it says something new,
+        and one at least every heartbeat the controller asked for, idle or not."""
         interval = self._options.report_interval
         next_at = self._clock() + interval
         while True:
             await asyncio.sleep(max(0.0, next_at - self._clock()))
-            self.send_usage(False)
+            self.send_usage(False, periodic=True)
             next_at += interval
             # After a stall, skip the missed ticks instead of sending a burst of reports.
             next_at = max(next_at, self._clock() + interval / 2)
 
-    def send_usage(self, force_waiting: bool) -> None:
-        """Reports the throttle's counters since the last report (if a stream is open)."""
+    def send_usage(self, force_waiting: bool, periodic: bool = False) -> None:
+        """Reports the throttle's counters since the last report (if a stream is open); a
+        ``periodic`` one only if it says something new or the heartbeat is due."""
         if self._outbox is None or self._stopping:
             return
-        self._send(self._usage.take(force_waiting, self._stream_epoch or 0))
+        heartbeat = self._heartbeat if periodic else None
+        report = self._usage.take(force_waiting, self._stream_epoch or 0, heartbeat)
+        if report is not None:
+            self._send(report)
 
     # ------------------------------------------------------------------ the stream
 
@@ -240,6 +252,8 @@ class SessionStream:
                 # Waits through the channel's own reconnect backoff while the controller is away.
                 await channel.channel_ready()
                 code = await self._run_stream()
+                if code is None:
+                    continue  # again at once, as a Session stream
             except grpc.aio.AioRpcError as err:
                 code = err.code()
                 hint = retry_hint(err)
@@ -272,10 +286,11 @@ class SessionStream:
                 delay = max(delay, hint * random.uniform(1.0, 1.5))
             await asyncio.sleep(delay)
 
-    async def _run_stream(self) -> grpc.StatusCode:
-        """Runs one stream until it ends; returns its status (non-OK ones raise)."""
-        assert self._stub is not None
-        call = self._stub.Session()
+    async def _run_stream(self) -> grpc.StatusCode | None:
+        """Runs one stream until it ends; returns its status (non-OK ones raise), or None when
+        the controller predates Node streams (the link opens a Session stream next)."""
+        assert self._link is not None
+        call = self._link.open()
         outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
         outbox.put_nowait(self._hello())
         # A new stream knows nothing: re-post every operation still open, with its old id.
@@ -283,13 +298,19 @@ class SessionStream:
             outbox.put_nowait(pb.ClientMessage(op_posted=posted))
         self._call, self._outbox = call, outbox
         self._stream_epoch = None
+        self._heartbeat = None
         self._stream_had_allocation = False
         if self._space is not None:
             self._space.new_stream()
         writer = self._writer = self._spawn(self._write(call, outbox), "writer")
         try:
             while True:
-                message = await call.read()
+                try:
+                    message = await call.read()
+                except grpc.aio.AioRpcError as err:
+                    if err.code() is grpc.StatusCode.UNIMPLEMENTED and isinstance(call, Leg):
+                        return None
+                    raise
                 if message is grpc.aio.EOF:
                     break
                 self._on_server_message(message)
@@ -309,9 +330,7 @@ class SessionStream:
             with contextlib.suppress(asyncio.CancelledError):
                 await writer
 
-    async def _write(
-        self, call: grpc.aio.StreamStreamCall, outbox: asyncio.Queue[pb.ClientMessage | None]
-    ) -> None:
+    async def _write(self, call: Call, outbox: asyncio.Queue[pb.ClientMessage | None]) -> None:
         try:
             # Hello opens the stream on its own (the controller reads it alone), and nothing
             # follows it until the controller admitted the stream (its initial metadata): a
@@ -407,6 +426,8 @@ class SessionStream:
         body = message.WhichOneof("body")
         if body == "allocation":
             self._on_allocation(message.allocation)
+        elif body == "renew":
+            self._on_renew(message.renew.lease_seconds)
         elif body == "error":
             error = message.error
             logger.warning(
@@ -456,6 +477,8 @@ class SessionStream:
             )
             share = 0.0
         self._stream_epoch_before, self._stream_epoch = self._stream_epoch, allocation.epoch
+        heartbeat = allocation.heartbeat_seconds
+        self._heartbeat = heartbeat if 0 < heartbeat < math.inf else None
         self._lease_deadline = self._clock() + lease
         self._lease_changed.set()
         before = self._throttle.rate
@@ -488,6 +511,16 @@ class SessionStream:
         self._detached_logged = False
         self._refused = None
         self._set_attached(True)
+
+    def _on_renew(self, lease: float) -> None:
+        """The node stream's controller renews every allocation in force on it."""
+        if self._stream_epoch is None or self._fallback.active:
+            return  # nothing in force to renew
+        if not 0 < lease < math.inf:
+            logger.error("ignoring a renewal with lease_seconds=%r", lease)
+            return
+        self._lease_deadline = self._clock() + lease
+        self._lease_changed.set()
 
     # ------------------------------------------------------------------ lease and fallback
 
@@ -540,8 +573,9 @@ class SessionStream:
                 assert self._loop is not None
                 self._space_timer = self._loop.call_later(grace, self._space_grace_expired)
         if self._stream_had_allocation and self._call is not None:
-            # The controller on this stream stopped renewing: treat the stream as dead.
-            self._call.cancel()
+            # The controller on this stream stopped renewing: treat the stream as dead, and
+            # say what the session goes on pacing at (counted until it is back).
+            self._call.leave(rate if math.isfinite(rate) else 0.0)
 
     def _space_grace_expired(self) -> None:
         """No controller for ``fallback_grace`` after the lease ran out: the space limit is no

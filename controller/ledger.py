@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Mapping
-from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -42,7 +41,7 @@ def _counters(data: Any) -> Counters:
     if not isinstance(data, dict):
         raise ValueError("counters must be an object")
     c = Counters(**data)  # TypeError on an unknown field
-    for name, value in asdict(c).items():
+    for name, value in c.as_dict().items():
         kind = float if name == "wait_seconds" else int
         if isinstance(value, bool) or not isinstance(value, kind | int) or value < 0:
             raise ValueError(f"{name} must be a number >= 0, got {value!r}")
@@ -135,7 +134,7 @@ class Ledger:
     def write(self, snapshot: Mapping[str, Any]) -> None:
         """Writes ``snapshot`` (`DurableFile.save`: atomically); runs in a thread."""
         jobs = {
-            job_id: {"counters": asdict(c), "booked": {k: asdict(v) for k, v in b.items()}}
+            job_id: {"counters": c.as_dict(), "booked": {k: v.as_dict() for k, v in b.items()}}
             for part in ("carried", "entries")
             for job_id, (c, b) in snapshot[part].items()
         }

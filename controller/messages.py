@@ -31,6 +31,9 @@ _KINDS = {
 }
 
 
+INF = math.inf
+
+
 class Malformed:
     """Stands for a request that did not decode; the handler rejects it."""
 
@@ -109,14 +112,19 @@ def decoded(raw: pb.ClientMessage | Malformed) -> pb.ClientMessage:
 
 def check_usage(u: pb.Usage, where: str) -> Counters | None:
     """A Usage report's counters checked; its cumulative totals (None: it carries none)."""
-    if u.bytes < 0:
-        raise ProtocolError(f"{where}usage.bytes", f"must be >= 0, got {u.bytes}")
-    if u.ops < 0:
-        raise ProtocolError(f"{where}usage.ops", f"must be >= 0, got {u.ops}")
-    for name in ("wait_seconds", "interval_seconds"):
-        value = getattr(u, name)
-        if not (math.isfinite(value) and value >= 0):
-            raise ProtocolError(f"{where}usage.{name}", f"must be finite and >= 0, got {value}")
+    # One test on the usual path (every report of every session comes here); the field at
+    # fault is looked for only when it fails.
+    if not (
+        u.bytes >= 0 and u.ops >= 0 and 0 <= u.wait_seconds < INF and 0 <= u.interval_seconds < INF
+    ):
+        if u.bytes < 0:
+            raise ProtocolError(f"{where}usage.bytes", f"must be >= 0, got {u.bytes}")
+        if u.ops < 0:
+            raise ProtocolError(f"{where}usage.ops", f"must be >= 0, got {u.ops}")
+        for name in ("wait_seconds", "interval_seconds"):
+            value = getattr(u, name)
+            if not (math.isfinite(value) and value >= 0):
+                raise ProtocolError(f"{where}usage.{name}", f"must be finite and >= 0, got {value}")
     return _totals(u, where) if u.HasField("totals") else None
 
 
@@ -136,6 +144,22 @@ def check_op_posted(p: pb.OpPosted, where: str, max_op_volume: int) -> OpKind:
 def _totals(u: pb.Usage, where: str) -> Counters:
     """The session's cumulative counters of a Usage, checked."""
     t = u.totals
+    counters = Counters(
+        bytes=t.bytes,
+        bytes_read=t.bytes_read,
+        bytes_written=t.bytes_written,
+        ops=t.ops,
+        metadata_ops=t.metadata_ops,
+        wait_seconds=t.wait_seconds,
+    )
+    c = counters
+    if (
+        min(c.bytes, c.bytes_read, c.bytes_written, c.ops, c.metadata_ops) >= 0
+        and 0 <= c.wait_seconds < INF
+        and c.bytes_read + c.bytes_written <= c.bytes
+        and c.metadata_ops <= c.ops
+    ):
+        return counters
     name = f"{where}usage.totals"
     for field_name in ("bytes", "bytes_read", "bytes_written", "ops", "metadata_ops"):
         value = getattr(t, field_name)
@@ -147,13 +171,4 @@ def _totals(u: pb.Usage, where: str) -> Counters:
         )
     if t.bytes_read + t.bytes_written > t.bytes:
         raise ProtocolError(f"{name}.bytes", f"bytes_read + bytes_written exceed bytes ({t.bytes})")
-    if t.metadata_ops > t.ops:
-        raise ProtocolError(f"{name}.metadata_ops", f"exceeds ops ({t.ops})")
-    return Counters(
-        bytes=t.bytes,
-        bytes_read=t.bytes_read,
-        bytes_written=t.bytes_written,
-        ops=t.ops,
-        metadata_ops=t.metadata_ops,
-        wait_seconds=t.wait_seconds,
-    )
+    raise ProtocolError(f"{name}.metadata_ops", f"exceeds ops ({t.ops})")

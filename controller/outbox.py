@@ -1,7 +1,10 @@
-"""The outgoing side of one ``Session`` stream: ``StreamOutbox``.
+"""The outgoing side of one session: ``StreamOutbox``.
 
 The scheduler offers a session its allocations through the outbox it was opened with
-(``records.Outbox``); the servicer's writer loop takes the next message from it.
+(``records.Outbox``). On a ``Session`` stream the servicer's writer loop awaits the next
+message (`StreamOutbox.next`); on a ``Node`` stream the outbox tells the stream it has
+something (its ``notify``) and the stream's one writer takes what every such outbox holds
+(`StreamOutbox.take`) into one batch (``controller/node.py``).
 """
 
 from __future__ import annotations
@@ -40,7 +43,9 @@ class StreamOutbox:
         "_errors",
         "_event",
         "_fallback_rate",
+        "_heartbeat",
         "_last",
+        "_notify",
         "_replica",
         "_space",
         "_waiting",
@@ -53,10 +58,16 @@ class StreamOutbox:
         max_notices: int = DEFAULT_MAX_NOTICES,
         clock: Callable[[], float] = time.monotonic,
         fallback_rate: float = 0.0,
+        notify: Callable[[], None] | None = None,
+        heartbeat: float = 0.0,
     ) -> None:
         self._event = asyncio.Event()
+        # Called whenever there is something to take (a Node stream's writer), else the
+        # event `next` waits on is set.
+        self._notify = notify or self._event.set
         # the session's share of the replica's fallback budget, in every Allocation
         self._fallback_rate = fallback_rate
+        self._heartbeat = heartbeat  # the longest the client may stay silent, in every Allocation
         self._allocation: tuple[float, float, int, float, str, Schedule | None] | None = None
         self._clock = clock  # the clock of the schedules' origins (the job table's)
         self._errors: deque[tuple[str, str, str]] = deque()  # (code, field, message)
@@ -105,14 +116,14 @@ class StreamOutbox:
 
     def offer(self, rate: float, burst: float, epoch: int, lease: float, policy: str) -> None:
         self._allocation = (rate, burst, epoch, lease, policy, None)  # an unsent one is moot
-        self._event.set()
+        self._notify()
 
     def offer_windows(
         self, rate: float, burst: float, epoch: int, lease: float, policy: str, windows: Schedule
     ) -> None:
         """An allocation with a periodic pattern of windows (``rate``: the pattern's mean)."""
         self._allocation = (rate, burst, epoch, lease, policy, windows)
-        self._event.set()
+        self._notify()
 
     def offer_space(self, limit: int | None) -> None:
         """Sets the space limit every allocation carries from now on. A rise reaches the
@@ -125,7 +136,7 @@ class StreamOutbox:
         self._space = limit
         if self._allocation is None and self._last is not None:
             self._allocation = self._last
-        self._event.set()
+        self._notify()
 
     def _windows(self, schedule: Schedule) -> pb.Windows:
         """The pattern on the wire: its origin as seconds from now (the client's receipt,
@@ -149,7 +160,7 @@ class StreamOutbox:
             self._dropped += 1
             return
         self._errors.append((code.name, field_name, message))
-        self._event.set()
+        self._notify()
 
     @property
     def queued_notices(self) -> int:
@@ -158,53 +169,66 @@ class StreamOutbox:
     def end(self, code: grpc.StatusCode = grpc.StatusCode.OK, details: str = "") -> None:
         if self._end is None:
             self._end = (code, details)
-        self._event.set()
+        self._notify()
         self._release(lambda e: True)  # nothing more will be applied: nobody waits on it
 
     @property
     def ended(self) -> tuple[grpc.StatusCode, str] | None:
         return self._end
 
+    @property
+    def finished(self) -> bool:
+        """Nothing more will be taken: the stream ended (a graceful end once every queued
+        notice is out; a client that half-closes after its last message still learns of every
+        error, at most max_notices + 1 messages)."""
+        end = self._end
+        return end is not None and (
+            end[0] is not grpc.StatusCode.OK or not (self._errors or self._dropped)
+        )
+
+    def take(self) -> pb.ServerMessage | None:
+        """The next message to write, or None when there is none now (or ever: `finished`)."""
+        if self.finished:
+            return None
+        if self._errors:
+            code, field_name, message = self._errors.popleft()
+            return pb.ServerMessage(error=pb.Error(code=code, field=field_name, message=message))
+        if self._dropped:
+            dropped, self._dropped = self._dropped, 0
+            return pb.ServerMessage(
+                error=pb.Error(
+                    code=grpc.StatusCode.RESOURCE_EXHAUSTED.name,
+                    message=f"{dropped} more error notices dropped "
+                    f"(max_notices = {self.max_notices} queued per session)",
+                )
+            )
+        if self._allocation is None or self._end is not None:
+            return None
+        rate, burst, epoch, lease, policy, schedule = self._last = self._allocation
+        self._allocation = None
+        allocation = pb.Allocation(
+            rate=rate,
+            burst=burst,
+            epoch=epoch,
+            lease_seconds=lease,
+            policy=policy,
+            replica_id=self._replica,
+            fallback_rate=self._fallback_rate,
+            heartbeat_seconds=self._heartbeat,
+        )
+        if self._space is not None:
+            allocation.space.limit = self._space
+        if schedule is not None:
+            # Computed last, just before the write: the origin's error is the delay.
+            allocation.windows.CopyFrom(self._windows(schedule))
+        return pb.ServerMessage(allocation=allocation)
+
     async def next(self) -> pb.ServerMessage | None:
         """The next message to write, or None once the stream should end."""
-        while True:
-            # A graceful end first tells what is queued (at most max_notices + 1 messages):
-            # a client that half-closes after its last message still learns of every error.
-            if self._end is not None and (
-                self._end[0] is not grpc.StatusCode.OK or not (self._errors or self._dropped)
-            ):
-                return None
-            if self._errors:
-                code, field_name, message = self._errors.popleft()
-                return pb.ServerMessage(
-                    error=pb.Error(code=code, field=field_name, message=message)
-                )
-            if self._dropped:
-                dropped, self._dropped = self._dropped, 0
-                return pb.ServerMessage(
-                    error=pb.Error(
-                        code=grpc.StatusCode.RESOURCE_EXHAUSTED.name,
-                        message=f"{dropped} more error notices dropped "
-                        f"(max_notices = {self.max_notices} queued per session)",
-                    )
-                )
-            if self._allocation is not None:
-                rate, burst, epoch, lease, policy, schedule = self._last = self._allocation
-                self._allocation = None
-                allocation = pb.Allocation(
-                    rate=rate,
-                    burst=burst,
-                    epoch=epoch,
-                    lease_seconds=lease,
-                    policy=policy,
-                    replica_id=self._replica,
-                    fallback_rate=self._fallback_rate,
-                )
-                if self._space is not None:
-                    allocation.space.limit = self._space
-                if schedule is not None:
-                    # Computed last, just before the write: the origin's error is the delay.
-                    allocation.windows.CopyFrom(self._windows(schedule))
-                return pb.ServerMessage(allocation=allocation)
+        while not self.finished:
+            message = self.take()
+            if message is not None:
+                return message
             self._event.clear()
             await self._event.wait()
+        return None

@@ -12,9 +12,9 @@ table (``controller/jobs.py``) is the one that changes them.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from burstctl.policies.accounting import JobAccount
 from burstctl.policies.schedule import Schedule
@@ -64,26 +64,49 @@ class Counters:
     metadata_ops: int = 0
     wait_seconds: float = 0.0
 
+    # Written out field by field: these run for every usage report.
     def __add__(self, other: Counters) -> Counters:
-        return _combine(self, other, lambda x, y: x + y)
+        return Counters(
+            self.bytes + other.bytes,
+            self.bytes_read + other.bytes_read,
+            self.bytes_written + other.bytes_written,
+            self.ops + other.ops,
+            self.metadata_ops + other.metadata_ops,
+            self.wait_seconds + other.wait_seconds,
+        )
 
     def beyond(self, booked: Counters) -> Counters:
         """What these totals add to the totals ``booked`` before, per field (never < 0)."""
-        return _combine(self, booked, lambda x, y: max(x - y, 0))
+        return Counters(
+            max(self.bytes - booked.bytes, 0),
+            max(self.bytes_read - booked.bytes_read, 0),
+            max(self.bytes_written - booked.bytes_written, 0),
+            max(self.ops - booked.ops, 0),
+            max(self.metadata_ops - booked.metadata_ops, 0),
+            max(self.wait_seconds - booked.wait_seconds, 0),
+        )
 
     def at_least(self, other: Counters) -> Counters:
-        return _combine(self, other, max)
+        return Counters(
+            max(self.bytes, other.bytes),
+            max(self.bytes_read, other.bytes_read),
+            max(self.bytes_written, other.bytes_written),
+            max(self.ops, other.ops),
+            max(self.metadata_ops, other.metadata_ops),
+            max(self.wait_seconds, other.wait_seconds),
+        )
 
-
-def _combine(a: Counters, b: Counters, op: Callable[[Any, Any], Any]) -> Counters:
-    return Counters(
-        bytes=op(a.bytes, b.bytes),
-        bytes_read=op(a.bytes_read, b.bytes_read),
-        bytes_written=op(a.bytes_written, b.bytes_written),
-        ops=op(a.ops, b.ops),
-        metadata_ops=op(a.metadata_ops, b.metadata_ops),
-        wait_seconds=op(a.wait_seconds, b.wait_seconds),
-    )
+    def as_dict(self) -> dict[str, int | float]:
+        """The fields by name (``dataclasses.asdict`` without its recursion: the ledger writes
+        one per job and session every save)."""
+        return {
+            "bytes": self.bytes,
+            "bytes_read": self.bytes_read,
+            "bytes_written": self.bytes_written,
+            "ops": self.ops,
+            "metadata_ops": self.metadata_ops,
+            "wait_seconds": self.wait_seconds,
+        }
 
 
 # Sessions' booked totals a job remembers (one per client_id, least recently reporting

@@ -96,6 +96,21 @@ class Acknowledging(Protocol):
     def applied(self, epoch: int) -> asyncio.Future[None]: ...
 
 
+_OUTBOX_KINDS: dict[type, tuple[bool, bool]] = {}
+
+
+def _outbox_kind(kind: type) -> tuple[bool, bool]:
+    """Whether outboxes of a class carry windows and acknowledge: the protocols checked once
+    per class, not per push (a protocol check walks the class's attributes)."""
+    known = _OUTBOX_KINDS.get(kind)
+    if known is None:
+        known = _OUTBOX_KINDS[kind] = (
+            issubclass(kind, WindowsOutbox),
+            issubclass(kind, Acknowledging),
+        )
+    return known
+
+
 class GlobalTargets(Protocol):
     """This replica's part of the global split (the peer exchange), when it has one."""
 
@@ -434,11 +449,12 @@ class Scheduler:
         before = session.offered
         session.offered = offer[0]
         rate, burst, epoch, lease, policy, schedule = offer
-        if schedule is not None and isinstance(outbox, WindowsOutbox):
+        windows, acknowledging = _outbox_kind(type(outbox))
+        if schedule is not None and windows:
             outbox.offer_windows(rate, burst, epoch, lease, policy, schedule)
         else:  # a plain rate; an outbox that knows no windows gets the pattern's mean rate
             outbox.offer(rate, burst, epoch, lease, policy)
-        if lowered and isinstance(outbox, Acknowledging):
+        if lowered and acknowledging:
             applied = outbox.applied(offer[2])
             if not applied.done():
                 self._unapplied[applied] = (session, before)

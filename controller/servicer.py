@@ -22,7 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import grpc
 
@@ -40,6 +40,7 @@ from burstctl.common.limits import (
 from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.ghosts import Ghosts
 from burstctl.controller.jobs import JobTable, LimitError, ProtocolError
+from burstctl.controller.load import LoopLag, client_host
 from burstctl.controller.messages import (
     Malformed,
     check_buffer,
@@ -50,6 +51,7 @@ from burstctl.controller.messages import (
     validate_hello,
     validate_purpose,
 )
+from burstctl.controller.node import NodeStream
 from burstctl.controller.outbox import StreamOutbox
 from burstctl.controller.records import JobMeta, SessionRecord
 from burstctl.controller.trust import ClientTrust, Gate, Refused, UnregisteredLimits, admit
@@ -59,46 +61,9 @@ log = logging.getLogger(__name__)
 
 SERVICE_NAME = "burstctl.v1.Controller"
 
-
-class LoopLag:
-    """How late the event loop runs a timer, probed every ``interval`` seconds.
-
-    ``value`` follows a rise at once and decays by ``DECAY`` per probe (a half-life of about
-    0.7 s), so one stall counts for a moment, not for ever; ``peak`` is the largest seen.
-    """
-
-    DECAY = 0.9
-
-    def __init__(self, interval: float = 0.1) -> None:
-        self.interval = interval
-        self.value = 0.0
-        self.peak = 0.0
-
-    def sample(self, late: float) -> None:
-        late = max(0.0, late)
-        self.value = (
-            late if late > self.value else self.DECAY * self.value + (1 - self.DECAY) * late
-        )
-        self.peak = max(self.peak, late)
-
-    async def run(self) -> None:
-        loop = asyncio.get_running_loop()
-        while True:
-            start = loop.time()
-            await asyncio.sleep(self.interval)
-            self.sample(loop.time() - start - self.interval)
-
-
-def client_host(peer: str) -> str:
-    """The host of a gRPC peer string: ``ipv4:10.0.0.7:5432`` → ``10.0.0.7``,
-    ``ipv6:[::1]:5432`` → ``::1``; anything else (``unix:…``) as it is."""
-    scheme, sep, rest = peer.partition(":")
-    if not sep or scheme not in ("ipv4", "ipv6"):
-        return peer
-    host, sep, port = rest.rpartition(":")
-    if not sep or not port.isdigit():
-        return rest
-    return host[1:-1] if host.startswith("[") and host.endswith("]") else host
+# A client is told to report at least this many times per heartbeat timeout (an idle or steady
+# session says nothing new in between: docs/protocol.md, "Usage when it changes").
+HEARTBEATS_PER_TIMEOUT = 3
 
 
 class ControllerServicer:
@@ -151,7 +116,8 @@ class ControllerServicer:
             max_nodes=MAX_NODES, max_priority=MAX_PRIORITY
         )
         self.denied = 0  # sessions refused by the trust rules (PERMISSION_DENIED, ...)
-        self.streams: dict[int, StreamOutbox] = {}
+        self.streams: dict[int, StreamOutbox] = {}  # the open sessions' outboxes
+        self.node_streams = 0  # Node streams open (each carries any number of sessions)
         self._goodbyes: set[int] = set()  # sessions that said Goodbye (their books close clean)
         self._per_client: dict[str, int] = {}  # open sessions by client host
         self.messages = 0  # client messages handled, for stats
@@ -161,12 +127,16 @@ class ControllerServicer:
     def rpc_handlers(self) -> grpc.GenericRpcHandler:
         # Registered by hand (not the generated helper) so that an undecodable
         # request reaches the handler and gets INVALID_ARGUMENT, not INTERNAL.
-        handler = grpc.stream_stream_rpc_method_handler(
-            self.session,
-            request_deserializer=decode_client_message,
-            response_serializer=pb.ServerMessage.SerializeToString,
-        )
-        return grpc.method_handlers_generic_handler(SERVICE_NAME, {"Session": handler})
+        methods = {"Session": self.session, "Node": self.node}
+        handlers = {
+            name: grpc.stream_stream_rpc_method_handler(
+                method,
+                request_deserializer=decode_client_message,
+                response_serializer=pb.ServerMessage.SerializeToString,
+            )
+            for name, method in methods.items()
+        }
+        return grpc.method_handlers_generic_handler(SERVICE_NAME, handlers)
 
     def admit(self, client: str) -> None:
         """Raises ``LimitError`` if one more session (from host ``client``) is too many, or
@@ -261,11 +231,118 @@ class ControllerServicer:
             limits=self.unregistered,
         )
 
+    def open(
+        self,
+        first: pb.ClientMessage | Malformed,
+        context: grpc.aio.ServicerContext,
+        client: str,
+        notify: Callable[[], None] | None = None,
+    ) -> tuple[SessionRecord, StreamOutbox]:
+        """Admits a session from its Hello (``first``) and opens its record and outbox.
+
+        Raises ``ProtocolError`` (a bad Hello, naming the field), ``LimitError`` (a limit,
+        load shedding) or ``Refused`` (the trust rules): see `refusal`. ``notify``: the
+        outbox's (a Node stream's writer)."""
+        hello = decoded(first)
+        meta, client_id, host = validate_hello(hello)
+        drain = validate_purpose(hello.hello)
+        buffer = hello.hello.buffer if hello.hello.HasField("buffer") else None
+        if buffer is not None:
+            self._check_buffer(buffer, client_id, "hello.buffer")
+        self.admit(client)
+        meta = self._admit(meta, context)
+        stream = StreamOutbox(
+            self.replica_id,
+            self.max_notices,
+            self.table.clock,
+            fallback_rate=self.fallback_shares[1 if drain else 0],
+            notify=notify,
+            heartbeat=self.table.heartbeat_timeout / HEARTBEATS_PER_TIMEOUT,
+        )
+        session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
+        # What the client paces at now (kept from an earlier stream) is in force until it
+        # acknowledges a lower rate: the scheduler's increases for others wait for that.
+        session.offered = min(hello.hello.pacing_rate, self.capacities[1 if drain else 0])
+        self.ghosts.claim((client_id, session.job.job_id, drain))  # counted as this now
+        self.streams[session.sid] = stream
+        if buffer is not None:
+            self._open_holder(session, buffer)
+        self._per_client[client] = self._per_client.get(client, 0) + 1
+        log.debug(
+            "session %d opened: job %s from %s (%s)",
+            session.sid,
+            meta.job_id,
+            host,
+            context.peer(),
+        )
+        return session, stream
+
+    def close(self, session: SessionRecord, client: str, leaving: float | None = None) -> None:
+        """Closes a session whose stream (or Node-stream session) ended. ``leaving``: the
+        rate its client said it goes on pacing at (``Leave``); None: it said nothing, and
+        may have given the stream up all the same (`_gave_up`)."""
+        if self.books is not None and session.sid in self.books.holders:
+            self.books.close(session.sid, clean=session.sid in self._goodbyes)
+            self.request_grant()
+        if session.sid not in self._goodbyes and (
+            (leaving is not None and leaving > 0) or (leaving is None and self._gave_up(session))
+        ):
+            # its client may go on pacing under its fallback
+            share = self.fallback_shares[1 if session.drain else 0]
+            cap = self.capacities[1 if session.drain else 0]
+            paced = session.offered if leaving is None else min(leaving, cap)
+            self.ghosts.add(
+                (session.client_id, session.job.job_id, session.drain), max(paced, share)
+            )
+        ended = self.streams.pop(session.sid, None)
+        if ended is not None:
+            ended.end()  # releases whoever waits for an acknowledgement that cannot come
+            left = self._per_client[client] - 1
+            if left:
+                self._per_client[client] = left
+            else:
+                del self._per_client[client]
+        self.table.close_session(session)
+        self._goodbyes.discard(session.sid)
+        log.debug("session %d closed", session.sid)
+
+    def refusal(self, exc: LimitError | Refused) -> tuple[grpc.StatusCode, str, int]:
+        """How a session refused at its Hello ends: status, details, and the retry hint in ms
+        (0: none) of a refusal for load; counted."""
+        if isinstance(exc, Refused):
+            self.denied += 1
+            log.warning("session refused: %s", exc)
+            return exc.code, str(exc), 0
+        self.refused += 1
+        if exc.retry:
+            # Load shedding can refuse many Hellos a second: not a warning each.
+            log.debug("session refused: %s", exc)
+            return (
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"{exc}; retry in {self.retry_after:g} s",
+                round(self.retry_after * 1000),
+            )
+        log.warning("session refused: %s", exc)
+        return grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc), 0
+
+    async def node(
+        self,
+        requests: AsyncIterator[pb.ClientMessage | Malformed],
+        context: grpc.aio.ServicerContext,
+    ) -> None:
+        """One ``Node`` stream: many sessions of one client node (``controller/node.py``)."""
+        self.node_streams += 1
+        try:
+            await NodeStream(self, context, client_host(context.peer())).run(requests)
+        finally:
+            self.node_streams -= 1
+
     async def session(
         self,
         requests: AsyncIterator[pb.ClientMessage | Malformed],
         context: grpc.aio.ServicerContext,
     ) -> None:
+        """One ``Session`` stream: one session, its messages untagged."""
         session: SessionRecord | None = None
         reader: asyncio.Task[None] | None = None
         client = client_host(context.peer())
@@ -274,36 +351,7 @@ class ControllerServicer:
                 first = await anext(aiter(requests))
             except StopAsyncIteration:
                 return
-            hello = decoded(first)
-            meta, client_id, host = validate_hello(hello)
-            drain = validate_purpose(hello.hello)
-            buffer = hello.hello.buffer if hello.hello.HasField("buffer") else None
-            if buffer is not None:
-                self._check_buffer(buffer, client_id, "hello.buffer")
-            self.admit(client)
-            meta = self._admit(meta, context)
-            stream = StreamOutbox(
-                self.replica_id,
-                self.max_notices,
-                self.table.clock,
-                fallback_rate=self.fallback_shares[1 if drain else 0],
-            )
-            session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
-            # What the client paces at now (kept from an earlier stream) is in force until it
-            # acknowledges a lower rate: the scheduler's increases for others wait for that.
-            session.offered = min(hello.hello.pacing_rate, self.capacities[1 if drain else 0])
-            self.ghosts.claim((client_id, session.job.job_id, drain))  # counted as this now
-            self.streams[session.sid] = stream
-            if buffer is not None:
-                self._open_holder(session, buffer)
-            self._per_client[client] = self._per_client.get(client, 0) + 1
-            log.debug(
-                "session %d opened: job %s from %s (%s)",
-                session.sid,
-                meta.job_id,
-                host,
-                context.peer(),
-            )
+            session, stream = self.open(first, context, client)
             # Admitted: say so at once with the (empty) initial metadata, before any allocation
             # is decided. A client writes nothing after its Hello until then, so that none of
             # its writes is in flight when a refusal ends the stream (docs/protocol.md, "Errors").
@@ -320,39 +368,20 @@ class ControllerServicer:
             self.rejected += 1
             log.warning("session rejected (%s): %s", context.peer(), exc)
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
-        except LimitError as exc:
-            await self._refuse(exc, context)
-        except Refused as exc:
-            self.denied += 1
-            log.warning("session refused (%s): %s", context.peer(), exc)
-            await context.abort(exc.code, str(exc))
+        except (LimitError, Refused) as exc:
+            code, details, retry_ms = self.refusal(exc)
+            await context.abort(
+                code,
+                details,
+                trailing_metadata=((RETRY_AFTER_KEY, str(retry_ms)),) if retry_ms else (),
+            )
         finally:
             if reader is not None and not reader.done():
                 reader.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await reader
             if session is not None:
-                if self.books is not None and session.sid in self.books.holders:
-                    self.books.close(session.sid, clean=session.sid in self._goodbyes)
-                    self.request_grant()
-                if session.sid not in self._goodbyes and self._gave_up(session):
-                    # its client may go on pacing under its fallback
-                    share = self.fallback_shares[1 if session.drain else 0]
-                    self.ghosts.add(
-                        (session.client_id, session.job.job_id, session.drain),
-                        max(session.offered, share),
-                    )
-                ended = self.streams.pop(session.sid, None)
-                if ended is not None:
-                    ended.end()  # releases whoever waits for an acknowledgement that cannot come
-                    left = self._per_client[client] - 1
-                    if left:
-                        self._per_client[client] = left
-                    else:
-                        del self._per_client[client]
-                self.table.close_session(session)
-                self._goodbyes.discard(session.sid)
-                log.debug("session %d closed", session.sid)
+                self.close(session, client)
 
     def _gave_up(self, session: SessionRecord) -> bool:
         """Whether the client of a stream that ended without a Goodbye may have given it up
@@ -373,22 +402,6 @@ class ControllerServicer:
             return False  # it came back already: its new stream declared its rate
         return self.table.clock() - session.pushed_at > 0.75 * self.lease
 
-    async def _refuse(self, exc: LimitError, context: grpc.aio.ServicerContext) -> None:
-        """Ends a stream refused by a limit: RESOURCE_EXHAUSTED, with a retry hint if the
-        limit is one of load (the client waits that long before its next Hello)."""
-        self.refused += 1
-        if exc.retry:
-            # Load shedding can refuse many Hellos a second: not a warning each.
-            log.debug("session refused (%s): %s", context.peer(), exc)
-            await context.abort(
-                grpc.StatusCode.RESOURCE_EXHAUSTED,
-                f"{exc}; retry in {self.retry_after:g} s",
-                trailing_metadata=((RETRY_AFTER_KEY, str(round(self.retry_after * 1000))),),
-            )
-        else:
-            log.warning("session refused (%s): %s", context.peer(), exc)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(exc))
-
     async def _read(
         self,
         requests: AsyncIterator[pb.ClientMessage | Malformed],
@@ -404,11 +417,11 @@ class ControllerServicer:
                         raise ProtocolError("batch.messages", f"more than {MAX_BATCH} messages")
                     going_on = True
                     for i, inner in enumerate(batch):
-                        going_on = self._handle(session, inner, f"batch.messages[{i}].")
+                        going_on = self.handle(session, inner, f"batch.messages[{i}].")
                         if not going_on:
                             break
                 else:
-                    going_on = self._handle(session, msg, "")
+                    going_on = self.handle(session, msg, "")
                 if not going_on:
                     break
         except ProtocolError as exc:
@@ -427,7 +440,7 @@ class ControllerServicer:
             log.debug("session %d reader ended: %r", session.sid, exc)
         stream.end()
 
-    def _handle(self, session: SessionRecord, msg: pb.ClientMessage, where: str) -> bool:
+    def handle(self, session: SessionRecord, msg: pb.ClientMessage, where: str) -> bool:
         """Applies one message to the job table; False once the client said goodbye."""
         self.messages += 1
         kind = msg.WhichOneof("body")
@@ -474,6 +487,8 @@ class ControllerServicer:
             raise ProtocolError(f"{where}hello", "only the first message of a session")
         elif kind == "batch":
             raise ProtocolError(f"{where}batch", "batches do not nest")
+        elif kind == "leave":
+            raise ProtocolError(f"{where}leave", "only on a Node stream")
         else:
             raise ProtocolError(f"{where}body", "empty message")
         return True

@@ -3,6 +3,11 @@
 `FakeController` is a real ``grpc.aio`` server on a loopback port, run on its own event loop in
 its own thread so that blocking tests and asyncio tests can both drive it. It records every
 ClientMessage it receives (per stream) and lets the test push Allocations or end streams.
+
+It speaks the protocol as it was before Node streams: it serves ``Session`` only, so a ``Node``
+call gets ``UNIMPLEMENTED`` as from an older controller, and the client runtime goes on with one
+``Session`` stream per session (docs/protocol.md, "Node streams": the compatibility rule). Every
+test on it thus also runs that rule; the Node streams run against the real controller.
 """
 
 from __future__ import annotations
@@ -121,7 +126,14 @@ class FakeController(pb_grpc.ControllerServicer):
 
     async def _start_server(self) -> None:
         self._server = grpc.aio.server()
-        pb_grpc.add_ControllerServicer_to_server(self, self._server)
+        session = grpc.stream_stream_rpc_method_handler(
+            self.Session,
+            request_deserializer=pb.ClientMessage.FromString,
+            response_serializer=pb.ServerMessage.SerializeToString,
+        )
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler("burstctl.v1.Controller", {"Session": session}),)
+        )
         self.port = self._server.add_insecure_port(f"127.0.0.1:{self._requested_port}")
         await self._server.start()
 

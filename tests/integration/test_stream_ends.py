@@ -1,9 +1,11 @@
-"""How a ``Session`` stream ends when a real replica refuses it, as its client sees it.
+"""How a session ends when a real replica refuses it, as its client sees it.
 
-A client writes nothing after its Hello until the replica admitted the stream (its initial
-metadata, docs/protocol.md "Errors"): so no write of the client is in flight when a refusal
-arrives, and gRPC Python cannot turn the refusal into ``INTERNAL`` ("Internal error from
-Core"), which loses its code and its ``retry-after-ms``.
+On a Node stream a refusal is a ``SessionEnd`` in the stream, which goes on. On a ``Session``
+stream (a client or controller before Node streams) a client writes nothing after its Hello
+until the replica admitted the stream (its initial metadata, docs/protocol.md "Errors"): so no
+write of the client is in flight when a refusal arrives, and gRPC Python cannot turn the
+refusal into ``INTERNAL`` ("Internal error from Core"), which loses its code and its
+``retry-after-ms``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from support.grpc import RawSession, hello, post
 from burstctl.client.channel import open_channel
 from burstctl.client.core import SessionCore
 from burstctl.client.job import JobInfo
+from burstctl.client.link import NodeLink
 from burstctl.client.options import SessionOptions
 from burstctl.controller.app import Replica
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -28,8 +31,9 @@ from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 pytestmark = pytest.mark.integration
 
 
+@pytest.mark.parametrize("node_streams", [True, False], ids=["node-stream", "session-streams"])
 async def test_hundreds_of_sessions_refused_at_once_each_learn_the_refusal_and_its_hint(
-    controller_factory: Callable[..., ControllerProcess],
+    controller_factory: Callable[..., ControllerProcess], node_streams: bool
 ) -> None:
     admitted, n = 20, 200
     # A process of its own (the race is between two processes' threads), and a hint longer than
@@ -37,7 +41,7 @@ async def test_hundreds_of_sessions_refused_at_once_each_learn_the_refusal_and_i
     limits = {"MAX_SESSIONS": admitted, "MAX_SESSIONS_PER_CLIENT": n, "RETRY_AFTER": 120}
     controller = controller_factory(env={f"BURSTCTL_{k}": str(v) for k, v in limits.items()})
     assert controller.address is not None
-    channel = open_channel(controller.address)
+    link = NodeLink(open_channel(controller.address), node_streams=node_streams)
     cores = [
         SessionCore(
             SessionOptions.build(
@@ -54,7 +58,7 @@ async def test_hundreds_of_sessions_refused_at_once_each_learn_the_refusal_and_i
     ]
     try:
         for core in cores:
-            await core.start(channel)
+            await core.start(link)
             # An open operation: its OpPosted is queued right behind the Hello.
             core.open_operation(pb.OP_KIND_WRITE, 0)
         await async_wait_until(
@@ -72,7 +76,8 @@ async def test_hundreds_of_sessions_refused_at_once_each_learn_the_refusal_and_i
         assert all(core.rate == 0 for core in refused)
     finally:
         await asyncio.gather(*(core.close() for core in cores))
-        await channel.close()
+        await link.close()
+        await link.channel.close()
     controller.stop()
     stats = json.loads(re.findall(r"stopped; stats: (\{.*\})", "".join(controller.log))[-1])
     assert stats["refused_sessions"] == n - admitted  # no second Hello

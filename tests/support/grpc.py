@@ -1,8 +1,8 @@
-"""The Session protocol spoken by hand: message builders and a raw gRPC stream.
+"""The Session protocol spoken by hand: message builders and raw gRPC streams.
 
 For tests that send what a well-behaved client never would (no client runtime): ``hello``
 and ``post`` build the messages, ``RawSession`` drives one ``Session`` stream message by
-message.
+message, ``RawNode`` one ``Node`` stream of many tagged sessions.
 """
 
 from __future__ import annotations
@@ -94,3 +94,57 @@ class RawSession:
         await self.send(pb.ClientMessage(goodbye=pb.Goodbye()))
         await self.call.done_writing()
         assert await self.call.code() == grpc.StatusCode.OK
+
+
+def tagged(session: int, msg: pb.ClientMessage) -> pb.ClientMessage:
+    """``msg`` for ``session`` of a Node stream."""
+    msg.session = session
+    return msg
+
+
+class RawNode:
+    """A ``Node`` stream driven by hand: ``send`` what you like; a task files what comes back
+    by session (batches taken apart) into ``received``, and ``ended`` holds each session's
+    ``SessionEnd``."""
+
+    def __init__(self, channel: grpc.aio.Channel) -> None:
+        self.call = pb_grpc.ControllerStub(channel).Node()
+        self.received: dict[int, list[pb.ServerMessage]] = {}
+        self.ended: dict[int, pb.SessionEnd] = {}
+        self.batches = 0  # ServerBatch messages read
+        self.renewals = 0  # Renew messages read (for every session of the stream)
+        self.reader = asyncio.create_task(self._drain())
+
+    async def _drain(self) -> None:
+        while (msg := await self.call.read()) is not grpc.aio.EOF:
+            if msg.WhichOneof("body") == "batch":
+                self.batches += 1
+                inner = list(msg.batch.messages)
+            else:
+                inner = [msg]
+            for one in inner:
+                if one.WhichOneof("body") == "renew":
+                    self.renewals += 1
+                elif one.WhichOneof("body") == "end":
+                    self.ended[one.session] = one.end
+                else:
+                    self.received.setdefault(one.session, []).append(one)
+
+    async def send(self, *msgs: pb.ClientMessage) -> None:
+        """One message, or several as one ``Batch``."""
+        if len(msgs) == 1:
+            await self.call.write(msgs[0])
+        else:
+            await self.call.write(pb.ClientMessage(batch=pb.Batch(messages=msgs)))
+
+    def allocations(self, session: int) -> list[pb.Allocation]:
+        return [
+            m.allocation
+            for m in self.received.get(session, [])
+            if m.WhichOneof("body") == "allocation"
+        ]
+
+    def rate(self, session: int) -> float | None:
+        """The rate of the session's newest allocation (None before one)."""
+        allocations = self.allocations(session)
+        return allocations[-1].rate if allocations else None

@@ -121,6 +121,12 @@ class Goodbye(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
 
+class Leave(_message.Message):
+    __slots__ = ("pacing_rate",)
+    PACING_RATE_FIELD_NUMBER: _ClassVar[int]
+    pacing_rate: float
+    def __init__(self, pacing_rate: _Optional[float] = ...) -> None: ...
+
 class Batch(_message.Message):
     __slots__ = ("messages",)
     MESSAGES_FIELD_NUMBER: _ClassVar[int]
@@ -128,23 +134,27 @@ class Batch(_message.Message):
     def __init__(self, messages: _Optional[_Iterable[_Union[ClientMessage, _Mapping]]] = ...) -> None: ...
 
 class ClientMessage(_message.Message):
-    __slots__ = ("hello", "op_posted", "op_completed", "usage", "goodbye", "batch")
+    __slots__ = ("hello", "op_posted", "op_completed", "usage", "goodbye", "batch", "leave", "session")
     HELLO_FIELD_NUMBER: _ClassVar[int]
     OP_POSTED_FIELD_NUMBER: _ClassVar[int]
     OP_COMPLETED_FIELD_NUMBER: _ClassVar[int]
     USAGE_FIELD_NUMBER: _ClassVar[int]
     GOODBYE_FIELD_NUMBER: _ClassVar[int]
     BATCH_FIELD_NUMBER: _ClassVar[int]
+    LEAVE_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     hello: Hello
     op_posted: OpPosted
     op_completed: OpCompleted
     usage: Usage
     goodbye: Goodbye
     batch: Batch
-    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ...) -> None: ...
+    leave: Leave
+    session: int
+    def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space", "fallback_rate")
+    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space", "fallback_rate", "heartbeat_seconds")
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -154,6 +164,7 @@ class Allocation(_message.Message):
     WINDOWS_FIELD_NUMBER: _ClassVar[int]
     SPACE_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_RATE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     rate: float
     burst: float
     epoch: int
@@ -163,7 +174,8 @@ class Allocation(_message.Message):
     windows: Windows
     space: Space
     fallback_rate: float
-    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ..., fallback_rate: _Optional[float] = ...) -> None: ...
+    heartbeat_seconds: float
+    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ..., fallback_rate: _Optional[float] = ..., heartbeat_seconds: _Optional[float] = ...) -> None: ...
 
 class Space(_message.Message):
     __slots__ = ("limit",)
@@ -201,10 +213,40 @@ class Error(_message.Message):
     message: str
     def __init__(self, code: _Optional[str] = ..., field: _Optional[str] = ..., message: _Optional[str] = ...) -> None: ...
 
+class SessionEnd(_message.Message):
+    __slots__ = ("code", "message", "retry_after_ms")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    MESSAGE_FIELD_NUMBER: _ClassVar[int]
+    RETRY_AFTER_MS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    message: str
+    retry_after_ms: int
+    def __init__(self, code: _Optional[str] = ..., message: _Optional[str] = ..., retry_after_ms: _Optional[int] = ...) -> None: ...
+
+class Renew(_message.Message):
+    __slots__ = ("lease_seconds",)
+    LEASE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    lease_seconds: float
+    def __init__(self, lease_seconds: _Optional[float] = ...) -> None: ...
+
+class ServerBatch(_message.Message):
+    __slots__ = ("messages",)
+    MESSAGES_FIELD_NUMBER: _ClassVar[int]
+    messages: _containers.RepeatedCompositeFieldContainer[ServerMessage]
+    def __init__(self, messages: _Optional[_Iterable[_Union[ServerMessage, _Mapping]]] = ...) -> None: ...
+
 class ServerMessage(_message.Message):
-    __slots__ = ("allocation", "error")
+    __slots__ = ("allocation", "error", "end", "batch", "renew", "session")
     ALLOCATION_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    BATCH_FIELD_NUMBER: _ClassVar[int]
+    RENEW_FIELD_NUMBER: _ClassVar[int]
+    SESSION_FIELD_NUMBER: _ClassVar[int]
     allocation: Allocation
     error: Error
-    def __init__(self, allocation: _Optional[_Union[Allocation, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ...) -> None: ...
+    end: SessionEnd
+    batch: ServerBatch
+    renew: Renew
+    session: int
+    def __init__(self, allocation: _Optional[_Union[Allocation, _Mapping]] = ..., error: _Optional[_Union[Error, _Mapping]] = ..., end: _Optional[_Union[SessionEnd, _Mapping]] = ..., batch: _Optional[_Union[ServerBatch, _Mapping]] = ..., renew: _Optional[_Union[Renew, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...

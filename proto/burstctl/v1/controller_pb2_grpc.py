@@ -34,6 +34,11 @@ class ControllerStub:
         Args:
             channel: A grpc.Channel.
         """
+        self.Node = channel.stream_stream(
+                '/burstctl.v1.Controller/Node',
+                request_serializer=burstctl_dot_v1_dot_controller__pb2.ClientMessage.SerializeToString,
+                response_deserializer=burstctl_dot_v1_dot_controller__pb2.ServerMessage.FromString,
+                _registered_method=True)
         self.Session = channel.stream_stream(
                 '/burstctl.v1.Controller/Session',
                 request_serializer=burstctl_dot_v1_dot_controller__pb2.ClientMessage.SerializeToString,
@@ -44,8 +49,15 @@ class ControllerStub:
 class ControllerServicer:
     """Missing associated documentation comment in .proto file."""
 
+    def Node(self, request_iterator, context):
+        """One stream per client node and replica, carrying many sessions (docs/protocol.md).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Session(self, request_iterator, context):
-        """One stream per client session: ClientMessage in, ServerMessage out.
+        """One stream per session: the protocol before Node streams, still served.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -54,6 +66,11 @@ class ControllerServicer:
 
 def add_ControllerServicer_to_server(servicer, server):
     rpc_method_handlers = {
+            'Node': grpc.stream_stream_rpc_method_handler(
+                    servicer.Node,
+                    request_deserializer=burstctl_dot_v1_dot_controller__pb2.ClientMessage.FromString,
+                    response_serializer=burstctl_dot_v1_dot_controller__pb2.ServerMessage.SerializeToString,
+            ),
             'Session': grpc.stream_stream_rpc_method_handler(
                     servicer.Session,
                     request_deserializer=burstctl_dot_v1_dot_controller__pb2.ClientMessage.FromString,
@@ -69,6 +86,33 @@ def add_ControllerServicer_to_server(servicer, server):
  # This class is part of an EXPERIMENTAL API.
 class Controller:
     """Missing associated documentation comment in .proto file."""
+
+    @staticmethod
+    def Node(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/burstctl.v1.Controller/Node',
+            burstctl_dot_v1_dot_controller__pb2.ClientMessage.SerializeToString,
+            burstctl_dot_v1_dot_controller__pb2.ServerMessage.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
 
     @staticmethod
     def Session(request_iterator,

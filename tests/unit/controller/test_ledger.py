@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 
 from support.clock import FakeClock
@@ -112,3 +113,9 @@ def test_a_report_that_moved_nothing_leaves_the_ledger_alone() -> None:
     assert (t.counters_version, t.counted) == (version, set())
     t.usage(s, 3, 1, 0.0, 0.25, False, Counters(8, 5, 3, 2, 0, 0.0))
     assert t.counters_version > version and t.counted == {"j"}
+
+
+def test_counters_as_dict_names_every_field_as_asdict_does() -> None:
+    c = Counters(1, 2, 3, 4, 5, 6.5)
+    assert c.as_dict() == dataclasses.asdict(c)
+    assert list(c.as_dict()) == [f.name for f in dataclasses.fields(Counters)]

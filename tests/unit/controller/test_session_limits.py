@@ -15,9 +15,10 @@ from support.clock import FakeClock
 from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.config import ConfigError, load_config
 from burstctl.controller.jobs import JobTable, LimitError
+from burstctl.controller.load import LoopLag, client_host
 from burstctl.controller.outbox import StreamOutbox
 from burstctl.controller.records import JobMeta, OpKind
-from burstctl.controller.servicer import ControllerServicer, LoopLag, client_host
+from burstctl.controller.servicer import ControllerServicer
 
 
 def meta(job_id: str) -> JobMeta:
