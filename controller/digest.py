@@ -8,9 +8,17 @@ the wire (:func:`from_proto`) or built in process (:func:`build_digest`), and it
 checks every job at once, as array operations, naming the first bad field of the
 first bad job (``jobs[3].nodes``).
 
-Time inside a digest is relative: ``released_at`` and ``posted_at`` are offsets
-(≤ 0, seconds) from the instant the sender built the digest, measured on the
-sender's own clock, so no clock synchronisation between hosts is needed.
+Time inside a digest is the sender's own: ``released_at`` and ``posted_at`` are
+instants on the sender's clock and ``sent_at`` the instant it built the digest
+on that clock; the merge reads the differences (≤ 0 s), so no clock
+synchronisation between hosts is needed, and a job whose only change is that
+time passed has the same columns in two digests (what a delta leaves out,
+``controller/delta.py``). ``sent_at`` 0 (a replica of an earlier version): the
+times are those offsets already.
+
+A digest is full (``base_sequence`` 0) or a delta on an earlier digest of the
+same sender: its jobs are those that arrived or changed since, ``left`` the ids
+of those that left; :func:`validate` checks it as it checks a full one.
 
 Ordering: a replica's digests are ordered by ``(incarnation, sequence)``.
 ``sequence`` counts exchanges and restarts from 0 when the process restarts;
@@ -66,8 +74,8 @@ class JobDigest:
     demand: float  # local demand on this replica, bytes/s; 0 without an open operation
     usage_bytes: float  # bytes moved on this replica since its previous digest
     progress: float  # P_i as this replica computed it, seconds (eq. 6)
-    released_at: float  # τ_i − t_send ≤ 0, seconds, on the sender's clock
-    posted_at: float | None = None  # R_i − t_send ≤ 0 of the open operation here; None: none
+    released_at: float  # τ_i ≤ sent_at, seconds, on the sender's clock
+    posted_at: float | None = None  # R_i ≤ sent_at of the open operation here; None: none
     remaining: float | None = None  # V_i of the open operation here, bytes; None: unknown
     open_op: bool = False  # the job has an open operation on this replica
     transferred: float = 0.0  # bytes this job moved on this replica in all (P_i's V part)
@@ -209,17 +217,47 @@ class Digest:
     policy_version: int = 0  # a switch sets max version seen + 1
     jobs: DigestJobs = field(default_factory=lambda: DigestJobs.from_rows(()))
     policy_origin: ReplicaId = ""  # where the version was switched; "" (or absent): the sender
+    sent_at: float = 0.0  # when the sender built it, its clock; 0: the times are offsets
+    base_sequence: int = 0  # 0: full; else a delta on this sequence (controller/delta.py)
+    left: tuple[JobId, ...] = ()  # a delta's jobs that left since its base
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, DigestJobs):
             object.__setattr__(self, "jobs", DigestJobs.from_rows(self.jobs))
         if not self.policy_origin:
             object.__setattr__(self, "policy_origin", self.replica_id)
+        if not isinstance(self.left, tuple):
+            object.__setattr__(self, "left", tuple(self.left))
 
     @property
     def election_key(self) -> tuple[int, ReplicaId]:
         """What the policy election compares: the highest wins (membership.py)."""
         return self.policy_version, self.policy_origin
+
+
+def same_columns(a: Digest, b: Digest, columns: Iterable[str]) -> bool:
+    """``a`` and ``b`` say the same in their header (but for sequence and send instant)
+    and in the job ``columns`` (``job_id`` among them). One ``jobs`` object for both is
+    the cheap case (``Membership`` and ``delta.advance`` keep it while no job changes)."""
+    return (
+        a.replica_id == b.replica_id
+        and a.incarnation == b.incarnation
+        and a.capacity == b.capacity
+        and a.node_bandwidth == b.node_bandwidth
+        and a.policy == b.policy
+        and a.policy_params == b.policy_params
+        and a.election_key == b.election_key
+        and not a.base_sequence
+        and not b.base_sequence
+        and (a.jobs is b.jobs or all(_same_column(a.jobs, b.jobs, c) for c in columns))
+    )
+
+
+def _same_column(a: DigestJobs, b: DigestJobs, name: str) -> bool:
+    x, y = getattr(a, name), getattr(b, name)
+    if name in JOB_TEXT_FIELDS:
+        return bool(x == y)
+    return x.shape == y.shape and np.array_equal(x, y, equal_nan=name in _FLOAT_FIELDS)
 
 
 # ---------------------------------------------------------------------------
@@ -228,8 +266,11 @@ class Digest:
 _INF = math.inf
 
 
-def _finite_non_negative(name: str) -> Callable[[DigestJobs], np.ndarray]:
-    def good(c: DigestJobs) -> np.ndarray:
+_Check = Callable[[DigestJobs, float], np.ndarray]
+
+
+def _finite_non_negative(name: str) -> _Check:
+    def good(c: DigestJobs, _sent_at: float) -> np.ndarray:
         column = getattr(c, name)
         return (column >= 0.0) & (column < _INF)
 
@@ -241,21 +282,22 @@ def _must_be(what: str) -> Callable[[Any], str]:
 
 
 # Per job field, in the order a bad job's fields are named: whether each entry is
-# good (NaN compares False, so it fails every range), and the message for a bad one.
-_CHECKS: tuple[tuple[str, Callable[[DigestJobs], np.ndarray], Callable[[Any], str]], ...] = (
+# good given the send instant (NaN compares False, so it fails every range), and the
+# message for a bad one.
+_CHECKS: tuple[tuple[str, _Check, Callable[[Any], str]], ...] = (
     (
         "nodes",
-        lambda c: (c.nodes >= 1) & (c.nodes <= MAX_NODES),
+        lambda c, _: (c.nodes >= 1) & (c.nodes <= MAX_NODES),
         lambda v: f"must be an integer in [1, {MAX_NODES}], got {v!r}",
     ),
     (
         "priority",
-        lambda c: (c.priority > 0.0) & (c.priority <= MAX_PRIORITY),
+        lambda c, _: (c.priority > 0.0) & (c.priority <= MAX_PRIORITY),
         lambda v: f"must be in (0, {MAX_PRIORITY:g}], got {v!r}",
     ),
     (
         "demand",
-        lambda c: (c.demand >= 0.0) & (c.demand <= MAX_RATE),
+        lambda c, _: (c.demand >= 0.0) & (c.demand <= MAX_RATE),
         lambda v: f"must be in [0, {MAX_RATE:g}] bytes/s, got {v!r}",
     ),
     *(
@@ -264,22 +306,22 @@ _CHECKS: tuple[tuple[str, Callable[[DigestJobs], np.ndarray], Callable[[Any], st
     ),
     (
         "released_at",
-        lambda c: (c.released_at > -_INF) & (c.released_at <= 0.0),
-        _must_be("finite and <= 0 (an offset from the send instant)"),
+        lambda c, t: (c.released_at > -_INF) & (c.released_at <= t),
+        _must_be("finite and <= sent_at (the send instant)"),
     ),
     (
         "posted_at",
-        lambda c: np.isnan(c.posted_at) | ((c.posted_at > -_INF) & (c.posted_at <= 0.0)),
-        _must_be("finite and <= 0 (an offset from the send instant), or absent"),
+        lambda c, t: np.isnan(c.posted_at) | ((c.posted_at > -_INF) & (c.posted_at <= t)),
+        _must_be("finite and <= sent_at (the send instant), or absent"),
     ),
     (
         "remaining",
-        lambda c: np.isnan(c.remaining) | ((c.remaining >= 0.0) & (c.remaining < _INF)),
+        lambda c, _: np.isnan(c.remaining) | ((c.remaining >= 0.0) & (c.remaining < _INF)),
         _must_be("finite and >= 0, or absent"),
     ),
     (
         "demand",
-        lambda c: c.open_op | (c.demand <= 0.0),
+        lambda c, _: c.open_op | (c.demand <= 0.0),
         lambda v: "demand > 0 without an open operation",
     ),
 )
@@ -304,10 +346,38 @@ def validate(digest: Digest) -> None:
         raise DigestError("policy_params", f"must be plain JSON values: {exc}") from None
     _counter("policy_version", digest.policy_version)
     _identifier("policy_origin", digest.policy_origin)
-    _validate_jobs(digest.jobs)
+    _number("sent_at", digest.sent_at, low=0.0, high=_INF, low_open=False)
+    _counter("base_sequence", digest.base_sequence)
+    if digest.base_sequence >= max(1, digest.sequence):
+        raise DigestError(
+            "base_sequence",
+            f"a delta applies to an earlier sequence, got {digest.base_sequence} "
+            f"on sequence {digest.sequence}",
+        )
+    _validate_left(digest)
+    _validate_jobs(digest.jobs, digest.sent_at)
 
 
-def _validate_jobs(jobs: DigestJobs) -> None:
+def _validate_left(digest: Digest) -> None:
+    left = digest.left
+    if not left:
+        return
+    if not digest.base_sequence:
+        raise DigestError("left", "only a delta (base_sequence > 0) lists jobs that left")
+    if len(left) > MAX_JOBS:
+        raise DigestError("left", f"{len(left)} job ids, more than {MAX_JOBS}")
+    if not _all_identifiers(left) or len(set(left)) != len(left):
+        seen: set[object] = set()
+        for i, job_id in enumerate(left):
+            problem = identifier_problem(job_id)
+            if problem:
+                raise DigestError(f"left[{i}]", problem)
+            if job_id in seen:
+                raise DigestError(f"left[{i}]", f"duplicate job id {job_id!r}")
+            seen.add(job_id)
+
+
+def _validate_jobs(jobs: DigestJobs, sent_at: float) -> None:
     n = len(jobs.job_id)
     if n > MAX_JOBS:
         raise DigestError("jobs", f"{n} jobs, more than {MAX_JOBS}")
@@ -316,7 +386,7 @@ def _validate_jobs(jobs: DigestJobs) -> None:
             raise DigestError(f"jobs.{name}", f"{len(getattr(jobs, name))} entries for {n} job ids")
     bad_text = [name for name in JOB_TEXT_FIELDS if not _all_identifiers(getattr(jobs, name))]
     with np.errstate(invalid="ignore"):
-        checks = [(name, good(jobs), message) for name, good, message in _CHECKS]
+        checks = [(name, good(jobs, sent_at), message) for name, good, message in _CHECKS]
     first_bad = n
     for name in bad_text:
         column = getattr(jobs, name)
@@ -397,6 +467,9 @@ def to_proto(digest: Digest) -> pb.Digest:
         policy_params_json=json.dumps(dict(digest.policy_params), sort_keys=True),
         policy_version=digest.policy_version,
         policy_origin=digest.policy_origin,
+        sent_at=digest.sent_at,
+        base_sequence=digest.base_sequence,
+        left=digest.left,
     )
     jobs, out = digest.jobs, msg.jobs
     for name in JOB_TEXT_FIELDS:
@@ -428,6 +501,9 @@ def from_proto(msg: pb.Digest) -> Digest:
         policy_version=msg.policy_version,
         policy_origin=msg.policy_origin,
         jobs=DigestJobs(**{name: getattr(wire, name) for name in DigestJobs.__slots__}),
+        sent_at=msg.sent_at,
+        base_sequence=msg.base_sequence,
+        left=tuple(msg.left),
     )
     validate(digest)
     return digest
@@ -465,7 +541,7 @@ def build_digest(
         usage_seen[job_id] = job.bytes_moved
         if ops:
             demand = table.job_demand(job, cap)
-            posted = min(0.0, min(o.posted_at for o in ops) - now)
+            posted = min(now, min(o.posted_at for o in ops))
             known = all(o.volume > 0 for o in ops)
             remaining = sum(max(0, o.volume - o.moved) for o in ops) if known else nan
         else:
@@ -479,7 +555,7 @@ def build_digest(
             demand,
             max(0, moved),  # usage_bytes
             max(0.0, job.progress(now, cap)),
-            min(0.0, job.first_seen - now),  # released_at
+            min(now, job.first_seen),  # released_at
             posted,
             remaining,
             bool(ops),  # open_op
@@ -499,6 +575,7 @@ def build_digest(
         policy_params=dict(params),
         policy_version=version,
         policy_origin=origin,
+        sent_at=now,
         jobs=DigestJobs(**dict(zip(_ROW_FIELDS, zip(*rows, strict=True), strict=True)))
         if rows
         else DigestJobs.from_rows(()),

@@ -1,13 +1,16 @@
 """Which peers are in the global view, with their latest digests.
 
 ``Membership`` takes every digest a peer sends (:meth:`Membership.receive`),
-keeps the newest of each replica by ``(incarnation, sequence)``, refuses
-impostors (a lower incarnation for a known id, a different digest for a held
-sequence, an id that is not a configured peer) and digests whose policy this
-replica could not build, and drops a peer silent for k·λ (:meth:`expire`); a
-newer digest brings it back. It also says which policy wins the election
-(:meth:`elected`): the highest ``(policy_version, policy_origin)`` among the live
-digests and this replica's own.
+applies a delta to the digest it holds of that peer when that digest is the
+delta's base (``controller/delta.py``), keeps the newest of each replica by
+``(incarnation, sequence)``, refuses impostors (a lower incarnation for a known
+id, a different digest for a held sequence, an id that is not a configured
+peer) and digests whose policy this replica could not build, and drops a peer
+silent for k·λ (:meth:`expire`); a newer digest brings it back.
+``io_changed`` fires when an accepted digest changes which of its sender's jobs
+have an open operation (S(t) moved there). It also says which policy wins the
+election (:meth:`elected`): the highest ``(policy_version, policy_origin)``
+among the live digests and this replica's own.
 
 Pure: no networking and no clock; the caller passes ``now``, a monotonic clock
 of its own.
@@ -15,6 +18,7 @@ of its own.
 
 from __future__ import annotations
 
+import dataclasses
 import enum
 import json
 import logging
@@ -23,8 +27,12 @@ from collections.abc import Iterable
 from collections.abc import Set as AbstractSet
 from dataclasses import dataclass
 
+import numpy as np
+
 from burstctl.common.limits import identifier_problem
+from burstctl.controller.delta import apply
 from burstctl.controller.digest import Digest, DigestError, ReplicaId, validate
+from burstctl.controller.signal import Signal
 from burstctl.policies.registry import PolicyRegistry
 
 log = logging.getLogger(__name__)
@@ -38,6 +46,7 @@ class Status(enum.Enum):
     ACCEPTED = "accepted"
     STALE = "stale"  # older than what is held: ignored
     DUPLICATE = "duplicate"  # the same digest again: ignored
+    UNKNOWN_BASE = "unknown_base"  # a delta on a digest not held: ignored, a full one wanted
     REJECTED = "rejected"  # invalid or not trusted: ignored, logged
 
 
@@ -103,12 +112,15 @@ class Membership:
         self._held: dict[ReplicaId, _Peer] = {}
         self._buildable: set[tuple[str, str]] = set()  # (policy, params JSON) known good
         self._self_checked: Digest | None = None
+        self.io_changed = Signal()
 
     def receive(self, digest: Digest, now: float, *, validated: bool = False) -> Outcome:
         """Takes one peer's digest received at ``now``; never raises for a bad digest.
 
         ``validated``: the caller already ran :func:`validate` on this very digest
-        (``digest.from_proto`` does), so it is not checked twice.
+        (``digest.from_proto`` does), so it is not checked twice. A delta is held as
+        the full digest it makes of its base; with no base held, or a malformed one,
+        what is held does not change.
         """
         try:
             if not validated:
@@ -124,6 +136,31 @@ class Membership:
         if self.peers is not None and rid not in self.peers:
             return self._reject(rid, "replica_id", "not a configured peer")
         held = self._held.get(rid)
+        if digest.base_sequence:
+            base = held.digest if held is not None else None
+            if base is None or (base.incarnation, base.sequence) != (
+                digest.incarnation,
+                digest.base_sequence,
+            ):
+                if base is not None and (digest.incarnation, digest.sequence) <= (
+                    base.incarnation,
+                    base.sequence,
+                ):
+                    return Outcome(Status.STALE, f"sequence {digest.sequence} <= held")
+                return Outcome(
+                    Status.UNKNOWN_BASE, f"delta on sequence {digest.base_sequence}, not held"
+                )
+            try:
+                digest = apply(base, digest)
+            except DigestError as exc:
+                return self._reject(rid, exc.field, exc.message)
+        elif (
+            held is not None
+            and digest.jobs is not held.digest.jobs
+            and digest.jobs == held.digest.jobs
+        ):
+            # one object while the jobs do not change: what tells the exchange so, cheaply
+            digest = dataclasses.replace(digest, jobs=held.digest.jobs)
         if held is not None:
             old = held.digest
             if digest.incarnation < old.incarnation:
@@ -147,6 +184,8 @@ class Membership:
             if not held.live:
                 log.info("replica %r rejoins the global view", rid)
         self._held[rid] = _Peer(digest, now)
+        if _open_jobs_differ(held.digest if held is not None else None, digest):
+            self.io_changed()
         return Outcome(Status.ACCEPTED)
 
     def _reject(self, rid: ReplicaId, field: str, reason: str) -> Outcome:
@@ -242,3 +281,17 @@ class Membership:
         """The digest whose policy every replica enforces: the highest
         ``(policy_version, policy_origin)`` among the live digests and ``self_digest``."""
         return max(self.digests(self_digest), key=lambda d: d.election_key)
+
+
+def _open_jobs_differ(old: Digest | None, new: Digest) -> bool:
+    """Whether ``new`` lists other jobs with an open operation than ``old`` (None: none)."""
+    if old is None:
+        return bool(new.jobs.open_op.any())
+    a, b = old.jobs, new.jobs
+    if a is b:
+        return False
+    if a.job_id == b.job_id:  # the usual case: the same jobs, one C-level compare
+        return not np.array_equal(a.open_op, b.open_op)
+    return {j for j, o in zip(a.job_id, a.open_op.tolist(), strict=True) if o} != {
+        j for j, o in zip(b.job_id, b.open_op.tolist(), strict=True) if o
+    }

@@ -8,7 +8,8 @@ the jobs are present on (:func:`split_targets`, ``controller/split.py``) and its
 own share (:meth:`Merged.share`). See ``docs/replicas.md``, "The global view".
 
 The merge treats the digests of one exchange as taken at one common instant
-(the view's ``now`` is 0; times in digests are offsets), which is off by at most
+(the view's ``now`` is 0; a digest's times are read as offsets from its own
+``sent_at``, on the sender's clock), which is off by at most
 the spread of the send instants within an exchange plus transit time, normally
 well under λ. Everything iterates in sorted ids, so every replica holding the
 same digests gets bit-identical results, whatever order they arrived in.
@@ -39,6 +40,52 @@ class Conflict:
 
 
 @dataclass(frozen=True, slots=True)
+class Layout:
+    """What a merge computes from the digests' job ids, users and groups alone: every
+    entry's job, the entries grouped by job, and whose user or group differs from its
+    job's first entry. ``merge`` takes it again for digests whose ``job_id``, ``user``
+    and ``group`` columns are the very same objects (a delta that changes no job's set
+    or text keeps them: ``controller/delta.py``), and skips that work."""
+
+    keys: tuple[tuple[str, ...], ...]  # per digest: its job_id, user and group columns
+    ids: list[JobId]  # per entry
+    users: list[str]
+    groups: list[str]
+    names: list[JobId]
+    job_of: np.ndarray
+    order: np.ndarray
+    starts: np.ndarray
+    text_differs: np.ndarray  # per entry: user or group differs from its job's first entry
+
+    @staticmethod
+    def keys_of(digests: Sequence[Digest]) -> tuple[tuple[str, ...], ...]:
+        return tuple(t for d in digests for t in (d.jobs.job_id, d.jobs.user, d.jobs.group))
+
+    def fits(self, keys: tuple[tuple[str, ...], ...]) -> bool:
+        return len(keys) == len(self.keys) and all(
+            a is b for a, b in zip(keys, self.keys, strict=True)
+        )
+
+    @classmethod
+    def of(cls, digests: Sequence[Digest], keys: tuple[tuple[str, ...], ...]) -> Layout:
+        columns = [d.jobs for d in digests]
+        ids = [job_id for c in columns for job_id in c.job_id]
+        users = [u for c in columns for u in c.user]
+        groups = [g for c in columns for g in c.group]
+        names = sorted(set(ids))  # the view's job order
+        position = {job_id: k for k, job_id in enumerate(names)}
+        job_of = np.fromiter(map(position.__getitem__, ids), dtype=np.intp, count=len(ids))
+        order = np.argsort(job_of, kind="stable")  # entries grouped by job, replica id order
+        starts = np.searchsorted(job_of[order], np.arange(len(names)))
+        differs = np.zeros(len(ids), dtype=bool)
+        if len(ids) > len(names):  # a job on several replicas: its entries may disagree
+            first = order[starts][job_of].tolist()  # per entry: its job's first entry
+            text = [users[e] != users[f] or groups[e] != groups[f] for e, f in enumerate(first)]
+            differs = np.array(text, dtype=bool)
+        return cls(keys, ids, users, groups, names, job_of, order, starts, differs)
+
+
+@dataclass(frozen=True, slots=True)
 class Merged:
     """The global view and the digests' entries it merged (one entry per job present
     on a replica, digests concatenated in replica id order)."""
@@ -53,6 +100,7 @@ class Merged:
     conflicts: tuple[Conflict, ...] = ()
     # by index in names: b_j = min(p_j·b, Σ B_r), the most a job gets over all replicas
     cap: np.ndarray | None = None
+    layout: Layout | None = None  # for the next merge (``merge``'s ``layout``)
 
     def share(self, x: np.ndarray, replica_id: ReplicaId) -> dict[JobId, float]:
         """``replica_id``'s rate for each of its jobs, from the split ``x`` per entry."""
@@ -74,7 +122,7 @@ class Merged:
         return dict(zip(edges, x[order].tolist(), strict=True))
 
 
-def merge(digests: Sequence[Digest]) -> Merged:
+def merge(digests: Sequence[Digest], layout: Layout | None = None) -> Merged:
     """One view of the union of ``digests``' jobs (sorted by replica id) with
     capacity Σ_r B_r.
 
@@ -90,6 +138,7 @@ def merge(digests: Sequence[Digest]) -> Merged:
     Computed on the digests' columns: every entry of every digest is
     concatenated in replica id order, grouped by job (a stable sort keeps that
     order within a job) and reduced per group; sums add in replica id order.
+    ``layout``: the previous merge's (``Merged.layout``), used again when it fits.
     """
     capacity = math.fsum(d.capacity for d in digests)
     b = min(d.node_bandwidth for d in digests)
@@ -97,16 +146,15 @@ def merge(digests: Sequence[Digest]) -> Merged:
     sizes = [len(c) for c in columns]
     replicas = [d.replica_id for d in digests]
     capacities = np.array([d.capacity for d in digests], dtype=np.float64)
-    ids = [job_id for c in columns for job_id in c.job_id]
-    if not ids:
+    if not sum(sizes):
         view = SystemView(0.0, capacity, b, {}, observed=False)
         none = np.zeros(0, dtype=np.intp)
         return Merged(view, [], replicas, capacities, none, none, np.zeros(0), cap=np.zeros(0))
-    names = sorted(set(ids))  # the view's job order
-    position = {job_id: k for k, job_id in enumerate(names)}
-    job_of = np.fromiter(map(position.__getitem__, ids), dtype=np.intp, count=len(ids))
-    order = np.argsort(job_of, kind="stable")  # entries grouped by job, replica id order
-    starts = np.searchsorted(job_of[order], np.arange(len(names)))
+    keys = Layout.keys_of(digests)
+    if layout is None or not layout.fits(keys):
+        layout = Layout.of(digests, keys)
+    ids, users, groups, names = layout.ids, layout.users, layout.groups, layout.names
+    job_of, order, starts = layout.job_of, layout.order, layout.starts
     first = order[starts]  # per job: its entry on the lowest replica id
 
     def column(name: str) -> np.ndarray:
@@ -120,12 +168,13 @@ def merge(digests: Sequence[Digest]) -> Merged:
     )
     cap = np.minimum(nodes[first] * b, capacity)  # job_cap, eq. (1)
     demand = np.minimum(cap, np.add.reduceat(entry_demand[order], starts))
-    posted_at = np.fmin.reduceat(column("posted_at")[order], starts)  # NaN: none open
+    sent_at = np.repeat([d.sent_at for d in digests], sizes)  # times → offsets (≤ 0)
+    posted_at = np.fmin.reduceat((column("posted_at") - sent_at)[order], starts)  # NaN: none
     remaining = column("remaining")
     unknown = np.logical_or.reduceat((open_op & np.isnan(remaining))[order], starts)
     remaining = np.add.reduceat(np.where(open_op, remaining, 0.0)[order], starts)
     remaining[unknown] = math.nan
-    released_at = np.minimum.reduceat(column("released_at")[order], starts)
+    released_at = np.minimum.reduceat((column("released_at") - sent_at)[order], starts)
     work = column("progress") - np.divide(
         transferred, local_cap, out=np.zeros_like(transferred), where=local_cap > 0
     )
@@ -133,14 +182,16 @@ def merge(digests: Sequence[Digest]) -> Merged:
     moved = np.add.reduceat(transferred[order], starts)
     progress = work + np.divide(moved, cap, out=np.zeros_like(moved), where=cap > 0)
 
-    users = [u for c in columns for u in c.user]
-    groups = [g for c in columns for g in c.group]
     priority = column("priority")
     replica_of = np.repeat(np.arange(len(digests), dtype=np.intp), sizes)
     conflicts: tuple[Conflict, ...] = ()
     if len(ids) > len(names):
         metadata = {"user": users, "group": groups, "nodes": nodes, "priority": priority}
-        conflicts = _conflicts(ids, [replicas[r] for r in replica_of], first[job_of], metadata)
+        differs = layout.text_differs | (nodes != nodes[first[job_of]])
+        differs |= priority != priority[first[job_of]]
+        conflicts = _conflicts(
+            ids, [replicas[r] for r in replica_of], first[job_of], metadata, differs
+        )
     in_view = np.flatnonzero(np.logical_or.reduceat(open_op[order], starts))
     at = first[in_view]
     rows: dict[JobId, JobView] = {}
@@ -178,8 +229,34 @@ def merge(digests: Sequence[Digest]) -> Merged:
         )
     view = SystemView(0.0, capacity, b, rows, observed=False)
     return Merged(
-        view, names, replicas, capacities, job_of, replica_of, entry_demand, conflicts, cap
+        view, names, replicas, capacities, job_of, replica_of, entry_demand, conflicts, cap, layout
     )
+
+
+# The digest columns each field of the merged view is computed from; released_at and
+# posted_at are also read against each digest's sent_at, so they move with time.
+_SOURCES: dict[str, frozenset[str]] = {
+    "user": frozenset({"user"}),
+    "group": frozenset({"group"}),
+    "nodes": frozenset({"nodes"}),
+    "priority": frozenset({"priority"}),
+    "cap": frozenset({"nodes"}),
+    "demand": frozenset({"demand", "nodes"}),
+    "remaining": frozenset({"remaining", "open_op"}),
+    "progress": frozenset({"progress", "transferred", "nodes"}),
+}
+# What the view's jobs and order, the split and the ceilings read whatever the policy.
+_ALWAYS = frozenset({"job_id", "open_op", "nodes", "demand"})
+
+
+def columns_read(fields: frozenset[str] | None) -> frozenset[str] | None:
+    """The digest columns that a policy reading the view's ``fields`` (``Policy.reads``)
+    and the split depend on, through :func:`merge`; None when one of them moves with
+    time (released_at, posted_at), is unknown, or ``fields`` is None: then equal
+    columns do not mean equal targets."""
+    if fields is None or not fields <= _SOURCES.keys():
+        return None
+    return _ALWAYS.union(*(_SOURCES[f] for f in fields))
 
 
 def _conflicts(
@@ -187,18 +264,17 @@ def _conflicts(
     rids: list[ReplicaId],
     ref: np.ndarray,
     metadata: dict[str, object],
+    differs: np.ndarray,
 ) -> tuple[Conflict, ...]:
     """Per entry (digests concatenated): its job id, replica id, ``ref`` the entry of its
-    job on the lowest replica id, and the merge's columns of user, group (lists),
-    nodes and priority (arrays): the entries whose metadata differs from ``ref``'s."""
+    job on the lowest replica id, the merge's columns of user, group (lists), nodes and
+    priority (arrays), and whether any of them differs from ``ref``'s: the conflicts."""
     users, groups = metadata["user"], metadata["group"]
     nodes, priority = metadata["nodes"], metadata["priority"]
     assert isinstance(users, list) and isinstance(groups, list)
     assert isinstance(nodes, np.ndarray) and isinstance(priority, np.ndarray)
-    differs = (nodes != nodes[ref]) | (priority != priority[ref])
     ref_list = ref.tolist()
-    text = [users[e] != users[f] or groups[e] != groups[f] for e, f in enumerate(ref_list)]
-    suspects = np.flatnonzero(differs | np.array(text, dtype=bool)).tolist()
+    suspects = np.flatnonzero(differs).tolist()
     fields = {"user": users, "group": groups, "nodes": nodes.tolist()}
     fields["priority"] = priority.tolist()
     out = []

@@ -3,13 +3,17 @@
 Every λ (``sync_interval``), early (at least λ/4 after the previous one) when a
 local job starts or ends an I/O phase, and at once after a policy change, a
 replica builds its digest (``controller/digest.py``) from its job table and
-policy slot and sends it to every configured peer (``burstctl.v1.Peer/Stream``:
-one grpc.aio channel and one long-lived stream per peer, each digest written
-within λ; the peer replies only to a digest it does not accept). What it
-receives goes to its ``Membership``. After each exchange it expires peers
-silent for k·λ and, when at least one peer is live, merges the digests, decides
-the global targets with the slot's policy and keeps its own share of their
-split for the scheduler (``local_targets``). See ``docs/replicas.md``.
+policy slot and sends it to every configured peer (``controller/peer_link.py``:
+one long-lived ``burstctl.v1.Peer/Sync`` stream per peer, each digest written
+within λ, as a delta on the previous one where the peer holds it,
+``controller/delta.py``). What it receives goes to its ``Membership``. After
+each exchange it expires peers silent for k·λ and, when at least one peer is
+live, merges the digests, decides the global targets with the slot's policy and
+keeps its own share of their split for the scheduler (``local_targets``). With
+a policy that names the view fields it reads, none of them a time
+(``Policy.reads``), and digests equal to those of the previous computation in
+the columns those fields and the split come from, it keeps the share it has.
+See ``docs/replicas.md``.
 """
 
 from __future__ import annotations
@@ -24,26 +28,39 @@ from dataclasses import dataclass
 from typing import Any
 
 import grpc
+import numpy as np
 from google.protobuf.message import DecodeError
 
 from burstctl.common.channels import ChannelSecurity
 from burstctl.common.limits import MAX_JOBS
-from burstctl.controller.digest import Digest, DigestError, build_digest, from_proto, to_proto
+from burstctl.controller.delta import advance
+from burstctl.controller.digest import (
+    Digest,
+    DigestError,
+    build_digest,
+    from_proto,
+    same_columns,
+)
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership, Status
-from burstctl.controller.merge import Conflict, ceilings, merge, split_targets
+from burstctl.controller.merge import (
+    Conflict,
+    Merged,
+    ceilings,
+    columns_read,
+    merge,
+    split_targets,
+)
+from burstctl.controller.peer_link import PEER_SERVICE_NAME, REPLICA_ID_KEY, Outgoing, PeerLink
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
+from burstctl.policies.base import Policy
 from burstctl.policies.decision import Share, decide
 from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 log = logging.getLogger(__name__)
 
-PEER_SERVICE_NAME = "burstctl.v1.Peer"
-_STREAM = f"/{PEER_SERVICE_NAME}/Stream"
-# The initial metadata key of a Peer/Stream that carries the receiver's replica id.
-REPLICA_ID_KEY = "burstctl-replica-id"
 # An early exchange (poke) comes at least this fraction of λ after the previous one.
 EARLY_GAP = 0.25
 
@@ -104,8 +121,10 @@ class PeerServicer:
             request_deserializer=_decode_digest,
             response_serializer=pb.ExchangeReply.SerializeToString,
         )
+        # Sync and the earlier version's Stream are one method: a replica of that
+        # version sends full digests only, which Sync takes as they are.
         return grpc.method_handlers_generic_handler(
-            PEER_SERVICE_NAME, {"Exchange": exchange, "Stream": stream}
+            PEER_SERVICE_NAME, {"Exchange": exchange, "Sync": stream, "Stream": stream}
         )
 
     async def exchange(
@@ -132,7 +151,8 @@ class PeerServicer:
 
         This replica's id goes out once, in the initial metadata; an accepted
         digest gets no reply (a reply per digest would double the gRPC events
-        of an exchange), any other outcome (rejected, stale, duplicate) a reply.
+        of an exchange), any other outcome (rejected, stale, duplicate,
+        unknown_base) a reply, after which the sender's next digest is a full one.
         """
         await context.send_initial_metadata(((REPLICA_ID_KEY, self.replica_id),))
         async for request in requests:
@@ -186,116 +206,6 @@ class PeerServicer:
 
 # ---------------------------------------------------------------------------
 # Sending side
-
-
-class PeerLink:
-    """One configured peer address: its channel and the replica id it answered with."""
-
-    def __init__(
-        self, address: str, interval: float = 0.5, security: ChannelSecurity | None = None
-    ) -> None:
-        self.address = address
-        self._security = security if security is not None else ChannelSecurity()
-        # gRPC backs off up to 120 s between connection attempts by default; a peer
-        # restarted after a crash must be reached again within about one λ.
-        backoff_ms = max(50, int(interval * 1000))
-        self._options = [
-            ("grpc.initial_reconnect_backoff_ms", backoff_ms),
-            ("grpc.min_reconnect_backoff_ms", backoff_ms),
-            ("grpc.max_reconnect_backoff_ms", backoff_ms),
-        ]
-        # Opened on first use: a grpc.aio channel belongs to the loop it was created in,
-        # and the service is built before the CLI starts its loop.
-        self.channel: grpc.aio.Channel | None = None
-        self._open_stream: Callable[[], grpc.aio.StreamStreamCall] | None = None
-        self._call: grpc.aio.StreamStreamCall | None = None
-        self._reader: asyncio.Task[None] | None = None
-        self.replica_id: str | None = None
-        self.failures = 0
-        self.streams_opened = 0
-        self.refused = 0  # digests the peer answered as not accepted
-
-    async def send(self, wire: bytes, timeout: float) -> bool:
-        """Sends one encoded ``Digest`` (encoded once for every peer) on this link's
-        stream within ``timeout``; False when that fails.
-
-        One ``Peer/Stream`` call per peer, kept open. The peer names itself in
-        the stream's initial metadata and answers only digests it does not
-        accept (logged here by a reader task), so a digest costs one write and
-        one read of gRPC events, not two of each. A failure closes the stream;
-        the next send opens a new one.
-        """
-        try:
-            async with asyncio.timeout(timeout):
-                call = self._call
-                if call is None or call.done():
-                    call = await self._open()
-                await call.write(wire)
-        except (grpc.RpcError, TimeoutError, asyncio.InvalidStateError) as exc:
-            # InvalidStateError: the stream ended between done() and write()
-            self.failures += 1
-            detail = (
-                f"{exc.code()} {exc.details()}"
-                if isinstance(exc, grpc.aio.AioRpcError)
-                else type(exc).__name__
-            )
-            log.debug("exchange with %s failed: %s", self.address, detail)
-            self._drop_stream()
-            return False
-        return True
-
-    async def _open(self) -> grpc.aio.StreamStreamCall:
-        """A new stream, once the peer has said who it is."""
-        self._drop_stream()
-        if self._open_stream is None:
-            self.channel = self._security.open(self.address, options=self._options)
-            self._open_stream = self.channel.stream_stream(
-                _STREAM,
-                request_serializer=None,  # bytes as they are
-                response_deserializer=pb.ExchangeReply.FromString,
-            )
-        call = self._call = self._open_stream()
-        self.streams_opened += 1
-        metadata = dict(await call.initial_metadata() or ())
-        replica_id = metadata.get(REPLICA_ID_KEY)
-        if not isinstance(replica_id, str) or not replica_id:
-            raise _NotAPeer(f"{self.address} did not name its replica ({REPLICA_ID_KEY})")
-        if replica_id != self.replica_id:
-            log.info("peer %s is replica %r", self.address, replica_id)
-            self.replica_id = replica_id
-        self._reader = asyncio.create_task(self._read(call), name=f"peer-{self.address}-replies")
-        return call
-
-    async def _read(self, call: grpc.aio.StreamStreamCall) -> None:
-        """Logs the peer's replies: each one is a digest it did not accept."""
-        with contextlib.suppress(grpc.RpcError, asyncio.InvalidStateError):
-            async for reply in call:
-                assert isinstance(reply, pb.ExchangeReply)
-                self.refused += 1
-                log.debug(  # the peer logs rejections as warnings; no need to say it twice
-                    "peer %s (%s) did not accept our digest: %s %s",
-                    self.address,
-                    reply.replica_id,
-                    reply.status,
-                    reply.reason,
-                )
-
-    def _drop_stream(self) -> None:
-        if self._reader is not None:
-            self._reader.cancel()
-            self._reader = None
-        if self._call is not None:
-            self._call.cancel()
-            self._call = None
-
-    async def close(self) -> None:
-        self._drop_stream()
-        if self.channel is not None:
-            await self.channel.close(grace=None)
-
-
-class _NotAPeer(grpc.RpcError):
-    """The address answered the stream without naming a replica: not a burstctl peer."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -366,14 +276,22 @@ class PeerSync:
         self.keep = keep
         self.local_targets: Share | None = None
         self.held_back: dict[str, HeldBack] = {}
-        self._columns: dict[str, dict[JobId, float]] = {}  # last split, by live replica
+        # The last split and the live replicas whose column a hold-back may still take.
+        self._split: tuple[Merged, np.ndarray, set[str]] | None = None
         self.exchanges = 0
         self.updated = Signal()
         self._usage_seen: dict[JobId, int] = {}
+        self.sent: Digest | None = None  # the digest the peers hold of this replica
+        # What the last share was computed from: the policy, the digests, the held back.
+        self._inputs: tuple[Policy, list[Digest], list[HeldBack]] | None = None
+        self.reused = 0  # exchanges that kept the previous share (same inputs)
         self._conflicts: set[tuple[JobId, str, str]] = set()  # logged once each
         self._wake: asyncio.Event | None = None  # set by poke(); made in run()'s loop
         self._urgent: asyncio.Event | None = None  # set by send_now()
         table.io_changed.connect(self.poke)
+        # A peer's S(t) moved: this replica's share changes with it, so it exchanges and
+        # recomputes soon (EARLY_GAP after its previous exchange), not up to λ later.
+        self.membership.io_changed.connect(self.poke)
         slot.changed.connect(self.send_now)
 
     def _allowed(self) -> None:
@@ -385,7 +303,8 @@ class PeerSync:
     def poke(self, *_change: object) -> None:
         """The local S(t) changed (a job started or ended an I/O phase: the table's
         ``io_changed``): exchange soon, not at the end of the interval, so peers learn of it
-        within about λ/4."""
+        within about λ/4. The same when a peer's digest shows its S(t) changed
+        (``Membership.io_changed``): this replica recomputes its share within about λ/4."""
         if self._wake is not None:
             self._wake.set()
 
@@ -396,7 +315,8 @@ class PeerSync:
             self._wake.set()
 
     def digest(self) -> Digest:
-        """This replica's next digest (its sequence number is taken)."""
+        """This replica's next digest as built from its table (its sequence number is
+        taken); what it sends is the sent view ``advance`` makes of it."""
         self.sequence += 1
         slot = self.slot
         return build_digest(
@@ -435,10 +355,11 @@ class PeerSync:
                     await asyncio.wait_for(wake.wait(), left)
 
     async def exchange_once(self) -> None:
-        digest = self.digest()
-        wire = to_proto(digest).SerializeToString()
+        digest, delta = advance(self.sent, self.digest())
+        self.sent = digest
+        outgoing = Outgoing(digest, delta)  # encoded once for every peer
         sent = await asyncio.gather(
-            *(link.send(wire, self.interval) for link in self.links), return_exceptions=True
+            *(link.send(outgoing, self.interval) for link in self.links), return_exceptions=True
         )
         for link, outcome in zip(self.links, sent, strict=True):
             if isinstance(outcome, Exception):  # a bug in one link must not cost the others
@@ -456,12 +377,20 @@ class PeerSync:
                 del self.held_back[rid]
                 log.info("the leases of replica %r have expired; its share is split again", rid)
         self.exchanges += 1
-        self.local_targets = self._share(digest) if live or self.held_back else None
-        self.updated()
+        share = self._share(digest) if live or self.held_back else None
+        if share is None or share is not self.local_targets:
+            self.local_targets = share
+            self.updated()
+        else:
+            self.reused += 1
 
     def _hold_back(self, rid: str) -> None:
         """Peer ``rid`` just left the view: keep its last column until its leases expire."""
-        column = self._columns.pop(rid, None)
+        column = None
+        if self._split is not None and rid in self._split[2]:
+            merged, x, live = self._split
+            live.discard(rid)
+            column = merged.share(x, rid)  # read only when a peer leaves: no dict per exchange
         heard = self.membership.last_heard(rid)
         if self.lease is None or column is None or heard is None:
             return
@@ -474,30 +403,29 @@ class PeerSync:
             max(0.0, until - self._clock()),
         )
 
-    def _share(self, digest: Digest) -> dict[JobId, float]:
+    def _share(self, digest: Digest) -> Share:
         """This replica's part of the global split computed from ``digest`` (the one it
-        sent in this exchange, so that its peers compute with the same input)."""
+        sent in this exchange, so that its peers compute with the same input); the
+        previous one, itself, when nothing it depends on changed."""
         elected = self.membership.elected(digest)
         if elected is not digest:  # normally adopted when it arrived
             self.slot.adopt(
                 elected.policy, elected.policy_params, elected.policy_version, elected.policy_origin
             )
         digests = self.membership.digests(digest)
+        held = [self.held_back[rid] for rid in sorted(self.held_back)]
+        inputs = (self.slot.policy, digests, held)
+        if self.local_targets is not None and self._same_inputs(inputs):
+            return self.local_targets
+        self._inputs = inputs
         if self.held_back:  # their jobs and capacity are still in use: in the view
-            digests = sorted(
-                [*digests, *(h.digest for h in self.held_back.values())],
-                key=lambda d: d.replica_id,
-            )
-        merged = merge(digests)
+            digests = sorted([*digests, *(h.digest for h in held)], key=lambda d: d.replica_id)
+        merged = merge(digests, self._split[0].layout if self._split is not None else None)
         self._log(merged.conflicts)
         targets = decide(self.slot.policy, merged.view).rates
         fixed = {rid: h.column for rid, h in self.held_back.items()}
         x = split_targets(merged, targets, fixed)
-        edges = merged.by_edge(x)
-        self._columns = {}
-        for (job_id, rid), rate in edges.items():
-            if rid not in fixed:
-                self._columns.setdefault(rid, {})[job_id] = rate
+        self._split = (merged, x, {rid for rid in merged.replicas if rid not in fixed})
         share = merged.share(x, self.replica_id)
         ceiling = merged.share(ceilings(merged, x), self.replica_id)
         # Jobs in the global view: those that had an open operation here when the
@@ -506,6 +434,26 @@ class PeerSync:
         covered = {j for j, o in zip(jobs.job_id, jobs.open_op.tolist(), strict=True) if o}
         rates = {j: rate for j, rate in share.items() if j in covered and math.isfinite(rate)}
         return Share(rates, {j: max(ceiling[j], rates[j]) for j in rates})
+
+    def _same_inputs(self, inputs: tuple[Policy, list[Digest], list[HeldBack]]) -> bool:
+        """The share computed from ``self._inputs`` holds for ``inputs``: the same policy
+        object, one that names the view fields it reads (``Policy.reads``), none of them
+        a time, and the same digests in the columns those fields and the split come
+        from (``merge.columns_read``), but for their sequences and send instants."""
+        last = self._inputs
+        policy, digests, held = inputs
+        if last is None or last[0] is not policy:
+            return False
+        columns = columns_read(policy.reads)
+        if columns is None:
+            return False
+        before, held_before = last[1], last[2]
+        return (
+            len(before) == len(digests)
+            and all(same_columns(a, b, columns) for a, b in zip(before, digests, strict=True))
+            and len(held_before) == len(held)
+            and all(a is b for a, b in zip(held_before, held, strict=True))
+        )
 
     def _log(self, conflicts: tuple[Conflict, ...]) -> None:
         for c in conflicts:
@@ -527,6 +475,7 @@ class PeerSync:
         return {
             "sync_interval_s": self.interval,
             "exchanges": self.exchanges,
+            "shares_kept": self.reused,
             "sequence": self.sequence,
             "in_global_view": self.local_targets is not None,
             "held_back": [
@@ -552,6 +501,10 @@ class PeerSync:
                     "failures": link.failures,
                     "streams_opened": link.streams_opened,
                     "refused": link.refused,
+                    "full_digests": link.fulls,
+                    "full_bytes": link.full_bytes,
+                    "deltas": link.deltas,
+                    "delta_bytes": link.delta_bytes,
                 }
                 for link in self.links
             ],

@@ -45,6 +45,12 @@ class Policy:
 
     name: ClassVar[str]
     Params: ClassVar[type[PolicyParams]] = PolicyParams
+    # The ``JobView`` fields ``allocate`` reads, besides the view's capacity and which
+    # jobs are active, for a policy that keeps no state between calls: two views equal in
+    # them get equal rates, so the replicas' exchange keeps its share while the digest
+    # columns they come from do not change (controller/peers.py). None (the default,
+    # always safe): any field, and time (``now``, released_at, posted_at).
+    reads: ClassVar[frozenset[str] | None] = None
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

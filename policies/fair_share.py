@@ -16,6 +16,7 @@ from burstctl.policies.view import RowRates, SystemView
 
 class FairShare(Policy):
     name = "fair-share"
+    reads = frozenset({"demand", "cap"})
 
     def allocate(self, view: SystemView) -> RowRates:
         columns = view.columns

@@ -263,6 +263,7 @@ class StatisticalTokens(Policy):
     """
 
     levels: ClassVar[tuple[str, ...]]
+    reads = frozenset({"user", "group", "nodes", "priority", "demand"})  # the tree, demands
 
     def allocate(self, view: SystemView) -> dict[JobId, float]:
         rates: dict[JobId, float] = {}

@@ -37,7 +37,7 @@ class DigestJobs(_message.Message):
     def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class Digest(_message.Message):
-    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs")
+    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs", "sent_at", "base_sequence", "left")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -48,6 +48,9 @@ class Digest(_message.Message):
     POLICY_VERSION_FIELD_NUMBER: _ClassVar[int]
     POLICY_ORIGIN_FIELD_NUMBER: _ClassVar[int]
     JOBS_FIELD_NUMBER: _ClassVar[int]
+    SENT_AT_FIELD_NUMBER: _ClassVar[int]
+    BASE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
+    LEFT_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     incarnation: int
     sequence: int
@@ -58,7 +61,10 @@ class Digest(_message.Message):
     policy_version: int
     policy_origin: str
     jobs: DigestJobs
-    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ...) -> None: ...
+    sent_at: float
+    base_sequence: int
+    left: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ..., sent_at: _Optional[float] = ..., base_sequence: _Optional[int] = ..., left: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class ExchangeReply(_message.Message):
     __slots__ = ("replica_id", "status", "field", "reason")

@@ -39,6 +39,11 @@ class PeerStub:
                 request_serializer=burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
                 response_deserializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
                 _registered_method=True)
+        self.Sync = channel.stream_stream(
+                '/burstctl.v1.Peer/Sync',
+                request_serializer=burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
+                response_deserializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
+                _registered_method=True)
         self.Stream = channel.stream_stream(
                 '/burstctl.v1.Peer/Stream',
                 request_serializer=burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
@@ -56,10 +61,20 @@ class PeerServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Sync(self, request_iterator, context):
+        """What replicas use: one long-lived stream per peer, full digests and deltas.
+        The receiver names itself in the initial metadata (burstctl-replica-id) and
+        replies only to a digest it does not accept (rejected, stale, duplicate,
+        unknown_base); the stream goes on after it. A replica of an earlier version
+        has no Sync (UNIMPLEMENTED): replicas of a deployment upgrade together.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Stream(self, request_iterator, context):
-        """What replicas use: one long-lived stream per peer. The receiver names itself
-        in the initial metadata (burstctl-replica-id) and replies only to a digest it
-        does not accept (rejected, stale, duplicate); the stream goes on after it.
+        """The stream of the earlier version, full digests only: served as Sync is, so
+        that a replica of that version still reaches this one.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -70,6 +85,11 @@ def add_PeerServicer_to_server(servicer, server):
     rpc_method_handlers = {
             'Exchange': grpc.unary_unary_rpc_method_handler(
                     servicer.Exchange,
+                    request_deserializer=burstctl_dot_v1_dot_peer__pb2.Digest.FromString,
+                    response_serializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.SerializeToString,
+            ),
+            'Sync': grpc.stream_stream_rpc_method_handler(
+                    servicer.Sync,
                     request_deserializer=burstctl_dot_v1_dot_peer__pb2.Digest.FromString,
                     response_serializer=burstctl_dot_v1_dot_peer__pb2.ExchangeReply.SerializeToString,
             ),
@@ -104,6 +124,33 @@ class Peer:
             request,
             target,
             '/burstctl.v1.Peer/Exchange',
+            burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
+            burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Sync(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/burstctl.v1.Peer/Sync',
             burstctl_dot_v1_dot_peer__pb2.Digest.SerializeToString,
             burstctl_dot_v1_dot_peer__pb2.ExchangeReply.FromString,
             options,

@@ -231,14 +231,14 @@ REFERENCE_JOB_CHECKS: list[tuple[str, Callable[[Any], str | None]]] = [
         "released_at",
         _range(
             lambda v: -math.inf < v <= 0.0,
-            "must be finite and <= 0 (an offset from the send instant)",
+            "must be finite and <= sent_at (the send instant)",
         ),
     ),
     (
         "posted_at",
         _range(
             lambda v: v is None or -math.inf < v <= 0.0,
-            "must be finite and <= 0 (an offset from the send instant), or absent",
+            "must be finite and <= sent_at (the send instant), or absent",
         ),
     ),
     (
@@ -410,11 +410,12 @@ def test_digest_of_the_job_table() -> None:
     validate(d)
     assert (d.sequence, d.policy, d.policy_version) == (1, "fair-share", 0)
     idle, j = d.jobs
+    assert d.sent_at == 102.0  # times are instants on the sender's clock: 2 s and 1 s before
     assert (j.job_id, j.open_op, j.released_at, j.posted_at, j.remaining) == (
         "j",
         True,
-        -2.0,
-        -1.0,
+        100.0,
+        101.0,
         700.0,
     )
     assert j.usage_bytes == 300 and j.demand > 0

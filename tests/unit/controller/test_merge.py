@@ -8,6 +8,7 @@ import dataclasses
 import math
 import random
 
+import numpy as np
 import pytest
 from digests import B_NODE, BIG, C, digest, exchange, job, per_job, per_replica
 from support import views
@@ -219,6 +220,14 @@ def test_relative_times_merge_to_the_earliest() -> None:
     assert view.now == 0.0 and view.observed is False  # offsets and summaries: not observed
 
 
+def test_times_are_read_against_each_digests_send_instant() -> None:
+    # the same offsets as above, as instants on each sender's own clock
+    r1 = digest("R1", (job("J1", released_at=70.0, posted_at=98.0),), sent_at=100.0)
+    r2 = digest("R2", (job("J1", released_at=969.0, posted_at=999.0),), sent_at=1000.0)
+    row = merge([r1, r2]).view.jobs["J1"]
+    assert (row.released_at, row.posted_at) == (-31.0, -2.0)
+
+
 def test_progress_sums_bytes_over_replicas_and_keeps_the_largest_work_time() -> None:
     # J on R1 (B = 100, b_i = min(2·30, 100) = 60): 2 s of work + 120 B -> P = 4;
     # on R2 (B = 50, b_i = 50): 3 s of work + 100 B -> P = 5. Globally b_i = 60
@@ -347,3 +356,13 @@ def test_the_merge_equals_the_job_by_job_reference(seed: int) -> None:
                 assert a == pytest.approx(b, rel=1e-12, abs=1e-12), (job_id, name)
         assert type(row.nodes) is int and type(row.demand) is float
     assert list(merged.conflicts) == reference_conflicts(cluster)
+    # the next merge of digests with the same job ids, users and groups (the same column
+    # objects) takes this one's layout, and gives the same bits
+    again = merge(m.digests(me), merged.layout)
+    assert again.layout is merged.layout or not list(got.jobs)
+    assert again.view == merged.view and again.conflicts == merged.conflicts
+    for name in ("job_of", "replica_of", "demand", "capacity", "cap"):
+        assert np.array_equal(getattr(again, name), getattr(merged, name)), name
+    if merged.layout is not None and len(cluster) > 1:  # another digest: a layout of its own
+        other = [*m.digests(me)[:-1], digest(cluster[-1].replica_id, (job("zz"),))]
+        assert merge(other, merged.layout).layout is not merged.layout

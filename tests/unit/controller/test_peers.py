@@ -17,18 +17,13 @@ import grpc
 import pytest
 from digests import FULL_DIGEST
 from support import async_wait_until, views
+from support.replicas import replica_pair
 
 from burstctl.controller.digest import Digest, JobDigest, to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
-from burstctl.controller.peers import (
-    EARLY_GAP,
-    REPLICA_ID_KEY,
-    PeerLink,
-    PeerServicer,
-    PeerSync,
-    _decode_digest,
-)
+from burstctl.controller.peer_link import REPLICA_ID_KEY, Outgoing, PeerLink
+from burstctl.controller.peers import EARLY_GAP, PeerServicer, PeerSync, _decode_digest
 from burstctl.controller.records import JobMeta, OpKind
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.decision import Share, blend
@@ -75,15 +70,22 @@ async def running(sync: PeerSync) -> AsyncIterator[None]:
         await sync.close()
 
 
+def raw(wire: bytes) -> Outgoing:
+    """An exchange's digest that is ``wire`` as it is (a malformed one, say) for every peer."""
+    outgoing = Outgoing(DIGEST, None)
+    outgoing._full_wire = wire
+    return outgoing
+
+
 async def _peer_server(handler: Callable[..., Any]) -> tuple[grpc.aio.Server, int]:
-    """A real gRPC server on loopback whose Peer/Stream is ``handler``."""
+    """A real gRPC server on loopback whose Peer/Sync is ``handler``."""
     server = grpc.aio.server()
     server.add_generic_rpc_handlers(
         (
             grpc.method_handlers_generic_handler(
                 "burstctl.v1.Peer",
                 {
-                    "Stream": grpc.stream_stream_rpc_method_handler(
+                    "Sync": grpc.stream_stream_rpc_method_handler(
                         handler,
                         request_deserializer=_decode_digest,
                         response_serializer=pb.ExchangeReply.SerializeToString,
@@ -340,7 +342,7 @@ async def test_the_servicer_adopts_a_newer_policy_and_ignores_an_older_one(
 
     async def send(wire: bytes) -> None:
         sent = peer.received
-        assert await link.send(wire, timeout=2.0)
+        assert await link.send(raw(wire), timeout=2.0)
         await async_wait_until(lambda: peer.received == sent + 1, 2.0, message="the digest")
 
     try:
@@ -396,10 +398,10 @@ async def test_the_peer_names_itself_once_and_answers_only_what_it_does_not_acce
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
     good = to_proto(DIGEST).SerializeToString()
     try:
-        assert await link.send(good, timeout=2.0)  # accepted: no reply
+        assert await link.send(raw(good), timeout=2.0)  # accepted: no reply
         assert link.replica_id == "r2"  # from the stream's initial metadata
-        assert await link.send(b"\xff\xff", timeout=2.0)  # malformed: a rejected reply
-        assert await link.send(good, timeout=2.0)  # the same sequence again: a duplicate
+        assert await link.send(raw(b"\xff\xff"), timeout=2.0)  # malformed: a rejected reply
+        assert await link.send(raw(good), timeout=2.0)  # the same sequence again: a duplicate
         await async_wait_until(lambda: link.refused == 2, 2.0, message="two replies")
         assert (peer.received, peer.rejected) == (3, 1)
         assert peer.membership.live_peers() == ["r1"]
@@ -421,8 +423,8 @@ async def test_a_peer_that_does_not_name_itself_costs_a_failure_and_a_new_stream
     link = PeerLink(f"127.0.0.1:{port}", interval=0.1)
     wire = to_proto(DIGEST).SerializeToString()
     try:
-        assert not await link.send(wire, timeout=0.2)
-        assert not await link.send(wire, timeout=0.2)
+        assert not await link.send(raw(wire), timeout=0.2)
+        assert not await link.send(raw(wire), timeout=0.2)
         assert (link.failures, link.streams_opened, link.replica_id) == (2, 2, None)
         assert len(opened) == 2
     finally:
@@ -444,12 +446,12 @@ async def test_a_peer_ending_its_streams_costs_failed_sends_never_an_exception()
     link = PeerLink(f"127.0.0.1:{port}", interval=0.5)
     wire = to_proto(DIGEST).SerializeToString()
     try:
-        sent = [await link.send(wire, timeout=2.0)]
+        sent = [await link.send(raw(wire), timeout=2.0)]
         # once the peer has ended the first stream, the next send opens another
         call = link._call
         assert call is not None
         await async_wait_until(call.done, 2.0, message="the peer to end the stream")
-        sent += [await link.send(wire, timeout=2.0) for _ in range(7)]  # fast: races
+        sent += [await link.send(raw(wire), timeout=2.0) for _ in range(7)]  # fast: races
     finally:
         await link.close()
         await server.stop(None)
@@ -471,44 +473,15 @@ async def test_two_replicas_share_the_global_split_and_log_each_conflict_once(
         "r1": JobMeta("J1", "alice", "g", 16, 1.0),
         "r2": JobMeta("J1", "mallory", "g", 2, 1.0),
     }
-    servers: list[grpc.aio.Server] = []
-    ports = []
-    for _ in metas:
-        server = grpc.aio.server()
-        ports.append(server.add_insecure_port("127.0.0.1:0"))
-        servers.append(server)
-    syncs: dict[str, PeerSync] = {}
-    servicers: dict[str, PeerServicer] = {}
-    for i, (rid, meta) in enumerate(metas.items()):
-        jobs = table()
-        session = jobs.open_session(meta, "c", "h")
-        jobs.post(session, 1, OpKind.WRITE, 0)
-        own = slot(tmp_path / rid, rid)
-        syncs[rid] = sync = PeerSync(
-            jobs,
-            own,
-            replica_id=rid,
-            addresses=[f"127.0.0.1:{ports[1 - i]}"],
-            interval=30.0,
-            missed=3,
-            capacity=100.0,
-            node_bandwidth=10.0,
-        )
-        servicers[rid] = PeerServicer(sync.membership, own, rid)
-        servers[i].add_generic_rpc_handlers((servicers[rid].rpc_handlers(),))
-        await servers[i].start()
+    async with replica_pair(tmp_path, metas) as replicas:
+        syncs = {rid: r.sync for rid, r in replicas.items()}
 
-    async def exchange(rid: str) -> None:
-        """One exchange of ``rid``, done once its peer has taken the digest."""
-        other = servicers["r2" if rid == "r1" else "r1"]
-        received = other.received
-        await syncs[rid].exchange_once()
-        await async_wait_until(lambda: other.received == received + 1, 5.0, message="digest")
+        async def exchange(rid: str) -> None:
+            await replicas[rid].exchange(replicas["r2" if rid == "r1" else "r1"])
 
-    def conflicts() -> int:
-        return sum("mallory" in r.getMessage() for r in caplog.records)
+        def conflicts() -> int:
+            return sum("mallory" in r.getMessage() for r in caplog.records)
 
-    try:
         with caplog.at_level(logging.WARNING, logger="burstctl.controller"):
             # r1 speaks first: r2 has not reached r1 yet, so does not know it as a peer
             await exchange("r1")
@@ -532,8 +505,3 @@ async def test_two_replicas_share_the_global_split_and_log_each_conflict_once(
         assert 0.0 < shares["r2"]["J1"] <= 20.0
         assert 0.0 < shares["r1"]["J1"] <= 100.0
         assert all(s.stats()["in_global_view"] for s in syncs.values())
-    finally:
-        for sync in syncs.values():
-            await sync.close()
-        for server in servers:
-            await server.stop(None)
