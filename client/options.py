@@ -20,6 +20,7 @@ from burstctl.client.fallback import Fallback
 from burstctl.client.job import JobInfo
 from burstctl.common.channels import ChannelSecurity
 from burstctl.common.limits import DEFAULT_FALLBACK_GRACE
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 DEFAULT_FALLBACK = "keep-last"
 # Seconds between two Usage reports (the heartbeat).
@@ -68,6 +69,28 @@ class SessionOptions:
     purpose: Purpose = "app"
     buffer: bool = False  # the session tracks a burst buffer (Buffer reports, space limits)
     bucket_observer: BucketObserver | None = None
+
+    def hello(self, buffer: pb.Buffer | None, pacing_rate: float) -> pb.ClientMessage:
+        """The Hello that opens a stream of the session: its job, who it is, what it holds on
+        the buffer and what it paces at as the stream opens (unthrottled, an explicit choice
+        outside the fail-safe rule, says nothing: 0)."""
+        job = self.job
+        return pb.ClientMessage(
+            hello=pb.Hello(
+                job_id=job.job_id,
+                user=job.user,
+                group=job.group,
+                nodes=job.nodes,
+                priority=job.priority,
+                period_w=job.w or 0.0,
+                period_vol=job.vol_io or 0.0,
+                client_id=self.client_id,
+                host=self.host,
+                purpose=pb.PURPOSE_DRAIN if self.purpose == "drain" else pb.PURPOSE_APP,
+                buffer=buffer,
+                pacing_rate=pacing_rate if math.isfinite(pacing_rate) else 0.0,
+            )
+        )
 
     @classmethod
     def build(

@@ -293,7 +293,8 @@ class SessionStream:
         assert self._link is not None
         call = self._link.open()
         outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
-        outbox.put_nowait(self._hello())
+        buffer = self._space.snapshot().buffer if self._space is not None else None
+        outbox.put_nowait(self._options.hello(buffer, self._throttle.rate))
         # A new stream knows nothing: re-post every operation still open, with its old id.
         for posted in self._open_ops.values():
             outbox.put_nowait(pb.ClientMessage(op_posted=posted))
@@ -371,28 +372,6 @@ class SessionStream:
         if self._outbox is not None:
             self._outbox.put_nowait(message)
             self._urgent = self._urgent or urgent
-
-    def _hello(self) -> pb.ClientMessage:
-        job, options = self._options.job, self._options
-        buffer = self._space.snapshot().buffer if self._space is not None else None
-        return pb.ClientMessage(
-            hello=pb.Hello(
-                job_id=job.job_id,
-                user=job.user,
-                group=job.group,
-                nodes=job.nodes,
-                priority=job.priority,
-                period_w=job.w or 0.0,
-                period_vol=job.vol_io or 0.0,
-                client_id=options.client_id,
-                host=options.host,
-                purpose=pb.PURPOSE_DRAIN if options.purpose == "drain" else pb.PURPOSE_APP,
-                buffer=buffer,
-                # what it paces at as the stream opens (unthrottled, an explicit choice
-                # outside the rule, says nothing)
-                pacing_rate=rate if math.isfinite(rate := self._throttle.rate) else 0.0,
-            )
-        )
 
     def _refuse(self, details: str) -> None:
         """The controller refused the session: no allocation will come, so the fallback applies
