@@ -70,6 +70,7 @@ bench: $(STAMP)
 	$(PY) bench/dpsac_speed.py --drain
 	$(PY) bench/split_speed.py
 	$(PY) bench/replica_sync.py
+	$(PY) bench/scale.py --replicas 2 --sessions 1000
 	$(PY) bench/fairness.py
 	$(PY) bench/fuse_throughput.py
 	$(PY) bench/preload_throughput.py
