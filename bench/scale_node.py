@@ -105,6 +105,23 @@ class Generator:
             if delay > 0:
                 await asyncio.sleep(delay)  # the application's own pace
 
+    def granted(self, i: int, dt: float, rate: float) -> float:
+        """What raw session ``i``'s application moved in ``dt`` seconds at ``rate`` in force."""
+        got = min(self.want, rate) * dt
+        self.moved[i] += got
+        return got
+
+    def usage(self, pb: Any, nbytes: float, span: float, rate: float) -> Any:
+        """A raw session's Usage of ``nbytes`` over ``span`` seconds at ``rate`` in force: it
+        waited on its bucket whenever the rate is below what its application wants."""
+        short = rate < self.want
+        return pb.Usage(
+            bytes=int(nbytes),
+            interval_seconds=span,
+            wait_seconds=span * (1 - rate / self.want) if short else 0.0,
+            waiting=short,
+        )
+
     def attached(self, i: int, began: float) -> None:
         if self.attached_at[i] is None:
             self.attached_at[i] = self.loop.time() - began
@@ -264,15 +281,7 @@ async def raw_node(spec: dict[str, Any]) -> dict[str, Any]:
                         await asyncio.sleep(REPORT)
                         now = gen.loop.time()
                         dt, r = now - last, in_force(i, now)
-                        got = min(gen.want, r) * dt
-                        gen.moved[i] += got
-                        short = r < gen.want  # the application waited on its bucket
-                        usage = pb.Usage(
-                            bytes=int(got),
-                            interval_seconds=dt,
-                            wait_seconds=dt * (1 - r / gen.want) if short else 0.0,
-                            waiting=short,
-                        )
+                        usage = gen.usage(pb, gen.granted(i, dt, r), dt, r)
                         await call.write(pb.ClientMessage(usage=usage))
                         last = now
 
@@ -408,26 +417,14 @@ async def raw_node_stream(spec: dict[str, Any]) -> dict[str, Any]:
             await asyncio.sleep(REPORT)
             now = gen.loop.time()
             dt, r = now - last, in_force(i, now)
-            got = min(gen.want, r) * dt
-            gen.moved[i] += got
-            moved += got
+            moved += gen.granted(i, dt, r)
             last = now
             short = r < gen.want  # the application waited on its bucket
             rate_now = moved / max(1e-9, now - said_at)
             new = short != said[1] or abs(rate_now - said[0]) > 0.1 * said[0]
             if tag_of[i] and (new or now - said_at >= heartbeat[i]):
-                span = now - said_at
-                queues[replica].append(
-                    pb.ClientMessage(
-                        session=tag_of[i],
-                        usage=pb.Usage(
-                            bytes=int(moved),
-                            interval_seconds=span,
-                            wait_seconds=span * (1 - r / gen.want) if short else 0.0,
-                            waiting=short,
-                        ),
-                    )
-                )
+                usage = gen.usage(pb, moved, now - said_at, r)
+                queues[replica].append(pb.ClientMessage(session=tag_of[i], usage=usage))
                 said, said_at, moved = (rate_now, short), now, 0.0
 
     def sample(i: int) -> tuple[bool, bool, float]:
