@@ -70,10 +70,12 @@ class SessionOptions:
     buffer: bool = False  # the session tracks a burst buffer (Buffer reports, space limits)
     bucket_observer: BucketObserver | None = None
 
-    def hello(self, buffer: pb.Buffer | None, pacing_rate: float) -> pb.ClientMessage:
+    def hello(
+        self, buffer: pb.Buffer | None, pacing_rate: float, allotted: float
+    ) -> pb.ClientMessage:
         """The Hello that opens a stream of the session: its job, who it is, what it holds on
-        the buffer and what it paces at as the stream opens (unthrottled, an explicit choice
-        outside the fail-safe rule, says nothing: 0)."""
+        the buffer, what it paces at as the stream opens (unthrottled, an explicit choice
+        outside the fail-safe rule, says nothing: 0) and the rate its last allocation gave."""
         job = self.job
         return pb.ClientMessage(
             hello=pb.Hello(
@@ -89,6 +91,7 @@ class SessionOptions:
                 purpose=pb.PURPOSE_DRAIN if self.purpose == "drain" else pb.PURPOSE_APP,
                 buffer=buffer,
                 pacing_rate=pacing_rate if math.isfinite(pacing_rate) else 0.0,
+                allotted=allotted,
             )
         )
 

@@ -294,7 +294,8 @@ class SessionStream:
         call = self._link.open()
         outbox: asyncio.Queue[pb.ClientMessage | None] = asyncio.Queue()
         buffer = self._space.snapshot().buffer if self._space is not None else None
-        outbox.put_nowait(self._options.hello(buffer, self._throttle.rate))
+        allotted = self._fallback.last_rate or 0.0
+        outbox.put_nowait(self._options.hello(buffer, self._throttle.rate, allotted))
         # A new stream knows nothing: re-post every operation still open, with its old id.
         for posted in self._open_ops.values():
             outbox.put_nowait(pb.ClientMessage(op_posted=posted))

@@ -21,7 +21,7 @@ from typing import Any
 from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.config import ControllerConfig, split_host_port
-from burstctl.controller.ghosts import Ghosts
+from burstctl.controller.ghosts import Ghosts, InForce
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import LatencyHistogram, Metrics
@@ -111,6 +111,8 @@ class Replica:
         # Sessions gone without a Goodbye stay counted until they come back, or for as long as
         # a silent client is given before it is taken as gone (controller/ghosts.py).
         self.ghosts = Ghosts(retention=config.heartbeat_timeout, clock=clock)
+        # The rates in force at the clients, saved for a successor that restarts in our place.
+        self.in_force = InForce(config.state_dir, self._offered, self.ghosts)
         self.scheduler = Scheduler(
             self.table,
             self.slot,
@@ -197,6 +199,16 @@ class Replica:
         """The durable stores, as the previous run left them (an unreadable file is kept
         aside and its store starts empty: common/files.py)."""
         self.ledger.load()
+        # Our predecessor's clients go on pacing at what it allotted until they are back.
+        app, drain = self.in_force.load()
+        if app or drain:
+            log.info(
+                "counting the rates in force at the previous run's clients until they are"
+                " back: %s B/s (drain %s B/s)",
+                round(app),
+                round(drain),
+            )
+        self.ghosts.reserve(app, drain, retention=self.config.lease + self.config.fallback_grace)
         state = self.store.load()
         self.profiles.load()
         self.registrations.resume(state)
@@ -236,7 +248,8 @@ class Replica:
         self._spawn(self.scheduler.renew_leases(), "lease-renewal")
         self._spawn(self.servicer.reap(), "heartbeat-reaper")
         self._spawn(
-            keep_saving((self.ledger, self.profiles), self.config.ledger_interval), "ledger"
+            keep_saving((self.ledger, self.profiles, self.in_force), self.config.ledger_interval),
+            "ledger",
         )
         self._spawn(self.servicer.lag.run(), "loop-lag")
         if self.config.tick > 0:
@@ -260,6 +273,10 @@ class Replica:
         if not self._started or self._stopped.is_set():
             return
         self.ready = False
+        # The rates in force, saved while the sessions are still open: their clients go on
+        # pacing after we are gone, and our successor counts them (controller/ghosts.py).
+        await save_changes(self.in_force)
+        self.in_force.final = True
         await self.grpc.stop(grace)
         if self.http is not None:
             await self.http.stop()
@@ -277,6 +294,13 @@ class Replica:
             self.config.replica_id,
             json.dumps(self.metrics.stats(), sort_keys=True),
         )
+
+    def _offered(self) -> tuple[float, float]:
+        """The rates the clients may pace at: offered to the application and drain sessions."""
+        pools = [0.0, 0.0]
+        for session in self.table.sessions.values():
+            pools[session.drain] += session.offered
+        return pools[0], pools[1]
 
     async def serve(self, should_exit: asyncio.Event) -> None:
         await self.start()

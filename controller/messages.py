@@ -67,8 +67,10 @@ def validate_hello(msg: pb.ClientMessage) -> tuple[JobMeta, str, str]:
     priority = h.priority or 1.0
     if not (math.isfinite(priority) and 0 < priority <= MAX_PRIORITY):
         raise ProtocolError("hello.priority", f"must be in (0, {MAX_PRIORITY:g}], got {priority}")
-    if not (math.isfinite(h.pacing_rate) and h.pacing_rate >= 0):
-        raise ProtocolError("hello.pacing_rate", f"must be finite and >= 0, got {h.pacing_rate}")
+    for name in ("pacing_rate", "allotted"):
+        rate = getattr(h, name)
+        if not (math.isfinite(rate) and rate >= 0):
+            raise ProtocolError(f"hello.{name}", f"must be finite and >= 0, got {rate}")
     bad_period = period_problem(h.period_w, h.period_vol)
     if bad_period is not None:
         name = "period_w" if bad_period[0] == "w" else "period_vol"

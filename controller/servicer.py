@@ -265,7 +265,10 @@ class ControllerServicer:
         )
         session = self.table.open_session(meta, client_id, host, drain=drain, outbox=stream)
         session.offered = pacing
-        self.ghosts.claim((client_id, session.job.job_id, drain))  # counted as this now
+        # counted as this session now: its ghost, or what a predecessor allotted it (a
+        # restart's reserve)
+        allotted = min(hello.hello.allotted, self.capacities[1 if drain else 0])
+        self.ghosts.claim((client_id, session.job.job_id, drain), max(pacing, allotted))
         self.streams[session.sid] = stream
         if buffer is not None:
             self._open_holder(session, buffer)

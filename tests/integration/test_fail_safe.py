@@ -10,20 +10,23 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import ExitStack
+from pathlib import Path
 
 import grpc
 import pytest
 from support import ControllerProcess, Pump, async_wait_until, measure, wait_until
-from support.grpc import RawSession, hello, post
+from support.grpc import RawNode, RawSession, hello, post, tagged
 
 from burstctl.client import JobInfo, Session
 from burstctl.common.limits import MIN_RATE
 from burstctl.controller.app import Replica
+from burstctl.controller.ghosts import IN_FORCE_FILE
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration
@@ -246,3 +249,52 @@ async def test_an_increase_waits_for_the_decrease_acknowledgement_or_fits_beside
         assert stats.hold_expired == 1  # released by the acknowledgements, not the bound
         for s in (a, b, c):
             s.call.cancel()
+
+
+async def test_a_restarted_replica_counts_its_predecessors_rates_until_their_clients_are_back(
+    replica_factory: Callable[..., Awaitable[Replica]], tmp_path: Path
+) -> None:
+    """The clients of a replica that restarts keep what it allotted them and come back one node
+    at a time. The new process counts the sum its predecessor saved (controller/ghosts.py:
+    InForce) less what each returning client declares, so node a, back first, gets no more
+    than node b, not back yet, leaves free."""
+    state = tmp_path / "restarting"
+    first = await replica_factory(state_dir=state, ledger_interval=0.1)
+    capacity = first.config.capacity  # 40 MiB/s; b = 8 MiB/s: each of 8 sessions gets 5
+    tags = (1, 2, 3, 4)
+    async with grpc.aio.insecure_channel(first.grpc_address) as channel:
+        nodes = {name: RawNode(channel, acknowledge=True) for name in "ab"}
+        for name, node in nodes.items():
+            await node.send(*(tagged(t, hello(f"{name}{t}", client_id=f"{name}{t}")) for t in tags))
+            await node.send(*(tagged(t, post(1)) for t in tags))
+        await async_wait_until(
+            lambda: all(node.rate(t) == capacity / 8 for node in nodes.values() for t in tags),
+            message="B shared by the 8 sessions",
+        )
+        saved = state / IN_FORCE_FILE
+        await async_wait_until(
+            lambda: saved.exists() and json.loads(saved.read_text())["app"] >= 0.99 * capacity,
+            message="the rates in force saved",
+        )
+        kept = {name: [node.rate(t) or 0.0 for t in tags] for name, node in nodes.items()}
+    await first.stop(grace=0)
+
+    second = await replica_factory(state_dir=state)
+    assert second.ghosts.reserved()[0] == pytest.approx(capacity, rel=0.01)
+    async with grpc.aio.insecure_channel(second.grpc_address) as channel:
+        # node a comes back, declaring what it kept and was allotted; b is still away
+        a = RawNode(channel, acknowledge=True)
+        await a.send(
+            *(
+                tagged(t, hello(f"a{t}", client_id=f"a{t}", pacing_rate=rate, allotted=rate))
+                for t, rate in zip(tags, kept["a"], strict=True)
+            )
+        )
+        await a.send(*(tagged(t, post(1)) for t in tags))
+        await async_wait_until(lambda: all(a.rate(t) is not None for t in tags), message="back")
+        await async_wait_until(lambda: second.scheduler.stats.decisions >= 2, message="decided")
+        away = sum(kept["b"])
+        assert second.ghosts.reserved()[0] == pytest.approx(away, rel=0.01)
+        # b's 20 MiB/s are counted: a gets the other 20, not its 32 of b_i alone
+        assert sum(a.rate(t) or 0.0 for t in tags) <= (capacity - away) * (1 + 0.02)
+        a.call.cancel()

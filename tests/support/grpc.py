@@ -105,10 +105,13 @@ def tagged(session: int, msg: pb.ClientMessage) -> pb.ClientMessage:
 class RawNode:
     """A ``Node`` stream driven by hand: ``send`` what you like; a task files what comes back
     by session (batches taken apart) into ``received``, and ``ended`` holds each session's
-    ``SessionEnd``."""
+    ``SessionEnd``. ``acknowledge``: every allocation is acknowledged as it comes (as a
+    client acknowledges a decrease), so the replica's increases for others are not held."""
 
-    def __init__(self, channel: grpc.aio.Channel) -> None:
+    def __init__(self, channel: grpc.aio.Channel, acknowledge: bool = False) -> None:
         self.call = pb_grpc.ControllerStub(channel).Node()
+        self._acknowledge = acknowledge
+        self._writing = asyncio.Lock()
         self.received: dict[int, list[pb.ServerMessage]] = {}
         self.ended: dict[int, pb.SessionEnd] = {}
         self.batches = 0  # ServerBatch messages read
@@ -129,13 +132,18 @@ class RawNode:
                     self.ended[one.session] = one.end
                 else:
                     self.received.setdefault(one.session, []).append(one)
+                    if self._acknowledge and one.WhichOneof("body") == "allocation":
+                        epoch = one.allocation.epoch
+                        ack = pb.ClientMessage(usage=pb.Usage(applied_epoch=epoch))
+                        await self.send(tagged(one.session, ack))
 
     async def send(self, *msgs: pb.ClientMessage) -> None:
         """One message, or several as one ``Batch``."""
-        if len(msgs) == 1:
-            await self.call.write(msgs[0])
-        else:
-            await self.call.write(pb.ClientMessage(batch=pb.Batch(messages=msgs)))
+        async with self._writing:  # (one write at a time on a gRPC call)
+            if len(msgs) == 1:
+                await self.call.write(msgs[0])
+            else:
+                await self.call.write(pb.ClientMessage(batch=pb.Batch(messages=msgs)))
 
     def allocations(self, session: int) -> list[pb.Allocation]:
         return [

@@ -26,7 +26,7 @@ PURPOSE_APP: Purpose
 PURPOSE_DRAIN: Purpose
 
 class Hello(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol", "purpose", "buffer", "pacing_rate")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "client_id", "host", "period_w", "period_vol", "purpose", "buffer", "pacing_rate", "allotted")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -39,6 +39,7 @@ class Hello(_message.Message):
     PURPOSE_FIELD_NUMBER: _ClassVar[int]
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     PACING_RATE_FIELD_NUMBER: _ClassVar[int]
+    ALLOTTED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     user: str
     group: str
@@ -51,7 +52,8 @@ class Hello(_message.Message):
     purpose: Purpose
     buffer: Buffer
     pacing_rate: float
-    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., buffer: _Optional[_Union[Buffer, _Mapping]] = ..., pacing_rate: _Optional[float] = ...) -> None: ...
+    allotted: float
+    def __init__(self, job_id: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., client_id: _Optional[str] = ..., host: _Optional[str] = ..., period_w: _Optional[float] = ..., period_vol: _Optional[float] = ..., purpose: _Optional[_Union[Purpose, str]] = ..., buffer: _Optional[_Union[Buffer, _Mapping]] = ..., pacing_rate: _Optional[float] = ..., allotted: _Optional[float] = ...) -> None: ...
 
 class Buffer(_message.Message):
     __slots__ = ("resident", "pending", "added", "drain_error")
