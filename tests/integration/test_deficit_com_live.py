@@ -29,6 +29,9 @@ CAP = 8 * MiB
 WITHIN = 0.08
 
 
+# The pumps' rates are measured over windows of 3-4 s against 8 %: alone, not beside other
+# tests (a CI run with one core busy measured a flat-out pump at 80 % of its allotment).
+@pytest.mark.serial
 def test_deficit_com_shares_by_opportunity_keeps_to_B_and_switches(
     controller_factory: Any, tmp_path: Path
 ) -> None:
