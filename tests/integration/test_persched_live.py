@@ -81,6 +81,9 @@ def outside(pattern: Pattern, t: float) -> bool:
     return all(pattern.rate_at(t - d) <= 0.0 for d in (0.0, LATE / 2, LATE))
 
 
+# Iteration lengths are measured against the pattern's within 5 %: alone, not beside other
+# tests (CI runs with one core busy measured p1's 4-10 % long, in earlier sessions and now).
+@pytest.mark.serial
 async def test_three_periodic_jobs_pace_to_their_windows_and_a_fourth_gets_the_reserve(
     replica_factory: Callable[..., Awaitable[Replica]],
 ) -> None:
