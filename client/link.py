@@ -24,7 +24,7 @@ import contextlib
 import itertools
 import logging
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import grpc
@@ -48,7 +48,7 @@ MAX_BATCH_BYTES = 48 * 1024
 class Call(Protocol):
     """What a session's stream code uses of its stream: a `Leg` or a `SessionCall`."""
 
-    async def write(self, message: pb.ClientMessage, urgent: bool = False) -> None: ...
+    async def write(self, messages: Sequence[pb.ClientMessage], urgent: bool = False) -> None: ...
 
     async def read(self) -> Any: ...
 
@@ -73,8 +73,8 @@ class SessionCall:
     def __init__(self, call: grpc.aio.StreamStreamCall) -> None:
         self._call = call
 
-    async def write(self, message: pb.ClientMessage, urgent: bool = False) -> None:
-        await self._call.write(message)
+    async def write(self, messages: Sequence[pb.ClientMessage], urgent: bool = False) -> None:
+        await self._call.write(one_message(messages))
 
     async def read(self) -> Any:
         return await self._call.read()
@@ -129,14 +129,13 @@ class Leg:
 
     # --------------------------------------------------------------- the session's side
 
-    async def write(self, message: pb.ClientMessage, urgent: bool = False) -> None:
-        """Queues ``message`` (a Batch taken apart) on the node's stream; ``urgent`` (or a
-        message someone waits on by its kind, `is_urgent`): written without the linger."""
+    async def write(self, messages: Sequence[pb.ClientMessage], urgent: bool = False) -> None:
+        """Queues ``messages``, each tagged, on the node's stream, which batches what all its
+        sessions queued; ``urgent`` (or a message someone waits on by its kind, `is_urgent`):
+        written without the linger."""
         if self._end is not None:
             return
-        # The node stream batches what all its sessions queued: a session's own Batch is
-        # taken apart, each message tagged.
-        for one in message.batch.messages if message.WhichOneof("body") == "batch" else (message,):
+        for one in messages:
             one.session = self.tag
             self._stream.send(one, urgent or is_urgent(one))
 
@@ -200,6 +199,14 @@ class Leg:
         self._cancelled = True
         self.finish(grpc.StatusCode.CANCELLED, "left by the client")
         return True
+
+
+def one_message(messages: Sequence[pb.ClientMessage]) -> pb.ClientMessage:
+    """What goes on the wire for ``messages`` (at least one): the message itself, or a Batch
+    of them (each gRPC message has a fixed cost on both ends)."""
+    if len(messages) == 1:
+        return messages[0]
+    return pb.ClientMessage(batch=pb.Batch(messages=messages))
 
 
 def is_urgent(message: pb.ClientMessage) -> bool:
@@ -293,10 +300,7 @@ class _NodeCall:
                     if size > MAX_BATCH_BYTES:
                         break
                     batch.append(queue.popleft())
-                if len(batch) == 1:
-                    await call.write(batch[0])
-                else:
-                    await call.write(pb.ClientMessage(batch=pb.Batch(messages=batch)))
+                await call.write(one_message(batch))
         except (grpc.aio.AioRpcError, asyncio.InvalidStateError) as err:
             logger.debug("stopped writing to the node stream: %r", err)
 

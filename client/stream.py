@@ -341,23 +341,20 @@ class SessionStream:
             # code and retry hint lost (gRPC Python; docs/protocol.md, "Errors").
             hello = await outbox.get()
             assert hello is not None
-            await call.write(hello)
+            await call.write([hello])
             await call.initial_metadata()
             if call.done():
                 return  # refused: the reader learns how
             while True:
-                # What queued up while the previous write was in flight goes as one Batch:
-                # each gRPC message has a fixed cost on both ends.
+                # What queued up while the previous write was in flight goes as one write.
                 pending = [await outbox.get()]
                 while pending[-1] is not None and len(pending) < MAX_BATCH and not outbox.empty():
                     pending.append(outbox.get_nowait())
                 done = pending[-1] is None
                 messages = [m for m in pending if m is not None]
                 urgent, self._urgent = self._urgent, False
-                if len(messages) == 1:
-                    await call.write(messages[0], urgent)
-                elif messages:
-                    await call.write(pb.ClientMessage(batch=pb.Batch(messages=messages)), urgent)
+                if messages:
+                    await call.write(messages, urgent)
                 if done:
                     await call.done_writing()
                     return
