@@ -60,12 +60,12 @@ from burstctl.fuse_shim.inodes import PATH_FLAGS, Inode, InodeTable
 from burstctl.fuse_shim.ownership import clear_setid, give_to_caller, may_access, open_existing
 from burstctl.fuse_shim.paced import PacedRequests
 from burstctl.fuse_shim.staged import StagedFiles
-from burstctl.fuse_shim.stageout import StageOut
 from burstctl.fuse_shim.syscalls import chown_node, proc_path, renameat2, set_times
 from burstctl.fuse_shim.xattrs import ExtendedAttributes
 from burstctl.node.attribution import Caller
 from burstctl.node.pacer import Pacer
 from burstctl.node.sessions import JobSession
+from burstctl.node.stageout import StageOut
 
 logger = logging.getLogger(__name__)
 

@@ -40,9 +40,9 @@ from burstctl.fuse_shim.config import (
     MountConfig,
     MountError,
 )
-from burstctl.fuse_shim.stageout import StageOut
 from burstctl.node.attribution import Attributor
 from burstctl.node.pacer import Pacer
+from burstctl.node.stageout import StageOut
 
 logger = logging.getLogger(__name__)
 

@@ -21,9 +21,9 @@ from collections.abc import Callable, Iterator
 
 from burstctl.client.job import JobInfo
 from burstctl.fuse_shim.inodes import Inode, InodeTable, Key
-from burstctl.fuse_shim.stageout import StageOut
-from burstctl.fuse_shim.stageout_marks import Evicted
 from burstctl.fuse_shim.syscalls import proc_path
+from burstctl.node.stageout import StageOut
+from burstctl.node.stageout_marks import Evicted
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import pytest
 from fake_controller import FakeController
 from support import MountProcess, clean_env, run_burstctl, wait_until
 
-from burstctl.fuse_shim.stageout_marks import TEMP_MARK, XATTR_COPIED
+from burstctl.node.stageout_marks import TEMP_MARK, XATTR_COPIED
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration

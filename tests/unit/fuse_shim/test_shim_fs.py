@@ -44,9 +44,9 @@ from burstctl.fuse_shim.fs import PassthroughFS
 from burstctl.fuse_shim.inodes import InodeTable, handle_budget
 from burstctl.fuse_shim.ownership import give_to_caller
 from burstctl.fuse_shim.setid import writer_of
-from burstctl.fuse_shim.stageout import StageOut
-from burstctl.fuse_shim.stageout_marks import XATTR_JOB
 from burstctl.node.attribution import Caller
+from burstctl.node.stageout import StageOut
+from burstctl.node.stageout_marks import XATTR_JOB
 
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="giving files away needs root")
 NOBODY = Caller(pid=0, uid=65534, gid=65534)

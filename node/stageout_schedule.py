@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from burstctl.fuse_shim.stageout_marks import Key, decode_job
+from burstctl.node.stageout_marks import Key, decode_job
 
 logger = logging.getLogger(__name__)
 

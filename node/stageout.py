@@ -45,8 +45,8 @@ from pathlib import Path
 from typing import Protocol
 
 from burstctl.client.job import JobInfo
-from burstctl.fuse_shim.stageout_copy import CopyError, copy_back, copy_to_pfs
-from burstctl.fuse_shim.stageout_marks import (
+from burstctl.node.stageout_copy import CopyError, copy_back, copy_to_pfs
+from burstctl.node.stageout_marks import (
     XATTR_EVICTED,
     Evicted,
     Key,
@@ -60,7 +60,7 @@ from burstctl.fuse_shim.stageout_marks import (
     signature_at,
     write_tag,
 )
-from burstctl.fuse_shim.stageout_schedule import CopyQueue, DrainErrors, ReportTimer, retry_delay
+from burstctl.node.stageout_schedule import CopyQueue, DrainErrors, ReportTimer, retry_delay
 
 logger = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import pytest
 from support import wait_until
 
 from burstctl.client.job import JobInfo
-from burstctl.fuse_shim.stageout import StageOut
-from burstctl.fuse_shim.stageout_copy import CHUNK
-from burstctl.fuse_shim.stageout_marks import (
+from burstctl.node.stageout import StageOut
+from burstctl.node.stageout_copy import CHUNK
+from burstctl.node.stageout_marks import (
     TEMP_MARK,
     XATTR_COPIED,
     XATTR_EVICTED,

@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from burstctl.fuse_shim.stageout_marks import TEMP_MARK, XATTR_EVICTED, mark_copied
+from burstctl.node.stageout_marks import TEMP_MARK, XATTR_EVICTED, mark_copied
 
 CHUNK = 1 << 20
 
