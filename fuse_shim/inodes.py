@@ -25,8 +25,8 @@ import threading
 from collections import OrderedDict
 from collections.abc import Callable
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim._fuse import ROOT_ID
-from burstctl.fuse_shim.syscalls import proc_path
 
 logger = logging.getLogger(__name__)
 

@@ -21,8 +21,8 @@ import errno
 import os
 import stat
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim.setid import mode_after_write, writer_of
-from burstctl.fuse_shim.syscalls import proc_path
 from burstctl.node.attribution import Caller
 
 

@@ -25,7 +25,8 @@ import pytest
 from support import wait_until
 
 from burstctl.client.job import JobInfo
-from burstctl.fuse_shim import capabilities, syscalls
+from burstctl.common import syscalls
+from burstctl.fuse_shim import capabilities
 from burstctl.fuse_shim._fuse import (
     CAP_ATOMIC_O_TRUNC,
     CAP_AUTO_INVAL_DATA,
