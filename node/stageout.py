@@ -450,7 +450,7 @@ class StageOut(Evictions):
         with self._lock:
             writing = bool(self._writers.get(key))
         if writing and self.open.pending(key):
-            self._enqueue(key, QUIET)
+            self._enqueue(key, 0.0 if freed else QUIET)  # more may be due at once
 
     def _where(self, key: Key, tracked: Tracked) -> str | None:
         """The file's path relative to BACKING, checked against its key."""

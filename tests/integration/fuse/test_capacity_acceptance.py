@@ -18,20 +18,18 @@ Run with ``-s`` to see the measured figures.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
 import random
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from support import wait_until
+from support.bb import Sampler, tree_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -72,33 +70,6 @@ def digest(path: Path) -> str:
         while chunk := f.read(4 * MiB):
             h.update(chunk)
     return h.hexdigest()
-
-
-def tree_bytes(root: Path, allocated: bool) -> int:
-    """Σ st_blocks · 512 (``allocated``) or Σ st_size of the files under ``root``."""
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # renamed or removed meanwhile
-                st = os.lstat(os.path.join(dirpath, name))
-                total += st.st_blocks * 512 if allocated else st.st_size
-    return total
-
-
-class Sampler(threading.Thread):
-    """(time, buffer used, bytes on the PFS) every 100 ms until stopped."""
-
-    def __init__(self, backing: Path, pfs: Path) -> None:
-        super().__init__(daemon=True)
-        self.backing, self.pfs = backing, pfs
-        self.samples: list[tuple[float, int, int]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.wait(0.1):
-            self.samples.append(
-                (time.monotonic(), tree_bytes(self.backing, True), tree_bytes(self.pfs, False))
-            )
 
 
 @pytest.mark.serial  # the drain rate is measured over a window: alone, not beside other tests
