@@ -144,6 +144,7 @@ class OpenExtents:
         self._gen: dict[int, int] = {}
         self._inflight: dict[int, int] = {}
         self._last: dict[int, float] = {}
+        self._end = 0  # the furthest a write reached
         self.full = False  # the mark has no room for more ranges: nothing more is drained
 
     @property
@@ -167,6 +168,7 @@ class OpenExtents:
         until `end_write`). Returns the drained chunks it touches, to `restore` first."""
         span = self._span(offset, length)
         with self.lock:
+            self._end = max(self._end, offset + length)
             for index in span:
                 self._inflight[index] = self._inflight.get(index, 0) + 1
                 self._gen[index] = self._gen.get(index, 0) + 1
@@ -241,8 +243,10 @@ class OpenExtents:
             return out
 
     def waiting(self) -> bool:
-        """Whether chunks written since the last pass wait for one."""
-        return bool(self._last) and not self.full
+        """Whether complete chunks written since the last pass wait for one (a chunk is
+        complete once a write reached past it)."""
+        with self.lock:
+            return not self.full and bool(self._last) and min(self._last) < self._end // self.chunk
 
     def commit(self, copied: dict[int, int], backing: int, path: str) -> int:
         """After the copied chunks are durable in the part: records those no write touched

@@ -152,7 +152,7 @@ class OpenDrain:
         """Names the part in the file's mark, then makes it: a part never exists that no
         mark names."""
         part = part_name(rel, secrets.token_hex(4))
-        drained = Drained(part)
+        drained = Drained(part, extents.chunk)
         os.setxattr(_proc(src), XATTR_DRAINED, drained.encode())
         make_dirs(self._pfs, root, os.path.dirname(rel))
         extents.part_fd = os.open(
