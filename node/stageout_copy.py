@@ -20,7 +20,6 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from burstctl.node.stageout_extents import copy_data
 from burstctl.node.stageout_marks import TEMP_MARK, XATTR_EVICTED, mark_copied
 
 CHUNK = 1 << 20
@@ -48,9 +47,8 @@ def copy_to_pfs(
     ``pfs / rel``, ``pace(n)`` before each chunk is written (the job's drain stream). Gives up
     without a trace once ``stopping`` is set; CopyError when the copy cannot be made.
 
-    ``part``: the part of a file drained while it was open (`stageout_extents`), which then
-    takes the temporary's place: completed with the bytes still on the buffer (only its data:
-    the drained chunks are holes there), renamed, and never removed on failure."""
+    ``part``: the part of a file drained while it was open (`stageout_extents`), completed
+    already (`OpenExtents.fill`), which takes the temporary's place: renamed, never removed."""
     target = pfs / rel
     directory = target.parent
     temp = part or directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
@@ -62,12 +60,6 @@ def copy_to_pfs(
         raise CopyError(f"PFS_DIR not writable: {err.strerror}") from None
     renamed = part is not None  # a part is never removed
     try:
-        if part is not None:
-            try:
-                copy_data(src, out, 0, st.st_size, pace, stopping)
-                os.ftruncate(out, st.st_size)
-            except OSError as err:
-                raise CopyError(f"cannot complete the copy of {rel}: {err.strerror}") from None
         offset = 0
         while part is None and not stopping.is_set():
             try:

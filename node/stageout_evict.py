@@ -133,6 +133,11 @@ class Evictions:
             st = os.fstat(src)
             pace = functools.partial(self._drain_paced, tracked.job)
             try:
+                self.open.fill(key, src, pace, self._stopping)
+            except OSError as err:
+                self._failed(key, tracked, f"cannot complete the copy of {rel}: {err.strerror}")
+                return
+            try:
                 copy_to_pfs(src, st, rel, self._pfs, self._root, pace, self._stopping, part=part)
             except CopyError as err:
                 self._failed(key, tracked, err.cause)

@@ -281,6 +281,23 @@ class OpenExtents:
                 _punch(backing, start * c, (stop - start) * c)
             return len(done) * c
 
+    def fill(
+        self, backing: int, pace: Callable[[int], None], stopping: threading.Event | None
+    ) -> None:
+        """Makes the part the whole file: every chunk not drained copied from the buffer, its
+        holes punched in the part (a chunk copied by a pass a crash or a write left out of the
+        mark may be there). For the final copy, with no write in flight."""
+        with self.lock:
+            assert self.drained is not None and self.part_fd is not None
+            c, ranges = self.drained.chunk, list(self.drained.ranges)
+        size = os.fstat(backing).st_size
+        pos = 0
+        for a, b in [*ranges, (size // c + 1, size // c + 1)]:
+            if pos < min(a * c, size):
+                copy_data(backing, self.part_fd, pos, min(a * c, size), pace, stopping, holes=True)
+            pos = b * c
+        os.ftruncate(self.part_fd, size)
+
     # ------------------------------------------------------------------ reads
 
     def read(self, backing: int, buf: memoryview, offset: int) -> int:
@@ -374,18 +391,23 @@ def copy_data(
     end: int,
     pace: Callable[[int], None],
     stopping: threading.Event | None = None,
+    *,
+    holes: bool = False,
 ) -> int:
     """Copies the data of [start, end) of ``src`` to the same offsets of ``dst``, holes left
-    out (``pace(n)`` before each piece; given up once ``stopping`` is set); the bytes copied."""
+    out (``pace(n)`` before each piece; given up once ``stopping`` is set); the bytes copied.
+    ``holes``: ``dst`` may hold older bytes there, so the holes of ``src`` are punched in it."""
     copied = 0
     pos = start
     while pos < end and not (stopping is not None and stopping.is_set()):
         try:
-            data_at = os.lseek(src, pos, os.SEEK_DATA)
+            data_at = min(os.lseek(src, pos, os.SEEK_DATA), end)
         except OSError as err:
-            if err.errno == errno.ENXIO:
-                break
-            raise
+            if err.errno != errno.ENXIO:
+                raise
+            data_at = end
+        if holes and data_at > pos:
+            _clear(dst, pos, data_at - pos)
         if data_at >= end:
             break
         hole_at = min(os.lseek(src, data_at, os.SEEK_HOLE), end)
@@ -402,6 +424,21 @@ def copy_data(
             copied += len(data)
         pos = hole_at
     return copied
+
+
+def _clear(fd: int, offset: int, length: int) -> None:
+    """Zeros [offset, offset+length) of ``fd``: a hole, or zeros written where the file system
+    cannot punch one."""
+    try:
+        fallocate(fd, _PUNCH, offset, length)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS):
+            raise
+        end = min(offset + length, os.fstat(fd).st_size)
+        while offset < end:
+            n = min(end - offset, 1 << 20)
+            _write_all(fd, bytes(n), offset)
+            offset += n
 
 
 def _write_all(fd: int, data: bytes, offset: int) -> None:

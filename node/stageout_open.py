@@ -161,11 +161,19 @@ class OpenDrain:
         extents.drained = drained
 
     def part_of(self, key: Key) -> Path | None:
-        """The part of a file with drained chunks (its final copy completes it)."""
+        """The part of a file that has one (its final copy completes it: `fill`)."""
         extents = self._files.get(key)
-        if extents is None or not extents.has_drained() or extents.drained is None:
+        if extents is None or extents.drained is None or extents.part_fd is None:
             return None
         return self._pfs / extents.drained.part
+
+    def fill(
+        self, key: Key, src: int, pace: Callable[[int], None], stopping: threading.Event
+    ) -> None:
+        """Completes the part of a closed file with what is still on the buffer."""
+        extents = self._files.get(key)
+        if extents is not None and extents.part_fd is not None:
+            extents.fill(src, pace, stopping)
 
     def finished(self, key: Key, path_fd: int | None) -> None:
         """The file's final copy is renamed (or it is gone): its state and mark go."""

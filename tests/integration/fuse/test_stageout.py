@@ -20,6 +20,7 @@ import pytest
 from fake_controller import FakeController
 from support import MountProcess, clean_env, run_burstctl, wait_until
 
+from burstctl.node.stageout_extents import OPEN_MARK
 from burstctl.node.stageout_marks import TEMP_MARK, XATTR_COPIED
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -33,7 +34,9 @@ def sha(path: Path) -> str:
 
 
 def temporaries(pfs: Path) -> list[str]:
-    return [n for _, _, names in os.walk(pfs) for n in names if TEMP_MARK in n]
+    """The copies in progress: a closed file's temporary, or the part of a file drained while
+    it was open (a 6 MiB file written at 4 MiB/s starts draining before it is closed)."""
+    return [n for _, _, names in os.walk(pfs) for n in names if TEMP_MARK in n or OPEN_MARK in n]
 
 
 def drained(backing: Path, pfs: Path, rels: list[str]) -> bool:

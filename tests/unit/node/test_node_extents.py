@@ -95,7 +95,7 @@ def test_a_pass_drains_complete_quiet_chunks_and_reads_follow_them(open_file) ->
 
 
 def test_a_chunk_not_quiet_or_written_during_its_copy_stays_on_the_buffer(open_file) -> None:
-    fd, pfd, extents, data = open_file
+    fd, _, extents, data = open_file
     extents.begin_write(2 * C, 10, now=9.95)  # chunk 2: in flight, and not quiet
     seen: list[int] = []
 
@@ -142,13 +142,26 @@ def test_a_rewrite_brings_its_chunk_back_first_and_a_truncate_cuts_the_part(open
 def test_scattered_drained_chunks_stop_draining_rather_than_overflow_the_mark(
     open_file, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    fd, pfd, extents, data = open_file
+    fd, _, extents, data = open_file
     monkeypatch.setattr(stageout_extents, "MAX_MARK_BYTES", 40)
     freed = drain_pass(extents, fd, f"/proc/self/fd/{fd}", lambda n: None, threading.Event(),
                        clock=lambda: 10.0)  # fmt: skip
     assert freed == 0 and extents.full and not extents.has_drained()
     assert os.pread(fd, C, 0) == block(0)  # nothing punched
     assert read_all(extents, fd, len(data)) == data
+
+
+def test_the_final_fill_makes_the_part_the_whole_file_even_over_stale_bytes(open_file) -> None:
+    """A pass copied chunk 3 but a write kept it out of the mark, then the application
+    punched it: the part's stale copy must not survive the final copy."""
+    fd, pfd, extents, data = open_file
+    drain_pass(extents, fd, f"/proc/self/fd/{fd}", lambda n: None, threading.Event(),
+               clock=lambda: 10.0)  # fmt: skip
+    extents.restore([3], fd, f"/proc/self/fd/{fd}")  # back on the buffer; the part keeps it
+    stageout_extents.fallocate(fd, 0x03, 3 * C, C)  # the application punches it
+    extents.fill(fd, lambda n: None, None)
+    want = data[: 3 * C] + bytes(C) + data[4 * C :]
+    assert os.pread(pfd, len(data) + 10, 0) == want
 
 
 # ---------------------------------------------------------------------- through a StageOut
