@@ -955,6 +955,48 @@ def test_the_set_id_rule_is_asked_with_the_writers_pid_and_gid(
     fs.release(REQ, entry.node, fh)
 
 
+def test_the_kernel_is_told_of_set_id_bits_a_write_or_truncate_cleared_before_the_reply(
+    backing: Backing, make_fs: Callable[..., PassthroughFS], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a WRITE the kernel marks only the size and times it cached as stale: a stat of
+    # the mode alone would show the bits for --attr-timeout unless it is told.
+    from burstctl.fuse_shim import ownership
+    from burstctl.fuse_shim.setid import Writer
+
+    privileged = False
+    monkeypatch.setattr(
+        ownership,
+        "writer_of",
+        lambda pid, fsgid: Writer(has_fsetid=privileged, groups=frozenset({fsgid})),
+    )
+    root, fd = backing
+    kernel = KernelRecorder()
+    modes: list[int] = []  # BACKING's mode when the kernel is told
+    kernel.on_inode = lambda node: modes.append(stat.S_IMODE(os.stat(root / "s").st_mode))
+    fs = make_fs(fd, inodes=InodeTable(fd, kernel=kernel))
+    entry, fh = setid_file(root, fs, 0o6777)
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh, True)  # writeback: not the writer's
+    assert kernel.inodes == []
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)
+    assert kernel.inodes == [(entry.node, -1, 0)] and modes == [0o777]
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)  # nothing left to clear: not told
+    assert len(kernel.inodes) == 1
+    os.chmod(root / "s", 0o4777)
+    fs.setattr(REQ, entry.node, SetAttr(size=0), fh)  # ftruncate
+    os.chmod(root / "s", 0o4777)
+    fs.setattr(REQ, entry.node, SetAttr(size=0), None)  # truncate(2)
+    fs.release(REQ, entry.node, fh)
+    os.chmod(root / "s", 0o4777)
+    fs.release(REQ, entry.node, fs.open(REQ, entry.node, os.O_WRONLY | os.O_TRUNC).fh)
+    assert kernel.inodes == [(entry.node, -1, 0)] * 4 and modes == [0o777] * 4
+    privileged = True  # CAP_FSETID: nothing cleared, nothing told
+    os.chmod(root / "s", 0o4777)
+    fh = fs.open(REQ, entry.node, os.O_WRONLY).fh
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)
+    fs.release(REQ, entry.node, fh)
+    assert len(kernel.inodes) == 4 and stat.S_IMODE(os.stat(root / "s").st_mode) == 0o4777
+
+
 # ---------------------------------------------------------------- ownership and access
 
 
