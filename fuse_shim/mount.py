@@ -249,6 +249,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             evict=config.evict_mode == "after-copy",
             hooks=pacer,
             path_of=inodes.path_of,
+            changed=inodes.changed,
         )
         stage.start()
         if config.stage_out is not None:

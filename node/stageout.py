@@ -42,10 +42,10 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 from burstctl.client.job import JobInfo
 from burstctl.node.stageout_copy import CopyError, copy_back, copy_to_pfs
+from burstctl.node.stageout_hooks import Changed, DrainHooks
 from burstctl.node.stageout_marks import (
     XATTR_EVICTED,
     Evicted,
@@ -71,16 +71,6 @@ RESCAN_INTERVAL = 5.0  # at most one rescan of BACKING this often (a tracked fil
 DRAIN_WORKERS = 2
 
 
-class DrainHooks(Protocol):
-    """What the drain needs of the controller's side (the `Pacer`; tests pass fakes)."""
-
-    def drain(self, job: JobInfo, nbytes: int) -> None:
-        """Paces ``nbytes`` of the job's copy to the PFS (its drain stream)."""
-
-    def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
-        """The job's gauges on the buffer."""
-
-
 def _decrement(counts: dict[Key, int], key: Key) -> int:
     left = counts.get(key, 1) - 1
     if left > 0:
@@ -96,7 +86,7 @@ class StageOut:
     Without ``pfs`` (a mount with a controller but no ``--stage-out``) it keeps the index and
     reports the jobs' resident bytes; nothing is copied, nothing evicted. ``path_of(key)``:
     where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
-    tracked file is no longer where it was.
+    tracked file is no longer where it was. ``changed``: the shim's hook, see `changed`.
     """
 
     def __init__(
@@ -113,6 +103,7 @@ class StageOut:
         retry_max: float = RETRY_MAX,
         workers: int = DRAIN_WORKERS,
         clock: Callable[[], float] = time.monotonic,
+        changed: Changed | None = None,
     ) -> None:
         self._root = backing_fd
         self._backing = str(backing)
@@ -123,6 +114,7 @@ class StageOut:
         self._retry_max = retry_max
         self._workers = workers
         self._clock = clock
+        self._changed = changed
         self._lock = threading.Lock()
         self._files: dict[Key, Tracked] = {}
         self._gen: dict[Key, int] = {}
@@ -376,7 +368,14 @@ class StageOut:
             tracked.copied = signature(st)
             tracked.copied_gen = self._gen.get(key, 0)
             self._observe(tracked, st, tracked.copied_gen)
+        self.changed(key)
         logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, st.st_size)
+
+    def changed(self, key: Key) -> None:
+        """Tells the shim of a change made to the file by the stage-out on its own, once made:
+        evicted, restored, holes punched (`stageout_hooks.Changed`: its bytes read the same)."""
+        if self._changed is not None:
+            self._changed(key)
 
     # ------------------------------------------------------------------ the queue
 
@@ -532,6 +531,7 @@ class StageOut:
             except OSError as err:
                 # Served from the PFS all the same; its blocks come back at the next start.
                 logger.warning("stage-out: cannot truncate evicted %s: %s", rel, err)
+        self.changed(key)
         self.evictions += 1
         logger.debug("stage-out: evicted %s (%d bytes)", rel, st.st_size)
         self._reports.soon()
