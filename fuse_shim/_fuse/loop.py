@@ -203,8 +203,10 @@ def _serve_v2(
         unmount(point, chan)
         raise MountFailed("libfuse refused the options")
     callbacks.fuse_session = fuse_session
-    notifier.open(chan)
     add_chan(fuse_session, chan)
+    # Only once the channel has its session: libfuse 2's notify functions reach the session
+    # through the channel, and would follow a null pointer before.
+    notifier.open(chan)
     try:
         result = loop(fuse_session)
     finally:
