@@ -274,7 +274,7 @@ class PassthroughFS:
             else:
                 self._truncate(fh, inode, change.size)
             self._modified(req, inode)
-            self._clear_setid(req, fh if fh is not None else inode.fd, handle=fh is not None)
+            self._clear_setid(req, node, fh if fh is not None else inode.fd, handle=fh is not None)
         if change.atime is not None or change.mtime is not None:
             set_times(
                 fh if fh is not None else inode.fd,
@@ -415,7 +415,7 @@ class PassthroughFS:
             fd = os.open(proc_path(inode.fd), flags)
         if flags & os.O_TRUNC:
             try:
-                self._clear_setid(req, fd)
+                self._clear_setid(req, node, fd)
                 self._modified(req, inode, caller)
             except BaseException:
                 self._forget_handle(fd)
@@ -508,20 +508,23 @@ class PassthroughFS:
             with self._changing(req, caller, inode, offset, len(data)):
                 done = os.pwrite(fh, data, offset)
                 if not writepage:
-                    self._clear_setid(req, fh)
+                    self._clear_setid(req, node, fh)
                 self._modified(req, inode, caller)  # reports the job's resident
         finally:
             if self._paced is not None:
                 self._paced.landed(granted, len(data))  # only now counted as added
         return done
 
-    def _clear_setid(self, req: int, fd: int, *, handle: bool = True) -> None:
+    def _clear_setid(self, req: int, node: int, fd: int, *, handle: bool = True) -> None:
         """Clears set-user-ID / set-group-ID after a write or truncate, as the kernel does on
         a local file system when the caller lacks CAP_FSETID (`ownership.clear_setid`).
-        ``fd``: an open file (``handle``) or an O_PATH one."""
+        ``fd``: an open file (``handle``) or an O_PATH one. The kernel is told before the
+        reply: after a write it marks only the size and times it cached as stale, so a
+        ``stat`` asking for the mode alone (``stat -c %a``) would show the bits still set."""
         st = os.fstat(fd)
-        if st.st_mode & _SETID and stat.S_ISREG(st.st_mode):
-            clear_setid(fd, st, self._caller(req), handle=handle)
+        setid = st.st_mode & _SETID and stat.S_ISREG(st.st_mode)
+        if setid and clear_setid(fd, st, self._caller(req), handle=handle):
+            self.inodes.refresh(node)
 
     def flush(self, req: int, node: int, fh: int) -> None:
         # close(2) of a duplicate reports what the backing filesystem reports at close,

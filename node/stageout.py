@@ -42,12 +42,12 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 from burstctl.client.job import JobInfo
 from burstctl.node.stageout_copy import CopyError, copy_to_pfs
 from burstctl.node.stageout_evict import Evictions
 from burstctl.node.stageout_extents import QUIET
+from burstctl.node.stageout_hooks import Changed, DrainHooks
 from burstctl.node.stageout_marks import (
     Key,
     Tracked,
@@ -71,16 +71,6 @@ RESCAN_INTERVAL = 5.0  # at most one rescan of BACKING this often (a tracked fil
 DRAIN_WORKERS = 4
 
 
-class DrainHooks(Protocol):
-    """What the drain needs of the controller's side (the `Pacer`; tests pass fakes)."""
-
-    def drain(self, job: JobInfo, nbytes: int) -> None:
-        """Paces ``nbytes`` of the job's copy to the PFS (its drain stream)."""
-
-    def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
-        """The job's gauges on the buffer."""
-
-
 def _decrement(counts: dict[Key, int], key: Key) -> int:
     left = counts.get(key, 1) - 1
     if left > 0:
@@ -96,7 +86,7 @@ class StageOut(Evictions):
     Without ``pfs`` (a mount with a controller but no ``--stage-out``) it keeps the index and
     reports the jobs' resident bytes; nothing is copied, nothing evicted. ``path_of(key)``:
     where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
-    tracked file is no longer where it was.
+    tracked file is no longer where it was. ``changed``: the shim's hook, see `changed`.
     """
 
     def __init__(
@@ -113,6 +103,7 @@ class StageOut(Evictions):
         retry_max: float = RETRY_MAX,
         workers: int = DRAIN_WORKERS,
         clock: Callable[[], float] = time.monotonic,
+        changed: Changed | None = None,
     ) -> None:
         self._root = backing_fd
         self._backing = str(backing)
@@ -123,6 +114,7 @@ class StageOut(Evictions):
         self._retry_max = retry_max
         self._workers = workers
         self._clock = clock
+        self._changed = changed
         self._lock = threading.Lock()
         self._files: dict[Key, Tracked] = {}
         self._gen: dict[Key, int] = {}
@@ -330,6 +322,12 @@ class StageOut(Evictions):
         if self.open is not None and not still_open:
             self.open.forget(key)
 
+    def changed(self, key: Key) -> None:
+        """Tells the shim of a change made to the file by the stage-out on its own, once made:
+        evicted, restored, holes punched (`stageout_hooks.Changed`: its bytes read the same)."""
+        if self._changed is not None:
+            self._changed(key)
+
     # ------------------------------------------------------------------ the queue
 
     def _enqueue(self, key: Key, delay: float = 0.0) -> None:
@@ -445,6 +443,7 @@ class StageOut(Evictions):
             return
         if freed:
             self._succeeded(tracked)
+            self.changed(key)  # fewer blocks on the buffer (the mount shows them all the same)
             self._look(key, tracked, -1)
             self._reports.soon()
         with self._lock:

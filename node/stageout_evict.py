@@ -61,6 +61,7 @@ class Evictions:
         def _failed(self, key: Key, tracked: Tracked, cause: str) -> None: ...
         def _succeeded(self, tracked: Tracked) -> None: ...
         def _drain_paced(self, job: JobInfo | None, nbytes: int) -> None: ...
+        def changed(self, key: Key) -> None: ...
 
     def evicted(self, key: Key) -> Evicted | None:
         tracked = self._files.get(key)
@@ -118,6 +119,7 @@ class Evictions:
             tracked.copied = signature(st)
             tracked.copied_gen = self._gen.get(key, 0)
             self._observe(tracked, st, tracked.copied_gen)
+        self.changed(key)
         logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, st.st_size)
 
     def _final_open(self, key: Key, tracked: Tracked, src: int, rel: str, part: Path) -> None:
@@ -145,6 +147,7 @@ class Evictions:
             if self._stopping.is_set():
                 return
             self._evict_drained(key, tracked, src, st, rel, gen0)
+        self.changed(key)
         self.copies += 1
         self._succeeded(tracked)
         self._reports.soon()
@@ -216,6 +219,7 @@ class Evictions:
             except OSError as err:
                 # Served from the PFS all the same; its blocks come back at the next start.
                 logger.warning("stage-out: cannot truncate evicted %s: %s", rel, err)
+        self.changed(key)
         self.evictions += 1
         logger.debug("stage-out: evicted %s (%d bytes)", rel, st.st_size)
         self._reports.soon()
