@@ -19,7 +19,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -126,3 +128,80 @@ def test_one_file_larger_than_the_buffer_completes(
     controller_factory, fuse_mount, fuse_dirs, tmp_path: Path
 ) -> None:
     run_writers(controller_factory, fuse_mount, fuse_dirs, tmp_path, 32 * MiB, [128])
+
+
+# A writer that says how many MiB the mount acknowledged, one line per write.
+COUNTING_WRITER = """
+import os, sys
+path, mib = sys.argv[1], int(sys.argv[2])
+fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for n in range(mib):
+    try:
+        os.write(fd, n.to_bytes(8, "little") * (1 << 17))
+    except OSError:
+        sys.exit(3)
+    print(n + 1, flush=True)
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def counted_block(n: int) -> bytes:
+    return n.to_bytes(8, "little") * (1 << 17)
+
+
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)
+@pytest.mark.parametrize("kill_at", [6, 56, "closed"])
+def test_a_kill_9_of_the_mount_loses_no_acknowledged_byte(
+    controller_factory, fuse_mount, fuse_dirs, tmp_path: Path, kill_at: int | str
+) -> None:
+    """The mount killed (SIGKILL) before the buffer filled, while the open file drains, and
+    during its final copy: restarted, it finishes the file; every byte the writer was told
+    was written is there, on the PFS and through the mount, and no partial file ever has the
+    final name."""
+    controller = controller_factory(
+        "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
+        "--bb-capacity", "32MiB", "--pfs-bandwidth", "40MiB/s",
+    )  # fmt: skip
+    backing, mountpoint = fuse_dirs
+    pfs = tmp_path / "pfs"
+    pfs.mkdir()
+    args = ("--controller", controller.address, "--stage-out", str(pfs), "--evict", "after-copy")
+    mount = fuse_mount(backing, mountpoint, *args)
+    writer = subprocess.Popen(
+        [sys.executable, "-c", COUNTING_WRITER, str(mountpoint / "ckpt"), "96"],
+        env={**os.environ, "SLURM_JOB_ID": "crash", "SLURM_NNODES": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    acked = 0
+    try:
+        assert writer.stdout is not None
+        for line in writer.stdout:
+            acked = int(line)
+            if acked == kill_at:
+                break
+        if kill_at == "closed":
+            assert writer.wait(60) == 0
+        mount.stop(signal.SIGKILL, check=False)
+        final = pfs / "ckpt"
+        if final.exists():  # only ever complete under its final name
+            assert kill_at == "closed" and final.stat().st_size == 96 * MiB
+        writer.wait(30)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        writer.stdout.close()  # type: ignore[union-attr]
+    fuse_mount(backing, mountpoint, *args)  # restarted: the file is closed now
+    wait_until(
+        lambda: (pfs / "ckpt").exists() and os.stat(backing / "ckpt").st_size == 0,
+        60,
+        message="the file drained and evicted after the restart",
+    )
+    through_mount = (mountpoint / "ckpt").read_bytes()
+    assert (pfs / "ckpt").read_bytes() == through_mount
+    assert len(through_mount) >= acked * MiB
+    for n in range(acked):
+        assert through_mount[n * MiB : (n + 1) * MiB] == counted_block(n), f"MiB {n} lost"
+    assert not [p.name for p in pfs.rglob(".*") if "burstctl-" in p.name], "parts left"
