@@ -94,6 +94,26 @@ class Samples(threading.Thread):
                 self.drained.append((time.monotonic(), sum(j["drained"] for j in jobs)))
 
 
+def kill_stuck(writers: list[subprocess.Popen[bytes]], mount: Child) -> bool | None:
+    """SIGKILLs the writers still running after the timeout: whether they were all gone within
+    1 s (None: none was left). Those that were not (stuck in the mount) are freed by killing
+    the mount daemon."""
+    stuck = [w for w in writers if w.poll() is None]
+    if not stuck:
+        return None
+    for w in stuck:
+        w.kill()  # by pid: only what this benchmark started
+    deadline = time.monotonic() + 1.0
+    while any(w.poll() is None for w in stuck) and time.monotonic() < deadline:
+        time.sleep(0.02)  # polling the writers with the deadline above
+    gone = all(w.poll() is not None for w in stuck)
+    if not gone:
+        mount.proc.kill()  # the daemon's death ends the requests its writers wait on
+        for w in stuck:
+            w.wait(30)
+    return gone
+
+
 def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
     backing, mnt, pfs, src = tmp / "backing", tmp / "mnt", tmp / "pfs", tmp / "src"
@@ -141,11 +161,9 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         written = time.monotonic() - started
         completed = all(w.poll() == 0 for w in writers)
         progress = [
-            (mnt / f"job{n}" / f"f{n}").stat().st_size // MiB
-            if (mnt / f"job{n}" / f"f{n}").exists()
-            else 0
-            for n in range(len(files))
+            (backing / f"job{n}" / f"f{n}").stat().st_size // MiB for n in range(len(files))
         ]
+        killed = kill_stuck(writers, mount)
         identical = None
         if completed:
             wait_for(
@@ -183,6 +201,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
             "pfs_bandwidth_mib_s": bandwidth / MiB,
             "completed": completed,
             "written_mib_at_end": progress,
+            "stuck_writers_killed_within_1s": killed,
             "writers_seconds": round(written, 2),
             "peak_used_mib": round(peak / MiB, 1),
             "bound_mib": (size + 16 * MiB) / MiB,
