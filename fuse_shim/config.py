@@ -230,8 +230,9 @@ class MountConfig:
         metadata=spelled(
             ("--stage-out",),
             "Copy every file written through the mount, once closed, to the same relative path"
-            " under PFS_DIR (the parallel file system), paced by the job's drain stream"
-            ' (docs/fuse.md, "Stage-out to the parallel file system").',
+            " under PFS_DIR (the parallel file system), paced by the job's drain stream,"
+            " with its metadata, holes and hard links; directories and symlinks made through"
+            ' the mount too (docs/fuse.md, "Stage-out to the parallel file system").',
             metavar="PFS_DIR",
             show_default=False,
         ),
