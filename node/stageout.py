@@ -61,7 +61,7 @@ from burstctl.node.stageout_marks import (
     signature_at,
     write_tag,
 )
-from burstctl.node.stageout_open import OpenDrain
+from burstctl.node.stageout_open import Freeze, OpenDrain
 from burstctl.node.stageout_schedule import CopyQueue, DrainErrors, ReportTimer, retry_delay
 from burstctl.node.stageout_tree import PfsTree
 
@@ -90,6 +90,7 @@ class StageOut(Evictions):
     reports the jobs' resident bytes; nothing is copied, nothing evicted. ``path_of(key)``:
     where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
     tracked file is no longer where it was. ``changed``: the shim's hook, see `changed`.
+    ``freeze``: given by a shim that does not tell each write (`stageout_open.Freeze`).
     """
 
     def __init__(
@@ -107,6 +108,7 @@ class StageOut(Evictions):
         workers: int = DRAIN_WORKERS,
         clock: Callable[[], float] = time.monotonic,
         changed: Changed | None = None,
+        freeze: Freeze | None = None,
     ) -> None:
         self._root = backing_fd
         self._backing = str(backing)
@@ -137,7 +139,9 @@ class StageOut(Evictions):
         self._path_of = path_of
         self.tree = None if pfs is None else PfsTree(backing_fd, str(backing), pfs, self._stopping)
         # The chunks of open files (None: nothing is evicted, so nothing drains before close).
-        self.open = OpenDrain(pfs, self._stopping, clock) if pfs is not None and evict else None
+        self.open = (
+            OpenDrain(pfs, self._stopping, clock, freeze) if pfs is not None and evict else None
+        )
         self.copies = 0  # good copies (tests, logs)
         self.evictions = 0
 
@@ -292,6 +296,8 @@ class StageOut(Evictions):
             self._opens[key] = self._opens.get(key, 0) + 1
             if writing:
                 self._writers[key] = self._writers.get(key, 0) + 1
+        if writing and self.open is not None and self.open.freeze is not None:
+            self._enqueue(key, QUIET)  # its writes are not told: passes poll it
 
     def released(self, key: Key, path: str | None, writing: bool = True) -> None:
         """A close. The last close, or the last writer's, queues a tracked file: it is copied
@@ -444,7 +450,7 @@ class StageOut(Evictions):
             return
         pace = functools.partial(self._drain_paced, tracked.job)
         try:
-            freed = self.open.drain_open(key, rel, self._root, pace)
+            freed = self.open.drain_open(key, rel, self._root, pace, tracked.job)
         except OSError as err:
             self._failed(key, tracked, f"cannot drain the open file {rel}: {err.strerror}")
             return
@@ -455,7 +461,7 @@ class StageOut(Evictions):
             self._reports.soon()
         with self._lock:
             writing = bool(self._writers.get(key))
-        if writing and self.open.pending(key):
+        if writing and (self.open.pending(key) or self.open.freeze is not None):
             self._enqueue(key, 0.0 if freed else QUIET)  # more may be due at once
 
     def _where(self, key: Key, tracked: Tracked) -> str | None:

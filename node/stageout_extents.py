@@ -28,6 +28,7 @@ the part named by the mark, or both.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import errno
 import json
 import logging
@@ -243,6 +244,25 @@ class OpenExtents:
                 out[index] = self._gen.get(index, 0)
             return out
 
+    def candidates_untracked(self, size: int, limit: int) -> dict[int, int]:
+        """`candidates` for a shim that does not tell its writes: the complete chunks not
+        drained but the last one (the writer's place, for a sequential writer), at most
+        ``limit`` bytes."""
+        if self.full:
+            return {}
+        with self.lock:
+            c = self.chunk
+            top = size // c - 1
+            out: dict[int, int] = {}
+            index = 0
+            ranges = [] if self.drained is None else self.drained.ranges
+            for a, b in [*ranges, (top, top)]:
+                while index < min(a, top) and len(out) * c < limit:
+                    out[index] = 0
+                    index += 1
+                index = max(index, b)
+            return out
+
     def waiting(self) -> bool:
         """Whether complete chunks written since the last pass wait for one (a chunk is
         complete once a write reached past it)."""
@@ -254,33 +274,49 @@ class OpenExtents:
         since (generation unchanged, none in flight) in the mark, then punches them out of
         the backing file. Returns the bytes punched (by chunk size)."""
         with self.lock:
-            assert self.drained is not None
             done = [
                 i
                 for i, gen in copied.items()
                 if self._gen.get(i, 0) == gen and not self._inflight.get(i)
             ]
-            if not done:
-                return 0
-            before = list(self.drained.ranges)
-            self.drained.add(done)
-            encoded = self.drained.encode()
-            if len(encoded) > MAX_MARK_BYTES:
-                self.drained.ranges = before
-                self.full = True
-                logger.warning(
-                    "stage-out: %s: its drained extents are too scattered to record; the rest"
-                    " of it drains when it is closed",
-                    path,
-                )
-                return 0
-            os.setxattr(path, XATTR_DRAINED, encoded)
-            for index in done:
-                self._last.pop(index, None)
-            c = self.drained.chunk
-            for start, stop in _runs(sorted(done)):
-                _punch(backing, start * c, (stop - start) * c)
-            return len(done) * c
+            return self._record(done, backing, path)
+
+    def commit_verified(self, copied: dict[int, int], backing: int, path: str) -> int:
+        """`commit` for a shim that does not tell its writes (the preload library), called
+        while it holds every writer of the file out (no write in flight): records and punches
+        the copied chunks whose bytes on the buffer are still those in the part."""
+        with self.lock:
+            assert self.part_fd is not None
+            c = self.chunk
+            done = [
+                i for i in copied if os.pread(backing, c, i * c) == os.pread(self.part_fd, c, i * c)
+            ]
+            return self._record(done, backing, path)
+
+    def _record(self, done: list[int], backing: int, path: str) -> int:
+        """Records ``done`` in the mark, then punches them (lock held)."""
+        assert self.drained is not None
+        if not done:
+            return 0
+        before = list(self.drained.ranges)
+        self.drained.add(done)
+        encoded = self.drained.encode()
+        if len(encoded) > MAX_MARK_BYTES:
+            self.drained.ranges = before
+            self.full = True
+            logger.warning(
+                "stage-out: %s: its drained extents are too scattered to record; the rest"
+                " of it drains when it is closed",
+                path,
+            )
+            return 0
+        os.setxattr(path, XATTR_DRAINED, encoded)
+        for index in done:
+            self._last.pop(index, None)
+        c = self.drained.chunk
+        for start, stop in _runs(sorted(done)):
+            _punch(backing, start * c, (stop - start) * c)
+        return len(done) * c
 
     def fill(
         self, backing: int, pace: Callable[[int], None], stopping: threading.Event | None
@@ -365,13 +401,20 @@ def drain_pass(
     pace: Callable[[int], None],
     stopping: threading.Event,
     clock: Callable[[], float] = time.monotonic,
+    freeze: Callable[[], contextlib.AbstractContextManager[bool]] | None = None,
 ) -> int:
     """One pass over an open file (its part made and its mark written already): copies its
     due chunks to the part (``pace(n)`` before each), fsyncs the part, then `commit`s them.
-    Returns the bytes punched."""
+    ``freeze``: the shim does not tell its writes but can hold them out (yields True once no
+    write is in flight, False when it could not): the chunks are then chosen without their
+    history and checked byte for byte under the freeze (`commit_verified`). Returns the
+    bytes punched."""
     assert extents.part_fd is not None
     size = os.fstat(backing).st_size
-    chosen = extents.candidates(size, clock(), PASS_BYTES)
+    if freeze is None:
+        chosen = extents.candidates(size, clock(), PASS_BYTES)
+    else:
+        chosen = extents.candidates_untracked(size, PASS_BYTES)
     copied: dict[int, int] = {}
     c = extents.chunk
     for index, gen in chosen.items():
@@ -382,7 +425,10 @@ def drain_pass(
     if not copied:
         return 0
     os.fsync(extents.part_fd)
-    return extents.commit(copied, backing, path)
+    if freeze is None:
+        return extents.commit(copied, backing, path)
+    with freeze() as frozen:
+        return extents.commit_verified(copied, backing, path) if frozen else 0
 
 
 def copy_data(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
 import logging
 import os
 import secrets
@@ -25,6 +26,7 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+from burstctl.client.job import JobInfo
 from burstctl.node.stageout_extents import (
     XATTR_DRAINED,
     Drained,
@@ -37,6 +39,10 @@ from burstctl.node.stageout_marks import Key
 from burstctl.node.stageout_tree import make_parents
 
 logger = logging.getLogger(__name__)
+
+# Holds a job's writers out for a moment: yields True once none has a write in flight, False
+# when it could not (a shim that does not tell each write, e.g. the preload library's page).
+Freeze = Callable[[JobInfo | None], contextlib.AbstractContextManager[bool]]
 
 
 def _proc(fd: int) -> str:
@@ -51,12 +57,18 @@ class OpenDrain:
         pfs: Path,
         stopping: threading.Event,
         clock: Callable[[], float] = time.monotonic,
+        freeze: Freeze | None = None,
     ) -> None:
         self._pfs = pfs
         self._stopping = stopping
         self._clock = clock
         self._lock = threading.Lock()
         self._files: dict[Key, OpenExtents] = {}
+        # A shim that does not tell its writes (`writing`) holds them out instead: see
+        # `stageout_extents.drain_pass`. Its readers are counted: a file some process
+        # reads is not drained (that process would read holes where chunks left).
+        self.freeze = freeze
+        self._readers: dict[Key, int] = {}
 
     def get(self, key: Key) -> OpenExtents | None:
         return self._files.get(key)
@@ -131,10 +143,20 @@ class OpenDrain:
 
     # ------------------------------------------------------------------ the drain
 
-    def drain_open(self, key: Key, rel: str, root: int, pace: Callable[[int], None]) -> int:
-        """One pass over the open file at ``rel`` under BACKING (open as ``root``). Returns
-        the bytes punched; OSError when the file or the PFS fails (the caller retries)."""
-        extents = self._files.get(key)
+    def drain_open(
+        self, key: Key, rel: str, root: int, pace: Callable[[int], None], job: JobInfo | None
+    ) -> int:
+        """One pass over the open file at ``rel`` under BACKING (open as ``root``), of
+        ``job``. Returns the bytes punched; OSError when the file or the PFS fails (the
+        caller retries)."""
+        freeze = None
+        if self.freeze is not None:
+            if self._readers.get(key):
+                return 0
+            freeze = functools.partial(self.freeze, job)
+            extents: OpenExtents | None = self._for(key)
+        else:
+            extents = self._files.get(key)
         if extents is None:
             return 0
         src = os.open(rel, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
@@ -144,7 +166,7 @@ class OpenDrain:
                 return 0
             if extents.part_fd is None:
                 self._make_part(extents, src, rel, root)
-            return drain_pass(extents, src, _proc(src), pace, self._stopping, self._clock)
+            return drain_pass(extents, src, _proc(src), pace, self._stopping, self._clock, freeze)
         finally:
             os.close(src)
 
@@ -159,6 +181,29 @@ class OpenDrain:
             self._pfs / part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
         )
         extents.drained = drained
+
+    # ------------------------------------------------------------------ a shim's readers
+
+    def read_opened(self, key: Key, path_fd: int, pace: Callable[[int], None]) -> None:
+        """A process of a shim that does not read through `read` opened the file to read
+        (under `StageOut.holding`): its drained chunks come back onto the buffer first
+        (``pace(n)``: the opener's space), and none leaves until it closes."""
+        with self._lock:
+            self._readers[key] = self._readers.get(key, 0) + 1
+        extents = self._files.get(key)
+        if extents is not None and extents.drained is not None:
+            chunks = extents.drained.within(0, 1 << 62)
+            if chunks:
+                pace(len(chunks) * extents.chunk)
+                self._restore(extents, path_fd, chunks)
+
+    def read_closed(self, key: Key) -> None:
+        with self._lock:
+            left = self._readers.get(key, 0) - 1
+            if left > 0:
+                self._readers[key] = left
+            else:
+                self._readers.pop(key, None)
 
     def part_of(self, key: Key) -> Path | None:
         """The part of a file that has one (its final copy completes it: `fill`)."""

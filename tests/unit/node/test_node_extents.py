@@ -5,8 +5,10 @@ at each step."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -164,6 +166,35 @@ def test_the_final_fill_makes_the_part_the_whole_file_even_over_stale_bytes(open
     assert os.pread(pfd, len(data) + 10, 0) == want
 
 
+def test_under_a_freeze_only_chunks_still_as_copied_are_punched(open_file) -> None:
+    """A shim that does not tell its writes: chunks are chosen without their history, and
+    a chunk the writer changed after its copy is kept, byte for byte."""
+    fd, _, extents, data = open_file
+    fresh = OpenExtents(extents.drained, extents.part_fd)  # no write told
+    frozen: list[bool] = []
+
+    @contextlib.contextmanager
+    def freeze() -> Iterator[bool]:
+        os.pwrite(fd, b"late", 2 * C)  # a write that landed after the copy, before the hold
+        frozen.append(True)
+        yield True
+
+    freed = drain_pass(fresh, fd, f"/proc/self/fd/{fd}", lambda n: None, threading.Event(),
+                       freeze=freeze)  # fmt: skip
+    assert frozen and freed == 3 * C  # chunks 0, 1, 3; not 2 (changed), not 4 (the last)
+    assert fresh.drained.ranges == [(0, 2), (3, 4)]  # type: ignore[union-attr]
+    want = data[: 2 * C] + b"late" + data[2 * C + 4 :]
+    assert read_all(fresh, fd, len(want)) == want
+
+    @contextlib.contextmanager
+    def refused() -> Iterator[bool]:
+        yield False
+
+    assert drain_pass(fresh, fd, f"/proc/self/fd/{fd}", lambda n: None, threading.Event(),
+                      freeze=refused) == 0  # fmt: skip
+    assert fresh.drained.ranges == [(0, 2), (3, 4)]  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------------- through a StageOut
 
 
@@ -254,6 +285,50 @@ def test_a_restart_resumes_an_interrupted_drain_without_losing_a_byte(stage_dirs
     try:
         wait_until(lambda: stage.evicted(key) is not None, 10, message="the file finished")
         assert (pfs / "ckpt").read_bytes() == data
+        assert not parts(pfs)
+    finally:
+        stage.stop()
+
+
+def test_a_shim_that_holds_its_writers_out_drains_its_open_files_and_readers_stop_it(
+    stage_dirs,
+) -> None:
+    """The preload agent's way: writes not told, a freeze instead; a reader's open brings
+    the drained chunks back and keeps the file whole while it reads."""
+    backing, pfs, root = stage_dirs
+    holds: list[object] = []
+
+    @contextlib.contextmanager
+    def freeze(job: JobInfo | None) -> Iterator[bool]:
+        holds.append(job)
+        yield True
+
+    stage = StageOut(root, backing, pfs, evict=True, report_interval=0.05, freeze=freeze)
+    stage.start()
+    try:
+        path = backing / "ckpt"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+        key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+        stage.opened(key)
+        data = b"".join(block(n) for n in range(30))
+        os.pwrite(fd, data, 0)  # written by the application itself: nothing told
+        stage.modified(key, fd, JOB)
+        wait_until(lambda: stage.open.drained_bytes(key) >= 20 * C, 10, message="a pass")
+        assert holds and holds[0] == JOB
+        assert os.fstat(fd).st_blocks * 512 < len(data)
+        with stage.holding(key):
+            stage.open.read_opened(key, fd, lambda n: None)  # a reader opens it
+        assert os.pread(fd, len(data), 0) == data  # whole on the buffer for the reader
+        assert stage.open.drained_bytes(key) == 0
+        drained_before = len(holds)
+        os.pwrite(fd, block(99), len(data))  # more written while the reader reads
+        wait_until(lambda: stage.pending_copies() == 1, 10, message="the file polled")
+        assert stage.open.drained_bytes(key) == 0 and len(holds) == drained_before
+        stage.open.read_closed(key)
+        os.close(fd)
+        stage.released(key, str(path))
+        wait_until(lambda: stage.evicted(key) is not None, 10, message="the final copy")
+        assert (pfs / "ckpt").read_bytes() == data + block(99)
         assert not parts(pfs)
     finally:
         stage.stop()
