@@ -59,8 +59,9 @@ eventfd, slices, the same dead-agent bound), having raised ``space_want`` to wha
 After the call it adds its claim to ``space_landed``. The agent raises ``space_limit`` out of
 the space the job's session was granted (`preload_shim.space`), and forwards ``space_landed``
 to the session once the job's resident bytes, measured after reading it, count those bytes:
-claimed-but-not-landed bytes stay granted-and-unused in the controller's books. A new page
-starts at a limit of 0: its first write waits for the agent's first grant.
+claimed-but-not-landed bytes stay granted-and-unused in the controller's books. A new page is
+unlimited; the agent's feed sets its limit to 0 before the page is handed out, so that its
+first write waits for the agent's first grant.
 
 This module is the agent's side: create, publish, beat, read the counters. When the library
 is built, `JobPage` makes its stores and loads through the library's own exported helpers
@@ -223,6 +224,7 @@ class JobPage:
         self._rate.value = 0.0  # nothing flows before the first allocation, as in a session
         self._burst.value = 0
         self._heartbeat.value = now
+        self._i64[OFF_SPACE_LIMIT].value = SPACE_UNLIMITED
         if self._lib is not None:
             # magic and version in one release store, after everything else
             self._lib.burstctl_page_store(self.address, OFF_MAGIC, (VERSION << 32) | MAGIC)

@@ -10,7 +10,7 @@ Requests and answers (the contract with the library, preload_shim/page.py):
 - ``ATTACH 1`` → ``OK 1 <job id>`` with two fds by ``SCM_RIGHTS`` (the job's page memfd,
   its eventfd), or ``NO <reason>``; the connection then stays open for the process's life.
 - ``OPEN <flags>`` with the descriptor a paced open returned → ``OK``, ``SKIP``, ``PFS`` with
-  the descriptor of an evicted file's PFS copy, or ``NO <reason>``; ``CLOSE`` with a told
+  the descriptor of an evicted file's PFS copy, or ``EIO <reason>``; ``CLOSE`` with a told
   descriptor, before it is closed → no answer (preload_shim/stage.c, `staging.AgentStage`);
   each on a connection of its own.
 - ``PATHS`` → ``PATHS <dir>:<dir>...``; ``STATUS`` → ``STATUS <json>``.

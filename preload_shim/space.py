@@ -7,8 +7,10 @@ the attach wait, the fallback grace, the close, all as for the mount's writes). 
 joins the two, one step at a time on its own thread (`SpaceFeeder`), so that a step that waits
 for the controller's grant holds up no other job:
 
-- it acquires on the session (``acquire_space(n, landed=False)``) the space the session was
-  granted and has not handed out (its ``limit − added``), and, when a process waits for more
+- while the job's processes write, it acquires on the session (``acquire_space(n,
+  landed=False)``) the space the session was granted and has not handed out (its ``limit −
+  added``; not while they do not: another writer of the job, a restore, may need it), and,
+  when a process waits for more
   (``want`` above the page's limit), that much more — a wait in the session's own gate, which
   tells the controller the job waits; then it raises the page's limit by what it acquired.
   With no capacity at the controller (no limit once attached) the page is unlimited;
@@ -42,6 +44,8 @@ class PageSpace:
         self._base = 0  # the page's claims when `_session` began to feed it
         self._granted = 0  # bytes acquired on `_session` for the page
         self._forwarded = 0  # the page's landed bytes forwarded to `_session`
+        self._seen = 0  # the page's claims at the last step
+        page.set_space_limit(page.space().claimed)  # nothing until a session grants it
 
     def step(self, session: Any, measure: Callable[[], None]) -> None:
         """Feeds the page from ``session`` (the job's open session, or None)."""
@@ -61,7 +65,11 @@ class PageSpace:
             page.set_space_limit(SPACE_UNLIMITED)
             self._acquire(session, space.claimed - (self._base + self._granted))
         else:
-            if limit is not None:
+            # Only while the job's processes write (they claimed since the last step, or one
+            # waits): a grant the page took while they do not would sit unused in the page,
+            # out of reach of the job's other writers (a restore) until the session ends.
+            writing = space.claimed > self._seen or space.want > space.limit
+            if limit is not None and writing:
                 self._acquire(session, limit - session.buffer_added)
             need = space.want - (self._base + self._granted)
             if need > 0:
@@ -69,6 +77,7 @@ class PageSpace:
             if session.closed:
                 return  # closed under us: it let everything through; the next step resets
             page.set_space_limit(self._base + self._granted)
+        self._seen = space.claimed
         measure()
         landed = space.landed - self._forwarded
         if landed > 0:
@@ -76,6 +85,7 @@ class PageSpace:
             self._forwarded = space.landed
 
     def _acquire(self, session: Any, nbytes: int) -> None:
+        """Takes ``nbytes`` of the session's space for the page (waits in its gate)."""
         if nbytes > 0:
             session.acquire_space(nbytes, landed=False)
             self._granted += nbytes

@@ -12,8 +12,9 @@
  *  - "OPEN <flags>" + fd, after the real open: the agent answers "OK" (told: the close is
  *    told too), "SKIP" (nothing to tell: not a regular file, not on a stage-out), "PFS" + the
  *    PFS copy's descriptor (an evicted file opened for reading: it replaces the application's
- *    descriptor), or "NO <reason>" (an evicted file that cannot be brought back: the open
- *    fails with EIO rather than let the application change the empty stub);
+ *    descriptor), or "EIO <reason>" (an evicted file that cannot be brought back: the open
+ *    fails with EIO rather than let the application change the empty stub); any other
+ *    answer (an agent that does not know the request) leaves the open untold;
  *  - "CLOSE" + fd, before the real close of a told descriptor: no answer.
  * An agent that cannot be reached, or a page that dies while an answer is awaited, leaves the
  * open as it is (untold).
@@ -105,7 +106,7 @@ int stage_opened(int fd, int flags) {
             real_close(got);
             return -1;
         }
-    } else if (strncmp(answer, "NO", 2) == 0) {
+    } else if (strncmp(answer, "EIO", 3) == 0) {
         if (got >= 0)
             real_close(got);
         return -1;

@@ -51,7 +51,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True)
 class Answer:
-    """The agent's answer to an open: ``OK``, ``SKIP``, ``PFS`` (with ``fd``) or ``NO ...``."""
+    """The agent's answer to an open: ``OK``, ``SKIP``, ``PFS`` (with ``fd``) or ``EIO ...``."""
 
     text: str
     fd: int | None = None
@@ -207,11 +207,11 @@ class AgentStage:
                     return Answer("PFS", stage.open_pfs(evicted)), False
                 except OSError as err:
                     logger.error("the PFS copy of an evicted file cannot be opened: %s", err)
-                    return Answer("NO the file's copy on the PFS cannot be read"), False
+                    return Answer("EIO the file's copy on the PFS cannot be read"), False
             if evicted is not None and flags & os.O_TRUNC:
                 stage.discard_evicted(key, fd)
             elif evicted is not None and not self._restore(stage, key, fd, caller, job):
-                return Answer("NO the file's copy on the PFS cannot be read"), False
+                return Answer("EIO the file's copy on the PFS cannot be read"), False
             stage.opened(key, writing)
         with self._lock:
             self._open.setdefault(caller.pid, []).append(OpenFile(stage, key, fd, writing, job))
