@@ -269,6 +269,12 @@ class AgentStage:
 
     def _release(self, f: OpenFile) -> None:
         try:
+            if os.fstat(f.fd).st_nlink == 0:
+                # Unlinked while open (the library does not see unlink): its last name is
+                # gone, as the mount's forget is told.
+                f.stage.released(f.key, None, f.writing)
+                f.stage.forget(f.key)
+                return
             if f.writing:
                 f.stage.modified(f.key, f.fd, f.job)
             path = None
