@@ -298,6 +298,8 @@ class Agent:
         """The slot's page, created (with the session's last bucket) on first attach."""
         if slot.page is None:
             page = JobPage(f"burstctl-job-{slot.job.job_id}")
+            if self.config.stage_out is not None:
+                page.mark_staging()
             slot.page = page
             counters = page.counters()
             slot.req_read, slot.req_write = counters.req_read, counters.req_write

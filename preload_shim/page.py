@@ -17,7 +17,8 @@ off   type   name           meaning (writer)
 32    f64    rate           bytes/s from t0 on; 0 = wait; +inf = unlimited (agent)
 40    i64    burst          bytes: unused tokens beyond this are not kept (agent)
 48    i64    heartbeat_ns   CLOCK_MONOTONIC ns of the agent's last tick (agent)
-56    u32    flags          `FLAG_CLOSED`: the agent dropped the page: stop, reconnect
+56    u32    flags          `FLAG_CLOSED`: the agent dropped the page: stop, reconnect;
+                            `FLAG_STAGE`: the agent stages out: tell it every open
 64    i64    taken          tokens reserved so far (library, compare-and-swap)
 128   u64    req_read       bytes asked for by paced reads (library, atomic add)
 136   u64    req_write      bytes asked for by paced writes
@@ -84,6 +85,7 @@ PAGE_SIZE = 4096
 MAGIC = 0x31504342  # "BCP1"
 VERSION = 2
 FLAG_CLOSED = 1
+FLAG_STAGE = 2
 
 OFF_MAGIC = 0
 OFF_VERSION = 4
@@ -293,6 +295,14 @@ class JobPage:
             self._lib.burstctl_page_store(self.address, OFF_HEARTBEAT, now)
         else:
             self._heartbeat.value = now
+
+    def mark_staging(self) -> None:
+        """Tells the library that the agent stages the files out: it tells the agent of every
+        paced open even while the space is unlimited (preload_shim/stage.c)."""
+        if self._lib is not None:
+            self._lib.burstctl_page_or_flags(self.address, FLAG_STAGE)
+        else:
+            self._flags.value = self._flags.value | FLAG_STAGE
 
     def mark_closed(self) -> None:
         """Tells the library to stop drawing from this page (it reconnects on its next open)."""

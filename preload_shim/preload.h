@@ -173,6 +173,7 @@ void *resolve(const char *name, const char *fallback);
 #define PAGE_MAGIC 0x31504342u /* "BCP1" */
 #define PAGE_VERSION 2u
 #define FLAG_CLOSED 1u
+#define FLAG_STAGE 2u
 
 #define OFF_MAGIC 0
 #define OFF_VERSION 4

@@ -17,7 +17,8 @@
  *    answer (an agent that does not know the request) leaves the open untold;
  *  - "CLOSE" + fd, before the real close of a told descriptor: no answer.
  * An agent that cannot be reached, or a page that dies while an answer is awaited, leaves the
- * open as it is (untold).
+ * open as it is (untold). An agent with no stage-out (FLAG_STAGE unset) is told only of opens
+ * for writing, and only while its job's space is limited: nothing would use the others.
  */
 #include "preload.h"
 
@@ -82,6 +83,13 @@ int stage_opened(int fd, int flags) {
         return 0;
     struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE))
+        return 0;
+    /* Without a stage-out, only the job's resident bytes need the opens, and only those for
+     * writing, and only while the job's space is limited (a capacity at the controller):
+     * the others are spared the round trip. */
+    if (!(__atomic_load_n(U32(att->page, OFF_FLAGS), __ATOMIC_ACQUIRE) & FLAG_STAGE) &&
+        ((flags & O_ACCMODE) == O_RDONLY ||
+         __atomic_load_n(I64(att->page, OFF_SPACE_LIMIT), __ATOMIC_ACQUIRE) == SPACE_UNLIMITED))
         return 0;
     int s = agent_conn();
     if (s < 0)
