@@ -175,7 +175,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     from burstctl.fuse_shim._fuse import (
         LIBFUSE_VERSION,
         ConnectionAborted,
-        EntryNotifier,
+        KernelNotifier,
         MountFailed,
         serve,
     )
@@ -203,10 +203,10 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         # One loop thread and one channel for the sessions of every job.
         runtime = ClientRuntime()
         pacer = Pacer(config, Attributor(config.attribution_ttl), runtime=runtime)
-    # The kernel's cached names, which the inode table asks it to drop past its budget, while
-    # `serve` holds the FUSE session open.
-    notifier = EntryNotifier()
-    inodes = InodeTable(root_fd, config.max_handles, notifier.invalidate_entry)
+    # The kernel's caches, which the inode table asks to drop names past its budget and the
+    # attributes of nodes the daemon changed on its own, while `serve` holds the session open.
+    notifier = KernelNotifier()
+    inodes = InodeTable(root_fd, config.max_handles, notifier)
     stage: StageOut | None = None
     if config.stage_out is not None or pacer is not None:
         # The jobs' files on the buffer (their space, reported to the controller) and, with
@@ -218,6 +218,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             evict=config.evict_mode == "after-copy",
             hooks=pacer,
             path_of=inodes.path_of,
+            changed=inodes.changed,
         )
         stage.start()
         if config.stage_out is not None:

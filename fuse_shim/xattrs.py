@@ -12,8 +12,8 @@ from __future__ import annotations
 import errno
 import os
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim.capabilities import CAPABILITY, AbsentCapabilities
-from burstctl.fuse_shim.syscalls import proc_path
 
 _CAPABILITY = CAPABILITY.encode()
 # The stage-out's marks on backing files: hidden from applications.

@@ -41,22 +41,27 @@ def copy_to_pfs(
     backing_fd: int,
     pace: Callable[[int], None],
     stopping: threading.Event,
+    part: Path | None = None,
 ) -> None:
     """Copies the backing file open as ``src`` (status ``st``, at ``rel`` under BACKING) to
     ``pfs / rel``, ``pace(n)`` before each chunk is written (the job's drain stream). Gives up
-    without a trace once ``stopping`` is set; CopyError when the copy cannot be made."""
+    without a trace once ``stopping`` is set; CopyError when the copy cannot be made.
+
+    ``part``: the part of a file drained while it was open (`stageout_extents`), completed
+    already (`OpenExtents.fill`), which takes the temporary's place: renamed, never removed."""
     target = pfs / rel
     directory = target.parent
-    temp = directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
+    temp = part or directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
     try:
         make_dirs(pfs, backing_fd, os.path.dirname(rel))
-        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        create = 0 if part is not None else os.O_CREAT | os.O_EXCL
+        out = os.open(temp, os.O_WRONLY | os.O_CLOEXEC | create, 0o600)
     except OSError as err:
         raise CopyError(f"PFS_DIR not writable: {err.strerror}") from None
-    renamed = False
+    renamed = part is not None  # a part is never removed
     try:
         offset = 0
-        while not stopping.is_set():
+        while part is None and not stopping.is_set():
             try:
                 chunk = os.pread(src, CHUNK, offset)
             except OSError as err:
@@ -80,11 +85,9 @@ def copy_to_pfs(
             os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
             os.rename(temp, target)
             renamed = True
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            if part is not None and os.path.dirname(part) != str(directory):
+                _fsync_dir(part.parent)
+            _fsync_dir(directory)
         except OSError as err:
             raise CopyError(f"cannot finish a copy on PFS_DIR: {err.strerror}") from None
     finally:
@@ -142,6 +145,14 @@ def make_dirs(pfs: Path, backing_fd: int, rel_dir: str) -> None:
                 os.fchmod(fd, mode)  # exact, whatever the umask
             finally:
                 os.close(fd)
+
+
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
 
 
 def _give(fd: int, st: os.stat_result) -> None:

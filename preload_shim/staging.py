@@ -140,6 +140,9 @@ class AgentStage:
                             self._pfs_dirs[index],
                             evict=evict,
                             hooks=self._books.hooks(index),
+                            # Not yet: the library neither tells the writes that would bring a
+                            # drained chunk back nor reads a chunk from where it is.
+                            drain_open=False,
                         ),
                         fd,
                     )

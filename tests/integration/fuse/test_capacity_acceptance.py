@@ -22,14 +22,12 @@ import json
 import os
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from support import wait_until
-from support.buffer import WRITER, all_copied, digest, expected_digests, tree_bytes
+from support.bb import WRITER, Sampler, all_copied, digest, expected_digests, tree_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -39,22 +37,6 @@ DRAIN = 40 * MiB
 FILES, FILE_MIB = 15, 10
 JOBS = ("cap-a", "cap-b", "cap-c")
 BLOCK = MiB
-
-
-class Sampler(threading.Thread):
-    """(time, buffer used, bytes on the PFS) every 100 ms until stopped."""
-
-    def __init__(self, backing: Path, pfs: Path) -> None:
-        super().__init__(daemon=True)
-        self.backing, self.pfs = backing, pfs
-        self.samples: list[tuple[float, int, int]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.wait(0.1):
-            self.samples.append(
-                (time.monotonic(), tree_bytes(self.backing, True), tree_bytes(self.pfs, False))
-            )
 
 
 @pytest.mark.serial  # the drain rate is measured over a window: alone, not beside other tests

@@ -30,7 +30,7 @@ import httpx
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args
 from support import ControllerProcess, wait_until
-from support.buffer import WRITER, all_copied, digest, expected_digests, tree_bytes
+from support.bb import WRITER, all_copied, digest, expected_digests, tree_bytes
 
 from burstctl.node.stageout_marks import XATTR_EVICTED
 

@@ -1,5 +1,5 @@
-"""Workloads of the burst buffer's tests, for both shims: seeded writers of closed files, the
-digests they must leave, and what a directory holds on disk."""
+"""What the burst-buffer tests measure on disk (bytes under a tree, sampled every 100 ms) and
+write (seeded writers of closed files and the digests they must leave), for both shims."""
 
 from __future__ import annotations
 
@@ -7,6 +7,8 @@ import contextlib
 import hashlib
 import os
 import random
+import threading
+import time
 from pathlib import Path
 
 MiB = 1 << 20
@@ -22,6 +24,37 @@ for n in range(files):
         for _ in range(mib):
             f.write(rng.randbytes(1 << 20))
 """
+
+
+def tree_bytes(root: Path, allocated: bool = True) -> int:
+    """Σ st_blocks · 512 (``allocated``) or Σ st_size of the files under ``root``."""
+    total = 0
+    for dirpath, _, files in os.walk(root):
+        for name in files:
+            with contextlib.suppress(FileNotFoundError):  # renamed or removed meanwhile
+                st = os.lstat(os.path.join(dirpath, name))
+                total += st.st_blocks * 512 if allocated else st.st_size
+    return total
+
+
+class Sampler(threading.Thread):
+    """(time, bytes allocated under ``backing``, bytes of the files under ``pfs``) every
+    100 ms until ``halt`` is set (0 for the PFS when there is none)."""
+
+    def __init__(self, backing: Path, pfs: Path | None = None) -> None:
+        super().__init__(daemon=True)
+        self.backing, self.pfs = backing, pfs
+        self.samples: list[tuple[float, int, int]] = []
+        self.halt = threading.Event()
+
+    @property
+    def used(self) -> list[int]:
+        return [used for _, used, _ in self.samples]
+
+    def run(self) -> None:
+        while not self.halt.wait(0.1):
+            on_pfs = 0 if self.pfs is None else tree_bytes(self.pfs, False)
+            self.samples.append((time.monotonic(), tree_bytes(self.backing), on_pfs))
 
 
 def expected_digests(seed: int, files: int, mib: int) -> list[str]:
@@ -42,17 +75,6 @@ def digest(path: Path) -> str:
         while chunk := f.read(4 * MiB):
             h.update(chunk)
     return h.hexdigest()
-
-
-def tree_bytes(root: Path, allocated: bool) -> int:
-    """Σ st_blocks · 512 (``allocated``) or Σ st_size of the files under ``root``."""
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # renamed or removed meanwhile
-                st = os.lstat(os.path.join(dirpath, name))
-                total += st.st_blocks * 512 if allocated else st.st_size
-    return total
 
 
 def all_copied(pfs: Path, rels: list[str], size: int) -> bool:
