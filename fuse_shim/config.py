@@ -228,8 +228,9 @@ class MountConfig:
     stage_out: Path | None = shared_field(
         "stage_out",
         help="Copy every file written through the mount, once closed, to the same relative path"
-        " under PFS_DIR (the parallel file system), paced by the job's drain stream"
-        ' (docs/fuse.md, "Stage-out to the parallel file system").',
+        " under PFS_DIR (the parallel file system), paced by the job's drain stream,"
+        " with its metadata, holes and hard links; directories and symlinks made through"
+        ' the mount too (docs/fuse.md, "Stage-out to the parallel file system").',
     )
     evict: str | None = shared_field("evict")
     log_file: Path | None = field(

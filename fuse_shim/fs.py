@@ -131,7 +131,7 @@ class PassthroughFS:
         self.negative_timeout = negative_timeout
         self._is_root = os.geteuid() == 0
         self._pace_metadata = self._paced is not None and self._paced.paces_metadata
-        self._xattrs = ExtendedAttributes()
+        self._xattrs = ExtendedAttributes(self._changed)
         self._dirs = OpenDirectories()
         self._mmap_hook: DirectIoMmap | None = None
         # The burst buffer's index and drain (docs/fuse.md, "Stage-out").
@@ -283,10 +283,13 @@ class PassthroughFS:
                 now=NOW,
                 handle=fh is not None,
             )
-            if change.mtime is not None and self._staged is not None:
-                # An evicted file shows the mtime of its mark: the new one goes there.
-                self._staged.retimed(inode)
+        self._changed(inode.fd)
         return self._shown(os.fstat(fh if fh is not None else inode.fd))
+
+    def _changed(self, fd: int, name: bytes = b"") -> None:
+        """Tells the stage-out of a node made (``name`` in ``fd``) or whose metadata changed."""
+        if self._staged is not None:
+            self._staged.changed(fd, name)
 
     @staticmethod
     def _truncate(fh: int | None, inode: Inode, size: int) -> None:
@@ -332,6 +335,7 @@ class PassthroughFS:
         parent_fd = self.inodes.get(parent).fd
         os.mkdir(name, mode, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None)
+        self._changed(parent_fd, name)
         return self._lookup(parent, name)
 
     def mknod(self, req: int, parent: int, name: bytes, mode: int, rdev: int) -> Entry:
@@ -347,6 +351,7 @@ class PassthroughFS:
         parent_fd = self.inodes.get(parent).fd
         os.symlink(target, name, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None)
+        self._changed(parent_fd, name)
         return self._lookup(parent, name)
 
     def readlink(self, req: int, node: int) -> bytes:
@@ -361,6 +366,7 @@ class PassthroughFS:
             os.link(proc_path(inode.fd), new_name, dst_dir_fd=parent_fd, follow_symlinks=True)
         finally:
             self._xattrs.forget_capabilities()
+        self._changed(parent_fd, new_name)
         return self._lookup(new_parent, new_name)
 
     def unlink(self, req: int, parent: int, name: bytes) -> None:

@@ -6,8 +6,9 @@ opened and whether for writing (the last close, or the last writer's, queues the
 copy), and for an evicted file opened to read, the PFS copy its reads and seeks are served from.
 It shows an evicted file with its PFS copy's size and mtime (`shown`), brings one back onto the
 buffer before it is changed (`restore`, under `StageOut.holding`, paced as the caller's
-writes), drops the mark of one truncated to 0, and tells the drain of renames and of a file's
-last name going.
+writes), drops the mark of one truncated to 0, and tells the drain of renames, of a file's
+last name going, and of nodes made or whose metadata changed (`changed`: a tracked file's PFS
+copy takes its metadata and names, a directory or symlink is reproduced on the PFS).
 """
 
 from __future__ import annotations
@@ -16,11 +17,12 @@ import contextlib
 import errno
 import logging
 import os
+import stat
 import threading
 from collections.abc import Callable, Iterator
 
 from burstctl.common.syscalls import proc_path
-from burstctl.fuse_shim.inodes import Inode, InodeTable, Key
+from burstctl.fuse_shim.inodes import PATH_FLAGS, Inode, InodeTable, Key
 from burstctl.fuse_shim.paced import PacedRequests
 from burstctl.node.attribution import Caller
 from burstctl.node.stageout import StageOut
@@ -183,9 +185,26 @@ class StagedFiles:
                 restore()
             yield
 
-    def retimed(self, inode: Inode) -> None:
-        """The file's mtime was set: an evicted file shows the mtime of its mark."""
-        self._stage.retimed(inode.key, inode.fd)
+    def changed(self, fd: int, name: bytes = b"") -> None:
+        """A node made through the mount (``name`` in the directory ``fd``: mkdir, symlink,
+        link) or whose metadata was set (the node ``fd``: chmod, chown, utimes, xattrs): a
+        tracked file's PFS copy takes its metadata and names (an evicted one shows the mtime of
+        its mark), a directory or symlink is reproduced on the PFS. Never fails."""
+        try:
+            path_fd = os.open(name, PATH_FLAGS, dir_fd=fd) if name else fd
+            try:
+                st = os.fstat(path_fd)
+                path = os.readlink(proc_path(path_fd))
+                if stat.S_ISREG(st.st_mode):
+                    new_name = path if name else None
+                    self._stage.restamped((st.st_dev, st.st_ino), path_fd, new_name)
+                elif self._stage.tree is not None:
+                    self._stage.tree.reproduce(path)
+            finally:
+                if name:
+                    os.close(path_fd)
+        except Exception:
+            logger.exception("telling the stage-out of a change failed")
 
     # ------------------------------------------------------------------ opening and closing
 
@@ -291,3 +310,7 @@ class StagedFiles:
             with contextlib.suppress(OSError):
                 dir_path = os.readlink(proc_path(new_fd))
                 self._stage.renamed(key, os.path.join(dir_path, os.fsdecode(new_name)))
+            if st.st_nlink > 1:  # one of several names: the PFS gets the new one too
+                self.changed(new_fd, new_name)
+        elif not stat.S_ISREG(st.st_mode):
+            self.changed(new_fd, new_name)  # a directory or symlink, under its new name

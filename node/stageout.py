@@ -14,6 +14,8 @@ drains them to ``PFS_DIR``:
   A good copy is marked on the backing file. A file open for writing is copied whole after its
   writer's last close; with ``evict``, its complete chunks are drained and punched meanwhile
   (`stageout_open`, `stageout_extents`), and its final copy completes that part.
+- Around the data, `stageout_tree`: the copies' metadata and directories, directories and
+  symlinks made through the mount (`tree`), hard links, a change of metadata alone (`restamped`).
 - ``evict``: a copied file that nobody has open is marked evicted and truncated to 0; the mount
   then serves it from the PFS copy (`evicted`, `open_pfs`) until it is opened for writing,
   which `restore`s it first.
@@ -61,6 +63,7 @@ from burstctl.node.stageout_marks import (
 )
 from burstctl.node.stageout_open import OpenDrain
 from burstctl.node.stageout_schedule import CopyQueue, DrainErrors, ReportTimer, retry_delay
+from burstctl.node.stageout_tree import PfsTree
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +136,7 @@ class StageOut(Evictions):
         self._queue = CopyQueue(clock, self._stopping)
         self._last_rescan = -RESCAN_INTERVAL
         self._path_of = path_of
+        self.tree = None if pfs is None else PfsTree(backing_fd, str(backing), pfs, self._stopping)
         # The chunks of open files (None: nothing is evicted, so nothing drains before close;
         # or ``drain_open`` is off: the shim cannot serve reads and rewrites of drained chunks).
         drains = pfs is not None and evict and drain_open
@@ -149,10 +153,11 @@ class StageOut(Evictions):
         self._scan(initial=True)
         self._adopt_open()
         targets = [(self._reports.run, "burstctl-bb")]
-        if self._pfs is not None:
+        if self.tree is not None:  # with a PFS_DIR
             # Several: one copies while another fsyncs, renames or evicts, so a job's drain
             # stream is not left idle between files, and several jobs drain at once.
             targets += [(self._work, f"burstctl-drain-{i}") for i in range(self._workers)]
+            targets.append((self.tree.run, "burstctl-tree"))
         for target, name in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -164,6 +169,8 @@ class StageOut(Evictions):
         self._stopping.set()
         self._reports.soon()
         self._queue.wake_all()
+        if self.tree is not None:
+            self.tree.wake()
         for thread in self._threads:
             thread.join(timeout)
 

@@ -5,8 +5,9 @@ the eviction of a copied file nobody has open (`_evict_one`: marked evicted, the
 the final copy and eviction of a file drained while it was open (`_final_open`,
 `_evict_drained`, `_adopt_open` at start), and what the shims do with an evicted file: its PFS
 copy to read (`open_pfs`), its mark dropped when it is truncated to 0 (`discard_evicted`) or
-moved when its mtime is set (`retimed`), and its data brought back before it is changed
-(`restore`). Every step runs under the file's `holding` lock.
+moved when its mtime is set (`restamped`, which gives any tracked file's PFS copy the metadata
+set through the mount), and its data brought back before it is changed (`restore`). Every
+step runs under the file's `holding` lock.
 """
 
 from __future__ import annotations
@@ -30,10 +31,12 @@ from burstctl.node.stageout_marks import (
     Tracked,
     mark_copied,
     mark_evicted,
+    relative_path,
     signature,
 )
 from burstctl.node.stageout_open import OpenDrain
 from burstctl.node.stageout_schedule import ReportTimer
+from burstctl.node.stageout_tree import restamp
 
 logger = logging.getLogger(__name__)
 
@@ -45,8 +48,10 @@ class Evictions:
     _files: dict[Key, Tracked]
     _gen: dict[Key, int]
     _opens: dict[Key, int]
+    _writers: dict[Key, int]
     _pfs: Path | None
     _root: int
+    _backing: str
     _stopping: threading.Event
     _reports: ReportTimer
     open: OpenDrain | None
@@ -84,23 +89,17 @@ class Evictions:
         with self._lock:
             tracked.evicted = None
 
-    def retimed(self, key: Key, path_fd: int) -> None:
-        """The file's mtime was set through the mount: an evicted file's mark takes it."""
+    def restamped(self, key: Key, path_fd: int, new_name: str | None = None) -> None:
+        """Mode, owner, times, xattrs or (``new_name``: a hard link's path) names set through
+        the mount on a tracked file: its PFS copy takes them, an evicted file's mark a new
+        mtime (`stageout_tree.restamp`)."""
         tracked = self._files.get(key)
-        if tracked is None or tracked.evicted is None:
-            return
-        with self.holding(key):
-            evicted = tracked.evicted
-            if evicted is None:
-                return
-            proc = f"/proc/self/fd/{path_fd}"
-            moved = Evicted(evicted.size, os.stat(proc).st_mtime_ns, evicted.pfs)
-            try:
-                mark_evicted(proc, moved)
-            except OSError as err:
-                logger.warning("stage-out: cannot keep the new mtime of %s: %s", evicted.pfs, err)
-                return
-            tracked.evicted = moved
+        if tracked is not None and self._pfs is not None:
+            with self.holding(key):
+                with self._lock:
+                    gen = None if self._writers.get(key) else self._gen.get(key, 0)
+                name = None if new_name is None else relative_path(self._backing, new_name)
+                restamp(self._pfs, self._root, path_fd, tracked, gen, name, self._lock)
 
     def restore(self, key: Key, path_fd: int, pace: Callable[[int], None]) -> None:
         """Brings an evicted file back onto the buffer (under `holding`): copies its PFS copy

@@ -46,6 +46,7 @@ OPEN_MARK = ".burstctl-open-"  # the part of an open file: ".<name>.burstctl-ope
 CHUNK_BYTES = 4 << 20
 QUIET = 0.2  # a chunk written within this many seconds is not drained yet
 PASS_BYTES = 32 << 20  # at most this much of one file per drain pass
+PIECE = 1 << 20  # the most one paced piece of a copy (`copy_data`) holds
 MAX_MARK_BYTES = 3072  # an xattr value fits one 4 KiB block (ext4 without ea_inode)
 _PUNCH = 0x01 | 0x02  # FALLOC_FL_KEEP_SIZE | FALLOC_FL_PUNCH_HOLE
 
@@ -414,7 +415,7 @@ def copy_data(
         while data_at < hole_at:
             if stopping is not None and stopping.is_set():
                 return copied
-            n = min(hole_at - data_at, 1 << 20)
+            n = min(hole_at - data_at, PIECE)
             pace(n)
             data = os.pread(src, n, data_at)
             if not data:
@@ -436,7 +437,7 @@ def _clear(fd: int, offset: int, length: int) -> None:
             raise
         end = min(offset + length, os.fstat(fd).st_size)
         while offset < end:
-            n = min(end - offset, 1 << 20)
+            n = min(end - offset, PIECE)
             _write_all(fd, bytes(n), offset)
             offset += n
 
@@ -465,6 +466,7 @@ def _punch(fd: int, offset: int, length: int) -> None:
 __all__ = [
     "CHUNK_BYTES",
     "OPEN_MARK",
+    "PIECE",
     "XATTR_DRAINED",
     "Drained",
     "OpenExtents",

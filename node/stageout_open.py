@@ -25,7 +25,6 @@ import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
-from burstctl.node.stageout_copy import make_dirs
 from burstctl.node.stageout_extents import (
     XATTR_DRAINED,
     Drained,
@@ -35,6 +34,7 @@ from burstctl.node.stageout_extents import (
     read_drained,
 )
 from burstctl.node.stageout_marks import Key
+from burstctl.node.stageout_tree import make_parents
 
 logger = logging.getLogger(__name__)
 
@@ -154,7 +154,7 @@ class OpenDrain:
         part = part_name(rel, secrets.token_hex(4))
         drained = Drained(part, extents.chunk)
         os.setxattr(_proc(src), XATTR_DRAINED, drained.encode())
-        make_dirs(self._pfs, root, os.path.dirname(rel))
+        make_parents(self._pfs, root, os.path.dirname(rel))
         extents.part_fd = os.open(
             self._pfs / part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
         )

@@ -18,7 +18,7 @@ from support import wait_until
 
 from burstctl.client.job import JobInfo
 from burstctl.node.stageout import StageOut
-from burstctl.node.stageout_copy import CHUNK
+from burstctl.node.stageout_extents import PIECE as CHUNK
 from burstctl.node.stageout_marks import (
     TEMP_MARK,
     XATTR_COPIED,
