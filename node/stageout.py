@@ -139,9 +139,9 @@ class StageOut(Evictions):
         self._path_of = path_of
         self.tree = None if pfs is None else PfsTree(backing_fd, str(backing), pfs, self._stopping)
         # The chunks of open files (None: nothing is evicted, so nothing drains before close).
-        self.open = (
-            OpenDrain(pfs, self._stopping, clock, freeze) if pfs is not None and evict else None
-        )
+        self._freeze = freeze
+        held = None if freeze is None else self._held_out
+        self.open = OpenDrain(pfs, self._stopping, clock, held) if pfs and evict else None
         self.copies = 0  # good copies (tests, logs)
         self.evictions = 0
 
@@ -222,6 +222,14 @@ class StageOut(Evictions):
                 lock = self._key_locks[key] = threading.Lock()
         with lock:
             yield
+
+    @contextlib.contextmanager
+    def _held_out(self, key: Key, job: JobInfo | None) -> Iterator[bool]:
+        """The shim's hold on the job's writes (``freeze``), with no new open of the file
+        meanwhile (an open takes `holding`): every writer of the file is held out."""
+        assert self._freeze is not None
+        with self.holding(key), self._freeze(job) as held:
+            yield held
 
     def tracks(self, key: Key) -> bool:
         return key in self._files

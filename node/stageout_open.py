@@ -43,6 +43,8 @@ logger = logging.getLogger(__name__)
 # Holds a job's writers out for a moment: yields True once none has a write in flight, False
 # when it could not (a shim that does not tell each write, e.g. the preload library's page).
 Freeze = Callable[[JobInfo | None], contextlib.AbstractContextManager[bool]]
+# The same for one file of a job (`StageOut` adds its hold on the file: no new open meanwhile).
+FileFreeze = Callable[[Key, JobInfo | None], contextlib.AbstractContextManager[bool]]
 
 
 def _proc(fd: int) -> str:
@@ -57,7 +59,7 @@ class OpenDrain:
         pfs: Path,
         stopping: threading.Event,
         clock: Callable[[], float] = time.monotonic,
-        freeze: Freeze | None = None,
+        freeze: FileFreeze | None = None,
     ) -> None:
         self._pfs = pfs
         self._stopping = stopping
@@ -153,7 +155,7 @@ class OpenDrain:
         if self.freeze is not None:
             if self._readers.get(key):
                 return 0
-            freeze = functools.partial(self.freeze, job)
+            freeze = functools.partial(self.freeze, key, job)
             extents: OpenExtents | None = self._for(key)
         else:
             extents = self._files.get(key)

@@ -48,7 +48,7 @@ import os
 import signal
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,8 +128,8 @@ class Agent:
                 else client_session_factory(config, self.runtime, "drain")
             ),
         )
-        self.stage = AgentStage(config, self.pacer)
         self.slots: dict[Key, JobSlot] = {}
+        self.stage = AgentStage(config, self.pacer, self._hold_writes)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._admit = concurrent.futures.ThreadPoolExecutor(
             _ADMIT_THREADS, thread_name_prefix="burstctl-agent-admit"
@@ -293,6 +293,22 @@ class Agent:
             assert self._loop is not None
             self._loop.remove_reader(page.eventfd)
             page.close()
+
+    @contextlib.contextmanager
+    def _hold_writes(self, job: JobInfo | None) -> Iterator[bool]:
+        """Holds the job's processes out of their paced writes, on every page of the job (one
+        per user): True once none is in flight (`JobPage.hold_writes`)."""
+        pages = [
+            s.page
+            for s in list(self.slots.values())
+            if s.page and job and s.job.job_id == job.job_id
+        ]
+        with contextlib.ExitStack() as stack:
+            try:
+                held = all([stack.enter_context(page.hold_writes()) for page in pages])
+            except (AttributeError, ValueError, OSError):  # a page closed under us
+                held = False
+            yield held and bool(pages)
 
     def _page_of(self, slot: JobSlot) -> JobPage:
         """The slot's page, created (with the session's last bucket) on first attach."""

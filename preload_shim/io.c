@@ -27,7 +27,7 @@ static size_t clamp_read(int fd, size_t n, int64_t off) {
 
 /* Paces a call of n bytes (a read on fd at off, -1: its position, is bounded first). */
 struct paced pace(int kind, size_t n, int fd, int64_t off) {
-    struct paced p = {NULL, 0, 0};
+    struct paced p = {NULL, 0, 0, 0};
     SAVE_ERRNO();
     struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (UNLIKELY(!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE))) {
@@ -53,6 +53,9 @@ struct paced pace(int kind, size_t n, int fd, int64_t off) {
     else if (kind == KIND_WRITE &&
              claim_space(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.claimed) != 0)
         mark_dead(att, why);
+    else if (kind == KIND_WRITE &&
+             __atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE) & FLAG_STAGE)
+        p.writing = enter_write(page, g_dead_after_ns);
     t_in_lib--;
     p.att = att;
     RESTORE_ERRNO();

@@ -166,14 +166,30 @@ static void before_replace(int fd) {
     }
 }
 
+/* A copy of a descriptor (dup, dup2, dup3, F_DUPFD) is paced as the original. A copy of one
+ * the agent's stage-out was told of is told too, as one more open of the file: each copy's
+ * close is told, and the file is not closed for the stage-out (copied, evicted) while a copy
+ * is still open (dd reopens its output as stdout with open, dup2 and close). */
 static void copy_state(int oldfd, int newfd) {
     if (newfd < 0 || !g_enabled || newfd >= g_nfds)
         return;
     SAVE_ERRNO();
-    int st = ST_UNKNOWN;
-    if (oldfd >= 0 && oldfd < g_nfds)
-        st = __atomic_load_n(&g_fds[oldfd], __ATOMIC_RELAXED) & ST_MASK;
+    int st = ST_UNKNOWN, told = 0;
+    if (oldfd >= 0 && oldfd < g_nfds) {
+        int old = __atomic_load_n(&g_fds[oldfd], __ATOMIC_RELAXED);
+        st = old & ST_MASK;
+        told = old & ST_TOLD;
+    }
     set_state(newfd, st);
+    if (told) {
+        RESOLVE(fcntl, NULL);
+        int flags = real_fcntl ? real_fcntl(newfd, F_GETFL) : -1;
+        if (flags >= 0) {
+            t_in_lib++;
+            (void)stage_opened(newfd, flags & ~(O_CREAT | O_EXCL | O_TRUNC));
+            t_in_lib--;
+        }
+    }
     RESTORE_ERRNO();
 }
 

@@ -40,6 +40,43 @@ EXPORT int64_t burstctl_page_add(void *page, int offset, int64_t delta) {
     return __atomic_add_fetch(I64(page, offset), delta, __ATOMIC_ACQ_REL);
 }
 
+/* The agent's hold on the job's writes (node/stageout_open.py, Freeze): set, then the
+ * writes in flight. Sequentially consistent, as enter_write's count and check are: either
+ * the writer sees the hold, or the agent sees the writer (never neither). */
+EXPORT int64_t burstctl_page_hold(void *page) {
+    __atomic_store_n(I64(page, OFF_HOLD), 1, __ATOMIC_SEQ_CST);
+    return __atomic_load_n(I64(page, OFF_WRITING), __ATOMIC_SEQ_CST);
+}
+
+EXPORT int64_t burstctl_page_writing(void *page) {
+    return __atomic_load_n(I64(page, OFF_WRITING), __ATOMIC_SEQ_CST);
+}
+
+EXPORT void burstctl_page_release(void *page) {
+    __atomic_store_n(I64(page, OFF_HOLD), 0, __ATOMIC_SEQ_CST);
+}
+
+/* A paced write to the burst buffer, while the agent stages out: counted in flight (settle
+ * uncounts it), unless the agent holds the job's writes: then it waits, uncounted, until the
+ * hold ends (a few ms: the agent checks drained chunks and punches them) or the agent is
+ * dead, in slices a signal cuts short (the loop re-checks; a fatal signal ends the process).
+ * 1: counted; 0: not (a dead agent punches nothing). */
+int enter_write(void *page, int64_t dead_after_ns) {
+    for (;;) {
+        __atomic_fetch_add(I64(page, OFF_WRITING), 1, __ATOMIC_SEQ_CST);
+        if (!__atomic_load_n(I64(page, OFF_HOLD), __ATOMIC_SEQ_CST))
+            return 1;
+        __atomic_fetch_sub(I64(page, OFF_WRITING), 1, __ATOMIC_SEQ_CST);
+        while (__atomic_load_n(I64(page, OFF_HOLD), __ATOMIC_ACQUIRE)) {
+            const char *why = "";
+            if (!page_alive(page, mono_ns(), dead_after_ns, &why))
+                return 0;
+            struct timespec ts = {0, 200 * 1000};
+            nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
+        }
+    }
+}
+
 EXPORT uint32_t burstctl_page_or_flags(void *page, uint32_t bits) {
     return __atomic_or_fetch(U32(page, OFF_FLAGS), bits, __ATOMIC_ACQ_REL);
 }

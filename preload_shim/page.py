@@ -33,6 +33,8 @@ off   type   name           meaning (writer)
 264   i64    space_claimed  bytes of writes claimed on the burst buffer (library, CAS)
 272   i64    space_landed   of them, bytes whose write returned (library, atomic add)
 280   i64    space_want     the claims a waiter for space needs covered (library, CAS max)
+288   i64    writing        paced writes in flight while the agent stages out (library, add)
+296   i64    hold           1 while the agent holds the job's writes out (agent)
 ===== ====== ============== ==========================================================
 
 The library maps a page only if it is at least `PAGE_SIZE` bytes and sealed against shrinking
@@ -73,17 +75,19 @@ nothing is interposed in the agent's process); without it, with aligned ctypes s
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import functools
 import math
 import mmap
 import os
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 PAGE_SIZE = 4096
 MAGIC = 0x31504342  # "BCP1"
-VERSION = 2
+VERSION = 3
 FLAG_CLOSED = 1
 FLAG_STAGE = 2
 
@@ -110,6 +114,10 @@ OFF_SPACE_LIMIT = 256
 OFF_SPACE_CLAIMED = 264
 OFF_SPACE_LANDED = 272
 OFF_SPACE_WANT = 280
+OFF_WRITING = 288
+OFF_HOLD = 296
+HOLD_TIMEOUT = 0.05  # s: how long a hold waits for the writes in flight
+HOLD_POLL = 0.0005
 SPACE_UNLIMITED = (1 << 63) - 1
 
 
@@ -133,6 +141,11 @@ def _library() -> ctypes.CDLL | None:
     lib.burstctl_page_or_flags.restype = u32
     lib.burstctl_page_reserve_and_wait.argtypes = [vp, i64, i32]
     lib.burstctl_page_reserve_and_wait.restype = i32
+    for name in ("burstctl_page_hold", "burstctl_page_writing"):
+        getattr(lib, name).argtypes = [vp]
+        getattr(lib, name).restype = i64
+    lib.burstctl_page_release.argtypes = [vp]
+    lib.burstctl_page_release.restype = None
     return lib
 
 
@@ -303,6 +316,25 @@ class JobPage:
             self._lib.burstctl_page_or_flags(self.address, FLAG_STAGE)
         else:
             self._flags.value = self._flags.value | FLAG_STAGE
+
+    @contextlib.contextmanager
+    def hold_writes(self, timeout: float = HOLD_TIMEOUT) -> Iterator[bool]:
+        """Holds the job's paced writes out (`FLAG_STAGE` set) for the block: yields True once
+        none is in flight, False when some still was after ``timeout`` seconds (a write that
+        lasts, or a process killed in one: nothing may rely on the hold then). Writers wait
+        at most the block's length (docs/preload.md, "Files drained while open")."""
+        if self._lib is None:
+            yield False
+            return
+        writing = self._lib.burstctl_page_hold(self.address)
+        try:
+            deadline = time.monotonic() + timeout
+            while writing > 0 and time.monotonic() < deadline:
+                time.sleep(HOLD_POLL)  # the writers in flight finish their one call each
+                writing = self._lib.burstctl_page_writing(self.address)
+            yield writing <= 0
+        finally:
+            self._lib.burstctl_page_release(self.address)
 
     def mark_closed(self) -> None:
         """Tells the library to stop drawing from this page (it reconnects on its next open)."""

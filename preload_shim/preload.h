@@ -171,7 +171,7 @@ void *resolve(const char *name, const char *fallback);
 
 #define PAGE_BYTES 4096
 #define PAGE_MAGIC 0x31504342u /* "BCP1" */
-#define PAGE_VERSION 2u
+#define PAGE_VERSION 3u
 #define FLAG_CLOSED 1u
 #define FLAG_STAGE 2u
 
@@ -198,6 +198,8 @@ void *resolve(const char *name, const char *fallback);
 #define OFF_SPACE_CLAIMED 264
 #define OFF_SPACE_LANDED 272
 #define OFF_SPACE_WANT 280
+#define OFF_WRITING 288
+#define OFF_HOLD 296
 #define SPACE_UNLIMITED INT64_MAX
 
 #define I64(p, off) ((int64_t *)((char *)(p) + (off)))
@@ -216,6 +218,7 @@ int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
 int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why);
 int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, const char **why,
                 int64_t *claimed);
+int enter_write(void *page, int64_t dead_after_ns);
 
 /* ------------------------------------------------------------------ fdstate.c: the fd table */
 
@@ -298,6 +301,7 @@ struct paced {
     struct attachment *att;
     int64_t drawn;
     int64_t claimed;
+    int writing; /* counted in the page's writes in flight (enter_write) */
 };
 
 struct paced pace(int kind, size_t n, int fd, int64_t off);
@@ -316,6 +320,8 @@ static inline void settle(struct paced p, int kind, ssize_t r) {
     /* Landed: on the buffer now (or never written), after the call, never before it. */
     if (p.claimed > 0)
         __atomic_fetch_add(I64(p.att->page, OFF_SPACE_LANDED), p.claimed, __ATOMIC_RELEASE);
+    if (p.writing)
+        __atomic_fetch_sub(I64(p.att->page, OFF_WRITING), 1, __ATOMIC_SEQ_CST);
 }
 
 /* ------------------------------------------------------------------ stage.c: the stage-out */

@@ -35,6 +35,7 @@ import logging
 import os
 import stat
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from burstctl.node.pacer import Pacer
 from burstctl.node.sessions import JobSession
 from burstctl.node.stageout import StageOut
 from burstctl.node.stageout_marks import Key
+from burstctl.node.stageout_open import Freeze
 from burstctl.preload_shim.config import AgentConfig
 
 logger = logging.getLogger(__name__)
@@ -66,6 +68,7 @@ class OpenFile:
     fd: int
     writing: bool
     job: JobInfo
+    reading: bool = False  # counted as a reader by the stage-out's open-file drain
 
 
 class _Books:
@@ -121,7 +124,7 @@ def process_ended(pid: int) -> bool:
 class AgentStage:
     """The stage-out of the agent's directories and the opens the library tells it of."""
 
-    def __init__(self, config: AgentConfig, pacer: Pacer) -> None:
+    def __init__(self, config: AgentConfig, pacer: Pacer, hold_writes: Freeze) -> None:
         self._pacer = pacer
         self._books = _Books(pacer)
         self._stages: list[tuple[str, StageOut, int]] = []
@@ -140,6 +143,7 @@ class AgentStage:
                             self._pfs_dirs[index],
                             evict=evict,
                             hooks=self._books.hooks(index),
+                            freeze=hold_writes,
                         ),
                         fd,
                     )
@@ -212,15 +216,37 @@ class AgentStage:
                 stage.discard_evicted(key, fd)
             elif evicted is not None and not self._restore(stage, key, fd, caller, job):
                 return Answer("EIO the file's copy on the PFS cannot be read"), False
+            reading = flags & os.O_ACCMODE != os.O_WRONLY and stage.open is not None
+            if reading and not self._bring_back(stage, key, fd, caller, job):
+                return Answer("EIO the file's drained bytes cannot be read back"), False
             stage.opened(key, writing)
         with self._lock:
-            self._open.setdefault(caller.pid, []).append(OpenFile(stage, key, fd, writing, job))
+            opened = OpenFile(stage, key, fd, writing, job, reading)
+            self._open.setdefault(caller.pid, []).append(opened)
         if writing:
             stage.modified(key, fd, job)
         return Answer("OK"), True
 
     def _restore(self, stage: StageOut, key: Key, fd: int, caller: Caller, job: JobInfo) -> bool:
         """Brings an evicted file back (under the hold), paced as the caller's writes."""
+        return self._paced_back(stage.restore, stage, key, fd, caller, job)
+
+    def _bring_back(self, stage: StageOut, key: Key, fd: int, caller: Caller, job: JobInfo) -> bool:
+        """An open to read a file the library reads from the buffer only: its chunks drained
+        while open come back first, and none leaves while it is open (`OpenDrain.read_opened`)."""
+        assert stage.open is not None
+        return self._paced_back(stage.open.read_opened, stage, key, fd, caller, job)
+
+    def _paced_back(
+        self,
+        bring: Callable[[Key, int, Callable[[int], None]], None],
+        stage: StageOut,
+        key: Key,
+        fd: int,
+        caller: Caller,
+        job: JobInfo,
+    ) -> bool:
+        """``bring(key, fd, pace)`` under the hold, paced as the caller's writes."""
         granted: list[tuple[JobSession, int]] = []
 
         def pace(nbytes: int) -> None:
@@ -229,10 +255,10 @@ class AgentStage:
                 granted.append((session, nbytes))
 
         try:
-            stage.restore(key, fd, pace)
-            stage.modified(key, fd, job)  # the restored bytes in the job's resident
+            bring(key, fd, pace)
+            stage.modified(key, fd, job)  # the bytes brought back in the job's resident
         except OSError as err:
-            logger.error("cannot bring an evicted file back from the PFS: %s", err)
+            logger.error("cannot bring a file's bytes back from the PFS: %s", err)
             return False
         finally:
             for session, nbytes in granted:
@@ -268,6 +294,8 @@ class AgentStage:
         return None
 
     def _release(self, f: OpenFile) -> None:
+        if f.reading and f.stage.open is not None:
+            f.stage.open.read_closed(f.key)
         try:
             if os.fstat(f.fd).st_nlink == 0:
                 # Unlinked while open (the library does not see unlink): its last name is

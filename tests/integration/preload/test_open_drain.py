@@ -1,0 +1,141 @@
+"""Files larger than the buffer written through the preload shim (``burstctl exec``): the node
+agent drains them while they are open, holding the job's writes out for a moment at each
+punch (docs/capacity.md, "Files larger than the buffer").
+
+A controller with a small ``--bb-capacity`` S and ``--pfs-bandwidth``, an agent with
+``--stage-out PFS --evict after-copy``, and ``dd bs=1M conv=fsync`` writers under the shim
+whose files together (or one alone) are larger than S:
+
+- every writer completes; the buffer (Σ st_blocks over the agent's directory, every 100 ms)
+  never holds more than S plus 16 MiB;
+- every file is byte-identical on the PFS and read back through the shim;
+- a file opened for reading through the shim while its chunks drain is whole, and stays whole.
+
+`bench/bb_large.py --shim exec` runs the same at the issue's sizes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from agent_process import CLEAN, AgentProcess, agent_args
+from support import ControllerProcess, wait_until
+from support.bb import Sampler, digest, tree_bytes
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+SLACK = 16 * MiB
+
+
+def exec_cmd(agent: AgentProcess, *command: str) -> list[str]:
+    return [sys.executable, "-m", "burstctl", "exec", "--agent", str(agent.socket), "--", *command]
+
+
+def pattern(path: Path, mib: int, seed: int) -> str:
+    h = hashlib.sha256()
+    base = hashlib.sha256(str(seed).encode()).digest() * (MiB // 32)
+    with open(path, "wb") as f:
+        for n in range(mib):
+            block = n.to_bytes(8, "little") + base[8:]
+            h.update(block)
+            f.write(block)
+    return h.hexdigest()
+
+
+SHA_UNDER_SHIM = (
+    "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
+)
+
+
+def run(
+    controller_factory: Callable[..., ControllerProcess],
+    agents: Callable[..., AgentProcess],
+    world: Path,
+    size_mib: int,
+    files: list[int],
+) -> None:
+    ctl = controller_factory(
+        "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
+        "--bb-capacity", f"{size_mib}MiB", "--pfs-bandwidth", "40MiB/s",
+    )  # fmt: skip
+    bb, pfs, src = world / "bb", world / "pfs", world / "src"
+    pfs.mkdir()
+    src.mkdir()
+    agent = agents(*agent_args(ctl, world, "--stage-out", str(pfs), "--evict", "after-copy"))
+    wanted = [pattern(src / f"f{n}", mib, n) for n, mib in enumerate(files)]
+    for n in range(len(files)):
+        (bb / f"job{n}").mkdir()
+    sampler = Sampler(bb)
+    sampler.start()
+    writers: list[subprocess.Popen[str]] = []
+    try:
+        for n in range(len(files)):
+            writers.append(
+                subprocess.Popen(
+                    exec_cmd(agent, "dd", f"if={src / f'f{n}'}", f"of={bb / f'job{n}' / f'f{n}'}",
+                             "bs=1M", "conv=fsync", "status=none"),
+                    env={**CLEAN, "SLURM_JOB_ID": f"big-{n}", "SLURM_NNODES": "1"},
+                    stderr=subprocess.PIPE,
+                    text=True,
+                )
+            )  # fmt: skip
+        for n, proc in enumerate(writers):
+            try:
+                _, err = proc.communicate(timeout=60 + sum(files) / 20)
+            except subprocess.TimeoutExpired:
+                err = "still running; the agent's log:\n" + "".join(agent.log[-60:])
+            assert proc.returncode == 0, f"writer {n} failed: {err}"
+        wait_until(
+            lambda: all(
+                (pfs / f"job{n}" / f"f{n}").is_file()
+                and (pfs / f"job{n}" / f"f{n}").stat().st_size == mib * MiB
+                for n, mib in enumerate(files)
+            ),
+            60 + sum(files) / 20,
+            message="every file on the PFS",
+        )
+        wait_until(lambda: tree_bytes(bb) < MiB, 60, message="the buffer to empty")
+    finally:
+        sampler.halt.set()
+        sampler.join()
+        for proc in writers:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    for n in range(len(files)):
+        name = f"job{n}/f{n}"
+        assert digest(pfs / name) == wanted[n], f"{name} on the PFS"
+        shown = subprocess.run(
+            exec_cmd(agent, sys.executable, "-c", SHA_UNDER_SHIM, str(bb / name)),
+            env={**CLEAN, "SLURM_JOB_ID": f"big-{n}", "SLURM_NNODES": "1"},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=True,
+        ).stdout.strip()
+        assert shown == wanted[n], f"{name} through the shim"
+    assert not [p.name for p in pfs.rglob(".*") if "burstctl-" in p.name], "parts left"
+    peak = max(sampler.used)
+    assert peak <= size_mib * MiB + SLACK, f"the buffer held {peak / MiB:.1f} MiB > S + 16 MiB"
+
+
+def test_open_files_larger_than_the_buffer_together_complete_through_the_agent(
+    controller_factory: Callable[..., ControllerProcess],
+    agents: Callable[..., AgentProcess],
+    world: Path,
+) -> None:
+    run(controller_factory, agents, world, 48, [40, 40, 40])
+
+
+def test_one_file_larger_than_the_buffer_completes_through_the_agent(
+    controller_factory: Callable[..., ControllerProcess],
+    agents: Callable[..., AgentProcess],
+    world: Path,
+) -> None:
+    run(controller_factory, agents, world, 32, [128])
