@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from burstctl.client import waits
 from burstctl.client.channel import open_channel
 from burstctl.client.core import SessionCore
 from burstctl.client.link import NodeLink
@@ -100,11 +101,12 @@ class ClientRuntime:
             return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Runs ``coro`` on the runtime's loop and waits for its result (not from the loop)."""
+        """Runs ``coro`` on the runtime's loop and waits for its result (not from the loop);
+        the calling thread's cancellation cancels it (`burstctl.client.waits.result`)."""
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("ClientRuntime.run() would wait on its own loop")
-        return self.submit(coro).result(timeout)
+        return waits.result(self.submit(coro), timeout)
 
     # ------------------------------------------------------------------ sessions
 
