@@ -3,7 +3,7 @@ bookkeeping that `Throttle` and the space gate share.
 
 Every blocking wait of the client runtime (a token bucket's, the space gate's, the attach
 wait, a striped acquire's wait on its loop) goes through `wait` (or `wait_for`, `result`
-built on it). A thread may install a `Cancellation` for what it does next (`cancellable`):
+built on it). A thread may install a `Cancellation` for what it does next (``with cancellation:``):
 the FUSE mount installs one per request, fired when the kernel interrupts the request
 (docs/fuse.md, "Interrupted requests"). Firing it wakes the wait at once, and every wait of
 that thread from then on raises `Interrupted` (an `InterruptedError`, errno EINTR) instead
@@ -22,7 +22,7 @@ import contextlib
 import errno
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
@@ -56,13 +56,23 @@ class Cancellation:
     fire the cancellation at once (the kernel interrupted the request already).
     """
 
-    __slots__ = ("_arm", "_fired", "_lock", "_wake")
+    __slots__ = ("_arm", "_fired", "_lock", "_outer", "_wake")
 
     def __init__(self, arm: Callable[[], None] | None = None) -> None:
         self._arm = arm
         self._lock = threading.Lock()
         self._fired = False
         self._wake: Callable[[], None] | None = None  # wakes the wait in progress, if any
+        self._outer: Cancellation | None = None
+
+    def __enter__(self) -> Cancellation:
+        """Installs the cancellation for the calling thread's waits within the block."""
+        self._outer = current()
+        _local.cancellation = self
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        _local.cancellation, self._outer = self._outer, None
 
     @property
     def fired(self) -> bool:
@@ -98,17 +108,6 @@ _local = threading.local()
 def current() -> Cancellation | None:
     """The cancellation installed for the calling thread, if any."""
     return getattr(_local, "cancellation", None)
-
-
-@contextlib.contextmanager
-def cancellable(cancellation: Cancellation) -> Iterator[Cancellation]:
-    """Installs ``cancellation`` for the calling thread's waits within the block."""
-    outer = current()
-    _local.cancellation = cancellation
-    try:
-        yield cancellation
-    finally:
-        _local.cancellation = outer
 
 
 def _notify(cond: threading.Condition) -> None:

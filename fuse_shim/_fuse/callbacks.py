@@ -6,6 +6,11 @@ turns an `OSError` into its errno; anything else is logged and answered EIO. Not
 raises into libfuse: a bug fails one request, never the mount. A reply the kernel did not take
 (the caller was interrupted) gives back what the reply handed over (a lookup's reference, an
 open's handle).
+
+Every request but init, destroy and the forgets runs under a `Cancellation` of its own
+(`burstctl.client.waits`), fired when the kernel interrupts the request (`Interrupts`): a wait
+of the request's thread (pacing, space on the burst buffer, a session's attach) then ends at
+once with `Interrupted`, which the barrier answers EINTR (docs/fuse.md, "Interrupted requests").
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from burstctl.client.waits import Cancellation
 from burstctl.fuse_shim._fuse.lowlevel import (
     SET_ATTR_ATIME,
     SET_ATTR_ATIME_NOW,
@@ -34,6 +40,7 @@ from burstctl.fuse_shim._fuse.lowlevel import (
     c_statvfs,
     fuse_entry_param,
     fuse_lowlevel_ops,
+    interrupt_func_t,
     reply_attr,
     reply_buf,
     reply_create,
@@ -46,6 +53,7 @@ from burstctl.fuse_shim._fuse.lowlevel import (
     reply_statfs,
     reply_write,
     reply_xattr,
+    req_interrupt_func,
 )
 from burstctl.fuse_shim._fuse.operations import NOW, Entry, Opened, Operations, SetAttr
 
@@ -118,19 +126,77 @@ def _pinned(method: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
+# The callbacks that answer no request (init, destroy) or cannot wait (forgets): no cancellation.
+_NOT_INTERRUPTIBLE = frozenset({"init", "destroy", "forget", "forget_multi"})
+
+
+class Interrupts:
+    """The requests' cancellations, fired by the kernel's interrupts (FUSE_INTERRUPT).
+
+    A request's `Cancellation` is registered with libfuse (``fuse_req_interrupt_func``) only
+    when a wait of its thread is about to block, so a request that never waits costs no call.
+    libfuse calls the function on another worker thread, or at once on the registering one
+    when the interrupt came first, and possibly just after the request was answered: so it is
+    one thunk for the mount's life, and its data a number naming the request, looked up here
+    and ignored once the request is over. ``register`` is libfuse's function (tests give a
+    stand-in).
+    """
+
+    def __init__(self, register: Callable[[int, Any, int], None] | None = None) -> None:
+        self._register = register if register is not None else req_interrupt_func
+        self._live: dict[int, Cancellation] = {}
+        self._numbers = itertools.count(1)
+        self.thunk = interrupt_func_t(_pinned(self._interrupted))
+
+    def wrap(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """``callback(req, ...)`` under a cancellation of its own, fired by its interrupt."""
+        live, numbers, register, thunk = self._live, self._numbers, self._register, self.thunk
+
+        def call(req: int, *args: Any) -> None:
+            number = 0
+
+            def arm() -> None:
+                nonlocal number
+                number = next(numbers)
+                live[number] = cancellation
+                register(req, thunk, number)
+
+            cancellation = Cancellation(arm)
+            try:
+                with cancellation:
+                    callback(req, *args)
+            finally:
+                if number:
+                    del live[number]
+
+        return call
+
+    def _interrupted(self, req: int, data: int | None) -> None:
+        cancellation = self._live.get(data or 0)
+        if cancellation is not None:
+            try:
+                cancellation.fire()
+            except BaseException:  # nothing raises into libfuse
+                logger.exception("interrupting a request failed")
+
+
 class Callbacks:
     """The C-callable callbacks of one mount: each calls the file system and replies."""
 
-    def __init__(self, fs: Operations, ops: Any) -> None:
+    def __init__(self, fs: Operations, ops: Any, interrupts: Interrupts | None = None) -> None:
         self.fs = fs
         self.ops = ops
         self._buffers = _Buffers()
+        self.interrupts = interrupts if interrupts is not None else Interrupts()
         self._keep: list[Any] = []  # the ctypes thunks must live as long as the FUSE session
         self.fuse_session: int = 0  # libfuse's struct fuse_session, once `serve` made it
         names = [name for name, kind in fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p]
         for name in names:
             prototype = dict(fuse_lowlevel_ops._fields_)[name]
-            thunk = prototype(_pinned(getattr(self, "_" + name)))
+            method = getattr(self, "_" + name)
+            if name not in _NOT_INTERRUPTIBLE:
+                method = self.interrupts.wrap(method)
+            thunk = prototype(_pinned(method))
             self._keep.append(thunk)
             setattr(ops, name, thunk)
 

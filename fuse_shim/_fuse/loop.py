@@ -26,6 +26,9 @@ from burstctl.fuse_shim._fuse.lowlevel import (
 )
 from burstctl.fuse_shim._fuse.operations import Operations
 
+# libfuse 3's bound on a loop's worker threads (FUSE_LOOP_MT_MAX_THREADS).
+_MAX_THREADS = 100_000
+
 
 def _args(argv: Iterable[str]) -> tuple[fuse_args, Any]:
     encoded = [os.fsencode(arg) for arg in argv]
@@ -113,6 +116,11 @@ def _serve_v3(
     )
     mount = bind("fuse_session_mount", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, lib=lib)
     loop = bind("fuse_session_loop_mt_312", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, lib=lib)
+    config_create = bind("fuse_loop_cfg_create", ctypes.c_void_p, lib=lib)
+    set_max_threads = bind(
+        "fuse_loop_cfg_set_max_threads", None, ctypes.c_void_p, ctypes.c_uint, lib=lib
+    )
+    config_destroy = bind("fuse_loop_cfg_destroy", None, ctypes.c_void_p, lib=lib)
     unmount = bind("fuse_session_unmount", None, ctypes.c_void_p, lib=lib)
     destroy = bind("fuse_session_destroy", None, ctypes.c_void_p, lib=lib)
     fuse_session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
@@ -123,9 +131,15 @@ def _serve_v3(
     try:
         if mount(fuse_session, point) != 0:
             raise MountFailed(f"cannot mount {os.fsdecode(point)}")
+        # Each request that waits (pacing, space) holds a worker thread; libfuse 3 starts at
+        # most 10 by default, after which nothing reads /dev/fuse, not even the interrupts
+        # that would end those waits. As many as libfuse allows, as libfuse 2 does.
+        config = config_create()
+        set_max_threads(config, _MAX_THREADS)
         try:
-            result = loop(fuse_session, None)
+            result = loop(fuse_session, config)
         finally:
+            config_destroy(config)
             notifier.close()
             unmount(fuse_session)
         if result != 0:

@@ -1,0 +1,193 @@
+"""A writer that waits in the mount can be killed: the kernel's interrupt ends the wait.
+
+A real controller on loopback and a real mount (libfuse 2 and 3). A writer process writes
+1 MiB blocks to a file through the mount and prints how many were acknowledged; once it is
+blocked in the kernel on a request the mount holds (``/proc/PID/wchan`` is
+``request_wait_answer``), it gets SIGKILL, a second writer SIGTERM (the default action), and
+each must be gone within 1 s — also with one core kept busy by another process. Then:
+
+- every block the writer was told was written is in the backing file, intact;
+- the controller's books show no writer still waiting for space;
+- the mount goes on serving: another write completes.
+
+Two waits: for space on the burst buffer (``--bb-capacity`` small and no stage-out, so
+nothing ever frees it), and for tokens at a very low rate (an interrupted wait gives its
+tokens back, so the next small write does not wait behind the killed one's megabyte).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from support import ControllerProcess, MountProcess, wait_until
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+JOB = "intr-job"
+
+# Writes 1 MiB blocks (block i all bytes i % 251) to argv[1] until killed, printing the count
+# of blocks acknowledged after each.
+WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
+i = 0
+while True:
+    os.write(fd, bytes([i % 251]) * (1 << 20))
+    i += 1
+    print(i, flush=True)
+"""
+
+
+# write(2)'s number, as /proc/PID/syscall shows it.
+_WRITE = {"x86_64": "1", "aarch64": "64"}[os.uname().machine]
+
+
+def in_write(pid: int) -> bool:
+    """The process is blocked in a write(2) that the mount holds (or that the kernel waits on)."""
+    try:
+        blocked = Path(f"/proc/{pid}/wchan").read_text() == "request_wait_answer"
+        return blocked and Path(f"/proc/{pid}/syscall").read_text().split()[0] == _WRITE
+    except (OSError, IndexError):
+        return False
+
+
+@pytest.fixture
+def busy_core() -> Iterator[None]:
+    """One core kept busy by another process for the whole test (stopped by its pid)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()
+
+
+def start_writer(path: Path) -> subprocess.Popen[str]:
+    env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-c", WRITER, str(path)], env=env, stdout=subprocess.PIPE, text=True
+    )
+
+
+def kill_while_blocked(
+    writer: subprocess.Popen[str], sig: int, ready: Callable[[], object] = lambda: True
+) -> int:
+    """Sends ``sig`` once the writer is blocked in a write the mount holds and ``ready`` (the
+    wait is the one meant); asserts it is gone within 1 s; returns how many blocks it was told
+    were written."""
+    wait_until(
+        lambda: (in_write(writer.pid) and ready()) or writer.poll() is not None,
+        60,
+        message="the writer to block in the mount",
+    )
+    assert writer.poll() is None, "the writer ended before it blocked"
+    sent = time.monotonic()
+    writer.send_signal(sig)
+    try:
+        writer.wait(5)
+    except subprocess.TimeoutExpired:
+        writer.kill()
+        writer.wait()
+        raise AssertionError(f"the writer outlived signal {sig} by 5 s") from None
+    took = time.monotonic() - sent
+    assert writer.returncode == -sig
+    assert took < 1.0, f"the writer took {took:.2f} s to die of signal {sig}"
+    assert writer.stdout is not None
+    with writer.stdout:
+        lines = writer.stdout.read().split()
+    return int(lines[-1]) if lines else 0
+
+
+def assert_acknowledged(backing_file: Path, blocks: int) -> None:
+    with open(backing_file, "rb") as f:
+        for i in range(blocks):
+            assert f.read(MiB) == bytes([i % 251]) * MiB, f"block {i} of {backing_file}"
+
+
+def setup(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    *controller_args: str,
+) -> tuple[ControllerProcess, MountProcess]:
+    controller = controller_factory("--node-bandwidth", "1GiB/s", *controller_args)
+    backing, mountpoint = fuse_dirs
+    mount = fuse_mount(backing, mountpoint, "--controller", controller.address)
+    return controller, mount
+
+
+def test_a_writer_waiting_for_space_dies_of_sigkill_and_sigterm(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    busy_core: None,
+) -> None:
+    controller, mount = setup(
+        controller_factory,
+        fuse_mount,
+        fuse_dirs,
+        "--capacity",
+        "1GiB/s",
+        "--bb-capacity",
+        "8MiB",
+    )
+    backing, mountpoint = fuse_dirs
+
+    def waiting() -> list[str]:
+        return list(httpx.get(f"{controller.url}/v1/capacity", timeout=5).json()["waiting"])
+
+    def full() -> bool:  # the first writer's file holds most of S, and a writer waits
+        a = backing / "a"
+        return a.exists() and a.stat().st_size >= 6 * MiB and bool(waiting())
+
+    # The first writer fills the buffer and waits for more; the second waits at its first
+    # write. Each is killed once the controller knows it waits for space.
+    for name, sig in (("a", signal.SIGKILL), ("b", signal.SIGTERM)):
+        writer = start_writer(mountpoint / name)
+        assert_acknowledged(backing / name, kill_while_blocked(writer, sig, full))
+        wait_until(lambda: not waiting(), 10, message="no job waiting for space")
+    # The mount serves on: space freed by a removal is granted to the next write.
+    (mountpoint / "a").unlink()
+    (mountpoint / "b").unlink()
+    done = subprocess.run(
+        [sys.executable, "-c", f"open({str(mountpoint / 'c')!r}, 'wb').write(b'x' * {MiB})"],
+        env={**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"},
+        timeout=30,
+    )
+    assert done.returncode == 0
+    assert (backing / "c").read_bytes() == b"x" * MiB
+    assert mount.proc is not None and mount.proc.poll() is None
+
+
+def test_a_writer_waiting_at_a_very_low_rate_dies_of_sigkill_and_sigterm(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    busy_core: None,
+) -> None:
+    # 16 KiB/s: a 1 MiB write waits about a minute for its tokens.
+    setup(controller_factory, fuse_mount, fuse_dirs, "--capacity", "16KiB/s")
+    backing, mountpoint = fuse_dirs
+    for name, sig in (("a", signal.SIGKILL), ("b", signal.SIGTERM)):
+        writer = start_writer(mountpoint / name)
+        assert_acknowledged(backing / name, kill_while_blocked(writer, sig))
+    # The killed writers' tokens were given back: 4 KiB go through in well under the minute
+    # they would wait behind a megabyte still reserved.
+    started = time.monotonic()
+    done = subprocess.run(
+        [sys.executable, "-c", f"open({str(mountpoint / 'c')!r}, 'wb').write(b'x' * 4096)"],
+        env={**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"},
+        timeout=30,
+    )
+    assert done.returncode == 0
+    assert time.monotonic() - started < 20
+    assert (backing / "c").read_bytes() == b"x" * 4096
