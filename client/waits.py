@@ -151,16 +151,16 @@ def wait_for(cond: threading.Condition, done: Callable[[], bool], timeout: float
 
 def result(future: concurrent.futures.Future[T], timeout: float | None = None) -> T:
     """``future.result(timeout)`` through `wait_for`, for a future of a coroutine on a loop
-    (``run_coroutine_threadsafe``): when the thread's cancellation fires, the coroutine is
-    cancelled on its loop (its waits undo what they booked) and this raises `Interrupted`."""
+    (``run_coroutine_threadsafe``) whose cancellation undoes what it did: when the thread's
+    cancellation fires, the coroutine is cancelled on its loop and this raises `Interrupted`."""
     cond = threading.Condition(threading.Lock())
     future.add_done_callback(lambda _: _notify(cond))
-    with cond:
-        try:
+    try:
+        with cond:
             wait_for(cond, future.done, timeout)
-        except Interrupted:
-            future.cancel()
-            raise
+    except Interrupted:
+        future.cancel()  # not under ``cond``: its done callback takes it
+        raise
     return future.result(0)
 
 
