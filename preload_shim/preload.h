@@ -191,6 +191,7 @@ void *resolve(const char *name, const char *fallback);
 #define OFF_WAITERS 192
 #define OFF_WAIT_NS 200
 #define OFF_WAITS 208
+#define OFF_WAIT_BEAT 216
 
 #define I64(p, off) ((int64_t *)((char *)(p) + (off)))
 #define U32(p, off) ((uint32_t *)((char *)(p) + (off)))
