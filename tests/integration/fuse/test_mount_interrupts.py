@@ -22,30 +22,18 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 from support import ControllerProcess, MountProcess, wait_until
+from support.killing import WRITER, assert_written, kill_within_a_second
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 JOB = "intr-job"
-
-# Writes 1 MiB blocks (block i all bytes i % 251) to argv[1] until killed, printing the count
-# of blocks acknowledged after each.
-WRITER = """
-import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
-i = 0
-while True:
-    os.write(fd, bytes([i % 251]) * (1 << 20))
-    i += 1
-    print(i, flush=True)
-"""
-
 
 # write(2)'s number, as /proc/PID/syscall shows it.
 _WRITE = {"x86_64": "1", "aarch64": "64"}[os.uname().machine]
@@ -60,22 +48,20 @@ def in_write(pid: int) -> bool:
         return False
 
 
-@pytest.fixture
-def busy_core() -> Iterator[None]:
-    """One core kept busy by another process for the whole test (stopped by its pid)."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
+ENV = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"}
 
 
 def start_writer(path: Path) -> subprocess.Popen[str]:
-    env = {**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"}
     return subprocess.Popen(
-        [sys.executable, "-c", WRITER, str(path)], env=env, stdout=subprocess.PIPE, text=True
+        [sys.executable, "-c", WRITER, str(path)], env=ENV, stdout=subprocess.PIPE, text=True
     )
+
+
+def write_once(path: Path, nbytes: int, backing_file: Path) -> None:
+    """Another process of the job writes ``nbytes`` through the mount (30 s at most)."""
+    code = f"open({str(path)!r}, 'wb').write(b'x' * {nbytes})"
+    assert subprocess.run([sys.executable, "-c", code], env=ENV, timeout=30).returncode == 0
+    assert backing_file.read_bytes() == b"x" * nbytes
 
 
 def kill_while_blocked(
@@ -90,27 +76,7 @@ def kill_while_blocked(
         message="the writer to block in the mount",
     )
     assert writer.poll() is None, "the writer ended before it blocked"
-    sent = time.monotonic()
-    writer.send_signal(sig)
-    try:
-        writer.wait(5)
-    except subprocess.TimeoutExpired:
-        writer.kill()
-        writer.wait()
-        raise AssertionError(f"the writer outlived signal {sig} by 5 s") from None
-    took = time.monotonic() - sent
-    assert writer.returncode == -sig
-    assert took < 1.0, f"the writer took {took:.2f} s to die of signal {sig}"
-    assert writer.stdout is not None
-    with writer.stdout:
-        lines = writer.stdout.read().split()
-    return int(lines[-1]) if lines else 0
-
-
-def assert_acknowledged(backing_file: Path, blocks: int) -> None:
-    with open(backing_file, "rb") as f:
-        for i in range(blocks):
-            assert f.read(MiB) == bytes([i % 251]) * MiB, f"block {i} of {backing_file}"
+    return kill_within_a_second(writer, sig)
 
 
 def setup(
@@ -153,18 +119,12 @@ def test_a_writer_waiting_for_space_dies_of_sigkill_and_sigterm(
     # write. Each is killed once the controller knows it waits for space.
     for name, sig in (("a", signal.SIGKILL), ("b", signal.SIGTERM)):
         writer = start_writer(mountpoint / name)
-        assert_acknowledged(backing / name, kill_while_blocked(writer, sig, full))
+        assert_written(backing / name, kill_while_blocked(writer, sig, full))
         wait_until(lambda: not waiting(), 10, message="no job waiting for space")
     # The mount serves on: space freed by a removal is granted to the next write.
     (mountpoint / "a").unlink()
     (mountpoint / "b").unlink()
-    done = subprocess.run(
-        [sys.executable, "-c", f"open({str(mountpoint / 'c')!r}, 'wb').write(b'x' * {MiB})"],
-        env={**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"},
-        timeout=30,
-    )
-    assert done.returncode == 0
-    assert (backing / "c").read_bytes() == b"x" * MiB
+    write_once(mountpoint / "c", MiB, backing / "c")
     assert mount.proc is not None and mount.proc.poll() is None
 
 
@@ -179,15 +139,9 @@ def test_a_writer_waiting_at_a_very_low_rate_dies_of_sigkill_and_sigterm(
     backing, mountpoint = fuse_dirs
     for name, sig in (("a", signal.SIGKILL), ("b", signal.SIGTERM)):
         writer = start_writer(mountpoint / name)
-        assert_acknowledged(backing / name, kill_while_blocked(writer, sig))
+        assert_written(backing / name, kill_while_blocked(writer, sig))
     # The killed writers' tokens were given back: 4 KiB go through in well under the minute
     # they would wait behind a megabyte still reserved.
     started = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-c", f"open({str(mountpoint / 'c')!r}, 'wb').write(b'x' * 4096)"],
-        env={**os.environ, "SLURM_JOB_ID": JOB, "SLURM_NNODES": "1"},
-        timeout=30,
-    )
-    assert done.returncode == 0
+    write_once(mountpoint / "c", 4096, backing / "c")
     assert time.monotonic() - started < 20
-    assert (backing / "c").read_bytes() == b"x" * 4096

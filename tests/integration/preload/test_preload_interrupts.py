@@ -13,41 +13,17 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args
 from support import ControllerProcess, wait_until
+from support.killing import WRITER, assert_written, kill_within_a_second
 
 pytestmark = pytest.mark.integration
 
-MiB = 1 << 20
 JOB = "intr-preload"
-
-# Writes 1 MiB blocks (block i all bytes i % 251) to argv[1] until killed, printing the count
-# of blocks acknowledged after each.
-WRITER = """
-import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT, 0o644)
-i = 0
-while True:
-    os.write(fd, bytes([i % 251]) * (1 << 20))
-    i += 1
-    print(i, flush=True)
-"""
-
-
-@pytest.fixture
-def busy_core() -> Iterator[None]:
-    """One core kept busy by another process for the whole test (stopped by its pid)."""
-    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        yield
-    finally:
-        spinner.kill()
-        spinner.wait()
 
 
 def under_exec(agent: AgentProcess, *command: str, **kw: object) -> subprocess.Popen[str]:
@@ -82,24 +58,7 @@ def test_a_process_waiting_for_tokens_dies_of_sigkill_and_sigterm(
             message="the writer to wait for tokens",
         )
         assert writer.poll() is None, "the writer ended before it waited"
-        sent = time.monotonic()
-        writer.send_signal(sig)
-        try:
-            writer.wait(5)
-        except subprocess.TimeoutExpired:
-            writer.kill()
-            writer.wait()
-            raise AssertionError(f"the writer outlived signal {sig} by 5 s") from None
-        took = time.monotonic() - sent
-        assert writer.returncode == -sig
-        assert took < 1.0, f"the writer took {took:.2f} s to die of signal {sig}"
-        assert writer.stdout is not None
-        with writer.stdout:
-            lines = writer.stdout.read().split()
-        blocks = int(lines[-1]) if lines else 0
-        with open(path, "rb") as f:
-            for i in range(blocks):
-                assert f.read(MiB) == bytes([i % 251]) * MiB, f"block {i} of {path}"
+        assert_written(path, kill_within_a_second(writer, sig))
         # The dead waiter leaves the page's count, but stops beating: not waiting any more.
         wait_until(lambda: not waiting(), 10, message="the job no longer waiting")
     # The next small write goes through (its tokens at the job's rate, not behind the dead).
