@@ -28,7 +28,10 @@ stage-out's copies are paced on a second session per job, its drain session
 (``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
 
 Controller trouble never fails a request: the session falls back as configured, and a session
-closed under a request (unmount, idle race) lets the request through unpaced.
+closed under a request (unmount, idle race) lets the request through unpaced. Only the
+kernel's interrupt ends a request that waits (`burstctl.client.waits.Interrupted`, raised
+through `data` and `metadata`; docs/fuse.md, "Interrupted requests"), leaving as any request
+leaves: its count in flight drops, and the session's wait undid what it booked.
 
 Who may join a job is the controller's call (docs/security.md). Sessions are per (job, user),
 so two users naming one job never share a session. The first request of a new session for a job
