@@ -10,7 +10,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
-from support import wait_until
+from support import async_wait_until, wait_until
 
 from burstctl.client.bucket import Throttle
 from burstctl.client.space import SpaceGate
@@ -145,3 +145,15 @@ def test_without_a_cancellation_a_wait_is_as_before() -> None:
     throttle.set_rate(1e6, 0.0)
     throttle.acquire(1000)  # 1 ms
     assert not throttle.waiting
+
+
+async def test_a_cancelled_async_acquire_refunds_its_tokens() -> None:
+    throttle = Throttle()
+    throttle.set_rate(100.0, 0.0)
+    task = asyncio.create_task(throttle.acquire_async(1000))
+    await async_wait_until(lambda: throttle.waiting, message="the acquire to wait")
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert not throttle.waiting
+    await asyncio.wait_for(throttle.acquire_async(50), 3)  # not behind the 1000 cancelled
