@@ -145,3 +145,41 @@ def test_a_writer_waiting_at_a_very_low_rate_dies_of_sigkill_and_sigterm(
     started = time.monotonic()
     write_once(mountpoint / "c", 4096, backing / "c")
     assert time.monotonic() - started < 20
+
+
+def test_more_writers_waiting_than_libfuse_3_starts_threads_by_default_all_die(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+) -> None:
+    # Each waiting request holds a worker thread of libfuse's loop; libfuse 3 starts 10 by
+    # default, and the interrupts need one more to be read.
+    setup(
+        controller_factory, fuse_mount, fuse_dirs, "--capacity", "1GiB/s", "--bb-capacity", "4MiB"
+    )
+    _, mountpoint = fuse_dirs
+    writers = [start_writer(mountpoint / f"w{n}") for n in range(12)]
+    try:
+        wait_until(
+            lambda: (
+                all(in_write(w.pid) for w in writers) or any(w.poll() is not None for w in writers)
+            ),
+            60,
+            message="twelve writers waiting in the mount",
+        )
+        assert all(w.poll() is None for w in writers), "a writer ended before it waited"
+        sent = time.monotonic()
+        for writer in writers:
+            writer.kill()
+        wait_until(
+            lambda: all(w.poll() is not None for w in writers), 5, message="every writer gone"
+        )
+        took = time.monotonic() - sent
+        assert took < 1.0, f"the writers took {took:.2f} s to die"
+    finally:
+        for writer in writers:
+            if writer.poll() is None:
+                writer.kill()
+            writer.wait()
+            if writer.stdout is not None:
+                writer.stdout.close()
