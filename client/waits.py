@@ -47,27 +47,32 @@ class Interrupted(InterruptedError):
         super().__init__(errno.EINTR, "the wait was interrupted")
 
 
+# Guards every cancellation's state (a wait registering, a fire): short, and rarely contended,
+# since only waits that block and interrupts take it.
+_lock = threading.Lock()
+
+
 class Cancellation:
     """One piece of work's cancellation: fired once, from any thread, for good.
 
-    ``arm`` is called once, on the waiting thread, the first time one of its waits would
-    block (before it takes the wait's lock): the FUSE mount registers the request's interrupt
-    notification with libfuse there, so that a request that never waits costs no call. It may
-    fire the cancellation at once (the kernel interrupted the request already).
+    `arm` is called once, on the waiting thread, the first time one of its waits would block
+    (without the wait's lock held); a subclass overrides it: the FUSE mount registers the
+    request's interrupt notification with libfuse there, so that a request that never waits
+    costs no call. It may fire the cancellation at once (the kernel interrupted the request
+    already).
     """
 
-    __slots__ = ("_arm", "_fired", "_lock", "_outer", "_wake")
+    __slots__ = ("_armed", "_fired", "_outer", "_wake")
 
-    def __init__(self, arm: Callable[[], None] | None = None) -> None:
-        self._arm = arm
-        self._lock = threading.Lock()
+    def __init__(self) -> None:
+        self._armed = False
         self._fired = False
         self._wake: Callable[[], None] | None = None  # wakes the wait in progress, if any
         self._outer: Cancellation | None = None
 
     def __enter__(self) -> Cancellation:
         """Installs the cancellation for the calling thread's waits within the block."""
-        self._outer = current()
+        self._outer = getattr(_local, "cancellation", None)
         _local.cancellation = self
         return self
 
@@ -78,24 +83,22 @@ class Cancellation:
     def fired(self) -> bool:
         return self._fired
 
+    def arm(self) -> None:
+        """Called once, when a wait of the thread would first block (see the class doc)."""
+
     def fire(self) -> None:
         """Ends the wait in progress and every later one (idempotent; any thread, no lock of
         the waits held)."""
-        with self._lock:
+        with _lock:
             self._fired = True
             wake, self._wake = self._wake, None
         if wake is not None:
             wake()
 
-    def _arm_once(self) -> None:
-        arm, self._arm = self._arm, None
-        if arm is not None:
-            arm()
-
     def _watch(self, wake: Callable[[], None] | None) -> None:
         """Registers (None: unregisters) what wakes the caller's wait; raises `Interrupted`
         once fired."""
-        with self._lock:
+        with _lock:
             if self._fired:
                 self._wake = None
                 raise Interrupted
@@ -123,11 +126,12 @@ def wait(cond: threading.Condition, timeout: float) -> None:
     if cancellation is None:
         cond.wait(timeout)
         return
-    if cancellation._arm is not None:
+    if not cancellation._armed:
         # Armed without the wait's lock: arming may fire at once, and firing takes that lock.
+        cancellation._armed = True
         cond.release()
         try:
-            cancellation._arm_once()
+            cancellation.arm()
         finally:
             cond.acquire()
     cancellation._watch(lambda: _notify(cond))

@@ -130,6 +130,21 @@ def _pinned(method: Callable[..., None]) -> Callable[..., None]:
 _NOT_INTERRUPTIBLE = frozenset({"init", "destroy", "forget", "forget_multi"})
 
 
+class _Request(Cancellation):
+    """One request's cancellation: armed, it registers the request's interrupt with libfuse."""
+
+    __slots__ = ("_interrupts", "number", "req")
+
+    def __init__(self, interrupts: Interrupts, req: int) -> None:
+        super().__init__()
+        self._interrupts = interrupts
+        self.req = req
+        self.number = 0  # names the request to its interrupt function, once armed
+
+    def arm(self) -> None:
+        self._interrupts.register(self)
+
+
 class Interrupts:
     """The requests' cancellations, fired by the kernel's interrupts (FUSE_INTERRUPT).
 
@@ -144,32 +159,30 @@ class Interrupts:
 
     def __init__(self, register: Callable[[int, Any, int], None] | None = None) -> None:
         self._register = register if register is not None else req_interrupt_func
-        self._live: dict[int, Cancellation] = {}
+        self._live: dict[int, _Request] = {}
         self._numbers = itertools.count(1)
         self.thunk = interrupt_func_t(_pinned(self._interrupted))
 
     def wrap(self, callback: Callable[..., None]) -> Callable[..., None]:
         """``callback(req, ...)`` under a cancellation of its own, fired by its interrupt."""
-        live, numbers, register, thunk = self._live, self._numbers, self._register, self.thunk
+        live = self._live
 
         def call(req: int, *args: Any) -> None:
-            number = 0
-
-            def arm() -> None:
-                nonlocal number
-                number = next(numbers)
-                live[number] = cancellation
-                register(req, thunk, number)
-
-            cancellation = Cancellation(arm)
+            request = _Request(self, req)
             try:
-                with cancellation:
+                with request:
                     callback(req, *args)
             finally:
-                if number:
-                    del live[number]
+                if request.number:
+                    del live[request.number]
 
         return call
+
+    def register(self, request: _Request) -> None:
+        """Asks libfuse to call the interrupt function for ``request`` (its thread, once)."""
+        request.number = number = next(self._numbers)
+        self._live[number] = request
+        self._register(request.req, self.thunk, number)
 
     def _interrupted(self, req: int, data: int | None) -> None:
         cancellation = self._live.get(data or 0)

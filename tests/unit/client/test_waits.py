@@ -17,10 +17,28 @@ from burstctl.client.space import SpaceGate
 from burstctl.client.waits import Cancellation, Interrupted, result, wait_for
 
 
-def interrupt_in_thread(work: Callable[[], object], arm: Callable[[], None] | None = None):
+class Armed(Cancellation):
+    """A cancellation that counts its arming, and may fire then (as libfuse may)."""
+
+    __slots__ = ("armed", "fire_when_armed")
+
+    def __init__(self, fire_when_armed: bool = False) -> None:
+        super().__init__()
+        self.armed = 0
+        self.fire_when_armed = fire_when_armed
+
+    def arm(self) -> None:
+        self.armed += 1
+        if self.fire_when_armed:
+            self.fire()
+
+
+def interrupt_in_thread(
+    work: Callable[[], object],
+) -> tuple[Armed, list[BaseException | None], threading.Thread]:
     """Runs ``work`` in a thread under a cancellation; returns (cancellation, outcome list,
     thread). The outcome is the exception raised, or None."""
-    cancellation = Cancellation(arm)
+    cancellation = Armed()
     outcome: list[BaseException | None] = []
 
     def run() -> None:
@@ -40,15 +58,12 @@ def interrupt_in_thread(work: Callable[[], object], arm: Callable[[], None] | No
 def test_a_fired_cancellation_ends_a_token_wait_and_refunds_its_tokens() -> None:
     throttle = Throttle()
     throttle.set_rate(100.0, 0.0)
-    armed: list[int] = []
-    cancellation, outcome, thread = interrupt_in_thread(
-        lambda: throttle.acquire(1000), lambda: armed.append(1)
-    )
+    cancellation, outcome, thread = interrupt_in_thread(lambda: throttle.acquire(1000))
     wait_until(lambda: throttle.waiting, message="the acquire to wait")
     cancellation.fire()
     thread.join(5)
     assert isinstance(outcome[0], Interrupted) and outcome[0].errno == errno.EINTR
-    assert armed == [1]  # armed once, when the wait blocked
+    assert cancellation.armed == 1  # armed once, when the wait blocked
     assert not throttle.waiting
     # Refunded: the next caller waits for its own bytes only (100 bytes at 100 B/s).
     done = threading.Event()
@@ -68,8 +83,7 @@ def test_a_cancellation_fired_before_the_wait_raises_at_once() -> None:
 def test_arming_may_fire_at_once() -> None:
     # libfuse calls the interrupt function while registering when the interrupt came first.
     throttle = Throttle()
-    cancellation: Cancellation = Cancellation(lambda: cancellation.fire())
-    with cancellation, pytest.raises(Interrupted):
+    with Armed(fire_when_armed=True), pytest.raises(Interrupted):
         throttle.acquire(10)
     assert not throttle.waiting
 
@@ -77,10 +91,9 @@ def test_arming_may_fire_at_once() -> None:
 def test_a_request_that_does_not_wait_is_never_armed() -> None:
     throttle = Throttle()
     throttle.set_rate(float("inf"), 0.0)
-    armed: list[int] = []
-    with Cancellation(lambda: armed.append(1)):
+    with Armed() as cancellation:
         throttle.acquire(10)
-    assert armed == []
+    assert isinstance(cancellation, Armed) and cancellation.armed == 0
 
 
 def test_a_fired_cancellation_ends_a_space_wait_without_adding() -> None:
