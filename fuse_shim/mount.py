@@ -301,7 +301,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     watcher.start()
     code = 0
     try:
-        serve(fs, str(config.mountpoint), options, notifier)
+        serve(fs, str(config.mountpoint), options, notifier, interruptible=pacer is not None)
     except MountFailed as err:
         logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
         code = 1

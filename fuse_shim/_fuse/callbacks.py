@@ -7,10 +7,11 @@ raises into libfuse: a bug fails one request, never the mount. A reply the kerne
 (the caller was interrupted) gives back what the reply handed over (a lookup's reference, an
 open's handle).
 
-Every request but init, destroy and the forgets runs under a `Cancellation` of its own
-(`burstctl.client.waits`), fired when the kernel interrupts the request (`Interrupts`): a wait
-of the request's thread (pacing, space on the burst buffer, a session's attach) then ends at
-once with `Interrupted`, which the barrier answers EINTR (docs/fuse.md, "Interrupted requests").
+With `Interrupts` (a mount whose requests may wait), every request but init, destroy and the
+forgets runs under a `Cancellation` of its own (`burstctl.client.waits`), fired when the
+kernel interrupts the request: a wait of the request's thread (pacing, space on the burst
+buffer, a session's attach) then ends at once with `Interrupted`, which the barrier answers
+EINTR (docs/fuse.md, "Interrupted requests").
 """
 
 from __future__ import annotations
@@ -196,19 +197,19 @@ class Interrupts:
 class Callbacks:
     """The C-callable callbacks of one mount: each calls the file system and replies."""
 
-    def __init__(self, fs: Operations, ops: Any, interrupts: Interrupts | None = None) -> None:
+    def __init__(self, fs: Operations, ops: Any, interrupts: Interrupts | None) -> None:
         self.fs = fs
         self.ops = ops
         self._buffers = _Buffers()
-        self.interrupts = interrupts if interrupts is not None else Interrupts()
+        self.interrupts = interrupts  # None: nothing waits, no request needs a cancellation
         self._keep: list[Any] = []  # the ctypes thunks must live as long as the FUSE session
         self.fuse_session: int = 0  # libfuse's struct fuse_session, once `serve` made it
         names = [name for name, kind in fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p]
         for name in names:
             prototype = dict(fuse_lowlevel_ops._fields_)[name]
             method = getattr(self, "_" + name)
-            if name not in _NOT_INTERRUPTIBLE:
-                method = self.interrupts.wrap(method)
+            if interrupts is not None and name not in _NOT_INTERRUPTIBLE:
+                method = interrupts.wrap(method)
             thunk = prototype(_pinned(method))
             self._keep.append(thunk)
             setattr(ops, name, thunk)

@@ -15,7 +15,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from burstctl.fuse_shim._fuse.callbacks import Callbacks
+from burstctl.fuse_shim._fuse.callbacks import Callbacks, Interrupts
 from burstctl.fuse_shim._fuse.lowlevel import (
     V3,
     bind,
@@ -85,13 +85,17 @@ def serve(
     mountpoint: str,
     options: dict[str, str | bool | int],
     notifier: EntryNotifier | None = None,
+    *,
+    interruptible: bool = True,
 ) -> None:
     """Mounts ``fs`` on ``mountpoint`` and serves it with libfuse's multithreaded loop until
     it is unmounted; then frees the FUSE session. ``notifier`` is open on the session while it
-    is mounted. Raises `MountFailed` when libfuse cannot mount and `ConnectionAborted` when the
-    loop ends on an error."""
+    is mounted. ``interruptible``: requests may wait, and run under a cancellation that their
+    interrupt fires (`Interrupts`; False saves its cost per request where nothing waits).
+    Raises `MountFailed` when libfuse cannot mount and `ConnectionAborted` when the loop ends
+    on an error."""
     ops = fuse_lowlevel_ops()
-    callbacks = Callbacks(fs, ops)
+    callbacks = Callbacks(fs, ops, Interrupts() if interruptible else None)
     args, keep = _args(["burstctl", *option_args(options)])
     point = os.fsencode(mountpoint)
     notifier = notifier if notifier is not None else EntryNotifier()
