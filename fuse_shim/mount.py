@@ -43,6 +43,7 @@ from burstctl.fuse_shim.config import (
 from burstctl.node.attribution import Attributor
 from burstctl.node.pacer import Pacer
 from burstctl.node.stageout import StageOut
+from burstctl.node.stageout_journal import Journal, default_journal
 
 logger = logging.getLogger(__name__)
 
@@ -249,6 +250,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             evict=config.evict_mode == "after-copy",
             hooks=pacer,
             path_of=inodes.path_of,
+            journal=_journal(config, root_fd),
         )
         stage.start()
         if config.stage_out is not None:
@@ -335,6 +337,14 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     if code == 0:
         logger.info("unmounted %s", config.mountpoint)
     return code
+
+
+def _journal(config: MountConfig, root_fd: int) -> Journal | None:
+    """The stage-out's journal of BACKING (``--journal``; none: no journal)."""
+    if config.journal == "none":
+        return None
+    path = Path(config.journal) if config.journal else default_journal(config.backing)
+    return Journal(path, root_fd)
 
 
 class _Stopper:
