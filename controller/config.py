@@ -167,6 +167,12 @@ class ControllerConfig(BaseSettings):
     bb_min_grant: int = Field(
         1 << 20, ge=1, description="smallest space grant topped up at once, bytes"
     )
+    bb_parked_retention: float = Field(
+        0.0,
+        ge=0,
+        description="s a parked resident (a mount's bytes after its stream ended) stays on the"
+        " books unclaimed; 0 = until its mount comes back or DELETE /v1/capacity/parked",
+    )
     # -- limits (docs/configuration.md, "Limits"): beyond one, RESOURCE_EXHAUSTED naming it ----
     max_sessions: int = Field(
         DEFAULT_MAX_SESSIONS,

@@ -238,15 +238,26 @@ class Pacer:
                 state.drain_last = self._clock()
 
     def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
-        """The job's bytes on the buffer, given to its session (and to its next one)."""
+        """The job's bytes on the buffer, given to its session (and to its next one). Gauges
+        that changed while the job has no session (a restarted mount's first report, an
+        eviction after the session closed) open one: the controller's books must hear them
+        rather than keep a parked resident the buffer no longer holds (docs/capacity.md)."""
         state = self._locked_state(job)
+        gauges = (resident, pending, error)
         try:
-            state.buffer = (resident, pending, error)
+            opened = state.session is None and state.buffer != gauges and not self._closing
+            state.buffer = gauges
+            if opened:
+                state.session = self._make_session(state.job)
+                state.last_active = self._clock()
+                logger.info("job %s: session opened for its bytes on the buffer", job.job_id)
             session = state.session
         finally:
             state.lock.release()
+        if opened:
+            self._sweep_by(self._clock() + self._config.session_idle)
         if session is not None:
-            report_gauges(session, state.buffer)
+            report_gauges(session, gauges)
 
     def metadata(self, caller: Caller) -> None:
         """Paces one metadata operation (a no-op while the metadata cost is 0)."""
@@ -459,7 +470,6 @@ class Pacer:
         """
         now = self._clock() if now is None else now
         idle = self._config.session_idle
-        draining = self._config.stage_out is not None  # else nothing pending ever leaves
         next_at = math.inf
         to_close: list[tuple[JobInfo, JobSession]] = []
         with self._lock:
@@ -470,18 +480,17 @@ class Pacer:
                 continue
             try:
                 session = state.session
-                # A job whose files still wait for the PFS (with --stage-out) keeps its
-                # session: the evictions to come must reach the controller (a closed
-                # session's resident stays parked at its last value there, holding space
-                # that the drain has freed).
-                pending = draining and state.buffer is not None and state.buffer[1] > 0
+                # A job with bytes on the buffer keeps its session, idle or not, until the
+                # stage-out reports none (evicted, deleted): its resident stays on the
+                # controller's books, and its evictions reach them (docs/capacity.md).
+                holding = state.buffer is not None and state.buffer[0] > 0
                 if session is not None:
-                    if state.inflight == 0 and now - state.last_active >= idle and not pending:
+                    if state.inflight == 0 and now - state.last_active >= idle and not holding:
                         to_close.append((state.job, session))
                         state.session = None
                     else:
-                        # In flight or pending: idle at the earliest ``idle`` after it ends.
-                        since = now if state.inflight or pending else state.last_active
+                        # In flight or holding: idle at the earliest ``idle`` after it ends.
+                        since = now if state.inflight or holding else state.last_active
                         next_at = min(next_at, since + idle)
                 drain = state.drain
                 if drain is not None:
@@ -491,11 +500,14 @@ class Pacer:
                     else:
                         since = now if state.drain_inflight else state.drain_last
                         next_at = min(next_at, since + idle)
+                # A job the stage-out reports on is kept: its last gauges tell whether
+                # a report is news (`report_buffer`).
                 idle_job = (
                     state.session is None
                     and state.drain is None
                     and state.open_files == 0
                     and state.inflight == 0
+                    and state.buffer is None
                 )
             finally:
                 state.lock.release()
@@ -518,6 +530,7 @@ class Pacer:
                     and state.drain is None
                     and state.open_files == 0
                     and state.inflight == 0
+                    and state.buffer is None
                 ):
                     state.forgotten = True
                     del self._jobs[key]

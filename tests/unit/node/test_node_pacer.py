@@ -404,7 +404,7 @@ def test_copies_are_paced_on_a_drain_session_of_their_own_closed_when_idle() -> 
 def test_buffer_reports_reach_the_jobs_session_and_its_next_one() -> None:
     rig = BufferRig(session_idle=10)
     job = rig.pacer.job_of(A)
-    rig.pacer.report_buffer(job, 100, 50, "")  # no session yet: kept
+    rig.pacer.report_buffer(job, 100, 50, "")  # no session yet: one opens to carry it
     rig.pacer.data(A, "write", 1, space=True)
     (first,) = rig.of("a")
     assert first.events[0] == ("buffer", 100, 50, "")
@@ -430,15 +430,37 @@ def test_a_job_whose_files_still_drain_keeps_its_session_until_they_are_on_the_p
     assert app.closed
 
 
-def test_without_stage_out_nothing_drains_so_pending_bytes_keep_no_session_open() -> None:
+def test_bytes_kept_on_the_buffer_keep_the_jobs_session_open_while_they_are_there() -> None:
+    """Without --stage-out (or with --evict keep) the bytes stay on the buffer: the job's
+    session stays open, idle, so that its resident stays on the controller's books."""
     rig = BufferRig(session_idle=10)
     job = rig.pacer.job_of(A)
     rig.pacer.data(A, "write", 10, space=True)
     rig.pacer.report_buffer(job, 10 << 20, 10 << 20, "")  # on the buffer for good
+    for _ in range(3):
+        rig.now += 11
+        rig.pacer.sweep()
+    (app,) = rig.of("a")
+    assert not app.closed
+    rig.pacer.report_buffer(job, 0, 0, "")  # the files deleted
     rig.now += 11
     rig.pacer.sweep()
-    (app,) = rig.of("a")
     assert app.closed
+    rig.pacer.report_buffer(job, 0, 0, "")  # the same: nothing more to tell
+    assert len(rig.of("a")) == 1
+
+
+def test_a_report_that_changed_while_the_job_had_no_session_opens_one() -> None:
+    """A restarted mount reports the files it found (journal or scan) before the job does
+    any I/O: its controller must hear them (they replace what it parked)."""
+    rig = BufferRig(session_idle=10)
+    job = rig.pacer.job_of(A)
+    rig.pacer.report_buffer(job, 0, 0, "")  # a job whose files were all evicted
+    (app,) = rig.of("a")
+    assert app.events == [("buffer", 0, 0, "")]
+    rig.now += 11
+    rig.pacer.sweep()
+    assert app.closed  # told, and nothing held: closed once idle
 
 
 # ---------------------------------------------------------------------- pacing done elsewhere
