@@ -9,7 +9,7 @@ reads them from the one file each entry names.
 
 Records are lines ``<crc32 hex> <json>``. The first is a header: the format, a token and the
 boot id of the machine that wrote it; a clean stop ends the file with a ``closed`` record.
-Appends are plain ``write``\\ s (a killed process loses none: they are in the page cache) and
+Appends are plain writes (a killed process loses none: they are in the page cache) and
 are fsynced in batches (`sync`, from the stage-out's report timer); so a journal is trusted:
 
 - after a clean stop (it ends with ``closed``, fsynced), or
@@ -28,8 +28,8 @@ gives the tracked files, each checked with one stat and its own xattrs (`read_ma
 interrupted eviction is finished there). An entry whose file is not at its path, or is
 another file now (renamed or deleted behind the mount while it was down), comes back
 ``lost``: the drain's rate-limited rescan of BACKING looks for it by its tag
-(`StageOut._lose`). Then the journal is rewritten with what was found (`rewrite`), under a
-new token set on BACKING's root.
+(`StageOut._lose`); without a PFS to drain to, it is forgotten. Then the journal is
+rewritten with what was found (`rewrite`), under a new token set on BACKING's root.
 
 Compaction: once the file holds more than `COMPACT_FACTOR` records per live entry (at least
 `COMPACT_MIN`), it is rewritten from the live entries, atomically (`DurableFile.save`).
@@ -303,10 +303,15 @@ def recover(
         if entries is not None:
             found = _check(backing_fd, entries, pfs)
             lost = sum(t.lost for t in found.values())
+            if pfs is None:  # no drain to look for them (`StageOut._lose`): forgotten
+                found = {key: t for key, t in found.items() if not t.lost}
             logger.info(
                 "stage-out: resumed from the journal: %d files (no scan of BACKING)%s",
                 len(found),
-                f"; {lost} not where recorded, looked for by a rescan" if lost else "",
+                f"; {lost} not where recorded, "
+                + ("forgotten" if pfs is None else "looked for by a rescan")
+                if lost
+                else "",
             )
     if found is None:
         if journal is not None:

@@ -19,37 +19,25 @@ import httpx
 import pytest
 from fake_controller import FakeController
 from support import MountProcess, wait_until
-
-from burstctl.node.stageout_marks import TEMP_MARK
+from test_stageout import temporaries
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 
 
-def temporaries(pfs: Path) -> list[str]:
-    return [n for _, _, names in os.walk(pfs) for n in names if TEMP_MARK in n]
-
-
 def identical(pfs: Path, data: dict[str, bytes]) -> bool:
     return all((pfs / n).exists() and (pfs / n).read_bytes() == d for n, d in data.items())
-
-
-@pytest.fixture
-def dirs(tmp_path: Path) -> tuple[Path, Path, Path]:
-    backing, mnt, pfs = tmp_path / "backing", tmp_path / "mnt", tmp_path / "pfs"
-    for d in (backing, mnt, pfs):
-        d.mkdir()
-    return backing, mnt, pfs
 
 
 def test_a_mount_killed_mid_drain_resumes_from_its_journal_without_a_scan(
     fake_controller: Callable[..., FakeController],
     fuse_mount: Callable[..., MountProcess],
-    dirs: tuple[Path, Path, Path],
+    fuse_dirs: tuple[Path, Path],
     tmp_path: Path,
 ) -> None:
-    backing, mnt, pfs = dirs
+    (backing, mnt), pfs = fuse_dirs, tmp_path / "pfs"
+    pfs.mkdir()
     journal = ("--journal", str(tmp_path / "journal"))
     fake = fake_controller(initial_rate=4 * MiB, burst=64 * 1024)
     mount = fuse_mount(
@@ -97,9 +85,11 @@ def _drained_total(url: str) -> float:
 def test_a_jobs_drained_bytes_go_on_after_a_controller_restart(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],
-    dirs: tuple[Path, Path, Path],
+    fuse_dirs: tuple[Path, Path],
+    tmp_path: Path,
 ) -> None:
-    backing, mnt, pfs = dirs
+    (backing, mnt), pfs = fuse_dirs, tmp_path / "pfs"
+    pfs.mkdir()
     ctl = controller_factory(
         "--pfs-bandwidth", "64MiB/s", address=f"127.0.0.1:{_port()}",
         env={"BURSTCTL_LEDGER_INTERVAL": "0.2"},
@@ -125,9 +115,11 @@ def test_a_jobs_drained_bytes_go_on_after_a_controller_restart(
 def test_bytes_kept_on_the_buffer_stay_on_the_books_past_the_job_retention(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],
-    dirs: tuple[Path, Path, Path],
+    fuse_dirs: tuple[Path, Path],
+    tmp_path: Path,
 ) -> None:
-    backing, mnt, pfs = dirs
+    (backing, mnt), pfs = fuse_dirs, tmp_path / "pfs"
+    pfs.mkdir()
     retention = 1.0
     ctl = controller_factory(
         "--bb-capacity", "64MiB", env={"BURSTCTL_JOB_RETENTION": str(retention)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -39,59 +39,61 @@ def boot(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return path
 
 
+@pytest.fixture
+def opened(tmp_path: Path, backing: tuple[Path, int], boot: Path) -> Callable[[], Journal]:
+    """Opens the journal ``tmp_path/j`` of ``backing`` (as each start of a mount does)."""
+    return lambda: Journal(tmp_path / "j", backing[1])
+
+
 def test_replay_gives_the_live_entries_after_a_clean_close(
-    tmp_path: Path, backing: tuple[Path, int], boot: Path
+    tmp_path: Path, opened: Callable[[], Journal], boot: Path
 ) -> None:
-    _, fd = backing
-    journal = Journal(tmp_path / "j", fd)
+    journal = opened()
     journal.rewrite([((1, 10), "a", TAG)])
     journal.put((1, 11), "b", TAG)
     journal.put((1, 10), "moved/a", TAG)
     journal.drop((1, 11))
     journal.close()
     boot.write_text("boot-2\n")  # a clean close is trusted across a reboot
-    assert Journal(tmp_path / "j", fd).replay() == {(1, 10): ("moved/a", TAG)}
+    assert opened().replay() == {(1, 10): ("moved/a", TAG)}
 
 
 def test_a_crash_on_the_same_boot_is_trusted_but_not_after_a_reboot(
-    tmp_path: Path, backing: tuple[Path, int], boot: Path
+    tmp_path: Path, opened: Callable[[], Journal], boot: Path
 ) -> None:
-    _, fd = backing
-    journal = Journal(tmp_path / "j", fd)
+    journal = opened()
     journal.rewrite([])
     journal.put((1, 10), "a", TAG)  # never fsynced, never closed: a kill -9 here
-    assert Journal(tmp_path / "j", fd).replay() == {(1, 10): ("a", TAG)}
+    assert opened().replay() == {(1, 10): ("a", TAG)}
     boot.write_text("boot-2\n")  # the machine went down: unsynced appends may be gone
-    assert Journal(tmp_path / "j", fd).replay() is None
+    assert opened().replay() is None
 
 
 def test_a_torn_last_record_is_ignored(
-    tmp_path: Path, backing: tuple[Path, int], boot: Path, caplog: pytest.LogCaptureFixture
+    tmp_path: Path, opened: Callable[[], Journal], caplog: pytest.LogCaptureFixture
 ) -> None:
-    _, fd = backing
-    journal = Journal(tmp_path / "j", fd)
+    journal = opened()
     journal.rewrite([((1, 10), "a", TAG)])
     journal.put((1, 11), "b", TAG)
     with open(tmp_path / "j", "ab") as f:
         f.write(b'0badc0de ["p",1,12,"c')  # a crash mid-append
     with caplog.at_level(logging.WARNING):
-        assert Journal(tmp_path / "j", fd).replay() == {(1, 10): ("a", TAG), (1, 11): ("b", TAG)}
+        assert opened().replay() == {(1, 10): ("a", TAG), (1, 11): ("b", TAG)}
     assert "torn" in caplog.text
     with open(tmp_path / "j", "ab") as f:  # a whole line that does not check, last
         f.write(b'00000000 ["d",1,10]\n')
-    assert Journal(tmp_path / "j", fd).replay() == {(1, 10): ("a", TAG), (1, 11): ("b", TAG)}
+    assert opened().replay() == {(1, 10): ("a", TAG), (1, 11): ("b", TAG)}
 
 
 def test_a_bad_record_before_the_last_makes_the_journal_unreadable(
-    tmp_path: Path, backing: tuple[Path, int], boot: Path
+    tmp_path: Path, opened: Callable[[], Journal], boot: Path
 ) -> None:
-    _, fd = backing
-    journal = Journal(tmp_path / "j", fd)
+    journal = opened()
     journal.rewrite([((1, 10), "a", TAG)])
     journal.put((1, 11), "b", TAG)
     text = (tmp_path / "j").read_text().replace('"a"', '"x"')  # its checksum no longer holds
     (tmp_path / "j").write_text(text)
-    assert Journal(tmp_path / "j", fd).replay() is None
+    assert opened().replay() is None
     assert list(tmp_path.glob("j.unreadable-*"))  # kept aside, not overwritten
 
 
@@ -110,11 +112,10 @@ def test_a_journal_that_is_not_backings_latest_is_not_trusted(
 
 
 def test_the_journal_is_compacted_past_a_multiple_of_its_live_entries(
-    tmp_path: Path, backing: tuple[Path, int], boot: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, opened: Callable[[], Journal], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _, fd = backing
     monkeypatch.setattr(stageout_journal, "COMPACT_MIN", 10)
-    journal = Journal(tmp_path / "j", fd)
+    journal = opened()
     journal.rewrite([((1, 1), "kept", TAG)])
     most = 0
     for i in range(2, 500):
@@ -122,7 +123,7 @@ def test_the_journal_is_compacted_past_a_multiple_of_its_live_entries(
         journal.drop((1, i))
         most = max(most, len((tmp_path / "j").read_text().splitlines()))
     assert most <= 1 + stageout_journal.COMPACT_FACTOR * 10 + 1  # header, records, the last
-    assert Journal(tmp_path / "j", fd).replay() == {(1, 1): ("kept", TAG)}
+    assert opened().replay() == {(1, 1): ("kept", TAG)}
 
 
 # ---------------------------------------------------------------------- restarts of StageOut
