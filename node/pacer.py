@@ -91,6 +91,7 @@ class PacedJob:
         "open_files",
         "phase_started",
         "session",
+        "untried",
     )
 
     def __init__(self, job: JobInfo, now: float) -> None:
@@ -109,6 +110,7 @@ class PacedJob:
         self.drain_inflight = 0
         self.drain_last = now
         self.buffer: tuple[int, int, str] | None = None
+        self.untried = False  # its session opened by a report: its first request checks it
         # The session a wait elsewhere is held on (`Pacer.waiting`), counted in ``inflight``.
         self.held: JobSession | None = None
 
@@ -239,9 +241,8 @@ class Pacer:
 
     def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
         """The job's bytes on the buffer, given to its session (and to its next one). Gauges
-        that changed while the job has no session (a restarted mount's first report, an
-        eviction after the session closed) open one: the controller's books must hear them
-        rather than keep a parked resident the buffer no longer holds (docs/capacity.md)."""
+        that changed while the job has none (a restarted mount's first report) open one: the
+        books must not keep a parked resident the buffer no longer holds (docs/capacity.md)."""
         state = self._locked_state(job)
         gauges = (resident, pending, error)
         try:
@@ -249,7 +250,7 @@ class Pacer:
             state.buffer = gauges
             if opened:
                 state.session = self._make_session(state.job)
-                state.last_active = self._clock()
+                state.last_active, state.untried = self._clock(), True
                 logger.info("job %s: session opened for its bytes on the buffer", job.job_id)
             session = state.session
         finally:
@@ -443,7 +444,7 @@ class Pacer:
         held); returns the session (None once closing) and whether it is new."""
         if self._closing:
             return None, False
-        opened = state.session is None
+        opened, state.untried = state.session is None or state.untried, False
         if state.session is None:
             state.session = self._make_session(state.job)
             logger.info("job %s: session opened", state.job.job_id)
@@ -470,6 +471,7 @@ class Pacer:
         """
         now = self._clock() if now is None else now
         idle = self._config.session_idle
+        draining = self._config.stage_out is not None  # else a session's resident stays parked
         next_at = math.inf
         to_close: list[tuple[JobInfo, JobSession]] = []
         with self._lock:
@@ -480,10 +482,9 @@ class Pacer:
                 continue
             try:
                 session = state.session
-                # A job with bytes on the buffer keeps its session, idle or not, until the
-                # stage-out reports none (evicted, deleted): its resident stays on the
-                # controller's books, and its evictions reach them (docs/capacity.md).
-                holding = state.buffer is not None and state.buffer[0] > 0
+                # With --stage-out, a job with bytes on the buffer keeps its session, idle or
+                # not, until none are left: its evictions must reach the books (docs/capacity.md).
+                holding = draining and state.buffer is not None and state.buffer[0] > 0
                 if session is not None:
                     if state.inflight == 0 and now - state.last_active >= idle and not holding:
                         to_close.append((state.job, session))
@@ -500,8 +501,7 @@ class Pacer:
                     else:
                         since = now if state.drain_inflight else state.drain_last
                         next_at = min(next_at, since + idle)
-                # A job the stage-out reports on is kept: its last gauges tell whether
-                # a report is news (`report_buffer`).
+                # A job the stage-out reports on is kept: its last gauges say what is news.
                 idle_job = (
                     state.session is None
                     and state.drain is None
