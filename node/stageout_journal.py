@@ -94,14 +94,13 @@ def _line(record: list[object]) -> str:
     return f"{zlib.crc32(body.encode()):08x} {body}\n"
 
 
-def _record(line: str) -> list[object]:
+def _checked(line: str) -> str | None:
+    """The body of a record line whose checksum holds; None if it does not."""
     crc, _, body = line.partition(" ")
-    if len(crc) != 8 or int(crc, 16) != zlib.crc32(body.encode()):
-        raise ValueError("bad checksum")
-    record = json.loads(body)
-    if not isinstance(record, list) or not record:
-        raise ValueError("not a record")
-    return record
+    try:
+        return body if len(crc) == 8 and int(crc, 16) == zlib.crc32(body.encode()) else None
+    except ValueError:
+        return None
 
 
 @dataclass(slots=True)
@@ -120,21 +119,22 @@ def _parse(text: str) -> _Read:
     # else a record torn by a crash mid-append (as is a last line that does not check).
     if lines[-1]:
         logger.warning("stage-out: the journal's last record is torn; ignored")
-    lines = lines[:-1]
-    records: list[list[object]] = []
-    for i, line in enumerate(lines):
-        try:
-            records.append(_record(line))
-        except ValueError:
-            if i != len(lines) - 1:
-                raise
-            logger.warning("stage-out: the journal's last record is torn; ignored")
+    bodies = [_checked(line) for line in lines[:-1]]
+    if bodies and bodies[-1] is None:
+        logger.warning("stage-out: the journal's last record is torn; ignored")
+        bodies.pop()
+    if None in bodies:
+        raise ValueError("a record before the last does not check")
+    # One parse of every body: much faster than one per record, for a journal of millions.
+    records: list[list[object]] = json.loads("[" + ",".join(b for b in bodies if b) + "]")
     if not records or records[0][:2] != ["h", FORMAT] or len(records[0]) != 4:
         raise ValueError(f"not a stage-out journal of format {FORMAT}")
     _, _, token, boot = records[0]
     entries: dict[Key, Entry] = {}
     closed = False
     for record in records[1:]:
+        if not isinstance(record, list) or not record:
+            raise ValueError("not a record")
         closed = record[0] == "c"
         if record[0] == "p":
             _, dev, ino, rel, tag = record
