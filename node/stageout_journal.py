@@ -8,7 +8,8 @@ nothing of copies or evictions: the xattrs on each file are the truth for those,
 reads them from the one file each entry names.
 
 Records are lines ``<crc32 hex> <json>``. The first is a header: the format, a token and the
-boot id of the machine that wrote it; a clean stop ends the file with a ``closed`` record.
+boot id of the machine that wrote it (a start that resumes appending to the file appends its
+own boot id); a clean stop ends the file with a ``closed`` record.
 Appends are plain writes (a killed process loses none: they are in the page cache) and
 are fsynced in batches (`sync`, from the stage-out's report timer); so a journal is trusted:
 
@@ -29,7 +30,8 @@ interrupted eviction is finished there). An entry whose file is not at its path,
 another file now (renamed or deleted behind the mount while it was down), comes back
 ``lost``: the drain's rate-limited rescan of BACKING looks for it by its tag
 (`StageOut._lose`); without a PFS to drain to, it is forgotten. Then the journal is
-rewritten with what was found (`rewrite`), under a new token set on BACKING's root.
+rewritten with what was found (`rewrite`), under a new token set on BACKING's root; or, when
+that is what it holds already, appended to (`resume`: a record of this boot).
 
 Compaction: once the file holds more than `COMPACT_FACTOR` records per live entry (at least
 `COMPACT_MIN`), it is rewritten from the live entries, atomically (`DurableFile.save`).
@@ -105,12 +107,16 @@ def _checked(line: str) -> str | None:
 
 @dataclass(slots=True)
 class _Read:
-    """A journal as read: its header's token and boot id, whether it ends clean, its entries."""
+    """A journal as read: its token, the boot id it was last written on, whether it ends
+    clean or torn, how many records it holds, its entries."""
 
     token: str
     boot: str
     closed: bool
+    torn: bool
+    records: int
     entries: dict[Key, Entry]
+    tags: dict[bytes, int]  # the job tags it defines, by their numbers in it
 
 
 def _parse(text: str) -> _Read:
@@ -119,8 +125,10 @@ def _parse(text: str) -> _Read:
     # else a record torn by a crash mid-append (as is a last line that does not check).
     if lines[-1]:
         logger.warning("stage-out: the journal's last record is torn; ignored")
+    torn = bool(lines[-1])
     bodies = [_checked(line) for line in lines[:-1]]
     if bodies and bodies[-1] is None:
+        torn = True
         logger.warning("stage-out: the journal's last record is torn; ignored")
         bodies.pop()
     if None in bodies:
@@ -131,20 +139,27 @@ def _parse(text: str) -> _Read:
         raise ValueError(f"not a stage-out journal of format {FORMAT}")
     _, _, token, boot = records[0]
     entries: dict[Key, Entry] = {}
+    tags: dict[int, bytes] = {}
     closed = False
     for record in records[1:]:
         if not isinstance(record, list) or not record:
             raise ValueError("not a record")
         closed = record[0] == "c"
-        if record[0] == "p":
-            _, dev, ino, rel, tag = record
-            if not (isinstance(rel, str) and isinstance(tag, str)):
+        if record[0] == "b":  # appended by a start that resumed from the journal
+            boot = record[1]
+        elif record[0] == "j":  # a job tag, defined once, then named by its number
+            _, number, tag = record
+            tags[int(number)] = str(tag).encode()  # type: ignore[call-overload]
+        elif record[0] == "p":
+            _, dev, ino, rel, number = record
+            if not isinstance(rel, str):
                 raise ValueError("bad put record")
-            entries[(int(dev), int(ino))] = (rel, tag.encode())  # type: ignore[call-overload]
+            entries[(int(dev), int(ino))] = (rel, tags[int(number)])  # type: ignore[call-overload]
         elif record[0] == "d":
             _, dev, ino = record
             entries.pop((int(dev), int(ino)), None)  # type: ignore[call-overload]
-    return _Read(str(token), str(boot), closed, entries)
+    numbers = {tag: number for number, tag in tags.items()}
+    return _Read(str(token), str(boot), closed, torn, len(records) - 1, entries, numbers)
 
 
 class Journal:
@@ -159,7 +174,9 @@ class Journal:
         self._token = ""
         self._live: dict[Key, Entry] = {}
         self._records = 0  # put and drop records since the last rewrite
+        self._tags: dict[bytes, int] = {}  # the job tags the file defines, and their numbers
         self._dirty = False  # appended since the last fsync
+        self._read: _Read | None = None  # what `replay` trusted, until `resume` or `rewrite`
 
     @property
     def path(self) -> Path:
@@ -191,13 +208,32 @@ class Journal:
                 self.path,
             )
             return None
+        self._read = read
         return read.entries
+
+    def resume(self, entries: dict[Key, Entry]) -> bool:
+        """Appends to the journal `replay` trusted rather than rewriting it, when ``entries``
+        (what a start found) are what it holds and it ends with a whole record: a record of
+        this boot is appended (a crash from now on is a crash on this boot). False if not."""
+        with self._lock:
+            read, self._read = self._read, None
+            if read is None or read.torn or read.entries != entries:
+                return False
+            try:
+                self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CLOEXEC)
+            except OSError:
+                return False
+            self._token, self._live, self._records = read.token, entries, read.records
+            self._tags = read.tags
+            self._append(_line(["b", _boot_id()]))
+            return self._fd >= 0
 
     def rewrite(self, entries: Iterable[tuple[Key, str, bytes]]) -> None:
         """A fresh journal holding ``entries`` (key, rel, tag), written atomically under a new
         token, which then goes on BACKING's root; appends go to it from now on."""
         live = {key: (rel, tag) for key, rel, tag in entries}
         with self._lock:
+            self._read = None
             self._token = secrets.token_hex(8)
             self._live = live
             self._write()
@@ -210,11 +246,9 @@ class Journal:
 
     def _write(self) -> None:
         """Writes the live entries as the journal (lock held) and opens it for appends."""
+        self._tags = {}
         header = _line(["h", FORMAT, self._token, _boot_id()])
-        text = header + "".join(
-            _line(["p", dev, ino, rel, tag.decode()])
-            for (dev, ino), (rel, tag) in self._live.items()
-        )
+        text = header + "".join(self._put(key, rel, tag) for key, (rel, tag) in self._live.items())
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
@@ -232,19 +266,29 @@ class Journal:
             if self._live.get(key) == (rel, tag):
                 return
             self._live[key] = (rel, tag)
-            self._append(["p", key[0], key[1], rel, tag.decode()])
+            self._append(self._put(key, rel, tag))
 
     def drop(self, key: Key) -> None:
         """``key`` is no longer tracked."""
         with self._lock:
             if self._live.pop(key, None) is not None:
-                self._append(["d", key[0], key[1]])
+                self._append(_line(["d", key[0], key[1]]))
 
-    def _append(self, record: list[object]) -> None:
+    def _put(self, key: Key, rel: str, tag: bytes) -> str:
+        """The record of a put (lock held), after the tag's definition if new to the file: a
+        tag is written once, not with each of the many files of its job."""
+        number = self._tags.get(tag)
+        definition = ""
+        if number is None:
+            number = self._tags[tag] = len(self._tags)
+            definition = _line(["j", number, tag.decode()])
+        return definition + _line(["p", key[0], key[1], rel, number])
+
+    def _append(self, text: str) -> None:
         if self._fd < 0:
             return
         try:
-            os.write(self._fd, _line(record).encode())
+            os.write(self._fd, text.encode())
         except OSError as err:
             self._disable(f"cannot append to {self.path}: {err}")
             return
@@ -318,7 +362,9 @@ def recover(
             logger.info("stage-out: scanning all of %s for tracked files", backing)
         found = scan(backing_fd, pfs)
     if journal is not None:
-        journal.rewrite((key, t.rel, t.tag) for key, t in found.items())
+        current = {key: (t.rel, t.tag) for key, t in found.items()}
+        if not journal.resume(current):
+            journal.rewrite((key, rel, tag) for key, (rel, tag) in current.items())
     due = [
         key
         for key, t in found.items()

@@ -69,6 +69,41 @@ def test_a_crash_on_the_same_boot_is_trusted_but_not_after_a_reboot(
     assert opened().replay() is None
 
 
+def test_a_start_that_finds_what_the_journal_holds_appends_to_it(
+    tmp_path: Path, opened: Callable[[], Journal], boot: Path
+) -> None:
+    first = opened()
+    first.rewrite([((1, 10), "a", TAG)])
+    first.close()
+    inode = os.stat(tmp_path / "j").st_ino
+    boot.write_text("boot-2\n")  # a clean stop, then a reboot
+    second = opened()
+    entries = second.replay()
+    assert entries == {(1, 10): ("a", TAG)}
+    assert second.resume(entries)  # appended to, not rewritten
+    assert os.stat(tmp_path / "j").st_ino == inode
+    second.put((1, 11), "b", TAG)  # then a kill -9: a crash on this boot, trusted
+    assert opened().replay() == {(1, 10): ("a", TAG), (1, 11): ("b", TAG)}
+    boot.write_text("boot-3\n")  # not after the machine went down
+    assert opened().replay() is None
+
+
+def test_a_journal_that_differs_from_what_a_start_found_is_rewritten(
+    tmp_path: Path, opened: Callable[[], Journal]
+) -> None:
+    first = opened()
+    first.rewrite([((1, 10), "a", TAG)])
+    first.close()
+    second = opened()
+    assert second.replay() is not None
+    assert not second.resume({})  # the file is gone: the start rewrites
+    with open(tmp_path / "j", "ab") as f:
+        f.write(b"0badc0de [")  # torn: appending after it would bury the next record
+    third = opened()
+    entries = third.replay()
+    assert entries == {(1, 10): ("a", TAG)} and not third.resume(entries)
+
+
 def test_a_torn_last_record_is_ignored(
     tmp_path: Path, opened: Callable[[], Journal], caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -122,7 +157,8 @@ def test_the_journal_is_compacted_past_a_multiple_of_its_live_entries(
         journal.put((1, i), f"f{i}", TAG)
         journal.drop((1, i))
         most = max(most, len((tmp_path / "j").read_text().splitlines()))
-    assert most <= 1 + stageout_journal.COMPACT_FACTOR * 10 + 1  # header, records, the last
+    # The header and the tag's definition, the records up to the bound, the one past it.
+    assert most <= 2 + stageout_journal.COMPACT_FACTOR * 10 + 1
     assert opened().replay() == {(1, 1): ("kept", TAG)}
 
 
