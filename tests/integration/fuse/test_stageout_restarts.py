@@ -30,14 +30,21 @@ def identical(pfs: Path, data: dict[str, bytes]) -> bool:
     return all((pfs / n).exists() and (pfs / n).read_bytes() == d for n, d in data.items())
 
 
+@pytest.fixture
+def staged_dirs(fuse_dirs: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Path, Path]:
+    """``(backing, mountpoint, pfs)``: `fuse_dirs` and a PFS directory beside them."""
+    pfs = tmp_path / "pfs"
+    pfs.mkdir()
+    return (*fuse_dirs, pfs)
+
+
 def test_a_mount_killed_mid_drain_resumes_from_its_journal_without_a_scan(
     fake_controller: Callable[..., FakeController],
     fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
+    staged_dirs: tuple[Path, Path, Path],
     tmp_path: Path,
 ) -> None:
-    (backing, mnt), pfs = fuse_dirs, tmp_path / "pfs"
-    pfs.mkdir()
+    backing, mnt, pfs = staged_dirs
     journal = ("--journal", str(tmp_path / "journal"))
     fake = fake_controller(initial_rate=4 * MiB, burst=64 * 1024)
     mount = fuse_mount(
@@ -85,11 +92,9 @@ def _drained_total(url: str) -> float:
 def test_a_jobs_drained_bytes_go_on_after_a_controller_restart(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
-    tmp_path: Path,
+    staged_dirs: tuple[Path, Path, Path],
 ) -> None:
-    (backing, mnt), pfs = fuse_dirs, tmp_path / "pfs"
-    pfs.mkdir()
+    backing, mnt, pfs = staged_dirs
     ctl = controller_factory(
         "--pfs-bandwidth", "64MiB/s", address=f"127.0.0.1:{_port()}",
         env={"BURSTCTL_LEDGER_INTERVAL": "0.2"},
@@ -115,11 +120,9 @@ def test_a_jobs_drained_bytes_go_on_after_a_controller_restart(
 def test_bytes_kept_on_the_buffer_stay_on_the_books_past_the_job_retention(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],
-    fuse_dirs: tuple[Path, Path],
-    tmp_path: Path,
+    staged_dirs: tuple[Path, Path, Path],
 ) -> None:
-    (backing, mnt), pfs = fuse_dirs, tmp_path / "pfs"
-    pfs.mkdir()
+    backing, mnt, pfs = staged_dirs
     retention = 1.0
     ctl = controller_factory(
         "--bb-capacity", "64MiB", env={"BURSTCTL_JOB_RETENTION": str(retention)}
