@@ -75,6 +75,8 @@ bench: $(STAMP)
 	$(PY) bench/fuse_throughput.py
 	$(PY) bench/preload_throughput.py
 	$(PY) bench/mount_sessions.py
+	$(PY) bench/bb_large.py
+	$(PY) bench/bb_large.py --files 1024
 	$(PY) bench/metadata.py
 
 clean:

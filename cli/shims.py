@@ -81,8 +81,10 @@ def agent(**values: Any) -> None:
     job's shared pacing page for its processes (`burstctl exec`).
 
     Processes attach over the agent's Unix socket; the agent identifies each by its
-    credentials (SO_PEERCRED) and its environment, as the mount does. SIGTERM or SIGINT stop
-    it. See docs/preload.md.
+    credentials (SO_PEERCRED) and its environment, as the mount does. Their writes wait for
+    space on the burst buffer (the controller's --bb-capacity), and with --stage-out the files
+    they write are copied to the PFS and evicted, as the mount's. SIGTERM or SIGINT stop it.
+    See docs/preload.md.
     """
     from burstctl.preload_shim.agent import run_agent
     from burstctl.preload_shim.config import AgentConfig, AgentError

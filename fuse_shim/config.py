@@ -21,8 +21,10 @@ from burstctl.client.fallback import Fallback
 from burstctl.common.channels import ChannelSecurity
 from burstctl.node.options import (
     channel_security,
+    check_evict,
     check_values,
     controller_help,
+    evict_mode,
     format_size,
     shared_field,
     spelled,
@@ -31,8 +33,6 @@ from burstctl.node.options import (
 # Which opens bypass the kernel's page cache (`fs.PassthroughFS.direct_io_for`).
 DIRECT_IO_MODES = ("writes", "all", "none")
 LIBFUSE_CHOICES = ("auto", "2", "3")
-# What becomes of a file's copy on the burst buffer once it is safely on the PFS (--evict).
-EVICT_MODES = ("after-copy", "keep")
 FUSE2_MAX_WRITE = 128 * 1024  # the most a FUSE 2 write request carries (its default there)
 MAX_READ_AHEAD = 64 << 20
 # How long the kernel caches attributes and names by default (docs/fuse.md, "Caching").
@@ -225,30 +225,14 @@ class MountConfig:
             show_default=False,
         ),
     )
-    stage_out: Path | None = field(
-        default=None,
-        metadata=spelled(
-            ("--stage-out",),
-            "Copy every file written through the mount, once closed, to the same relative path"
-            " under PFS_DIR (the parallel file system), paced by the job's drain stream"
-            ' (docs/fuse.md, "Stage-out to the parallel file system").',
-            metavar="PFS_DIR",
-            show_default=False,
-        ),
+    stage_out: Path | None = shared_field(
+        "stage_out",
+        help="Copy every file written through the mount, once closed, to the same relative path"
+        " under PFS_DIR (the parallel file system), paced by the job's drain stream,"
+        " with its metadata, holes and hard links; directories and symlinks made through"
+        ' the mount too (docs/fuse.md, "Stage-out to the parallel file system").',
     )
-    evict: str | None = field(
-        default=None,
-        metadata=spelled(
-            ("--evict",),
-            "With --stage-out: after-copy frees a file's blocks on the buffer once its PFS copy"
-            " is complete and fsynced (the file stays readable through the mount, served from"
-            " the PFS); keep keeps both copies.",
-            kind="choice",
-            choices=EVICT_MODES,
-            metavar="after-copy|keep",
-            show_default="after-copy with --stage-out",
-        ),
-    )
+    evict: str | None = shared_field("evict")
     journal: str | None = field(
         default=None,
         metadata=spelled(
@@ -286,8 +270,7 @@ class MountConfig:
             )
         if self.max_handles is not None and self.max_handles < 16:
             raise MountError(f"--max-handles must be >= 16, got {self.max_handles}")
-        if self.evict is not None and self.stage_out is None:
-            raise MountError("--evict needs --stage-out PFS_DIR (there is nothing to evict to)")
+        check_evict(self.stage_out, self.evict, MountError)
         if self.metadata_cost < 0:
             raise MountError(f"--metadata-cost must be >= 0 bytes, got {self.metadata_cost}")
         try:
@@ -307,9 +290,7 @@ class MountConfig:
     @property
     def evict_mode(self) -> str | None:
         """What ``--evict`` means here: None without --stage-out, else after-copy or keep."""
-        if self.stage_out is None:
-            return None
-        return self.evict or "after-copy"
+        return evict_mode(self.stage_out, self.evict)
 
     def channel_security(self) -> ChannelSecurity:
         """The credentials of the mount's channel to the controller (ValueError if unusable)."""

@@ -14,8 +14,8 @@ import stat
 import threading
 from dataclasses import dataclass
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim._fuse import DirEntry, Listing
-from burstctl.fuse_shim.syscalls import proc_path
 
 
 @dataclass

@@ -28,6 +28,7 @@ ENODEV. A write-only file cannot be mapped at all.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import functools
 import logging
@@ -36,7 +37,8 @@ import stat
 from collections.abc import Callable
 from typing import Any
 
-from burstctl.fuse_shim import syscalls
+from burstctl.common import syscalls
+from burstctl.common.syscalls import chown_node, proc_path, renameat2, set_times
 from burstctl.fuse_shim._fuse import (
     CAP_ATOMIC_O_TRUNC,
     CAP_AUTO_INVAL_DATA,
@@ -60,11 +62,9 @@ from burstctl.fuse_shim.inodes import PATH_FLAGS, Inode, InodeTable
 from burstctl.fuse_shim.ownership import clear_setid, give_to_caller, may_access, open_existing
 from burstctl.fuse_shim.paced import PacedRequests
 from burstctl.fuse_shim.staged import StagedFiles
-from burstctl.fuse_shim.syscalls import chown_node, proc_path, renameat2, set_times
 from burstctl.fuse_shim.xattrs import ExtendedAttributes
 from burstctl.node.attribution import Caller
 from burstctl.node.pacer import Pacer
-from burstctl.node.sessions import JobSession
 from burstctl.node.stageout import StageOut
 
 logger = logging.getLogger(__name__)
@@ -131,11 +131,13 @@ class PassthroughFS:
         self.negative_timeout = negative_timeout
         self._is_root = os.geteuid() == 0
         self._pace_metadata = self._paced is not None and self._paced.paces_metadata
-        self._xattrs = ExtendedAttributes()
+        self._xattrs = ExtendedAttributes(self._changed)
         self._dirs = OpenDirectories()
         self._mmap_hook: DirectIoMmap | None = None
         # The burst buffer's index and drain (docs/fuse.md, "Stage-out").
-        self._staged = None if stage_out is None else StagedFiles(stage_out, inodes)
+        self._staged = (
+            None if stage_out is None else StagedFiles(stage_out, inodes, self._paced, caller)
+        )
 
     # ------------------------------------------------------------------ inodes
 
@@ -241,38 +243,16 @@ class PassthroughFS:
 
     def _modified(self, req: int, inode: Inode, caller: Caller | None = None) -> None:
         """Tells the stage-out of a change to a file through the mount (never fails)."""
+        if self._staged is not None:
+            self._staged.modified_by(req, inode, caller)
+
+    def _changing(
+        self, req: int, caller: Caller | None, inode: Inode, offset: int, length: int
+    ) -> contextlib.AbstractContextManager[object]:
+        """Around a change of [offset, offset+length) of a file (`StagedFiles.changing`)."""
         if self._staged is None:
-            return
-        try:
-            job = None
-            if self._paced is not None:
-                job = self._paced.job_of(caller or self._caller(req))
-            self._staged.modified(inode, job)
-        except Exception:
-            logger.exception("recording a change for the stage-out failed")
-
-    def _restore(self, req: int, inode: Inode, caller: Caller | None) -> None:
-        """Brings an evicted file back onto the buffer before it is changed (under
-        `StageOut.holding`); its bytes are the caller's job's writes to the buffer."""
-        assert self._staged is not None
-        paced = self._paced
-        who = caller or self._caller(req)
-
-        granted: list[tuple[JobSession, int]] = []
-
-        def pace(nbytes: int) -> None:
-            if paced is not None:
-                session = paced.pace(who, "write", nbytes)
-                if session is not None:
-                    granted.append((session, nbytes))
-
-        try:
-            self._staged.restore(inode, pace)
-            self._modified(req, inode, caller)  # the restored bytes in the job's resident
-        finally:
-            for session, nbytes in granted:
-                assert paced is not None
-                paced.landed(session, nbytes)
+            return contextlib.nullcontext()
+        return self._staged.changing(req, caller, inode, offset, length)
 
     def setattr(self, req: int, node: int, change: SetAttr, fh: int | None) -> os.stat_result:
         self._metadata(req)
@@ -288,13 +268,13 @@ class PassthroughFS:
             chown_node(inode.fd, uid, gid)
         if change.size is not None:
             if self._staged is not None:
-                restore = functools.partial(self._restore, req, inode, None)
-                with self._staged.truncating(inode, change.size, restore):
+                restore = functools.partial(self._staged.restore_for, req, inode, None)
+                with self._staged.truncating(req, inode, change.size, restore):
                     self._truncate(fh, inode, change.size)
             else:
                 self._truncate(fh, inode, change.size)
             self._modified(req, inode)
-            self._clear_setid(req, fh if fh is not None else inode.fd, handle=fh is not None)
+            self._clear_setid(req, node, fh if fh is not None else inode.fd, handle=fh is not None)
         if change.atime is not None or change.mtime is not None:
             set_times(
                 fh if fh is not None else inode.fd,
@@ -303,10 +283,13 @@ class PassthroughFS:
                 now=NOW,
                 handle=fh is not None,
             )
-            if change.mtime is not None and self._staged is not None:
-                # An evicted file shows the mtime of its mark: the new one goes there.
-                self._staged.retimed(inode)
+        self._changed(inode.fd)
         return self._shown(os.fstat(fh if fh is not None else inode.fd))
+
+    def _changed(self, fd: int, name: bytes = b"") -> None:
+        """Tells the stage-out of a node made (``name`` in ``fd``) or whose metadata changed."""
+        if self._staged is not None:
+            self._staged.changed(fd, name)
 
     @staticmethod
     def _truncate(fh: int | None, inode: Inode, size: int) -> None:
@@ -352,6 +335,7 @@ class PassthroughFS:
         parent_fd = self.inodes.get(parent).fd
         os.mkdir(name, mode, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None)
+        self._changed(parent_fd, name)
         return self._lookup(parent, name)
 
     def mknod(self, req: int, parent: int, name: bytes, mode: int, rdev: int) -> Entry:
@@ -367,6 +351,7 @@ class PassthroughFS:
         parent_fd = self.inodes.get(parent).fd
         os.symlink(target, name, dir_fd=parent_fd)
         self._give(req, caller, parent_fd, name, None)
+        self._changed(parent_fd, name)
         return self._lookup(parent, name)
 
     def readlink(self, req: int, node: int) -> bytes:
@@ -381,6 +366,7 @@ class PassthroughFS:
             os.link(proc_path(inode.fd), new_name, dst_dir_fd=parent_fd, follow_symlinks=True)
         finally:
             self._xattrs.forget_capabilities()
+        self._changed(parent_fd, new_name)
         return self._lookup(new_parent, new_name)
 
     def unlink(self, req: int, parent: int, name: bytes) -> None:
@@ -429,13 +415,13 @@ class PassthroughFS:
         flags = (flags & ~_DROPPED_OPEN_FLAGS) | os.O_CLOEXEC
         inode = self.inodes.get(node)
         if self._staged is not None:
-            restore = functools.partial(self._restore, req, inode, caller)
+            restore = functools.partial(self._staged.restore_for, req, inode, caller)
             fd = self._staged.open(inode, flags, restore)
         else:
             fd = os.open(proc_path(inode.fd), flags)
         if flags & os.O_TRUNC:
             try:
-                self._clear_setid(req, fd)
+                self._clear_setid(req, node, fd)
                 self._modified(req, inode, caller)
             except BaseException:
                 self._forget_handle(fd)
@@ -483,7 +469,7 @@ class PassthroughFS:
         if self._staged is not None:
             try:
                 inode = self.inodes.get(entry.node)
-                restore = functools.partial(self._restore, req, inode, caller)
+                restore = functools.partial(self._staged.restore_for, req, inode, caller)
                 self._staged.created(inode, fd, flags, restore)
                 self._modified(req, inode, caller)
             except BaseException:
@@ -511,8 +497,9 @@ class PassthroughFS:
     def read(self, req: int, node: int, buf: memoryview, offset: int, fh: int) -> int:
         if self._paced is not None:
             self._paced.pace(self._paced.data_caller(req, fh), "read", len(buf))
-        data_fd = fh if self._staged is None else self._staged.data_fd(fh)
-        return os.preadv(data_fd, [buf], offset)
+        if self._staged is None:
+            return os.preadv(fh, [buf], offset)
+        return self._staged.read(fh, buf, offset)
 
     def write(
         self, req: int, node: int, data: memoryview, offset: int, fh: int, writepage: bool = False
@@ -523,23 +510,27 @@ class PassthroughFS:
             caller = self._paced.data_caller(req, fh, writepage)
             granted = self._paced.pace(caller, "write", len(data))
         try:
-            done = os.pwrite(fh, data, offset)
-            if not writepage:
-                self._clear_setid(req, fh)
-            if self._staged is not None:
-                self._modified(req, self.inodes.get(node), caller)  # reports the job's resident
+            inode = self.inodes.get(node)
+            with self._changing(req, caller, inode, offset, len(data)):
+                done = os.pwrite(fh, data, offset)
+                if not writepage:
+                    self._clear_setid(req, node, fh)
+                self._modified(req, inode, caller)  # reports the job's resident
         finally:
             if self._paced is not None:
                 self._paced.landed(granted, len(data))  # only now counted as added
         return done
 
-    def _clear_setid(self, req: int, fd: int, *, handle: bool = True) -> None:
+    def _clear_setid(self, req: int, node: int, fd: int, *, handle: bool = True) -> None:
         """Clears set-user-ID / set-group-ID after a write or truncate, as the kernel does on
         a local file system when the caller lacks CAP_FSETID (`ownership.clear_setid`).
-        ``fd``: an open file (``handle``) or an O_PATH one."""
+        ``fd``: an open file (``handle``) or an O_PATH one. The kernel is told before the
+        reply: after a write it marks only the size and times it cached as stale, so a
+        ``stat`` asking for the mode alone (``stat -c %a``) would show the bits still set."""
         st = os.fstat(fd)
-        if st.st_mode & _SETID and stat.S_ISREG(st.st_mode):
-            clear_setid(fd, st, self._caller(req), handle=handle)
+        setid = st.st_mode & _SETID and stat.S_ISREG(st.st_mode)
+        if setid and clear_setid(fd, st, self._caller(req), handle=handle):
+            self.inodes.refresh(node)
 
     def flush(self, req: int, node: int, fh: int) -> None:
         # close(2) of a duplicate reports what the backing filesystem reports at close,
@@ -560,14 +551,17 @@ class PassthroughFS:
 
     def fallocate(self, req: int, node: int, mode: int, offset: int, length: int, fh: int) -> None:
         self._metadata(req)
-        syscalls.fallocate(fh, mode, offset, length)
-        self._modified(req, self.inodes.get(node))
+        inode = self.inodes.get(node)
+        with self._changing(req, None, inode, offset, length):
+            syscalls.fallocate(fh, mode, offset, length)
+            self._modified(req, inode)
 
     def lseek(self, req: int, node: int, offset: int, whence: int, fh: int) -> int:
         # SEEK_DATA / SEEK_HOLE (the kernel answers SEEK_SET/CUR/END itself). The handle's
         # own position is never used (reads and writes are positional).
-        data_fd = fh if self._staged is None else self._staged.data_fd(fh)
-        return os.lseek(data_fd, offset, whence)
+        if self._staged is None:
+            return os.lseek(fh, offset, whence)
+        return self._staged.seek(fh, offset, whence)
 
     # ------------------------------------------------------------------ extended attributes
 

@@ -9,9 +9,15 @@ limited by PATH_MAX, the backing directory may be the mount point itself, and a 
 or replaced while open is still reached.
 
 Handles are kept up to a budget under the open-file limit (`handle_budget`); past it a valve
-thread asks the kernel to drop the least recently looked-up names (``invalidate``, given when
-the table is built: the binding's `EntryNotifier`, which answers -ENOTCONN while no FUSE
-session is up), after which it forgets their inodes unless they are in use.
+thread asks the kernel to drop the least recently looked-up names, after which it forgets their
+inodes unless they are in use.
+
+The table is also how the daemon tells the kernel it changed a node on its own (`refresh`, and
+`changed` for the stage-out, which knows files by key): set-id bits cleared after a write, a
+file evicted from the buffer or brought back. The kernel then drops the attributes it cached,
+and its next ``stat`` asks the daemon (docs/fuse.md, "Cache coherence"). Both go through
+``kernel``, given when the table is built: the binding's `KernelNotifier`, which answers
+-ENOTCONN while no FUSE session is up.
 """
 
 from __future__ import annotations
@@ -23,10 +29,10 @@ import os
 import resource
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from typing import Protocol
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim._fuse import ROOT_ID
-from burstctl.fuse_shim.syscalls import proc_path
 
 logger = logging.getLogger(__name__)
 
@@ -34,6 +40,17 @@ PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 _VALVE_INTERVAL = 0.05  # seconds between two passes of the handle valve, at least
 
 Key = tuple[int, int]  # (st_dev, st_ino) of a backing node
+
+
+class KernelCache(Protocol):
+    """What the table asks of the kernel's caches (the binding's `KernelNotifier`): each
+    answers 0 or a negative errno, -ENOTCONN while no FUSE session is up."""
+
+    def invalidate_entry(self, parent: int, name: bytes) -> int:
+        """Drops the (parent, name) entry; the kernel then forgets the inode unless in use."""
+
+    def invalidate_inode(self, node: int, offset: int = -1, length: int = 0) -> int:
+        """Drops the node's cached attributes (and pages from ``offset``, when >= 0)."""
 
 
 class Inode:
@@ -62,13 +79,15 @@ def handle_budget(soft_limit: int) -> int:
 
 class InodeTable:
     """The inodes the kernel knows, the root (open as ``root_fd``, owned by the caller) first;
-    thread-safe. ``handles``: the budget (default: `handle_budget` of the open-file limit)."""
+    thread-safe. ``handles``: the budget (default: `handle_budget` of the open-file limit).
+    ``kernel``: its caches, told of dropped names and changed nodes (None: no kernel to tell,
+    and the handles are never given back)."""
 
     def __init__(
         self,
         root_fd: int,
         handles: int | None = None,
-        invalidate: Callable[[int, bytes], int] | None = None,
+        kernel: KernelCache | None = None,
     ) -> None:
         self._lock = threading.Lock()
         root_st = os.fstat(root_fd)
@@ -80,9 +99,7 @@ class InodeTable:
         if handles is None:
             handles = handle_budget(resource.getrlimit(resource.RLIMIT_NOFILE)[0])
         self.budget = handles
-        # Asks the kernel to drop a (parent, name) entry: 0, or a negative errno (-ENOTCONN:
-        # no FUSE session up). None: no kernel to ask (the handles are never given back).
-        self._invalidate = invalidate
+        self._kernel = kernel
         self.invalidated = 0  # names the valve asked the kernel to drop (tests, logs)
         self._valve_wanted = threading.Event()
         self._valve_stopped = False
@@ -161,11 +178,30 @@ class InodeTable:
         except OSError:
             return None
 
+    def refresh(self, node: int) -> None:
+        """The daemon changed ``node``'s attributes on its own: the kernel drops those it
+        cached, so that its next ``stat`` asks. Attributes only, which is safe from within a
+        request on the node (`KernelNotifier.invalidate_inode`). Never raises."""
+        if self._kernel is None:
+            return
+        answer = self._kernel.invalidate_inode(node)
+        if answer not in (0, -errno.ENOENT, -errno.ENOTCONN):
+            # -ENOENT: the kernel had forgotten it; -ENOTCONN: not mounted (yet, or any more).
+            logger.warning("the kernel refused to drop the attributes of node %d: %d", node, answer)
+
+    def changed(self, key: Key) -> None:
+        """`refresh` of the node ``key``, if the kernel knows it: the stage-out's hook after
+        it evicted a file, brought one back or punched holes in it. Never raises."""
+        with self._lock:
+            inode = self._by_key.get(key)
+        if inode is not None:
+            self.refresh(inode.node)
+
     # ------------------------------------------------------------------ the valve
 
     def _open_valve(self) -> None:
         self._valve_wanted.set()
-        if self._valve is not None or self._invalidate is None:
+        if self._valve is not None or self._kernel is None:
             return
         with self._lock:
             if self._valve is not None:
@@ -194,8 +230,8 @@ class InodeTable:
             # in use), each lookup past the budget would otherwise start another full pass.
             self._valve_closed.wait(_VALVE_INTERVAL)
             self._valve_wanted.clear()
-            invalidate = self._invalidate
-            if invalidate is None or self._valve_stopped:
+            kernel = self._kernel
+            if kernel is None or self._valve_stopped:
                 return
             with self._lock:
                 excess = max(0, len(self._nodes) - self.budget * 9 // 10)
@@ -204,7 +240,7 @@ class InodeTable:
                     self._nodes.move_to_end(inode.node)  # one in use comes round again later
                 names = [(inode.parent, inode.name) for inode in oldest]
             for parent, name in names:
-                answer = invalidate(parent, name)
+                answer = kernel.invalidate_entry(parent, name)
                 if answer == -errno.ENOTCONN:
                     break  # no FUSE session (not yet, or no more): nothing to drop now
                 if answer in (0, -errno.ENOENT):

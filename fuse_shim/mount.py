@@ -41,6 +41,7 @@ from burstctl.fuse_shim.config import (
     MountError,
 )
 from burstctl.node.attribution import Attributor
+from burstctl.node.options import stage_out_dir
 from burstctl.node.pacer import Pacer
 from burstctl.node.stageout import StageOut
 from burstctl.node.stageout_journal import Journal, default_journal
@@ -72,41 +73,9 @@ def validate(config: MountConfig) -> MountConfig:
         raise MountError("/dev/fuse is missing or not accessible (install fuse, load the module)")
     stage_out = None
     if config.stage_out is not None:
-        stage_out = validate_stage_out(config.stage_out, backing, mountpoint)
+        buffers = [("BACKING", backing), ("MOUNTPOINT", mountpoint)]
+        stage_out = stage_out_dir(config.stage_out, buffers, MountError)
     return dataclasses.replace(config, backing=backing, mountpoint=mountpoint, stage_out=stage_out)
-
-
-def validate_stage_out(pfs: Path, backing: Path, mountpoint: Path) -> Path:
-    """The ``--stage-out`` directory, absolute, once it is known not to loop (MountError).
-
-    A PFS directory inside the mount point or BACKING would have the drain copy files into
-    the buffer it drains (and, inside the mount, through itself); BACKING inside the PFS
-    directory would have the PFS copies land in the buffer. An unwritable directory is not
-    refused: the drain reports why it cannot copy and retries (docs/fuse.md).
-    """
-    real = Path(os.path.realpath(pfs))
-    if not real.exists():
-        raise MountError(f"--stage-out {pfs}: no such directory")
-    if not real.is_dir():
-        raise MountError(f"--stage-out {pfs} is not a directory")
-    for name, other in (("MOUNTPOINT", mountpoint), ("BACKING", backing)):
-        if real == other or real.is_relative_to(other):
-            raise MountError(
-                f"--stage-out {real} is {'' if real == other else 'inside '}{name} {other}: "
-                "the drain would copy the buffer into itself"
-            )
-    for name, other in (("BACKING", backing), ("MOUNTPOINT", mountpoint)):
-        if other.is_relative_to(real):
-            raise MountError(
-                f"--stage-out {real} contains {name} {other}: the PFS copies would land on "
-                "the buffer they drain"
-            )
-    if not os.access(real, os.W_OK | os.X_OK):
-        logger.warning(
-            "--stage-out %s is not writable now: files are kept on the buffer until it is",
-            real,
-        )
-    return real
 
 
 _chosen: str | None = None  # what choose_libfuse set FUSE_LIBRARY_PATH to in this process
@@ -207,7 +176,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     from burstctl.fuse_shim._fuse import (
         LIBFUSE_VERSION,
         ConnectionAborted,
-        EntryNotifier,
+        KernelNotifier,
         MountFailed,
         serve,
     )
@@ -235,10 +204,10 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
         # One loop thread and one channel for the sessions of every job.
         runtime = ClientRuntime()
         pacer = Pacer(config, Attributor(config.attribution_ttl), runtime=runtime)
-    # The kernel's cached names, which the inode table asks it to drop past its budget, while
-    # `serve` holds the FUSE session open.
-    notifier = EntryNotifier()
-    inodes = InodeTable(root_fd, config.max_handles, notifier.invalidate_entry)
+    # The kernel's caches, which the inode table asks to drop names past its budget and the
+    # attributes of nodes the daemon changed on its own, while `serve` holds the session open.
+    notifier = KernelNotifier()
+    inodes = InodeTable(root_fd, config.max_handles, notifier)
     stage: StageOut | None = None
     if config.stage_out is not None or pacer is not None:
         # The jobs' files on the buffer (their space, reported to the controller) and, with
@@ -250,6 +219,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             evict=config.evict_mode == "after-copy",
             hooks=pacer,
             path_of=inodes.path_of,
+            changed=inodes.changed,
             journal=_journal(config, root_fd),
         )
         stage.start()

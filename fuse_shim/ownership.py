@@ -21,8 +21,8 @@ import errno
 import os
 import stat
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim.setid import mode_after_write, writer_of
-from burstctl.fuse_shim.syscalls import proc_path
 from burstctl.node.attribution import Caller
 
 
@@ -73,16 +73,18 @@ def open_existing(caller: Caller, parent_fd: int, name: bytes, flags: int) -> in
     return fd
 
 
-def clear_setid(fd: int, st: os.stat_result, caller: Caller, *, handle: bool = True) -> None:
+def clear_setid(fd: int, st: os.stat_result, caller: Caller, *, handle: bool = True) -> bool:
     """Clears the set-id bits of the regular file ``fd`` (status ``st``, set-id bits set) that
-    a write by ``caller`` clears. ``fd``: an open file (``handle``) or an O_PATH one."""
+    a write by ``caller`` clears; whether it changed the mode. ``fd``: an open file
+    (``handle``) or an O_PATH one."""
     mode = mode_after_write(st.st_mode, st.st_gid, writer_of(caller.pid, caller.gid))
     if mode is None:
-        return
+        return False
     if handle:
         os.fchmod(fd, stat.S_IMODE(mode))
     else:
         os.chmod(proc_path(fd), stat.S_IMODE(mode))
+    return True
 
 
 def may_access(caller: Caller, st: os.stat_result, amode: int) -> bool:

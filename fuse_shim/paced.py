@@ -9,9 +9,10 @@ error is logged and the request is served unpaced.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from burstctl.client.job import JobInfo
 from burstctl.node.attribution import Caller
@@ -48,6 +49,24 @@ class PacedRequests:
         """The bytes of a write are on the buffer and reported (`Pacer.landed`)."""
         if granted is not None:
             self._pacer.landed(granted, nbytes)
+
+    @contextlib.contextmanager
+    def bringing_back(self, caller: Callable[[], Caller]) -> Iterator[Callable[[int], None]]:
+        """A ``pace(n)`` for bytes the mount itself brings back onto the buffer for a caller
+        (an evicted file, a drained chunk): the caller's job's writes, whose space lands at
+        the exit, once the block's report counted them. ``caller`` is asked at the first."""
+        granted: list[tuple[JobSession, int]] = []
+
+        def pace(nbytes: int) -> None:
+            session = self.pace(caller(), "write", nbytes)
+            if session is not None:
+                granted.append((session, nbytes))
+
+        try:
+            yield pace
+        finally:
+            for session, nbytes in granted:
+                self.landed(session, nbytes)
 
     def job_of(self, caller: Caller) -> JobInfo:
         """The job ``caller``'s requests are booked to."""

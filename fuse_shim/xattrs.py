@@ -11,21 +11,25 @@ from __future__ import annotations
 
 import errno
 import os
+from collections.abc import Callable
 
+from burstctl.common.syscalls import proc_path
 from burstctl.fuse_shim.capabilities import CAPABILITY, AbsentCapabilities
-from burstctl.fuse_shim.syscalls import proc_path
+from burstctl.node.stageout_marks import MARK_PREFIX
 
 _CAPABILITY = CAPABILITY.encode()
 # The stage-out's marks on backing files: hidden from applications.
-_OWN_XATTRS_TEXT = "user.burstctl."
+_OWN_XATTRS_TEXT = MARK_PREFIX
 _OWN_XATTRS = _OWN_XATTRS_TEXT.encode()
 
 
 class ExtendedAttributes:
-    """getxattr, listxattr, setxattr and removexattr of a node by its ``O_PATH`` handle."""
+    """getxattr, listxattr, setxattr and removexattr of a node by its ``O_PATH`` handle;
+    ``changed(path_fd)`` is told of each attribute set or removed (the stage-out's copy)."""
 
-    def __init__(self) -> None:
+    def __init__(self, changed: Callable[[int], object] | None = None) -> None:
         self.no_capability = AbsentCapabilities()
+        self._changed = changed
 
     def get(self, node: int, path_fd: int, name: bytes) -> bytes:
         if name.startswith(_OWN_XATTRS):
@@ -53,6 +57,8 @@ class ExtendedAttributes:
             os.setxattr(proc_path(path_fd), name, value, flags)
         finally:
             self.forget_capabilities()
+        if self._changed is not None:
+            self._changed(path_fd)
 
     def remove(self, path_fd: int, name: bytes) -> None:
         _refuse_own(name)
@@ -60,6 +66,8 @@ class ExtendedAttributes:
             os.removexattr(proc_path(path_fd), name)
         finally:
             self.forget_capabilities()
+        if self._changed is not None:
+            self._changed(path_fd)
 
     def forget_capabilities(self) -> None:
         """Something may have given a node a capability (a change of names, an xattr)."""

@@ -7,8 +7,10 @@ command line spells them (`Cli`): flags, help text, how ``--help`` shows the def
 a help text is written once, on its field.
 
 The fields both shims have (the controller, its credentials, the fallback, the session timings,
-attribution, logging) are spelled here once (`shared_field`); each shim declares them in its
-own order and may change the help text. `check_values` applies the checks every spelled field
+attribution, the stage-out, logging) are spelled here once (`shared_field`); each shim declares
+them in its own order and may change the help text. The stage-out's rules are here too: what
+``--evict`` means (`evict_mode`, `check_evict`) and which ``--stage-out`` directory is refused
+(`stage_out_dir`). `check_values` applies the checks every spelled field
 gets (seconds are finite and >= 0, a choice is one of its choices), raising the shim's own
 error type.
 """
@@ -16,7 +18,9 @@ error type.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -32,7 +36,11 @@ from burstctl.common.channels import ChannelSecurity
 from burstctl.common.units import parse_size
 from burstctl.node.attribution import DEFAULT_ATTRIBUTION_TTL
 
+logger = logging.getLogger(__name__)
+
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+# What becomes of a file's copy on the burst buffer once it is safely on the PFS (--evict).
+EVICT_MODES = ("after-copy", "keep")
 
 CliKind = Literal[
     "argument", "text", "file", "choice", "flag", "switch", "seconds", "size", "multiple", "count"
@@ -196,6 +204,29 @@ _SHARED: dict[str, tuple[Any, Cli]] = {
             metavar="SECONDS",
         ),
     ),
+    "stage_out": (
+        None,
+        Cli(
+            ("--stage-out",),
+            "Copy every file the jobs write, once closed, to the same relative path under"
+            " PFS_DIR (the parallel file system), paced by the job's drain stream.",
+            metavar="PFS_DIR",
+            show_default=False,
+        ),
+    ),
+    "evict": (
+        None,
+        Cli(
+            ("--evict",),
+            "With --stage-out: after-copy frees a file's blocks on the buffer once its PFS copy"
+            " is complete and fsynced (the file stays readable at its path, served from the"
+            " PFS); keep keeps both copies.",
+            kind="choice",
+            choices=EVICT_MODES,
+            metavar="after-copy|keep",
+            show_default="after-copy with --stage-out",
+        ),
+    ),
     "log_level": (
         "INFO",
         Cli(("--log-level",), "Logging level.", kind="choice", choices=LOG_LEVELS),
@@ -232,6 +263,54 @@ def check_values(config: Any, error: type[Exception]) -> None:
         unset = value is None and f.default is None
         if spec.kind == "choice" and value not in spec.choices and not unset:
             raise error(f"{flag} must be one of {', '.join(spec.choices)}, got {value!r}")
+
+
+def evict_mode(stage_out: Path | None, evict: str | None) -> str | None:
+    """What ``--evict`` means: None without --stage-out, else after-copy (the default) or
+    keep."""
+    if stage_out is None:
+        return None
+    return evict or "after-copy"
+
+
+def check_evict(stage_out: Path | None, evict: str | None, error: type[Exception]) -> None:
+    """``--evict`` is refused without ``--stage-out`` (there is nothing to evict to)."""
+    if evict is not None and stage_out is None:
+        raise error("--evict needs --stage-out PFS_DIR (there is nothing to evict to)")
+
+
+def stage_out_dir(pfs: Path, buffers: list[tuple[str, Path]], error: type[Exception]) -> Path:
+    """The ``--stage-out`` directory, absolute, once it is known not to loop (``error``).
+
+    ``buffers``: (name, real path) of the directories the drain reads (a mount's BACKING and
+    MOUNTPOINT, an agent's --paths). A PFS directory inside one of them would have the drain
+    copy files into the buffer it drains; one of them inside the PFS directory would have the
+    PFS copies land on the buffer. An unwritable directory is not refused: the drain reports
+    why it cannot copy and retries (docs/fuse.md).
+    """
+    real = Path(os.path.realpath(pfs))
+    if not real.exists():
+        raise error(f"--stage-out {pfs}: no such directory")
+    if not real.is_dir():
+        raise error(f"--stage-out {pfs} is not a directory")
+    for name, other in buffers:
+        if real == other or real.is_relative_to(other):
+            raise error(
+                f"--stage-out {real} is {'' if real == other else 'inside '}{name} {other}: "
+                "the drain would copy the buffer into itself"
+            )
+    for name, other in buffers:
+        if other.is_relative_to(real):
+            raise error(
+                f"--stage-out {real} contains {name} {other}: the PFS copies would land on "
+                "the buffer they drain"
+            )
+    if not os.access(real, os.W_OK | os.X_OK):
+        logger.warning(
+            "--stage-out %s is not writable now: files are kept on the buffer until it is",
+            real,
+        )
+    return real
 
 
 def channel_security(config: Any) -> ChannelSecurity:

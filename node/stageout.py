@@ -11,8 +11,11 @@ restart rebuilds the index without scanning BACKING), and drains them to ``PFS_D
   relative path under ``PFS_DIR``, paced by the job's drain stream (`DrainHooks.drain`;
   `stageout_copy` says how a copy is made durable). The generation is read before and after: a
   file written during its copy is queued again (the copy, complete, stays) and is not evicted.
-  A good copy is marked on the backing file; a file open for writing is copied after its
-  writer's last close.
+  A good copy is marked on the backing file. A file open for writing is copied whole after its
+  writer's last close; with ``evict``, its complete chunks are drained and punched meanwhile
+  (`stageout_open`, `stageout_extents`), and its final copy completes that part.
+- Around the data, `stageout_tree`: the copies' metadata and directories, directories and
+  symlinks made through the mount (`tree`), hard links, a change of metadata alone (`restamped`).
 - ``evict``: a copied file that nobody has open is marked evicted and truncated to 0; the mount
   then serves it from the PFS copy (`evicted`, `open_pfs`) until it is opened for writing,
   which `restore`s it first.
@@ -34,7 +37,6 @@ Nothing here raises into the application's I/O: the file system calls that canno
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -42,25 +44,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Protocol
 
 from burstctl.client.job import JobInfo
-from burstctl.node.stageout_copy import CopyError, copy_back, copy_to_pfs
+from burstctl.node.stageout_copy import CopyError, copy_to_pfs
+from burstctl.node.stageout_evict import Evictions
+from burstctl.node.stageout_extents import QUIET
+from burstctl.node.stageout_hooks import Changed, DrainHooks
 from burstctl.node.stageout_journal import Journal, recover
 from burstctl.node.stageout_marks import (
-    XATTR_EVICTED,
-    Evicted,
     Key,
     Tracked,
     encode_job,
     mark_copied,
-    mark_evicted,
     relative_path,
     scan,
     signature,
     write_tag,
 )
+from burstctl.node.stageout_open import Freeze, OpenDrain
 from burstctl.node.stageout_schedule import CopyQueue, DrainErrors, ReportTimer, retry_delay
+from burstctl.node.stageout_tree import PfsTree
 
 logger = logging.getLogger(__name__)
 
@@ -68,17 +71,7 @@ RETRY_MIN = 1.0
 RETRY_MAX = 30.0
 REPORT_INTERVAL = 0.5
 RESCAN_INTERVAL = 5.0  # at most one rescan of BACKING this often (a tracked file lost its path)
-DRAIN_WORKERS = 2
-
-
-class DrainHooks(Protocol):
-    """What the drain needs of the controller's side (the `Pacer`; tests pass fakes)."""
-
-    def drain(self, job: JobInfo, nbytes: int) -> None:
-        """Paces ``nbytes`` of the job's copy to the PFS (its drain stream)."""
-
-    def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
-        """The job's gauges on the buffer."""
+DRAIN_WORKERS = 4
 
 
 def _decrement(counts: dict[Key, int], key: Key) -> int:
@@ -90,14 +83,15 @@ def _decrement(counts: dict[Key, int], key: Key) -> int:
     return max(0, left)
 
 
-class StageOut:
+class StageOut(Evictions):
     """The drain of one mount's BACKING (open as ``backing_fd``, at ``backing``) to ``pfs``.
 
     Without ``pfs`` (a mount with a controller but no ``--stage-out``) it keeps the index and
     reports the jobs' resident bytes; nothing is copied, nothing evicted. ``path_of(key)``:
     where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
-    tracked file is no longer where it was. ``journal``: where the tracked files are recorded
-    (None: every start scans BACKING).
+    tracked file is no longer where it was. ``changed``: the shim's hook, see `changed`.
+    ``freeze``: given by a shim that does not tell each write (`stageout_open.Freeze`).
+    ``journal``: where the tracked files are recorded (None: every start scans BACKING).
     """
 
     def __init__(
@@ -115,6 +109,8 @@ class StageOut:
         retry_max: float = RETRY_MAX,
         workers: int = DRAIN_WORKERS,
         clock: Callable[[], float] = time.monotonic,
+        changed: Changed | None = None,
+        freeze: Freeze | None = None,
     ) -> None:
         self._root = backing_fd
         self._backing = str(backing)
@@ -125,6 +121,7 @@ class StageOut:
         self._retry_max = retry_max
         self._workers = workers
         self._clock = clock
+        self._changed = changed
         self._lock = threading.Lock()
         self._files: dict[Key, Tracked] = {}
         self._gen: dict[Key, int] = {}
@@ -143,6 +140,11 @@ class StageOut:
         self._last_rescan = -RESCAN_INTERVAL
         self._path_of = path_of
         self._journal = journal
+        self.tree = None if pfs is None else PfsTree(backing_fd, str(backing), pfs, self._stopping)
+        # The chunks of open files (None: nothing is evicted, so nothing drains before close).
+        self.open = (
+            OpenDrain(pfs, self._stopping, clock, freeze) if pfs is not None and evict else None
+        )
         self.copies = 0  # good copies (tests, logs)
         self.evictions = 0
 
@@ -157,11 +159,13 @@ class StageOut:
                 self._resident[tracked.tag] = self._resident.get(tracked.tag, 0) + tracked.allocated
         for key in due:
             self._enqueue(key)
+        self._adopt_open()
         targets = [(self._reports.run, "burstctl-bb")]
-        if self._pfs is not None:
-            # Two: one copies while the other fsyncs, renames or evicts, so the job's drain
-            # stream is not left idle between files.
+        if self.tree is not None:  # with a PFS_DIR
+            # Several: one copies while another fsyncs, renames or evicts, so a job's drain
+            # stream is not left idle between files, and several jobs drain at once.
             targets += [(self._work, f"burstctl-drain-{i}") for i in range(self._workers)]
+            targets.append((self.tree.run, "burstctl-tree"))
         for target, name in targets:
             thread = threading.Thread(target=target, name=name, daemon=True)
             thread.start()
@@ -173,6 +177,8 @@ class StageOut:
         self._stopping.set()
         self._reports.soon()
         self._queue.wake_all()
+        if self.tree is not None:
+            self.tree.wake()
         for thread in self._threads:
             thread.join(timeout)
         if self._journal is not None:
@@ -229,6 +235,8 @@ class StageOut:
                 self._observe(tracked, st, gen)
         if not known:
             tracked = self._tag(key, path_fd, job, st, gen)
+        if self.open is not None and self._writers.get(key) and self.open.pending(key):
+            self._enqueue(key, QUIET)
         if tracked is not None and tracked.job is not None and self._hooks is not None:
             with self._lock:
                 resident = self._resident.get(tracked.tag, 0)
@@ -284,6 +292,8 @@ class StageOut:
             self._opens[key] = self._opens.get(key, 0) + 1
             if writing:
                 self._writers[key] = self._writers.get(key, 0) + 1
+        if writing and self.open is not None and self.open.freeze is not None:
+            self._enqueue(key, QUIET)  # its writes are not told: passes poll it
 
     def released(self, key: Key, path: str | None, writing: bool = True) -> None:
         """A close. The last close, or the last writer's, queues a tracked file: it is copied
@@ -293,6 +303,8 @@ class StageOut:
             writers = _decrement(self._writers, key) if writing else self._writers.get(key, 0)
             tracked = self._files.get(key)
             if tracked is None:
+                if left == 0 and self.open is not None:
+                    self.open.forget(key)  # unlinked while open: its part goes now
                 return
             if path is not None:
                 rel = relative_path(self._backing, path)
@@ -317,64 +329,15 @@ class StageOut:
                 if self._journal is not None:
                     self._journal.drop(key)
             self._gen.pop(key, None)
+            still_open = bool(self._opens.get(key))
+        if self.open is not None and not still_open:
+            self.open.forget(key)
 
-    def evicted(self, key: Key) -> Evicted | None:
-        tracked = self._files.get(key)
-        return None if tracked is None else tracked.evicted
-
-    def open_pfs(self, evicted: Evicted) -> int:
-        """A read-only descriptor of the PFS copy of an evicted file."""
-        if self._pfs is None:
-            raise OSError(errno.EIO, "evicted, and no --stage-out to read it from")
-        return os.open(self._pfs / evicted.pfs, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-
-    def discard_evicted(self, key: Key, path_fd: int) -> None:
-        """An evicted file about to be truncated to 0 (under `holding`): nothing to bring
-        back; the mark goes."""
-        tracked = self._files.get(key)
-        if tracked is None or tracked.evicted is None:
-            return
-        with contextlib.suppress(OSError):
-            os.removexattr(f"/proc/self/fd/{path_fd}", XATTR_EVICTED)
-        with self._lock:
-            tracked.evicted = None
-
-    def retimed(self, key: Key, path_fd: int) -> None:
-        """The file's mtime was set through the mount: an evicted file's mark takes it."""
-        tracked = self._files.get(key)
-        if tracked is None or tracked.evicted is None:
-            return
-        with self.holding(key):
-            evicted = tracked.evicted
-            if evicted is None:
-                return
-            proc = f"/proc/self/fd/{path_fd}"
-            moved = Evicted(evicted.size, os.stat(proc).st_mtime_ns, evicted.pfs)
-            try:
-                mark_evicted(proc, moved)
-            except OSError as err:
-                logger.warning("stage-out: cannot keep the new mtime of %s: %s", evicted.pfs, err)
-                return
-            tracked.evicted = moved
-
-    def restore(self, key: Key, path_fd: int, pace: Callable[[int], None]) -> None:
-        """Brings an evicted file back onto the buffer (under `holding`): copies its PFS copy
-        into the backing file, ``pace(n)`` before each chunk (space and the opener's I/O),
-        restores its mtime and clears the mark. OSError if the PFS copy cannot be read."""
-        tracked = self._files.get(key)
-        if tracked is None or tracked.evicted is None:
-            return
-        src = self.open_pfs(tracked.evicted)
-        try:
-            st = copy_back(src, path_fd, tracked.evicted.mtime_ns, pace)
-        finally:
-            os.close(src)
-        with self._lock:
-            tracked.evicted = None
-            tracked.copied = signature(st)
-            tracked.copied_gen = self._gen.get(key, 0)
-            self._observe(tracked, st, tracked.copied_gen)
-        logger.info("stage-out: restored %s from the PFS (%d bytes)", tracked.rel, st.st_size)
+    def changed(self, key: Key) -> None:
+        """Tells the shim of a change made to the file by the stage-out on its own, once made:
+        evicted, restored, holes punched (`stageout_hooks.Changed`: its bytes read the same)."""
+        if self._changed is not None:
+            self._changed(key)
 
     # ------------------------------------------------------------------ the queue
 
@@ -417,10 +380,12 @@ class StageOut:
         if tracked.evicted is not None or self._stopping.is_set():
             return
         with self._lock:
-            if self._writers.get(key):
-                return  # open for writing again: its writer's last close queues it
+            writing = bool(self._writers.get(key))
         rel = self._where(key, tracked)
         if rel is None:
+            return
+        if writing:  # its writer's last close queues it; meanwhile its complete chunks
+            self._drain_open(key, tracked, rel)
             return
         try:
             src = os.open(rel, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=self._root)
@@ -431,6 +396,10 @@ class StageOut:
             st0 = os.fstat(src)
             if (st0.st_dev, st0.st_ino) != key:
                 self._lose(key, tracked)
+                return
+            part = None if self.open is None else self.open.part_of(key)
+            if part is not None:
+                self._final_open(key, tracked, src, rel, part)
                 return
             with self._lock:
                 gen0 = self._gen.get(key, 0)
@@ -473,6 +442,26 @@ class StageOut:
         finally:
             os.close(src)
 
+    def _drain_open(self, key: Key, tracked: Tracked, rel: str) -> None:
+        """One pass over a file still open for writing (`OpenDrain.drain_open`)."""
+        if self.open is None:
+            return
+        pace = functools.partial(self._drain_paced, tracked.job)
+        try:
+            freed = self.open.drain_open(key, rel, self._root, pace, tracked.job)
+        except OSError as err:
+            self._failed(key, tracked, f"cannot drain the open file {rel}: {err.strerror}")
+            return
+        if freed:
+            self._succeeded(tracked)
+            self.changed(key)  # fewer blocks on the buffer (the mount shows them all the same)
+            self._look(key, tracked, -1)
+            self._reports.soon()
+        with self._lock:
+            writing = bool(self._writers.get(key))
+        if writing and (self.open.pending(key) or self.open.freeze is not None):
+            self._enqueue(key, 0.0 if freed else QUIET)  # more may be due at once
+
     def _where(self, key: Key, tracked: Tracked) -> str | None:
         """The file's path relative to BACKING, checked against its key."""
         for candidate in range(2):
@@ -504,36 +493,6 @@ class StageOut:
             self._rescan()
             if not tracked.lost and not self._opens.get(key):
                 self._enqueue(key)
-
-    def _evict_one(self, key: Key, tracked: Tracked, src: int, rel: str, gen: int) -> None:
-        with self.holding(key):
-            st = os.fstat(src)
-            with self._lock:
-                if (
-                    self._opens.get(key)
-                    or self._gen.get(key, 0) != gen
-                    or tracked.copied != signature(st)
-                    or tracked.evicted is not None
-                ):
-                    return
-            evicted = Evicted(st.st_size, st.st_mtime_ns, rel)
-            proc = f"/proc/self/fd/{src}"
-            try:
-                mark_evicted(proc, evicted)
-            except OSError as err:
-                logger.warning("stage-out: cannot mark %s evicted (kept): %s", rel, err)
-                return
-            with self._lock:
-                tracked.evicted = evicted
-                self._set_allocated(tracked, 0)
-            try:
-                os.truncate(proc, 0)
-            except OSError as err:
-                # Served from the PFS all the same; its blocks come back at the next start.
-                logger.warning("stage-out: cannot truncate evicted %s: %s", rel, err)
-        self.evictions += 1
-        logger.debug("stage-out: evicted %s (%d bytes)", rel, st.st_size)
-        self._reports.soon()
 
     def _failed(self, key: Key, tracked: Tracked, cause: str) -> None:
         tracked.attempts += 1

@@ -1,28 +1,35 @@
 """One file's copy from the burst buffer to the parallel file system, and back.
 
 `copy_to_pfs` copies ``BACKING/rel`` to ``PFS_DIR/rel``: into a temporary
-``.NAME.burstctl-part-XXXX`` (`stageout_marks.TEMP_MARK`) in the same directory, in `CHUNK`
-pieces each paced by the job's drain stream, then mode, owner (as root) and times as the
-original's, fsync, rename over the final name and fsync of the directory: the copy is complete
-and durable once it has its final name, and never seen half-written under it. Missing
-directories are made with their namesakes' modes and owners (`make_dirs`). `copy_back` brings
-an evicted file's PFS copy back onto the buffer.
+``.NAME.burstctl-part-XXXX`` (`stageout_marks.TEMP_MARK`) in the same directory, its data
+extents only (`stageout_extents.copy_data`: a sparse file stays sparse), in pieces each paced
+by the job's drain stream, then the original's size, owner (as root), xattrs, mode and times
+(`stageout_tree.set_metadata`), fsync, rename over the final name and fsync of the directory:
+the copy is complete and durable once it has its final name, and never seen half-written under
+it. Then the file's other names become hard links of the copy, and its directory takes its
+namesake's times (`stageout_tree`). Missing directories are made with their namesakes'
+metadata (`stageout_tree.make_parents`). `copy_back` brings an evicted file's PFS copy back
+onto the buffer, holes kept.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-import stat
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from burstctl.node.stageout_marks import TEMP_MARK, XATTR_EVICTED, mark_copied
-
-CHUNK = 1 << 20
+from burstctl.node.stageout_extents import copy_data
+from burstctl.node.stageout_marks import XATTR_EVICTED, mark_copied
+from burstctl.node.stageout_tree import (
+    link_names,
+    make_parents,
+    set_metadata,
+    stamp_parents,
+    temporary,
+)
 
 
 class CopyError(Exception):
@@ -41,50 +48,53 @@ def copy_to_pfs(
     backing_fd: int,
     pace: Callable[[int], None],
     stopping: threading.Event,
+    part: Path | None = None,
 ) -> None:
     """Copies the backing file open as ``src`` (status ``st``, at ``rel`` under BACKING) to
     ``pfs / rel``, ``pace(n)`` before each chunk is written (the job's drain stream). Gives up
-    without a trace once ``stopping`` is set; CopyError when the copy cannot be made."""
+    without a trace once ``stopping`` is set; CopyError when the copy cannot be made.
+
+    ``part``: the part of a file drained while it was open (`stageout_extents`), completed
+    already (`OpenExtents.fill`), which takes the temporary's place: renamed, never removed."""
     target = pfs / rel
     directory = target.parent
-    temp = directory / f".{target.name}{TEMP_MARK}{secrets.token_hex(4)}"
+    temp = part or temporary(target)
     try:
-        make_dirs(pfs, backing_fd, os.path.dirname(rel))
-        out = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        made = make_parents(pfs, backing_fd, os.path.dirname(rel))
+        if part is not None:  # its directories were made with the part: all take their times
+            made = rel.count("/")
+        create = 0 if part is not None else os.O_CREAT | os.O_EXCL
+        out = os.open(temp, os.O_WRONLY | os.O_CLOEXEC | create, 0o600)
     except OSError as err:
         raise CopyError(f"PFS_DIR not writable: {err.strerror}") from None
-    renamed = False
+    renamed = part is not None  # a part is never removed
     try:
-        offset = 0
-        while not stopping.is_set():
+        if part is None:
             try:
-                chunk = os.pread(src, CHUNK, offset)
+                copy_data(src, out, 0, st.st_size, pace, stopping)
+                os.ftruncate(out, st.st_size)  # a hole at the end has no extent to copy
             except OSError as err:
-                raise CopyError(f"cannot read {rel} on the buffer: {err.strerror}") from None
-            if not chunk:
-                break
-            pace(len(chunk))
-            try:
-                view = memoryview(chunk)
-                while view:
-                    view = view[os.write(out, view) :]
-            except OSError as err:
-                raise CopyError(f"cannot write to PFS_DIR: {err.strerror}") from None
-            offset += len(chunk)
+                raise CopyError(f"cannot copy {rel} to PFS_DIR: {err.strerror}") from None
         if stopping.is_set():
             return
+        proc = f"/proc/self/fd/{src}"
+        times = (st.st_atime_ns, st.st_mtime_ns)  # as the data copied had them (the mark's)
         try:
-            _give(out, st)
-            os.fchmod(out, stat.S_IMODE(st.st_mode))
+            # Owner, mode and xattrs as they are now (one set during the copy included).
+            meta = os.fstat(src)
+            set_metadata(out, meta, proc, times=times)
             os.fsync(out)
-            os.utime(out, ns=(st.st_atime_ns, st.st_mtime_ns))
             os.rename(temp, target)
             renamed = True
-            dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                os.fsync(dfd)
-            finally:
-                os.close(dfd)
+            if part is not None and os.path.dirname(part) != str(directory):
+                _fsync_dir(part.parent)
+            _fsync_dir(directory)
+            if os.fstat(src).st_ctime_ns != meta.st_ctime_ns:
+                # Changed while the copy was being finished: a change of metadata through the
+                # mount may have gone to the name this copy has just replaced.
+                set_metadata(str(target), os.fstat(src), proc, times=times)
+            link_names(pfs, backing_fd, src, rel)
+            stamp_parents(pfs, backing_fd, os.path.dirname(rel), made)
         except OSError as err:
             raise CopyError(f"cannot finish a copy on PFS_DIR: {err.strerror}") from None
     finally:
@@ -96,19 +106,14 @@ def copy_to_pfs(
 
 def copy_back(src: int, path_fd: int, mtime_ns: int, pace: Callable[[int], None]) -> os.stat_result:
     """Copies an evicted file's PFS copy (open as ``src``) back into its backing file (the
-    handle ``path_fd``), ``pace(n)`` before each chunk; gives it back its mtime ``mtime_ns``,
-    marks it copied as it is now and no longer evicted. Its status; OSError on failure."""
+    handle ``path_fd``), its data extents only, ``pace(n)`` before each chunk; gives it back
+    its mtime ``mtime_ns``, marks it copied as it is now and no longer evicted. Its status;
+    OSError on failure."""
     dst = os.open(f"/proc/self/fd/{path_fd}", os.O_WRONLY | os.O_CLOEXEC)
     try:
-        offset = 0
-        while True:
-            chunk = os.pread(src, CHUNK, offset)
-            if not chunk:
-                break
-            pace(len(chunk))
-            os.pwrite(dst, chunk, offset)
-            offset += len(chunk)
-        os.ftruncate(dst, offset)
+        size = os.fstat(src).st_size
+        copy_data(src, dst, 0, size, pace)
+        os.ftruncate(dst, size)
         os.utime(dst, ns=(time.time_ns(), mtime_ns))
         st = os.fstat(dst)
         mark_copied(dst, st)
@@ -118,33 +123,9 @@ def copy_back(src: int, path_fd: int, mtime_ns: int, pace: Callable[[int], None]
     return st
 
 
-def make_dirs(pfs: Path, backing_fd: int, rel_dir: str) -> None:
-    """Creates the missing directories of ``rel_dir`` under ``pfs`` with the modes (and, as
-    root, the owners) of their namesakes on BACKING (open as ``backing_fd``)."""
-    here = pfs
-    for part in Path(rel_dir).parts:
-        here = here / part
-        if here.is_dir():
-            continue
-        try:
-            st = os.stat(os.path.relpath(here, pfs), dir_fd=backing_fd)
-            mode = stat.S_IMODE(st.st_mode)
-        except OSError:
-            st, mode = None, 0o755
-        try:
-            os.mkdir(here, mode)
-        except FileExistsError:
-            continue
-        if st is not None:
-            fd = os.open(here, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-            try:
-                _give(fd, st)
-                os.fchmod(fd, mode)  # exact, whatever the umask
-            finally:
-                os.close(fd)
-
-
-def _give(fd: int, st: os.stat_result) -> None:
-    """Gives a copy the owner of its original, when the daemon may (root)."""
-    if os.geteuid() == 0:
-        os.fchown(fd, st.st_uid, st.st_gid)
+def _fsync_dir(directory: Path) -> None:
+    dfd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)

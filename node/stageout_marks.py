@@ -7,7 +7,9 @@ extended attributes (hidden from applications by the mount, `xattrs`):
   `encode_job`); a file without it is not drained;
 - ``user.burstctl.copied`` (`XATTR_COPIED`): ``"<mtime_ns>:<size>"`` of its last complete copy
   on the PFS (a copy is good while the file still has that signature);
-- ``user.burstctl.evicted`` (`XATTR_EVICTED`): its data is only on the PFS (`Evicted`).
+- ``user.burstctl.evicted`` (`XATTR_EVICTED`): its data is only on the PFS (`Evicted`);
+- ``user.burstctl.names`` (`stageout_tree.XATTR_NAMES`): its names made through the mount, when
+  it has several (hard links).
 
 A copy in progress is a temporary ``.NAME.burstctl-part-XXXX`` (`TEMP_MARK`) beside its final
 name on the PFS. At start, `scan` rebuilds the index of tracked files (`Tracked`) from the
@@ -30,9 +32,10 @@ from burstctl.client.job import JobInfo
 
 logger = logging.getLogger(__name__)
 
-XATTR_JOB = "user.burstctl.job"
-XATTR_COPIED = "user.burstctl.copied"
-XATTR_EVICTED = "user.burstctl.evicted"
+MARK_PREFIX = "user.burstctl."  # every mark's name starts so (hidden by the mount)
+XATTR_JOB = MARK_PREFIX + "job"
+XATTR_COPIED = MARK_PREFIX + "copied"
+XATTR_EVICTED = MARK_PREFIX + "evicted"
 TEMP_MARK = ".burstctl-part-"  # a temporary copy: ".<name>.burstctl-part-<random>"
 
 Key = tuple[int, int]  # (st_dev, st_ino) of the backing file

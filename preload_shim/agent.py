@@ -18,11 +18,19 @@ happens in the processes, on the page; the agent:
 - counts each attached connection as an open file of the job (`Pacer.opened` / `released`),
   so the job's last process ending ends its phase as the mount's last close does;
 - closes a page (`JobPage.mark_closed`) once it has had no connection and its job no session
-  for ``--session-idle``; the library then stops pacing and attaches again at its next open.
+  for ``--session-idle``; the library then stops pacing and attaches again at its next open;
+- feeds each page the space its job's session was granted on the burst buffer and forwards
+  the bytes landed there (`space.SpaceFeeder`, one thread per page, stepped every tick and at
+  once when a process starts waiting);
+- runs the stage-out of its directories (`staging.AgentStage`): the library tells it of every
+  paced open and close (``OPEN``/``CLOSE`` with the descriptor, each on a connection of its
+  own), so that the jobs' files are tagged, counted on the buffer, drained to the PFS and
+  evicted as the mount's are, and evicted files are read from the PFS or restored.
 
 Threads: the pages, the slots and the socket live on the agent's asyncio loop (the main
 thread). Admission may wait for the controller (the attach timeout), so it runs in a pool;
-the pacer's bookings run in order on one worker thread. The sessions run on the client
+the pacer's bookings run in order on one worker thread; the opens and closes the library tells
+run in a pool (a restore may wait for space and bandwidth). The sessions run on the client
 runtime's loop thread; their observers only hand the new bucket over to the agent's loop.
 """
 
@@ -36,6 +44,7 @@ import itertools
 import json
 import logging
 import math
+import os
 import signal
 import socket
 import time
@@ -52,6 +61,8 @@ from burstctl.node.sessions import client_session_factory
 from burstctl.preload_shim import server
 from burstctl.preload_shim.config import AgentConfig
 from burstctl.preload_shim.page import JobPage
+from burstctl.preload_shim.space import SpaceFeeder
+from burstctl.preload_shim.staging import AgentStage
 
 logger = logging.getLogger(__name__)
 
@@ -60,6 +71,10 @@ logger = logging.getLogger(__name__)
 MAX_TICK_BYTES = 1 << 40
 # Threads that admit attaching processes (each may wait up to the attach timeout).
 _ADMIT_THREADS = 8
+# Threads that answer the opens and closes the library tells (a restore may wait long).
+_STAGE_THREADS = 8
+# The most descriptors one message carries (the library sends one).
+_MAX_FDS = 4
 
 Key = tuple[str, str]  # (job id, user)
 Bucket = tuple[float, float, Pattern | None]
@@ -78,6 +93,7 @@ class JobSlot:
     req_write: int = 0
     waiting: bool = False
     idle_since: float | None = None  # no connection and no session since
+    space: SpaceFeeder | None = None  # the page's space on the burst buffer
 
     @property
     def key(self) -> Key:
@@ -104,9 +120,15 @@ class Agent:
             self.attributor,
             runtime=self.runtime,
             session_factory=client_session_factory(
-                config, self.runtime, buffer=False, observer_for=self._observer_for
+                config, self.runtime, observer_for=self._observer_for
+            ),
+            drain_session_factory=(
+                None
+                if config.stage_out is None
+                else client_session_factory(config, self.runtime, "drain")
             ),
         )
+        self.stage = AgentStage(config, self.pacer)
         self.slots: dict[Key, JobSlot] = {}
         self._loop: asyncio.AbstractEventLoop | None = None
         self._admit = concurrent.futures.ThreadPoolExecutor(
@@ -115,6 +137,10 @@ class Agent:
         self._book = concurrent.futures.ThreadPoolExecutor(
             1, thread_name_prefix="burstctl-agent-book"
         )
+        self._staging = concurrent.futures.ThreadPoolExecutor(
+            _STAGE_THREADS, thread_name_prefix="burstctl-agent-stage"
+        )
+        self._reaping: concurrent.futures.Future[None] | None = None
         self._conn_ids = itertools.count(1)
         self._listener: socket.socket | None = listener
         self._tasks: set[asyncio.Task[None]] = set()
@@ -193,7 +219,11 @@ class Agent:
             if slot.page is not None:
                 slot.page.beat()
                 self._account(slot)
+            if slot.space is not None:
+                slot.space.poke()
             self._close_if_idle(slot, now)
+        if self._reaping is None or self._reaping.done():
+            self._reaping = self._staging.submit(self._booked, self.stage.reap)
 
     def _account(self, slot: JobSlot) -> None:
         """Books the bytes the job's processes asked for since the last look; the waiters."""
@@ -231,6 +261,8 @@ class Agent:
         slot.page.drain_events()
         slot.page.beat()
         self._account(slot)
+        if slot.space is not None:
+            slot.space.poke()
 
     def _close_if_idle(self, slot: JobSlot, now: float) -> None:
         if slot.conns or self.pacer.session_of(slot.job) is not None:
@@ -253,6 +285,9 @@ class Agent:
         if slot.waiting:
             slot.waiting = False
             self._book.submit(self._booked, self.pacer.waiting, slot.job, False)
+        space, slot.space = slot.space, None
+        if space is not None:
+            space.stop()
         page, slot.page = slot.page, None
         if page is not None:
             assert self._loop is not None
@@ -263,12 +298,21 @@ class Agent:
         """The slot's page, created (with the session's last bucket) on first attach."""
         if slot.page is None:
             page = JobPage(f"burstctl-job-{slot.job.job_id}")
+            if self.config.stage_out is not None:
+                page.mark_staging()
             slot.page = page
             counters = page.counters()
             slot.req_read, slot.req_write = counters.req_read, counters.req_write
             assert self._loop is not None
             self._loop.add_reader(page.eventfd, self._on_event, slot)
             self._publish(slot)
+            job = slot.job
+            slot.space = SpaceFeeder(
+                page,
+                f"burstctl-agent-space-{job.job_id}",
+                session_of=lambda: self.pacer.session_of(job),
+                measure=lambda: self.stage.refresh(job),
+            )
             logger.info("job %s (%s): page created", slot.job.job_id, slot.job.user)
         return slot.page
 
@@ -283,6 +327,7 @@ class Agent:
             ":".join(self.config.paths),
             self.config.controller,
         )
+        await asyncio.to_thread(self.stage.start)
         accept = asyncio.create_task(self._accept())
         ticker = asyncio.create_task(self._ticks())
         try:
@@ -317,7 +362,7 @@ class Agent:
             caller = server.peer_of(conn)
             while True:
                 try:
-                    message = await self._loop.sock_recv(conn, server.MAX_REQUEST)
+                    message, fds = await server.receive(self._loop, conn, _MAX_FDS)
                 except OSError:
                     return
                 if not message:
@@ -325,7 +370,9 @@ class Agent:
                 if attached is not None:
                     continue  # an attached library sends nothing else
                 words = message.strip()
-                if words == server.ATTACH:
+                if fds:
+                    await self._told(conn, caller, words, fds)
+                elif words == server.ATTACH:
                     attached = await self._attach(conn, conn_id, caller)
                 elif words == b"PATHS":
                     server.send(conn, b"PATHS " + ":".join(self.config.paths).encode())
@@ -339,6 +386,34 @@ class Agent:
                 if not self._stopping:
                     self._book.submit(self._booked, self.pacer.released, conn_id)
             conn.close()
+
+    async def _told(
+        self, conn: socket.socket, caller: Caller, words: bytes, fds: list[int]
+    ) -> None:
+        """An open (answered) or a close the library tells, with its descriptor."""
+        assert self._loop is not None
+        for extra in fds[1:]:
+            os.close(extra)
+        fd = fds[0]
+        verb, _, arg = words.partition(b" ")
+        try:
+            if verb == b"OPEN" and arg.lstrip(b"-").isdigit():
+                answer = await self._loop.run_in_executor(
+                    self._staging, self.stage.opened, caller, fd, int(arg)
+                )
+                sent = () if answer.fd is None else (answer.fd,)
+                server.send(conn, answer.text.encode(), sent)
+                if answer.fd is not None:
+                    os.close(answer.fd)
+            elif verb == b"CLOSE":
+                await self._loop.run_in_executor(self._staging, self.stage.closed, caller, fd)
+            else:
+                os.close(fd)
+                server.send(conn, b"NO unknown request")
+        except Exception:
+            logger.exception("the stage-out of pid %d's %s failed", caller.pid, verb.decode())
+            if verb == b"OPEN":
+                server.send(conn, b"SKIP")
 
     async def _attach(self, conn: socket.socket, conn_id: int, caller: Caller) -> JobSlot | None:
         """Admits the caller's job, gives it the job's page; the slot, or None (refused)."""
@@ -383,11 +458,14 @@ class Agent:
                 entry["unlimited"] = math.isinf(rate)
                 entry["burst"] = slot.page.burst
                 entry["counters"] = dataclasses.asdict(slot.page.counters())
+                entry["space"] = dataclasses.asdict(slot.page.space())
             if slot.bucket is not None:
                 entry["pattern"] = slot.bucket[2] is not None
             jobs.append(entry)
         return {
             "paths": list(self.config.paths),
+            "open_files": self.stage.open_files(),
+            "pending_copies": self.stage.pending_copies(),
             "jobs": jobs,
             "connections": {
                 str(pid): slot.job.job_id
@@ -414,7 +492,10 @@ class Agent:
             self._drop(slot)
         self._book.shutdown(wait=True)
         self._admit.shutdown(wait=False, cancel_futures=True)
+        # The pacer first: closing the sessions lets go of any restore waiting for space.
         await asyncio.to_thread(self.pacer.close)
+        self._staging.shutdown(wait=True, cancel_futures=True)
+        await asyncio.to_thread(self.stage.close)
         await asyncio.to_thread(self.runtime.close)
 
 

@@ -3,7 +3,8 @@
  * a failure, or once the page died), one thread connects to the agent's socket, sends
  * "ATTACH 1" and maps the page it is given; the process's other threads wait for that attach.
  * Also the library's own descriptors (the connection and the eventfd), which the application
- * may close or replace, and the death of an attachment (a closed or stale page).
+ * may close or replace, and the death of an attachment (a closed or stale page); the
+ * connections and messages to the agent that the stage-out's (stage.c) share with the attach.
  */
 #include "preload.h"
 
@@ -54,67 +55,89 @@ static void mark_own(int fd) {
         __atomic_store_n(&g_fds[fd], (unsigned char)(ST_UNPACED | ST_OWN), __ATOMIC_RELAXED);
 }
 
-static struct attachment *attach_now(char *why, size_t why_cap) {
+/* A new connection to the agent's socket, or -1 (errno set). */
+int agent_conn(void) {
     int s = socket(AF_UNIX, SOCK_SEQPACKET | SOCK_CLOEXEC, 0);
-    if (s < 0) {
-        snprintf(why, why_cap, "socket: %s", strerror(errno));
-        return NULL;
-    }
-    struct timeval tv = {.tv_sec = ATTACH_TIMEOUT_S, .tv_usec = 0};
-    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    if (s < 0)
+        return -1;
     struct sockaddr_un addr;
     memset(&addr, 0, sizeof addr);
     addr.sun_family = AF_UNIX;
     memcpy(addr.sun_path, g_socket, strlen(g_socket) + 1);
-    int fds[2] = {-1, -1};
-    struct attachment *att = NULL;
-    void *page = MAP_FAILED;
     if (connect(s, (struct sockaddr *)&addr, sizeof addr) != 0) {
-        snprintf(why, why_cap, "connect %s: %s", g_socket, strerror(errno));
-        goto fail;
+        SAVE_ERRNO();
+        real_close(s);
+        RESTORE_ERRNO();
+        return -1;
     }
-    static const char req[] = "ATTACH 1";
-    if (send(s, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) {
-        snprintf(why, why_cap, "send: %s", strerror(errno));
-        goto fail;
-    }
-    char msg[512];
+    return s;
+}
+
+/* One message on s (NUL-terminated in buf) and the descriptors it carried: the first `max`
+ * in fds (*nfds counts them all; the others are closed), *truncated when the kernel dropped
+ * some. Its length, or -1 (errno set). */
+ssize_t recv_message(int s, char *buf, size_t cap, int *fds, int max, int *nfds, int *truncated) {
     union {
         struct cmsghdr h;
         char buf[CMSG_SPACE(8 * sizeof(int))];
     } ctl;
-    struct iovec iov = {.iov_base = msg, .iov_len = sizeof msg - 1};
+    struct iovec iov = {.iov_base = buf, .iov_len = cap - 1};
     struct msghdr mh = {0};
     mh.msg_iov = &iov;
     mh.msg_iovlen = 1;
     mh.msg_control = ctl.buf;
     mh.msg_controllen = sizeof ctl.buf;
+    *nfds = 0;
     ssize_t n = recvmsg(s, &mh, MSG_CMSG_CLOEXEC);
-    if (n < 0) {
-        snprintf(why, why_cap, "no answer from %s: %s", g_socket, strerror(errno));
-        goto fail;
-    }
-    msg[n] = '\0';
-    int nfds = 0;
+    if (n < 0)
+        return -1;
+    buf[n] = '\0';
     for (struct cmsghdr *c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
         if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
             continue;
         int k = (int)((c->cmsg_len - CMSG_LEN(0)) / sizeof(int));
         int *got = (int *)CMSG_DATA(c);
         for (int i = 0; i < k; i++) {
-            if (nfds < 2)
-                fds[nfds] = got[i];
+            if (*nfds < max)
+                fds[*nfds] = got[i];
             else
                 real_close(got[i]);
-            nfds++;
+            (*nfds)++;
         }
+    }
+    *truncated = (mh.msg_flags & MSG_CTRUNC) != 0;
+    return n;
+}
+
+static struct attachment *attach_now(char *why, size_t why_cap) {
+    int s = agent_conn();
+    if (s < 0) {
+        snprintf(why, why_cap, "connect %s: %s", g_socket, strerror(errno));
+        return NULL;
+    }
+    struct timeval tv = {.tv_sec = ATTACH_TIMEOUT_S, .tv_usec = 0};
+    setsockopt(s, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    setsockopt(s, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof tv);
+    int fds[2] = {-1, -1};
+    struct attachment *att = NULL;
+    void *page = MAP_FAILED;
+    static const char req[] = "ATTACH 1";
+    if (send(s, req, sizeof req - 1, MSG_NOSIGNAL) != (ssize_t)(sizeof req - 1)) {
+        snprintf(why, why_cap, "send: %s", strerror(errno));
+        goto fail;
+    }
+    char msg[512];
+    int nfds = 0, truncated = 0;
+    ssize_t n = recv_message(s, msg, sizeof msg, fds, 2, &nfds, &truncated);
+    if (n < 0) {
+        snprintf(why, why_cap, "no answer from %s: %s", g_socket, strerror(errno));
+        goto fail;
     }
     if (strncmp(msg, "OK 1 ", 5) != 0) {
         snprintf(why, why_cap, "the agent said: %.200s", msg);
         goto fail;
     }
-    if (nfds != 2 || (mh.msg_flags & MSG_CTRUNC)) {
+    if (nfds != 2 || truncated) {
         snprintf(why, why_cap, "the agent's answer carried %d descriptors, not 2", nfds);
         goto fail;
     }

@@ -19,10 +19,13 @@ from burstctl.client.fallback import Fallback
 from burstctl.common.channels import ChannelSecurity
 from burstctl.node.options import (
     channel_security,
+    check_evict,
     check_values,
     controller_help,
+    evict_mode,
     shared_field,
     spelled,
+    stage_out_dir,
 )
 
 # Where the agent listens, and where `burstctl exec` and the library look, by default.
@@ -83,6 +86,14 @@ class AgentConfig:
             metavar="SECONDS",
         ),
     )
+    stage_out: Path | None = shared_field(
+        "stage_out",
+        help="Copy every file the jobs' processes write under --paths, once closed, to the same"
+        " relative path under PFS_DIR (the parallel file system; with several --paths, under"
+        " PFS_DIR/<the path's last name>), paced by the job's drain stream"
+        ' (docs/preload.md, "Capacity and stage-out").',
+    )
+    evict: str | None = shared_field("evict")
     log_level: str = shared_field("log_level")
 
     def __post_init__(self) -> None:
@@ -104,6 +115,7 @@ class AgentConfig:
                 raise AgentError(f"--paths: {path!r} is not an absolute path")
             if not os.path.isdir(path):
                 raise AgentError(f"--paths: {path!r} is not an existing directory")
+        self._check_stage_out()
         if not self.socket.is_absolute():
             raise AgentError(f"--socket: {str(self.socket)!r} is not an absolute path")
         check_values(self, AgentError)
@@ -118,15 +130,42 @@ class AgentConfig:
         except ValueError as err:
             raise AgentError(str(err)) from None
 
+    def _check_stage_out(self) -> None:
+        """--stage-out: an existing directory that neither holds nor is inside a --paths
+        directory, made absolute; with several paths, their last names differ (each drains
+        to its own subdirectory of it). --evict needs it."""
+        check_evict(self.stage_out, self.evict, AgentError)
+        if self.stage_out is None:
+            return
+        buffers = [("--paths", Path(os.path.realpath(path))) for path in self.paths]
+        object.__setattr__(
+            self, "stage_out", stage_out_dir(Path(self.stage_out), buffers, AgentError)
+        )
+        names = [os.path.basename(os.path.normpath(path)) for path in self.paths]
+        if len(self.paths) > 1 and len(set(names)) != len(names):
+            raise AgentError(
+                "--stage-out with several --paths drains each to PFS_DIR/<its last name>:"
+                f" the last names of {', '.join(self.paths)} must differ"
+            )
+
+    @property
+    def evict_mode(self) -> str | None:
+        """What ``--evict`` means here: None without --stage-out, else after-copy or keep."""
+        return evict_mode(self.stage_out, self.evict)
+
+    def pfs_dir(self, path: str) -> Path | None:
+        """Where the files under the --paths directory ``path`` are staged out to."""
+        if self.stage_out is None:
+            return None
+        if len(self.paths) == 1:
+            return self.stage_out
+        return self.stage_out / os.path.basename(os.path.normpath(path))
+
     # What the pacer also reads (`burstctl.node.sessions.PacingConfig`): the agent paces
-    # no metadata and stages nothing out.
+    # no metadata.
     @property
     def metadata_cost(self) -> int:
         return 0
-
-    @property
-    def stage_out(self) -> Path | None:
-        return None
 
     def channel_security(self) -> ChannelSecurity:
         """The credentials of the agent's channel to the controller (ValueError if unusable)."""

@@ -277,10 +277,11 @@ int resolve_unknown(int fd) {
     return st;
 }
 
-/* After an open that returned fd: its state from the path, lexically. */
-void after_open(int dirfd, const char *path, int fd, int flags) {
+/* After an open that returned fd: its state from the path, lexically; a paced one attaches
+ * and is told to the agent's stage-out. -1: the open must fail (stage.c), errno is EIO. */
+int after_open(int dirfd, const char *path, int fd, int flags) {
     if (fd < 0 || !path)
-        return;
+        return 0;
     SAVE_ERRNO();
     t_in_lib++;
     char base[PATH_MAX], norm[PATH_MAX];
@@ -311,7 +312,15 @@ void after_open(int dirfd, const char *path, int fd, int flags) {
         dircache_add(fd, norm) == 0)
         __atomic_fetch_or(&g_fds[fd], (unsigned char)ST_DIRCACHED, __ATOMIC_RELAXED);
     t_in_lib--;
-    if (st == ST_PACED)
+    int rc = 0;
+    if (st == ST_PACED) {
         maybe_attach();
+        t_in_lib++;
+        rc = stage_opened(fd, flags);
+        t_in_lib--;
+    }
     RESTORE_ERRNO();
+    if (rc != 0)
+        errno = EIO;
+    return rc;
 }

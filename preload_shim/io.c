@@ -1,7 +1,8 @@
 /*
  * The read and write family (read, write, their p-, v-, v2- and _chk forms, copy_file_range
  * and sendfile), and pacing one call: attach if need be, count the request on the page, draw
- * its tokens and wait for them before the real call; settle after it.
+ * its tokens and wait for them (a write: then claim its space on the burst buffer) before the
+ * real call; settle after it.
  */
 #include "preload.h"
 
@@ -26,7 +27,7 @@ static size_t clamp_read(int fd, size_t n, int64_t off) {
 
 /* Paces a call of n bytes (a read on fd at off, -1: its position, is bounded first). */
 struct paced pace(int kind, size_t n, int fd, int64_t off) {
-    struct paced p = {NULL, 0};
+    struct paced p = {NULL, 0, 0};
     SAVE_ERRNO();
     struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (UNLIKELY(!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE))) {
@@ -48,6 +49,9 @@ struct paced pace(int kind, size_t n, int fd, int64_t off) {
                        __ATOMIC_RELAXED);
     const char *why = "";
     if (reserve_and_wait(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.drawn) != 0)
+        mark_dead(att, why);
+    else if (kind == KIND_WRITE &&
+             claim_space(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.claimed) != 0)
         mark_dead(att, why);
     t_in_lib--;
     p.att = att;
@@ -180,7 +184,7 @@ EXPORT ssize_t __pread64_chk(int fd, void *buf, size_t n, off64_t off, size_t bu
             t_in_lib--;                                                                         \
             RESTORE_ERRNO();                                                                    \
         }                                                                                       \
-        struct paced pin2_ = {NULL, 0}, pout2_ = {NULL, 0};                                     \
+        struct paced pin2_ = {NULL, 0, 0}, pout2_ = {NULL, 0, 0};                                     \
         if (pin_)                                                                               \
             pin2_ = pace(KIND_READ, n_, -1, -1);                                                \
         if (pout_)                                                                              \

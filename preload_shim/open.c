@@ -19,8 +19,12 @@ static inline int needs_mode(int flags) {
             return call;                                                                        \
         ensure_init();                                                                          \
         int fd_ = call;                                                                         \
-        if (g_enabled)                                                                          \
-            after_open(dirfd, path, fd_, flags);                                                \
+        if (g_enabled && after_open(dirfd, path, fd_, flags) != 0) {                            \
+            set_state(fd_, ST_UNKNOWN);                                                         \
+            real_close(fd_);                                                                    \
+            errno = EIO; /* an evicted file the agent could not bring back: stage.c */          \
+            return -1;                                                                          \
+        }                                                                                       \
         return fd_;                                                                             \
     } while (0)
 
@@ -85,6 +89,7 @@ EXPORT int close(int fd) {
         ensure_init();
         if (g_enabled && fd >= 0 && fd < g_nfds) {
             SAVE_ERRNO();
+            stage_closing(fd);
             set_state(fd, ST_UNKNOWN); /* before: a new open of the same number then wins */
             RESTORE_ERRNO();
         }
@@ -147,6 +152,12 @@ EXPORT int closedir(DIR *dir) {
 
 /* Before a call that replaces fd (dup2 and dup3 onto it): the library lets go of it first. */
 static void before_replace(int fd) {
+    if (g_enabled && fd >= 0 && fd < g_nfds &&
+        UNLIKELY(__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_TOLD)) {
+        SAVE_ERRNO();
+        stage_closing(fd);
+        RESTORE_ERRNO();
+    }
     if (g_enabled && fd >= 0 && fd < g_nfds &&
         UNLIKELY(__atomic_load_n(&g_fds[fd], __ATOMIC_RELAXED) & ST_OWN)) {
         SAVE_ERRNO();

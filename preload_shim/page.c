@@ -2,7 +2,8 @@
  * The pacing page, the library's side of the contract in preload_shim/page.py: the helpers the
  * agent loads with ctypes (atomic loads, stores and adds, the flags, the seqlock write of the
  * token supply), the seqlock read, and drawing tokens from the supply and waiting for them,
- * with the page's waiters and wait counters and the eventfd that wakes the agent.
+ * with the page's waiters and wait counters and the eventfd that wakes the agent; claiming
+ * space on the burst buffer for a write and waiting for it, with the same waiters.
  */
 #include "preload.h"
 
@@ -101,7 +102,7 @@ static double supply_filled(const struct supply *s, int64_t now) {
 }
 
 /* 0: the page is alive; else it is dead (why set). */
-static int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why) {
+int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why) {
     if (__atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE) & FLAG_CLOSED) {
         *why = "closed";
         return 0;
@@ -195,6 +196,71 @@ int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
     pthread_cleanup_pop(0);
     waiter_gone(page);
     __atomic_fetch_add(I64(page, OFF_WAIT_NS), end - start, __ATOMIC_RELAXED);
+    __atomic_fetch_add(I64(page, OFF_WAITS), 1, __ATOMIC_RELAXED);
+    return dead;
+}
+
+/* The space claimed so far, if n more bytes fit under the agent's limit: one compare-and-swap
+ * on space_claimed. 1: claimed; 0: they do not fit (*cur: the claims seen). */
+static int try_claim(void *page, int64_t n, int64_t *cur) {
+    int64_t *claimed = I64(page, OFF_SPACE_CLAIMED);
+    *cur = __atomic_load_n(claimed, __ATOMIC_RELAXED);
+    for (;;) {
+        int64_t limit = __atomic_load_n(I64(page, OFF_SPACE_LIMIT), __ATOMIC_ACQUIRE);
+        if (limit != SPACE_UNLIMITED && (*cur > limit || n > limit - *cur))
+            return 0;
+        if (__atomic_compare_exchange_n(claimed, cur, *cur + n, 1, __ATOMIC_ACQ_REL,
+                                        __ATOMIC_RELAXED))
+            return 1;
+    }
+}
+
+/* Raises space_want to at least `want`: what a waiter needs the limit to reach. */
+static void want_at_least(void *page, int64_t want) {
+    int64_t *slot = I64(page, OFF_SPACE_WANT);
+    int64_t cur = __atomic_load_n(slot, __ATOMIC_RELAXED);
+    while (cur < want &&
+           !__atomic_compare_exchange_n(slot, &cur, want, 1, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED)) {
+    }
+}
+
+/* Claims n bytes of the job's space on the burst buffer for a write (page.py: the space),
+ * waiting, as for tokens, in slices, as one of the page's waiters, until the agent's limit
+ * covers them. 0: claimed (*claimed = n; the caller lands them after its call); 1: the page
+ * died (stop pacing; nothing claimed). */
+int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, const char **why,
+                int64_t *claimed) {
+    *claimed = 0;
+    if (n <= 0)
+        return 0;
+    int64_t cur;
+    if (try_claim(page, n, &cur)) {
+        *claimed = n;
+        return 0;
+    }
+    int64_t start = mono_ns(), now = start;
+    want_at_least(page, cur + n);
+    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
+        notify_waiting(eventfd);
+    int dead = 0;
+    pthread_cleanup_push(waiter_gone, page);
+    for (;;) {
+        struct timespec ts = {.tv_sec = 0, .tv_nsec = SLICE_NS};
+        nanosleep(&ts, NULL); /* interrupted by a signal: the loop re-checks */
+        now = mono_ns();
+        if (!page_alive(page, now, dead_after_ns, why)) {
+            dead = 1;
+            break;
+        }
+        if (try_claim(page, n, &cur)) {
+            *claimed = n;
+            break;
+        }
+        want_at_least(page, cur + n);
+    }
+    pthread_cleanup_pop(0);
+    waiter_gone(page);
+    __atomic_fetch_add(I64(page, OFF_WAIT_NS), now - start, __ATOMIC_RELAXED);
     __atomic_fetch_add(I64(page, OFF_WAITS), 1, __ATOMIC_RELAXED);
     return dead;
 }

@@ -17,7 +17,8 @@ off   type   name           meaning (writer)
 32    f64    rate           bytes/s from t0 on; 0 = wait; +inf = unlimited (agent)
 40    i64    burst          bytes: unused tokens beyond this are not kept (agent)
 48    i64    heartbeat_ns   CLOCK_MONOTONIC ns of the agent's last tick (agent)
-56    u32    flags          `FLAG_CLOSED`: the agent dropped the page: stop, reconnect
+56    u32    flags          `FLAG_CLOSED`: the agent dropped the page: stop, reconnect;
+                            `FLAG_STAGE`: the agent stages out: tell it every open
 64    i64    taken          tokens reserved so far (library, compare-and-swap)
 128   u64    req_read       bytes asked for by paced reads (library, atomic add)
 136   u64    req_write      bytes asked for by paced writes
@@ -28,6 +29,10 @@ off   type   name           meaning (writer)
 192   i64    waiters        library threads waiting for tokens now (atomic add/sub)
 200   u64    wait_ns        ns waited, added when each wait ends
 208   u64    waits          waits started
+256   i64    space_limit    the most space_claimed may reach; INT64_MAX: unlimited (agent)
+264   i64    space_claimed  bytes of writes claimed on the burst buffer (library, CAS)
+272   i64    space_landed   of them, bytes whose write returned (library, atomic add)
+280   i64    space_want     the claims a waiter for space needs covered (library, CAS max)
 ===== ====== ============== ==========================================================
 
 The library maps a page only if it is at least `PAGE_SIZE` bytes and sealed against shrinking
@@ -48,7 +53,16 @@ I/O phase at the controller; under a policy that allots a rate only to jobs in I
 share), a call that counted its bytes only after its wait would wait for a rate that never
 comes.
 
-This module is the agent's side: create, publish, beat, read the counters.
+The burst buffer's space (docs/capacity.md, "The space contract"): a paced write, once its
+tokens are drawn, claims its bytes with one compare-and-swap on ``space_claimed`` while
+``space_claimed + n <= space_limit``; beyond, it waits as for tokens (one of ``waiters``, the
+eventfd, slices, the same dead-agent bound), having raised ``space_want`` to what it needs.
+After the call it adds its claim to ``space_landed``. The agent raises ``space_limit`` out of
+the space the job's session was granted (`preload_shim.space`), and forwards ``space_landed``
+to the session once the job's resident bytes, measured after reading it, count those bytes:
+claimed-but-not-landed bytes stay granted-and-unused in the controller's books. A new page is
+unlimited; the agent's feed sets its limit to 0 before the page is handed out, so that its
+first write waits for the agent's first grant.
 
 This module is the agent's side: create, publish, beat, read the counters. When the library
 is built, `JobPage` makes its stores and loads through the library's own exported helpers
@@ -69,8 +83,9 @@ from dataclasses import dataclass
 
 PAGE_SIZE = 4096
 MAGIC = 0x31504342  # "BCP1"
-VERSION = 1
+VERSION = 2
 FLAG_CLOSED = 1
+FLAG_STAGE = 2
 
 OFF_MAGIC = 0
 OFF_VERSION = 4
@@ -91,6 +106,11 @@ OFF_CALLS_WRITE = 168
 OFF_WAITERS = 192
 OFF_WAIT_NS = 200
 OFF_WAITS = 208
+OFF_SPACE_LIMIT = 256
+OFF_SPACE_CLAIMED = 264
+OFF_SPACE_LANDED = 272
+OFF_SPACE_WANT = 280
+SPACE_UNLIMITED = (1 << 63) - 1
 
 
 @functools.cache
@@ -137,6 +157,16 @@ class Counters:
     waits: int
 
 
+@dataclass(frozen=True, slots=True)
+class Space:
+    """A page's space counters, as read at one moment (``landed`` first: see `JobPage.space`)."""
+
+    landed: int
+    claimed: int
+    want: int
+    limit: int
+
+
 class JobPage:
     """The agent's handle on one job's page: a memfd, its mapping and its eventfd.
 
@@ -181,6 +211,10 @@ class JobPage:
                 OFF_WAITERS,
                 OFF_WAIT_NS,
                 OFF_WAITS,
+                OFF_SPACE_LIMIT,
+                OFF_SPACE_CLAIMED,
+                OFF_SPACE_LANDED,
+                OFF_SPACE_WANT,
             )
         }
         self._lib = _library()
@@ -192,6 +226,7 @@ class JobPage:
         self._rate.value = 0.0  # nothing flows before the first allocation, as in a session
         self._burst.value = 0
         self._heartbeat.value = now
+        self._i64[OFF_SPACE_LIMIT].value = SPACE_UNLIMITED
         if self._lib is not None:
             # magic and version in one release store, after everything else
             self._lib.burstctl_page_store(self.address, OFF_MAGIC, (VERSION << 32) | MAGIC)
@@ -261,6 +296,14 @@ class JobPage:
         else:
             self._heartbeat.value = now
 
+    def mark_staging(self) -> None:
+        """Tells the library that the agent stages the files out: it tells the agent of every
+        paced open even while the space is unlimited (preload_shim/stage.c)."""
+        if self._lib is not None:
+            self._lib.burstctl_page_or_flags(self.address, FLAG_STAGE)
+        else:
+            self._flags.value = self._flags.value | FLAG_STAGE
+
     def mark_closed(self) -> None:
         """Tells the library to stop drawing from this page (it reconnects on its next open)."""
         if self._lib is not None:
@@ -297,6 +340,32 @@ class JobPage:
             wait_ns=v[OFF_WAIT_NS].value,
             waits=v[OFF_WAITS].value,
         )
+
+    # ------------------------------------------------------------------ the space
+
+    def _load(self, off: int) -> int:
+        if self._lib is not None:
+            return int(self._lib.burstctl_page_load(self.address, off))
+        return self._i64[off].value
+
+    def space(self) -> Space:
+        """The space counters; ``landed`` is read first, so every byte it counts was written
+        before anything measured after this call."""
+        landed = self._load(OFF_SPACE_LANDED)
+        return Space(
+            landed=landed,
+            claimed=self._load(OFF_SPACE_CLAIMED),
+            want=self._load(OFF_SPACE_WANT),
+            limit=self._load(OFF_SPACE_LIMIT),
+        )
+
+    def set_space_limit(self, limit: int) -> None:
+        """The most the job's processes may claim (`SPACE_UNLIMITED`: no limit)."""
+        limit = min(max(int(limit), 0), SPACE_UNLIMITED)
+        if self._lib is not None:
+            self._lib.burstctl_page_store(self.address, OFF_SPACE_LIMIT, limit)
+        else:
+            self._i64[OFF_SPACE_LIMIT].value = limit
 
     def drain_events(self) -> int:
         """Reads (and resets) the eventfd's count of wait notices; 0 when none."""

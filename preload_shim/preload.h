@@ -13,7 +13,8 @@
  *  - attach.c:  attaching to the node agent, the library's own descriptors;
  *  - io.c:      pacing a call; the read and write family;
  *  - open.c:    the open, close, dup, fcntl and chdir family;
- *  - stdio.c:   the stdio family.
+ *  - stdio.c:   the stdio family;
+ *  - stage.c:   telling the agent's stage-out of opens and closes, evicted files.
  * This private header is what they share. Every part includes it first, so that all see the
  * same feature macros; what it declares is hidden: only the functions a part marks EXPORT
  * leave the library.
@@ -41,6 +42,7 @@
 #include <fcntl.h>
 #include <limits.h>
 #include <math.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdarg.h>
@@ -169,8 +171,9 @@ void *resolve(const char *name, const char *fallback);
 
 #define PAGE_BYTES 4096
 #define PAGE_MAGIC 0x31504342u /* "BCP1" */
-#define PAGE_VERSION 1u
+#define PAGE_VERSION 2u
 #define FLAG_CLOSED 1u
+#define FLAG_STAGE 2u
 
 #define OFF_MAGIC 0
 #define OFF_VERSION 4
@@ -191,6 +194,11 @@ void *resolve(const char *name, const char *fallback);
 #define OFF_WAITERS 192
 #define OFF_WAIT_NS 200
 #define OFF_WAITS 208
+#define OFF_SPACE_LIMIT 256
+#define OFF_SPACE_CLAIMED 264
+#define OFF_SPACE_LANDED 272
+#define OFF_SPACE_WANT 280
+#define SPACE_UNLIMITED INT64_MAX
 
 #define I64(p, off) ((int64_t *)((char *)(p) + (off)))
 #define U32(p, off) ((uint32_t *)((char *)(p) + (off)))
@@ -205,12 +213,24 @@ static inline int64_t mono_ns(void) {
 
 int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
                      const char **why, int64_t *drawn);
+int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why);
+int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, const char **why,
+                int64_t *claimed);
 
 /* ------------------------------------------------------------------ fdstate.c: the fd table */
 
 /* A state byte: the state in the low bits; ST_DIRCACHED: the directory's path is cached;
- * ST_OWN: the library's own descriptor (the agent connection or the eventfd). */
-enum { ST_UNKNOWN = 0, ST_UNPACED = 1, ST_PACED = 2, ST_MASK = 3, ST_DIRCACHED = 4, ST_OWN = 8 };
+ * ST_OWN: the library's own descriptor (the agent connection or the eventfd); ST_TOLD: the
+ * agent's stage-out was told of this open (stage.c), and is told of its close. */
+enum {
+    ST_UNKNOWN = 0,
+    ST_UNPACED = 1,
+    ST_PACED = 2,
+    ST_MASK = 3,
+    ST_DIRCACHED = 4,
+    ST_OWN = 8,
+    ST_TOLD = 16
+};
 
 extern pthread_once_t g_once;
 extern int g_ready;
@@ -224,7 +244,7 @@ void init_once(void);
 void refresh_cwd(void);
 void set_state(int fd, int st);
 int resolve_unknown(int fd);
-void after_open(int dirfd, const char *path, int fd, int flags);
+int after_open(int dirfd, const char *path, int fd, int flags);
 
 static inline void ensure_init(void) {
     if (UNLIKELY(!__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))) {
@@ -265,15 +285,19 @@ extern struct attachment *g_att;
 extern int g_attaching;
 
 void own_fd_lost(int fd);
+int agent_conn(void);
+ssize_t recv_message(int s, char *buf, size_t cap, int *fds, int max, int *nfds, int *truncated);
 void maybe_attach(void);
 void mark_dead(struct attachment *att, const char *why);
 
 /* ------------------------------------------------------------------ io.c: pacing a call */
 
-/* What a paced call drew: the attachment to count on (NULL: unpaced) and the tokens. */
+/* What a paced call drew: the attachment to count on (NULL: unpaced), the tokens, and for
+ * a write the space it claimed on the burst buffer. */
 struct paced {
     struct attachment *att;
     int64_t drawn;
+    int64_t claimed;
 };
 
 struct paced pace(int kind, size_t n, int fd, int64_t off);
@@ -289,7 +313,18 @@ static inline void settle(struct paced p, int kind, ssize_t r) {
                            used, __ATOMIC_RELAXED);
     if (p.drawn > used)
         __atomic_fetch_sub(I64(p.att->page, OFF_TAKEN), p.drawn - used, __ATOMIC_RELAXED);
+    /* Landed: on the buffer now (or never written), after the call, never before it. */
+    if (p.claimed > 0)
+        __atomic_fetch_add(I64(p.att->page, OFF_SPACE_LANDED), p.claimed, __ATOMIC_RELEASE);
 }
+
+/* ------------------------------------------------------------------ stage.c: the stage-out */
+
+int stage_opened(int fd, int flags);
+void stage_closing(int fd);
+int stage_take_told(int fd);
+void stage_tell_close(int fd);
+int stage_open_flags(const char *mode);
 
 #pragma GCC visibility pop
 

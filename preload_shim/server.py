@@ -9,12 +9,17 @@ Requests and answers (the contract with the library, preload_shim/page.py):
 
 - ``ATTACH 1`` → ``OK 1 <job id>`` with two fds by ``SCM_RIGHTS`` (the job's page memfd,
   its eventfd), or ``NO <reason>``; the connection then stays open for the process's life.
+- ``OPEN <flags>`` with the descriptor a paced open returned → ``OK``, ``SKIP``, ``PFS`` with
+  the descriptor of an evicted file's PFS copy, or ``EIO <reason>``; ``CLOSE`` with a told
+  descriptor, before it is closed → no answer (preload_shim/stage.c, `staging.AgentStage`);
+  each on a connection of its own.
 - ``PATHS`` → ``PATHS <dir>:<dir>...``; ``STATUS`` → ``STATUS <json>``.
 - anything else → ``NO unknown request``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import errno
 import logging
@@ -98,6 +103,29 @@ def request(path: str | Path, message: bytes, timeout: float = 5.0) -> bytes:
         if not answer:
             raise ConnectionResetError(errno.ECONNRESET, "the agent closed the connection")
         return answer
+
+
+async def receive(
+    loop: asyncio.AbstractEventLoop, conn: socket.socket, max_fds: int
+) -> tuple[bytes, list[int]]:
+    """The next message on the non-blocking ``conn`` and the descriptors it carried (b"" at
+    EOF); OSError when the connection fails."""
+    while True:
+        try:
+            message, fds, flags, _ = socket.recv_fds(conn, MAX_REQUEST, max_fds)
+        except (BlockingIOError, InterruptedError):
+            ready = loop.create_future()
+            loop.add_reader(conn.fileno(), ready.set_result, None)
+            try:
+                await ready
+            finally:
+                loop.remove_reader(conn.fileno())
+            continue
+        if flags & socket.MSG_CTRUNC:
+            for fd in fds:
+                os.close(fd)
+            fds = []
+        return message, fds
 
 
 def send(conn: socket.socket, message: bytes, fds: tuple[int, ...] = ()) -> bool:

@@ -60,13 +60,20 @@ EXPORT size_t __fread_unlocked_chk(void *ptr, size_t ptrlen, size_t size, size_t
                real___fread_unlocked_chk(ptr, ptrlen, size, nmemb, stream));
 }
 
-static void after_fopen(const char *path, FILE *f) {
+/* The stream, or NULL (errno EIO) when the agent could not bring back the evicted file it
+ * opened for writing (stage.c): then it is closed. */
+static FILE *after_fopen(const char *path, const char *mode, FILE *f) {
     if (!f)
-        return;
+        return f;
     SAVE_ERRNO();
     int fd = fileno_unlocked(f);
     RESTORE_ERRNO();
-    after_open(AT_FDCWD, path, fd, 0);
+    if (after_open(AT_FDCWD, path, fd, stage_open_flags(mode)) == 0)
+        return f;
+    set_state(fd, ST_UNKNOWN);
+    real_fclose(f);
+    errno = EIO;
+    return NULL;
 }
 
 #define FOPEN_BODY(name, call)                                                                 \
@@ -76,9 +83,7 @@ static void after_fopen(const char *path, FILE *f) {
             return call;                                                                        \
         ensure_init();                                                                          \
         FILE *f_ = call;                                                                        \
-        if (g_enabled)                                                                          \
-            after_fopen(path, f_);                                                              \
-        return f_;                                                                              \
+        return g_enabled ? after_fopen(path, mode, f_) : f_;                                    \
     } while (0)
 
 EXPORT FILE *fopen(const char *path, const char *mode) {
@@ -100,8 +105,10 @@ static int stream_fd_reset(FILE *stream) {
         return -1;
     SAVE_ERRNO();
     int fd = fileno_unlocked(stream);
-    if (fd >= 0)
+    if (fd >= 0) {
+        stage_closing(fd);
         set_state(fd, ST_UNKNOWN);
+    }
     RESTORE_ERRNO();
     return fd;
 }
@@ -117,9 +124,7 @@ static int stream_fd_reset(FILE *stream) {
         if (path) /* a new file; a NULL path keeps the file and changes the mode */             \
             stream_fd_reset(stream);                                                            \
         FILE *f_ = call;                                                                        \
-        if (path)                                                                               \
-            after_fopen(path, f_);                                                              \
-        return f_;                                                                              \
+        return path ? after_fopen(path, mode, f_) : f_;                                         \
     } while (0)
 
 EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream) {
@@ -132,12 +137,26 @@ EXPORT FILE *freopen64(const char *path, const char *mode, FILE *stream) {
 
 EXPORT int fclose(FILE *stream) {
     NEED(fclose, NULL, EOF);
+    int told = -1; /* a copy of a told file's descriptor: its close is told once flushed */
     if (!t_in_lib && stream) {
         ensure_init();
-        if (g_enabled)
+        if (g_enabled) {
+            SAVE_ERRNO();
+            int fd = fileno_unlocked(stream);
+            if (stage_take_told(fd))
+                told = real_fcntl(fd, F_DUPFD_CLOEXEC, 0);
+            RESTORE_ERRNO();
             stream_fd_reset(stream);
+        }
     }
-    return real_fclose(stream);
+    int r = real_fclose(stream);
+    if (told >= 0) {
+        SAVE_ERRNO();
+        stage_tell_close(told);
+        real_close(told);
+        RESTORE_ERRNO();
+    }
+    return r;
 }
 
 EXPORT int fflush(FILE *stream) {

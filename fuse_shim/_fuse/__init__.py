@@ -26,7 +26,8 @@ The binding's parts:
   the file system's method, sends the reply, and turns an `OSError` into its errno (anything
   else is logged and answered EIO), so nothing ever raises into libfuse;
 - `loop`: `serve` mounts, runs libfuse's multithreaded loop until the mount is gone, and
-  unmounts; `EntryNotifier` asks the kernel to drop cached names while the session is up;
+  unmounts; `KernelNotifier` asks the kernel to drop cached names, and an inode's cached
+  attributes or pages, while the session is up;
 - `direct_io_mmap`: `DirectIoMmap` patches libfuse 3.14's INIT reply to allow shared ``mmap``
   of ``direct_io`` files.
 """
@@ -40,7 +41,7 @@ from burstctl.fuse_shim._fuse.direct_io_mmap import (
 )
 from burstctl.fuse_shim._fuse.loop import (
     ConnectionAborted,
-    EntryNotifier,
+    KernelNotifier,
     MountFailed,
     option_args,
     serve,
@@ -82,7 +83,7 @@ __all__ = [
     "DirEntry",
     "DirectIoMmap",
     "Entry",
-    "EntryNotifier",
+    "KernelNotifier",
     "Listing",
     "MountFailed",
     "Opened",

@@ -1,9 +1,10 @@
 """Mounting and serving: `serve` mounts a file system, runs libfuse's multithreaded loop until
 the mount is gone, unmounts and frees the FUSE session (libfuse 2 and 3 each their own way).
 
-`EntryNotifier` is how the file system asks the kernel to drop a cached name while a FUSE
-session is up: `serve` opens it on its session and closes it before the session is unmounted
-and freed, so that no request to the kernel ever reaches a freed session.
+`KernelNotifier` is how the file system asks the kernel to drop a cached name, or an inode's
+cached attributes and pages, while a FUSE session is up: `serve` opens it on its session and
+closes it before the session is unmounted and freed, so that no notification ever reaches a
+freed session.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from burstctl.fuse_shim._fuse.lowlevel import (
     fuse_lowlevel_ops,
     lib,
     notify_inval_entry,
+    notify_inval_inode,
 )
 from burstctl.fuse_shim._fuse.operations import Operations
 
@@ -47,41 +49,81 @@ class ConnectionAborted(RuntimeError):
     """libfuse's loop ended on an error reading /dev/fuse (not on the mount going away)."""
 
 
-class EntryNotifier:
-    """Asks the kernel to drop its cached (parent, name) entry, after which it forgets the
-    inode unless it is in use (fuse_lowlevel_notify_inval_entry on the FUSE session, libfuse 3,
-    or its channel, libfuse 2), for as long as `serve` holds the session open: -ENOTCONN
-    before and after. Closing waits for an invalidation in flight, and none starts after it,
-    so none reaches a session being freed. Thread-safe. ``notify`` is libfuse's function
-    (tests give a stand-in)."""
+class KernelNotifier:
+    """Tells the kernel to drop what it cached while a FUSE session is up: a (parent, name)
+    entry (`invalidate_entry`, libfuse's ``fuse_lowlevel_notify_inval_entry``) or an inode's
+    attributes and pages (`invalidate_inode`, ``fuse_lowlevel_notify_inval_inode``), on the
+    FUSE session (libfuse 3) or its channel (libfuse 2), for as long as `serve` holds the
+    session open: -ENOTCONN before and after. Closing waits for the notifications in flight,
+    and none starts after it, so none reaches a session being freed. Thread-safe; calls run
+    side by side (one that waits in the kernel for a directory's lock holds up no other).
+    ``notify_entry``, ``notify_inode``: libfuse's functions (tests give stand-ins)."""
 
-    def __init__(self, notify: Callable[[int, int, bytes, int], int] | None = None) -> None:
-        self._notify = notify if notify is not None else notify_inval_entry
-        self._lock = threading.Lock()
+    def __init__(
+        self,
+        notify_entry: Callable[[int, int, bytes, int], int] | None = None,
+        notify_inode: Callable[[int, int, int, int], int] | None = None,
+    ) -> None:
+        self._notify_entry = notify_entry if notify_entry is not None else notify_inval_entry
+        self._notify_inode = notify_inode if notify_inode is not None else notify_inval_inode
+        self._idle = threading.Condition()
         self._handle: int | None = None
+        self._in_flight = 0
 
     def open(self, handle: int) -> None:
-        with self._lock:
+        with self._idle:
             self._handle = handle
 
     def close(self) -> None:
-        with self._lock:
+        with self._idle:
             self._handle = None
+            self._idle.wait_for(lambda: self._in_flight == 0)
+
+    def _call(self, notify: Callable[..., int], *args: object) -> int:
+        with self._idle:
+            handle = self._handle
+            if handle is None:
+                return -errno.ENOTCONN
+            self._in_flight += 1
+        try:
+            return int(notify(handle, *args))
+        finally:
+            with self._idle:
+                self._in_flight -= 1
+                if self._in_flight == 0:
+                    self._idle.notify_all()
 
     def invalidate_entry(self, parent: int, name: bytes) -> int:
-        """0, or a negative errno (-ENOENT when the kernel had no such entry, -ENOTCONN when
-        no session is open)."""
-        with self._lock:
-            if self._handle is None:
-                return -errno.ENOTCONN
-            return int(self._notify(self._handle, parent, name, len(name)))
+        """Drops the kernel's (parent, name) entry, after which it forgets the inode unless it
+        is in use. 0, or a negative errno (-ENOENT when the kernel had no such entry,
+        -ENOTCONN when no session is open). The kernel takes the parent directory's lock:
+        never call it from a request on that directory."""
+        return self._call(self._notify_entry, parent, name, len(name))
+
+    def invalidate_inode(self, node: int, offset: int = -1, length: int = 0) -> int:
+        """Drops the kernel's cached attributes of ``node`` (its next ``stat`` asks the
+        daemon), and with ``offset`` >= 0 its cached pages from there (``length`` bytes, 0:
+        to the end). 0, or a negative errno (-ENOENT when the kernel does not know the node,
+        -ENOTCONN when no session is open).
+
+        Attributes only (``offset`` < 0) may be asked from within a request on the same
+        inode, a write's included: the kernel (``fuse_reverse_inval_inode``, fs/fuse/inode.c)
+        then only finds the inode, bumps its attribute version under the inode's spinlock and
+        marks its attributes stale; it takes no lock a request in progress holds (not the
+        inode's ``i_rwsem``, nor a page lock), and a GETATTR answer already under way with
+        the old attributes is discarded by the version check. Pages are another matter: the
+        kernel locks each cached page of the range, and a read or write through the page
+        cache holds its pages locked until the daemon answers. So a data range must never be
+        asked from a request handler, nor by a thread holding anything a handler may wait
+        for."""
+        return self._call(self._notify_inode, node, offset, length)
 
 
 def serve(
     fs: Operations,
     mountpoint: str,
     options: dict[str, str | bool | int],
-    notifier: EntryNotifier | None = None,
+    notifier: KernelNotifier | None = None,
 ) -> None:
     """Mounts ``fs`` on ``mountpoint`` and serves it with libfuse's multithreaded loop until
     it is unmounted; then frees the FUSE session. ``notifier`` is open on the session while it
@@ -91,7 +133,7 @@ def serve(
     callbacks = Callbacks(fs, ops)
     args, keep = _args(["burstctl", *option_args(options)])
     point = os.fsencode(mountpoint)
-    notifier = notifier if notifier is not None else EntryNotifier()
+    notifier = notifier if notifier is not None else KernelNotifier()
     if V3:
         _serve_v3(callbacks, ops, args, point, notifier)
     else:
@@ -100,7 +142,7 @@ def serve(
 
 
 def _serve_v3(
-    callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes, notifier: EntryNotifier
+    callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes, notifier: KernelNotifier
 ) -> None:
     new = bind(
         "fuse_session_new",
@@ -136,7 +178,7 @@ def _serve_v3(
 
 
 def _serve_v2(
-    callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes, notifier: EntryNotifier
+    callbacks: Callbacks, ops: Any, args: fuse_args, point: bytes, notifier: KernelNotifier
 ) -> None:
     mount = bind("fuse_mount", ctypes.c_void_p, ctypes.c_char_p, ctypes.POINTER(fuse_args), lib=lib)
     new = bind(
@@ -161,8 +203,10 @@ def _serve_v2(
         unmount(point, chan)
         raise MountFailed("libfuse refused the options")
     callbacks.fuse_session = fuse_session
-    notifier.open(chan)
     add_chan(fuse_session, chan)
+    # Only once the channel has its session: libfuse 2's notify functions reach the session
+    # through the channel, and would follow a null pointer before.
+    notifier.open(chan)
     try:
         result = loop(fuse_session)
     finally:

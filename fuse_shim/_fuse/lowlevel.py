@@ -180,6 +180,18 @@ notify_inval_entry = bind(
     ctypes.c_size_t,
     lib=lib,  # it writes to /dev/fuse and may wait: the GIL is released
 )
+# Drops the kernel's cached attributes of an inode, and the cached pages of a range when the
+# offset is >= 0 (length 0: to the end). The first argument is the session (libfuse 3) or
+# channel (libfuse 2), as for notify_inval_entry.
+notify_inval_inode = bind(
+    "fuse_lowlevel_notify_inval_inode",
+    ctypes.c_int,
+    ctypes.c_void_p,
+    _ino_t,
+    _off_t,
+    _off_t,
+    lib=lib,  # a write to /dev/fuse, which may wait on page locks: the GIL is released
+)
 req_ctx = bind("fuse_req_ctx", ctypes.POINTER(fuse_ctx), _req_t)
 reply_lseek = bind("fuse_reply_lseek", ctypes.c_int, _req_t, _off_t) if V3 else None
 

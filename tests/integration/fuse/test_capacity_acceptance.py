@@ -18,20 +18,16 @@ Run with ``-s`` to see the measured figures.
 
 from __future__ import annotations
 
-import contextlib
-import hashlib
 import json
 import os
-import random
 import subprocess
 import sys
-import threading
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 from support import wait_until
+from support.bb import WRITER, Sampler, all_copied, digest, expected_digests, tree_bytes
 
 pytestmark = pytest.mark.integration
 
@@ -41,64 +37,6 @@ DRAIN = 40 * MiB
 FILES, FILE_MIB = 15, 10
 JOBS = ("cap-a", "cap-b", "cap-c")
 BLOCK = MiB
-
-# A writer: FILES files of FILE_MIB MiB of seeded pseudo-random bytes, 1 MiB per write.
-WRITER = """
-import random, sys
-directory, seed, files, mib = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-rng = random.Random(seed)
-for n in range(files):
-    with open(f"{directory}/f{n:02d}", "wb") as f:
-        for _ in range(mib):
-            f.write(rng.randbytes(1 << 20))
-"""
-
-
-def expected_digests(seed: int) -> list[str]:
-    """sha256 of each file the writer with ``seed`` writes, in order."""
-    rng = random.Random(seed)
-    digests = []
-    for _ in range(FILES):
-        h = hashlib.sha256()
-        for _ in range(FILE_MIB):
-            h.update(rng.randbytes(MiB))
-        digests.append(h.hexdigest())
-    return digests
-
-
-def digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
-
-
-def tree_bytes(root: Path, allocated: bool) -> int:
-    """Σ st_blocks · 512 (``allocated``) or Σ st_size of the files under ``root``."""
-    total = 0
-    for dirpath, _, files in os.walk(root):
-        for name in files:
-            with contextlib.suppress(FileNotFoundError):  # renamed or removed meanwhile
-                st = os.lstat(os.path.join(dirpath, name))
-                total += st.st_blocks * 512 if allocated else st.st_size
-    return total
-
-
-class Sampler(threading.Thread):
-    """(time, buffer used, bytes on the PFS) every 100 ms until stopped."""
-
-    def __init__(self, backing: Path, pfs: Path) -> None:
-        super().__init__(daemon=True)
-        self.backing, self.pfs = backing, pfs
-        self.samples: list[tuple[float, int, int]] = []
-        self.halt = threading.Event()
-
-    def run(self) -> None:
-        while not self.halt.wait(0.1):
-            self.samples.append(
-                (time.monotonic(), tree_bytes(self.backing, True), tree_bytes(self.pfs, False))
-            )
 
 
 @pytest.mark.serial  # the drain rate is measured over a window: alone, not beside other tests
@@ -154,14 +92,9 @@ def test_three_writers_share_a_small_buffer_that_drains_to_the_pfs(
             _, err = proc.communicate(timeout=180)
             assert proc.returncode == 0, f"writer {job} failed: {err}"
         names = [(seed, job, n) for seed, job in enumerate(JOBS) for n in range(FILES)]
+        rels = [f"{job}/f{n:02d}" for _, job, n in names]
         wait_until(
-            lambda: all(
-                (pfs / job / f"f{n:02d}").is_file()
-                and (pfs / job / f"f{n:02d}").stat().st_size == FILE_MIB * MiB
-                for _, job, n in names
-            ),
-            120,
-            message="every file on the PFS",
+            lambda: all_copied(pfs, rels, FILE_MIB * MiB), 120, message="every file on the PFS"
         )
         # evicted: the buffer empties (the stubs keep no blocks)
         wait_until(lambda: tree_bytes(backing, True) < MiB, 60, message="the buffer to empty")
@@ -173,7 +106,7 @@ def test_three_writers_share_a_small_buffer_that_drains_to_the_pfs(
                 proc.kill()
                 proc.wait()
 
-    wanted = {seed: expected_digests(seed) for seed in range(len(JOBS))}
+    wanted = {seed: expected_digests(seed, FILES, FILE_MIB) for seed in range(len(JOBS))}
     for seed, job, n in names:
         want = wanted[seed][n]
         assert digest(pfs / job / f"f{n:02d}") == want, f"{job}/f{n:02d} on the PFS"

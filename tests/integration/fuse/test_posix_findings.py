@@ -276,6 +276,32 @@ def test_a_write_by_a_non_owner_clears_set_id_bits_without_direct_io(
     assert stat.S_IMODE(os.stat(backing / "f").st_mode) == 0o777
 
 
+def _mode_as_stat_shows(path: Path) -> int:
+    """The mode bits ``stat -c %a`` shows: coreutils asks statx for the mode alone, which the
+    kernel answers from its cache unless told the attributes changed (os.stat asks for the
+    size and times too, which the kernel refetches after a write of its own accord)."""
+    shown = subprocess.run(
+        ["stat", "-c", "%a", str(path)], capture_output=True, text=True, check=True
+    )
+    return int(shown.stdout, 8)
+
+
+@needs_root
+@pytest.mark.parametrize("mode", [0o4777, 0o6777], ids=oct)
+def test_stat_right_after_a_non_owners_append_shows_the_cleared_mode(
+    fuse_mount: Callable[..., MountProcess], world_dir: Path, mode: int
+) -> None:
+    # The daemon clears the bits (above); the kernel must drop the mode it cached, whatever
+    # --attr-timeout allows it to keep.
+    backing, mnt, _ = _setid_mount(fuse_mount, world_dir, "--attr-timeout", "3600")
+    _make_file(mnt / "f", 0, mode)
+    assert _mode_as_stat_shows(mnt / "f") == mode  # cached now
+    append = os.O_WRONLY | os.O_APPEND
+    assert run_as(65534, 65534, _write_a_byte, str(mnt / "f"), append, False) == ["ok"]
+    assert stat.S_IMODE(os.stat(backing / "f").st_mode) == 0o777
+    assert _mode_as_stat_shows(mnt / "f") == 0o777
+
+
 # ------------------------------------------------------------------------ finding 3: deep paths
 
 DEPTH = 30  # directories of NAME_LENGTH-byte names: 6,030 bytes below the root, > PATH_MAX

@@ -20,6 +20,7 @@ import pytest
 from fake_controller import FakeController
 from support import MountProcess, clean_env, run_burstctl, wait_until
 
+from burstctl.node.stageout_extents import OPEN_MARK
 from burstctl.node.stageout_marks import TEMP_MARK, XATTR_COPIED
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -33,7 +34,9 @@ def sha(path: Path) -> str:
 
 
 def temporaries(pfs: Path) -> list[str]:
-    return [n for _, _, names in os.walk(pfs) for n in names if TEMP_MARK in n]
+    """The copies in progress: a closed file's temporary, or the part of a file drained while
+    it was open (a 6 MiB file written at 4 MiB/s starts draining before it is closed)."""
+    return [n for _, _, names in os.walk(pfs) for n in names if TEMP_MARK in n or OPEN_MARK in n]
 
 
 def drained(backing: Path, pfs: Path, rels: list[str]) -> bool:
@@ -89,6 +92,52 @@ def test_closed_files_are_drained_evicted_and_still_read_through_the_mount(
     )
     assert sha(pfs / "a") == hashlib.sha256(expected).hexdigest()
     assert (mnt / "a").read_bytes() == expected
+
+
+def test_stat_right_after_an_eviction_and_a_restore_shows_what_the_mount_serves(
+    fuse_mount: Callable[..., MountProcess], dirs: tuple[Path, Path, Path]
+) -> None:
+    # The daemon changes the file on its own: the kernel must drop the attributes it cached,
+    # whatever --attr-timeout allows it to keep.
+    backing, mnt, pfs = dirs
+    mount = fuse_mount(
+        backing,
+        mnt,
+        "--stage-out",
+        str(pfs),
+        "--attr-timeout",
+        "3600",
+        "--entry-timeout",
+        "3600",
+        "--log-level",
+        "DEBUG",
+    )
+    data = os.urandom(MiB + 1)
+    with open(mnt / "f", "wb") as f:
+        f.write(data)
+        f.flush()
+        # Cached while it is open (nothing is evicted before its last close).
+        before = os.stat(mnt / "f")
+    wait_until(lambda: "evicted f" in mount.log_text, 20, message="the eviction")
+
+    def attributes(st: os.stat_result) -> tuple[int, int, int, int]:
+        return st.st_size, st.st_blocks, st.st_mtime_ns, st.st_ctime_ns
+
+    # As the mount shows an evicted file: its size and mtime, blocks as if its data were there.
+    evicted = (
+        len(data),
+        -(-len(data) // 512),
+        before.st_mtime_ns,
+        os.stat(backing / "f").st_ctime_ns,
+    )
+    assert attributes(before) != evicted
+    assert attributes(os.stat(mnt / "f")) == evicted
+    assert os.stat(pfs / "f").st_mtime_ns == before.st_mtime_ns
+    # Opened for writing: brought back before the open returns (and kept while open).
+    with open(mnt / "f", "r+b"):
+        assert os.stat(backing / "f").st_size == len(data)
+        assert attributes(os.stat(mnt / "f")) == attributes(os.stat(backing / "f"))
+    assert (mnt / "f").read_bytes() == data
 
 
 def test_keep_mode_keeps_the_buffer_copy(

@@ -25,7 +25,8 @@ import pytest
 from support import wait_until
 
 from burstctl.client.job import JobInfo
-from burstctl.fuse_shim import capabilities, syscalls
+from burstctl.common import syscalls
+from burstctl.fuse_shim import capabilities
 from burstctl.fuse_shim._fuse import (
     CAP_ATOMIC_O_TRUNC,
     CAP_AUTO_INVAL_DATA,
@@ -37,7 +38,7 @@ from burstctl.fuse_shim._fuse import (
     DirectIoMmap,
     DirEntry,
     Entry,
-    EntryNotifier,
+    KernelNotifier,
     SetAttr,
 )
 from burstctl.fuse_shim.fs import PassthroughFS
@@ -283,8 +284,8 @@ def test_past_the_budget_the_kernel_is_asked_to_drop_the_oldest_names(
             fs.forget(nodes[name], 1)
         return answers.get(name, 0)
 
-    notifier = EntryNotifier(notify)
-    fs = make_fs(fd, inodes=InodeTable(fd, 20, notifier.invalidate_entry))
+    notifier = KernelNotifier(notify)
+    fs = make_fs(fd, inodes=InodeTable(fd, 20, notifier))
     assert fs.inodes.budget == 20
     nodes.update({name: fs.lookup(REQ, ROOT_ID, name).node for name in names[:31]})
     try:
@@ -325,7 +326,7 @@ def test_a_closed_notifier_waits_for_the_invalidation_in_flight_and_starts_none(
         release.wait(10)
         return 0
 
-    notifier = EntryNotifier(notify)
+    notifier = KernelNotifier(notify)
     assert notifier.invalidate_entry(ROOT_ID, b"early") == -errno.ENOTCONN  # not open yet
     notifier.open(1)
     answers: list[int] = []
@@ -342,6 +343,92 @@ def test_a_closed_notifier_waits_for_the_invalidation_in_flight_and_starts_none(
     assert not closer.is_alive() and answers == [0]
     assert notifier.invalidate_entry(1, b"late") == -errno.ENOTCONN
     assert calls == [b"a"]
+
+
+class KernelRecorder:
+    """Stands in for `KernelNotifier` under an `InodeTable`: records the nodes whose
+    attributes it is asked to drop; ``answer`` is what it says."""
+
+    def __init__(self, answer: int = 0) -> None:
+        self.answer = answer
+        self.inodes: list[tuple[int, int, int]] = []
+        self.on_inode: Callable[[int], None] = lambda node: None
+
+    def invalidate_entry(self, parent: int, name: bytes) -> int:
+        return -errno.ENOENT
+
+    def invalidate_inode(self, node: int, offset: int = -1, length: int = 0) -> int:
+        self.on_inode(node)
+        self.inodes.append((node, offset, length))
+        return self.answer
+
+
+def test_the_notifier_drops_an_inodes_attributes_or_pages_while_a_session_is_open() -> None:
+    calls: list[tuple[int, int, int, int]] = []
+
+    def notify_inode(session: int, node: int, offset: int, length: int) -> int:
+        calls.append((session, node, offset, length))
+        return -errno.ENOENT if node == 99 else 0
+
+    notifier = KernelNotifier(notify_inode=notify_inode)
+    assert notifier.invalidate_inode(5) == -errno.ENOTCONN  # not open yet
+    notifier.open(7)
+    assert notifier.invalidate_inode(5) == 0  # attributes only
+    assert notifier.invalidate_inode(5, 4096, 8192) == 0  # and the pages of a range
+    assert notifier.invalidate_inode(99) == -errno.ENOENT  # a node the kernel forgot
+    notifier.close()
+    assert notifier.invalidate_inode(5) == -errno.ENOTCONN
+    assert calls == [(7, 5, -1, 0), (7, 5, 4096, 8192), (7, 99, -1, 0)]
+
+
+def test_a_notification_waiting_in_the_kernel_holds_up_no_other() -> None:
+    # The kernel takes a directory's lock to drop a name; a write's handler telling it of
+    # cleared set-id bits must not queue behind that.
+    entered, release = threading.Event(), threading.Event()
+
+    def notify_entry(session: int, parent: int, name: bytes, length: int) -> int:
+        entered.set()
+        release.wait(10)
+        return 0
+
+    notifier = KernelNotifier(notify_entry, lambda session, node, offset, length: 0)
+    notifier.open(1)
+    worker = threading.Thread(target=notifier.invalidate_entry, args=(ROOT_ID, b"a"))
+    worker.start()
+    try:
+        assert entered.wait(10)
+        assert notifier.invalidate_inode(5) == 0  # returns while the entry still waits
+        closer = threading.Thread(target=notifier.close)
+        closer.start()
+        closer.join(0.2)
+        assert closer.is_alive(), "close returned while an invalidation was in flight"
+    finally:
+        release.set()
+        worker.join(10)
+    closer.join(10)
+    assert not closer.is_alive()
+
+
+def test_a_change_the_daemon_makes_on_its_own_reaches_the_kernel_by_node(
+    backing: Backing, make_fs: Callable[..., PassthroughFS], caplog: pytest.LogCaptureFixture
+) -> None:
+    root, fd = backing
+    (root / "f").write_bytes(b"x")
+    kernel = KernelRecorder()
+    fs = make_fs(fd, inodes=InodeTable(fd, kernel=kernel))
+    node = fs.lookup(REQ, ROOT_ID, b"f").node
+    st = os.stat(root / "f")
+    fs.inodes.changed((st.st_dev, st.st_ino))
+    assert kernel.inodes == [(node, -1, 0)]  # attributes only
+    fs.inodes.changed((st.st_dev, st.st_ino + 1))  # a node the kernel does not know
+    assert kernel.inodes == [(node, -1, 0)]
+    for answer in (-errno.ENOTCONN, -errno.ENOENT):  # not mounted; forgotten: quietly
+        kernel.answer = answer
+        fs.inodes.refresh(node)
+    assert not caplog.records
+    kernel.answer = -errno.EIO
+    fs.inodes.refresh(node)  # never raises into the request or the drain
+    assert "refused to drop the attributes" in caplog.text
 
 
 # ---------------------------------------------------------------- files
@@ -867,6 +954,48 @@ def test_the_set_id_rule_is_asked_with_the_writers_pid_and_gid(
     fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)  # no set-id bit left: not asked
     assert asked == [(31337, 4321)]
     fs.release(REQ, entry.node, fh)
+
+
+def test_the_kernel_is_told_of_set_id_bits_a_write_or_truncate_cleared_before_the_reply(
+    backing: Backing, make_fs: Callable[..., PassthroughFS], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # After a WRITE the kernel marks only the size and times it cached as stale: a stat of
+    # the mode alone would show the bits for --attr-timeout unless it is told.
+    from burstctl.fuse_shim import ownership
+    from burstctl.fuse_shim.setid import Writer
+
+    privileged = False
+    monkeypatch.setattr(
+        ownership,
+        "writer_of",
+        lambda pid, fsgid: Writer(has_fsetid=privileged, groups=frozenset({fsgid})),
+    )
+    root, fd = backing
+    kernel = KernelRecorder()
+    modes: list[int] = []  # BACKING's mode when the kernel is told
+    kernel.on_inode = lambda node: modes.append(stat.S_IMODE(os.stat(root / "s").st_mode))
+    fs = make_fs(fd, inodes=InodeTable(fd, kernel=kernel))
+    entry, fh = setid_file(root, fs, 0o6777)
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh, True)  # writeback: not the writer's
+    assert kernel.inodes == []
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)
+    assert kernel.inodes == [(entry.node, -1, 0)] and modes == [0o777]
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)  # nothing left to clear: not told
+    assert len(kernel.inodes) == 1
+    os.chmod(root / "s", 0o4777)
+    fs.setattr(REQ, entry.node, SetAttr(size=0), fh)  # ftruncate
+    os.chmod(root / "s", 0o4777)
+    fs.setattr(REQ, entry.node, SetAttr(size=0), None)  # truncate(2)
+    fs.release(REQ, entry.node, fh)
+    os.chmod(root / "s", 0o4777)
+    fs.release(REQ, entry.node, fs.open(REQ, entry.node, os.O_WRONLY | os.O_TRUNC).fh)
+    assert kernel.inodes == [(entry.node, -1, 0)] * 4 and modes == [0o777] * 4
+    privileged = True  # CAP_FSETID: nothing cleared, nothing told
+    os.chmod(root / "s", 0o4777)
+    fh = fs.open(REQ, entry.node, os.O_WRONLY).fh
+    fs.write(REQ, entry.node, memoryview(b"x"), 0, fh)
+    fs.release(REQ, entry.node, fh)
+    assert len(kernel.inodes) == 4 and stat.S_IMODE(os.stat(root / "s").st_mode) == 0o4777
 
 
 # ---------------------------------------------------------------- ownership and access

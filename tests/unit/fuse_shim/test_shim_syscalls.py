@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from burstctl.fuse_shim import syscalls
+from burstctl.common import syscalls
 
 NOW = -1  # any value the caller reserves for "now"
 ROOT_ONLY = pytest.mark.skipif(os.geteuid() != 0, reason="changing owners needs root")

@@ -18,7 +18,7 @@ from support import wait_until
 
 from burstctl.client.job import JobInfo
 from burstctl.node.stageout import StageOut
-from burstctl.node.stageout_copy import CHUNK
+from burstctl.node.stageout_extents import PIECE as CHUNK
 from burstctl.node.stageout_marks import (
     TEMP_MARK,
     XATTR_COPIED,
@@ -217,6 +217,32 @@ def test_restore_brings_the_pfs_copy_back(make, dirs: tuple[Path, Path]) -> None
     assert os.stat(path).st_mtime_ns == evicted.mtime_ns
     assert XATTR_EVICTED not in os.listxattr(path)
     assert stage.evicted(key_of(path)) is None
+
+
+def test_the_shim_is_told_of_an_eviction_and_a_restore_once_each_is_made(
+    make, dirs: tuple[Path, Path]
+) -> None:
+    # The mount's kernel drops its cached attributes when told: told before the change, it
+    # could fetch them again in between and keep the old ones.
+    backing, _ = dirs
+    path = backing / "f"
+    told: list[tuple[tuple[int, int], int, bool]] = []  # key, size on the buffer, evicted
+
+    def changed(key: tuple[int, int]) -> None:
+        told.append((key, os.stat(path).st_size, stage.evicted(key) is not None))
+
+    stage = make(Hooks(), changed=changed)
+    data = os.urandom(CHUNK + 5)
+    write_through(stage, path, data)
+    wait_until(lambda: stage.evictions == 1, message="the eviction")
+    key = key_of(path)
+    assert told == [(key, 0, True)]
+    fd = os.open(path, os.O_PATH)
+    try:
+        stage.restore(key, fd, lambda n: None)
+    finally:
+        os.close(fd)
+    assert told == [(key, 0, True), (key, len(data), False)]
 
 
 def test_a_restart_finishes_what_a_crash_left(make, dirs: tuple[Path, Path]) -> None:
