@@ -1,23 +1,23 @@
 """The token bucket that paces a session's I/O, and the thin sync/async waiting around it.
 
 `TokenBucket` is pure math over cumulative counters and an explicit clock value, so it is
-unit-tested without threads or sleeps. `Throttle` wraps one bucket for concurrent use: a lock,
-a `threading.Condition` for blocking callers, futures for coroutines, the byte/ops/wait counters
-the usage reports are built from, and a hook for the moment an acquire starts waiting.
+unit-tested without threads or sleeps. `Throttle` wraps one bucket for concurrent use: the
+waiting side of `burstctl.client.waits` (a condition for blocking callers, which their
+cancellation interrupts, futures for coroutines), the byte/ops/wait counters the usage reports
+are built from, and a hook for the moment an acquire starts waiting.
 """
 
 from __future__ import annotations
 
 import asyncio
 import bisect
-import contextlib
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from burstctl.client.waits import Interrupted, Waiters, wait_slice
 from burstctl.common.limits import MIN_RATE
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -27,10 +27,6 @@ logger = logging.getLogger(__name__)
 # spinning on a deficit of a fraction of a byte. 1e-12 of 2**53 bytes is still below 10 kB.
 _RELATIVE_SLACK = 1e-12
 _ABSOLUTE_SLACK = 1e-9
-# Longest single wait, in seconds: a longer (or endless) wait is taken in slices of at most this,
-# re-computed after each, so no timeout handed to `Condition.wait` or `asyncio.timeout` can be
-# out of range for the platform (``nbytes / rate`` at a tiny rate overflowed time_t).
-MAX_WAIT_SLICE = 10.0
 
 
 def _check_rate(rate: float) -> float:
@@ -39,13 +35,6 @@ def _check_rate(rate: float) -> float:
     if math.isnan(rate) or rate < 0:
         raise ValueError(f"rate must be >= 0 (inf = unthrottled), got {rate!r}")
     return rate if rate >= MIN_RATE else 0.0
-
-
-def wait_slice(delay: float) -> float:
-    """A finite timeout in ``[0, MAX_WAIT_SLICE]`` for a computed ``delay`` (inf, NaN too)."""
-    if not delay > 0:  # also NaN
-        return 0.0
-    return min(delay, MAX_WAIT_SLICE)
 
 
 def _check_burst(burst: float) -> float:
@@ -313,6 +302,13 @@ class TokenBucket:
             self._filled = self._taken + self._burst
         return self._taken
 
+    def refund(self, nbytes: float, now: float) -> None:
+        """Gives back the ``nbytes`` tokens of a reservation whose caller stopped waiting for
+        them: the reservations after it are covered that much sooner, or, with none, the bucket
+        is as if it had never been made (never above its burst)."""
+        self._refill(now)
+        self._filled = min(self._filled + nbytes, self._taken + self._burst)
+
     def delay(self, target: float, now: float) -> float:
         """Seconds until ``target`` is covered at the current rate: 0 = now, inf = rate is 0."""
         self._refill(now)
@@ -340,96 +336,16 @@ class ThrottleStats:
     metadata_acquires: int = 0  # of ``acquires``, for metadata
 
 
-def _wake(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
-
-
-class Waiters:
-    """The waiting side shared by `Throttle` and the space gate (`client/space.py`): a lock
-    and condition for threads, futures for coroutines, and the wait bookkeeping a usage report
-    takes (how many wait, for how long so far, and whether the controller was told).
-
-    ``on_wait_start`` is called, with the lock held, when a wait starts while the last
-    reported snapshot said nobody waited (one notice per transition); it may not block nor
-    call back. Subclasses call `_start_wait` / `_finish_wait` around a wait and `_wake_all`
-    on every change that may end one, all with ``_cond`` held.
-    """
-
-    def __init__(
-        self, clock: Callable[[], float], on_wait_start: Callable[[], None] | None
-    ) -> None:
-        self._clock = clock
-        self._on_wait_start = on_wait_start
-        self._cond = threading.Condition(threading.Lock())
-        self._wakeups: set[asyncio.Future[None]] = set()
-        # Wait time of finished waits, plus (waiters * now - sum of their start times) for the
-        # ongoing ones, so a report mid-wait accounts the wait so far.
-        self._wait_done = 0.0
-        self._waiters = 0
-        self._wait_starts = 0.0
-        self._reported_waiting = False
-
-    @property
-    def waiting(self) -> bool:
-        with self._cond:
-            return self._waiters > 0
-
-    def _waited(self, now: float) -> float:
-        """Seconds spent waiting so far, finished and ongoing waits (lock held)."""
-        return self._wait_done + self._waiters * now - self._wait_starts
-
-    def _start_wait(self, now: float) -> None:
-        self._waiters += 1
-        self._wait_starts += now
-        if not self._reported_waiting and self._on_wait_start is not None:
-            # One notice per transition: the next one needs a report that said "not waiting".
-            self._reported_waiting = True
-            self._on_wait_start()
-
-    def _finish_wait(self, start: float) -> None:
-        self._waiters -= 1
-        # Reset when idle so the running sum of start times cannot drift by rounding.
-        self._wait_starts = self._wait_starts - start if self._waiters else 0.0
-        self._wait_done += self._clock() - start
-
-    async def _wait_for(self, pending: Callable[[], float | None]) -> None:
-        """Suspends until ``pending`` (called with ``_cond`` held) returns None; otherwise it
-        returns the longest the next sleep may last, cut short by `_wake_all`."""
-        loop = asyncio.get_running_loop()
-        while True:
-            wakeup: asyncio.Future[None] = loop.create_future()
-            with self._cond:
-                timeout = pending()
-                if timeout is None:
-                    return
-                self._wakeups.add(wakeup)
-            try:
-                async with asyncio.timeout(timeout):
-                    await wakeup
-            except TimeoutError:
-                pass
-            finally:
-                with self._cond:
-                    self._wakeups.discard(wakeup)
-
-    def _wake_all(self) -> None:
-        self._cond.notify_all()
-        for future in self._wakeups:
-            # RuntimeError: its loop is closed, and the coroutine waiting on it is gone with it.
-            with contextlib.suppress(RuntimeError):
-                future.get_loop().call_soon_threadsafe(_wake, future)
-
-
 class Throttle(Waiters):
     """A `TokenBucket` shared by threads and coroutines.
 
     Blocking callers wait on a `threading.Condition`, coroutines on a future, both with the
     computed delay as timeout, taken in slices of at most `MAX_WAIT_SLICE`; a rate change wakes
-    everyone to recompute. Nothing but `close` (and a caller's own bad argument) makes an acquire
-    raise. ``on_wait_start`` is called, with the throttle's lock held, when an acquire starts
-    waiting while the last reported snapshot said nobody waited; ``on_rate_change`` with the new
-    rate (after the floor) whenever the rate in force changes, also under the lock. Neither may
+    everyone to recompute. Nothing but `close`, a caller's own bad argument and, for a thread,
+    its cancellation (`Interrupted`, `burstctl.client.waits`) makes an acquire raise.
+    ``on_wait_start`` is called, with the throttle's lock held, when an acquire starts waiting
+    while the last reported snapshot said nobody waited; ``on_rate_change`` with the new rate
+    (after the floor) whenever the rate in force changes, also under the lock. Neither may
     block nor call back into the throttle. ``on_bucket`` is called with (rate, burst, pattern)
     after every `set_rate`, changed or not, once the lock is released.
 
@@ -544,25 +460,27 @@ class Throttle(Waiters):
 
     def acquire(self, nbytes: int, kind: int = 0) -> None:
         """Blocks the calling thread until ``nbytes`` tokens are covered; ``kind`` (the wire
-        OpKind, 0 = unspecified) only sorts the counters."""
+        OpKind, 0 = unspecified) only sorts the counters. `Interrupted` when the thread's
+        cancellation fires first (`burstctl.client.waits`): the tokens are refunded."""
         with self._cond:
             target, delay, start = self._reserve(nbytes, kind)
             if delay == 0:
                 return
             self._start_wait(start)
             try:
-                while delay > 0:
-                    self._cond.wait(wait_slice(delay))
-                    self._check_open()
-                    delay = self._bucket.delay(target, self._clock())
+                self._block(lambda: self._pending(target))
+            except Interrupted:
+                self._refund(nbytes)
+                raise
             finally:
                 self._finish_wait(start)
 
     async def acquire_async(self, nbytes: int, kind: int = 0) -> None:
         """Suspends the calling coroutine until ``nbytes`` tokens are covered.
 
-        A cancelled acquire keeps its reservation: refunding it could not move the targets of
-        the reservations made after it, so it would only let later callers burst.
+        A cancelled acquire refunds its tokens (`TokenBucket.refund`): the acquires behind it
+        do not wait for I/O that will not happen. Its bytes stay counted (the counters are
+        cumulative on the wire).
         """
         with self._cond:
             target, delay, start = self._reserve(nbytes, kind)
@@ -570,16 +488,25 @@ class Throttle(Waiters):
                 return
             self._start_wait(start)
 
-        def pending() -> float | None:
-            self._check_open()
-            delay = self._bucket.delay(target, self._clock())
-            return None if delay == 0 else wait_slice(delay)
-
         try:
-            await self._wait_for(pending)
+            await self._wait_for(lambda: self._pending(target))
+        except asyncio.CancelledError:
+            with self._cond:
+                self._refund(nbytes)
+            raise
         finally:
             with self._cond:
                 self._finish_wait(start)
+
+    def _pending(self, target: float) -> float | None:
+        """None once ``target`` is covered, else the longest the next sleep may last."""
+        self._check_open()
+        delay = self._bucket.delay(target, self._clock())
+        return None if delay == 0 else wait_slice(delay)
+
+    def _refund(self, nbytes: int) -> None:
+        self._bucket.refund(nbytes, self._clock())
+        self._wake_all()  # the waiters behind it may be covered now
 
     def _reserve(self, nbytes: int, kind: int) -> tuple[float, float, float]:
         self._check_open()

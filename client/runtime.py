@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 
 import grpc
 
+from burstctl.client import waits
 from burstctl.client.channel import open_channel
 from burstctl.client.core import SessionCore
 from burstctl.client.link import NodeLink
@@ -99,12 +100,21 @@ class ClientRuntime:
                 raise RuntimeError("client runtime is closed")
             return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
-    def run(self, coro: Coroutine[Any, Any, T], timeout: float | None = None) -> T:
-        """Runs ``coro`` on the runtime's loop and waits for its result (not from the loop)."""
+    def run(
+        self,
+        coro: Coroutine[Any, Any, T],
+        timeout: float | None = None,
+        *,
+        cancellable: bool = False,
+    ) -> T:
+        """Runs ``coro`` on the runtime's loop and waits for its result (not from the loop).
+        ``cancellable``: the calling thread's cancellation cancels it, for a coroutine whose
+        cancellation undoes what it did (`burstctl.client.waits.result`)."""
         if self.in_loop_thread():
             coro.close()
             raise RuntimeError("ClientRuntime.run() would wait on its own loop")
-        return self.submit(coro).result(timeout)
+        future = self.submit(coro)
+        return waits.result(future, timeout) if cancellable else future.result(timeout)
 
     # ------------------------------------------------------------------ sessions
 

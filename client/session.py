@@ -387,7 +387,8 @@ class Session(_SessionBase):
             # the job would get less than the sum of its streams' rates.
             await asyncio.gather(*(e.acquire_async(share, kind) for e, share in parts))
 
-        self._runtime.run(every_share())
+        # Interrupted (the thread's cancellation): every share refunds its tokens.
+        self._runtime.run(every_share(), cancellable=True)
 
     def acquire_space(self, nbytes: int, landed: bool = True) -> None:
         """Blocks until ``nbytes`` more bytes fit on the burst buffer (``buffer=True`` sessions;

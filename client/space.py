@@ -16,7 +16,8 @@ States of the gate:
 
 Thread-safe: writers call `acquire` from any thread (or `acquire_async` on a loop); the
 session's stream sets the limit from its loop. Like `Throttle`, waits are taken in slices of
-at most `MAX_WAIT_SLICE` and re-checked on every change.
+at most `MAX_WAIT_SLICE`, re-checked on every change, and a thread's wait ends at once with
+`Interrupted` when its cancellation fires (`burstctl.client.waits`).
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from burstctl.client.bucket import MAX_WAIT_SLICE, Waiters
+from burstctl.client.waits import MAX_WAIT_SLICE, Waiters
 from burstctl.common.limits import MAX_DRAIN_ERROR
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
@@ -97,13 +98,15 @@ class SpaceGate(Waiters):
         ``landed=False``: the bytes are not written yet; the caller calls `land` once they
         are on the buffer and in its ``resident`` report. Until then the reports count them
         as granted and unused, so a report taken while a write is in flight never tells the
-        controller about less than what the buffer will hold (docs/capacity.md)."""
+        controller about less than what the buffer will hold (docs/capacity.md).
+
+        `Interrupted` when the thread's cancellation fires first (`burstctl.client.waits`):
+        nothing is added then."""
         with self._cond:
             if self._blocked(nbytes):
                 start = self._begin_wait()
                 try:
-                    while self._blocked(nbytes):
-                        self._cond.wait(MAX_WAIT_SLICE)
+                    self._block(lambda: MAX_WAIT_SLICE if self._blocked(nbytes) else None)
                 finally:
                     self._finish_wait(start)
             self._take(nbytes, landed)

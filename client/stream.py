@@ -34,6 +34,7 @@ from burstctl.client.link import Call, Leg, NodeLink
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.usage import UsageReports
+from burstctl.client.waits import wait_for
 from burstctl.client.windows import MalformedWindows, pattern_of
 from burstctl.common.units import format_rate
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
@@ -119,9 +120,10 @@ class SessionStream:
 
     def wait_attached(self, timeout: float | None) -> bool:
         """Blocks a thread until an allocation from a live controller is in force, or the
-        controller refused the session (then False at once)."""
+        controller refused the session (then False at once); `Interrupted` when the thread's
+        cancellation fires first (`burstctl.client.waits`)."""
         with self._attached_cond:
-            self._attached_cond.wait_for(lambda: self._attached or bool(self._refused), timeout)
+            wait_for(self._attached_cond, lambda: self._attached or bool(self._refused), timeout)
             return self._attached
 
     async def wait_attached_async(self, timeout: float | None) -> bool:

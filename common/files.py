@@ -51,6 +51,15 @@ def write_atomically(path: Path, data: str) -> None:
         os.close(dir_fd)
 
 
+def default_state_dir() -> Path:
+    """Where burstctl keeps durable state unless told: ``$XDG_STATE_HOME/burstctl``
+    (``~/.local/state/burstctl``)."""
+    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
+        os.path.expanduser("~"), ".local", "state"
+    )
+    return Path(base) / "burstctl"
+
+
 class DurableFile:
     """One file of a store's durable state (module docstring); ``what`` names it in logs."""
 

@@ -103,7 +103,7 @@ class Replica:
             config.bb_capacity,
             config.pfs_bandwidth,
             clock=clock,
-            retention=config.job_retention,
+            retention=config.bb_parked_retention,
             min_chunk=config.bb_min_grant,
             horizon=config.bb_grant_horizon,
         )

@@ -29,8 +29,11 @@ A holder that ends with a Goodbye releases its unused grant at once; its residen
 One whose stream broke or expired parks its whole reservation (it may have written since its
 last report). A parked resident is
 replaced as soon as a client of the same job on the same host opens a stream with a Buffer
-(its Hello reports what it holds now: a restarted mount does not count twice), and dropped
-after ``retention`` seconds.
+(its Hello reports what it holds now: a restarted mount does not count twice), or released by
+an operator (`release`: a node that never comes back); with a ``retention`` > 0, dropped after
+that many seconds. By default (0) it stays: the bytes are on the buffer until someone says
+otherwise, and a resident dropped while they are would let the books grant space that is not
+there.
 
 Without a capacity (``size`` None) the books still hold the reports (``/v1/capacity``,
 ``/metrics``), and grant nothing: allocations then carry no space.
@@ -119,7 +122,7 @@ class BufferBooks:
         drain_bandwidth: float | None = None,
         *,
         clock: Callable[[], float],
-        retention: float = 300.0,
+        retention: float = 0.0,
         min_chunk: int = DEFAULT_MIN_CHUNK,
         horizon: float = DEFAULT_HORIZON,
     ) -> None:
@@ -232,18 +235,24 @@ class BufferBooks:
         self._maybe_changed(holder.job_id)
 
     def expire(self) -> None:
-        """Drops parked residents older than ``retention``."""
+        """Drops parked residents older than ``retention`` (0: none)."""
+        if self.retention <= 0:
+            return
         now = self._clock()
         old = [k for k, p in self.parked.items() if now - p.since >= self.retention]
         for key in old:
             self._used -= self.parked.pop(key).resident
             self._maybe_changed(key[0])
 
-    def retire(self, job_id: str) -> None:
-        """Forgets the parked residents of a job that is gone."""
-        for key in [k for k in self.parked if k[0] == job_id]:
+    def release(self, job_id: str, host: str | None = None) -> int:
+        """Forgets the parked residents of ``job_id`` (on ``host``, or on every host): an
+        operator's word that those bytes left the buffer. Returns how many were dropped."""
+        keys = [k for k in self.parked if k[0] == job_id and host in (None, k[1])]
+        for key in keys:
             self._used -= self.parked.pop(key).resident
-        self._maybe_changed(job_id)
+        if keys:
+            self._maybe_changed(job_id)
+        return len(keys)
 
     def _remember(self, client_id: str, added: int) -> None:
         self._last_added[client_id] = added

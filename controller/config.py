@@ -7,7 +7,6 @@ all: one replica on loopback, FairShare, 1 GiB/s.
 
 from __future__ import annotations
 
-import os
 import socket
 from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
@@ -21,6 +20,7 @@ from pydantic_settings import (
     TomlConfigSettingsSource,
 )
 
+from burstctl.common.files import default_state_dir
 from burstctl.common.limits import (
     DEFAULT_FALLBACK_GRACE,
     DEFAULT_MAX_MESSAGE_BYTES,
@@ -36,13 +36,6 @@ from burstctl.common.limits import (
     identifier_problem,
 )
 from burstctl.common.units import Rate, parse_rate, parse_size
-
-
-def _default_state_dir() -> Path:
-    base = os.environ.get("XDG_STATE_HOME") or os.path.join(
-        os.path.expanduser("~"), ".local", "state"
-    )
-    return Path(base) / "burstctl"
 
 
 def split_host_port(value: str) -> tuple[str, int]:
@@ -74,7 +67,7 @@ class ControllerConfig(BaseSettings):
     )
     policy: str = Field("fair-share", description="policy name from the registry")
     policy_params: dict[str, Any] = Field(default_factory=dict, description="policy parameters")
-    state_dir: Path = Field(default_factory=_default_state_dir, description="durable state")
+    state_dir: Path = Field(default_factory=default_state_dir, description="durable state")
     replica_id: str = Field(
         default_factory=socket.gethostname,
         description="name of this replica; 1..256 printable characters (common/limits.py)",
@@ -173,6 +166,12 @@ class ControllerConfig(BaseSettings):
     )
     bb_min_grant: int = Field(
         1 << 20, ge=1, description="smallest space grant topped up at once, bytes"
+    )
+    bb_parked_retention: float = Field(
+        0.0,
+        ge=0,
+        description="s a parked resident (a mount's bytes after its stream ended) stays on the"
+        " books unclaimed; 0 = until its mount comes back or DELETE /v1/capacity/parked",
     )
     # -- limits (docs/configuration.md, "Limits"): beyond one, RESOURCE_EXHAUSTED naming it ----
     max_sessions: int = Field(

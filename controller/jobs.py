@@ -116,7 +116,7 @@ class JobTable:
         self._row_params: tuple[float, float] | None = None
         self.new_sessions: list[SessionRecord] = []  # not yet given a first allocation
         self.draining: dict[str, None] = {}  # jobs with a drain stream open (docs/capacity.md)
-        self.drained_total = 0  # bytes drain streams copied to the PFS since start (/metrics)
+        self.drained_total = 0  # bytes drain streams copied to the PFS (/metrics; the ledger's)
         # Authoritative metadata (POST /v1/jobs, a Slurm prolog): wins over what clients claim.
         self.registered: dict[str, JobMeta] = {}
         self.counters_version = 0  # bumped whenever a job's counters change
@@ -383,23 +383,27 @@ class JobTable:
         booked for its client, as `usage` does for the job's own counters)."""
         job = session.job
         if totals is None:
-            job.drained += nbytes
-            self.drained_total += nbytes
-            return
-        key = session.client_id
-        booked = job.drain_booked.pop(key, None)
-        more = max(0, totals.bytes - booked) if booked is not None else totals.bytes
-        job.drained += more
-        self.drained_total += more
-        job.drain_booked[key] = max(totals.bytes, booked or 0)
-        while len(job.drain_booked) > MAX_BOOKED_SESSIONS:
-            del job.drain_booked[next(iter(job.drain_booked))]
+            more = nbytes
+        else:
+            key = session.client_id
+            booked = job.drain_booked.pop(key, None)
+            more = max(0, totals.bytes - booked) if booked is not None else totals.bytes
+            job.drain_booked[key] = max(totals.bytes, booked or 0)
+            while len(job.drain_booked) > MAX_BOOKED_SESSIONS:
+                del job.drain_booked[next(iter(job.drain_booked))]
+        if more:  # the ledger saves it (an idle drain's heartbeat costs it nothing)
+            job.drained += more
+            self.drained_total += more
+            self.counters_version += 1
+            self.counted.add(job.job_id)
 
     def goodbye(self, session: SessionRecord) -> None:
         """The session leaves on purpose, after its last report: its booked totals are not
         needed any more (a later session with the same client_id starts from 0)."""
         if session.drain:
-            session.job.drain_booked.pop(session.client_id, None)
+            if session.job.drain_booked.pop(session.client_id, None) is not None:
+                self.counters_version += 1  # the ledger forgets it too
+                self.counted.add(session.job.job_id)
             return
         if session.job.booked.pop(session.client_id, None) is not None:
             self.counters_version += 1  # the ledger forgets it too

@@ -233,6 +233,17 @@ class MountConfig:
         ' the mount too (docs/fuse.md, "Stage-out to the parallel file system").',
     )
     evict: str | None = shared_field("evict")
+    journal: str | None = field(
+        default=None,
+        metadata=spelled(
+            ("--journal",),
+            "Where the mount records the files it tracks for the controller and the stage-out,"
+            " so that a restart resumes without scanning all of BACKING; none: no journal,"
+            ' every start scans (docs/fuse.md, "Crash safety").',
+            metavar="FILE|none",
+            show_default="$XDG_STATE_HOME/burstctl/stageout/<BACKING's name>-<hash>.journal",
+        ),
+    )
     log_file: Path | None = field(
         default=None,
         metadata=spelled(

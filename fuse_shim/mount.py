@@ -44,6 +44,7 @@ from burstctl.node.attribution import Attributor
 from burstctl.node.options import stage_out_dir
 from burstctl.node.pacer import Pacer
 from burstctl.node.stageout import StageOut
+from burstctl.node.stageout_journal import Journal, default_journal
 
 logger = logging.getLogger(__name__)
 
@@ -219,6 +220,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
             hooks=pacer,
             path_of=inodes.path_of,
             changed=inodes.changed,
+            journal=_journal(config, root_fd),
         )
         stage.start()
         if config.stage_out is not None:
@@ -271,7 +273,7 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     watcher.start()
     code = 0
     try:
-        serve(fs, str(config.mountpoint), options, notifier)
+        serve(fs, str(config.mountpoint), options, notifier, interruptible=pacer is not None)
     except MountFailed as err:
         logger.error("mounting %s failed (libfuse said why above): %s", config.mountpoint, err)
         code = 1
@@ -305,6 +307,14 @@ def _serve(config: MountConfig, ready_fd: int | None, *, daemon: bool) -> int:
     if code == 0:
         logger.info("unmounted %s", config.mountpoint)
     return code
+
+
+def _journal(config: MountConfig, root_fd: int) -> Journal | None:
+    """The stage-out's journal of BACKING (``--journal``; none: no journal)."""
+    if config.journal == "none":
+        return None
+    path = Path(config.journal) if config.journal else default_journal(config.backing)
+    return Journal(path, root_fd)
 
 
 class _Stopper:

@@ -4,7 +4,8 @@
 caller's job, or, for a request the kernel makes on its own (writeback of a shared mapping:
 pid 0, or a ``writepage``), to whoever opened the file; it counts the open files of each job
 (the last close ends its phase); and it never lets pacing fail the application's I/O: a pacing
-error is logged and the request is served unpaced.
+error is logged and the request is served unpaced. Only the kernel's interrupt ends a request
+that waits (`burstctl.client.waits.Interrupted`, answered EINTR), before it did anything.
 """
 
 from __future__ import annotations
@@ -35,12 +36,15 @@ class PacedRequests:
     def pace(self, caller: Caller, kind: str, nbytes: int) -> JobSession | None:
         """Paces a request of ``kind`` (read, write or metadata) before it is served. A write
         waits for the job's space on the burst buffer too (after its bandwidth): the session
-        that granted it is returned, to be told (`landed`) when the bytes are written."""
+        that granted it is returned, to be told (`landed`) when the bytes are written.
+        `InterruptedError` when the kernel interrupted the request while it waited."""
         try:
             if kind == "metadata":
                 self._pacer.metadata(caller)
             else:
                 return self._pacer.data(caller, kind, nbytes, space=kind == "write")
+        except InterruptedError:
+            raise  # the kernel interrupted the request: EINTR, nothing was done
         except Exception:
             logger.exception("pacing a %s request failed; serving it unpaced", kind)
         return None

@@ -159,6 +159,8 @@ class StagedFiles:
         before each chunk; EIO when its PFS copy cannot be read."""
         try:
             self._stage.restore(inode.key, inode.fd, pace)
+        except InterruptedError:
+            raise  # the request was interrupted while paced: the file stays evicted
         except OSError as err:
             logger.error("cannot bring an evicted file back from the PFS: %s", err)
             raise OSError(errno.EIO, "the file's copy on the PFS cannot be read") from None

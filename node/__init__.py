@@ -11,6 +11,7 @@ do with them is here, and both import it (neither imports the other):
 - `sessions`: what the pacer needs of a job's client session, and how one is made and closed;
 - `options`: the options both shims share, spelled once, and the command line generated from a
   shim's configuration;
-- `stageout` (with `stageout_copy`, `stageout_marks`, `stageout_schedule`): the drain of the
+- `stageout` (with `stageout_copy`, `stageout_marks`, `stageout_schedule`, `stageout_journal`):
+  the drain of the
   files the jobs wrote on the burst buffer to the parallel file system, and their eviction.
 """

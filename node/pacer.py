@@ -28,7 +28,10 @@ stage-out's copies are paced on a second session per job, its drain session
 (``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
 
 Controller trouble never fails a request: the session falls back as configured, and a session
-closed under a request (unmount, idle race) lets the request through unpaced.
+closed under a request (unmount, idle race) lets the request through unpaced. Only the
+kernel's interrupt ends a request that waits (`burstctl.client.waits.Interrupted`, raised
+through `data` and `metadata`; docs/fuse.md, "Interrupted requests"), leaving as any request
+leaves: its count in flight drops, and the session's wait undid what it booked.
 
 Who may join a job is the controller's call (docs/security.md). Sessions are per (job, user),
 so two users naming one job never share a session. The first request of a new session for a job
@@ -91,6 +94,7 @@ class PacedJob:
         "open_files",
         "phase_started",
         "session",
+        "untried",
     )
 
     def __init__(self, job: JobInfo, now: float) -> None:
@@ -109,6 +113,7 @@ class PacedJob:
         self.drain_inflight = 0
         self.drain_last = now
         self.buffer: tuple[int, int, str] | None = None
+        self.untried = False  # its session opened by a report: its first request checks it
         # The session a wait elsewhere is held on (`Pacer.waiting`), counted in ``inflight``.
         self.held: JobSession | None = None
 
@@ -238,15 +243,25 @@ class Pacer:
                 state.drain_last = self._clock()
 
     def report_buffer(self, job: JobInfo, resident: int, pending: int, error: str) -> None:
-        """The job's bytes on the buffer, given to its session (and to its next one)."""
+        """The job's bytes on the buffer, given to its session (and to its next one). Gauges
+        that changed while the job has none (a restarted mount's first report) open one: the
+        books must not keep a parked resident the buffer no longer holds (docs/capacity.md)."""
         state = self._locked_state(job)
+        gauges = (resident, pending, error)
         try:
-            state.buffer = (resident, pending, error)
+            opened = state.session is None and state.buffer != gauges and not self._closing
+            state.buffer = gauges
+            if opened:
+                state.session = self._make_session(state.job)
+                state.last_active, state.untried = self._clock(), True
+                logger.info("job %s: session opened for its bytes on the buffer", job.job_id)
             session = state.session
         finally:
             state.lock.release()
+        if opened:
+            self._sweep_by(self._clock() + self._config.session_idle)
         if session is not None:
-            report_gauges(session, state.buffer)
+            report_gauges(session, gauges)
 
     def metadata(self, caller: Caller) -> None:
         """Paces one metadata operation (a no-op while the metadata cost is 0)."""
@@ -432,7 +447,7 @@ class Pacer:
         held); returns the session (None once closing) and whether it is new."""
         if self._closing:
             return None, False
-        opened = state.session is None
+        opened, state.untried = state.session is None or state.untried, False
         if state.session is None:
             state.session = self._make_session(state.job)
             logger.info("job %s: session opened", state.job.job_id)
@@ -459,7 +474,7 @@ class Pacer:
         """
         now = self._clock() if now is None else now
         idle = self._config.session_idle
-        draining = self._config.stage_out is not None  # else nothing pending ever leaves
+        draining = self._config.stage_out is not None  # else a session's resident stays parked
         next_at = math.inf
         to_close: list[tuple[JobInfo, JobSession]] = []
         with self._lock:
@@ -470,18 +485,16 @@ class Pacer:
                 continue
             try:
                 session = state.session
-                # A job whose files still wait for the PFS (with --stage-out) keeps its
-                # session: the evictions to come must reach the controller (a closed
-                # session's resident stays parked at its last value there, holding space
-                # that the drain has freed).
-                pending = draining and state.buffer is not None and state.buffer[1] > 0
+                # With --stage-out, a job with bytes on the buffer keeps its session, idle or
+                # not, until none are left: its evictions must reach the books (docs/capacity.md).
+                holding = draining and state.buffer is not None and state.buffer[0] > 0
                 if session is not None:
-                    if state.inflight == 0 and now - state.last_active >= idle and not pending:
+                    if state.inflight == 0 and now - state.last_active >= idle and not holding:
                         to_close.append((state.job, session))
                         state.session = None
                     else:
-                        # In flight or pending: idle at the earliest ``idle`` after it ends.
-                        since = now if state.inflight or pending else state.last_active
+                        # In flight or holding: idle at the earliest ``idle`` after it ends.
+                        since = now if state.inflight or holding else state.last_active
                         next_at = min(next_at, since + idle)
                 drain = state.drain
                 if drain is not None:
@@ -491,11 +504,13 @@ class Pacer:
                     else:
                         since = now if state.drain_inflight else state.drain_last
                         next_at = min(next_at, since + idle)
+                # A job the stage-out reports on is kept: its last gauges say what is news.
                 idle_job = (
                     state.session is None
                     and state.drain is None
                     and state.open_files == 0
                     and state.inflight == 0
+                    and state.buffer is None
                 )
             finally:
                 state.lock.release()
@@ -518,6 +533,7 @@ class Pacer:
                     and state.drain is None
                     and state.open_files == 0
                     and state.inflight == 0
+                    and state.buffer is None
                 ):
                     state.forgotten = True
                     del self._jobs[key]

@@ -1,8 +1,8 @@
 """Stage-out: the mount copies the files written through it to the parallel file system.
 
 `StageOut` keeps, per job, an index of the files the job wrote through the mount (tagged on the
-backing file, `stageout_marks`, so that a restart rebuilds the index by scanning BACKING), and
-drains them to ``PFS_DIR``:
+backing file, `stageout_marks`, and recorded in a journal, `stageout_journal`, from which a
+restart rebuilds the index without scanning BACKING), and drains them to ``PFS_DIR``:
 
 - `PassthroughFS` tells it (through `staged.StagedFiles`) of every modification (`modified`:
   write, truncate, fallocate, create), which bumps the file's *write generation*, and of every
@@ -27,9 +27,9 @@ drains them to ``PFS_DIR``:
   ``resident`` with the bytes the client ``added``: a resident that lagged behind the writes
   would let it grant more than S), every `report_interval`, and soon after an eviction.
 
-Crash safety (`start`): temporaries left in PFS_DIR are removed, evictions a crash interrupted
-are finished (`stageout_marks`), and every tagged file whose copied mark does not match its
-current mtime and size is queued again.
+Crash safety (`start`, `stageout_journal.recover`): temporaries left in PFS_DIR are removed,
+evictions a crash interrupted are finished (`stageout_marks`), and every tracked file whose
+copied mark does not match its current mtime and size is queued again.
 
 Nothing here raises into the application's I/O: the file system calls that cannot fail.
 """
@@ -50,15 +50,15 @@ from burstctl.node.stageout_copy import CopyError, copy_to_pfs
 from burstctl.node.stageout_evict import Evictions
 from burstctl.node.stageout_extents import QUIET
 from burstctl.node.stageout_hooks import Changed, DrainHooks
+from burstctl.node.stageout_journal import Journal, recover
 from burstctl.node.stageout_marks import (
     Key,
     Tracked,
+    encode_job,
     mark_copied,
     relative_path,
-    remove_temporaries,
     scan,
     signature,
-    signature_at,
     write_tag,
 )
 from burstctl.node.stageout_open import Freeze, OpenDrain
@@ -91,6 +91,7 @@ class StageOut(Evictions):
     where a node is now, asked of the mount's inode table (`inodes.InodeTable.path_of`) when a
     tracked file is no longer where it was. ``changed``: the shim's hook, see `changed`.
     ``freeze``: given by a shim that does not tell each write (`stageout_open.Freeze`).
+    ``journal``: where the tracked files are recorded (None: every start scans BACKING).
     """
 
     def __init__(
@@ -102,6 +103,7 @@ class StageOut(Evictions):
         evict: bool,
         hooks: DrainHooks | None = None,
         path_of: Callable[[Key], str | None] | None = None,
+        journal: Journal | None = None,
         report_interval: float = REPORT_INTERVAL,
         retry_min: float = RETRY_MIN,
         retry_max: float = RETRY_MAX,
@@ -137,6 +139,7 @@ class StageOut(Evictions):
         self._queue = CopyQueue(clock, self._stopping)
         self._last_rescan = -RESCAN_INTERVAL
         self._path_of = path_of
+        self._journal = journal
         self.tree = None if pfs is None else PfsTree(backing_fd, str(backing), pfs, self._stopping)
         # The chunks of open files (None: nothing is evicted, so nothing drains before close).
         self._freeze = freeze
@@ -149,9 +152,13 @@ class StageOut(Evictions):
 
     def start(self) -> None:
         """Recovers from a crash (module docstring), then starts the worker and the reports."""
-        if self._pfs is not None:
-            remove_temporaries(self._pfs)
-        self._scan(initial=True)
+        found, due = recover(self._root, self._backing, self._pfs, self._journal)
+        with self._lock:
+            self._files = found
+            for tracked in found.values():
+                self._resident[tracked.tag] = self._resident.get(tracked.tag, 0) + tracked.allocated
+        for key in due:
+            self._enqueue(key)
         self._adopt_open()
         targets = [(self._reports.run, "burstctl-bb")]
         if self.tree is not None:  # with a PFS_DIR
@@ -174,42 +181,27 @@ class StageOut(Evictions):
             self.tree.wake()
         for thread in self._threads:
             thread.join(timeout)
+        if self._journal is not None:
+            self._journal.close()
 
-    def _scan(self, *, initial: bool) -> None:
-        """Rebuilds the index from the tags on BACKING; queues what is not copied."""
-        found = scan(self._root, self._pfs if initial else None)
+    def _rescan(self) -> None:
+        """Finds the lost files again by their tags on BACKING; forgets those not found."""
+        found = scan(self._root, None)
         with self._lock:
-            if initial:
-                self._files = found
-                self._resident = {}
-                for tracked in found.values():
-                    self._resident[tracked.tag] = (
-                        self._resident.get(tracked.tag, 0) + tracked.allocated
-                    )
-            else:
-                for key, tracked in found.items():
-                    mine = self._files.get(key)
-                    if mine is not None:
-                        mine.rel, mine.lost = tracked.rel, False
-                for key in [k for k, t in self._files.items() if t.lost and k not in found]:
-                    self._set_allocated(self._files.pop(key), 0)
-            queue = [
-                key
-                for key, t in self._files.items()
-                if t.evicted is None
-                and not self._writers.get(key)
-                and t.copied != signature_at(self._root, t.rel)
-            ]
-        if initial:
-            for key in queue:
-                self._enqueue(key)
-            if found:
-                logger.info(
-                    "stage-out: %d files tagged on %s, %d to copy",
-                    len(found),
-                    self._backing,
-                    len(queue),
-                )
+            for key, tracked in found.items():
+                mine = self._files.get(key)
+                if mine is not None:
+                    self._moved(key, mine, tracked.rel)
+            for key in [k for k, t in self._files.items() if t.lost and k not in found]:
+                self._set_allocated(self._files.pop(key), 0)
+                if self._journal is not None:
+                    self._journal.drop(key)
+
+    def _moved(self, key: Key, tracked: Tracked, rel: str) -> None:
+        """The file is at ``rel`` (lock held): recorded in the journal if that is new."""
+        if tracked.rel != rel and self._journal is not None:
+            self._journal.put(key, rel, tracked.tag)
+        tracked.rel, tracked.lost = rel, False
 
     # ------------------------------------------------------------------ the file system's calls
 
@@ -263,15 +255,19 @@ class StageOut(Evictions):
     def _tag(
         self, key: Key, path_fd: int, job: JobInfo | None, st: os.stat_result | None, gen: int
     ) -> Tracked | None:
-        """Tags a file as ``job``'s (it was untracked, or another job's)."""
+        """Tags a file as ``job``'s (it was untracked, or another job's). Journaled first: a
+        crash between leaves an entry of an untagged file, never a tagged file unjournaled."""
+        try:
+            rel = relative_path(self._backing, os.readlink(f"/proc/self/fd/{path_fd}")) or ""
+        except OSError:
+            rel = ""
+        if self._journal is not None:
+            self._journal.put(key, rel, encode_job(job))
         tag = write_tag(path_fd, job)
         if tag is None:
             return None
-        try:
-            rel = relative_path(self._backing, os.readlink(f"/proc/self/fd/{path_fd}")) or ""
+        with contextlib.suppress(OSError):
             st = os.fstat(path_fd)  # again: the tag may have taken a block
-        except OSError:
-            rel = ""
         with self._lock:
             tracked = self._files.get(key)
             if tracked is None:
@@ -321,7 +317,7 @@ class StageOut(Evictions):
             if path is not None:
                 rel = relative_path(self._backing, path)
                 if rel is not None:
-                    tracked.rel, tracked.lost = rel, False
+                    self._moved(key, tracked, rel)
         if left == 0 or (writing and writers == 0):
             self._enqueue(key)
 
@@ -330,7 +326,7 @@ class StageOut(Evictions):
             tracked = self._files.get(key)
             rel = relative_path(self._backing, path)
             if tracked is not None and rel is not None:
-                tracked.rel, tracked.lost = rel, False
+                self._moved(key, tracked, rel)
 
     def forget(self, key: Key) -> None:
         """The file's last name is gone (unlinked, or replaced by a rename)."""
@@ -338,6 +334,8 @@ class StageOut(Evictions):
             tracked = self._files.pop(key, None)
             if tracked is not None:
                 self._set_allocated(tracked, 0)
+                if self._journal is not None:
+                    self._journal.drop(key)
             self._gen.pop(key, None)
             still_open = bool(self._opens.get(key))
         if self.open is not None and not still_open:
@@ -487,7 +485,8 @@ class StageOut(Evictions):
             except OSError:
                 continue
             if (st.st_dev, st.st_ino) == key:
-                tracked.rel = rel
+                with self._lock:
+                    self._moved(key, tracked, rel)
                 return rel
         self._lose(key, tracked)
         return None
@@ -499,7 +498,7 @@ class StageOut(Evictions):
         now = self._clock()
         if now - self._last_rescan >= RESCAN_INTERVAL:
             self._last_rescan = now
-            self._scan(initial=False)
+            self._rescan()
             if not tracked.lost and not self._opens.get(key):
                 self._enqueue(key)
 
@@ -552,6 +551,9 @@ class StageOut(Evictions):
                     self._observe(tracked, st, gen)
 
     def report(self) -> None:
+        """Reports the jobs' gauges, and fsyncs the journal's appends since (a batch)."""
+        if self._journal is not None:
+            self._journal.sync()
         for job, resident, pending, error in self.gauges().values():
             if job is not None:
                 self._hook_call("report_buffer", job, resident, pending, error)

@@ -20,6 +20,7 @@ removes the temporaries left behind.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -76,6 +77,7 @@ def encode_job(job: JobInfo | None) -> bytes:
     ).encode()
 
 
+@functools.lru_cache(maxsize=4096)  # a start reads one tag per file, and files share them
 def decode_job(raw: bytes) -> JobInfo | None:
     """The job of a tag (ValueError, KeyError or TypeError when unreadable)."""
     value = json.loads(raw)

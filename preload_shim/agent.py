@@ -60,7 +60,7 @@ from burstctl.node.pacer import Pacer
 from burstctl.node.sessions import client_session_factory
 from burstctl.preload_shim import server
 from burstctl.preload_shim.config import AgentConfig
-from burstctl.preload_shim.page import JobPage
+from burstctl.preload_shim.page import JobPage, monotonic_ns
 from burstctl.preload_shim.space import SpaceFeeder
 from burstctl.preload_shim.staging import AgentStage
 
@@ -242,7 +242,12 @@ class Agent:
                 slot.req_write = now_at
             if delta:
                 self._book.submit(self._booked, self.pacer.record, job, kind, delta)
-        waiting = counters.waiters > 0
+        now_ns = monotonic_ns()
+        waiting = counters.waiting(now_ns)
+        if page.forgive_the_dead(counters, now_ns):
+            logger.info(
+                "job %s: a process died waiting for tokens: its tokens supplied", job.job_id
+            )
         if waiting != slot.waiting:
             slot.waiting = waiting
             self._book.submit(self._booked, self.pacer.waiting, job, waiting)
@@ -467,6 +472,7 @@ class Agent:
                 "connections": sorted(slot.conns.values()),
                 "session": self.pacer.session_of(slot.job) is not None,
                 "page": slot.page is not None,
+                "waiting": slot.waiting,
             }
             if slot.page is not None:
                 rate = slot.page.rate

@@ -8,6 +8,8 @@
 #include "preload.h"
 
 #define SLICE_NS 10000000LL /* the longest sleep of a wait */
+/* Waiters whose beat is older than this are taken for dead (page.py's WAIT_STALE_NS). */
+#define WAIT_STALE_NS 500000000LL
 
 struct supply {
     int64_t t0;
@@ -163,8 +165,9 @@ static void waiter_gone(void *page) {
     __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
 }
 
-/* Sleeps in slices until the supply covers `target`, re-reading it each slice. 0: covered (or
- * unlimited now); 1: the page died. `now` is the time of the last look. */
+/* Sleeps in slices until the supply covers `target`, re-reading it each slice and stamping the
+ * page's wait beat. 0: covered (or unlimited now); 1: the page died. `now` is the time of the
+ * last look. */
 static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t *now,
                            int64_t dead_after_ns, const char **why) {
     for (;;) {
@@ -180,6 +183,7 @@ static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t
         struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
         nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
         *now = mono_ns();
+        __atomic_store_n(I64(page, OFF_WAIT_BEAT), *now, __ATOMIC_RELEASE);
         if (!page_alive(page, *now, dead_after_ns, why))
             return 1;
         if (read_supply(page, s, dead_after_ns) != 0) {
@@ -191,7 +195,20 @@ static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t
     }
 }
 
-/* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing). */
+/* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing).
+ *
+ * The pattern of every wait of the library (a new one follows it):
+ * - the wait is a sleep in this process, in slices of at most SLICE_NS, re-reading the page
+ *   after each: never a blocking call into the agent nor a futex the agent must wake, so a
+ *   signal that kills (SIGKILL, or SIGTERM's default action) ends the process at once, and a
+ *   handled one only makes the loop look again;
+ * - a waiter counts itself on the page (`waiters`) and stamps the page's wait beat when it
+ *   starts and after each slice: a process killed mid-wait cannot take itself off, and the
+ *   agent counts the waiters only while the beat is fresh (page.py, WAIT_STALE_NS);
+ * - the first waiter, or the first after the beat went stale, writes the eventfd, so that the
+ *   agent tells the controller at once;
+ * - a thread cancelled in the sleep (a cancellation point) takes itself off in a cleanup
+ *   handler. */
 int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
                             const char **why, int64_t *drawn) {
     struct supply s;
@@ -223,7 +240,9 @@ int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
     if (supply_filled(&s, now) >= (double)target)
         return 0;
     int64_t start = now;
-    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
+    int64_t beat = __atomic_exchange_n(I64(page, OFF_WAIT_BEAT), now, __ATOMIC_ACQ_REL);
+    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0 ||
+        now - beat >= WAIT_STALE_NS)
         notify_waiting(eventfd);
     /* nanosleep is a cancellation point: a thread cancelled while waiting is no waiter. */
     int64_t end = now;
@@ -277,7 +296,9 @@ int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, cons
     }
     int64_t start = mono_ns(), now = start;
     want_at_least(page, cur + n);
-    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0)
+    int64_t beat = __atomic_exchange_n(I64(page, OFF_WAIT_BEAT), now, __ATOMIC_ACQ_REL);
+    if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0 ||
+        now - beat >= WAIT_STALE_NS)
         notify_waiting(eventfd);
     int dead = 0;
     pthread_cleanup_push(waiter_gone, page);
@@ -285,6 +306,7 @@ int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, cons
         struct timespec ts = {.tv_sec = 0, .tv_nsec = SLICE_NS};
         nanosleep(&ts, NULL); /* interrupted by a signal: the loop re-checks */
         now = mono_ns();
+        __atomic_store_n(I64(page, OFF_WAIT_BEAT), now, __ATOMIC_RELEASE);
         if (!page_alive(page, now, dead_after_ns, why)) {
             dead = 1;
             break;

@@ -29,6 +29,7 @@ off   type   name           meaning (writer)
 192   i64    waiters        library threads waiting for tokens now (atomic add/sub)
 200   u64    wait_ns        ns waited, added when each wait ends
 208   u64    waits          waits started
+216   i64    wait_beat_ns   CLOCK_MONOTONIC ns a waiter last looked at the supply (library)
 256   i64    space_limit    the most space_claimed may reach; INT64_MAX: unlimited (agent)
 264   i64    space_claimed  bytes of writes claimed on the burst buffer (library, CAS)
 272   i64    space_landed   of them, bytes whose write returned (library, atomic add)
@@ -48,6 +49,15 @@ skipped, as the client's token bucket caps them), then waits until ``filled(now)
 re-reading the supply (a rate change re-times the wait), in slices, and stops waiting when the
 agent's heartbeat is older than the library's dead-agent bound. The first waiter (``waiters``
 0 → 1) writes 1 to the eventfd so that the agent tells the controller at once.
+
+A process killed while it waits (SIGKILL, or SIGTERM's default action: the wait is a sleep in
+the process, which any signal ends) cannot take itself off ``waiters``. So every waiter stamps
+``wait_beat_ns`` as it starts and after each slice of its sleep, and the page counts as waited
+on only while ``waiters > 0`` and that stamp is younger than `WAIT_STALE_NS` (`Counters.waiting`):
+a count left by the dead is taken as nobody once it stops being stamped, and the next waiter
+writes the eventfd then too, as the first one does. The tokens the dead reserved are then
+supplied at once (`JobPage.forgive_the_dead`): no one is left to use them, and the next caller
+would otherwise wait for them.
 
 A paced call adds its bytes to ``req_*`` (and 1 to ``calls_*``) when it is asked for, before it
 waits: the agent books ``req_*`` on the job's session every tick, which is what opens the job's
@@ -110,6 +120,11 @@ OFF_CALLS_WRITE = 168
 OFF_WAITERS = 192
 OFF_WAIT_NS = 200
 OFF_WAITS = 208
+OFF_WAIT_BEAT = 216
+
+# A page's waiters count only while one of them stamped ``wait_beat_ns`` this recently (they
+# stamp it every 10 ms, the library's longest sleep); the library's WAIT_STALE_NS says the same.
+WAIT_STALE_NS = 500_000_000
 OFF_SPACE_LIMIT = 256
 OFF_SPACE_CLAIMED = 264
 OFF_SPACE_LANDED = 272
@@ -168,6 +183,11 @@ class Counters:
     waiters: int
     wait_ns: int
     waits: int
+    wait_beat_ns: int = 0
+
+    def waiting(self, now_ns: int) -> bool:
+        """Whether a process waits for tokens at ``now_ns`` (its beat is fresh: module doc)."""
+        return self.waiters > 0 and now_ns - self.wait_beat_ns < WAIT_STALE_NS
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,6 +244,7 @@ class JobPage:
                 OFF_WAITERS,
                 OFF_WAIT_NS,
                 OFF_WAITS,
+                OFF_WAIT_BEAT,
                 OFF_SPACE_LIMIT,
                 OFF_SPACE_CLAIMED,
                 OFF_SPACE_LANDED,
@@ -278,6 +299,18 @@ class JobPage:
             return
         taken = self._i64[OFF_TAKEN].value
         self._write(now, int(min(filled, taken)), self._rate.value, self._burst.value)
+
+    def forgive_the_dead(self, counters: Counters, now_ns: int) -> bool:
+        """Covers the reservations of waiters that died mid-wait (``waiters`` left counted,
+        its beat stale: module doc), so that the next caller does not wait for their I/O,
+        which will not happen. True when it did."""
+        if counters.waiters <= 0 or counters.waiting(now_ns):
+            return False
+        filled = self.filled(now_ns)
+        if filled == math.inf or filled >= counters.taken:
+            return False
+        self._write(now_ns, int(min(counters.taken, 2.0**62)), self._rate.value, self._burst.value)
+        return True
 
     def _write(self, t0: int, filled0: int, rate: float, burst: int) -> None:
         if self._lib is not None:
@@ -358,6 +391,7 @@ class JobPage:
                 waiters=load(addr, OFF_WAITERS),
                 wait_ns=load(addr, OFF_WAIT_NS),
                 waits=load(addr, OFF_WAITS),
+                wait_beat_ns=load(addr, OFF_WAIT_BEAT),
             )
         v = self._i64
         return Counters(
@@ -371,6 +405,7 @@ class JobPage:
             waiters=v[OFF_WAITERS].value,
             wait_ns=v[OFF_WAIT_NS].value,
             waits=v[OFF_WAITS].value,
+            wait_beat_ns=v[OFF_WAIT_BEAT].value,
         )
 
     # ------------------------------------------------------------------ the space

@@ -194,6 +194,7 @@ void *resolve(const char *name, const char *fallback);
 #define OFF_WAITERS 192
 #define OFF_WAIT_NS 200
 #define OFF_WAITS 208
+#define OFF_WAIT_BEAT 216
 #define OFF_SPACE_LIMIT 256
 #define OFF_SPACE_CLAIMED 264
 #define OFF_SPACE_LANDED 272

@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
+import subprocess
 import sys
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -124,3 +125,14 @@ def probe(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     importlib.invalidate_caches()
     yield name
     sys.modules.pop(name, None)
+
+
+@pytest.fixture
+def busy_core() -> Iterator[None]:
+    """One core kept busy by another process for the whole test (stopped by its pid)."""
+    spinner = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        yield
+    finally:
+        spinner.kill()
+        spinner.wait()

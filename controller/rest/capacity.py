@@ -6,12 +6,13 @@ books (``controller/buffer.py``), not the bandwidth B (``--capacity``).
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from fastapi import APIRouter, HTTPException, Response
 from pydantic import BaseModel, Field
 
 from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.rest.auth import Access
+from burstctl.controller.rest.models import TOKEN_ERRORS, not_found
 from burstctl.controller.scheduler import Scheduler
 
 
@@ -91,5 +92,24 @@ def capacity_router(
             waiting=books.waiting_jobs(),
             jobs=rows,
         )
+
+    @router.delete(
+        "/v1/capacity/parked/{job_id}",
+        dependencies=access.mutations,
+        tags=["capacity"],
+        status_code=204,
+        responses={
+            204: {"description": "Released"},
+            **not_found("The job has no parked resident (on that host)"),
+            **TOKEN_ERRORS,  # nothing durable is written
+        },
+    )
+    async def release_parked(job_id: str, host: str | None = None) -> Response:
+        """Release the job's parked residents (on ``host``, or every host): the bytes its
+        mounts left on the buffer when their streams ended are gone (a node that will not
+        come back; docs/capacity.md, "Holders that end"); 404 if there are none."""
+        if not books.release(job_id, host):
+            raise HTTPException(404, f"job {job_id!r} has no parked resident")
+        return Response(status_code=204)
 
     return router

@@ -6,6 +6,12 @@ turns an `OSError` into its errno; anything else is logged and answered EIO. Not
 raises into libfuse: a bug fails one request, never the mount. A reply the kernel did not take
 (the caller was interrupted) gives back what the reply handed over (a lookup's reference, an
 open's handle).
+
+With `Interrupts` (a mount whose requests may wait), every request but init, destroy and the
+forgets runs under a `Cancellation` of its own (`burstctl.client.waits`), fired when the
+kernel interrupts the request: a wait of the request's thread (pacing, space on the burst
+buffer, a session's attach) then ends at once with `Interrupted`, which the barrier answers
+EINTR (docs/fuse.md, "Interrupted requests").
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
+from burstctl.client.waits import Cancellation
 from burstctl.fuse_shim._fuse.lowlevel import (
     SET_ATTR_ATIME,
     SET_ATTR_ATIME_NOW,
@@ -34,6 +41,7 @@ from burstctl.fuse_shim._fuse.lowlevel import (
     c_statvfs,
     fuse_entry_param,
     fuse_lowlevel_ops,
+    interrupt_func_t,
     reply_attr,
     reply_buf,
     reply_create,
@@ -46,6 +54,7 @@ from burstctl.fuse_shim._fuse.lowlevel import (
     reply_statfs,
     reply_write,
     reply_xattr,
+    req_interrupt_func,
 )
 from burstctl.fuse_shim._fuse.operations import NOW, Entry, Opened, Operations, SetAttr
 
@@ -118,19 +127,90 @@ def _pinned(method: Callable[..., None]) -> Callable[..., None]:
     return call
 
 
+# The callbacks that answer no request (init, destroy) or cannot wait (forgets): no cancellation.
+_NOT_INTERRUPTIBLE = frozenset({"init", "destroy", "forget", "forget_multi"})
+
+
+class _Request(Cancellation):
+    """One request's cancellation: armed, it registers the request's interrupt with libfuse."""
+
+    __slots__ = ("_interrupts", "number", "req")
+
+    def __init__(self, interrupts: Interrupts, req: int) -> None:
+        super().__init__()
+        self._interrupts = interrupts
+        self.req = req
+        self.number = 0  # names the request to its interrupt function, once armed
+
+    def arm(self) -> None:
+        self._interrupts.register(self)
+
+
+class Interrupts:
+    """The requests' cancellations, fired by the kernel's interrupts (FUSE_INTERRUPT).
+
+    A request's `Cancellation` is registered with libfuse (``fuse_req_interrupt_func``) only
+    when a wait of its thread is about to block, so a request that never waits costs no call.
+    libfuse calls the function on another worker thread, or at once on the registering one
+    when the interrupt came first, and possibly just after the request was answered: so it is
+    one thunk for the mount's life, and its data a number naming the request, looked up here
+    and ignored once the request is over. ``register`` is libfuse's function (tests give a
+    stand-in).
+    """
+
+    def __init__(self, register: Callable[[int, Any, int], None] | None = None) -> None:
+        self._register = register if register is not None else req_interrupt_func
+        self._live: dict[int, _Request] = {}
+        self._numbers = itertools.count(1)
+        self.thunk = interrupt_func_t(_pinned(self._interrupted))
+
+    def wrap(self, callback: Callable[..., None]) -> Callable[..., None]:
+        """``callback(req, ...)`` under a cancellation of its own, fired by its interrupt."""
+        live = self._live
+
+        def call(req: int, *args: Any) -> None:
+            request = _Request(self, req)
+            try:
+                with request:
+                    callback(req, *args)
+            finally:
+                if request.number:
+                    del live[request.number]
+
+        return call
+
+    def register(self, request: _Request) -> None:
+        """Asks libfuse to call the interrupt function for ``request`` (its thread, once)."""
+        request.number = number = next(self._numbers)
+        self._live[number] = request
+        self._register(request.req, self.thunk, number)
+
+    def _interrupted(self, req: int, data: int | None) -> None:
+        cancellation = self._live.get(data or 0)
+        if cancellation is not None:
+            try:
+                cancellation.fire()
+            except BaseException:  # nothing raises into libfuse
+                logger.exception("interrupting a request failed")
+
+
 class Callbacks:
     """The C-callable callbacks of one mount: each calls the file system and replies."""
 
-    def __init__(self, fs: Operations, ops: Any) -> None:
+    def __init__(self, fs: Operations, ops: Any, interrupts: Interrupts | None) -> None:
         self.fs = fs
         self.ops = ops
         self._buffers = _Buffers()
+        self.interrupts = interrupts  # None: nothing waits, no request needs a cancellation
         self._keep: list[Any] = []  # the ctypes thunks must live as long as the FUSE session
         self.fuse_session: int = 0  # libfuse's struct fuse_session, once `serve` made it
         names = [name for name, kind in fuse_lowlevel_ops._fields_ if kind is not ctypes.c_void_p]
         for name in names:
             prototype = dict(fuse_lowlevel_ops._fields_)[name]
-            thunk = prototype(_pinned(getattr(self, "_" + name)))
+            method = getattr(self, "_" + name)
+            if interrupts is not None and name not in _NOT_INTERRUPTIBLE:
+                method = interrupts.wrap(method)
+            thunk = prototype(_pinned(method))
             self._keep.append(thunk)
             setattr(ops, name, thunk)
 

@@ -16,7 +16,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from burstctl.fuse_shim._fuse.callbacks import Callbacks
+from burstctl.fuse_shim._fuse.callbacks import Callbacks, Interrupts
 from burstctl.fuse_shim._fuse.lowlevel import (
     V3,
     bind,
@@ -27,6 +27,9 @@ from burstctl.fuse_shim._fuse.lowlevel import (
     notify_inval_inode,
 )
 from burstctl.fuse_shim._fuse.operations import Operations
+
+# libfuse 3's bound on a loop's worker threads (FUSE_LOOP_MT_MAX_THREADS).
+_MAX_THREADS = 100_000
 
 
 def _args(argv: Iterable[str]) -> tuple[fuse_args, Any]:
@@ -124,13 +127,17 @@ def serve(
     mountpoint: str,
     options: dict[str, str | bool | int],
     notifier: KernelNotifier | None = None,
+    *,
+    interruptible: bool = True,
 ) -> None:
     """Mounts ``fs`` on ``mountpoint`` and serves it with libfuse's multithreaded loop until
     it is unmounted; then frees the FUSE session. ``notifier`` is open on the session while it
-    is mounted. Raises `MountFailed` when libfuse cannot mount and `ConnectionAborted` when the
-    loop ends on an error."""
+    is mounted. ``interruptible``: requests may wait, and run under a cancellation that their
+    interrupt fires (`Interrupts`; False saves its cost per request where nothing waits).
+    Raises `MountFailed` when libfuse cannot mount and `ConnectionAborted` when the loop ends
+    on an error."""
     ops = fuse_lowlevel_ops()
-    callbacks = Callbacks(fs, ops)
+    callbacks = Callbacks(fs, ops, Interrupts() if interruptible else None)
     args, keep = _args(["burstctl", *option_args(options)])
     point = os.fsencode(mountpoint)
     notifier = notifier if notifier is not None else KernelNotifier()
@@ -155,6 +162,11 @@ def _serve_v3(
     )
     mount = bind("fuse_session_mount", ctypes.c_int, ctypes.c_void_p, ctypes.c_char_p, lib=lib)
     loop = bind("fuse_session_loop_mt_312", ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, lib=lib)
+    config_create = bind("fuse_loop_cfg_create", ctypes.c_void_p, lib=lib)
+    set_max_threads = bind(
+        "fuse_loop_cfg_set_max_threads", None, ctypes.c_void_p, ctypes.c_uint, lib=lib
+    )
+    config_destroy = bind("fuse_loop_cfg_destroy", None, ctypes.c_void_p, lib=lib)
     unmount = bind("fuse_session_unmount", None, ctypes.c_void_p, lib=lib)
     destroy = bind("fuse_session_destroy", None, ctypes.c_void_p, lib=lib)
     fuse_session = new(ctypes.byref(args), ctypes.byref(ops), ctypes.sizeof(ops), None)
@@ -165,9 +177,15 @@ def _serve_v3(
     try:
         if mount(fuse_session, point) != 0:
             raise MountFailed(f"cannot mount {os.fsdecode(point)}")
+        # Each request that waits (pacing, space) holds a worker thread; libfuse 3 starts at
+        # most 10 by default, after which nothing reads /dev/fuse, not even the interrupts
+        # that would end those waits. As many as libfuse allows, as libfuse 2 does.
+        config = config_create()
+        set_max_threads(config, _MAX_THREADS)
         try:
-            result = loop(fuse_session, None)
+            result = loop(fuse_session, config)
         finally:
+            config_destroy(config)
             notifier.close()
             unmount(fuse_session)
         if result != 0:

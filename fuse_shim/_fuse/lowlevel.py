@@ -193,6 +193,17 @@ notify_inval_inode = bind(
     lib=lib,  # a write to /dev/fuse, which may wait on page locks: the GIL is released
 )
 req_ctx = bind("fuse_req_ctx", ctypes.POINTER(fuse_ctx), _req_t)
+
+# Interrupts: libfuse calls a request's interrupt function (``fuse_req_interrupt_func``) when
+# the kernel sends FUSE_INTERRUPT for it (its caller got a signal), on the worker thread that
+# read the interrupt with the request's lock held, or at once on the registering thread when
+# the interrupt came first. Registered with the GIL released: the function, on that other
+# thread, needs the GIL while libfuse holds the request's lock. Answering the request clears
+# it (libfuse may still call it just after, with the data it read before).
+interrupt_func_t = ctypes.CFUNCTYPE(None, _req_t, ctypes.c_void_p)
+req_interrupt_func = bind(
+    "fuse_req_interrupt_func", None, _req_t, interrupt_func_t, ctypes.c_void_p, lib=lib
+)
 reply_lseek = bind("fuse_reply_lseek", ctypes.c_int, _req_t, _off_t) if V3 else None
 
 # fuse_common.h: the capabilities the file system turns on or off at init.

@@ -173,9 +173,15 @@ STATUSES = {
     ("get", "/v1/placement"): {"200", "422"},
     ("post", "/v1/placement"): {"200", "422"},
     ("delete", "/v1/jobs/{job_id}"): {"204", "404", "422", "503"} | TOKEN_CHECK,
+    ("delete", "/v1/capacity/parked/{job_id}"): {"204", "404", "422"} | TOKEN_CHECK,
     ("get", "/metrics"): {"200"},
 }
-MUTATIONS = {("put", "/v1/policy"), ("post", "/v1/jobs"), ("delete", "/v1/jobs/{job_id}")}
+MUTATIONS = {
+    ("put", "/v1/policy"),
+    ("post", "/v1/jobs"),
+    ("delete", "/v1/jobs/{job_id}"),
+    ("delete", "/v1/capacity/parked/{job_id}"),
+}
 HEALTH = {("get", "/healthz"), ("get", "/readyz")}
 
 

@@ -41,7 +41,7 @@ def libfuse(request: pytest.FixtureRequest) -> str:
 
 
 @pytest.fixture
-def fuse_mount(libfuse: str) -> Iterator[Callable[..., MountProcess]]:
+def fuse_mount(libfuse: str, tmp_path: Path) -> Iterator[Callable[..., MountProcess]]:
     """A factory of real mounts, all stopped (by pid) and checked at teardown.
 
     ``fuse_mount(backing: Path, mountpoint: Path, *extra_args: str,
@@ -50,7 +50,8 @@ def fuse_mount(libfuse: str) -> Iterator[Callable[..., MountProcess]]:
     - creates ``backing`` and ``mountpoint`` if they do not exist;
     - runs ``python -m burstctl mount BACKING MOUNTPOINT --foreground --libfuse N *extra_args``
       (N from the ``libfuse`` fixture) with this environment less any ``BURSTCTL_*`` variable
-      and ``FUSE_LIBRARY_PATH``, plus ``env``;
+      and ``FUSE_LIBRARY_PATH``, with ``XDG_STATE_HOME`` in the test's ``tmp_path`` (where the
+      stage-out's journals go by default), plus ``env``;
     - waits (deadline ``timeout``) until ``os.path.ismount(mountpoint)`` and the mount has
       logged which libfuse it loaded (it must be N); fails with the child's log if it exits or
       is not up in time.
@@ -76,7 +77,7 @@ def fuse_mount(libfuse: str) -> Iterator[Callable[..., MountProcess]]:
             backing,
             mountpoint,
             ("--libfuse", libfuse, *extra_args),
-            {"FUSE_LIBRARY_PATH": "", **(env or {})},
+            {"FUSE_LIBRARY_PATH": "", "XDG_STATE_HOME": str(tmp_path / "state"), **(env or {})},
         )
         started.append(mount)
         mount.start(timeout)

@@ -13,7 +13,8 @@ line on stdout:
 - ``flat SECONDS CHUNK`` → paced writes of CHUNK bytes, flat out, for SECONDS →
   ``ok <bytes moved> <seconds taken>``;
 - ``ask N`` → only bumps req_write by N (bytes asked for, not waited for) → ``ok``;
-- ``hold`` / ``unhold`` → one waiter more / less, the eventfd written on 0 → 1 → ``ok``;
+- ``hold`` / ``unhold`` → one waiter more / less, the eventfd written on 0 → 1 → ``ok``
+  (the wait beat is stamped once: the agent counts the waiter for `WAIT_STALE_NS`);
 - ``rate`` → ``ok <rate> <burst> <flags> <heartbeat age s>``;
 - ``poke OFFSET VALUE`` → writes an i64 anywhere in the page (a hostile process) → ``ok``.
 
@@ -69,8 +70,15 @@ class Page:
         cell.value += n
         return cell.value
 
+    def beat(self) -> int:
+        """Stamps the page's wait beat (a waiter is alive); the beat it replaced."""
+        cell = self.i64(layout.OFF_WAIT_BEAT)
+        before, cell.value = cell.value, layout.monotonic_ns()
+        return before
+
     def hold(self, n: int) -> None:
-        if self.add(layout.OFF_WAITERS, n) == 1 and n > 0:
+        stale = n > 0 and layout.monotonic_ns() - self.beat() >= layout.WAIT_STALE_NS
+        if (self.add(layout.OFF_WAITERS, n) == 1 or stale) and n > 0:
             os.eventfd_write(self.eventfd, 1)
 
     def paced(self, kind: str, n: int, dead_after: float = 2.0) -> float:
@@ -92,6 +100,7 @@ class Page:
                     if filled >= target or flags & layout.FLAG_CLOSED or age > dead_after:
                         break
                     time.sleep(0.002)  # the library's wait slice
+                    self.beat()
             finally:
                 waited = time.monotonic() - start
                 self.add(layout.OFF_WAIT_NS, int(waited * 1e9))

@@ -115,9 +115,16 @@ async def test_counters_are_booked_as_deltas_within_bounds(agent: Agent) -> None
     assert books.records[3] == ("pages", "write", MAX_TICK_BYTES)
     # Waiters: one notice per change, at once on the eventfd (no tick needed).
     poke(page, layout.OFF_WAITERS, 2)
+    poke(page, layout.OFF_WAIT_BEAT, layout.monotonic_ns())
     os.eventfd_write(page.eventfd, 1)
     await async_wait_until(lambda: books.waits == [True], timeout=3)
     poke(page, layout.OFF_WAITERS, 0)
     agent.tick()
     await async_wait_until(lambda: books.waits == [True, False], timeout=3)
     assert page.counters().waiters == 0
+    # A count whose beat went stale (its waiters were killed mid-wait) is nobody.
+    poke(page, layout.OFF_WAITERS, 1)
+    poke(page, layout.OFF_WAIT_BEAT, layout.monotonic_ns() - layout.WAIT_STALE_NS)
+    agent.tick()
+    assert not page.counters().waiting(layout.monotonic_ns())
+    assert books.waits == [True, False]

@@ -10,7 +10,8 @@ import pytest
 from support import async_wait_until, wait_until
 from support.clock import FakeClock
 
-from burstctl.client.bucket import MAX_WAIT_SLICE, Throttle, TokenBucket, wait_slice
+from burstctl.client.bucket import Throttle, TokenBucket
+from burstctl.client.waits import MAX_WAIT_SLICE, wait_slice
 from burstctl.common.limits import MIN_RATE
 
 # -------------------------------------------------------------------------- TokenBucket

@@ -168,6 +168,23 @@ def test_a_broken_stream_parks_its_reservation_and_a_new_hello_replaces_it() -> 
     assert books.used == 0 and "j" not in books.jobs()
 
 
+def test_a_parked_resident_stays_until_claimed_or_released_by_default() -> None:
+    """Its bytes are on the buffer until its mount says otherwise: dropping it on a timer
+    would let the books grant space that is not there."""
+    clock = FakeClock(0.0)
+    books = BufferBooks(8 * MiB, clock=clock)  # the default: no retention
+    for sid, host in ((1, "node7"), (2, "node8")):
+        books.open(sid, "j", f"c{sid}", host, 2 * MiB, 0, 2 * MiB, "")
+        books.close(sid)
+    clock.now = 1e9
+    books.expire()
+    assert books.used == 4 * MiB and books.jobs()["j"].resident == 4 * MiB
+    assert books.release("j", "node7") == 1  # an operator: node7 is gone for good
+    assert books.used == 2 * MiB == books.recount()
+    assert books.release("j") == 1 and books.release("j") == 0
+    assert books.used == 0 and "j" not in books.jobs()
+
+
 def test_added_must_not_decrease_within_a_client() -> None:
     books = BufferBooks(8 * MiB, clock=FakeClock(0.0))
     books.open(1, "j", "c1", "h", 0, 0, 5, "")

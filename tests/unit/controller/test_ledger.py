@@ -119,3 +119,38 @@ def test_counters_as_dict_names_every_field_as_asdict_does() -> None:
     c = Counters(1, 2, 3, 4, 5, 6.5)
     assert c.as_dict() == dataclasses.asdict(c)
     assert list(c.as_dict()) == [f.name for f in dataclasses.fields(Counters)]
+
+
+def test_the_drained_bytes_continue_after_a_restart(tmp_path: Path) -> None:
+    before = table()
+    meta = JobMeta("j", "u", "g", 1, 1.0)
+    drain = before.open_session(meta, "d1", "h", drain=True)
+    before.usage(drain, 100, 1, 0.0, 0.25, False, Counters(bytes=100))
+    assert before.jobs["j"].drained == before.drained_total == 100
+    ledger = Ledger(tmp_path, before)
+    ledger.write(ledger.snapshot())
+
+    after = table()
+    reloaded = Ledger(tmp_path, after)
+    assert reloaded.load() == 1
+    assert after.drained_total == 100  # /metrics' burstctl_drained_bytes_total goes on
+    drain2 = after.open_session(meta, "d1", "h", drain=True)
+    # The same drain client reconnects: its totals include 20 bytes the old run never booked.
+    after.usage(drain2, 20, 1, 0.0, 0.25, False, Counters(bytes=120))
+    assert after.jobs["j"].drained == after.drained_total == 120
+    assert after.jobs["j"].counters == Counters()  # never the job's own I/O
+    ledger2 = Ledger(tmp_path, after)
+    ledger2.write(ledger2.snapshot())
+    again = table()
+    assert Ledger(tmp_path, again).load() == 1
+    assert again.drained_total == 120
+
+
+def test_a_drained_report_marks_the_job_for_the_ledger() -> None:
+    t = table()
+    drain = t.open_session(JobMeta("j", "u", "g", 1, 1.0), "d", "h", drain=True)
+    version = t.counters_version
+    t.usage(drain, 0, 0, 0.0, 0.25, False, Counters())  # an idle heartbeat
+    assert t.counters_version == version
+    t.usage(drain, 5, 1, 0.0, 0.25, False, Counters(bytes=5))
+    assert t.counters_version > version and "j" in t.counted

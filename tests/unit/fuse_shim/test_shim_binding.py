@@ -121,7 +121,7 @@ def backing(tmp_path: Path) -> Iterator[tuple[Path, int]]:
 def serving(fs: Any) -> Any:
     """The ``struct fuse_lowlevel_ops`` libfuse would be given for ``fs``."""
     ops = lowlevel.fuse_lowlevel_ops()
-    ops.callbacks = callbacks.Callbacks(fs, ops)  # kept alive with the structure
+    ops.callbacks = callbacks.Callbacks(fs, ops, callbacks.Interrupts())  # kept with the structure
     return ops
 
 

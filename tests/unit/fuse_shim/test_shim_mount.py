@@ -175,7 +175,7 @@ class Conn:  # libfuse 2's struct fuse_conn_info, as far as init reads it
     capable = want = 0
     max_write = max_readahead = 128 << 10
 
-def serve(fs, path, options, notifier):
+def serve(fs, path, options, notifier, *, interruptible=True):
     if case == "mount-failed":
         raise binding.MountFailed(f"cannot mount {path}")
     if case != "never-served":

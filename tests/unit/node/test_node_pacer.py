@@ -404,7 +404,7 @@ def test_copies_are_paced_on_a_drain_session_of_their_own_closed_when_idle() -> 
 def test_buffer_reports_reach_the_jobs_session_and_its_next_one() -> None:
     rig = BufferRig(session_idle=10)
     job = rig.pacer.job_of(A)
-    rig.pacer.report_buffer(job, 100, 50, "")  # no session yet: kept
+    rig.pacer.report_buffer(job, 100, 50, "")  # no session yet: one opens to carry it
     rig.pacer.data(A, "write", 1, space=True)
     (first,) = rig.of("a")
     assert first.events[0] == ("buffer", 100, 50, "")
@@ -438,7 +438,56 @@ def test_without_stage_out_nothing_drains_so_pending_bytes_keep_no_session_open(
     rig.now += 11
     rig.pacer.sweep()
     (app,) = rig.of("a")
+    assert app.closed  # its resident stays parked on the controller's books
+    rig.pacer.report_buffer(job, 10 << 20, 10 << 20, "")  # the same: nothing to tell
+    assert len(rig.of("a")) == 1
+
+
+def test_bytes_kept_on_the_buffer_keep_the_jobs_session_open_while_they_are_there() -> None:
+    """With --evict keep the bytes stay on the buffer after their copy: the job's session
+    stays open, idle, until they are gone (its evictions and deletions reach the books)."""
+    rig = BufferRig(session_idle=10, stage_out=Path("/pfs"))
+    job = rig.pacer.job_of(A)
+    rig.pacer.data(A, "write", 10, space=True)
+    rig.pacer.report_buffer(job, 10 << 20, 0, "")  # copied, kept
+    for _ in range(3):
+        rig.now += 11
+        rig.pacer.sweep()
+    (app,) = rig.of("a")
+    assert not app.closed
+    rig.pacer.report_buffer(job, 0, 0, "")  # the files deleted
+    rig.now += 11
+    rig.pacer.sweep()
     assert app.closed
+    rig.pacer.report_buffer(job, 0, 0, "")  # the same: nothing more to tell
+    assert len(rig.of("a")) == 1
+
+
+def test_a_report_that_changed_while_the_job_had_no_session_opens_one() -> None:
+    """A restarted mount reports the files it found (journal or scan) before the job does
+    any I/O: its controller must hear them (they replace what it parked)."""
+    rig = BufferRig(session_idle=10)
+    job = rig.pacer.job_of(A)
+    rig.pacer.report_buffer(job, 0, 0, "")  # a job whose files were all evicted
+    (app,) = rig.of("a")
+    assert app.events == [("buffer", 0, 0, "")]
+    rig.now += 11
+    rig.pacer.sweep()
+    assert app.closed  # told, and nothing held: closed once idle
+
+
+def test_a_session_opened_by_a_report_is_checked_at_its_first_request() -> None:
+    """As if the request had opened it: a job the caller named waits for the controller's
+    answer, and a refusal sends the caller to its own default job."""
+    rig = BufferRig(session_idle=10)
+    named = rig.pacer.job_of(A)
+    rig.pacer.report_buffer(named, 4096, 4096, "")  # a restarted mount's report, first
+    (first,) = rig.of("a")
+    assert first.waited_attached == 0
+    rig.pacer.data(A, "write", 10, space=True)
+    assert first.waited_attached == 1  # the controller's answer, before any pacing
+    rig.pacer.data(A, "write", 10, space=True)
+    assert first.waited_attached == 1
 
 
 # ---------------------------------------------------------------------- pacing done elsewhere
