@@ -30,7 +30,7 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-from burstctl.preload_shim.page import SPACE_UNLIMITED, JobPage
+from burstctl.preload_shim.page import SPACE_UNLIMITED, JobPage, Space
 
 logger = logging.getLogger(__name__)
 
@@ -70,14 +70,24 @@ class PageSpace:
             # out of reach of the job's other writers (a restore) until the session ends.
             writing = space.claimed > self._seen or space.want > space.limit
             if limit is not None and writing:
-                self._acquire(session, limit - session.buffer_added)
+                self._acquire(session, limit - session.buffer_added)  # never waits
+                page.set_space_limit(self._base + self._granted)  # the page's at once
             need = space.want - (self._base + self._granted)
             if need > 0:
+                # What landed goes to the books before the wait: the controller grants more
+                # only once it sees the bytes it granted are on the buffer (their space freed
+                # by the drain), and a wait that held them back would wait for ever.
+                self._forward(session, page.space(), measure)
                 self._acquire(session, need)  # waits in the session's gate
             if session.closed:
                 return  # closed under us: it let everything through; the next step resets
             page.set_space_limit(self._base + self._granted)
         self._seen = space.claimed
+        self._forward(session, space, measure)
+
+    def _forward(self, session: Any, space: Space, measure: Callable[[], None]) -> None:
+        """The page's landed bytes (``space``: read before) to the session, after the job's
+        resident bytes were measured again."""
         measure()
         landed = space.landed - self._forwarded
         if landed > 0:

@@ -198,7 +198,9 @@ def test_a_writer_waiting_for_space_waits_and_dies_at_once(
 
         def full_and_waiting() -> bool:
             capacity = httpx.get(f"{ctl.url}/v1/capacity", timeout=5).json()
-            return job in capacity["waiting"] and path.stat().st_size >= S - 4 * MiB
+            # Full for good: with nothing drained, no further block fits (the file's own
+            # xattr block is on the books too), and the writer waits.
+            return job in capacity["waiting"] and path.stat().st_size >= S - MiB
 
         wait_until(full_and_waiting, 60, message="the writer to fill S and wait for space")
         # It stays there: the buffer holds at most S (+ the write in flight), no more.

@@ -17,11 +17,13 @@ whose files together (or one alone) are larger than S:
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import httpx
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args
 from support import ControllerProcess, wait_until
@@ -88,8 +90,19 @@ def run(
         for n, proc in enumerate(writers):
             try:
                 _, err = proc.communicate(timeout=60 + sum(files) / 20)
-            except subprocess.TimeoutExpired:
-                err = "still running; the agent's log:\n" + "".join(agent.log[-60:])
+            except subprocess.TimeoutExpired:  # what the buffer and the books held, to say why
+                state = []
+                for m in range(len(files)):
+                    f = bb / f"job{m}" / f"f{m}"
+                    st = f.stat()
+                    try:
+                        mark = os.getxattr(f, "user.burstctl.drained")
+                    except OSError:
+                        mark = b"-"
+                    state.append((m, st.st_size // MiB, st.st_blocks * 512 // MiB, mark[:200]))
+                cap = httpx.get(f"{ctl.url}/v1/capacity", timeout=5).json()
+                log = "".join(agent.log[-60:])
+                err = f"still running; files {state}; capacity {cap}; the agent's log:\n{log}"
             assert proc.returncode == 0, f"writer {n} failed: {err}"
         wait_until(
             lambda: all(
