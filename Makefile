@@ -77,6 +77,8 @@ bench: $(STAMP)
 	$(PY) bench/mount_sessions.py
 	$(PY) bench/bb_large.py
 	$(PY) bench/bb_large.py --files 1024
+	$(PY) bench/bb_large.py --shim exec
+	$(PY) bench/bb_large.py --shim exec --files 1024
 	$(PY) bench/metadata.py
 
 clean:

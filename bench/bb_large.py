@@ -2,10 +2,11 @@
 
 Starts a controller with ``--bb-capacity`` S and ``--pfs-bandwidth`` B (loopback ports, a
 temporary state directory), a mount of a fresh BACKING with ``--stage-out PFS --evict
-after-copy``, and one ``dd if=SRC of=MNT/jobN/fN bs=1M conv=fsync`` per file of ``--files``
-(MiB each), each as its own job, all at once. Samples every 100 ms the buffer's used space (Σ
-st_blocks · 512 over BACKING) and every 0.5 s the controller's ``drained`` bytes (GET
-/v1/capacity).
+after-copy`` (``--shim exec``: a node agent over BACKING with the same options, the writers
+under ``burstctl exec``), and one ``dd if=SRC of=MNT/jobN/fN bs=1M conv=fsync`` per file of
+``--files`` (MiB each), each as its own job, all at once. Samples every 100 ms the buffer's
+used space (Σ st_blocks · 512 over BACKING) and every 0.5 s the controller's ``drained`` bytes
+(GET /v1/capacity).
 
 Prints one JSON object: whether every writer completed (``completed``; a writer still running
 after ``--timeout`` seconds is reported with the bytes it had written, then killed), the
@@ -17,7 +18,7 @@ older checkout) to compare two versions on the same machine. Everything it start
 pid; the mount point is unmounted by path if it is left over.
 
     python bench/bb_large.py [--files 150,150,150] [--bb-capacity 200MiB]
-        [--pfs-bandwidth 40MiB/s] [--timeout 120] [--python PYTHON]
+        [--pfs-bandwidth 40MiB/s] [--timeout 120] [--shim mount|exec] [--python PYTHON]
 """
 
 from __future__ import annotations
@@ -58,6 +59,17 @@ def digest(path: Path) -> str:
         while chunk := f.read(4 * MiB):
             h.update(chunk)
     return h.hexdigest()
+
+
+def shown_digest(prefix: list[str], path: Path, env: dict[str, str]) -> str:
+    """The sha256 of ``path`` as a program under the shim reads it (the mount: directly)."""
+    if not prefix:
+        return digest(path)
+    script = "import hashlib,sys; print(hashlib.sha256(open(sys.argv[1],'rb').read()).hexdigest())"
+    return subprocess.run(
+        [*prefix, sys.executable, "-c", script, str(path)],
+        env=env, capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.strip()  # fmt: skip
 
 
 def allocated(root: Path) -> int:
@@ -136,12 +148,25 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         address = _SERVING.search(controller.text).group(1)  # type: ignore[union-attr]
         wait_for(lambda: _HTTP in controller.text, 30, "the controller's HTTP", controller)
         url = controller.text.split(_HTTP, 1)[1].split()[0]
-        mount = Child(
-            [args.python, "-m", "burstctl", "mount", str(backing), str(mnt), "--foreground",
-             "--controller", address, "--stage-out", str(pfs), "--evict", "after-copy"],
-            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, cwd=tmp,
-        )  # fmt: skip
-        wait_for(lambda: mounted(mnt) and "mounted " in mount.text, 30, "the mount", mount)
+        drain = ["--controller", address, "--stage-out", str(pfs), "--evict", "after-copy"]
+        if args.shim == "mount":
+            mount = Child(
+                [args.python, "-m", "burstctl", "mount", str(backing), str(mnt), "--foreground",
+                 *drain],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, cwd=tmp,
+            )  # fmt: skip
+            wait_for(lambda: mounted(mnt) and "mounted " in mount.text, 30, "the mount", mount)
+            prefix: list[str] = []
+        else:  # the node agent over BACKING itself; the writers under `burstctl exec`
+            sock = tmp / "agent.sock"
+            mount = Child(
+                [args.python, "-m", "burstctl", "agent", "--socket", str(sock),
+                 "--paths", str(backing), *drain],
+                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, env=env, cwd=tmp,
+            )  # fmt: skip
+            wait_for(lambda: "agent listening" in mount.text, 30, "the agent", mount)
+            mnt = backing
+            prefix = [args.python, "-m", "burstctl", "exec", "--agent", str(sock), "--"]
         for n in range(len(files)):
             (mnt / f"job{n}").mkdir()
         samples = Samples(backing, url)
@@ -150,8 +175,8 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         for n in range(len(files)):
             writers.append(
                 subprocess.Popen(
-                    ["dd", f"if={src / f'f{n}'}", f"of={mnt / f'job{n}' / f'f{n}'}", "bs=1M",
-                     "conv=fsync", "status=none"],
+                    [*prefix, "dd", f"if={src / f'f{n}'}", f"of={mnt / f'job{n}' / f'f{n}'}",
+                     "bs=1M", "conv=fsync", "status=none"],
                     env={**env, "SLURM_JOB_ID": f"big-{n}", "SLURM_NNODES": "1"},
                 )
             )  # fmt: skip
@@ -178,7 +203,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
             )
             identical = all(
                 digest(pfs / f"job{n}" / f"f{n}") == wanted[n]
-                and digest(mnt / f"job{n}" / f"f{n}") == wanted[n]
+                and shown_digest(prefix, mnt / f"job{n}" / f"f{n}", env) == wanted[n]
                 for n in range(len(files))
             )
         samples.halt.set()
@@ -196,6 +221,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
         return {
             "benchmark": "bb_large",
             "code": code_version(args.python, tmp),
+            "shim": args.shim,
             "files_mib": files,
             "bb_capacity_mib": size / MiB,
             "pfs_bandwidth_mib_s": bandwidth / MiB,
@@ -219,7 +245,7 @@ def run(args: argparse.Namespace, tmp: Path) -> dict[str, object]:
                 writer.wait(10)
         if mount is not None:
             mount.stop()
-        if mounted(mnt):
+        if args.shim == "mount" and mounted(mnt):
             subprocess.run(["fusermount", "-u", "-z", str(mnt)], check=False)
         controller.stop()
 
@@ -230,6 +256,9 @@ def main() -> None:
     parser.add_argument("--bb-capacity", default="200MiB")
     parser.add_argument("--pfs-bandwidth", default="40MiB/s")
     parser.add_argument("--timeout", type=float, default=120.0)
+    parser.add_argument(
+        "--shim", choices=("mount", "exec"), default="mount", help="the FUSE mount, or the agent"
+    )
     parser.add_argument("--python", default=sys.executable, help="runs controller and mount")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="burstctl-bb-large-") as tmp:
