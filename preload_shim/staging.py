@@ -44,7 +44,8 @@ from burstctl.node.attribution import Caller
 from burstctl.node.pacer import Pacer
 from burstctl.node.sessions import JobSession
 from burstctl.node.stageout import StageOut
-from burstctl.node.stageout_marks import Key
+from burstctl.node.stageout_journal import Journal, default_journal
+from burstctl.node.stageout_marks import XATTR_JOB, Key, decode_job
 from burstctl.node.stageout_open import Freeze
 from burstctl.preload_shim.config import AgentConfig
 
@@ -143,6 +144,7 @@ class AgentStage:
                             self._pfs_dirs[index],
                             evict=evict,
                             hooks=self._books.hooks(index),
+                            journal=Journal(default_journal(Path(root)), fd),
                             freeze=hold_writes,
                         ),
                         fd,
@@ -155,13 +157,60 @@ class AgentStage:
         self._open: dict[int, list[OpenFile]] = {}  # by the pid that opened
 
     def start(self) -> None:
-        """Recovers each directory's stage-out from a crash and starts its drain (StageOut)."""
+        """Recovers each directory's stage-out from a crash and starts its drain (StageOut),
+        knowing the files processes still have open (`_still_open`)."""
+        self._still_open()
         for (root, stage, _), pfs in zip(self._stages, self._pfs_dirs, strict=True):
             if pfs is not None:
                 pfs.mkdir(exist_ok=True)  # one of several paths' own subdirectory
             stage.start()
             if pfs is not None:
                 logger.info("staging out %s to %s", root, pfs)
+
+    def _still_open(self) -> None:
+        """After a restart (a crash): the tagged files under the paths that processes still
+        have open, found in /proc, counted as opened (and as read), so that none is finished
+        or evicted under a writer this agent was never told of. Each is released when its
+        process ends (`reap`); its closes were told to the agent that died."""
+        found = 0
+        for entry in os.scandir("/proc"):
+            if not entry.name.isdigit() or int(entry.name) == os.getpid():
+                continue
+            with contextlib.suppress(OSError):
+                for name in os.listdir(f"/proc/{entry.name}/fd"):
+                    found += self._adopt(int(entry.name), name)
+        if found:
+            logger.info("stage-out: %d files under the paths are still open", found)
+
+    def _adopt(self, pid: int, name: str) -> int:
+        link = f"/proc/{pid}/fd/{name}"
+        try:
+            stage = self._stage_of(os.readlink(link))
+            if stage is None:
+                return 0
+            with open(f"/proc/{pid}/fdinfo/{name}", encoding="ascii") as info:
+                flags = int(info.read().split("flags:", 1)[1].split()[0], 8)
+            fd = os.open(link, os.O_RDONLY | os.O_CLOEXEC)
+        except (OSError, ValueError, IndexError):
+            return 0
+        try:
+            st = os.fstat(fd)
+            job = decode_job(os.getxattr(fd, XATTR_JOB)) if stat.S_ISREG(st.st_mode) else None
+        except (OSError, ValueError, KeyError, TypeError):
+            job = None
+        if job is None:
+            os.close(fd)
+            return 0
+        key = (st.st_dev, st.st_ino)
+        writing = flags & os.O_ACCMODE != os.O_RDONLY
+        reading = flags & os.O_ACCMODE != os.O_WRONLY and stage.open is not None
+        stage.opened(key, writing)
+        if reading:
+            assert stage.open is not None
+            stage.open.read_opened(key, fd, lambda nbytes: None)
+        with self._lock:
+            self._open.setdefault(pid, []).append(OpenFile(stage, key, fd, writing, job, reading))
+        return 1
 
     def close(self) -> None:
         """Stops the drains; lets go of every descriptor kept."""

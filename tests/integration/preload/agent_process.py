@@ -22,15 +22,17 @@ CLEAN = clean_env(("BURSTCTL_", "SLURM_"))
 class AgentProcess:
     """``burstctl agent`` in a child process; its stderr is kept in ``log``."""
 
-    def __init__(self, socket_path: Path, args: list[str]) -> None:
+    def __init__(self, socket_path: Path, args: list[str], state: Path | None = None) -> None:
+        """``state``: its XDG_STATE_HOME (the stage-out's journals), by default the runner's."""
         self.socket = socket_path
         self.log: list[str] = []
+        env = CLEAN if state is None else {**CLEAN, "XDG_STATE_HOME": str(state)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "burstctl", "agent", "--socket", str(socket_path), *args],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             text=True,
-            env=CLEAN,
+            env=env,
         )
         self._drainer = threading.Thread(target=self._drain, daemon=True)
         self._drainer.start()

@@ -29,7 +29,9 @@ def agents(world: Path) -> Iterator[Callable[..., AgentProcess]]:
     started: list[AgentProcess] = []
 
     def start(*args: str, socket_path: Path | None = None) -> AgentProcess:
-        agent = AgentProcess(socket_path or world / "run" / "burstctl" / "agent.sock", list(args))
+        agent = AgentProcess(
+            socket_path or world / "run" / "burstctl" / "agent.sock", list(args), world / "state"
+        )
         started.append(agent)
         return agent.wait_ready()
 

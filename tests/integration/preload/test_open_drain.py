@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable
@@ -152,3 +153,76 @@ def test_one_file_larger_than_the_buffer_completes_through_the_agent(
     world: Path,
 ) -> None:
     run(controller_factory, agents, world, 32, [128])
+
+
+# A writer that says how many MiB were written, one line per write.
+COUNTING_WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for n in range(int(sys.argv[2])):
+    os.write(fd, n.to_bytes(8, "little") * (1 << 17))
+    print(n + 1, flush=True)
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def test_a_kill_9_of_the_agent_mid_drain_loses_no_byte(
+    controller_factory: Callable[..., ControllerProcess],
+    agents: Callable[..., AgentProcess],
+    world: Path,
+) -> None:
+    """The agent killed (SIGKILL) while an open file drains: the writer goes on (unpaced once
+    the library finds the agent dead), a new agent finds the file still open in /proc and
+    neither finishes nor evicts it under the writer; at its close the file drains whole, and
+    no partial file ever has the final name."""
+    ctl = controller_factory(
+        "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
+        "--bb-capacity", "32MiB", "--pfs-bandwidth", "40MiB/s",
+    )  # fmt: skip
+    bb, pfs = world / "bb", world / "pfs"
+    pfs.mkdir()
+    args = agent_args(ctl, world, "--stage-out", str(pfs), "--evict", "after-copy")
+    agent = agents(*args)
+    path = bb / "ckpt"
+    writer = subprocess.Popen(
+        exec_cmd(agent, sys.executable, "-u", "-c", COUNTING_WRITER, str(path), "96"),
+        env={**CLEAN, "SLURM_JOB_ID": "crash", "SLURM_NNODES": "1"},
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert writer.stdout is not None
+        for line in writer.stdout:
+            if int(line) == 56:  # more than S: chunks of the open file have left the buffer
+                break
+        assert [p for p in pfs.rglob(".*") if "burstctl-open-" in p.name], "no part yet"
+        agent.stop(signal.SIGKILL)
+        assert not (pfs / "ckpt").exists()  # never a partial file under the final name
+        second = agents(*args)  # a new agent, on the same socket, while the writer writes
+        wait_until(
+            lambda: (
+                "1 files under the paths are still open" in second.log_text
+                and "resumed from the journal" in second.log_text
+            ),
+            20,
+            message="the new agent to resume from its journal and find the file still open",
+        )
+        for _ in writer.stdout:
+            pass
+        assert writer.wait(60) == 0
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+        writer.stdout.close()  # type: ignore[union-attr]
+    wait_until(
+        lambda: (pfs / "ckpt").exists() and os.stat(path).st_size == 0,
+        60,
+        message="the file drained and evicted by the new agent",
+    )
+    data = (pfs / "ckpt").read_bytes()
+    assert len(data) == 96 * MiB
+    for n in range(96):
+        assert data[n * MiB : (n + 1) * MiB] == n.to_bytes(8, "little") * (1 << 17), f"MiB {n}"
+    assert not [p.name for p in pfs.rglob(".*") if "burstctl-" in p.name], "parts left"
