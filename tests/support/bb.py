@@ -1,5 +1,6 @@
 """What the burst-buffer tests measure on disk (bytes under a tree, sampled every 100 ms) and
-write (seeded writers of closed files and the digests they must leave), for both shims."""
+write (seeded writers of closed files and the digests they must leave; checkpoints larger than
+the buffer; a writer that counts what was acknowledged), for both shims."""
 
 from __future__ import annotations
 
@@ -7,9 +8,13 @@ import contextlib
 import hashlib
 import os
 import random
+import subprocess
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+
+from support import wait_until
 
 MiB = 1 << 20
 
@@ -86,3 +91,66 @@ def all_copied(pfs: Path, rels: list[str], size: int) -> bool:
         except FileNotFoundError:
             return False
     return True
+
+
+def checkpoint_source(path: Path, mib: int, seed: int) -> str:
+    """Writes ``mib`` MiB of distinct seeded blocks to ``path`` (a checkpoint to copy with
+    dd); their sha256."""
+    h = hashlib.sha256()
+    base = hashlib.sha256(str(seed).encode()).digest() * (MiB // 32)
+    with open(path, "wb") as f:
+        for n in range(mib):
+            block = n.to_bytes(8, "little") + base[8:]
+            h.update(block)
+            f.write(block)
+    return h.hexdigest()
+
+
+def wait_checkpoints(
+    writers: list[subprocess.Popen[str]],
+    pfs: Path,
+    files: list[int],
+    buffer: Path,
+    why: Callable[[], str] = str,
+) -> None:
+    """Waits for the writers of ``jobN/fN`` (``files``: MiB each) to exit 0, then for every
+    file on ``pfs`` at its size and the ``buffer`` empty (evicted); ``why()`` says more when
+    a writer is still running at its deadline."""
+    deadline = 60 + sum(files) / 20
+    for n, proc in enumerate(writers):
+        try:
+            _, err = proc.communicate(timeout=deadline)
+        except subprocess.TimeoutExpired:
+            err = "still running; " + why()
+        assert proc.returncode == 0, f"writer {n} failed: {err}"
+    wait_until(
+        lambda: all_copied_each(pfs, {f"job{n}/f{n}": mib * MiB for n, mib in enumerate(files)}),
+        deadline,
+        message="every file on the PFS",
+    )
+    wait_until(lambda: tree_bytes(buffer) < MiB, 60, message="the buffer to empty")
+
+
+def all_copied_each(pfs: Path, sizes: dict[str, int]) -> bool:
+    """Whether every file (relative path → size) is on ``pfs`` with its size."""
+    return all(all_copied(pfs, [rel], size) for rel, size in sizes.items())
+
+
+# Writes N MiB (argv[2]) to argv[1] and says how many the shim acknowledged, one line per write.
+COUNTING_WRITER = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+for n in range(int(sys.argv[2])):
+    try:
+        os.write(fd, n.to_bytes(8, "little") * (1 << 17))
+    except OSError:  # the mount went away under it
+        sys.exit(3)
+    print(n + 1, flush=True)
+os.fsync(fd)
+os.close(fd)
+"""
+
+
+def counted_block(n: int) -> bytes:
+    """The ``n``-th MiB `COUNTING_WRITER` writes."""
+    return n.to_bytes(8, "little") * (1 << 17)

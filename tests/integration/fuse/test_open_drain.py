@@ -17,7 +17,6 @@ files of 150 MiB, one of 1 GiB) and reports the drain's rate while the writers w
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import socket
@@ -28,32 +27,19 @@ from pathlib import Path
 import httpx
 import pytest
 from support import wait_until
-from support.bb import Sampler, tree_bytes
+from support.bb import (
+    COUNTING_WRITER,
+    Sampler,
+    checkpoint_source,
+    counted_block,
+    digest,
+    wait_checkpoints,
+)
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 SLACK = 16 * MiB
-
-
-def pattern(path: Path, mib: int, seed: int) -> str:
-    """Writes ``mib`` MiB of seeded pseudo-random bytes to ``path``; their sha256."""
-    h = hashlib.sha256()
-    block = hashlib.sha256(str(seed).encode()).digest() * (MiB // 32)
-    with open(path, "wb") as f:
-        for n in range(mib):
-            data = n.to_bytes(8, "little") + block[8:]
-            h.update(data)
-            f.write(data)
-    return h.hexdigest()
-
-
-def digest(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(4 * MiB):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def run_writers(
@@ -73,7 +59,7 @@ def run_writers(
     )  # fmt: skip
     wanted = {}
     for n, mib in enumerate(files):
-        wanted[f"f{n}"] = pattern(sources / f"f{n}", mib, n)
+        wanted[f"f{n}"] = checkpoint_source(sources / f"f{n}", mib, n)
         (mountpoint / f"job{n}").mkdir()
     sampler = Sampler(backing)
     sampler.start()
@@ -89,19 +75,7 @@ def run_writers(
                     text=True,
                 )
             )  # fmt: skip
-        for n, proc in enumerate(writers):
-            _, err = proc.communicate(timeout=60 + sum(files) / 20)
-            assert proc.returncode == 0, f"writer {n} failed: {err}"
-        wait_until(
-            lambda: all(
-                (pfs / f"job{n}" / f"f{n}").is_file()
-                and (pfs / f"job{n}" / f"f{n}").stat().st_size == mib * MiB
-                for n, mib in enumerate(files)
-            ),
-            60 + sum(files) / 20,
-            message="every file on the PFS",
-        )
-        wait_until(lambda: tree_bytes(backing) < MiB, 60, message="the buffer to empty")
+        wait_checkpoints(writers, pfs, files, backing)
     finally:
         sampler.halt.set()
         sampler.join()
@@ -130,26 +104,6 @@ def test_one_file_larger_than_the_buffer_completes(
     controller_factory, fuse_mount, fuse_dirs, tmp_path: Path
 ) -> None:
     run_writers(controller_factory, fuse_mount, fuse_dirs, tmp_path, 32 * MiB, [128])
-
-
-# A writer that says how many MiB the mount acknowledged, one line per write.
-COUNTING_WRITER = """
-import os, sys
-path, mib = sys.argv[1], int(sys.argv[2])
-fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-for n in range(mib):
-    try:
-        os.write(fd, n.to_bytes(8, "little") * (1 << 17))
-    except OSError:
-        sys.exit(3)
-    print(n + 1, flush=True)
-os.fsync(fd)
-os.close(fd)
-"""
-
-
-def counted_block(n: int) -> bytes:
-    return n.to_bytes(8, "little") * (1 << 17)
 
 
 @pytest.mark.parametrize("libfuse", ["3"], indirect=True)

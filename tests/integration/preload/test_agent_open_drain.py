@@ -16,7 +16,6 @@ whose files together (or one alone) are larger than S:
 
 from __future__ import annotations
 
-import hashlib
 import os
 import signal
 import subprocess
@@ -28,7 +27,14 @@ import httpx
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args
 from support import ControllerProcess, wait_until
-from support.bb import Sampler, digest, tree_bytes
+from support.bb import (
+    COUNTING_WRITER,
+    Sampler,
+    checkpoint_source,
+    counted_block,
+    digest,
+    wait_checkpoints,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -38,17 +44,6 @@ SLACK = 16 * MiB
 
 def exec_cmd(agent: AgentProcess, *command: str) -> list[str]:
     return [sys.executable, "-m", "burstctl", "exec", "--agent", str(agent.socket), "--", *command]
-
-
-def pattern(path: Path, mib: int, seed: int) -> str:
-    h = hashlib.sha256()
-    base = hashlib.sha256(str(seed).encode()).digest() * (MiB // 32)
-    with open(path, "wb") as f:
-        for n in range(mib):
-            block = n.to_bytes(8, "little") + base[8:]
-            h.update(block)
-            f.write(block)
-    return h.hexdigest()
 
 
 SHA_UNDER_SHIM = (
@@ -71,7 +66,7 @@ def run(
     pfs.mkdir()
     src.mkdir()
     agent = agents(*agent_args(ctl, world, "--stage-out", str(pfs), "--evict", "after-copy"))
-    wanted = [pattern(src / f"f{n}", mib, n) for n, mib in enumerate(files)]
+    wanted = [checkpoint_source(src / f"f{n}", mib, n) for n, mib in enumerate(files)]
     for n in range(len(files)):
         (bb / f"job{n}").mkdir()
     sampler = Sampler(bb)
@@ -88,33 +83,20 @@ def run(
                     text=True,
                 )
             )  # fmt: skip
-        for n, proc in enumerate(writers):
-            try:
-                _, err = proc.communicate(timeout=60 + sum(files) / 20)
-            except subprocess.TimeoutExpired:  # what the buffer and the books held, to say why
-                state = []
-                for m in range(len(files)):
-                    f = bb / f"job{m}" / f"f{m}"
-                    st = f.stat()
-                    try:
-                        mark = os.getxattr(f, "user.burstctl.drained")
-                    except OSError:
-                        mark = b"-"
-                    state.append((m, st.st_size // MiB, st.st_blocks * 512 // MiB, mark[:200]))
-                cap = httpx.get(f"{ctl.url}/v1/capacity", timeout=5).json()
-                log = "".join(agent.log[-60:])
-                err = f"still running; files {state}; capacity {cap}; the agent's log:\n{log}"
-            assert proc.returncode == 0, f"writer {n} failed: {err}"
-        wait_until(
-            lambda: all(
-                (pfs / f"job{n}" / f"f{n}").is_file()
-                and (pfs / f"job{n}" / f"f{n}").stat().st_size == mib * MiB
-                for n, mib in enumerate(files)
-            ),
-            60 + sum(files) / 20,
-            message="every file on the PFS",
-        )
-        wait_until(lambda: tree_bytes(bb) < MiB, 60, message="the buffer to empty")
+
+        def why() -> str:  # what the buffer and the books held
+            state = []
+            for m in range(len(files)):
+                f = bb / f"job{m}" / f"f{m}"
+                try:
+                    mark = os.getxattr(f, "user.burstctl.drained")[:200]
+                except OSError:
+                    mark = b"-"
+                state.append((m, f.stat().st_size // MiB, f.stat().st_blocks // 2048, mark))
+            cap = httpx.get(f"{ctl.url}/v1/capacity", timeout=5).json()
+            return f"files {state}; capacity {cap}; the agent's log:\n{agent.log_text[-6000:]}"
+
+        wait_checkpoints(writers, pfs, files, bb, why)
     finally:
         sampler.halt.set()
         sampler.join()
@@ -153,18 +135,6 @@ def test_one_file_larger_than_the_buffer_completes_through_the_agent(
     world: Path,
 ) -> None:
     run(controller_factory, agents, world, 32, [128])
-
-
-# A writer that says how many MiB were written, one line per write.
-COUNTING_WRITER = """
-import os, sys
-fd = os.open(sys.argv[1], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-for n in range(int(sys.argv[2])):
-    os.write(fd, n.to_bytes(8, "little") * (1 << 17))
-    print(n + 1, flush=True)
-os.fsync(fd)
-os.close(fd)
-"""
 
 
 def test_a_kill_9_of_the_agent_mid_drain_loses_no_byte(
@@ -224,5 +194,5 @@ def test_a_kill_9_of_the_agent_mid_drain_loses_no_byte(
     data = (pfs / "ckpt").read_bytes()
     assert len(data) == 96 * MiB
     for n in range(96):
-        assert data[n * MiB : (n + 1) * MiB] == n.to_bytes(8, "little") * (1 << 17), f"MiB {n}"
+        assert data[n * MiB : (n + 1) * MiB] == counted_block(n), f"MiB {n}"
     assert not [p.name for p in pfs.rglob(".*") if "burstctl-" in p.name], "parts left"
