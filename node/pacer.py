@@ -16,10 +16,9 @@ and its open files (the mount's open files; the agent's attached processes).
   (`Session.end_phase`), unless the phase began less than `SHORT_PHASE` seconds ago (then the
   quiet gap ends it: a job working through many small files is one phase).
 - A session is closed (Goodbye) once its job has had no request for ``session_idle`` seconds;
-  the next request opens a new one. The idle sweep (`Pacer.sweep`) runs as a timer on the
-  runtime's loop, armed when a session opens. A request thread may hold a job's lock while it
-  waits for that loop (starting the job's session), so the sweep never waits for a job's lock:
-  a busy job is looked at again shortly.
+  the next request opens a new one. The idle sweep (`Pacer.sweep`, a timer on the runtime's
+  loop) never waits for a job's lock (a request thread may hold it while it waits for that
+  loop): a busy job is looked at again shortly.
 
 The burst buffer (docs/capacity.md): the mount's sessions track it (``buffer=True``): a write
 acquires its bandwidth, then its space (`Pacer.data` with ``space``); `Pacer.report_buffer`
@@ -27,11 +26,9 @@ hands each job's gauges (from the stage-out's index) to its session, and to its 
 stage-out's copies are paced on a second session per job, its drain session
 (``purpose="drain"``, `Pacer.drain`), closed by the same idle sweep.
 
-Controller trouble never fails a request: the session falls back as configured, and a session
-closed under a request (unmount, idle race) lets the request through unpaced. Only the
-kernel's interrupt ends a request that waits (`burstctl.client.waits.Interrupted`, raised
-through `data` and `metadata`; docs/fuse.md, "Interrupted requests"), leaving as any request
-leaves: its count in flight drops, and the session's wait undid what it booked.
+Controller trouble never fails a request (the session falls back; one closed under a request
+lets it through unpaced). Only the kernel's interrupt ends a waiting request (`Interrupted`
+through `data` and `metadata`, docs/fuse.md), which leaves as any request leaves.
 
 Who may join a job is the controller's call (docs/security.md). Sessions are per (job, user),
 so two users naming one job never share a session. The first request of a new session for a job
