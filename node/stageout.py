@@ -318,6 +318,8 @@ class StageOut(Evictions):
                 rel = relative_path(self._backing, path)
                 if rel is not None:
                     self._moved(key, tracked, rel)
+        if writing and writers == 0 and self.open is not None:
+            self.open.closed(key)
         if left == 0 or (writing and writers == 0):
             self._enqueue(key)
 

@@ -263,6 +263,11 @@ class OpenExtents:
                 index = max(index, b)
             return out
 
+    def busy(self) -> bool:
+        """Whether a write or a change is in flight on the file."""
+        with self.lock:
+            return bool(self._inflight)
+
     def waiting(self) -> bool:
         """Whether complete chunks written since the last pass wait for one (a chunk is
         complete once a write reached past it)."""

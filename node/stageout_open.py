@@ -120,6 +120,14 @@ class OpenDrain:
         with self.writing(key, path_fd, size, 1, pace):
             extents.cut(size, _proc(path_fd))
 
+    def closed(self, key: Key) -> None:
+        """The file's last writer closed it: what was kept of its writes goes, unless chunks of
+        it left for a part (its final copy needs that)."""
+        with self._lock:
+            extents = self._files.get(key)
+            if extents is not None and extents.part_fd is None and not extents.busy():
+                del self._files[key]
+
     def pending(self, key: Key) -> bool:
         """Whether the file has chunks a pass may drain later."""
         extents = self._files.get(key)

@@ -332,3 +332,23 @@ def test_a_shim_that_holds_its_writers_out_drains_its_open_files_and_readers_sto
         assert not parts(pfs)
     finally:
         stage.stop()
+
+
+def test_what_is_kept_of_a_files_writes_goes_at_its_last_writers_close(stage_dirs) -> None:
+    """One OpenExtents per file written would grow without end: a file closed with no part
+    keeps none; one with a part keeps it until its final copy."""
+    backing, pfs, root = stage_dirs
+    stage = start(backing, pfs, root)
+    try:
+        path = backing / "small"
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o640)
+        key = (os.fstat(fd).st_dev, os.fstat(fd).st_ino)
+        stage.opened(key)
+        write_open(stage, fd, key, b"x" * 100, 0)
+        assert stage.open.get(key) is not None
+        os.close(fd)
+        stage.released(key, str(path))
+        assert stage.open.get(key) is None
+        wait_until(lambda: stage.evicted(key) is not None, 10, message="the copy")
+    finally:
+        stage.stop()
