@@ -200,14 +200,15 @@ def test_a_writer_waiting_for_space_waits_and_dies_at_once(
             capacity = httpx.get(f"{ctl.url}/v1/capacity", timeout=5).json()
             # Full for good: with nothing drained, no further block fits (the file's own
             # xattr block is on the books too), and the writer waits.
-            return job in capacity["waiting"] and path.stat().st_size >= S - MiB
+            if job not in capacity["waiting"] or path.stat().st_size < S - MiB:
+                return False
+            entry = agent.job(job)  # and the agent counts it among the page's waiters
+            return entry is not None and entry["counters"]["waiters"] >= 1
 
         wait_until(full_and_waiting, 60, message="the writer to fill S and wait for space")
         # It stays there: the buffer holds at most S (+ the write in flight), no more.
         size = path.stat().st_size
         assert size <= S + BLOCK, size
-        entry = agent.job(job)
-        assert entry is not None and entry["counters"]["waiters"] >= 1
         start = time.monotonic()
         writer.send_signal(sig)
         writer.wait(timeout=5)
