@@ -148,6 +148,7 @@ class OpenExtents:
         self._last: dict[int, float] = {}
         self._end = 0  # the furthest a write reached
         self.full = False  # the mark has no room for more ranges: nothing more is drained
+        self.passing = False  # a drain pass works on the file (`OpenDrain`'s lock)
 
     @property
     def chunk(self) -> int:

@@ -125,7 +125,12 @@ class OpenDrain:
         it left for a part (its final copy needs that)."""
         with self._lock:
             extents = self._files.get(key)
-            if extents is not None and extents.part_fd is None and not extents.busy():
+            if (
+                extents is not None
+                and extents.drained is None  # no part, nor one being made
+                and not extents.passing
+                and not extents.busy()
+            ):
                 del self._files[key]
 
     def pending(self, key: Key) -> bool:
@@ -164,11 +169,27 @@ class OpenDrain:
             if self._readers.get(key):
                 return 0
             freeze = functools.partial(self.freeze, key, job)
-            extents: OpenExtents | None = self._for(key)
-        else:
+            self._for(key)
+        with self._lock:  # `closed` keeps what a pass works on (it may make the part)
             extents = self._files.get(key)
-        if extents is None:
-            return 0
+            if extents is None:
+                return 0
+            extents.passing = True
+        try:
+            return self._pass(extents, key, rel, root, pace, freeze)
+        finally:
+            with self._lock:
+                extents.passing = False
+
+    def _pass(
+        self,
+        extents: OpenExtents,
+        key: Key,
+        rel: str,
+        root: int,
+        pace: Callable[[int], None],
+        freeze: Callable[[], contextlib.AbstractContextManager[bool]] | None,
+    ) -> int:
         src = os.open(rel, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=root)
         try:
             st = os.fstat(src)

@@ -26,6 +26,7 @@ from burstctl.node.stageout_extents import (
     read_drained,
 )
 from burstctl.node.stageout_marks import XATTR_EVICTED
+from burstctl.node.stageout_open import OpenDrain
 
 C = 4096  # a small chunk, so that files stay small
 JOB = JobInfo("j1", "alice", "users")
@@ -352,3 +353,18 @@ def test_what_is_kept_of_a_files_writes_goes_at_its_last_writers_close(stage_dir
         wait_until(lambda: stage.evicted(key) is not None, 10, message="the copy")
     finally:
         stage.stop()
+
+
+def test_a_file_closed_during_its_first_pass_keeps_what_the_pass_works_on(stage_dirs) -> None:
+    """The last close may come while a pass makes the file's part: dropping its chunks' state
+    then would leave the part and the mark unknown to the final copy (zeros on the PFS)."""
+    backing, pfs, root = stage_dirs
+    drain = OpenDrain(pfs, threading.Event())
+    key = (1, 2)
+    extents = drain._for(key)
+    extents.passing = True
+    drain.closed(key)
+    assert drain.get(key) is extents
+    extents.passing = False
+    drain.closed(key)
+    assert drain.get(key) is None
