@@ -358,7 +358,7 @@ def test_what_is_kept_of_a_files_writes_goes_at_its_last_writers_close(stage_dir
 def test_a_file_closed_during_its_first_pass_keeps_what_the_pass_works_on(stage_dirs) -> None:
     """The last close may come while a pass makes the file's part: dropping its chunks' state
     then would leave the part and the mark unknown to the final copy (zeros on the PFS)."""
-    backing, pfs, root = stage_dirs
+    _, pfs, _ = stage_dirs
     drain = OpenDrain(pfs, threading.Event())
     key = (1, 2)
     extents = drain._for(key)
