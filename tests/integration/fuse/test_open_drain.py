@@ -47,7 +47,7 @@ def run_writers(
 ) -> None:
     controller = controller_factory(
         "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
-        "--bb-capacity", str(size), "--pfs-bandwidth", "40MiB/s",
+        "--bb-capacity", str(size), "--pfs-bandwidth", "80MiB/s",
     )  # fmt: skip
     backing, mountpoint = fuse_dirs
     pfs, sources = tmp_path / "pfs", tmp_path / "src"
@@ -117,7 +117,7 @@ def test_a_kill_9_of_the_mount_loses_no_acknowledged_byte(
     final name."""
     controller = controller_factory(
         "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
-        "--bb-capacity", "32MiB", "--pfs-bandwidth", "40MiB/s",
+        "--bb-capacity", "32MiB", "--pfs-bandwidth", "80MiB/s",
     )  # fmt: skip
     backing, mountpoint = fuse_dirs
     pfs = tmp_path / "pfs"

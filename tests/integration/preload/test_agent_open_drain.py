@@ -60,7 +60,7 @@ def run(
 ) -> None:
     ctl = controller_factory(
         "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
-        "--bb-capacity", f"{size_mib}MiB", "--pfs-bandwidth", "40MiB/s",
+        "--bb-capacity", f"{size_mib}MiB", "--pfs-bandwidth", "80MiB/s",
     )  # fmt: skip
     bb, pfs, src = world / "bb", world / "pfs", world / "src"
     pfs.mkdir()
@@ -148,7 +148,7 @@ def test_a_kill_9_of_the_agent_mid_drain_loses_no_byte(
     no partial file ever has the final name."""
     ctl = controller_factory(
         "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s",
-        "--bb-capacity", "32MiB", "--pfs-bandwidth", "40MiB/s",
+        "--bb-capacity", "32MiB", "--pfs-bandwidth", "80MiB/s",
     )  # fmt: skip
     bb, pfs = world / "bb", world / "pfs"
     pfs.mkdir()
