@@ -445,6 +445,9 @@ class StageOut(Evictions):
                     return
                 with self._lock:
                     tracked.copied, tracked.copied_gen = signature(st0), gen0
+                # The copy took the metadata of its start. Metadata set since (a chmod, an
+                # xattr) found no copy to go to until now: the copy takes them as they are.
+                self.restamped(key, src)
                 self.copies += 1
                 self._succeeded(tracked)
             if self._evict:

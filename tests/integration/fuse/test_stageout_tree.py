@@ -141,7 +141,10 @@ def test_the_tree_written_through_the_mount_is_reproduced_on_the_pfs(
     # The same tree: every node, its kind, mode, owner, mtime, xattrs, size (not a directory's).
     # (Directories and symlinks are reproduced by a thread of their own: waited for.)
     seen = tree(mnt)
-    wait_until(lambda: not differences(seen, mnt, pfs), 30, message="the same tree")
+    try:
+        wait_until(lambda: not differences(seen, mnt, pfs), 30, message="the same tree")
+    except AssertionError:
+        raise AssertionError(f"not the same tree: {differences(seen, mnt, pfs)}") from None
     copied = tree(pfs)
     assert stat.S_IMODE(copied["run/suid"].st_mode) == 0o4755
     assert stat.S_IMODE(copied["run/ckpt/secret"].st_mode) == 0o600
