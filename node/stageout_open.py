@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from burstctl.client.job import JobInfo
+from burstctl.common.syscalls import proc_path
 from burstctl.node.stageout_extents import (
     XATTR_DRAINED,
     Drained,
@@ -45,10 +46,6 @@ logger = logging.getLogger(__name__)
 Freeze = Callable[[JobInfo | None], contextlib.AbstractContextManager[bool]]
 # The same for one file of a job (`StageOut` adds its hold on the file: no new open meanwhile).
 FileFreeze = Callable[[Key, JobInfo | None], contextlib.AbstractContextManager[bool]]
-
-
-def _proc(fd: int) -> str:
-    return f"/proc/self/fd/{fd}"
 
 
 class OpenDrain:
@@ -102,9 +99,9 @@ class OpenDrain:
             extents.end_write(offset, length)
 
     def _restore(self, extents: OpenExtents, path_fd: int, chunks: list[int]) -> int:
-        fd = os.open(_proc(path_fd), os.O_WRONLY | os.O_CLOEXEC)
+        fd = os.open(proc_path(path_fd), os.O_WRONLY | os.O_CLOEXEC)
         try:
-            return extents.restore(chunks, fd, _proc(fd))
+            return extents.restore(chunks, fd, proc_path(fd))
         finally:
             os.close(fd)
 
@@ -115,10 +112,10 @@ class OpenDrain:
         if extents is None:
             return
         if not extents.has_drained() or size % extents.chunk == 0:
-            extents.cut(size, _proc(path_fd))
+            extents.cut(size, proc_path(path_fd))
             return
         with self.writing(key, path_fd, size, 1, pace):
-            extents.cut(size, _proc(path_fd))
+            extents.cut(size, proc_path(path_fd))
 
     def closed(self, key: Key) -> None:
         """The file's last writer closed it: what was kept of its writes goes, unless chunks of
@@ -197,7 +194,9 @@ class OpenDrain:
                 return 0
             if extents.part_fd is None:
                 self._make_part(extents, src, rel, root)
-            return drain_pass(extents, src, _proc(src), pace, self._stopping, self._clock, freeze)
+            return drain_pass(
+                extents, src, proc_path(src), pace, self._stopping, self._clock, freeze
+            )
         finally:
             os.close(src)
 
@@ -206,7 +205,7 @@ class OpenDrain:
         mark names."""
         part = part_name(rel, secrets.token_hex(4))
         drained = Drained(part, extents.chunk)
-        os.setxattr(_proc(src), XATTR_DRAINED, drained.encode())
+        os.setxattr(proc_path(src), XATTR_DRAINED, drained.encode())
         make_parents(self._pfs, root, os.path.dirname(rel))
         extents.part_fd = os.open(
             self._pfs / part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
@@ -262,7 +261,7 @@ class OpenDrain:
             extents.part_fd = None
         if path_fd is not None:
             with contextlib.suppress(OSError):
-                os.removexattr(_proc(path_fd), XATTR_DRAINED)
+                os.removexattr(proc_path(path_fd), XATTR_DRAINED)
 
     def forget(self, key: Key) -> None:
         """The file's last name is gone: its part too."""
@@ -279,7 +278,7 @@ class OpenDrain:
         """A file found at start with a drained mark: its part opened again. False when its
         part is gone because the final copy was renamed before the crash (the caller marks
         it copied); a part gone otherwise is logged (its drained bytes are lost)."""
-        drained = read_drained(_proc(path_fd))
+        drained = read_drained(proc_path(path_fd))
         if drained is None:
             return True
         try:
@@ -295,7 +294,7 @@ class OpenDrain:
                 rel,
             )
             with contextlib.suppress(OSError):
-                os.removexattr(_proc(path_fd), XATTR_DRAINED)
+                os.removexattr(proc_path(path_fd), XATTR_DRAINED)
             return True
         with self._lock:
             self._files[key] = OpenExtents(drained, part_fd)
