@@ -39,6 +39,7 @@ from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.digest import (
     JOB_ARRAY_FIELDS,
     JOB_TEXT_FIELDS,
+    OPTIONAL_FIELDS,
     Digest,
     DigestError,
     DigestJobs,
@@ -53,7 +54,7 @@ PROGRESS_TOLERANCE = 0.01
 # Relative change of a job's demand that is not worth a row (config push_tolerance's default).
 DEMAND_TOLERANCE = 0.02
 
-_NAN_EQUAL = frozenset({"posted_at", "remaining"})  # NaN marks an absent value: equal
+_NAN_EQUAL = frozenset(OPTIONAL_FIELDS)  # NaN marks an absent value: equal
 
 
 def _gather(first: DigestJobs, at: np.ndarray, second: DigestJobs, other: np.ndarray) -> DigestJobs:

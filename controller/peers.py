@@ -33,15 +33,16 @@ from google.protobuf.message import DecodeError
 
 from burstctl.common.channels import ChannelSecurity
 from burstctl.common.limits import MAX_JOBS
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.delta import advance
 from burstctl.controller.digest import (
     Digest,
     DigestError,
-    build_digest,
-    from_proto,
     same_columns,
 )
+from burstctl.controller.digest_wire import from_proto
 from burstctl.controller.jobs import JobTable
+from burstctl.controller.local_digest import build_digest
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import (
     Conflict,
@@ -257,8 +258,10 @@ class PeerSync:
         keep: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         security: ChannelSecurity | None = None,
+        books: BufferBooks | None = None,
     ) -> None:
         self.table = table
+        self.books = books  # the burst buffer's books, sent in the digests
         self.slot = slot
         self.replica_id = replica_id
         self.interval = interval
@@ -329,6 +332,7 @@ class PeerSync:
             policy=(slot.name, slot.params, slot.version, slot.origin),
             usage_seen=self._usage_seen,
             now=self._clock(),
+            buffer=self.books.view() if self.books is not None else None,
         )
 
     async def run(self) -> None:
@@ -414,7 +418,8 @@ class PeerSync:
             )
         digests = self.membership.digests(digest)
         held = [self.held_back[rid] for rid in sorted(self.held_back)]
-        inputs = (self.slot.policy, digests, held)
+        policy = self.slot.merged
+        inputs = (policy, digests, held)
         if self.local_targets is not None and self._same_inputs(inputs):
             return self.local_targets
         self._inputs = inputs
@@ -422,7 +427,7 @@ class PeerSync:
             digests = sorted([*digests, *(h.digest for h in held)], key=lambda d: d.replica_id)
         merged = merge(digests, self._split[0].layout if self._split is not None else None)
         self._log(merged.conflicts)
-        targets = decide(self.slot.policy, merged.view).rates
+        targets = decide(policy, merged.view).rates
         fixed = {rid: h.column for rid, h in self.held_back.items()}
         x = split_targets(merged, targets, fixed)
         self._split = (merged, x, {rid for rid in merged.replicas if rid not in fixed})

@@ -17,12 +17,11 @@ from burstctl.controller.digest import (
     DigestError,
     DigestJobs,
     JobDigest,
-    build_digest,
-    from_proto,
-    to_proto,
     validate,
 )
+from burstctl.controller.digest_wire import from_proto, to_proto
 from burstctl.controller.jobs import JobTable
+from burstctl.controller.local_digest import build_digest
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.records import JobMeta, OpKind
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
