@@ -85,6 +85,7 @@ class JobDigest:
     period_learned: bool = False
     resident: float = 0.0  # bytes of the job on this replica's burst buffer
     pending: float = 0.0  # of them, not on the parallel file system yet
+    mean_volume: float = 0.0  # of the job's completed operations here, bytes (0: none yet)
 
 
 _FLOAT_FIELDS = (
@@ -100,6 +101,7 @@ _FLOAT_FIELDS = (
     "period_vol",
     "resident",
     "pending",
+    "mean_volume",
 )
 # float columns where NaN marks an absent value (None in a row)
 OPTIONAL_FIELDS = ("posted_at", "remaining", "period_w", "period_vol")
@@ -143,6 +145,7 @@ class DigestJobs:
     period_learned: np.ndarray  # bool
     resident: np.ndarray
     pending: np.ndarray
+    mean_volume: np.ndarray
 
     def __init__(self, **columns: Any) -> None:
         missing = {f for f in self.__slots__ if f not in columns}
@@ -401,7 +404,7 @@ _CHECKS: tuple[tuple[str, _Check, Callable[[Any], str]], ...] = (
     ),
     *(
         (name, _finite_non_negative(name), _must_be("finite and >= 0"))
-        for name in ("resident", "pending")
+        for name in ("resident", "pending", "mean_volume")
     ),
 )
 

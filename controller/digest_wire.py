@@ -64,6 +64,7 @@ _NEWER_COLUMNS: dict[str, Any] = {
     "period_learned": False,
     "resident": 0.0,
     "pending": 0.0,
+    "mean_volume": 0.0,
 }
 
 

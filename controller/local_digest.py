@@ -87,6 +87,7 @@ def build_digest(
             period is not None and period.learned,
             resident.get(job_id, 0.0),
             pending.get(job_id, 0.0),
+            job.mean_volume(),
         )
         rows.append(row)
     for job_id in [j for j in usage_seen if j not in table.jobs]:

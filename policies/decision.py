@@ -96,8 +96,8 @@ class Share(Mapping[JobId, float]):
 
     ``schedules``: this replica's part of a global periodic pattern (``persched`` across
     replicas, docs/replicas.md): each listed job gets its schedule, and its rate is the
-    schedule's mean rate. ``reserved``: how much of the capacity the schedules may take above
-    their mean rates at their peak; nothing tops other jobs up into it.
+    schedule's mean rate. ``reserved``: the peak of those schedules' windows together, what
+    they may take at one instant (computing or not); nothing tops other jobs up into it.
     """
 
     __slots__ = ("_rates", "ceilings", "reserved", "schedules")
@@ -291,8 +291,11 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
         if held > room:
             rates = {j: r * (room / held) for j, r in rates.items()}
         rates.update(fresh)
-    reserved = targets.reserved if isinstance(targets, Share) else 0.0
-    left = view.capacity - reserved - sum(rates.values())
+    left = view.capacity - sum(rates.values())
+    if isinstance(targets, Share) and targets.schedules:  # the windows' peak, not their means
+        scheduled = targets.schedules
+        left = view.capacity - targets.reserved
+        left -= sum(rate for j, rate in rates.items() if j not in scheduled)
     if left > 0.0 and type(policy).conserving:
         ceilings = targets.ceilings if isinstance(targets, Share) else None
         unmet = {}

@@ -13,25 +13,19 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 from support import async_wait_until
+from support.periodic import CHUNK, Trace, outside, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
-from burstctl.client.bucket import Pattern
 from burstctl.controller.app import Replica
 from burstctl.policies.persched.live import PerSchedLive, predicted_iteration
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
-KiB = 1 << 10
-CHUNK = 64 * KiB
-# A chunk granted this long after its window's end still counts as inside: the thread's
-# wake-up after the grant on two shared cores, plus the one-way delay of the Allocation.
-LATE = 0.03
 # B = 40 MiB/s, b = 8 MiB/s; the periodic jobs: (name, nodes, w s, vol_io bytes)
 PERIODIC = [("p1", 2, 0.2, 3 * MiB), ("p2", 2, 0.3, 4 * MiB), ("p3", 1, 0.25, 1 * MiB)]
 RESERVE = 0.1
@@ -41,44 +35,6 @@ SETTINGS = {
     "policy_params": {"reserve": RESERVE, "kprime": 2},
     "release_delay": 0.05,  # the default: a periodic session keeps its windows anyway
 }
-
-
-@dataclass
-class Trace:
-    """What one periodic client did: per iteration its start and end, per chunk its grant."""
-
-    iterations: list[tuple[float, float]] = field(default_factory=list)
-    grants: list[float] = field(default_factory=list)
-    pattern: Pattern | None = None
-
-
-def periodic_loop(
-    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace
-) -> None:
-    while not stop.is_set():
-        start = time.monotonic()
-        time.sleep(w)  # the application's compute phase
-        with session.operation("write", vol):
-            left = vol
-            while left > 0:
-                n = min(CHUNK, left)
-                session.acquire(n)
-                trace.grants.append(time.monotonic())
-                left -= n
-        trace.iterations.append((start, time.monotonic()))
-        trace.pattern = session.pattern
-
-
-def pump(session: Session, stop: threading.Event, grants: list[float]) -> None:
-    with session.operation("write"):
-        while not stop.is_set():
-            session.acquire(CHUNK)
-            grants.append(time.monotonic())
-
-
-def outside(pattern: Pattern, t: float) -> bool:
-    """``t`` lies outside every window of ``pattern``, by more than LATE."""
-    return all(pattern.rate_at(t - d) <= 0.0 for d in (0.0, LATE / 2, LATE))
 
 
 # Iteration lengths are measured against the pattern's within 5 %: alone, not beside other

@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DigestJobs(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred", "period_w", "period_vol", "period_learned", "resident", "pending")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred", "period_w", "period_vol", "period_learned", "resident", "pending", "mean_volume")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -26,6 +26,7 @@ class DigestJobs(_message.Message):
     PERIOD_LEARNED_FIELD_NUMBER: _ClassVar[int]
     RESIDENT_FIELD_NUMBER: _ClassVar[int]
     PENDING_FIELD_NUMBER: _ClassVar[int]
+    MEAN_VOLUME_FIELD_NUMBER: _ClassVar[int]
     job_id: _containers.RepeatedScalarFieldContainer[str]
     user: _containers.RepeatedScalarFieldContainer[str]
     group: _containers.RepeatedScalarFieldContainer[str]
@@ -44,7 +45,8 @@ class DigestJobs(_message.Message):
     period_learned: _containers.RepeatedScalarFieldContainer[bool]
     resident: _containers.RepeatedScalarFieldContainer[float]
     pending: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ..., period_w: _Optional[_Iterable[float]] = ..., period_vol: _Optional[_Iterable[float]] = ..., period_learned: _Optional[_Iterable[bool]] = ..., resident: _Optional[_Iterable[float]] = ..., pending: _Optional[_Iterable[float]] = ...) -> None: ...
+    mean_volume: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ..., period_w: _Optional[_Iterable[float]] = ..., period_vol: _Optional[_Iterable[float]] = ..., period_learned: _Optional[_Iterable[bool]] = ..., resident: _Optional[_Iterable[float]] = ..., pending: _Optional[_Iterable[float]] = ..., mean_volume: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class BufferBooks(_message.Message):
     __slots__ = ("size", "used", "drain_bandwidth")
