@@ -290,8 +290,9 @@ class Digest:
 
 
 def same_columns(a: Digest, b: Digest, columns: Iterable[str]) -> bool:
-    """``a`` and ``b`` say the same in their header (but for sequence and send instant)
-    and in the job ``columns`` (``job_id`` among them). One ``jobs`` object for both is
+    """``a`` and ``b`` say the same in their header (but for sequence and send instant,
+    and the buffer and pattern, which only policies that name no ``reads`` see) and in the
+    job ``columns`` (``job_id`` among them). One ``jobs`` object for both is
     the cheap case (``Membership`` and ``delta.advance`` keep it while no job changes)."""
     return (
         a.replica_id == b.replica_id
@@ -301,8 +302,6 @@ def same_columns(a: Digest, b: Digest, columns: Iterable[str]) -> bool:
         and a.policy == b.policy
         and a.policy_params == b.policy_params
         and a.election_key == b.election_key
-        and a.buffer == b.buffer
-        and a.pattern == b.pattern
         and not a.base_sequence
         and not b.base_sequence
         and (a.jobs is b.jobs or all(_same_column(a.jobs, b.jobs, c) for c in columns))

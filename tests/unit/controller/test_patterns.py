@@ -11,7 +11,7 @@ import pytest
 from digests import digest, job
 from support import views
 
-from burstctl.controller.digest import BufferHeader, PatternOrigin
+from burstctl.controller.digest import BufferHeader, PatternOrigin, same_columns
 from burstctl.controller.merge import merge
 from burstctl.controller.patterns import NO_PART, GlobalPattern, fractions, key_name, peak_rate
 from burstctl.controller.state import PolicySlot, StateStore
@@ -145,3 +145,9 @@ def test_a_policy_that_keeps_state_decides_the_merged_view_with_an_instance_of_i
     assert slot.merged is merged  # made once per active instance
     slot.switch("fair-share")
     assert slot.merged is slot.policy
+
+
+def test_a_buffer_or_a_pattern_that_moved_keeps_the_share_of_a_policy_that_reads_neither() -> None:
+    a = digest("r1", (job("a", resident=1.0),), buffer=BufferHeader(100, 10, 5))
+    b = dataclasses.replace(a, buffer=BufferHeader(100, 60, 5), pattern=PatternOrigin("k", 0.0))
+    assert same_columns(a, b, {"job_id", "open_op", "nodes", "demand"})
