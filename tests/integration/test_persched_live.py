@@ -17,11 +17,11 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 from support import async_wait_until
-from support.periodic import CHUNK, Trace, outside, periodic_loop, pump
+from support.periodic import CHUNK, Trace, paced, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
-from burstctl.policies.persched.live import PerSchedLive, predicted_iteration
+from burstctl.policies.persched.live import PerSchedLive
 
 pytestmark = pytest.mark.integration
 
@@ -90,20 +90,10 @@ async def test_three_periodic_jobs_pace_to_their_windows_and_a_fourth_gets_the_r
     period = installed.computed.result.period
     report = []
     for (name, *_), trace in zip(PERIODIC, traces, strict=True):
-        pattern = trace.pattern
-        assert pattern is not None, f"{name} never paced to windows"
-        assert pattern.period == pytest.approx(period)
-        grants = [t for t in trace.grants if steady <= t <= window_end]
-        out = sum(1 for t in grants if outside(pattern, t))
-        # Whole periods of iterations: a job with n_per instances may alternate lengths.
-        n_per = installed.computed.instances(name)
-        steady_its = [(s, e) for s, e in trace.iterations if s >= steady]
-        steady_its = steady_its[: len(steady_its) // n_per * n_per]
-        assert steady_its, f"{name}: no whole period of steady iterations"
-        measured = (steady_its[-1][1] - steady_its[0][0]) / len(steady_its)
-        predicted = predicted_iteration(installed, name)
-        report.append((name, measured, predicted, out, len(grants)))
-        assert measured == pytest.approx(predicted, rel=0.05), report
+        got = paced(installed, name, trace, steady, window_end)
+        report.append((name, got.measured, got.predicted, got.outside, got.grants))
+        assert got.outside <= 0.01 * got.grants, report
+        assert got.measured == pytest.approx(got.predicted, rel=0.05), report
     # The non-periodic job gets the reserve, within 15 %.
     got = [t for t in other_grants if steady <= t <= window_end]
     rate = len(got) * CHUNK / (window_end - steady)

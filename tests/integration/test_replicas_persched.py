@@ -19,11 +19,11 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from support import async_wait_until, free_port
-from support.periodic import CHUNK, Trace, outside, periodic_loop, pump
+from support.periodic import CHUNK, Trace, paced, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
-from burstctl.policies.persched.live import Installed, PerSchedLive, predicted_iteration
+from burstctl.policies.persched.live import Installed, PerSchedLive
 
 pytestmark = pytest.mark.integration
 
@@ -131,21 +131,11 @@ async def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_th
         for s in (*(s for _, s, _ in runs), other):
             await asyncio.to_thread(s.close)
     report = []
-    for name, session, trace in runs:
-        pattern = trace.pattern
-        assert pattern is not None, f"{name} never paced to windows"
-        assert pattern.period == pytest.approx(period)
-        grants = [t for t in trace.grants if steady <= t <= window_end]
-        out = sum(1 for t in grants if outside(pattern, t))
-        n_per = installed.computed.instances(name)
-        steady_its = [(s, e) for s, e in trace.iterations if s >= steady]
-        steady_its = steady_its[: len(steady_its) // n_per * n_per]
-        assert steady_its, f"{name}: no whole period of steady iterations"
-        measured = (steady_its[-1][1] - steady_its[0][0]) / len(steady_its)
-        predicted = predicted_iteration(installed, name)
-        report.append((name, session.job.job_id, round(measured, 5), round(predicted, 5), out))
-        assert out <= 0.01 * len(grants), report
-        assert measured == pytest.approx(predicted, rel=0.05), report
+    for name, _, trace in runs:
+        got = paced(installed, name, trace, steady, window_end)
+        report.append((name, round(got.measured, 5), round(got.predicted, 5), got.outside))
+        assert got.outside <= 0.01 * got.grants, report
+        assert got.measured == pytest.approx(got.predicted, rel=0.05), report
     got = [t for t in other_grants if steady <= t <= window_end]
     rate = len(got) * CHUNK / (window_end - steady)
     # The whole system's reserve is np's (its only taker), and what the windows' peak leaves
