@@ -44,10 +44,10 @@ PERIODIC = [
 ]
 
 
-# Each window carries 5 % more than an iteration's bytes: a client whose compute phase ends
+# Each window carries 10 % more than an iteration's bytes: a client whose compute phase ends
 # when its window opens (PERSCHED packs one job so) and whose thread wakes a few ms late
 # still moves its bytes in that window ("headroom", docs/persched.md).
-PARAMS = {"reserve": RESERVE, "kprime": 2, "headroom": 0.05}
+PARAMS = {"reserve": RESERVE, "kprime": 2, "headroom": 0.1}
 
 
 def three_replicas(make: Any, tmp_path: Path) -> list[ControllerProcess]:
