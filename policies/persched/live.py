@@ -25,13 +25,23 @@ from typing import Any, Literal
 from pydantic import Field
 
 from burstctl.policies.base import Offload, Policy, PolicyParams
-from burstctl.policies.persched.algorithm import MIN_TIME_IO, PerSchedResult, persched
+from burstctl.policies.persched.algorithm import (
+    MIN_TIME_IO,
+    PerSchedResult,
+    default_tmin,
+    persched,
+)
 from burstctl.policies.persched.model import App, Platform, time_io
 from burstctl.policies.schedule import Schedule, Window
 from burstctl.policies.sharing import water_levels
 from burstctl.policies.view import JobId, RowRates, SystemView
 
 GB = 1e9  # PERSCHED's model counts in GB and GB/s; the controller in bytes and bytes/s
+
+# A pattern that leaves a job without an instance is searched again from a T_min this many
+# times longer, at most TMIN_TRIES searches in all; a job still left out shares the reserve.
+TMIN_GROWTH = 1.5
+TMIN_TRIES = 4
 
 # (job, nodes, w, vol_io) of every periodic job, in job order, then (capacity, b)
 Key = tuple[tuple[tuple[str, int, float, float], ...], float, float]
@@ -89,14 +99,20 @@ def compute(key: Key, params: PerSchedParams) -> Computed:
     apps = [app for app in apps if time_io(app, platform) >= MIN_TIME_IO]
     if not apps:
         return Computed(key, None, {})
+    t_min = live_tmin(apps, platform)
     try:
-        result = persched(
-            apps,
-            platform,
-            kprime=params.kprime,
-            epsilon=params.epsilon,
-            objective=params.objective,
-        )
+        for _ in range(TMIN_TRIES):
+            result = persched(
+                apps,
+                platform,
+                kprime=params.kprime,
+                epsilon=params.epsilon,
+                tmin=t_min,
+                objective=params.objective,
+            )
+            if all(entry.n_per > 0 for entry in result.pattern.apps):
+                break
+            t_min *= TMIN_GROWTH
     except (ValueError, ArithmeticError) as exc:
         return Computed(key, None, {}, error=f"{type(exc).__name__}: {exc}")
     period = result.pattern.period
@@ -108,6 +124,13 @@ def compute(key: Key, params: PerSchedParams) -> Computed:
         if windows:
             schedules[entry.app.name] = Schedule(period, windows)
     return Computed(key, result, schedules)
+
+
+def live_tmin(apps: list[App], platform: Platform) -> float:
+    """The T_min the live policy starts PERSCHED's search from: the paper's
+    ``max_k (w + time_io)``, and at least ``Σ_k vol_io / B``, the shortest period in which
+    every job can move its volume once (a shorter one leaves a job without a window)."""
+    return max(default_tmin(apps, platform), sum(app.vol_io for app in apps) / platform.B)
 
 
 def windows_of(intervals: list[tuple[float, float, float]], period: float) -> tuple[Window, ...]:

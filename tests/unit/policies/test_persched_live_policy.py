@@ -12,8 +12,15 @@ from support.views import job
 
 from burstctl.policies import SystemView, default_registry, job_cap
 from burstctl.policies.decision import decide
-from burstctl.policies.persched import Platform, validate
-from burstctl.policies.persched.live import GB, PerSchedLive, compute, windows_of
+from burstctl.policies.persched import App, Platform, jupiter_set, persched, validate
+from burstctl.policies.persched.live import (
+    GB,
+    Key,
+    PerSchedLive,
+    compute,
+    live_tmin,
+    windows_of,
+)
 from burstctl.policies.view import Periodic
 
 MiB = float(1 << 20)
@@ -162,3 +169,46 @@ def test_windows_are_well_formed_after_wrapping_and_float_residue() -> None:
     assert sum((e - s) * r for s, e, r in spans) == pytest.approx(
         (0.3e-3 + 0.3e-3 * 2 + 0.2e-3) * GB
     )
+
+
+def jupiter_key(n: int, reserve: float) -> Key:
+    """Jupiter set ``n`` as the live policy's periodic jobs: β nodes of b = the set's b, and
+    B = the set's B once the reserve is set aside."""
+    app_set = jupiter_set(n)
+    platform = app_set.platform
+    jobs = tuple(sorted((a.name, int(a.beta), a.w, a.vol_io * GB) for a in app_set.apps))
+    return jobs, platform.B * GB / (1.0 - reserve), platform.b * GB
+
+
+@pytest.mark.parametrize("kprime", [2.0, 10.0])
+def test_every_job_of_jupiter_set_1_gets_a_window_every_period(kprime: float) -> None:
+    params = PerSchedLive.Params(kprime=kprime, headroom=0.0)
+    key = jupiter_key(1, params.reserve)
+    app_set = jupiter_set(1)
+    # From the paper's T_min, max_k (w + time_io), one application gets no instance.
+    paper = persched(app_set.apps, app_set.platform, kprime=kprime)
+    assert min(paper.pattern.counts()) == 0
+    computed = compute(key, params)
+    assert computed.error is None and computed.result is not None
+    assert computed.result.t_min == pytest.approx(
+        sum(a.vol_io for a in app_set.apps) / app_set.platform.B
+    )
+    assert set(computed.schedules) == {a.name for a in app_set.apps}
+    for job_id, schedule in computed.schedules.items():
+        assert computed.instances(job_id) >= 1
+        assert schedule.problem() is None and schedule.windows
+    assert validate(computed.result.pattern, app_set.platform, sys_eff=computed.result.sys_eff) == []
+
+
+def test_a_pattern_that_leaves_a_job_out_is_searched_again_from_a_longer_t_min() -> None:
+    # From the first T_min with K' = 1, p2 gets no instance (found by a search over random
+    # sets); the search from a longer T_min gives every job one.
+    apps = [App("p1", 1.7, 1.4, 1.0), App("p2", 1.1, 1.9, 1.0), App("p3", 1.1, 0.7, 1.0)]
+    platform = Platform(B=1.0, b=1.0)
+    first = persched(apps, platform, kprime=1.0, tmin=live_tmin(apps, platform))
+    assert first.pattern.counts() == [1, 0, 2]
+    params = PerSchedLive.Params(kprime=1.0, headroom=0.0)
+    key = (tuple((a.name, 1, a.w, a.vol_io * GB) for a in apps), GB / 0.9, GB)
+    computed = compute(key, params)
+    assert computed.result is not None and computed.result.t_min > first.t_min
+    assert all(computed.instances(a.name) >= 1 for a in apps)
