@@ -31,7 +31,7 @@ class Trace:
 
 
 def periodic_loop(
-    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace
+    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace, chunk: int = CHUNK
 ) -> None:
     while not stop.is_set():
         start = time.monotonic()
@@ -39,7 +39,7 @@ def periodic_loop(
         with session.operation("write", vol):
             left = vol
             while left > 0:
-                n = min(CHUNK, left)
+                n = min(chunk, left)
                 session.acquire(n)
                 trace.grants.append(time.monotonic())
                 left -= n

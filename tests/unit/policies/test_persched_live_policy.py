@@ -197,7 +197,9 @@ def test_every_job_of_jupiter_set_1_gets_a_window_every_period(kprime: float) ->
     for job_id, schedule in computed.schedules.items():
         assert computed.instances(job_id) >= 1
         assert schedule.problem() is None and schedule.windows
-    assert validate(computed.result.pattern, app_set.platform, sys_eff=computed.result.sys_eff) == []
+    assert (
+        validate(computed.result.pattern, app_set.platform, sys_eff=computed.result.sys_eff) == []
+    )
 
 
 def test_a_pattern_that_leaves_a_job_out_is_searched_again_from_a_longer_t_min() -> None:
