@@ -31,6 +31,7 @@ from burstctl.policies.persched.algorithm import (
     default_tmin,
     persched,
 )
+from burstctl.policies.persched.lending import Loan, borrowed, loans, next_change
 from burstctl.policies.persched.model import App, Platform, time_io
 from burstctl.policies.schedule import Schedule, Window
 from burstctl.policies.sharing import water_levels
@@ -63,6 +64,17 @@ class PerSchedParams(PolicyParams):
         le=0.1,
         description="the pattern carries vol_io·(1 + headroom) per instance: rounding never "
         "leaves a job's last bytes to its next window",
+    )
+    lend: bool = Field(
+        True,
+        description="window time a periodic job leaves unused goes to the jobs of the reserve "
+        "until the window's end",
+    )
+    lend_grace: float = Field(
+        0.01,
+        ge=0.0,
+        le=1.0,
+        description="seconds a window must have been open without its job in I/O before it is lent",
     )
 
 
@@ -166,6 +178,16 @@ class Installed:
     schedules: Mapping[JobId, Schedule]
 
 
+@dataclass(frozen=True, slots=True)
+class _Lent:
+    """What a decision lends: on ``view``, the ``loans`` and the borrowers' schedules."""
+
+    view: SystemView
+    loans: tuple[Loan, ...]
+    borrowed: Mapping[JobId, Schedule]
+    borrowers: bool  # some job shares the reserve (it could borrow)
+
+
 class PerSchedLive(Policy):
     """Jobs with a declared period get PERSCHED's windows; the others share the reserve."""
 
@@ -181,6 +203,7 @@ class PerSchedLive(Policy):
         self._landing: Computed | None = None  # computed off the decision path, not installed
         self.recomputations = 0  # computations started
         self.last_error: str | None = None
+        self._lent: _Lent | None = None  # the loans of the latest decision
 
     def use_offload(self, offload: Offload | None) -> None:
         self._offload = offload
@@ -197,8 +220,7 @@ class PerSchedLive(Policy):
             return  # one computation at a time; its result is checked against the key
         self._pending = key
         self.recomputations += 1
-        assert isinstance(self.params, PerSchedParams)
-        params = self.params
+        params = self._params()
         if self._offload is None:
             self._landed(compute(key, params), view.now)
         else:
@@ -243,10 +265,11 @@ class PerSchedLive(Policy):
         columns = view.columns
         demand = columns.demand
         cap = columns.cap
+        self._lent = None
         # FairShare's water-filling (weights b_i), sums and ties in the stable order
         if not view.periodic:
             return water_levels(view.active, demand, cap, view.capacity)
-        assert isinstance(self.params, PerSchedParams)
+        params = self._params()
         ids = columns.job_id
         rates: RowRates = []
         shared = []
@@ -256,7 +279,13 @@ class PerSchedLive(Policy):
                 rates.append((r, schedule.mean_rate()))
             else:
                 shared.append(r)
-        rates.extend(water_levels(shared, demand, cap, view.capacity * self.params.reserve))
+        reserve = view.capacity * params.reserve
+        made: tuple[Loan, ...] = ()
+        if installed is not None and shared and params.lend:
+            made = loans(installed.schedules, view.now, view, params.lend_grace)
+        lent, schedules = borrowed(view, shared, reserve, made)
+        rates.extend(lent)
+        self._lent = _Lent(view, made, schedules, bool(shared))
         return rates
 
     def schedules(self, view: SystemView) -> Mapping[JobId, Schedule]:
@@ -264,7 +293,38 @@ class PerSchedLive(Policy):
         if installed is None:
             return {}
         jobs = view.jobs
-        return {j: s for j, s in installed.schedules.items() if j in jobs and jobs[j].active}
+        mine = {j: s for j, s in installed.schedules.items() if j in jobs and jobs[j].active}
+        lent = self._lent
+        if lent is not None and lent.view is view:
+            mine.update(lent.borrowed)
+        return mine
+
+    def between(self, view: SystemView) -> Mapping[JobId, Schedule]:
+        """A periodic job between iterations holds its windows of the pattern in force, less
+        the one it lends now (``policies/persched/lending.py``)."""
+        installed = self.installed if view.periodic else None
+        if installed is None:
+            return {}
+        held = dict(installed.schedules)
+        lent = self._lent
+        if lent is not None and lent.view is view:
+            held.update((loan.lender, loan.kept) for loan in lent.loans)
+        return held
+
+    def period(self, view: SystemView) -> float | None:
+        """Decide again when a loan may start or must end (only with jobs to lend to)."""
+        installed = self.installed if view.periodic else None
+        lent = self._lent
+        params = self._params()
+        if installed is None or lent is None or lent.view is not view or not lent.borrowers:
+            return None
+        if not params.lend:
+            return None
+        return next_change(installed.schedules, view.now, view, params.lend_grace)
+
+    def _params(self) -> PerSchedParams:
+        assert isinstance(self.params, PerSchedParams)
+        return self.params
 
 
 def _key(view: SystemView) -> Key | None:
