@@ -1,11 +1,12 @@
 """Periodic client jobs for the live PerSched tests: a loop "compute (sleep ``w``), then move
-``vol`` bytes" on a real client session, what it did (``Trace``), and whether a grant lies
-outside the windows it paced to (``outside``)."""
+``vol`` bytes" on a real client session (or what a ``Plan`` says per iteration), what it did
+(``Trace``), and whether a grant lies outside the windows it paced to (``outside``)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -20,6 +21,9 @@ CHUNK = 64 * KiB
 # wake-up after the grant on two shared cores, plus the one-way delay of the Allocation.
 LATE = 0.03
 
+# Iteration i's compute seconds and bytes, for a job whose iterations vary.
+Plan = Callable[[int], tuple[float, int]]
+
 
 @dataclass
 class Trace:
@@ -31,9 +35,21 @@ class Trace:
 
 
 def periodic_loop(
-    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace, chunk: int = CHUNK
+    session: Session,
+    w: float,
+    vol: int,
+    stop: threading.Event,
+    trace: Trace,
+    chunk: int = CHUNK,
+    plan: Plan | None = None,
 ) -> None:
+    """Compute ``w`` then move ``vol`` in ``chunk``-byte acquires, until ``stop``; iteration i
+    computes and moves ``plan(i)`` instead when given."""
+    i = 0
     while not stop.is_set():
+        if plan is not None:
+            w, vol = plan(i)
+        i += 1
         start = time.monotonic()
         time.sleep(w)  # the application's compute phase
         with session.operation("write", vol):
