@@ -71,10 +71,11 @@ class PerSchedParams(PolicyParams):
         "until the window's end",
     )
     lend_grace: float = Field(
-        0.01,
+        0.05,
         ge=0.0,
         le=1.0,
-        description="seconds a window must have been open without its job in I/O before it is lent",
+        description="seconds a window must have been open without its job in I/O before it is "
+        "lent: a job that late still catches up from its bucket (the default burst_window)",
     )
 
 

@@ -30,7 +30,7 @@ pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
 RESERVE = 0.1
-GRACE = 0.01
+GRACE = 0.05  # the default
 # A sample this close to a window's edge in some session's pattern is not counted: the clients'
 # phases differ by the difference of their messages' one-way delays (docs/protocol.md,
 # "Windows"), so two jobs' touching windows may overlap by that much.

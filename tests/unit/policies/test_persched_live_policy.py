@@ -233,7 +233,7 @@ def test_a_window_its_job_leaves_unused_is_lent_to_the_reserve_until_its_end() -
     lender = base["p2"]
     window = lender.windows[0]
     opened = 10.0 + lender.period + window.start  # its window in the next period
-    now = opened + 0.05
+    now = opened + 0.08
     # p2 computes through its window (no operation open); np (4 nodes) is in I/O
     v = view({"p1": 2, "p3": 1, "np": 4}, PERIODIC, now=now)
     d = decide(policy, v)
