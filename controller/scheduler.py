@@ -319,15 +319,18 @@ class Scheduler:
             targets is None or (isinstance(targets, Share) and bool(targets.schedules))
         )
         between = policy.between(view) if keeps_windows and targets is None else {}
+        totals: dict[JobId, float] = {}  # each job's rate over its sessions, before these pushes
         recheck = 0.0
         for s in [s for s in self._nonzero if s.decided != stamp]:
             if keeps_windows and s.schedule is not None and s.job.meta.job_id in view.periodic:
                 # A periodic job between its windows (computing: no operation open, so no
                 # demand and no schedule in this decision) keeps those it holds: its next
                 # window comes without a round trip; the policy may change them meanwhile.
-                held = between.get(s.job.meta.job_id)
+                held = between.get(job_id := s.job.meta.job_id)
                 if held is not None:  # the session's share of them, as in the decisions
-                    total = sum(o.rate or 0.0 for o in s.job.sessions.values())
+                    total = totals.get(job_id)
+                    if total is None:
+                        total = totals[job_id] = sum(o.rate or 0.0 for o in s.job.sessions.values())
                     mine = held.scaled(s.rate / total) if total and s.rate else held
                     self._offer(s, mine.mean_rate(), now, mine)
                 continue
