@@ -18,13 +18,13 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from support import async_wait_until
-from support.periodic import CHUNK, Plan, Trace, outside, periodic_loop, pump
+from support.periodic import CHUNK, Plan, Trace, paced, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
 from burstctl.client.bucket import Pattern
 from burstctl.controller.app import Replica
 from burstctl.policies.persched.lending import MIN_LOAN
-from burstctl.policies.persched.live import PerSchedLive, predicted_iteration
+from burstctl.policies.persched.live import PerSchedLive
 
 pytestmark = pytest.mark.integration
 
@@ -141,19 +141,10 @@ async def test_a_window_left_unused_is_lent_to_the_reserve_and_the_sum_stays_wit
     assert len(sums) >= 2 * len(skipped), (len(sums), len(skipped))
     assert max(sums) <= capacity * tolerance, (max(sums) / capacity, len(sums))
     # 2. The lender's iterations keep the pattern's length; the others stay in their windows.
-    report = []
-    for (name, *_), trace in zip(PERIODIC, traces, strict=True):
-        pattern = trace.pattern
-        assert pattern is not None
-        n_per = installed.computed.instances(name)
-        # from the end of one iteration to the end of another, whole periods apart (the
-        # lender's compute varies: its iterations start at different points)
-        ends = [e for s, e in trace.iterations if s >= steady]
-        ends = ends[: (len(ends) - 1) // n_per * n_per + 1]
-        measured = (ends[-1] - ends[0]) / (len(ends) - 1)
-        grants = [t for t in trace.grants if steady <= t <= window_end]
-        out = sum(1 for t in grants if outside(pattern, t))
-        report.append((name, measured, predicted_iteration(installed, name), out, len(grants)))
+    report = [
+        paced(installed, name, trace, steady, window_end)
+        for (name, *_), trace in zip(PERIODIC, traces, strict=True)
+    ]
     # 3. The borrower got the window time the lender left: in each of the lender's windows,
     # each span without a chunk of the lender's (after the window's head: a window opens
     # to the lender first), at the window's rate.
@@ -175,7 +166,7 @@ async def test_a_window_left_unused_is_lent_to_the_reserve_and_the_sum_stays_wit
     span = first + k * period - first
     got = sum(CHUNK for t in borrowed if first <= t < first + span)
     reserve = RESERVE * capacity
-    print(f"period {period:.4f} s; per job (measured, predicted, outside, chunks): {report}")
+    print(f"period {period:.4f} s; per job: {report}")
     print(
         f"borrower: {got / span / MiB:.3f} MiB/s for a reserve of {reserve / MiB:.3f} MiB/s and"
         f" {lent / span / MiB:.3f} MiB/s lent; max Σ in force {max(sums) / capacity:.4f} B over"
@@ -183,6 +174,6 @@ async def test_a_window_left_unused_is_lent_to_the_reserve_and_the_sum_stays_wit
     )
     assert lent > 0.1 * reserve * span  # the scenario lends
     assert got >= reserve * span + 0.7 * lent, (got, reserve * span, lent)
-    for name, measured, predicted, out, count in report:
-        assert measured == pytest.approx(predicted, rel=0.05), (name, report)
-        assert out <= 0.01 * count, (name, report)
+    for got_job in report:
+        assert got_job.measured == pytest.approx(got_job.predicted, rel=0.05), report
+        assert got_job.outside <= 0.01 * got_job.grants, report

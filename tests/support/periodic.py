@@ -78,8 +78,8 @@ def outside(pattern: Pattern, t: float) -> bool:
 @dataclass
 class Paced:
     """One periodic client against the pattern in force: its mean iteration over whole
-    periods of steady iterations, the pattern's, and its grants in the window, of them how
-    many outside its windows."""
+    periods of steady iterations (end to end), the pattern's, and its grants in the window,
+    of them how many outside its windows."""
 
     name: str
     measured: float
@@ -96,10 +96,12 @@ def paced(installed: Installed, name: str, trace: Trace, steady: float, end: flo
     assert result is not None and pattern.period == pytest.approx(result.pattern.period)
     grants = [t for t in trace.grants if steady <= t <= end]
     out = sum(1 for t in grants if outside(pattern, t))
-    # Whole periods of iterations: a job with n_per instances may alternate lengths.
+    # From the end of one iteration to the end of another whole periods later: a job with
+    # n_per instances may alternate lengths, and one whose compute varies starts its
+    # iterations at different points, but ends them in its windows.
     n_per = installed.computed.instances(name)
-    its = [(s, e) for s, e in trace.iterations if s >= steady]
-    its = its[: len(its) // n_per * n_per]
-    assert its, f"{name}: no whole period of steady iterations"
-    measured = (its[-1][1] - its[0][0]) / len(its)
+    ends = [e for s, e in trace.iterations if s >= steady]
+    ends = ends[: (len(ends) - 1) // n_per * n_per + 1]
+    assert len(ends) > 1, f"{name}: no whole period of steady iterations"
+    measured = (ends[-1] - ends[0]) / (len(ends) - 1)
     return Paced(name, measured, predicted_iteration(installed, name), len(grants), out)
