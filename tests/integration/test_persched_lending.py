@@ -18,7 +18,7 @@ from collections.abc import Awaitable, Callable
 
 import pytest
 from support import async_wait_until
-from support.periodic import CHUNK, Plan, Trace, paced, periodic_loop, pump
+from support.periodic import CHUNK, Plan, Trace, installed_for, iterate, paced, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
 from burstctl.client.bucket import Pattern
@@ -104,26 +104,13 @@ async def test_a_window_left_unused_is_lent_to_the_reserve_and_the_sum_stays_wit
     try:
         for thread in threads:
             thread.start()
-        names = {name for name, *_ in PERIODIC}
-        await async_wait_until(
-            lambda: (
-                policy.installed is not None
-                and {j for j, *_ in policy.installed.computed.key[0]} == names
-            ),
-            10,
-            message="the pattern of the three periodic jobs",
-        )
-        installed = policy.installed
-        assert installed is not None and installed.computed.result is not None
+        installed = await installed_for(policy, {name for name, *_ in PERIODIC}, 10)
+        assert installed.computed.result is not None
         period = installed.computed.result.period
         steady = time.monotonic() + 2 * period
         await async_wait_until(lambda: time.monotonic() >= steady, 10, message="warm-up")
         sampler.start()
-        await async_wait_until(
-            lambda: all(sum(1 for s, _ in t.iterations if s >= steady) >= 8 for t in traces),
-            30,
-            message="8 steady iterations of every periodic job",
-        )
+        await iterate(traces, steady, 8, 30)
         assert policy.installed is installed, "the pattern changed while the jobs ran"
         window_end = time.monotonic()
         sample_stop.set()

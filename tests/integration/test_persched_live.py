@@ -18,7 +18,17 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 from support import async_wait_until
-from support.periodic import CHUNK, KiB, Trace, outside, paced, periodic_loop, pump
+from support.periodic import (
+    CHUNK,
+    KiB,
+    Trace,
+    installed_for,
+    iterate,
+    outside,
+    paced,
+    periodic_loop,
+    pump,
+)
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -63,23 +73,11 @@ async def test_three_periodic_jobs_pace_to_their_windows_and_a_fourth_gets_the_r
                 asyncio.create_task(asyncio.to_thread(periodic_loop, session, w, vol, stop, trace))
             )
         names = {name for name, *_ in PERIODIC}
-
-        def ready() -> bool:
-            installed = policy.installed
-            return installed is not None and {j for j, *_ in installed.computed.key[0]} == names
-
-        await async_wait_until(ready, 10, message="the pattern of the three periodic jobs")
-        installed = policy.installed
-        assert installed is not None and installed.computed.result is not None
-        assert installed.computed.error is None
+        installed = await installed_for(policy, names, 10)
         steady = time.monotonic() + 2 * installed.computed.result.period
         workers.append(asyncio.create_task(asyncio.to_thread(pump, other, stop, other_grants)))
         # Run until every periodic job did 6 iterations after the steady point.
-        await async_wait_until(
-            lambda: all(sum(1 for s, _ in t.iterations if s >= steady) >= 6 for t in traces),
-            25,
-            message="6 steady iterations of every periodic job",
-        )
+        await iterate(traces, steady, 6, 25)
         assert policy.installed is installed, "the pattern changed while the jobs ran"
         window_end = time.monotonic()
         stop.set()
@@ -230,14 +228,7 @@ async def test_jupiter_set_1_every_application_moves_its_bytes_in_its_windows_ev
         for worker in workers:
             worker.start()
         names = {name for name, *_ in apps}
-
-        def ready() -> bool:
-            installed = policy.installed
-            return installed is not None and {j for j, *_ in installed.computed.key[0]} == names
-
-        await async_wait_until(ready, 10, message="the pattern of the ten applications")
-        installed = policy.installed
-        assert installed is not None and installed.computed.result is not None
+        installed = await installed_for(policy, names, 10)
         # Every application has at least one instance, so one window per period at least.
         assert set(installed.schedules) == names
         assert all(installed.computed.instances(name) >= 1 for name in names)

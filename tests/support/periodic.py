@@ -10,10 +10,11 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from support import async_wait_until
 
 from burstctl.client import Session
 from burstctl.client.bucket import Pattern
-from burstctl.policies.persched.live import Installed, predicted_iteration
+from burstctl.policies.persched.live import Installed, PerSchedLive, predicted_iteration
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
@@ -105,3 +106,26 @@ def paced(installed: Installed, name: str, trace: Trace, steady: float, end: flo
     assert len(ends) > 1, f"{name}: no whole period of steady iterations"
     measured = (ends[-1] - ends[0]) / (len(ends) - 1)
     return Paced(name, measured, predicted_iteration(installed, name), len(grants), out)
+
+
+async def installed_for(policy: PerSchedLive, names: set[str], timeout: float) -> Installed:
+    """The pattern ``policy`` installs for the periodic jobs ``names``, once it has."""
+
+    def ready() -> bool:
+        installed = policy.installed
+        return installed is not None and {j for j, *_ in installed.computed.key[0]} == names
+
+    await async_wait_until(ready, timeout, message=f"the pattern of {sorted(names)}")
+    installed = policy.installed
+    assert installed is not None and installed.computed.result is not None
+    assert installed.computed.error is None
+    return installed
+
+
+async def iterate(traces: list[Trace], steady: float, count: int, timeout: float) -> None:
+    """Until every trace has ``count`` iterations started at ``steady`` or later."""
+    await async_wait_until(
+        lambda: all(sum(1 for s, _ in t.iterations if s >= steady) >= count for t in traces),
+        timeout,
+        message=f"{count} steady iterations of every periodic job",
+    )

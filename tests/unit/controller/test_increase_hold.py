@@ -39,7 +39,8 @@ class Acknowledged:
                 future.set_result(None)
 
 
-async def test_an_increase_is_not_held_by_a_decrease_offered_after_it(tmp_path: Path) -> None:
+def fair_share(tmp_path: Path) -> tuple[JobTable, Scheduler]:
+    """A job table and its scheduler under fair-share, B = 40 MiB/s, on the running loop."""
     config = load_config(capacity="40MiB/s", node_bandwidth="1GiB/s", state_dir=tmp_path)
     table = JobTable(
         asyncio.get_running_loop().time,
@@ -49,6 +50,11 @@ async def test_an_increase_is_not_held_by_a_decrease_offered_after_it(tmp_path: 
     )
     slot = PolicySlot(default_registry(), StateStore(tmp_path), ("fair-share", {}), replica_id="r")
     scheduler = Scheduler(table, slot, config)
+    return table, scheduler
+
+
+async def test_an_increase_is_not_held_by_a_decrease_offered_after_it(tmp_path: Path) -> None:
+    table, scheduler = fair_share(tmp_path)
     outboxes = [Acknowledged() for _ in range(3)]
     a, b, c = (
         table.open_session(JobMeta(job, "u", "g", 1, 1.0), f"client-{job}", "h", outbox=out)
@@ -110,15 +116,7 @@ async def test_a_pattern_above_the_rate_in_force_at_some_instant_is_an_increase(
 ) -> None:
     # A loan (policies/persched/lending.py): the lender gives its window up (a decrease), the
     # borrower gets a pattern whose mean is below its rate but whose first window is above it.
-    config = load_config(capacity="40MiB/s", node_bandwidth="1GiB/s", state_dir=tmp_path)
-    table = JobTable(
-        asyncio.get_running_loop().time,
-        heartbeat_timeout=1e9,
-        job_retention=1e9,
-        demand_headroom=1.1,
-    )
-    slot = PolicySlot(default_registry(), StateStore(tmp_path), ("fair-share", {}), replica_id="r")
-    scheduler = Scheduler(table, slot, config)
+    table, scheduler = fair_share(tmp_path)
     outboxes = [WithWindows() for _ in range(2)]
     lender, borrower = (
         table.open_session(JobMeta(job, "u", "g", 1, 1.0), f"client-{job}", "h", outbox=out)
