@@ -2,7 +2,7 @@
 
 A periodic job whose window is open while it has no operation open (it computes, or moved its
 iteration's bytes already) is a *lender*: for the rest of that window occurrence its sessions
-hold its pattern without that window (``Loan.kept``), and the jobs that share the reserve
+hold its pattern less the rest of that window (``Loan.kept``), and the jobs that share the reserve
 (*borrowers*) get the window's rate on top of their share until the window's end. A borrower's
 loan is a schedule its client ends by itself (``borrowed``: a day-long period whose first
 windows carry the loans, the rest its share), so no message has to reach it at the window's
@@ -37,7 +37,7 @@ class Loan:
     opened: float  # when the window opened (the view's clock)
     end: float
     rate: float
-    kept: Schedule  # the lender's schedule without the lent window
+    kept: Schedule  # the lender's schedule, the lent window cut to its head
 
 
 def open_window(schedule: Schedule, now: float) -> tuple[int, float] | None:
