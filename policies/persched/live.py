@@ -5,8 +5,12 @@ The jobs that declared their period (``SystemView.periodic``: ``w`` seconds of c
 b = the per-node bandwidth, B = the capacity less a ``reserve`` fraction. Each gets one
 ``Schedule`` per pattern (its windows over the period, rates in bytes/s, the origin fixed
 while the pattern stands) and, as its rate, the pattern's mean rate. Every other job in
-S(t) shares the reserve, opportunity-fair (FairShare's water-filling, weights b_i). With no
-periodic job at all, every job shares all of B as FairShare does.
+S(t) shares the reserve, opportunity-fair (FairShare's water-filling, weights b_i), and
+borrows the window time periodic jobs leave unused (``lending.py``). With no periodic job at
+all, every job shares all of B as FairShare does.
+
+PERSCHED's search starts from ``live_tmin``, long enough for every job to move its volume
+once, and from a longer one while the pattern still leaves a job without an instance.
 
 The pattern is recomputed whenever the set of periodic jobs changes (an arrival, a
 departure, a new declaration, a new B or b). With an ``Offload`` (the controller's worker
