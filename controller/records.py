@@ -150,6 +150,7 @@ class SessionRecord:
     # the rate the client may pace at: the last rate handed to the outbox (an increase may be
     # held back), at first the Hello's pacing_rate (what it kept from an earlier stream)
     offered: float = 0.0
+    offered_peak: float = 0.0  # the highest window rate of the pattern last handed, if any
     epoch: int = 0
     pushed_at: float = 0.0
     outbox: Outbox | None = None  # where the scheduler offers allocations

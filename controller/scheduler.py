@@ -314,17 +314,25 @@ class Scheduler:
         release = self.config.release_delay
         # A policy that paces jobs to patterns (it overrides Policy.schedules), on this
         # replica's own decision or its part of a global pattern: its periodic jobs keep
-        # their windows between iterations.
+        # their windows between iterations (on its own decision, those the policy gives).
         keeps_windows = type(policy).schedules is not Policy.schedules and (
             targets is None or (isinstance(targets, Share) and bool(targets.schedules))
         )
+        between = policy.between(view) if keeps_windows and targets is None else {}
+        totals: dict[JobId, float] = {}  # each job's rate over its sessions, before these pushes
         recheck = 0.0
         for s in [s for s in self._nonzero if s.decided != stamp]:
             if keeps_windows and s.schedule is not None and s.job.meta.job_id in view.periodic:
                 # A periodic job between its windows (computing: no operation open, so no
                 # demand and no schedule in this decision) keeps those it holds: its next
-                # window comes without a round trip. Its next post brings the pattern in
-                # force then, if it changed.
+                # window comes without a round trip; the policy may change them meanwhile.
+                held = between.get(job_id := s.job.meta.job_id)
+                if held is not None:  # the session's share of them, as in the decisions
+                    total = totals.get(job_id)
+                    if total is None:
+                        total = totals[job_id] = sum(o.rate or 0.0 for o in s.job.sessions.values())
+                    mine = held.scaled(s.rate / total) if total and s.rate else held
+                    self._offer(s, mine.mean_rate(), now, mine)
                 continue
             idle_for = now - s.idle_since if s.idle_since is not None and not s.ops else release
             if idle_for < release:
@@ -456,7 +464,9 @@ class Scheduler:
         burst = max(float(self.config.min_burst), peak * self.config.burst_window) if rate else 0.0
         offer = (rate, burst, session.epoch, self.config.lease, self.slot.policy.name, schedule)
         self.stats.pushes += 1
-        if rate > session.offered and (self._deciding or self._unapplied):
+        # An increase, at some instant: the mean rate, or a window's above what may be in force.
+        up = rate > session.offered or peak > max(session.offered, session.offered_peak)
+        if up and (self._deciding or self._unapplied):
             # An increase: offered once the decreases before it are applied (_release_held).
             self._held[session] = offer
             self._held_after[session] = None if self._deciding else self._decreases
@@ -475,6 +485,7 @@ class Scheduler:
         before = session.offered
         session.offered = offer[0]
         rate, burst, epoch, lease, policy, schedule = offer
+        session.offered_peak = schedule.peak_rate() if schedule is not None else 0.0
         windows, acknowledging = _outbox_kind(type(outbox))
         if schedule is not None and windows:
             outbox.offer_windows(rate, burst, epoch, lease, policy, schedule)

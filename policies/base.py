@@ -90,6 +90,14 @@ class Policy:
         its client paces to the windows. Default: none, every job gets a plain rate."""
         return NO_SCHEDULES
 
+    def between(self, view: SystemView) -> Mapping[JobId, Schedule]:
+        """The windows each job of ``view.periodic`` not in S(t) (between its iterations)
+        should hold, for a policy whose ``schedules`` pace jobs to patterns; called after
+        ``schedules`` on the same view, on a replica's own decision. A session holding windows
+        gets what is given for its job (its share of the rates); a job not given keeps what
+        it holds. Default: none."""
+        return NO_SCHEDULES
+
     def use_offload(self, offload: Offload | None) -> None:
         """Where to run slow work (PerSched's pattern) so that it does not hold up decisions
         for other jobs; the controller's ``PolicySlot`` gives one as it builds the policy,

@@ -5,8 +5,12 @@ The jobs that declared their period (``SystemView.periodic``: ``w`` seconds of c
 b = the per-node bandwidth, B = the capacity less a ``reserve`` fraction. Each gets one
 ``Schedule`` per pattern (its windows over the period, rates in bytes/s, the origin fixed
 while the pattern stands) and, as its rate, the pattern's mean rate. Every other job in
-S(t) shares the reserve, opportunity-fair (FairShare's water-filling, weights b_i). With no
-periodic job at all, every job shares all of B as FairShare does.
+S(t) shares the reserve, opportunity-fair (FairShare's water-filling, weights b_i), and
+borrows the window time periodic jobs leave unused (``lending.py``). With no periodic job at
+all, every job shares all of B as FairShare does.
+
+PERSCHED's search starts from ``live_tmin``, long enough for every job to move its volume
+once, and from a longer one while the pattern still leaves a job without an instance.
 
 The pattern is recomputed whenever the set of periodic jobs changes (an arrival, a
 departure, a new declaration, a new B or b). With an ``Offload`` (the controller's worker
@@ -25,13 +29,24 @@ from typing import Any, Literal
 from pydantic import Field
 
 from burstctl.policies.base import Offload, Policy, PolicyParams
-from burstctl.policies.persched.algorithm import MIN_TIME_IO, PerSchedResult, persched
+from burstctl.policies.persched.algorithm import (
+    MIN_TIME_IO,
+    PerSchedResult,
+    default_tmin,
+    persched,
+)
+from burstctl.policies.persched.lending import Loan, borrowed, loans, next_change
 from burstctl.policies.persched.model import App, Platform, time_io
 from burstctl.policies.schedule import Schedule, Window
 from burstctl.policies.sharing import water_levels
 from burstctl.policies.view import JobId, RowRates, SystemView
 
 GB = 1e9  # PERSCHED's model counts in GB and GB/s; the controller in bytes and bytes/s
+
+# A pattern that leaves a job without an instance is searched again from a T_min this many
+# times longer, at most TMIN_TRIES searches in all; a job still left out shares the reserve.
+TMIN_GROWTH = 1.5
+TMIN_TRIES = 4
 
 # (job, nodes, w, vol_io) of every periodic job, in job order, then (capacity, b)
 Key = tuple[tuple[tuple[str, int, float, float], ...], float, float]
@@ -53,6 +68,18 @@ class PerSchedParams(PolicyParams):
         le=0.1,
         description="the pattern carries vol_io·(1 + headroom) per instance: rounding never "
         "leaves a job's last bytes to its next window",
+    )
+    lend: bool = Field(
+        True,
+        description="window time a periodic job leaves unused goes to the jobs of the reserve "
+        "until the window's end",
+    )
+    lend_grace: float = Field(
+        0.05,
+        ge=0.0,
+        le=1.0,
+        description="seconds a window must have been open without its job in I/O before it is "
+        "lent: a job that late still catches up from its bucket (the default burst_window)",
     )
 
 
@@ -89,14 +116,20 @@ def compute(key: Key, params: PerSchedParams) -> Computed:
     apps = [app for app in apps if time_io(app, platform) >= MIN_TIME_IO]
     if not apps:
         return Computed(key, None, {})
+    t_min = live_tmin(apps, platform)
     try:
-        result = persched(
-            apps,
-            platform,
-            kprime=params.kprime,
-            epsilon=params.epsilon,
-            objective=params.objective,
-        )
+        for _ in range(TMIN_TRIES):
+            result = persched(
+                apps,
+                platform,
+                kprime=params.kprime,
+                epsilon=params.epsilon,
+                tmin=t_min,
+                objective=params.objective,
+            )
+            if all(entry.n_per > 0 for entry in result.pattern.apps):
+                break
+            t_min *= TMIN_GROWTH
     except (ValueError, ArithmeticError) as exc:
         return Computed(key, None, {}, error=f"{type(exc).__name__}: {exc}")
     period = result.pattern.period
@@ -108,6 +141,13 @@ def compute(key: Key, params: PerSchedParams) -> Computed:
         if windows:
             schedules[entry.app.name] = Schedule(period, windows)
     return Computed(key, result, schedules)
+
+
+def live_tmin(apps: list[App], platform: Platform) -> float:
+    """The T_min the live policy starts PERSCHED's search from: the paper's
+    ``max_k (w + time_io)``, and at least ``Σ_k vol_io / B``, the shortest period in which
+    every job can move its volume once (a shorter one leaves a job without a window)."""
+    return max(default_tmin(apps, platform), sum(app.vol_io for app in apps) / platform.B)
 
 
 def windows_of(intervals: list[tuple[float, float, float]], period: float) -> tuple[Window, ...]:
@@ -143,6 +183,16 @@ class Installed:
     schedules: Mapping[JobId, Schedule]
 
 
+@dataclass(frozen=True, slots=True)
+class _Lent:
+    """What a decision lends: on ``view``, the ``loans`` and the borrowers' schedules."""
+
+    view: SystemView
+    loans: tuple[Loan, ...]
+    borrowed: Mapping[JobId, Schedule]
+    borrowers: bool  # some job shares the reserve (it could borrow)
+
+
 class PerSchedLive(Policy):
     """Jobs with a declared period get PERSCHED's windows; the others share the reserve."""
 
@@ -158,6 +208,7 @@ class PerSchedLive(Policy):
         self._landing: Computed | None = None  # computed off the decision path, not installed
         self.recomputations = 0  # computations started
         self.last_error: str | None = None
+        self._lent: _Lent | None = None  # the loans of the latest decision
 
     def use_offload(self, offload: Offload | None) -> None:
         self._offload = offload
@@ -174,8 +225,7 @@ class PerSchedLive(Policy):
             return  # one computation at a time; its result is checked against the key
         self._pending = key
         self.recomputations += 1
-        assert isinstance(self.params, PerSchedParams)
-        params = self.params
+        params = self._params()
         if self._offload is None:
             self._landed(compute(key, params), view.now)
         else:
@@ -220,10 +270,11 @@ class PerSchedLive(Policy):
         columns = view.columns
         demand = columns.demand
         cap = columns.cap
+        self._lent = None
         # FairShare's water-filling (weights b_i), sums and ties in the stable order
         if not view.periodic:
             return water_levels(view.active, demand, cap, view.capacity)
-        assert isinstance(self.params, PerSchedParams)
+        params = self._params()
         ids = columns.job_id
         rates: RowRates = []
         shared = []
@@ -233,7 +284,13 @@ class PerSchedLive(Policy):
                 rates.append((r, schedule.mean_rate()))
             else:
                 shared.append(r)
-        rates.extend(water_levels(shared, demand, cap, view.capacity * self.params.reserve))
+        reserve = view.capacity * params.reserve
+        made: tuple[Loan, ...] = ()
+        if installed is not None and shared and params.lend:
+            made = loans(installed.schedules, view.now, view, params.lend_grace)
+        lent, schedules = borrowed(view, shared, reserve, made)
+        rates.extend(lent)
+        self._lent = _Lent(view, made, schedules, bool(shared))
         return rates
 
     def schedules(self, view: SystemView) -> Mapping[JobId, Schedule]:
@@ -241,7 +298,38 @@ class PerSchedLive(Policy):
         if installed is None:
             return {}
         jobs = view.jobs
-        return {j: s for j, s in installed.schedules.items() if j in jobs and jobs[j].active}
+        mine = {j: s for j, s in installed.schedules.items() if j in jobs and jobs[j].active}
+        lent = self._lent
+        if lent is not None and lent.view is view:
+            mine.update(lent.borrowed)
+        return mine
+
+    def between(self, view: SystemView) -> Mapping[JobId, Schedule]:
+        """A periodic job between iterations holds its windows of the pattern in force, less
+        the one it lends now (``policies/persched/lending.py``)."""
+        installed = self.installed if view.periodic else None
+        if installed is None:
+            return {}
+        held = dict(installed.schedules)
+        lent = self._lent
+        if lent is not None and lent.view is view:
+            held.update((loan.lender, loan.kept) for loan in lent.loans)
+        return held
+
+    def period(self, view: SystemView) -> float | None:
+        """Decide again when a loan may start or must end (only with jobs to lend to)."""
+        installed = self.installed if view.periodic else None
+        lent = self._lent
+        params = self._params()
+        if installed is None or lent is None or lent.view is not view or not lent.borrowers:
+            return None
+        if not params.lend:
+            return None
+        return next_change(installed.schedules, view.now, view, params.lend_grace)
+
+    def _params(self) -> PerSchedParams:
+        assert isinstance(self.params, PerSchedParams)
+        return self.params
 
 
 def _key(view: SystemView) -> Key | None:

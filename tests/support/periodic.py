@@ -1,24 +1,29 @@
 """Periodic client jobs for the live PerSched tests: a loop "compute (sleep ``w``), then move
-``vol`` bytes" on a real client session, what it did (``Trace``), and whether a grant lies
-outside the windows it paced to (``outside``)."""
+``vol`` bytes" on a real client session (or what a ``Plan`` says per iteration), what it did
+(``Trace``), and whether a grant lies outside the windows it paced to (``outside``)."""
 
 from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
+from support import async_wait_until
 
 from burstctl.client import Session
 from burstctl.client.bucket import Pattern
-from burstctl.policies.persched.live import Installed, predicted_iteration
+from burstctl.policies.persched.live import Installed, PerSchedLive, predicted_iteration
 
 KiB = 1 << 10
 CHUNK = 64 * KiB
 # A chunk granted this long after its window's end still counts as inside: the thread's
 # wake-up after the grant on two shared cores, plus the one-way delay of the Allocation.
 LATE = 0.03
+
+# Iteration i's compute seconds and bytes, for a job whose iterations vary.
+Plan = Callable[[int], tuple[float, int]]
 
 
 @dataclass
@@ -31,15 +36,27 @@ class Trace:
 
 
 def periodic_loop(
-    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace
+    session: Session,
+    w: float,
+    vol: int,
+    stop: threading.Event,
+    trace: Trace,
+    chunk: int = CHUNK,
+    plan: Plan | None = None,
 ) -> None:
+    """Compute ``w`` then move ``vol`` in ``chunk``-byte acquires, until ``stop``; iteration i
+    computes and moves ``plan(i)`` instead when given."""
+    i = 0
     while not stop.is_set():
+        if plan is not None:
+            w, vol = plan(i)
+        i += 1
         start = time.monotonic()
         time.sleep(w)  # the application's compute phase
         with session.operation("write", vol):
             left = vol
             while left > 0:
-                n = min(CHUNK, left)
+                n = min(chunk, left)
                 session.acquire(n)
                 trace.grants.append(time.monotonic())
                 left -= n
@@ -62,8 +79,8 @@ def outside(pattern: Pattern, t: float) -> bool:
 @dataclass
 class Paced:
     """One periodic client against the pattern in force: its mean iteration over whole
-    periods of steady iterations, the pattern's, and its grants in the window, of them how
-    many outside its windows."""
+    periods of steady iterations (end to end), the pattern's, and its grants in the window,
+    of them how many outside its windows."""
 
     name: str
     measured: float
@@ -80,10 +97,35 @@ def paced(installed: Installed, name: str, trace: Trace, steady: float, end: flo
     assert result is not None and pattern.period == pytest.approx(result.pattern.period)
     grants = [t for t in trace.grants if steady <= t <= end]
     out = sum(1 for t in grants if outside(pattern, t))
-    # Whole periods of iterations: a job with n_per instances may alternate lengths.
+    # From the end of one iteration to the end of another whole periods later: a job with
+    # n_per instances may alternate lengths, and one whose compute varies starts its
+    # iterations at different points, but ends them in its windows.
     n_per = installed.computed.instances(name)
-    its = [(s, e) for s, e in trace.iterations if s >= steady]
-    its = its[: len(its) // n_per * n_per]
-    assert its, f"{name}: no whole period of steady iterations"
-    measured = (its[-1][1] - its[0][0]) / len(its)
+    ends = [e for s, e in trace.iterations if s >= steady]
+    ends = ends[: (len(ends) - 1) // n_per * n_per + 1]
+    assert len(ends) > 1, f"{name}: no whole period of steady iterations"
+    measured = (ends[-1] - ends[0]) / (len(ends) - 1)
     return Paced(name, measured, predicted_iteration(installed, name), len(grants), out)
+
+
+async def installed_for(policy: PerSchedLive, names: set[str], timeout: float) -> Installed:
+    """The pattern ``policy`` installs for the periodic jobs ``names``, once it has."""
+
+    def ready() -> bool:
+        installed = policy.installed
+        return installed is not None and {j for j, *_ in installed.computed.key[0]} == names
+
+    await async_wait_until(ready, timeout, message=f"the pattern of {sorted(names)}")
+    installed = policy.installed
+    assert installed is not None and installed.computed.result is not None
+    assert installed.computed.error is None
+    return installed
+
+
+async def iterate(traces: list[Trace], steady: float, count: int, timeout: float) -> None:
+    """Until every trace has ``count`` iterations started at ``steady`` or later."""
+    await async_wait_until(
+        lambda: all(sum(1 for s, _ in t.iterations if s >= steady) >= count for t in traces),
+        timeout,
+        message=f"{count} steady iterations of every periodic job",
+    )

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import pytest
 from support import MountProcess, async_wait_until, clean_env
+from support.periodic import installed_for
 from test_mount_pacing import App, apps  # noqa: F401 (apps: a fixture)
 
 from burstctl.controller.app import Replica
@@ -98,14 +99,7 @@ async def test_periodic_applications_through_the_mount_follow_their_windows(
     workers = [asyncio.create_task(asyncio.to_thread(run, *job)) for job in PERIODIC]
     try:
         names = {name for name, *_ in PERIODIC}
-
-        def ready() -> bool:
-            installed = policy.installed
-            return installed is not None and {j for j, *_ in installed.computed.key[0]} == names
-
-        await async_wait_until(ready, 15, message="the pattern of the three periodic jobs")
-        installed = policy.installed
-        assert installed is not None and installed.computed.result is not None
+        installed = await installed_for(policy, names, 15)
         steady = time.monotonic() + 2 * installed.computed.result.period
         await async_wait_until(
             lambda: all(sum(1 for s, _ in its if s >= steady) >= 6 for its in iterations.values()),

@@ -15,6 +15,7 @@ from burstctl.controller.records import JobMeta, SessionRecord
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.state import PolicySlot, StateStore
 from burstctl.policies.registry import default_registry
+from burstctl.policies.schedule import Schedule, Window
 
 MiB = float(1 << 20)
 
@@ -38,7 +39,8 @@ class Acknowledged:
                 future.set_result(None)
 
 
-async def test_an_increase_is_not_held_by_a_decrease_offered_after_it(tmp_path: Path) -> None:
+def fair_share(tmp_path: Path) -> tuple[JobTable, Scheduler]:
+    """A job table and its scheduler under fair-share, B = 40 MiB/s, on the running loop."""
     config = load_config(capacity="40MiB/s", node_bandwidth="1GiB/s", state_dir=tmp_path)
     table = JobTable(
         asyncio.get_running_loop().time,
@@ -48,6 +50,11 @@ async def test_an_increase_is_not_held_by_a_decrease_offered_after_it(tmp_path: 
     )
     slot = PolicySlot(default_registry(), StateStore(tmp_path), ("fair-share", {}), replica_id="r")
     scheduler = Scheduler(table, slot, config)
+    return table, scheduler
+
+
+async def test_an_increase_is_not_held_by_a_decrease_offered_after_it(tmp_path: Path) -> None:
+    table, scheduler = fair_share(tmp_path)
     outboxes = [Acknowledged() for _ in range(3)]
     a, b, c = (
         table.open_session(JobMeta(job, "u", "g", 1, 1.0), f"client-{job}", "h", outbox=out)
@@ -93,3 +100,39 @@ async def test_a_decrease_superseded_before_it_is_written_needs_no_acknowledgeme
     assert not lowered.done()
     outbox.acknowledge(3)
     assert lowered.done()
+
+
+class WithWindows(Acknowledged):
+    """An acknowledging outbox that also carries windows; it records each pattern's peak."""
+
+    def offer_windows(
+        self, rate: float, burst: float, epoch: int, lease: float, policy: str, windows: Schedule
+    ) -> None:
+        self.rates.append(windows.peak_rate())
+
+
+async def test_a_pattern_above_the_rate_in_force_at_some_instant_is_an_increase(
+    tmp_path: Path,
+) -> None:
+    # A loan (policies/persched/lending.py): the lender gives its window up (a decrease), the
+    # borrower gets a pattern whose mean is below its rate but whose first window is above it.
+    table, scheduler = fair_share(tmp_path)
+    outboxes = [WithWindows() for _ in range(2)]
+    lender, borrower = (
+        table.open_session(JobMeta(job, "u", "g", 1, 1.0), f"client-{job}", "h", outbox=out)
+        for job, out in zip("lb", outboxes, strict=True)
+    )
+    lender.offered = lender.rate = 20 * MiB
+    borrower.offered = borrower.rate = 10 * MiB
+    loan = Schedule(86400.0, (Window(0.0, 1.0, 30 * MiB), Window(1.0, 86400.0, 8 * MiB)))
+    assert loan.mean_rate() < 10 * MiB
+    now = table.clock()
+    scheduler._deciding = True
+    scheduler._push(lender, 5 * MiB, now)
+    scheduler._push(borrower, loan.mean_rate(), now, loan)
+    scheduler._deciding = False
+    scheduler._release_held()
+    assert outboxes[0].rates == [5 * MiB] and outboxes[1].rates == []  # held
+    outboxes[0].acknowledge_all()
+    await async_wait_until(lambda: outboxes[1].rates == [30 * MiB], 5, message="released")
+    assert borrower.offered_peak == 30 * MiB

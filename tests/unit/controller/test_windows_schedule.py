@@ -39,6 +39,7 @@ class Params(PolicyParams):
     rate: float = 4.0 * MiB
     period: float = 1.0
     jobs: tuple[str, ...] = ("a",)
+    between_end: float = 0.0  # > 0: a periodic job between iterations holds [start, this)
 
 
 class Scheduled(Policy):
@@ -54,6 +55,13 @@ class Scheduled(Policy):
         p = self.params
         assert isinstance(p, Params)
         return {j: Schedule(p.period, (Window(p.start, p.end, p.rate),)) for j in p.jobs}
+
+    def between(self, view: SystemView) -> Mapping[JobId, Schedule]:
+        p = self.params
+        assert isinstance(p, Params)
+        if not p.between_end:
+            return {}
+        return {j: Schedule(p.period, (Window(p.start, p.between_end, p.rate),)) for j in p.jobs}
 
 
 view = functools.partial(views.view, capacity=40 * MiB, node_bandwidth=8 * MiB)
@@ -224,3 +232,33 @@ async def test_an_outbox_without_windows_gets_the_mean_rate(tmp_path: Path) -> N
     table.post(session, 1, OpKind.WRITE, 0)
     sched.rebalance()
     assert outbox.rates[-1] == pytest.approx(0.3 * 4 * MiB)
+
+
+async def test_a_periodic_job_between_iterations_holds_what_the_policy_gives_it(
+    tmp_path: Path,
+) -> None:
+    # PerSched's loans (policies/persched/lending.py): a job that computes gives a window up.
+    sched, table, slot = scheduler(tmp_path, {})
+    meta = JobMeta("a", "u", "g", 1, 1.0, w=0.5, vol_io=float(MiB))
+    outboxes = [Recorder() for _ in range(2)]
+    sessions = [
+        table.open_session(meta, f"c{i}", "h", outbox=outbox) for i, outbox in enumerate(outboxes)
+    ]
+    for session in sessions:
+        table.post(session, 1, OpKind.WRITE, 0)
+    sched.rebalance()
+    for session in sessions:
+        table.complete(session, 1)
+    sched.rebalance()  # computing: each session keeps the windows it holds
+    assert [len(o.offers) for o in outboxes] == [1, 1]
+    slot.switch(Scheduled.name, {"between_end": 0.1})
+    sched.rebalance()
+    peaks = []
+    for outbox in outboxes:
+        rate, schedule = outbox.offers[-1]
+        assert schedule is not None and schedule.windows[0].end == 0.1
+        assert rate == pytest.approx(schedule.mean_rate())
+        peaks.append(schedule.peak_rate())
+    assert sum(peaks) == pytest.approx(4 * MiB)  # each session its share
+    sched.rebalance()  # the same again: nothing pushed
+    assert [len(o.offers) for o in outboxes] == [2, 2]

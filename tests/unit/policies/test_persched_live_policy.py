@@ -12,8 +12,16 @@ from support.views import job
 
 from burstctl.policies import SystemView, default_registry, job_cap
 from burstctl.policies.decision import decide
-from burstctl.policies.persched import Platform, validate
-from burstctl.policies.persched.live import GB, PerSchedLive, compute, windows_of
+from burstctl.policies.persched import App, Platform, jupiter_set, persched, validate
+from burstctl.policies.persched.live import (
+    GB,
+    Key,
+    PerSchedLive,
+    compute,
+    live_tmin,
+    windows_of,
+)
+from burstctl.policies.schedule import Schedule
 from burstctl.policies.view import Periodic
 
 MiB = float(1 << 20)
@@ -162,3 +170,113 @@ def test_windows_are_well_formed_after_wrapping_and_float_residue() -> None:
     assert sum((e - s) * r for s, e, r in spans) == pytest.approx(
         (0.3e-3 + 0.3e-3 * 2 + 0.2e-3) * GB
     )
+
+
+def jupiter_key(n: int, reserve: float) -> Key:
+    """Jupiter set ``n`` as the live policy's periodic jobs: β nodes of b = the set's b, and
+    B = the set's B once the reserve is set aside."""
+    app_set = jupiter_set(n)
+    platform = app_set.platform
+    jobs = tuple(sorted((a.name, int(a.beta), a.w, a.vol_io * GB) for a in app_set.apps))
+    return jobs, platform.B * GB / (1.0 - reserve), platform.b * GB
+
+
+@pytest.mark.parametrize("kprime", [2.0, 10.0])
+def test_every_job_of_jupiter_set_1_gets_a_window_every_period(kprime: float) -> None:
+    params = PerSchedLive.Params(kprime=kprime, headroom=0.0)
+    key = jupiter_key(1, params.reserve)
+    app_set = jupiter_set(1)
+    # From the paper's T_min, max_k (w + time_io), one application gets no instance.
+    paper = persched(app_set.apps, app_set.platform, kprime=kprime)
+    assert min(paper.pattern.counts()) == 0
+    computed = compute(key, params)
+    assert computed.error is None and computed.result is not None
+    assert computed.result.t_min == pytest.approx(
+        sum(a.vol_io for a in app_set.apps) / app_set.platform.B
+    )
+    assert set(computed.schedules) == {a.name for a in app_set.apps}
+    for job_id, schedule in computed.schedules.items():
+        assert computed.instances(job_id) >= 1
+        assert schedule.problem() is None and schedule.windows
+    assert (
+        validate(computed.result.pattern, app_set.platform, sys_eff=computed.result.sys_eff) == []
+    )
+
+
+def test_a_pattern_that_leaves_a_job_out_is_searched_again_from_a_longer_t_min() -> None:
+    # From the first T_min with K' = 1, p2 gets no instance (found by a search over random
+    # sets); the search from a longer T_min gives every job one.
+    apps = [App("p1", 1.7, 1.4, 1.0), App("p2", 1.1, 1.9, 1.0), App("p3", 1.1, 0.7, 1.0)]
+    platform = Platform(B=1.0, b=1.0)
+    first = persched(apps, platform, kprime=1.0, tmin=live_tmin(apps, platform))
+    assert first.pattern.counts() == [1, 0, 2]
+    params = PerSchedLive.Params(kprime=1.0, headroom=0.0)
+    key = (tuple((a.name, 1, a.w, a.vol_io * GB) for a in apps), GB / 0.9, GB)
+    computed = compute(key, params)
+    assert computed.result is not None and computed.result.t_min > first.t_min
+    assert all(computed.instances(a.name) >= 1 for a in apps)
+
+
+def rate_at(schedule: Schedule, t: float) -> float:
+    phase = (t - schedule.origin) % schedule.period
+    return sum(
+        w.rate
+        for w in schedule.windows
+        if w.start <= phase < w.end or w.start <= phase + schedule.period < w.end
+    )
+
+
+def test_a_window_its_job_leaves_unused_is_lent_to_the_reserve_until_its_end() -> None:
+    policy = PerSchedLive(PerSchedLive.Params(kprime=2))
+    base = decide(policy, view(ALL, PERIODIC, now=10.0)).schedules
+    assert policy.installed is not None
+    lender = base["p2"]
+    window = lender.windows[0]
+    opened = 10.0 + lender.period + window.start  # its window in the next period
+    now = opened + 0.08
+    # p2 computes through its window (no operation open); np (4 nodes) is in I/O
+    v = view({"p1": 2, "p3": 1, "np": 4}, PERIODIC, now=now)
+    d = decide(policy, v)
+    assert not d.clamped
+    borrowed = d.schedules["np"]
+    kept = policy.between(v)["p2"]
+    assert policy.between(v)["p1"] == base["p1"]
+    end = opened + (window.end - window.start)
+    assert d.period == pytest.approx(end - now)  # the loan's end
+    # np gets the reserve and p2's window rate until the window's end, then the reserve
+    assert rate_at(borrowed, now) == pytest.approx(0.1 * B + window.rate)
+    assert rate_at(borrowed, end - 1e-6) == pytest.approx(0.1 * B + window.rate)
+    assert rate_at(borrowed, end + 1e-6) == pytest.approx(0.1 * B)
+    assert rate_at(kept, now) == 0.0 and rate_at(kept, opened + 1e-3) == window.rate
+    # Σ of the rates every session may pace at, at every instant of two periods: within B
+    held = {"p1": d.schedules["p1"], "p2": kept, "p3": d.schedules["p3"], "np": borrowed}
+    for i in range(2000):
+        t = now + i * 2 * lender.period / 2000
+        assert sum(rate_at(s, t) for s in held.values()) <= B * (1 + 1e-9), t
+    # At the window's end the loan is over: np back to a plain rate, p2 holds its pattern.
+    after = view({"p1": 2, "p3": 1, "np": 4}, PERIODIC, now=end + 1e-6)
+    d = decide(policy, after)
+    assert "np" not in d.schedules and d.rates["np"] == pytest.approx(0.1 * B)
+    assert policy.between(after)["p2"] == base["p2"]
+    # A lender back in I/O within its window gets it back at once: no loan.
+    back = view(ALL, PERIODIC, now=now)
+    d = decide(policy, back)
+    assert d.schedules["p2"] == base["p2"] and "np" not in d.schedules
+
+
+def test_nothing_is_lent_without_a_job_to_lend_to_nor_before_the_grace() -> None:
+    policy = PerSchedLive(PerSchedLive.Params(kprime=2, lend_grace=0.02))
+    base = decide(policy, view(ALL, PERIODIC, now=10.0)).schedules
+    window = base["p2"].windows[0]
+    opened = 10.0 + base["p2"].period + window.start
+    alone = view({"p1": 2, "p3": 1}, PERIODIC, now=opened + 0.05)
+    d = decide(policy, alone)
+    assert policy.between(alone)["p2"] == base["p2"] and d.period is None
+    early = view({"p1": 2, "p3": 1, "np": 1}, PERIODIC, now=opened + 0.01)
+    d = decide(policy, early)
+    assert "np" not in d.schedules and policy.between(early)["p2"] == base["p2"]
+    assert d.period is not None and d.period <= 0.01 + 1e-9  # decides again at the grace
+    off = PerSchedLive(PerSchedLive.Params(kprime=2, lend=False))
+    decide(off, view(ALL, PERIODIC, now=10.0))
+    late = view({"p1": 2, "p3": 1, "np": 1}, PERIODIC, now=opened + 0.05)
+    assert "np" not in decide(off, late).schedules
