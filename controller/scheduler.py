@@ -30,6 +30,7 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
@@ -129,11 +130,14 @@ class GlobalTargets(Protocol):
     def updated(self) -> Signal: ...
 
 
+_POLICY_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="burstctl-policy")
+
+
 def offload_to_thread(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
-    """A policy's slow work (PerSched's pattern) in a worker thread; ``done`` gets its
-    result on the running loop (``Policy.use_offload``; the replica's ``PolicySlot`` gives
-    it to each policy it builds, and asks for a decision once ``done`` ran)."""
-    future = asyncio.get_running_loop().run_in_executor(None, work)
+    """A policy's slow work (PerSched's pattern) in a thread of its own, not the loop's
+    default pool (threads blocked there would starve it); ``done`` gets its result on the
+    running loop (``Policy.use_offload``, given by the replica's ``PolicySlot``)."""
+    future = asyncio.get_running_loop().run_in_executor(_POLICY_WORK, work)
 
     def finished(f: asyncio.Future[Any]) -> None:
         if f.cancelled():
@@ -312,9 +316,8 @@ class Scheduler:
         # delay: it cannot use it without posting again (which triggers a new
         # decision), and a job that cycles quickly is spared two pushes per cycle.
         release = self.config.release_delay
-        # A policy that paces jobs to patterns (it overrides Policy.schedules), on this
-        # replica's own decision or its part of a global pattern: its periodic jobs keep
-        # their windows between iterations (on its own decision, those the policy gives).
+        # A policy that paces to patterns, on its own decision or a part of a global one: its
+        # periodic jobs keep their windows between iterations (own decision: the policy's).
         keeps_windows = type(policy).schedules is not Policy.schedules and (
             targets is None or (isinstance(targets, Share) and bool(targets.schedules))
         )
