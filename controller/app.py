@@ -20,6 +20,7 @@ from typing import Any
 
 from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.buffer import BufferBooks
+from burstctl.controller.catalog import Catalog
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.ghosts import Ghosts, InForce
 from burstctl.controller.jobs import JobTable
@@ -70,6 +71,10 @@ class Replica:
             max_open_ops=config.max_open_ops,
         )
         self.ledger = Ledger(config.state_dir, self.table)
+        # What applications did in their I/O phases: the input of placement advice.
+        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
+        # Registrations and profiles, held alike by every replica (docs/replicas.md).
+        self.catalog = Catalog(config.replica_id, self.profiles)
         # Read now, before anything listens: a file that cannot be used fails the build.
         self.credentials = load_credentials(config)
         self.gate = self.credentials.gate
@@ -89,6 +94,7 @@ class Replica:
                 keep=config.fallback_grace,
                 clock=clock,
                 security=self.credentials.peers,
+                catalog=self.catalog,
             )
             self.peer_servicer = PeerServicer(
                 self.peer_sync.membership,
@@ -96,6 +102,7 @@ class Replica:
                 config.replica_id,
                 clock,
                 max_jobs=config.max_digest_jobs,
+                catalog=self.catalog,
             )
         # The burst buffer's books (docs/capacity.md): S per replica; without --bb-capacity
         # they still hold the mounts' reports (GET /v1/capacity) and grant no space.
@@ -142,7 +149,7 @@ class Replica:
             ghosts=self.ghosts,
             lease=config.lease,
         )
-        self.registrations = Registrations(self.table, self.store, self.servicer)
+        self.registrations = Registrations(self.table, self.store, self.servicer, self.catalog)
         handlers = [self.servicer.rpc_handlers()]
         if self.peer_servicer is not None:
             handlers.append(self.peer_servicer.rpc_handlers())
@@ -153,8 +160,6 @@ class Replica:
             health_names=(SERVICE_NAME,),
             max_message_bytes=config.max_message_bytes,
         )
-        # What applications did in their I/O phases: the input of placement advice.
-        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
         self.placement = PlacementInputs(
             config.replica_id,
             config.capacity,
@@ -163,7 +168,9 @@ class Replica:
             grpc=self.grpc,
             peers=self.peer_sync,
         )
-        self.phases = PhaseRecorder(self.profiles, self.table, count_of=self.placement.count)
+        self.phases = PhaseRecorder(
+            self.profiles, self.table, self.placement.count, stamp=self.catalog.next_stamp
+        )
         self.metrics = Metrics(
             config,
             latency,

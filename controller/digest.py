@@ -45,6 +45,7 @@ from burstctl.common.limits import (
     MAX_TEXT,
     identifier_problem,
 )
+from burstctl.controller import catalog as cat
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import JobStatus
 from burstctl.policies.view import JobId, job_cap
@@ -220,6 +221,7 @@ class Digest:
     sent_at: float = 0.0  # when the sender built it, its clock; 0: the times are offsets
     base_sequence: int = 0  # 0: full; else a delta on this sequence (controller/delta.py)
     left: tuple[JobId, ...] = ()  # a delta's jobs that left since its base
+    catalog: tuple[cat.CatalogRecord, ...] = ()  # all (full) or the changed (delta)
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, DigestJobs):
@@ -355,6 +357,8 @@ def validate(digest: Digest) -> None:
             f"on sequence {digest.sequence}",
         )
     _validate_left(digest)
+    if (problem := cat.records_problem(digest.catalog)) is not None:
+        raise DigestError(*problem)
     _validate_jobs(digest.jobs, digest.sent_at)
 
 
@@ -470,6 +474,7 @@ def to_proto(digest: Digest) -> pb.Digest:
         sent_at=digest.sent_at,
         base_sequence=digest.base_sequence,
         left=digest.left,
+        catalog=cat.to_wire(digest.catalog),
     )
     jobs, out = digest.jobs, msg.jobs
     for name in JOB_TEXT_FIELDS:
@@ -504,6 +509,7 @@ def from_proto(msg: pb.Digest) -> Digest:
         sent_at=msg.sent_at,
         base_sequence=msg.base_sequence,
         left=tuple(msg.left),
+        catalog=cat.from_wire(msg.catalog),
     )
     validate(digest)
     return digest

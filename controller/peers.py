@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import time
@@ -33,6 +34,7 @@ from google.protobuf.message import DecodeError
 
 from burstctl.common.channels import ChannelSecurity
 from burstctl.common.limits import MAX_JOBS
+from burstctl.controller.catalog import Catalog
 from burstctl.controller.delta import advance
 from burstctl.controller.digest import (
     Digest,
@@ -89,8 +91,9 @@ class DigestTooLarge(DigestError):
 
 class PeerServicer:
     """``burstctl.v1.Peer``: hands received digests to ``membership``; the policy of an
-    accepted one goes to ``slot`` (adopted when it is newer). A digest of more than
-    ``max_jobs`` jobs is rejected before it is even converted."""
+    accepted one goes to ``slot`` (adopted when it is newer), its catalog records to
+    ``catalog``. A digest of more than ``max_jobs`` jobs is rejected before it is even
+    converted."""
 
     def __init__(
         self,
@@ -99,11 +102,13 @@ class PeerServicer:
         replica_id: str,
         clock: Callable[[], float] = time.monotonic,
         max_jobs: int = MAX_JOBS,
+        catalog: Catalog | None = None,
     ) -> None:
         self.membership = membership
         self.replica_id = replica_id
         self.max_jobs = max_jobs
         self._slot = slot
+        self._catalog = catalog
         self._clock = clock
         self.received = 0
         self.rejected = 0
@@ -196,6 +201,11 @@ class PeerServicer:
                 )
             except Exception:  # the digest is held; the exchange retries the election
                 log.exception("could not adopt the policy of replica %r", digest.replica_id)
+        if outcome.accepted and self._catalog is not None and digest.catalog:
+            try:
+                self._catalog.receive(digest.catalog)
+            except Exception:  # the sender's next full digest carries them again
+                log.exception("could not take the catalog of replica %r", digest.replica_id)
         return pb.ExchangeReply(
             replica_id=self.replica_id,
             status=outcome.status.value,
@@ -257,8 +267,10 @@ class PeerSync:
         keep: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         security: ChannelSecurity | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.table = table
+        self.catalog = catalog
         self.slot = slot
         self.replica_id = replica_id
         self.interval = interval
@@ -319,7 +331,7 @@ class PeerSync:
         taken); what it sends is the sent view ``advance`` makes of it."""
         self.sequence += 1
         slot = self.slot
-        return build_digest(
+        built = build_digest(
             self.table,
             replica_id=self.replica_id,
             incarnation=self.incarnation,
@@ -330,6 +342,9 @@ class PeerSync:
             usage_seen=self._usage_seen,
             now=self._clock(),
         )
+        if self.catalog is None:
+            return built
+        return dataclasses.replace(built, catalog=self.catalog.records())
 
     async def run(self) -> None:
         self._wake = wake = asyncio.Event()
