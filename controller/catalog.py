@@ -245,7 +245,7 @@ def to_wire(records: Iterable[CatalogRecord]) -> list[pb.CatalogRecord]:
             )
         elif r.kind == RETIRED:
             msg.retired.SetInParent()
-        else:
+        elif r.kind == PROFILE:
             msg.profile.CopyFrom(
                 pb.CatalogProfile(
                     nodes=r.nodes,
