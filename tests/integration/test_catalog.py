@@ -143,7 +143,8 @@ async def test_a_profile_measured_on_one_replica_is_advised_from_on_the_other(
         await s.send(hello("904", user="ann"))
         await s.send(post(1))
         await s.rate_becomes(lambda r: r > 0)
-        await s.send(pb.ClientMessage(usage=pb.Usage(bytes=4 << 20, totals=pb.Counters(bytes=4 << 20))))
+        moved = pb.Usage(bytes=4 << 20, totals=pb.Counters(bytes=4 << 20))
+        await s.send(pb.ClientMessage(usage=moved))
         await s.send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=1)))
         await async_wait_until(
             lambda: r1.profiles.get(app_key(meta)) is not None, message="r1 measured a phase"

@@ -140,7 +140,10 @@ def test_the_bound_drops_the_oldest_tombstones_first(monkeypatch: pytest.MonkeyP
         (reg("j", 1, ""), "catalog[2].origin"),
         (dataclasses.replace(reg("j", 1, "r1"), changed_at=math.inf), "catalog[2].changed_at"),
         (dataclasses.replace(reg("j", 1, "r1"), kind=""), "catalog[2].body"),
-        (dataclasses.replace(prof("p", 1, "r1"), compute_seconds=-1.0), "catalog[2].compute_seconds"),
+        (
+            dataclasses.replace(prof("p", 1, "r1"), compute_seconds=-1.0),
+            "catalog[2].compute_seconds",
+        ),
         (dataclasses.replace(prof("p", 1, "r1"), phases=-1), "catalog[2].phases"),
         (
             dataclasses.replace(prof("p", 1, "r1"), bandwidth=((1, 1.0), (1, 2.0))),
