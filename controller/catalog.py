@@ -328,6 +328,7 @@ class Catalog:
         self.received = 0  # peers' records that won here
         self._cache: tuple[tuple[int, int], tuple[CatalogRecord, ...]] | None = None
         self._changes = 0  # bumped when a registration record changes
+        self._oldest_tombstone = math.inf  # changed_at of the oldest tombstone held, or less
 
     # -- local changes ---------------------------------------------------------
     def stamp(self, kind: str, key: str, **body: Any) -> CatalogRecord:
@@ -339,6 +340,8 @@ class Catalog:
         self.clock = max(self.clock, record.version)
         previous = self.registrations.get(record.key)
         self.registrations[record.key] = record
+        if record.kind == RETIRED:
+            self._oldest_tombstone = min(self._oldest_tombstone, record.changed_at)
         self._changes += 1
         self._bound()
         return previous
@@ -349,6 +352,8 @@ class Catalog:
             self.registrations.pop(key, None)
         else:
             self.registrations[key] = previous
+            if previous.kind == RETIRED:
+                self._oldest_tombstone = min(self._oldest_tombstone, previous.changed_at)
         self._changes += 1
 
     def next_stamp(self) -> tuple[int, str, float]:
@@ -363,6 +368,7 @@ class Catalog:
     def resume(self, records: Iterable[CatalogRecord], clock: int) -> None:
         """The records and clock saved in ``state.json``; expired tombstones are dropped."""
         self.registrations = {r.key: r for r in records}
+        self._oldest_tombstone = -math.inf  # look at them all once
         self.clock = max(
             [clock, *(r.version for r in self.registrations.values())]
             + [p.version for _, p in self.profiles.items()]
@@ -419,11 +425,17 @@ class Catalog:
         return record.kind == RETIRED and now - record.changed_at > TOMBSTONE_SECONDS
 
     def expire(self) -> None:
-        """Drops the tombstones older than ``TOMBSTONE_SECONDS``."""
+        """Drops the tombstones older than ``TOMBSTONE_SECONDS`` (a look at every record
+        only when the oldest tombstone known may have expired: once per exchange it is one
+        comparison)."""
         now = self._wall_clock()
+        if now - self._oldest_tombstone <= TOMBSTONE_SECONDS:
+            return
         stale = [k for k, r in self.registrations.items() if self._expired(r, now)]
         for key in stale:
             del self.registrations[key]
+        tombs = [r.changed_at for r in self.registrations.values() if r.kind == RETIRED]
+        self._oldest_tombstone = min(tombs, default=math.inf)
         if stale:
             self._changes += 1
             log.info("forgot %d retirements older than %g s", len(stale), TOMBSTONE_SECONDS)

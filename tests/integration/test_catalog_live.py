@@ -17,6 +17,7 @@ from support import async_wait_until
 from support.grpc import RawSession, hello, post
 from test_replicas import cluster
 from test_rest import auth
+from test_trust import register
 
 from burstctl.controller.app import Replica
 from burstctl.controller.catalog import RETIRED
@@ -26,13 +27,6 @@ from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 pytestmark = pytest.mark.integration
 Make = Callable[..., Awaitable[Replica]]
-
-
-async def register(replica: Replica, job: str, user: str, nodes: int) -> None:
-    body = {"job_id": job, "user": user, "group": "g", "nodes": nodes, "app": "sim"}
-    async with httpx.AsyncClient(base_url=replica.http_url, headers=auth(replica)) as http:
-        r = await http.post("/v1/jobs", json=body)
-        assert r.status_code in (200, 201), r.text
 
 
 async def retire(replica: Replica, job: str) -> None:
@@ -47,7 +41,7 @@ async def test_a_registration_on_one_replica_holds_on_the_other(
     r1, r2 = await cluster(replica_factory, [40, 40])
     await register(r1, "900", "ann", 16)
     await async_wait_until(lambda: "900" in r2.table.registered, message="r2 has the job")
-    assert r2.table.registered["900"] == JobMeta("900", "ann", "g", 16, 1.0, app="sim")
+    assert r2.table.registered["900"] == JobMeta("900", "ann", "g", 16, 1.0)
 
     async with grpc.aio.insecure_channel(r2.grpc_address) as ch:
         intruder = RawSession(ch)
