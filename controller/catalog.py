@@ -419,6 +419,16 @@ class Catalog:
         self._cache = (stamp, records)
         return records
 
+    def stats(self) -> dict[str, int]:
+        retired = sum(r.kind == RETIRED for r in self.registrations.values())
+        return {
+            "registrations": len(self.registrations) - retired,
+            "retirements": retired,
+            "profiles": len(self.profiles),
+            "clock": self.clock,
+            "received": self.received,
+        }
+
     # -- bounds ----------------------------------------------------------------
     @staticmethod
     def _expired(record: CatalogRecord, now: float) -> bool:

@@ -493,6 +493,7 @@ class PeerSync:
             "shares_kept": self.reused,
             "sequence": self.sequence,
             "in_global_view": self.local_targets is not None,
+            "catalog": self.catalog.stats() if self.catalog is not None else None,
             "held_back": [
                 {"replica_id": rid, "until_s": round(max(0.0, h.until - now), 3)}
                 for rid, h in sorted(self.held_back.items())

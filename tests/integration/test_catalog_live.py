@@ -66,6 +66,7 @@ async def test_a_registration_on_one_replica_holds_on_the_other(
     await async_wait_until(lambda: "900" not in r1.table.registered, message="r1 retires it")
     assert r1.catalog.registrations["900"].kind == RETIRED
     assert r1.catalog.registrations["900"].origin == "r2"
+    assert r1.metrics.stats()["sync"]["catalog"]["retirements"] == 1
 
 
 async def test_a_registration_ends_another_users_sessions_on_every_replica(
