@@ -27,7 +27,7 @@ from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import LatencyHistogram, Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
-from burstctl.controller.placement import PlacementInputs
+from burstctl.controller.placement import AdviceFeed, PlacementInputs
 from burstctl.controller.profiles import PhaseRecorder, ProfileStore
 from burstctl.controller.registrations import Registrations
 from burstctl.controller.rest import build_app
@@ -168,6 +168,12 @@ class Replica:
             grpc=self.grpc,
             peers=self.peer_sync,
         )
+        # With peers, every session is told the replicas its job is advised (placement-live.md).
+        self.advice_feed = (
+            AdviceFeed(self.placement, self.table, config.placement_compute_nodes)
+            if self.peer_sync is not None
+            else None
+        )
         self.phases = PhaseRecorder(
             self.profiles, self.table, self.placement.count, stamp=self.catalog.next_stamp
         )
@@ -263,6 +269,8 @@ class Replica:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
         if self.peer_sync is not None:
             self._spawn(self.peer_sync.run(), "peer-sync")
+        if self.advice_feed is not None:
+            self._spawn(self.advice_feed.run(self.config.sync_interval), "advice-feed")
         self.ready = True
         log.info(
             "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",
