@@ -8,17 +8,19 @@ replica is what another advises from.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable
 
 import grpc
 import httpx
 import pytest
-from support import async_wait_until
+from support import async_wait_until, free_port
 from support.grpc import RawSession, hello, post
 from test_replicas import cluster
 from test_rest import auth
 from test_trust import register
 
+from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
 from burstctl.controller.catalog import RETIRED
 from burstctl.controller.profiles import app_key
@@ -153,3 +155,58 @@ async def test_a_profile_measured_on_one_replica_is_advised_from_on_the_other(
     advised = r2.placement.job_input(meta)
     assert advised.phases == measured.phases == 1
     assert advised.volume_per_phase == measured.volume_per_phase
+
+
+async def test_a_session_follows_changed_advice_at_its_next_phase_start(
+    replica_factory: Make,
+) -> None:
+    ports = [free_port() for _ in range(3)]
+    addresses = [f"127.0.0.1:{p}" for p in ports]
+
+    def settings(i: int) -> dict[str, object]:
+        others = [a for j, a in enumerate(addresses) if j != i]
+        return {
+            "replica_id": f"r{i + 1}",
+            "grpc_listen": addresses[i],
+            "peers": others,
+            "sync_interval": 0.2,
+            "capacity": "40MiB/s",
+        }
+
+    r1 = await replica_factory(**settings(0))
+    r2 = await replica_factory(**settings(1))
+    await async_wait_until(lambda: len(r1.placement.resources()) == 2, message="r2 live")
+    session = await asyncio.to_thread(
+        Session,
+        addresses[0],
+        JobInfo("905", "ann", "g", nodes=4),
+        replicas=[addresses[0]],
+        quiet_gap=3600.0,  # the phase ends only with end_phase
+    )
+    try:
+        # Two live replicas: the advice is both; the first phase start moves to them.
+        await async_wait_until(lambda: len(session.advice) == 2, message="advice arrives")
+        assert session.targets == addresses[:1]
+        await asyncio.to_thread(session.acquire, 1 << 20)
+        assert session.targets == addresses[:2] and session.restriped == 1
+        await async_wait_until(lambda: _sessions(r2, "905"), message="a stream on r2")
+
+        # r3 comes up: the advice changes mid-phase, and the striping waits for the phase.
+        r3 = await replica_factory(**settings(2))
+        await async_wait_until(lambda: len(session.advice) == 3, timeout=10.0)
+        await asyncio.to_thread(session.acquire, 1 << 20)
+        assert session.targets == addresses[:2] and session.restriped == 1
+        assert not _sessions(r3, "905")
+
+        session.end_phase()  # the phase ends; the next acquire starts one, on the new advice
+        await asyncio.to_thread(session.acquire, 1 << 20)
+        assert session.targets == addresses and session.restriped == 2
+        await async_wait_until(lambda: _sessions(r3, "905"), message="a stream on r3")
+        assert _sessions(r1, "905") and _sessions(r2, "905")
+    finally:
+        await asyncio.to_thread(session.close)
+
+
+def _sessions(replica: Replica, job_id: str) -> int:
+    job = replica.table.jobs.get(job_id)
+    return len(job.sessions) if job is not None else 0
