@@ -71,6 +71,29 @@ async def test_a_registration_on_one_replica_holds_on_the_other(
     assert r1.metrics.stats()["sync"]["catalog"]["retirements"] == 1
 
 
+async def test_concurrent_registrations_of_one_job_resolve_alike_everywhere(
+    replica_factory: Make,
+) -> None:
+    r1, r2 = await cluster(replica_factory, [40, 40])
+    await asyncio.gather(register(r1, "906", "ann", 4), register(r2, "906", "bob", 8))
+
+    def agreed() -> bool:
+        a, b = r1.catalog.registrations.get("906"), r2.catalog.registrations.get("906")
+        return a is not None and a == b
+
+    await async_wait_until(agreed, message="one winner on both")
+    winner = r1.catalog.registrations["906"]
+    assert r1.table.registered["906"] == r2.table.registered["906"]
+    assert r1.table.registered["906"].user == winner.user
+    for replica in (r1, r2):
+        saved = {j.job_id: j for j in replica.store.load().jobs}["906"]
+        assert (saved.user, saved.version, saved.origin) == (
+            winner.user,
+            winner.version,
+            winner.origin,
+        )
+
+
 async def test_a_registration_ends_another_users_sessions_on_every_replica(
     replica_factory: Make,
 ) -> None:
