@@ -8,11 +8,11 @@ live sessions here, and the live peers whose last digest lists it), which the pr
 phase recorder also reads to scale a phase to the replicas it was striped over.
 
 ``AdviceFeed`` tells every session of this replica the replicas its job is advised now
-(``Allocation.advice``, docs/placement-live.md "Following the advice"): every λ, when its
-inputs differ from the last computation's (the live replicas, the profiles, the jobs), it
-computes the advice as ``GET /v1/placement`` does (the default allocator and placement) in
-a worker thread, and offers each session its job's addresses; a session's outbox sends only
-a change.
+(``Allocation.advice``, docs/placement-live.md "Following the advice"): every λ (at least
+``ADVICE_MIN_PERIOD`` apart), while it has sessions, when its inputs differ from the last
+computation's (the live replicas, the profiles, the jobs), it computes the advice as
+``GET /v1/placement`` does (the default allocator and placement) in a worker thread, and
+offers each session its job's addresses; a session's outbox sends only a change.
 """
 
 from __future__ import annotations
@@ -29,6 +29,11 @@ from burstctl.controller.records import JobMeta, JobStatus
 from burstctl.controller.server import GrpcServer
 
 log = logging.getLogger(__name__)
+
+# The advice feed looks at its inputs at most this often (s): the advice over a thousand jobs
+# takes tens of ms (docs/benchmarks.md, "placement_speed"), and a session moves only at its
+# next phase start anyway.
+ADVICE_MIN_PERIOD = 1.0
 
 
 class PlacementInputs:
@@ -133,6 +138,8 @@ class AdviceFeed:
 
     async def refresh(self) -> None:
         """Recomputes the advice if its inputs changed, then offers it to every session."""
+        if not self._table.sessions:
+            return  # nobody to tell
         inputs = self._inputs
         resources, jobs = inputs.resources(), inputs.jobs()
         key = (tuple(resources), inputs.profiles_version, tuple(jobs))
@@ -150,7 +157,9 @@ class AdviceFeed:
                 outbox.offer_advice(addresses)
 
     async def run(self, interval: float) -> None:
-        """Refreshes every ``interval`` (λ: the live replicas change with the exchanges)."""
+        """Refreshes every ``interval`` (λ: the live replicas change with the exchanges), at
+        least ``ADVICE_MIN_PERIOD`` apart."""
+        interval = max(interval, ADVICE_MIN_PERIOD)
         while True:
             try:
                 await self.refresh()
