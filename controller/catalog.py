@@ -65,6 +65,9 @@ TOMBSTONE_SECONDS = 7 * 86_400.0
 MAX_REGISTRATIONS = MAX_JOBS
 MAX_RECORDS = MAX_REGISTRATIONS + MAX_JOBS  # in one digest: registrations and profiles
 
+# What a registration says of its job: the fields of ``POST /v1/jobs`` but the id.
+REGISTRATION_FIELDS = ("user", "group", "nodes", "priority", "w", "vol_io", "app")
+
 Identity = tuple[str, str, int]  # (registration or profile, key, nodes of a profile or 0)
 
 
@@ -233,15 +236,7 @@ def to_wire(records: Iterable[CatalogRecord]) -> list[pb.CatalogRecord]:
         )
         if r.kind == REGISTRATION:
             msg.registration.CopyFrom(
-                pb.CatalogRegistration(
-                    user=r.user,
-                    group=r.group,
-                    nodes=r.nodes,
-                    priority=r.priority,
-                    w=r.w,
-                    vol_io=r.vol_io,
-                    app=r.app,
-                )
+                pb.CatalogRegistration(**{f: getattr(r, f) for f in REGISTRATION_FIELDS})
             )
         elif r.kind == RETIRED:
             msg.retired.SetInParent()
@@ -276,15 +271,7 @@ def from_wire(messages: Sequence[pb.CatalogRecord]) -> tuple[CatalogRecord, ...]
         }
         if kind == REGISTRATION:
             g = msg.registration
-            body: dict[str, Any] = {
-                "nodes": g.nodes,
-                "user": g.user,
-                "group": g.group,
-                "priority": g.priority,
-                "w": g.w,
-                "vol_io": g.vol_io,
-                "app": g.app,
-            }
+            body: dict[str, Any] = {f: getattr(g, f) for f in REGISTRATION_FIELDS}
         elif kind == PROFILE:
             p = msg.profile
             body = {

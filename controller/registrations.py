@@ -15,7 +15,13 @@ from __future__ import annotations
 
 import logging
 
-from burstctl.controller.catalog import REGISTRATION, RETIRED, Catalog, CatalogRecord
+from burstctl.controller.catalog import (
+    REGISTRATION,
+    REGISTRATION_FIELDS,
+    RETIRED,
+    Catalog,
+    CatalogRecord,
+)
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import JobMeta
 from burstctl.controller.servicer import ControllerServicer
@@ -29,25 +35,12 @@ class CatalogFull(Exception):
 
 
 def _meta(record: CatalogRecord) -> JobMeta:
-    r = record
-    return JobMeta(r.key, r.user, r.group, r.nodes, r.priority, r.w, r.vol_io, app=r.app)
+    return JobMeta(record.key, **{f: getattr(record, f) for f in REGISTRATION_FIELDS})
 
 
 def _record(job: RegisteredJob, replica_id: str) -> CatalogRecord:
     kind = RETIRED if job.retired else REGISTRATION
-    body = (
-        {}
-        if job.retired
-        else {
-            "user": job.user,
-            "group": job.group,
-            "nodes": job.nodes,
-            "priority": job.priority,
-            "w": job.w,
-            "vol_io": job.vol_io,
-            "app": job.app,
-        }
-    )
+    body = {} if job.retired else {f: getattr(job, f) for f in REGISTRATION_FIELDS}
     # Version 0: saved by an older burstctl, before registrations were exchanged.
     version, origin = max(1, job.version), job.origin or replica_id
     return CatalogRecord(kind, job.job_id, version, origin, job.changed_at, **body)
@@ -56,13 +49,7 @@ def _record(job: RegisteredJob, replica_id: str) -> CatalogRecord:
 def _saved(r: CatalogRecord) -> RegisteredJob:
     return RegisteredJob(
         job_id=r.key,
-        user=r.user,
-        group=r.group,
-        nodes=r.nodes,
-        priority=r.priority,
-        w=r.w,
-        vol_io=r.vol_io,
-        app=r.app,
+        **{f: getattr(r, f) for f in REGISTRATION_FIELDS},
         version=r.version,
         origin=r.origin,
         changed_at=r.changed_at,
@@ -111,17 +98,8 @@ class Registrations:
             raise CatalogFull(f"{len(catalog.registrations)} registrations: the catalog is full")
         live = table.jobs.get(meta.job_id)
         live_meta = live.meta if live is not None else None
-        record = catalog.stamp(
-            REGISTRATION,
-            meta.job_id,
-            user=meta.user,
-            group=meta.group,
-            nodes=meta.nodes,
-            priority=meta.priority,
-            w=meta.w,
-            vol_io=meta.vol_io,
-            app=meta.app,
-        )
+        body = {f: getattr(meta, f) for f in REGISTRATION_FIELDS}
+        record = catalog.stamp(REGISTRATION, meta.job_id, **body)
         held = catalog.put(record)
         table.register(meta)
         try:
