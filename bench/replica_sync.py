@@ -87,7 +87,9 @@ from typing import Any
 
 from burstctl.controller import app
 from burstctl.controller.config import load_config
-from burstctl.controller.digest import Digest, JobDigest, build_digest, from_proto, to_proto
+from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.digest_wire import from_proto, to_proto
+from burstctl.controller.local_digest import build_digest
 from burstctl.controller.membership import Membership
 from burstctl.controller.merge import Merged, merge, split_targets
 from burstctl.controller.records import JobMeta, OpKind

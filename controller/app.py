@@ -78,6 +78,16 @@ class Replica:
         # Read now, before anything listens: a file that cannot be used fails the build.
         self.credentials = load_credentials(config)
         self.gate = self.credentials.gate
+        # The burst buffer's books (docs/capacity.md): S per replica; without --bb-capacity
+        # they still hold the mounts' reports (GET /v1/capacity) and grant no space.
+        self.books = BufferBooks(
+            config.bb_capacity,
+            config.pfs_bandwidth,
+            clock=clock,
+            retention=config.bb_parked_retention,
+            min_chunk=config.bb_min_grant,
+            horizon=config.bb_grant_horizon,
+        )
         self.peer_sync: PeerSync | None = None
         self.peer_servicer: PeerServicer | None = None
         if config.peers:
@@ -94,6 +104,7 @@ class Replica:
                 keep=config.fallback_grace,
                 clock=clock,
                 security=self.credentials.peers,
+                books=self.books,
                 catalog=self.catalog,
             )
             self.peer_servicer = PeerServicer(
@@ -104,16 +115,6 @@ class Replica:
                 max_jobs=config.max_digest_jobs,
                 catalog=self.catalog,
             )
-        # The burst buffer's books (docs/capacity.md): S per replica; without --bb-capacity
-        # they still hold the mounts' reports (GET /v1/capacity) and grant no space.
-        self.books = BufferBooks(
-            config.bb_capacity,
-            config.pfs_bandwidth,
-            clock=clock,
-            retention=config.bb_parked_retention,
-            min_chunk=config.bb_min_grant,
-            horizon=config.bb_grant_horizon,
-        )
         latency = LatencyHistogram(config.replica_id)
         # Sessions gone without a Goodbye stay counted until they come back, or for as long as
         # a silent client is given before it is taken as gone (controller/ghosts.py).

@@ -45,6 +45,7 @@ from burstctl.controller.catalog import changed_since, merged
 from burstctl.controller.digest import (
     JOB_ARRAY_FIELDS,
     JOB_TEXT_FIELDS,
+    OPTIONAL_FIELDS,
     Digest,
     DigestError,
     DigestJobs,
@@ -59,7 +60,7 @@ PROGRESS_TOLERANCE = 0.01
 # Relative change of a job's demand that is not worth a row (config push_tolerance's default).
 DEMAND_TOLERANCE = 0.02
 
-_NAN_EQUAL = frozenset({"posted_at", "remaining"})  # NaN marks an absent value: equal
+_NAN_EQUAL = frozenset(OPTIONAL_FIELDS)  # NaN marks an absent value: equal
 
 
 def _gather(first: DigestJobs, at: np.ndarray, second: DigestJobs, other: np.ndarray) -> DigestJobs:

@@ -4,9 +4,9 @@ Every λ each replica sends its :class:`Digest` to every peer ([THEMIS] §3.1,
 λ-delayed fairness): its capacity and node bandwidth, its active policy with
 that policy's version, and its jobs as :class:`DigestJobs`, one array per field.
 :func:`validate` is the only check a digest gets, whether it was decoded from
-the wire (:func:`from_proto`) or built in process (:func:`build_digest`), and it
-checks every job at once, as array operations, naming the first bad field of the
-first bad job (``jobs[3].nodes``).
+the wire (``controller/digest_wire.py``) or built in process
+(``controller/local_digest.py``), and it checks every job at once, as array
+operations, naming the first bad field of the first bad job (``jobs[3].nodes``).
 
 Time inside a digest is the sender's own: ``released_at`` and ``posted_at`` are
 instants on the sender's clock and ``sent_at`` the instant it built the digest
@@ -37,19 +37,19 @@ from typing import Any
 import numpy as np
 
 from burstctl.common.limits import (
+    MAX_BUFFER_BYTES,
     MAX_COUNTER,
     MAX_JOBS,
     MAX_NODES,
+    MAX_PERIOD_VOL,
+    MAX_PERIOD_W,
     MAX_PRIORITY,
     MAX_RATE,
     MAX_TEXT,
     identifier_problem,
 )
 from burstctl.controller import catalog as cat
-from burstctl.controller.jobs import JobTable
-from burstctl.controller.records import JobStatus
-from burstctl.policies.view import JobId, job_cap
-from burstctl.proto.burstctl.v1 import peer_pb2 as pb
+from burstctl.policies.view import JobId
 
 ReplicaId = str
 
@@ -80,6 +80,13 @@ class JobDigest:
     remaining: float | None = None  # V_i of the open operation here, bytes; None: unknown
     open_op: bool = False  # the job has an open operation on this replica
     transferred: float = 0.0  # bytes this job moved on this replica in all (P_i's V part)
+    # the job's period here: declared, or learned from its phases here (None: none)
+    period_w: float | None = None  # compute seconds per iteration
+    period_vol: float | None = None  # bytes per iteration (declared: the job's; learned: here)
+    period_learned: bool = False
+    resident: float = 0.0  # bytes of the job on this replica's burst buffer
+    pending: float = 0.0  # of them, not on the parallel file system yet
+    mean_volume: float = 0.0  # of the job's completed operations here, bytes (0: none yet)
 
 
 _FLOAT_FIELDS = (
@@ -91,13 +98,21 @@ _FLOAT_FIELDS = (
     "posted_at",
     "remaining",
     "transferred",
+    "period_w",
+    "period_vol",
+    "resident",
+    "pending",
+    "mean_volume",
 )
+# float columns where NaN marks an absent value (None in a row)
+OPTIONAL_FIELDS = ("posted_at", "remaining", "period_w", "period_vol")
 JOB_TEXT_FIELDS = ("job_id", "user", "group")
-JOB_ARRAY_FIELDS = ("nodes", "open_op", *_FLOAT_FIELDS)
-_ROW_FIELDS = tuple(JobDigest.__dataclass_fields__)
-_KINDS = {"nodes": ("i", "u"), "open_op": ("b",)}  # the float fields take "f", "i", "u"
+JOB_ARRAY_FIELDS = ("nodes", "open_op", "period_learned", *_FLOAT_FIELDS)
+ROW_FIELDS = tuple(JobDigest.__dataclass_fields__)
+_BOOL_FIELDS = ("open_op", "period_learned")
+_KINDS = {"nodes": ("i", "u"), **dict.fromkeys(_BOOL_FIELDS, ("b",))}  # floats: "f", "i", "u"
 # the types a list's entries may have; the float fields take int and float
-_TYPES: dict[str, set[type]] = {"nodes": {int}, "open_op": {bool}}
+_TYPES: dict[str, set[type]] = {"nodes": {int}, **{name: {bool} for name in _BOOL_FIELDS}}
 
 
 class DigestJobs:
@@ -126,6 +141,12 @@ class DigestJobs:
     remaining: np.ndarray  # NaN: unknown
     open_op: np.ndarray  # bool
     transferred: np.ndarray
+    period_w: np.ndarray  # NaN: no period
+    period_vol: np.ndarray  # NaN: no period
+    period_learned: np.ndarray  # bool
+    resident: np.ndarray
+    pending: np.ndarray
+    mean_volume: np.ndarray
 
     def __init__(self, **columns: Any) -> None:
         missing = {f for f in self.__slots__ if f not in columns}
@@ -143,9 +164,13 @@ class DigestJobs:
             if (raw.size and (raw.ndim != 1 or raw.dtype.kind not in kinds)) or not (
                 types <= _TYPES.get(name, {int, float})
             ):
-                expected = {"nodes": "integers", "open_op": "booleans"}.get(name, "numbers")
-                raise DigestError(f"jobs.{name}", f"must be {expected}")
-            dtype = {"nodes": np.int64, "open_op": np.bool_}.get(name, np.float64)
+                expected = "integers" if name == "nodes" else "numbers"
+                raise DigestError(
+                    f"jobs.{name}", f"must be {'booleans' if name in _BOOL_FIELDS else expected}"
+                )
+            dtype = (
+                np.int64 if name == "nodes" else np.bool_ if name in _BOOL_FIELDS else np.float64
+            )
             array: np.ndarray = raw.astype(dtype).reshape(-1)
             array.flags.writeable = False
             object.__setattr__(self, name, array)
@@ -157,12 +182,12 @@ class DigestJobs:
     def from_rows(cls, rows: Iterable[JobDigest]) -> DigestJobs:
         rows = tuple(rows)
         nan = math.nan
-        values: dict[str, list[Any]] = {name: [] for name in _ROW_FIELDS}
+        values: dict[str, list[Any]] = {name: [] for name in ROW_FIELDS}
         for row in rows:
-            for name in _ROW_FIELDS:
+            for name in ROW_FIELDS:
                 values[name].append(getattr(row, name))
-        values["posted_at"] = [nan if v is None else v for v in values["posted_at"]]
-        values["remaining"] = [nan if v is None else v for v in values["remaining"]]
+        for name in OPTIONAL_FIELDS:
+            values[name] = [nan if v is None else v for v in values[name]]
         return cls(**values)
 
     def __len__(self) -> int:
@@ -178,13 +203,15 @@ class DigestJobs:
         """Every job as a :class:`JobDigest` with plain Python values."""
         columns = [
             list(getattr(self, name)) if name in JOB_TEXT_FIELDS else getattr(self, name).tolist()
-            for name in _ROW_FIELDS
+            for name in ROW_FIELDS
         ]
         rows = []
         for values in zip(*columns, strict=True):
             row = JobDigest(*values)
-            row.posted_at = None if row.posted_at != row.posted_at else row.posted_at
-            row.remaining = None if row.remaining != row.remaining else row.remaining
+            for name in OPTIONAL_FIELDS:
+                value = getattr(row, name)
+                if value != value:
+                    setattr(row, name, None)
             rows.append(row)
         return tuple(rows)
 
@@ -201,6 +228,31 @@ class DigestJobs:
     def __repr__(self) -> str:
         more = ", …" if len(self) > 5 else ""
         return f"DigestJobs({len(self)} jobs: {', '.join(self.job_id[:5])}{more})"
+
+
+@dataclass(frozen=True, slots=True)
+class BufferHeader:
+    """The sender's burst buffer: its size S_r (0: none), the bytes on it or promised to
+    writers, and its drain bandwidth to the parallel file system (0: not configured)."""
+
+    size: float = 0.0
+    used: float = 0.0
+    drain_bandwidth: float = 0.0
+
+
+NO_BUFFER = BufferHeader()
+
+
+@dataclass(frozen=True, slots=True)
+class PatternOrigin:
+    """The periodic pattern the sender coordinates (``key`` names it; "" none) and the
+    start of one of its periods, an instant on the sender's clock."""
+
+    key: str = ""
+    origin: float = 0.0
+
+
+NO_PATTERN = PatternOrigin()
 
 
 @dataclass(frozen=True, slots=True)
@@ -222,6 +274,8 @@ class Digest:
     base_sequence: int = 0  # 0: full; else a delta on this sequence (controller/delta.py)
     left: tuple[JobId, ...] = ()  # a delta's jobs that left since its base
     catalog: tuple[cat.CatalogRecord, ...] = ()  # all (full) or the changed (delta)
+    buffer: BufferHeader = field(default_factory=lambda: NO_BUFFER)  # the sender's buffer
+    pattern: PatternOrigin = field(default_factory=lambda: NO_PATTERN)  # persched's origin
 
     def __post_init__(self) -> None:
         if not isinstance(self.jobs, DigestJobs):
@@ -238,8 +292,9 @@ class Digest:
 
 
 def same_columns(a: Digest, b: Digest, columns: Iterable[str]) -> bool:
-    """``a`` and ``b`` say the same in their header (but for sequence and send instant)
-    and in the job ``columns`` (``job_id`` among them). One ``jobs`` object for both is
+    """``a`` and ``b`` say the same in their header (but for sequence and send instant,
+    and the buffer and pattern, which only policies that name no ``reads`` see) and in the
+    job ``columns`` (``job_id`` among them). One ``jobs`` object for both is
     the cheap case (``Membership`` and ``delta.advance`` keep it while no job changes)."""
     return (
         a.replica_id == b.replica_id
@@ -326,6 +381,32 @@ _CHECKS: tuple[tuple[str, _Check, Callable[[Any], str]], ...] = (
         lambda c, _: c.open_op | (c.demand <= 0.0),
         lambda v: "demand > 0 without an open operation",
     ),
+    (
+        "period_w",
+        lambda c, _: np.isnan(c.period_w) | ((c.period_w > 0.0) & (c.period_w <= MAX_PERIOD_W)),
+        _must_be(f"in (0, {MAX_PERIOD_W:g}] seconds, or absent"),
+    ),
+    (
+        "period_vol",
+        lambda c, _: (
+            np.isnan(c.period_vol) | ((c.period_vol > 0.0) & (c.period_vol <= MAX_PERIOD_VOL))
+        ),
+        _must_be(f"in (0, {MAX_PERIOD_VOL:g}] bytes, or absent"),
+    ),
+    (
+        "period_vol",
+        lambda c, _: np.isnan(c.period_w) == np.isnan(c.period_vol),
+        lambda v: "a period has both period_w and period_vol, or neither",
+    ),
+    (
+        "period_learned",
+        lambda c, _: ~c.period_learned | ~np.isnan(c.period_w),
+        lambda v: "a learned period without period_w",
+    ),
+    *(
+        (name, _finite_non_negative(name), _must_be("finite and >= 0"))
+        for name in ("resident", "pending", "mean_volume")
+    ),
 )
 
 
@@ -359,7 +440,22 @@ def validate(digest: Digest) -> None:
     _validate_left(digest)
     if (problem := cat.records_problem(digest.catalog)) is not None:
         raise DigestError(*problem)
+    _validate_header(digest)
     _validate_jobs(digest.jobs, digest.sent_at)
+
+
+def _validate_header(digest: Digest) -> None:
+    """The buffer's books and the pattern's origin."""
+    books = digest.buffer
+    for name in ("size", "used"):
+        _number(
+            f"buffer.{name}", getattr(books, name), low=0.0, high=MAX_BUFFER_BYTES, low_open=False
+        )
+    _number("buffer.drain_bandwidth", books.drain_bandwidth, low=0.0, high=MAX_RATE, low_open=False)
+    pattern = digest.pattern
+    if pattern.key:
+        _identifier("pattern.key", pattern.key)
+        _number("pattern.origin", pattern.origin, low=-_INF, high=digest.sent_at, low_open=False)
 
 
 def _validate_left(digest: Digest) -> None:
@@ -454,135 +550,3 @@ def _number(name: str, value: object, *, low: float, high: float, low_open: bool
         raise DigestError(name, f"must be {'>' if low_open else '>='} {low}, got {value!r}")
     if value > high:
         raise DigestError(name, f"must be <= {high}, got {value!r}")
-
-
-# ---------------------------------------------------------------------------
-# The wire
-
-
-def to_proto(digest: Digest) -> pb.Digest:
-    msg = pb.Digest(
-        replica_id=digest.replica_id,
-        incarnation=digest.incarnation,
-        sequence=digest.sequence,
-        capacity=digest.capacity,
-        node_bandwidth=digest.node_bandwidth,
-        policy=digest.policy,
-        policy_params_json=json.dumps(dict(digest.policy_params), sort_keys=True),
-        policy_version=digest.policy_version,
-        policy_origin=digest.policy_origin,
-        sent_at=digest.sent_at,
-        base_sequence=digest.base_sequence,
-        left=digest.left,
-        catalog=cat.to_wire(digest.catalog),
-    )
-    jobs, out = digest.jobs, msg.jobs
-    for name in JOB_TEXT_FIELDS:
-        getattr(out, name).extend(getattr(jobs, name))
-    for name in JOB_ARRAY_FIELDS:
-        getattr(out, name).extend(getattr(jobs, name).tolist())
-    return msg
-
-
-def from_proto(msg: pb.Digest) -> Digest:
-    """The digest in ``msg``, validated; raises :class:`DigestError` naming the bad field."""
-    params: Any = {}
-    if msg.policy_params_json:
-        try:
-            params = json.loads(msg.policy_params_json)
-        except ValueError as exc:
-            raise DigestError("policy_params_json", f"not JSON: {exc}") from None
-        if not isinstance(params, dict):
-            raise DigestError("policy_params_json", "must be a JSON object")
-    wire = msg.jobs
-    digest = Digest(
-        replica_id=msg.replica_id,
-        incarnation=msg.incarnation,
-        sequence=msg.sequence,
-        capacity=msg.capacity,
-        node_bandwidth=msg.node_bandwidth,
-        policy=msg.policy,
-        policy_params=params,
-        policy_version=msg.policy_version,
-        policy_origin=msg.policy_origin,
-        jobs=DigestJobs(**{name: getattr(wire, name) for name in DigestJobs.__slots__}),
-        sent_at=msg.sent_at,
-        base_sequence=msg.base_sequence,
-        left=tuple(msg.left),
-        catalog=cat.from_wire(msg.catalog),
-    )
-    validate(digest)
-    return digest
-
-
-# ---------------------------------------------------------------------------
-# This replica's digest
-
-
-def build_digest(
-    table: JobTable,
-    *,
-    replica_id: str,
-    incarnation: int,
-    sequence: int,
-    capacity: float,
-    node_bandwidth: float,
-    policy: tuple[str, Mapping[str, Any], int, str],
-    usage_seen: dict[JobId, int],
-    now: float,
-) -> Digest:
-    """This replica's digest at ``now``, with ``policy`` = (name, params, version, origin);
-    ``usage_seen`` (bytes moved per job at the previous digest) is updated in place."""
-    rows: list[tuple[Any, ...]] = []
-    nan = math.nan
-    for job_id in sorted(table.jobs):
-        job = table.jobs[job_id]
-        if job.status is not JobStatus.ACTIVE:
-            usage_seen.pop(job_id, None)
-            continue
-        meta = job.meta
-        cap = job_cap(meta.nodes, node_bandwidth, capacity)
-        ops = list(job.open_ops())
-        moved = job.bytes_moved - usage_seen.get(job_id, 0)
-        usage_seen[job_id] = job.bytes_moved
-        if ops:
-            demand = table.job_demand(job, cap)
-            posted = min(now, min(o.posted_at for o in ops))
-            known = all(o.volume > 0 for o in ops)
-            remaining = sum(max(0, o.volume - o.moved) for o in ops) if known else nan
-        else:
-            demand, posted, remaining = 0.0, nan, nan
-        row = (
-            job_id,
-            meta.user,
-            meta.group,
-            meta.nodes,
-            meta.priority,
-            demand,
-            max(0, moved),  # usage_bytes
-            max(0.0, job.progress(now, cap)),
-            min(now, job.first_seen),  # released_at
-            posted,
-            remaining,
-            bool(ops),  # open_op
-            job.transferred,
-        )
-        rows.append(row)
-    for job_id in [j for j in usage_seen if j not in table.jobs]:
-        del usage_seen[job_id]
-    name, params, version, origin = policy
-    return Digest(
-        replica_id=replica_id,
-        incarnation=incarnation,
-        sequence=sequence,
-        capacity=float(capacity),
-        node_bandwidth=float(node_bandwidth),
-        policy=name,
-        policy_params=dict(params),
-        policy_version=version,
-        policy_origin=origin,
-        sent_at=now,
-        jobs=DigestJobs(**dict(zip(_ROW_FIELDS, zip(*rows, strict=True), strict=True)))
-        if rows
-        else DigestJobs.from_rows(()),
-    )

@@ -465,8 +465,9 @@ class JobTable:
         for job_id in self._dirty:
             job = self.jobs.get(job_id)
             live = job is not None and job.status is JobStatus.ACTIVE
-            if live and job is not None and job.meta.w > 0 and job.meta.vol_io > 0:
-                periodic[job_id] = Periodic(job.meta.nodes, job.meta.w, job.meta.vol_io)
+            period = self.periodic_of(job) if live and job is not None else None
+            if period is not None:
+                periodic[job_id] = period
             else:
                 periodic.pop(job_id, None)
             if job is None or not live or not job.in_io():
@@ -485,6 +486,13 @@ class JobTable:
             periodic=periodic,
             buffer=buffer,
         )
+
+    def periodic_of(self, job: JobState) -> Periodic | None:
+        """The period the policies use for ``job``: the declared one, or None."""
+        meta = job.meta
+        if meta.w > 0 and meta.vol_io > 0:
+            return Periodic(meta.nodes, meta.w, meta.vol_io)
+        return None
 
     def _row(self, job: JobState, now: float, cap: float) -> JobView:
         meta = job.meta

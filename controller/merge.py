@@ -18,6 +18,7 @@ same digests gets bit-identical results, whatever order they arrived in.
 from __future__ import annotations
 
 import math
+import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -25,7 +26,7 @@ import numpy as np
 
 from burstctl.controller.digest import Digest, ReplicaId
 from burstctl.controller.split import Edge, SplitProblem, split
-from burstctl.policies.view import JobId, JobView, SystemView
+from burstctl.policies.view import BufferView, JobId, JobView, Periodic, SystemView
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,8 +147,12 @@ def merge(digests: Sequence[Digest], layout: Layout | None = None) -> Merged:
     sizes = [len(c) for c in columns]
     replicas = [d.replica_id for d in digests]
     capacities = np.array([d.capacity for d in digests], dtype=np.float64)
+    periodic, buffer = _periodic(digests), _buffer(digests)
+    # A policy that draws (dpsac) draws anew at every exchange, the same on every replica.
+    seed = zlib.crc32(repr([(d.replica_id, d.incarnation, d.sequence) for d in digests]).encode())
+    extra = {"periodic": periodic, "buffer": buffer, "seed": seed, "observed": False}
     if not sum(sizes):
-        view = SystemView(0.0, capacity, b, {}, observed=False)
+        view = SystemView(0.0, capacity, b, {}, **extra)
         none = np.zeros(0, dtype=np.intp)
         return Merged(view, [], replicas, capacities, none, none, np.zeros(0), cap=np.zeros(0))
     keys = Layout.keys_of(digests)
@@ -227,9 +232,54 @@ def merge(digests: Sequence[Digest], layout: Layout | None = None) -> Merged:
             0.0,  # mean_volume
             k,  # index
         )
-    view = SystemView(0.0, capacity, b, rows, observed=False)
+    view = SystemView(0.0, capacity, b, rows, **extra)
     return Merged(
         view, names, replicas, capacities, job_of, replica_of, entry_demand, conflicts, cap, layout
+    )
+
+
+def _periodic(digests: Sequence[Digest]) -> dict[JobId, Periodic]:
+    """Every job's period over the replicas (digests in replica id order): a declared
+    period (nodes, w and the job's vol_io) from the lowest replica id that has one; else a
+    learned one: its w from the lowest replica id that learned it, its vol_io the sum of the
+    bytes per iteration each replica learned (each sees its own part of the job's I/O)."""
+    declared: dict[JobId, Periodic] = {}
+    learned: dict[JobId, Periodic] = {}
+    for digest in digests:
+        jobs = digest.jobs
+        for i in np.flatnonzero(~np.isnan(jobs.period_w)).tolist():
+            job_id = jobs.job_id[i]
+            nodes, w, vol = int(jobs.nodes[i]), float(jobs.period_w[i]), float(jobs.period_vol[i])
+            if not jobs.period_learned[i]:
+                declared.setdefault(job_id, Periodic(nodes, w, vol))
+            elif job_id in learned:
+                first = learned[job_id]
+                learned[job_id] = Periodic(first.nodes, first.w, first.vol_io + vol, learned=True)
+            else:
+                learned[job_id] = Periodic(nodes, w, vol, learned=True)
+    return {**learned, **declared}
+
+
+def _buffer(digests: Sequence[Digest]) -> BufferView | None:
+    """The replicas' burst buffers as one (None when none has one): sizes, fills and drain
+    bandwidths summed, and each job's resident and pending bytes summed over the replicas."""
+    books = [d for d in digests if d.buffer.size > 0.0]
+    if not books:
+        return None
+    resident: dict[JobId, float] = {}
+    pending: dict[JobId, float] = {}
+    for digest in books:
+        jobs = digest.jobs
+        for held, column in ((resident, jobs.resident), (pending, jobs.pending)):
+            for i in np.flatnonzero(column > 0.0).tolist():
+                job_id = jobs.job_id[i]
+                held[job_id] = held.get(job_id, 0.0) + float(column[i])
+    return BufferView(
+        size=math.fsum(d.buffer.size for d in books),
+        used=math.fsum(d.buffer.used for d in books),
+        drain_bandwidth=math.fsum(d.buffer.drain_bandwidth for d in books),
+        resident=resident,
+        pending=pending,
     )
 
 

@@ -20,7 +20,8 @@ from collections.abc import Callable
 import grpc
 
 from burstctl.common.channels import ChannelSecurity
-from burstctl.controller.digest import Digest, to_proto
+from burstctl.controller.digest import Digest
+from burstctl.controller.digest_wire import to_proto
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 log = logging.getLogger(__name__)

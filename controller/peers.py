@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import logging
 import math
 import time
@@ -34,16 +33,17 @@ from google.protobuf.message import DecodeError
 
 from burstctl.common.channels import ChannelSecurity
 from burstctl.common.limits import MAX_JOBS
+from burstctl.controller.buffer import BufferBooks
 from burstctl.controller.catalog import Catalog
 from burstctl.controller.delta import advance
 from burstctl.controller.digest import (
     Digest,
     DigestError,
-    build_digest,
-    from_proto,
     same_columns,
 )
+from burstctl.controller.digest_wire import from_proto
 from burstctl.controller.jobs import JobTable
+from burstctl.controller.local_digest import build_digest
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import (
     Conflict,
@@ -53,11 +53,13 @@ from burstctl.controller.merge import (
     merge,
     split_targets,
 )
+from burstctl.controller.patterns import GlobalPattern, Part
 from burstctl.controller.peer_link import PEER_SERVICE_NAME, REPLICA_ID_KEY, Outgoing, PeerLink
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Share, decide
+from burstctl.policies.persched.live import PerSchedLive, PerSchedParams
 from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
@@ -267,10 +269,13 @@ class PeerSync:
         keep: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
         security: ChannelSecurity | None = None,
+        books: BufferBooks | None = None,
         catalog: Catalog | None = None,
     ) -> None:
         self.table = table
-        self.catalog = catalog
+        self.books = books  # the burst buffer's books, sent in the digests
+        self.pattern = GlobalPattern(replica_id)  # persched's pattern across the replicas
+        self.catalog = catalog  # registrations and profiles, sent in the digests
         self.slot = slot
         self.replica_id = replica_id
         self.interval = interval
@@ -331,7 +336,7 @@ class PeerSync:
         taken); what it sends is the sent view ``advance`` makes of it."""
         self.sequence += 1
         slot = self.slot
-        built = build_digest(
+        return build_digest(
             self.table,
             replica_id=self.replica_id,
             incarnation=self.incarnation,
@@ -341,10 +346,10 @@ class PeerSync:
             policy=(slot.name, slot.params, slot.version, slot.origin),
             usage_seen=self._usage_seen,
             now=self._clock(),
+            buffer=self.books.view() if self.books is not None else None,
+            pattern=self.pattern.announce(),
+            catalog=self.catalog.records() if self.catalog is not None else (),
         )
-        if self.catalog is None:
-            return built
-        return dataclasses.replace(built, catalog=self.catalog.records())
 
     async def run(self) -> None:
         self._wake = wake = asyncio.Event()
@@ -429,7 +434,8 @@ class PeerSync:
             )
         digests = self.membership.digests(digest)
         held = [self.held_back[rid] for rid in sorted(self.held_back)]
-        inputs = (self.slot.policy, digests, held)
+        policy = self.slot.merged
+        inputs = (policy, digests, held)
         if self.local_targets is not None and self._same_inputs(inputs):
             return self.local_targets
         self._inputs = inputs
@@ -437,7 +443,8 @@ class PeerSync:
             digests = sorted([*digests, *(h.digest for h in held)], key=lambda d: d.replica_id)
         merged = merge(digests, self._split[0].layout if self._split is not None else None)
         self._log(merged.conflicts)
-        targets = decide(self.slot.policy, merged.view).rates
+        targets = decide(policy, merged.view).rates
+        part = self._pattern_part(policy, digests)
         fixed = {rid: h.column for rid, h in self.held_back.items()}
         x = split_targets(merged, targets, fixed)
         self._split = (merged, x, {rid for rid in merged.replicas if rid not in fixed})
@@ -448,7 +455,49 @@ class PeerSync:
         jobs = digest.jobs
         covered = {j for j, o in zip(jobs.job_id, jobs.open_op.tolist(), strict=True) if o}
         rates = {j: rate for j, rate in share.items() if j in covered and math.isfinite(rate)}
-        return Share(rates, {j: max(ceiling[j], rates[j]) for j in rates})
+        if part is None:
+            return Share(rates, {j: max(ceiling[j], rates[j]) for j in rates})
+        return self._with_pattern(rates, ceiling, part)
+
+    def _pattern_part(self, policy: Policy, digests: list[Digest]) -> Part | None:
+        """This replica's part of the global pattern of a policy that paces to patterns
+        (controller/patterns.py); None for any other policy."""
+        if not isinstance(policy, PerSchedLive):
+            self.pattern = GlobalPattern(self.replica_id)
+            return None
+        installed = policy.installed
+        heard = {}
+        for d in digests:
+            last = self.membership.last_heard(d.replica_id)
+            if last is not None:
+                heard[d.replica_id] = last[1]
+        reserve = policy.params.reserve if isinstance(policy.params, PerSchedParams) else 0.0
+        return self.pattern.part(
+            installed.computed.key if installed is not None else None,
+            installed.schedules if installed is not None else {},
+            digests,
+            heard,
+            self._clock(),
+            self.capacity * (1.0 - reserve),
+        )
+
+    def _with_pattern(
+        self, rates: dict[JobId, float], ceiling: dict[JobId, float], part: Part
+    ) -> Share:
+        """The share with this replica's windows: a job of the pattern gets its part of its
+        windows, or nothing while the replicas do not agree on the pattern yet (never a plain
+        rate out of step with the windows); the others share what the windows' peak leaves."""
+        policy = self.slot.merged
+        installed = policy.installed if isinstance(policy, PerSchedLive) else None
+        patterned = set(installed.schedules) if installed is not None else set()
+        others = {j: r for j, r in rates.items() if j not in patterned}
+        room = max(0.0, self.capacity - part.peak)
+        total = math.fsum(others.values())
+        if total > room:
+            others = {j: r * (room / total) for j, r in others.items()}
+        held = {**dict.fromkeys(patterned - set(part.schedules), 0.0), **others}
+        ceilings = {j: min(max(ceiling.get(j, r), r), r + room) for j, r in held.items()}
+        return Share(held, ceilings, schedules=part.schedules, reserved=part.peak)
 
     def _same_inputs(self, inputs: tuple[Policy, list[Digest], list[HeldBack]]) -> bool:
         """The share computed from ``self._inputs`` holds for ``inputs``: the same policy

@@ -42,7 +42,7 @@ from burstctl.controller.records import SessionRecord, WindowsOutbox
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.policies.base import Policy
-from burstctl.policies.decision import Decision, decide
+from burstctl.policies.decision import Decision, Share, decide
 from burstctl.policies.schedule import Schedule
 from burstctl.policies.sharing import water_fill
 from burstctl.policies.view import JobId
@@ -313,8 +313,11 @@ class Scheduler:
         # decision), and a job that cycles quickly is spared two pushes per cycle.
         release = self.config.release_delay
         # A policy that paces jobs to patterns (it overrides Policy.schedules), on this
-        # replica's own decision: its periodic jobs keep their windows between iterations.
-        keeps_windows = targets is None and type(policy).schedules is not Policy.schedules
+        # replica's own decision or its part of a global pattern: its periodic jobs keep
+        # their windows between iterations.
+        keeps_windows = type(policy).schedules is not Policy.schedules and (
+            targets is None or (isinstance(targets, Share) and bool(targets.schedules))
+        )
         recheck = 0.0
         for s in [s for s in self._nonzero if s.decided != stamp]:
             if keeps_windows and s.schedule is not None and s.job.meta.job_id in view.periodic:

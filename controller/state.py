@@ -157,6 +157,7 @@ class PolicySlot:
         self._configured = ConfiguredPolicy(name=name, params=dict(params))
         # The configured policy must be usable: a configuration error, raised here.
         self.policy: Policy = self._create(name, params)
+        self._twin: tuple[Policy, Policy] | None = None  # (active, its twin): ``merged``
         self.name = name
         self.params: dict[str, Any] = dict(params)
         self.version = 0
@@ -165,6 +166,19 @@ class PolicySlot:
         self.switches = 0  # changes of name or parameters applied here
         self._highest_seen = 0  # the highest version any peer has reported
         self.changed = Signal()  # after every change of the active policy or its version
+
+    @property
+    def merged(self) -> Policy:
+        """The instance that decides the merged view of several replicas: the active one,
+        or for a policy that keeps state built from its views (``Policy.keeps_state``) a twin
+        with the same name and parameters, made once per active instance."""
+        policy = self.policy
+        if not type(policy).keeps_state:
+            return policy
+        twin = self._twin
+        if twin is None or twin[0] is not policy:
+            twin = self._twin = (policy, self._create(self.name, self.params))
+        return twin[1]
 
     def _create(self, name: str, params: Mapping[str, Any] | None) -> Policy:
         """A new instance of ``name``, given where to run its slow work."""

@@ -51,6 +51,15 @@ class Policy:
     # columns they come from do not change (controller/peers.py). None (the default,
     # always safe): any field, and time (``now``, released_at, posted_at).
     reads: ClassVar[frozenset[str] | None] = None
+    # The policy keeps state built from the views it decides (clusters, a pattern): the
+    # merged view of several replicas is decided by an instance of its own, so that the
+    # replica's own decisions and the merged ones do not rebuild each other's state
+    # (controller/state.py: ``PolicySlot.merged``).
+    keeps_state: ClassVar[bool] = False
+    # What the policy leaves unallotted stays so: between exchanges a replica does not top
+    # jobs up into it (policies/decision.py: ``blend``). False for a policy that defers jobs
+    # on purpose (DPSAC's admission).
+    conserving: ClassVar[bool] = True
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

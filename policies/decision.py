@@ -93,13 +93,28 @@ class Share(Mapping[JobId, float]):
     headroom; ``controller/merge.py: ceilings``). Every replica's ceilings of one job
     sum to at most the job's global cap b_j, so topping up within them keeps the cap
     across replicas. A job without a ceiling is held to its rate.
+
+    ``schedules``: this replica's part of a global periodic pattern (``persched`` across
+    replicas, docs/replicas.md): each listed job gets its schedule, and its rate is the
+    schedule's mean rate. ``reserved``: the peak of those schedules' windows together, what
+    they may take at one instant (computing or not); nothing tops other jobs up into it.
     """
 
-    __slots__ = ("_rates", "ceilings")
+    __slots__ = ("_rates", "ceilings", "reserved", "schedules")
 
-    def __init__(self, rates: Mapping[JobId, float], ceilings: Mapping[JobId, float]) -> None:
+    def __init__(
+        self,
+        rates: Mapping[JobId, float],
+        ceilings: Mapping[JobId, float],
+        schedules: Mapping[JobId, Schedule] = NO_SCHEDULES,
+        reserved: float = 0.0,
+    ) -> None:
         self._rates = dict(rates)
         self.ceilings = dict(ceilings)
+        self.schedules = schedules
+        self.reserved = reserved
+        for job_id, schedule in schedules.items():  # scheduled: of the split, at their mean
+            self._rates[job_id] = self.ceilings[job_id] = schedule.mean_rate()
 
     def __getitem__(self, job_id: JobId) -> float:
         return self._rates[job_id]
@@ -124,9 +139,9 @@ def decide(
     the view are ignored; zeros are not listed."""
     cls = type(policy)
     wanted: Mapping[JobId, Schedule] | None
-    if targets is not None:  # schedules only on a replica's own decision
+    if targets is not None:  # schedules: a replica's part of a global pattern, if any
         proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets)
-        wanted = None
+        wanted = targets.schedules if isinstance(targets, Share) and targets.schedules else None
     else:
         proposed = policy.allocate(view)
         wanted = None if cls in WITHOUT_SCHEDULES else policy.schedules(view)
@@ -251,8 +266,8 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     """A replica's rates when it holds its part of the global split (``targets``).
 
     Only jobs with demand take part, in the stable order. Jobs of the split get
-    their target (at most b_i). Jobs that started an
-    operation here since the split was computed get their local fair share,
+    their target (at most b_i); a scheduled job of a :class:`Share` its mean rate. Jobs
+    that started an operation here since the split was computed get their local fair share,
     what ``policy`` gives them on the whole local view (enforced), until the next exchange
     covers them; the targets shrink in proportion to make room. Capacity still
     left (a job's local demand fell since the exchange) is water-filled over
@@ -277,7 +292,11 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
             rates = {j: r * (room / held) for j, r in rates.items()}
         rates.update(fresh)
     left = view.capacity - sum(rates.values())
-    if left > 0.0:
+    if isinstance(targets, Share) and targets.schedules:  # the windows' peak, not their means
+        scheduled = targets.schedules
+        left = view.capacity - targets.reserved
+        left -= sum(rate for j, rate in rates.items() if j not in scheduled)
+    if left > 0.0 and type(policy).conserving:
         ceilings = targets.ceilings if isinstance(targets, Share) else None
         unmet = {}
         for job in active:

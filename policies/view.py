@@ -206,6 +206,8 @@ class Periodic:
     nodes: int
     w: float
     vol_io: float
+    learned: bool = False  # learned from the job's phases, not declared
+    confidence: float = 1.0  # of a learned period, in [0, 1]
 
 
 NO_PERIODIC: Mapping[JobId, Periodic] = MappingProxyType({})

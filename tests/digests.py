@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.digest import BufferHeader, Digest, JobDigest, PatternOrigin
 from burstctl.controller.membership import Membership
 from burstctl.controller.merge import merge, split_targets
 from burstctl.controller.split import Edge
@@ -56,6 +56,23 @@ def digest(rid: str, jobs: Any = (), **kw: Any) -> Digest:
 FULL_ROWS = (
     JobDigest("a", "u", "g", 4, 1.5, 40.0, 10.0, 2.0, -3.0, -1.0, 500.0, True, 77.0),
     JobDigest("b", "u", "g", 1, 1.0, 0.0, 0.0, 0.0, -1.0),
+    JobDigest(
+        "c",
+        "u",
+        "g",
+        2,
+        1.0,
+        0.0,
+        0.0,
+        0.0,
+        -1.0,
+        period_w=0.5,
+        period_vol=1e6,
+        period_learned=True,
+        resident=3.0,
+        pending=2.0,
+        mean_volume=5e5,
+    ),
 )
 FULL_DIGEST = Digest(
     replica_id="r1",
@@ -67,6 +84,9 @@ FULL_DIGEST = Digest(
     policy_params={"x": [1, 2]},
     policy_version=2,
     jobs=FULL_ROWS,
+    sent_at=10.0,
+    buffer=BufferHeader(1e9, 4e8, 1e8),
+    pattern=PatternOrigin("k1", 9.5),
 )
 
 

@@ -92,6 +92,8 @@ class DpsacPolicy(Policy):
 
     name = "dpsac"
     Params = DpsacParams
+    keeps_state = True  # the clustering of the jobs of its views
+    conserving = False  # a job it defers waits, also between the replicas' exchanges
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)

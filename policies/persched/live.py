@@ -148,6 +148,7 @@ class PerSchedLive(Policy):
 
     name = "persched"
     Params = PerSchedParams
+    keeps_state = True  # the pattern of the periodic jobs of its views
 
     def __init__(self, params: PolicyParams | None = None) -> None:
         super().__init__(params)

@@ -24,7 +24,7 @@ from support.grpc import RawSession, hello, post
 
 from burstctl.client import AsyncSession, JobInfo
 from burstctl.controller.app import Replica
-from burstctl.controller.digest import to_proto
+from burstctl.controller.digest_wire import to_proto
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 from burstctl.proto.burstctl.v1 import peer_pb2_grpc
 

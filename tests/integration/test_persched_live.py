@@ -13,25 +13,19 @@ import asyncio
 import threading
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 
 import httpx
 import pytest
 from support import async_wait_until
+from support.periodic import CHUNK, Trace, paced, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
-from burstctl.client.bucket import Pattern
 from burstctl.controller.app import Replica
-from burstctl.policies.persched.live import PerSchedLive, predicted_iteration
+from burstctl.policies.persched.live import PerSchedLive
 
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
-KiB = 1 << 10
-CHUNK = 64 * KiB
-# A chunk granted this long after its window's end still counts as inside: the thread's
-# wake-up after the grant on two shared cores, plus the one-way delay of the Allocation.
-LATE = 0.03
 # B = 40 MiB/s, b = 8 MiB/s; the periodic jobs: (name, nodes, w s, vol_io bytes)
 PERIODIC = [("p1", 2, 0.2, 3 * MiB), ("p2", 2, 0.3, 4 * MiB), ("p3", 1, 0.25, 1 * MiB)]
 RESERVE = 0.1
@@ -41,44 +35,6 @@ SETTINGS = {
     "policy_params": {"reserve": RESERVE, "kprime": 2},
     "release_delay": 0.05,  # the default: a periodic session keeps its windows anyway
 }
-
-
-@dataclass
-class Trace:
-    """What one periodic client did: per iteration its start and end, per chunk its grant."""
-
-    iterations: list[tuple[float, float]] = field(default_factory=list)
-    grants: list[float] = field(default_factory=list)
-    pattern: Pattern | None = None
-
-
-def periodic_loop(
-    session: Session, w: float, vol: int, stop: threading.Event, trace: Trace
-) -> None:
-    while not stop.is_set():
-        start = time.monotonic()
-        time.sleep(w)  # the application's compute phase
-        with session.operation("write", vol):
-            left = vol
-            while left > 0:
-                n = min(CHUNK, left)
-                session.acquire(n)
-                trace.grants.append(time.monotonic())
-                left -= n
-        trace.iterations.append((start, time.monotonic()))
-        trace.pattern = session.pattern
-
-
-def pump(session: Session, stop: threading.Event, grants: list[float]) -> None:
-    with session.operation("write"):
-        while not stop.is_set():
-            session.acquire(CHUNK)
-            grants.append(time.monotonic())
-
-
-def outside(pattern: Pattern, t: float) -> bool:
-    """``t`` lies outside every window of ``pattern``, by more than LATE."""
-    return all(pattern.rate_at(t - d) <= 0.0 for d in (0.0, LATE / 2, LATE))
 
 
 # Iteration lengths are measured against the pattern's within 5 %: alone, not beside other
@@ -134,20 +90,10 @@ async def test_three_periodic_jobs_pace_to_their_windows_and_a_fourth_gets_the_r
     period = installed.computed.result.period
     report = []
     for (name, *_), trace in zip(PERIODIC, traces, strict=True):
-        pattern = trace.pattern
-        assert pattern is not None, f"{name} never paced to windows"
-        assert pattern.period == pytest.approx(period)
-        grants = [t for t in trace.grants if steady <= t <= window_end]
-        out = sum(1 for t in grants if outside(pattern, t))
-        # Whole periods of iterations: a job with n_per instances may alternate lengths.
-        n_per = installed.computed.instances(name)
-        steady_its = [(s, e) for s, e in trace.iterations if s >= steady]
-        steady_its = steady_its[: len(steady_its) // n_per * n_per]
-        assert steady_its, f"{name}: no whole period of steady iterations"
-        measured = (steady_its[-1][1] - steady_its[0][0]) / len(steady_its)
-        predicted = predicted_iteration(installed, name)
-        report.append((name, measured, predicted, out, len(grants)))
-        assert measured == pytest.approx(predicted, rel=0.05), report
+        got = paced(installed, name, trace, steady, window_end)
+        report.append((name, got.measured, got.predicted, got.outside, got.grants))
+        assert got.outside <= 0.01 * got.grants, report
+        assert got.measured == pytest.approx(got.predicted, rel=0.05), report
     # The non-periodic job gets the reserve, within 15 %.
     got = [t for t in other_grants if steady <= t <= window_end]
     rate = len(got) * CHUNK / (window_end - steady)

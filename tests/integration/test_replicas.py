@@ -22,7 +22,8 @@ from support import Pump, async_wait_until, free_port, measure
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
-from burstctl.controller.digest import Digest, JobDigest, to_proto
+from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.digest_wire import to_proto
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
 MiB = 1 << 20

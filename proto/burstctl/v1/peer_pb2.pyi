@@ -7,7 +7,7 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class DigestJobs(_message.Message):
-    __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred")
+    __slots__ = ("job_id", "user", "group", "nodes", "priority", "demand", "usage_bytes", "progress", "released_at", "posted_at", "remaining", "open_op", "transferred", "period_w", "period_vol", "period_learned", "resident", "pending", "mean_volume")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     USER_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
@@ -21,6 +21,12 @@ class DigestJobs(_message.Message):
     REMAINING_FIELD_NUMBER: _ClassVar[int]
     OPEN_OP_FIELD_NUMBER: _ClassVar[int]
     TRANSFERRED_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_W_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_VOL_FIELD_NUMBER: _ClassVar[int]
+    PERIOD_LEARNED_FIELD_NUMBER: _ClassVar[int]
+    RESIDENT_FIELD_NUMBER: _ClassVar[int]
+    PENDING_FIELD_NUMBER: _ClassVar[int]
+    MEAN_VOLUME_FIELD_NUMBER: _ClassVar[int]
     job_id: _containers.RepeatedScalarFieldContainer[str]
     user: _containers.RepeatedScalarFieldContainer[str]
     group: _containers.RepeatedScalarFieldContainer[str]
@@ -34,10 +40,34 @@ class DigestJobs(_message.Message):
     remaining: _containers.RepeatedScalarFieldContainer[float]
     open_op: _containers.RepeatedScalarFieldContainer[bool]
     transferred: _containers.RepeatedScalarFieldContainer[float]
-    def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ...) -> None: ...
+    period_w: _containers.RepeatedScalarFieldContainer[float]
+    period_vol: _containers.RepeatedScalarFieldContainer[float]
+    period_learned: _containers.RepeatedScalarFieldContainer[bool]
+    resident: _containers.RepeatedScalarFieldContainer[float]
+    pending: _containers.RepeatedScalarFieldContainer[float]
+    mean_volume: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, job_id: _Optional[_Iterable[str]] = ..., user: _Optional[_Iterable[str]] = ..., group: _Optional[_Iterable[str]] = ..., nodes: _Optional[_Iterable[int]] = ..., priority: _Optional[_Iterable[float]] = ..., demand: _Optional[_Iterable[float]] = ..., usage_bytes: _Optional[_Iterable[float]] = ..., progress: _Optional[_Iterable[float]] = ..., released_at: _Optional[_Iterable[float]] = ..., posted_at: _Optional[_Iterable[float]] = ..., remaining: _Optional[_Iterable[float]] = ..., open_op: _Optional[_Iterable[bool]] = ..., transferred: _Optional[_Iterable[float]] = ..., period_w: _Optional[_Iterable[float]] = ..., period_vol: _Optional[_Iterable[float]] = ..., period_learned: _Optional[_Iterable[bool]] = ..., resident: _Optional[_Iterable[float]] = ..., pending: _Optional[_Iterable[float]] = ..., mean_volume: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class BufferBooks(_message.Message):
+    __slots__ = ("size", "used", "drain_bandwidth")
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    USED_FIELD_NUMBER: _ClassVar[int]
+    DRAIN_BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    size: float
+    used: float
+    drain_bandwidth: float
+    def __init__(self, size: _Optional[float] = ..., used: _Optional[float] = ..., drain_bandwidth: _Optional[float] = ...) -> None: ...
+
+class PatternOrigin(_message.Message):
+    __slots__ = ("key", "origin")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    origin: float
+    def __init__(self, key: _Optional[str] = ..., origin: _Optional[float] = ...) -> None: ...
 
 class Digest(_message.Message):
-    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs", "sent_at", "base_sequence", "left", "catalog")
+    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs", "sent_at", "base_sequence", "left", "catalog", "buffer", "pattern")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -52,6 +82,8 @@ class Digest(_message.Message):
     BASE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEFT_FIELD_NUMBER: _ClassVar[int]
     CATALOG_FIELD_NUMBER: _ClassVar[int]
+    BUFFER_FIELD_NUMBER: _ClassVar[int]
+    PATTERN_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
     incarnation: int
     sequence: int
@@ -66,7 +98,9 @@ class Digest(_message.Message):
     base_sequence: int
     left: _containers.RepeatedScalarFieldContainer[str]
     catalog: _containers.RepeatedCompositeFieldContainer[CatalogRecord]
-    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ..., sent_at: _Optional[float] = ..., base_sequence: _Optional[int] = ..., left: _Optional[_Iterable[str]] = ..., catalog: _Optional[_Iterable[_Union[CatalogRecord, _Mapping]]] = ...) -> None: ...
+    buffer: BufferBooks
+    pattern: PatternOrigin
+    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ..., sent_at: _Optional[float] = ..., base_sequence: _Optional[int] = ..., left: _Optional[_Iterable[str]] = ..., catalog: _Optional[_Iterable[_Union[CatalogRecord, _Mapping]]] = ..., buffer: _Optional[_Union[BufferBooks, _Mapping]] = ..., pattern: _Optional[_Union[PatternOrigin, _Mapping]] = ...) -> None: ...
 
 class CatalogRecord(_message.Message):
     __slots__ = ("key", "version", "origin", "changed_at", "registration", "retired", "profile")

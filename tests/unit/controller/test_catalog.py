@@ -21,7 +21,8 @@ from burstctl.controller.catalog import (
     records_problem,
 )
 from burstctl.controller.delta import advance, apply
-from burstctl.controller.digest import Digest, DigestError, from_proto, to_proto, validate
+from burstctl.controller.digest import Digest, DigestError, validate
+from burstctl.controller.digest_wire import from_proto, to_proto
 from burstctl.controller.profiles import ProfileStore
 from burstctl.controller.state import StateStore
 

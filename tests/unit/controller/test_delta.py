@@ -31,10 +31,9 @@ from burstctl.controller.digest import (
     DigestError,
     DigestJobs,
     JobDigest,
-    from_proto,
     same_columns,
-    to_proto,
 )
+from burstctl.controller.digest_wire import from_proto, to_proto
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.merge import columns_read
 from burstctl.controller.records import JobMeta, OpKind

@@ -13,16 +13,19 @@ import pytest
 from digests import FULL_DIGEST, FULL_ROWS, digest, job
 
 from burstctl.controller.digest import (
+    NO_BUFFER,
+    NO_PATTERN,
+    BufferHeader,
     Digest,
     DigestError,
     DigestJobs,
     JobDigest,
-    build_digest,
-    from_proto,
-    to_proto,
+    PatternOrigin,
     validate,
 )
+from burstctl.controller.digest_wire import from_proto, to_proto
 from burstctl.controller.jobs import JobTable
+from burstctl.controller.local_digest import build_digest
 from burstctl.controller.membership import Membership, Status
 from burstctl.controller.records import JobMeta, OpKind
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
@@ -63,6 +66,12 @@ BAD_DIGESTS: list[tuple[str, dict[str, Any]]] = [
     ("policy_params", {"policy_params": {"x": object()}}),
     ("policy_version", {"policy_version": -3}),
     ("jobs[1].job_id", {"jobs": (job("J1"), job("J1"))}),
+    ("buffer.size", {"buffer": BufferHeader(-1.0, 0.0, 0.0)}),
+    ("buffer.used", {"buffer": BufferHeader(10.0, math.nan, 0.0)}),
+    ("buffer.drain_bandwidth", {"buffer": BufferHeader(10.0, 0.0, math.inf)}),
+    ("pattern.key", {"pattern": PatternOrigin("a\nb", 0.0)}),
+    ("pattern.origin", {"pattern": PatternOrigin("k", math.nan)}),
+    ("pattern.origin", {"pattern": PatternOrigin("k", 1e9)}),  # after sent_at
 ]
 
 # Values of the right type out of range: refused by validate(), named by job and field.
@@ -87,6 +96,15 @@ BAD_JOBS: list[tuple[str, dict[str, Any]]] = [
     ("released_at", {"released_at": -math.inf}),
     ("posted_at", {"posted_at": 1.0}),
     ("remaining", {"remaining": -1.0}),
+    ("period_w", {"period_w": 0.0, "period_vol": 1.0}),
+    ("period_w", {"period_w": 1e6, "period_vol": 1.0}),
+    ("period_vol", {"period_w": 1.0, "period_vol": -1.0}),
+    ("period_vol", {"period_w": 1.0}),  # a period has both
+    ("period_vol", {"period_vol": 5.0}),
+    ("period_learned", {"period_learned": True}),  # a learned period without one
+    ("resident", {"resident": -1.0}),
+    ("pending", {"pending": math.inf}),
+    ("mean_volume", {"mean_volume": math.nan}),
 ]
 
 # Values of the wrong type: no DigestJobs (so no Digest) can hold them.
@@ -98,6 +116,8 @@ BAD_TYPES: list[Any] = [
     ("priority", {"priority": "1"}),
     ("demand", {"demand": None}),
     ("open_op", {"open_op": 1}),
+    ("period_learned", {"period_learned": 1}),
+    ("resident", {"resident": "1"}),
 ]
 
 
@@ -367,10 +387,23 @@ def test_malformed_proto_names_the_field(edit: Callable[[pb.Digest], object], fi
     assert err.value.field == field
 
 
+def test_a_digest_of_the_previous_version_has_no_periods_and_no_buffer() -> None:
+    msg = to_proto(DIGEST)
+    for name in ("period_w", "period_vol", "period_learned", "resident", "pending"):
+        msg.jobs.ClearField(name)
+    msg.jobs.ClearField("mean_volume")
+    msg.ClearField("buffer")
+    msg.ClearField("pattern")
+    got = from_proto(msg)
+    assert got.buffer == NO_BUFFER and got.pattern == NO_PATTERN
+    assert all(r.period_w is None and r.resident == 0.0 for r in got.jobs)
+    assert got.jobs.job_id == DIGEST.jobs.job_id
+
+
 def test_jobs_travel_as_columns_and_absent_values_as_nan() -> None:
     msg = to_proto(DIGEST)
-    assert list(msg.jobs.job_id) == ["a", "b"]
-    assert list(msg.jobs.nodes) == [4, 1]
+    assert list(msg.jobs.job_id) == ["a", "b", "c"]
+    assert list(msg.jobs.nodes) == [4, 1, 2]
     assert msg.jobs.posted_at[0] == -1.0 and math.isnan(msg.jobs.posted_at[1])
     assert msg.jobs.remaining[0] == 500.0 and math.isnan(msg.jobs.remaining[1])
     got = from_proto(pb.Digest.FromString(msg.SerializeToString()))

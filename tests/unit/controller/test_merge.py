@@ -13,7 +13,8 @@ import pytest
 from digests import B_NODE, BIG, C, digest, exchange, job, per_job, per_replica
 from support import views
 
-from burstctl.controller.digest import Digest, JobDigest, from_proto, to_proto
+from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.digest_wire import from_proto, to_proto
 from burstctl.controller.membership import Membership
 from burstctl.controller.merge import Conflict, merge, split_targets
 from burstctl.policies.decision import decide

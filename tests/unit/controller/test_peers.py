@@ -19,7 +19,8 @@ from digests import FULL_DIGEST
 from support import async_wait_until, views
 from support.replicas import replica_pair
 
-from burstctl.controller.digest import Digest, JobDigest, to_proto
+from burstctl.controller.digest import Digest, JobDigest
+from burstctl.controller.digest_wire import to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
 from burstctl.controller.peer_link import REPLICA_ID_KEY, Outgoing, PeerLink

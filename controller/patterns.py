@@ -1,0 +1,156 @@
+"""PerSched across replicas: one pattern for the whole system, each replica its part of it.
+
+Every replica computes the same pattern from the merged view (the periodic jobs of every
+digest, capacity Σ_r B_r: ``PolicySlot.merged`` decides it, ``policies/persched/live.py``),
+so the pattern itself needs no exchange. Its *origin* does: a period must start at the same
+instant on every replica, and replicas share no clock. The coordinator, the lowest replica id
+in the merged view, announces the origin in its digests (``PatternOrigin``: the pattern's key
+and an instant on its own clock); every other replica reads it on its own clock as the
+instant it accepted that digest less the announced origin's age at sending (the error is the
+digest's transit time). A replica that becomes the coordinator keeps the origin it holds, so
+the periods do not jump when the coordinator changes.
+
+Each replica's part of a job's windows is the job's window rate times the part of the job's
+bytes that goes through that replica (``fractions``), and a replica whose parts would pass
+its capacity less the reserve at some instant scales its parts down to it: the rates in
+force there never sum above its capacity. docs/replicas.md, "PerSched across replicas".
+
+Pure but for the state it keeps between exchanges (the origin and the key it holds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from burstctl.controller.digest import NO_PATTERN, Digest, PatternOrigin, ReplicaId
+from burstctl.policies.schedule import Schedule, Window
+from burstctl.policies.view import JobId
+
+
+def key_name(key: object) -> str:
+    """A short, deterministic name of a pattern's key (its periodic jobs, B and b)."""
+    return hashlib.sha256(repr(key).encode()).hexdigest()[:24]
+
+
+@dataclass(frozen=True, slots=True)
+class Part:
+    """This replica's part of the global pattern: its schedules (origin on its clock) and
+    their windows' peak together."""
+
+    schedules: Mapping[JobId, Schedule]
+    peak: float
+
+
+NO_PART = Part({}, 0.0)
+
+
+class GlobalPattern:
+    """The origin this replica holds for the global pattern, and its part of the pattern."""
+
+    def __init__(self, replica_id: ReplicaId) -> None:
+        self.replica_id = replica_id
+        self._key = ""  # the key of the pattern whose origin is held
+        self._origin = 0.0  # on this replica's clock
+        self._heard: tuple[str, float, float] | None = None  # coordinator's (key, origin, sent)
+        self.coordinator: ReplicaId | None = None
+
+    def announce(self) -> PatternOrigin:
+        """What this replica's next digest says: the origin, if it coordinates one."""
+        if self.coordinator == self.replica_id and self._key:
+            return PatternOrigin(self._key, self._origin)
+        return NO_PATTERN
+
+    def part(
+        self,
+        key: object | None,
+        schedules: Mapping[JobId, Schedule],
+        digests: Sequence[Digest],
+        heard_at: Mapping[ReplicaId, float],
+        now: float,
+        capacity: float,
+    ) -> Part:
+        """This replica's part of the pattern ``schedules`` (the merged decision's, for the
+        periodic jobs of ``key``; None: no pattern) given the exchange's ``digests`` (in
+        replica id order), when each peer's was accepted (``heard_at``, this clock) and the
+        capacity its parts may take at an instant (``capacity``: B_r less the reserve)."""
+        if key is None or not schedules or not digests:
+            self._key, self._heard, self.coordinator = "", None, None
+            return NO_PART
+        name = key_name(key)
+        coordinator = digests[0].replica_id
+        self.coordinator = coordinator
+        if coordinator == self.replica_id:
+            if name != self._key:
+                self._key, self._origin = name, now
+        else:
+            announced = digests[0].pattern
+            if announced.key != name:
+                return NO_PART  # not agreed yet: no windows rather than windows out of step
+            heard = (announced.key, announced.origin, digests[0].sent_at)
+            if heard[:2] != (self._heard or ("", math.nan))[:2] or name != self._key:
+                at = heard_at.get(coordinator, now)
+                self._key, self._origin = name, at - (heard[2] - heard[1])
+            self._heard = heard
+        mine = fractions(digests, self.replica_id, schedules)
+        parts = {
+            j: Schedule(s.period, s.scaled(mine[j]).windows, self._origin)
+            for j, s in schedules.items()
+            if mine.get(j, 0.0) > 0.0
+        }
+        peak = peak_rate(parts.values())
+        if peak > capacity > 0.0:  # parts that would pass this replica's capacity: scaled
+            factor = capacity / peak
+            parts = {j: s.scaled(factor) for j, s in parts.items()}
+            peak = capacity
+        return Part(parts, peak)
+
+
+def fractions(
+    digests: Sequence[Digest], replica_id: ReplicaId, jobs: Mapping[JobId, object]
+) -> dict[JobId, float]:
+    """The part of each job of ``jobs`` that goes through ``replica_id``: the mean volume of
+    its operations there over the sum of those means on every replica it is on (the bytes of
+    one iteration, not of all time: a replica that fell behind does not get less for it);
+    evenly while a replica has completed no operation of the job yet. The parts of a job sum
+    to 1."""
+    means: dict[JobId, dict[ReplicaId, float]] = {}
+    for digest in digests:
+        d = digest.jobs
+        for i, job_id in enumerate(d.job_id):
+            if job_id in jobs:
+                means.setdefault(job_id, {})[digest.replica_id] = float(d.mean_volume[i])
+    out = {}
+    for job_id, per_replica in means.items():
+        if replica_id not in per_replica:
+            continue
+        total = math.fsum(per_replica.values())
+        known = all(v > 0.0 for v in per_replica.values())
+        out[job_id] = per_replica[replica_id] / total if known else 1.0 / len(per_replica)
+    return out
+
+
+def peak_rate(schedules: Iterable[Schedule]) -> float:
+    """The largest sum of window rates at one instant over schedules of one pattern (the
+    same period and origin)."""
+    windows: list[Window] = []
+    period = 0.0
+    for s in schedules:
+        period = s.period
+        windows.extend(s.windows)
+    if not windows:
+        return 0.0
+    edges: list[tuple[float, float]] = []
+    for w in windows:  # a window past the period wraps into the next one
+        for start, end in ((w.start, min(w.end, period)), (0.0, w.end - period)):
+            if end > start:
+                edges.append((start, w.rate))
+                edges.append((end, -w.rate))
+    edges.sort(key=lambda e: (e[0], e[1]))  # at one instant, ends before starts
+    level = peak = 0.0
+    for _, rate in edges:
+        level += rate
+        peak = max(peak, level)
+    return peak
