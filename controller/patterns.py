@@ -7,8 +7,9 @@ instant on every replica, and replicas share no clock. The coordinator, the lowe
 in the merged view, announces the origin in its digests (``PatternOrigin``: the pattern's key
 and an instant on its own clock); every other replica reads it on its own clock as the
 instant it accepted that digest less the announced origin's age at sending (the error is the
-digest's transit time). A replica that becomes the coordinator keeps the origin it holds, so
-the periods do not jump when the coordinator changes.
+digest's transit time). A replica keeps the origin it holds for a pattern while the
+coordinator it sees announces another one (a peer missing from its view for a moment), and
+one that becomes the coordinator keeps it too: the periods do not jump when views differ.
 
 Each replica's part of a job's windows is the job's window rate times the part of the job's
 bytes that goes through that replica (``fractions``), and a replica whose parts would pass
@@ -87,13 +88,17 @@ class GlobalPattern:
                 self._key, self._origin = name, now
         else:
             announced = digests[0].pattern
-            if announced.key != name:
+            if announced.key == name:
+                heard = (announced.key, announced.origin, digests[0].sent_at)
+                if heard[:2] != (self._heard or ("", math.nan))[:2] or name != self._key:
+                    at = heard_at.get(coordinator, now)
+                    self._key, self._origin = name, at - (heard[2] - heard[1])
+                self._heard = heard
+            elif name != self._key:
                 return NO_PART  # not agreed yet: no windows rather than windows out of step
-            heard = (announced.key, announced.origin, digests[0].sent_at)
-            if heard[:2] != (self._heard or ("", math.nan))[:2] or name != self._key:
-                at = heard_at.get(coordinator, now)
-                self._key, self._origin = name, at - (heard[2] - heard[1])
-            self._heard = heard
+            # else the coordinator announces another pattern (or none) for now: this one's
+            # origin, held since it was agreed, stands (a peer missing from one view for a
+            # moment must not take the windows away)
         mine = fractions(digests, self.replica_id, schedules)
         parts = {
             j: Schedule(s.period, s.scaled(mine[j]).windows, self._origin)

@@ -151,3 +151,20 @@ def test_a_buffer_or_a_pattern_that_moved_keeps_the_share_of_a_policy_that_reads
     a = digest("r1", (job("a", resident=1.0),), buffer=BufferHeader(100, 10, 5))
     b = dataclasses.replace(a, buffer=BufferHeader(100, 60, 5), pattern=PatternOrigin("k", 0.0))
     assert same_columns(a, b, {"job_id", "open_op", "nodes", "demand"})
+
+
+def test_an_origin_once_agreed_stands_while_the_coordinator_announces_another_pattern() -> None:
+    key = ((("p", 1, 0.5, 1e6),), 100.0, 10.0)
+    pattern = {"p": schedule((0.0, 0.5, 8.0))}
+    r1 = digest("r1", (job("p", mean_volume=1.0),), sent_at=50.0, pattern=PatternOrigin(
+        key_name(key), 42.0))  # fmt: skip
+    r2 = digest("r2", (job("p", mean_volume=1.0),), sent_at=700.0)
+    other = GlobalPattern("r2")
+    assert other.part(key, pattern, [r1, r2], {"r1": 1000.0}, 1001.0, 100.0).schedules
+    # r1 now announces nothing (its view lost a peer): r2 keeps the origin it agreed on
+    silent = dataclasses.replace(r1, pattern=PatternOrigin())
+    kept = other.part(key, pattern, [silent, r2], {"r1": 1010.0}, 1011.0, 100.0)
+    assert kept.schedules["p"].origin == 992.0
+    # alone (r1 gone from its view), r2 coordinates with the same origin
+    assert other.part(key, pattern, [r2], {}, 1020.0, 100.0).schedules["p"].origin == 992.0
+    assert other.announce() == PatternOrigin(key_name(key), 992.0)
