@@ -104,6 +104,19 @@ class SessionCore:
         return self._stream.refused
 
     @property
+    def advice(self) -> tuple[str, ...]:
+        """The replica addresses the controller advises the session's job now (empty: none
+        given; docs/placement-live.md, "Following the advice")."""
+        return self._stream.advice
+
+    @property
+    def in_phase(self) -> bool:
+        """An operation is open, implicit or explicit, or an acquire is under way: the job is
+        in an I/O phase on this stream."""
+        with self._lock:
+            return self._implicit_op is not None or self._explicit_ops > 0 or self._acquiring > 0
+
+    @property
     def stream_ends(self) -> Mapping[str, int]:
         """How the session's streams ended so far, by status name (docs/protocol.md)."""
         return self._stream.ends

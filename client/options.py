@@ -176,6 +176,14 @@ def _addresses(value: str | Sequence[str] | None, name: str) -> list[str]:
     return out
 
 
+def follows_advice(replicas: Sequence[str] | None, follow_advice: bool | None) -> bool:
+    """Whether a session follows placement advice: ``replicas`` given, or ``follow_advice``
+    (None: ``BURSTCTL_FOLLOW_ADVICE=1``)."""
+    if follow_advice is None:
+        follow_advice = os.environ.get(FOLLOW_ADVICE_VAR, "").strip() in ("1", "true", "yes")
+    return follow_advice or bool(replicas)
+
+
 def resolve_targets(
     target: str | Sequence[str] | None,
     replicas: Sequence[str] | None,
@@ -192,10 +200,8 @@ def resolve_targets(
     controllers = _addresses(target, "target") or _addresses(
         os.environ.get(CONTROLLERS_VAR), CONTROLLERS_VAR
     )
-    if follow_advice is None:
-        follow_advice = os.environ.get(FOLLOW_ADVICE_VAR, "").strip() in ("1", "true", "yes")
     advised = _addresses(replicas, "replicas")
-    if not advised and follow_advice:
+    if not advised and follows_advice(None, follow_advice):
         advised = _addresses(os.environ.get(REPLICAS_VAR), REPLICAS_VAR)
     if advised:
         return advised

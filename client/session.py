@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import threading
 from collections.abc import Sequence
 from types import TracebackType
+from typing import Any
 
 from burstctl.client.bucket import Pattern
 from burstctl.client.core import SessionCore
@@ -27,6 +29,7 @@ from burstctl.client.options import (
     Purpose,
     RateObserver,
     SessionOptions,
+    follows_advice,
     resolve_targets,
 )
 from burstctl.client.runtime import CLOSE_TIMEOUT, ClientRuntime
@@ -151,30 +154,37 @@ class _SessionBase:
             bucket_observer=bucket_observer,
         )
         self._core = SessionCore(options)
-        # Striping over advised replicas (`Session`): one more stream per extra target, the
-        # same job and client id; the first core holds the buffer and the rate observer.
-        self._cores = [self._core] + [
-            SessionCore(
-                SessionOptions.build(
-                    extra,
-                    options.job,
-                    options.fallback,
-                    report_interval=report_interval,
-                    quiet_gap=quiet_gap,
-                    attach_timeout=attach_timeout,
-                    client_id=options.client_id,
-                    security=security,
-                    fallback_grace=fallback_grace,
-                    purpose=purpose,
-                )
-            )
-            for extra in extra_targets
-        ]
+        # What a stream on another advised replica is built with: the same job and client id;
+        # the first core holds the buffer and the rate observer.
+        self._extra_settings: dict[str, Any] = {
+            "report_interval": report_interval,
+            "quiet_gap": quiet_gap,
+            "attach_timeout": attach_timeout,
+            "client_id": options.client_id,
+            "security": security,
+            "fallback_grace": fallback_grace,
+            "purpose": purpose,
+        }
+        # Striping over advised replicas (`Session`): one more stream per extra target.
+        self._cores = [self._core] + [self._extra_core(extra) for extra in extra_targets]
+
+    def _extra_core(self, target: str) -> SessionCore:
+        options = self._core.options
+        return SessionCore(
+            SessionOptions.build(target, options.job, options.fallback, **self._extra_settings)
+        )
 
     @property
     def targets(self) -> list[str]:
         """The replica addresses the session has a stream on (several: striped)."""
         return [e.options.target for e in self._cores]
+
+    @property
+    def advice(self) -> tuple[str, ...]:
+        """The replica addresses the first replica advises the job now (Allocation.advice;
+        empty: none given). A session that follows the advice stripes over them from its
+        next phase start (docs/placement-live.md, "Following the advice")."""
+        return self._core.advice
 
     @property
     def job(self) -> JobInfo:
@@ -350,6 +360,9 @@ class Session(_SessionBase):
             extra_targets=targets[1:],
             bucket_observer=bucket_observer,
         )
+        self._follow = follows_advice(replicas, follow_advice)
+        self.restriped = 0  # times the striping moved to changed advice
+        self._restripe = threading.Lock()
         self._owns_runtime = runtime is None
         self._runtime = runtime or ClientRuntime(name=f"burstctl-session-{self.client_id}")
         try:
@@ -369,15 +382,43 @@ class Session(_SessionBase):
         """Waits until the session is attached (every stream); returns whether it is."""
         return all([e.wait_attached(timeout) for e in self._cores])
 
+    def _follow_advice(self) -> list[SessionCore]:
+        """The streams to stripe over; a session that follows the advice moves them first to
+        the replicas its first replica advises now, when that changed and no stream is in an
+        I/O phase (a phase start: never mid-phase). The first stream stays: the advice and
+        the buffer's space come on it (docs/placement-live.md, "Following the advice")."""
+        cores = self._cores
+        advised = self._core.advice if self._follow else ()
+        if not advised:
+            return cores
+        home = self._core.options.target
+        wanted = [home, *(a for a in advised if a != home)]
+        if wanted == [c.options.target for c in cores] or any(c.in_phase for c in cores):
+            return cores
+        with self._restripe:
+            cores = self._cores
+            held = {c.options.target: c for c in cores}
+            moved = [held.get(target) or self._extra_core(target) for target in wanted]
+            for core in moved:
+                if core.options.target not in held:
+                    self._runtime.start_core(core)
+            for core in cores:
+                if core not in moved:
+                    self._runtime.close_core(core)  # says Goodbye; not waited for
+            self._cores = moved
+            self.restriped += 1
+            return moved
+
     def acquire(self, nbytes: int, kind: str = "write") -> None:
         """Blocks until the job's token bucket allows ``nbytes`` of I/O of ``kind``; striped,
         each stream's bucket its even share."""
-        if len(self._cores) == 1:
+        cores = self._follow_advice()
+        if len(cores) == 1:
             self._core.acquire(nbytes, kind)
             return
         parts = [
             (core, share)
-            for core, share in zip(self._cores, _shares(nbytes, len(self._cores)), strict=True)
+            for core, share in zip(cores, _shares(nbytes, len(cores)), strict=True)
             if share or core is self._core
         ]
 
@@ -406,10 +447,11 @@ class Session(_SessionBase):
     def operation(self, kind: str, volume: int = 0) -> Operation | _Striped:
         """An explicit I/O operation of ``volume`` bytes (0 = unknown) for a ``with`` block;
         striped, one on each stream with its share of the volume."""
-        if len(self._cores) == 1:
+        cores = self._follow_advice()
+        if len(cores) == 1:
             return Operation(self._core, kind, volume)
-        shares = _shares(volume, len(self._cores))
-        return _Striped([Operation(e, kind, v) for e, v in zip(self._cores, shares, strict=True)])
+        shares = _shares(volume, len(cores))
+        return _Striped([Operation(e, kind, v) for e, v in zip(cores, shares, strict=True)])
 
     def close(self) -> None:
         """Says Goodbye and ends the stream (and its own runtime's thread); idempotent."""

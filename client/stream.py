@@ -93,6 +93,7 @@ class SessionStream:
         self._heartbeat: float | None = None
         self._urgent = False  # a message queued for the stream must not linger
         self._lease_deadline = math.inf
+        self.advice: tuple[str, ...] = ()  # Allocation.advice: the job's advised replicas
         self._lease_changed = asyncio.Event()
         # What the session paces at without a live controller (client/fallback.py).
         self._fallback = FallbackPacer(options.fallback, options.fallback_grace, throttle)
@@ -425,6 +426,8 @@ class SessionStream:
             logger.debug("ignoring a server message without a known body: %r", body)
 
     def _on_allocation(self, allocation: pb.Allocation) -> None:
+        if allocation.HasField("advice"):  # also in a copy of the allocation in force
+            self.advice = tuple(allocation.advice.replicas)
         stale = self._stream_epoch is not None and allocation.epoch <= self._stream_epoch
         if stale and self._space is not None and allocation.HasField("space"):
             # A rise of the space limit comes in a copy of the allocation in force (same

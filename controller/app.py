@@ -20,13 +20,14 @@ from typing import Any
 
 from burstctl.common.files import keep_saving, save_changes
 from burstctl.controller.buffer import BufferBooks
+from burstctl.controller.catalog import Catalog
 from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.ghosts import Ghosts, InForce
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
 from burstctl.controller.metrics import LatencyHistogram, Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
-from burstctl.controller.placement import PlacementInputs
+from burstctl.controller.placement import AdviceFeed, PlacementInputs
 from burstctl.controller.profiles import PhaseRecorder, ProfileStore
 from burstctl.controller.registrations import Registrations
 from burstctl.controller.rest import build_app
@@ -70,6 +71,10 @@ class Replica:
             max_open_ops=config.max_open_ops,
         )
         self.ledger = Ledger(config.state_dir, self.table)
+        # What applications did in their I/O phases: the input of placement advice.
+        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
+        # Registrations and profiles, held alike by every replica (docs/replicas.md).
+        self.catalog = Catalog(config.replica_id, self.profiles)
         # Read now, before anything listens: a file that cannot be used fails the build.
         self.credentials = load_credentials(config)
         self.gate = self.credentials.gate
@@ -100,6 +105,7 @@ class Replica:
                 clock=clock,
                 security=self.credentials.peers,
                 books=self.books,
+                catalog=self.catalog,
             )
             self.peer_servicer = PeerServicer(
                 self.peer_sync.membership,
@@ -107,6 +113,7 @@ class Replica:
                 config.replica_id,
                 clock,
                 max_jobs=config.max_digest_jobs,
+                catalog=self.catalog,
             )
         latency = LatencyHistogram(config.replica_id)
         # Sessions gone without a Goodbye stay counted until they come back, or for as long as
@@ -143,7 +150,7 @@ class Replica:
             ghosts=self.ghosts,
             lease=config.lease,
         )
-        self.registrations = Registrations(self.table, self.store, self.servicer)
+        self.registrations = Registrations(self.table, self.store, self.servicer, self.catalog)
         handlers = [self.servicer.rpc_handlers()]
         if self.peer_servicer is not None:
             handlers.append(self.peer_servicer.rpc_handlers())
@@ -154,8 +161,6 @@ class Replica:
             health_names=(SERVICE_NAME,),
             max_message_bytes=config.max_message_bytes,
         )
-        # What applications did in their I/O phases: the input of placement advice.
-        self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
         self.placement = PlacementInputs(
             config.replica_id,
             config.capacity,
@@ -164,7 +169,15 @@ class Replica:
             grpc=self.grpc,
             peers=self.peer_sync,
         )
-        self.phases = PhaseRecorder(self.profiles, self.table, count_of=self.placement.count)
+        # With peers, every session is told the replicas its job is advised (placement-live.md).
+        self.advice_feed = (
+            AdviceFeed(self.placement, self.table, config.placement_compute_nodes)
+            if self.peer_sync is not None
+            else None
+        )
+        self.phases = PhaseRecorder(
+            self.profiles, self.table, self.placement.count, stamp=self.catalog.next_stamp
+        )
         self.metrics = Metrics(
             config,
             latency,
@@ -257,6 +270,8 @@ class Replica:
             self._spawn(self.scheduler.tick(self.config.tick), "tick")
         if self.peer_sync is not None:
             self._spawn(self.peer_sync.run(), "peer-sync")
+        if self.advice_feed is not None:
+            self._spawn(self.advice_feed.run(self.config.sync_interval), "advice-feed")
         self.ready = True
         log.info(
             "controller %s serving gRPC on %s (policy %s, capacity %.0f B/s)",

@@ -21,6 +21,11 @@ times the headroom, which wobbles) is resent when it differs by more than
 client's pace changes anyway; 0 and > 0 always differ. Every
 ``FULL_EVERY``-th digest resets the sent view to the digest as built.
 
+The catalog (``controller/catalog.py``) rides along: a delta carries the records whose
+``(version, origin)`` the sent view does not hold, and the receiver merges them into its
+base's (the highest ``(version, origin)`` of each identity wins). A tombstone the sender has
+forgotten stays in the receiver's reconstruction until the next full digest.
+
 The receiver's reconstruction equals the sender's sent view bit for bit, and
 the sender merges its own sent view, not the digest as built, so that every
 replica computes the global view from the same input.
@@ -36,6 +41,7 @@ from typing import Any
 import numpy as np
 
 from burstctl.common.limits import MAX_JOBS
+from burstctl.controller.catalog import changed_since, merged
 from burstctl.controller.digest import (
     JOB_ARRAY_FIELDS,
     JOB_TEXT_FIELDS,
@@ -164,7 +170,13 @@ def advance(sent: Digest | None, built: Digest) -> tuple[Digest, Digest | None]:
     else:
         view = _gather(old, np.where(changed, -1, at), new, np.arange(len(new)))
     sent_view = dataclasses.replace(built, jobs=view)
-    delta = dataclasses.replace(built, jobs=delta_rows, base_sequence=sent.sequence, left=left)
+    delta = dataclasses.replace(
+        built,
+        jobs=delta_rows,
+        base_sequence=sent.sequence,
+        left=left,
+        catalog=changed_since(sent.catalog, built.catalog),
+    )
     return sent_view, delta
 
 
@@ -180,7 +192,9 @@ def apply(base: Digest, delta: Digest) -> Digest:
     if delta.sent_at < base.sent_at:
         raise DigestError("sent_at", f"{delta.sent_at!r} is before its base's {base.sent_at!r}")
     old, rows = base.jobs, delta.jobs
-    full = dataclasses.replace(delta, base_sequence=0, left=())
+    full = dataclasses.replace(
+        delta, base_sequence=0, left=(), catalog=merged(base.catalog, delta.catalog)
+    )
     if not rows.job_id and not delta.left:
         return dataclasses.replace(full, jobs=old)
     position = {job_id: i for i, job_id in enumerate(old.job_id)}

@@ -48,6 +48,7 @@ from burstctl.common.limits import (
     MAX_TEXT,
     identifier_problem,
 )
+from burstctl.controller import catalog as cat
 from burstctl.policies.view import JobId
 
 ReplicaId = str
@@ -272,6 +273,7 @@ class Digest:
     sent_at: float = 0.0  # when the sender built it, its clock; 0: the times are offsets
     base_sequence: int = 0  # 0: full; else a delta on this sequence (controller/delta.py)
     left: tuple[JobId, ...] = ()  # a delta's jobs that left since its base
+    catalog: tuple[cat.CatalogRecord, ...] = ()  # all (full) or the changed (delta)
     buffer: BufferHeader = field(default_factory=lambda: NO_BUFFER)  # the sender's buffer
     pattern: PatternOrigin = field(default_factory=lambda: NO_PATTERN)  # persched's origin
 
@@ -436,6 +438,8 @@ def validate(digest: Digest) -> None:
             f"on sequence {digest.sequence}",
         )
     _validate_left(digest)
+    if (problem := cat.records_problem(digest.catalog)) is not None:
+        raise DigestError(*problem)
     _validate_header(digest)
     _validate_jobs(digest.jobs, digest.sent_at)
 

@@ -13,6 +13,7 @@ import json
 import math
 from typing import Any
 
+from burstctl.controller.catalog import from_wire, to_wire
 from burstctl.controller.digest import (
     JOB_ARRAY_FIELDS,
     JOB_TEXT_FIELDS,
@@ -42,6 +43,7 @@ def to_proto(digest: Digest) -> pb.Digest:
         sent_at=digest.sent_at,
         base_sequence=digest.base_sequence,
         left=digest.left,
+        catalog=to_wire(digest.catalog),
     )
     if digest.buffer != NO_BUFFER:
         books = digest.buffer
@@ -104,6 +106,7 @@ def from_proto(msg: pb.Digest) -> Digest:
         pattern=PatternOrigin(msg.pattern.key, msg.pattern.origin)
         if msg.pattern.key
         else NO_PATTERN,
+        catalog=from_wire(msg.catalog),
     )
     validate(digest)
     return digest

@@ -14,6 +14,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
+from burstctl.controller.catalog import CatalogRecord
 from burstctl.controller.digest import (
     NO_BUFFER,
     NO_PATTERN,
@@ -41,11 +42,13 @@ def build_digest(
     now: float,
     buffer: BufferView | None = None,
     pattern: PatternOrigin = NO_PATTERN,
+    catalog: tuple[CatalogRecord, ...] = (),
 ) -> Digest:
     """This replica's digest at ``now``, with ``policy`` = (name, params, version, origin),
-    ``buffer`` the books as the policies see them (None: no buffer) and ``pattern`` the
-    origin of the pattern this replica coordinates; ``usage_seen`` (bytes moved per job at
-    the previous digest) is updated in place."""
+    ``buffer`` the books as the policies see them (None: no buffer), ``pattern`` the
+    origin of the pattern this replica coordinates and ``catalog`` the records it holds
+    (controller/catalog.py); ``usage_seen`` (bytes moved per job at the previous digest) is
+    updated in place."""
     rows: list[tuple[Any, ...]] = []
     nan = math.nan
     resident = buffer.resident if buffer is not None else {}
@@ -114,4 +117,5 @@ def build_digest(
         else DigestJobs.from_rows(()),
         buffer=books,
         pattern=pattern,
+        catalog=catalog,
     )

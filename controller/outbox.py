@@ -36,6 +36,7 @@ class StreamOutbox:
 
     __slots__ = (
         "_acked",
+        "_advice",
         "_allocation",
         "_clock",
         "_dropped",
@@ -86,6 +87,7 @@ class StreamOutbox:
         # last allocation written, re-sent as it was when only the limit rises (`offer_space`).
         self._space: int | None = None
         self._last: tuple[float, float, int, float, str, Schedule | None] | None = None
+        self._advice: tuple[str, ...] = ()  # the advised replicas every Allocation carries
 
     def applied(self, epoch: int) -> asyncio.Future[None]:
         """Done once the client reports an allocation of ``epoch`` or newer in force (or the
@@ -139,6 +141,16 @@ class StreamOutbox:
         if limit == self._space:
             return
         self._space = limit
+        if self._allocation is None and self._last is not None:
+            self._allocation = self._last
+        self._notify()
+
+    def offer_advice(self, addresses: tuple[str, ...]) -> None:
+        """Sets the advised replicas every allocation carries from now on; a change reaches
+        the client at once, in a copy of the last allocation written (as ``offer_space``)."""
+        if addresses == self._advice:
+            return
+        self._advice = addresses
         if self._allocation is None and self._last is not None:
             self._allocation = self._last
         self._notify()
@@ -223,6 +235,8 @@ class StreamOutbox:
         )
         if self._space is not None:
             allocation.space.limit = self._space
+        if self._advice:
+            allocation.advice.replicas.extend(self._advice)
         if schedule is not None:
             # Computed last, just before the write: the origin's error is the delay.
             allocation.windows.CopyFrom(self._windows(schedule))

@@ -34,6 +34,7 @@ from google.protobuf.message import DecodeError
 from burstctl.common.channels import ChannelSecurity
 from burstctl.common.limits import MAX_JOBS
 from burstctl.controller.buffer import BufferBooks
+from burstctl.controller.catalog import Catalog
 from burstctl.controller.delta import advance
 from burstctl.controller.digest import (
     Digest,
@@ -92,8 +93,9 @@ class DigestTooLarge(DigestError):
 
 class PeerServicer:
     """``burstctl.v1.Peer``: hands received digests to ``membership``; the policy of an
-    accepted one goes to ``slot`` (adopted when it is newer). A digest of more than
-    ``max_jobs`` jobs is rejected before it is even converted."""
+    accepted one goes to ``slot`` (adopted when it is newer), its catalog records to
+    ``catalog``. A digest of more than ``max_jobs`` jobs is rejected before it is even
+    converted."""
 
     def __init__(
         self,
@@ -102,11 +104,13 @@ class PeerServicer:
         replica_id: str,
         clock: Callable[[], float] = time.monotonic,
         max_jobs: int = MAX_JOBS,
+        catalog: Catalog | None = None,
     ) -> None:
         self.membership = membership
         self.replica_id = replica_id
         self.max_jobs = max_jobs
         self._slot = slot
+        self._catalog = catalog
         self._clock = clock
         self.received = 0
         self.rejected = 0
@@ -199,6 +203,11 @@ class PeerServicer:
                 )
             except Exception:  # the digest is held; the exchange retries the election
                 log.exception("could not adopt the policy of replica %r", digest.replica_id)
+        if outcome.accepted and self._catalog is not None and digest.catalog:
+            try:
+                self._catalog.receive(digest.catalog)
+            except Exception:  # the sender's next full digest carries them again
+                log.exception("could not take the catalog of replica %r", digest.replica_id)
         return pb.ExchangeReply(
             replica_id=self.replica_id,
             status=outcome.status.value,
@@ -261,10 +270,12 @@ class PeerSync:
         clock: Callable[[], float] = time.monotonic,
         security: ChannelSecurity | None = None,
         books: BufferBooks | None = None,
+        catalog: Catalog | None = None,
     ) -> None:
         self.table = table
         self.books = books  # the burst buffer's books, sent in the digests
         self.pattern = GlobalPattern(replica_id)  # persched's pattern across the replicas
+        self.catalog = catalog  # registrations and profiles, sent in the digests
         self.slot = slot
         self.replica_id = replica_id
         self.interval = interval
@@ -337,6 +348,7 @@ class PeerSync:
             now=self._clock(),
             buffer=self.books.view() if self.books is not None else None,
             pattern=self.pattern.announce(),
+            catalog=self.catalog.records() if self.catalog is not None else (),
         )
 
     async def run(self) -> None:
@@ -530,6 +542,7 @@ class PeerSync:
             "shares_kept": self.reused,
             "sequence": self.sequence,
             "in_global_view": self.local_targets is not None,
+            "catalog": self.catalog.stats() if self.catalog is not None else None,
             "held_back": [
                 {"replica_id": rid, "until_s": round(max(0.0, h.until - now), 3)}
                 for rid, h in sorted(self.held_back.items())

@@ -6,16 +6,34 @@ jobs advice is given for (registered ones and those with live sessions here, eac
 its application's profile knows), and where each job is present (this replica when it has
 live sessions here, and the live peers whose last digest lists it), which the profiles'
 phase recorder also reads to scale a phase to the replicas it was striped over.
+
+``AdviceFeed`` tells every session of this replica the replicas its job is advised now
+(``Allocation.advice``, docs/placement-live.md "Following the advice"): every λ (at least
+``ADVICE_MIN_PERIOD`` apart), while it has sessions, when its inputs differ from the last
+computation's (the live replicas, the profiles, the jobs), it computes the advice as
+``GET /v1/placement`` does (the default allocator and placement) in a worker thread, and
+offers each session its job's addresses; a session's outbox sends only a change.
 """
 
 from __future__ import annotations
 
-from burstctl.controller.advice import JobInput, Resource
+import asyncio
+import logging
+from typing import Protocol, runtime_checkable
+
+from burstctl.controller.advice import JobInput, Resource, advise_all
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.peers import PeerSync
 from burstctl.controller.profiles import ProfileStore, app_key
 from burstctl.controller.records import JobMeta, JobStatus
 from burstctl.controller.server import GrpcServer
+
+log = logging.getLogger(__name__)
+
+# The advice feed looks at its inputs at most this often (s): the advice over a thousand jobs
+# takes tens of ms (docs/benchmarks.md, "placement_speed"), and a session moves only at its
+# next phase start anyway.
+ADVICE_MIN_PERIOD = 1.0
 
 
 class PlacementInputs:
@@ -37,6 +55,11 @@ class PlacementInputs:
         self._profiles = profiles
         self._grpc = grpc
         self._peers = peers
+
+    @property
+    def profiles_version(self) -> int:
+        """Changes with every change of the profiles (the advice's input)."""
+        return self._profiles.version
 
     def resources(self) -> list[Resource]:
         """This replica and its live peers, with their gRPC addresses and capacities."""
@@ -92,3 +115,54 @@ class PlacementInputs:
             phases=profile.phases,
             bandwidth=dict(profile.bandwidth),
         )
+
+
+@runtime_checkable
+class AdviceOutbox(Protocol):
+    """A session's outbox that carries the advised replicas (``StreamOutbox``)."""
+
+    def offer_advice(self, addresses: tuple[str, ...]) -> None: ...
+
+
+class AdviceFeed:
+    """Offers every session of ``table`` its job's advised replica addresses, recomputed
+    from ``inputs`` when they change (module docstring); ``compute_nodes``: Q^cpu."""
+
+    def __init__(self, inputs: PlacementInputs, table: JobTable, compute_nodes: int | None) -> None:
+        self._inputs = inputs
+        self._table = table
+        self._compute_nodes = compute_nodes
+        self._key: object = None  # what the advice held was computed from
+        self.advised: dict[str, tuple[str, ...]] = {}  # job id -> addresses
+        self.computed = 0
+
+    async def refresh(self) -> None:
+        """Recomputes the advice if its inputs changed, then offers it to every session."""
+        if not self._table.sessions:
+            return  # nobody to tell
+        inputs = self._inputs
+        resources, jobs = inputs.resources(), inputs.jobs()
+        key = (tuple(resources), inputs.profiles_version, tuple(jobs))
+        if key != self._key:
+            advice = await asyncio.to_thread(
+                advise_all, resources, jobs, compute_nodes=self._compute_nodes
+            )
+            self._key = key
+            self.advised = {j.job_id: tuple(j.addresses) for j in advice.jobs}
+            self.computed += 1
+        for session in self._table.sessions.values():
+            outbox = session.outbox
+            addresses = self.advised.get(session.job.job_id)
+            if addresses and isinstance(outbox, AdviceOutbox):
+                outbox.offer_advice(addresses)
+
+    async def run(self, interval: float) -> None:
+        """Refreshes every ``interval`` (λ: the live replicas change with the exchanges), at
+        least ``ADVICE_MIN_PERIOD`` apart."""
+        interval = max(interval, ADVICE_MIN_PERIOD)
+        while True:
+            try:
+                await self.refresh()
+            except Exception:  # advice is a hint: a bug here must not stop the controller
+                log.exception("placement advice for the sessions failed")
+            await asyncio.sleep(interval)

@@ -79,6 +79,11 @@ class AppProfile:
     phases: int = 0  # phases measured (volume and gap means)
     gaps: int = 0  # gaps measured
     bandwidth: dict[int, float] = field(default_factory=dict)  # n -> bytes/s
+    # Its catalog version (controller/catalog.py): the highest (version, origin) wins across
+    # replicas; 0: measured before profiles were exchanged.
+    version: int = 0
+    origin: str = ""
+    changed_at: float = 0.0  # wall clock of the origin when it made this version
 
     def observe(self, volume: float, seconds: float, gap: float | None, count: int) -> None:
         self.phases += 1
@@ -100,6 +105,9 @@ class AppProfile:
             "phases": self.phases,
             "gaps": self.gaps,
             "bandwidth": {str(n): b for n, b in sorted(self.bandwidth.items())},
+            "version": self.version,
+            "origin": self.origin,
+            "changed_at": self.changed_at,
         }
 
     @classmethod
@@ -110,6 +118,9 @@ class AppProfile:
             compute_seconds=float(raw.get("compute_seconds", 0.0)),
             phases=int(raw.get("phases", 0)),
             gaps=int(raw.get("gaps", 0)),
+            version=int(raw.get("version", 0)),
+            origin=str(raw.get("origin", "")),
+            changed_at=float(raw.get("changed_at", 0.0)),
             bandwidth={
                 n: b
                 for n, b in bandwidth.items()
@@ -117,7 +128,8 @@ class AppProfile:
             },
         )
         numbers = (profile.volume_per_phase, profile.compute_seconds)
-        if profile.phases < 0 or profile.gaps < 0 or not all(math.isfinite(x) for x in numbers):
+        counts = (profile.phases, profile.gaps, profile.version)
+        if min(counts) < 0 or not all(math.isfinite(x) for x in (*numbers, profile.changed_at)):
             raise ValueError("bad numbers")
         return profile
 
@@ -160,18 +172,47 @@ class ProfileStore:
     def keys(self) -> list[AppKey]:
         return list(self._profiles)
 
+    def items(self) -> list[tuple[AppKey, AppProfile]]:
+        """Every profile with its key, least recently updated first."""
+        return list(self._profiles.items())
+
     def observe(
-        self, key: AppKey, volume: float, seconds: float, gap: float | None, count: int
+        self,
+        key: AppKey,
+        volume: float,
+        seconds: float,
+        gap: float | None,
+        count: int,
+        stamp: tuple[int, str, float] | None = None,
     ) -> AppProfile:
         """One I/O phase of ``key``: ``volume`` bytes in ``seconds`` at ``count`` replicas,
-        ``gap`` seconds after its previous phase (None: the first one seen)."""
+        ``gap`` seconds after its previous phase (None: the first one seen); ``stamp``: the
+        profile's new catalog (version, origin, changed_at)."""
         profile = self._profiles.pop(key, None) or AppProfile()
         profile.observe(volume, seconds, gap, count)
+        if stamp is not None:
+            profile.version, profile.origin, profile.changed_at = stamp
+        self._insert(key, profile)
+        return profile
+
+    def adopt(self, key: AppKey, profile: AppProfile) -> bool:
+        """A peer's newer version of ``key``'s profile (controller/catalog.py) in place of the
+        one held. When the store is full, a key it does not hold is taken only if it is newer
+        than the least recently updated one, which it evicts: replicas with the same bound
+        keep the same newest profiles. True if taken."""
+        if key not in self._profiles and len(self._profiles) >= self.max_keys:
+            oldest = next(iter(self._profiles.values()))
+            if (profile.version, profile.origin) <= (oldest.version, oldest.origin):
+                return False
+        self._profiles.pop(key, None)
+        self._insert(key, profile)
+        return True
+
+    def _insert(self, key: AppKey, profile: AppProfile) -> None:
         self._profiles[key] = profile
         while len(self._profiles) > self.max_keys:
             self._profiles.popitem(last=False)
         self.version += 1
-        return profile
 
     # -- persistence ----------------------------------------------------------
     def load(self) -> int:
@@ -226,15 +267,21 @@ class PhaseRecorder:
     ``store`` (module docstring).
 
     ``count_of(job_id)`` gives the number of replicas the job is present on; its volume is
-    what its sessions booked here (its counters). Holds one small record per job with a
-    phase seen; ``forget`` drops it.
+    what its sessions booked here (its counters). ``stamp()`` gives each new sample's catalog
+    version (controller/catalog.py, ``Catalog.next_stamp``; None: none). Holds one small
+    record per job with a phase seen; ``forget`` drops it.
     """
 
     def __init__(
-        self, store: ProfileStore, table: JobTable, count_of: Callable[[str], int]
+        self,
+        store: ProfileStore,
+        table: JobTable,
+        count_of: Callable[[str], int],
+        stamp: Callable[[], tuple[int, str, float]] | None = None,
     ) -> None:
         self.store = store
         self._count_of = count_of
+        self._stamp = stamp
         self._phases: dict[str, _Phase] = {}  # oldest first: the bound drops those
         table.io_changed.connect(self.record)
 
@@ -253,7 +300,8 @@ class PhaseRecorder:
         count = max(1, self._count_of(job_id))
         volume = max(0, job.counters.bytes - record.bytes_at_start) * count
         gap = record.started - record.last_end if record.last_end is not None else None
-        self.store.observe(app_key(job.meta), volume, now - record.started, gap, count)
+        stamp = self._stamp() if self._stamp is not None else None
+        self.store.observe(app_key(job.meta), volume, now - record.started, gap, count, stamp)
         record.last_end = now
 
     def forget(self, job_id: str) -> None:

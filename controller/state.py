@@ -2,7 +2,8 @@
 
 ``StateStore`` keeps ``<state_dir>/state.json``: the active policy (name,
 parameters, version), the policy the configuration named when it was saved, and
-the registered jobs. It is a ``DurableFile`` (common/files.py): written
+the registered jobs (with their retirements and the catalog's version clock,
+controller/catalog.py). It is a ``DurableFile`` (common/files.py): written
 atomically (temp file, fsync, rename, fsync of the directory) so a crash leaves
 the old or the new file, never a torn one; a missing file means "no state yet";
 an unreadable one is kept aside (``state.json.unreadable-<n>``, logged) and the
@@ -67,13 +68,18 @@ class RegisteredJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
     job_id: str
-    user: str
-    group: str
-    nodes: int
+    user: str = ""  # "" (and nodes 0): a retirement
+    group: str = ""
+    nodes: int = 0
     priority: float = 1.0
     w: float = 0.0  # a declared period (policy persched); 0: none
     vol_io: float = 0.0
     app: str = ""  # application name of its profile (controller/profiles.py); "": none
+    # Its catalog record (controller/catalog.py); version 0: saved by an older burstctl.
+    version: int = 0
+    origin: str = ""
+    changed_at: float = 0.0  # the origin's wall clock when it made this version
+    retired: bool = False  # a tombstone: retired, remembered so peers learn it
 
 
 class ReplicaState(BaseModel):
@@ -81,6 +87,7 @@ class ReplicaState(BaseModel):
     policy: PolicyState | None = None
     configured: ConfiguredPolicy | None = None  # None: saved by an older burstctl
     jobs: list[RegisteredJob] = Field(default_factory=list)
+    catalog_clock: int = 0  # the highest catalog version this replica had seen
 
 
 class StateStore:

@@ -19,7 +19,7 @@ from burstctl.common.limits import MAX_NODES, MAX_PERIOD_VOL, MAX_PERIOD_W, MAX_
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
 from burstctl.controller.records import JobMeta, JobState, JobStatus
-from burstctl.controller.registrations import Registrations
+from burstctl.controller.registrations import CatalogFull, Registrations
 from burstctl.controller.rest.auth import Access
 from burstctl.controller.rest.models import Identifier, not_found
 from burstctl.policies.view import job_cap
@@ -263,7 +263,11 @@ def jobs_router(
             vol_io=body.vol_io or 0.0,
             app=body.app or "",
         )
-        if not registrations.register(meta):
+        try:
+            new = registrations.register(meta)
+        except CatalogFull as exc:
+            raise HTTPException(503, f"job_id: {exc}") from None
+        if not new:
             response.status_code = 200
         out = job_out(body.job_id, table.clock(), on_peers({body.job_id}))
         assert out is not None

@@ -67,7 +67,7 @@ class PatternOrigin(_message.Message):
     def __init__(self, key: _Optional[str] = ..., origin: _Optional[float] = ...) -> None: ...
 
 class Digest(_message.Message):
-    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs", "sent_at", "base_sequence", "left", "buffer", "pattern")
+    __slots__ = ("replica_id", "incarnation", "sequence", "capacity", "node_bandwidth", "policy", "policy_params_json", "policy_version", "policy_origin", "jobs", "sent_at", "base_sequence", "left", "catalog", "buffer", "pattern")
     REPLICA_ID_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     SEQUENCE_FIELD_NUMBER: _ClassVar[int]
@@ -81,6 +81,7 @@ class Digest(_message.Message):
     SENT_AT_FIELD_NUMBER: _ClassVar[int]
     BASE_SEQUENCE_FIELD_NUMBER: _ClassVar[int]
     LEFT_FIELD_NUMBER: _ClassVar[int]
+    CATALOG_FIELD_NUMBER: _ClassVar[int]
     BUFFER_FIELD_NUMBER: _ClassVar[int]
     PATTERN_FIELD_NUMBER: _ClassVar[int]
     replica_id: str
@@ -96,9 +97,68 @@ class Digest(_message.Message):
     sent_at: float
     base_sequence: int
     left: _containers.RepeatedScalarFieldContainer[str]
+    catalog: _containers.RepeatedCompositeFieldContainer[CatalogRecord]
     buffer: BufferBooks
     pattern: PatternOrigin
-    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ..., sent_at: _Optional[float] = ..., base_sequence: _Optional[int] = ..., left: _Optional[_Iterable[str]] = ..., buffer: _Optional[_Union[BufferBooks, _Mapping]] = ..., pattern: _Optional[_Union[PatternOrigin, _Mapping]] = ...) -> None: ...
+    def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ..., sent_at: _Optional[float] = ..., base_sequence: _Optional[int] = ..., left: _Optional[_Iterable[str]] = ..., catalog: _Optional[_Iterable[_Union[CatalogRecord, _Mapping]]] = ..., buffer: _Optional[_Union[BufferBooks, _Mapping]] = ..., pattern: _Optional[_Union[PatternOrigin, _Mapping]] = ...) -> None: ...
+
+class CatalogRecord(_message.Message):
+    __slots__ = ("key", "version", "origin", "changed_at", "registration", "retired", "profile")
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    ORIGIN_FIELD_NUMBER: _ClassVar[int]
+    CHANGED_AT_FIELD_NUMBER: _ClassVar[int]
+    REGISTRATION_FIELD_NUMBER: _ClassVar[int]
+    RETIRED_FIELD_NUMBER: _ClassVar[int]
+    PROFILE_FIELD_NUMBER: _ClassVar[int]
+    key: str
+    version: int
+    origin: str
+    changed_at: float
+    registration: CatalogRegistration
+    retired: CatalogRetired
+    profile: CatalogProfile
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., origin: _Optional[str] = ..., changed_at: _Optional[float] = ..., registration: _Optional[_Union[CatalogRegistration, _Mapping]] = ..., retired: _Optional[_Union[CatalogRetired, _Mapping]] = ..., profile: _Optional[_Union[CatalogProfile, _Mapping]] = ...) -> None: ...
+
+class CatalogRegistration(_message.Message):
+    __slots__ = ("user", "group", "nodes", "priority", "w", "vol_io", "app")
+    USER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    PRIORITY_FIELD_NUMBER: _ClassVar[int]
+    W_FIELD_NUMBER: _ClassVar[int]
+    VOL_IO_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
+    user: str
+    group: str
+    nodes: int
+    priority: float
+    w: float
+    vol_io: float
+    app: str
+    def __init__(self, user: _Optional[str] = ..., group: _Optional[str] = ..., nodes: _Optional[int] = ..., priority: _Optional[float] = ..., w: _Optional[float] = ..., vol_io: _Optional[float] = ..., app: _Optional[str] = ...) -> None: ...
+
+class CatalogRetired(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...
+
+class CatalogProfile(_message.Message):
+    __slots__ = ("nodes", "volume_per_phase", "compute_seconds", "phases", "gaps", "bandwidth_replicas", "bandwidth")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    VOLUME_PER_PHASE_FIELD_NUMBER: _ClassVar[int]
+    COMPUTE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PHASES_FIELD_NUMBER: _ClassVar[int]
+    GAPS_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_REPLICAS_FIELD_NUMBER: _ClassVar[int]
+    BANDWIDTH_FIELD_NUMBER: _ClassVar[int]
+    nodes: int
+    volume_per_phase: float
+    compute_seconds: float
+    phases: int
+    gaps: int
+    bandwidth_replicas: _containers.RepeatedScalarFieldContainer[int]
+    bandwidth: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, nodes: _Optional[int] = ..., volume_per_phase: _Optional[float] = ..., compute_seconds: _Optional[float] = ..., phases: _Optional[int] = ..., gaps: _Optional[int] = ..., bandwidth_replicas: _Optional[_Iterable[int]] = ..., bandwidth: _Optional[_Iterable[float]] = ...) -> None: ...
 
 class ExchangeReply(_message.Message):
     __slots__ = ("replica_id", "status", "field", "reason")
