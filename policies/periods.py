@@ -177,8 +177,7 @@ class PeriodEstimator:
         new_vol = statistics.median(v for _, v in recent)
         agree = CHANGE_TOLERANCE / 2
         return all(
-            _off(g, new_w, MIN_GAP) <= agree and _off(v, new_vol, 0.0) <= agree
-            for g, v in recent
+            _off(g, new_w, MIN_GAP) <= agree and _off(v, new_vol, 0.0) <= agree for g, v in recent
         )
 
 
