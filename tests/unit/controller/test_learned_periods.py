@@ -67,10 +67,9 @@ def test_a_phase_ends_at_its_last_reported_byte() -> None:
     clock = FakeClock()
     table = table_of(clock)
     s = table.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
-    op = total = 0
-    for _ in range(MIN_SAMPLES + 1):
+    total = 0
+    for op in range(1, MIN_SAMPLES + 2):
         clock.now += 0.5
-        op += 1
         table.post(s, op, OpKind.WRITE, 0)
         clock.now += 0.2
         total += MiB
