@@ -5,25 +5,24 @@ A periodic application alternates compute (w seconds) and I/O (vol_io bytes) ([P
 What the controller sees of it is a train of I/O phases, each a start, an end and the bytes it
 moved. Under a policy that paces I/O to windows (PerSched) the length of a phase and the time
 from one phase's start to the next are set by the windows, not by the job; what stays the job's
-own is the gap between a phase's end and the next phase's start (its compute, w) and the bytes
-of a phase (vol_io). So each phase after the first gives one sample (the gap before it, its
-bytes), and the estimate is robust statistics over a window of the last ``WINDOW`` samples
-([MAD]): the median of each, and as dispersion the median absolute deviation (MAD) relative to
-the median. A missed phase or a stray one is one outlier, which moves neither the median nor
-the MAD much; jitter widens the MAD a little; a job that is not periodic has a MAD of the order
-of its median and is never confident. FTIO ([FTIO]) finds the period as the dominant frequency
-of the sampled I/O signal; here the signal is already cut into phases, and under pacing its
-cadence is the pattern's, not the job's, so the gap and the volume are measured directly
-(docs/persched.md says why).
+own is the gap between a phase's end and the next phase's start (its compute, w) and the bytes of
+a phase (vol_io). So each phase after the first gives one sample (the gap before it, its bytes),
+and the estimate is robust statistics ([ROBUST]) over a window of the last ``WINDOW`` samples:
+the median of each, and as spread the largest relative deviation from the median once the
+farthest samples (one in ``OUTLIER_EVERY``) are set aside. A missed or a stray phase is one
+outlier, which moves neither; jitter widens the spread a little; a job that is not periodic has
+a spread of the order of its median and is never confident. FTIO ([FTIO]) finds the period as
+the dominant frequency of the sampled I/O signal; here the signal is already cut into phases,
+and under pacing its cadence is the pattern's, not the job's, so the gap and the volume are
+measured directly.
 
 - confidence = (1 − d / ``SPREAD_SCALE``)⁺ · min(1, n / ``MIN_SAMPLES``), d the larger of the
-  two relative MADs (the gap's taken against at least ``MIN_GAP``: a phase boundary is seen
-  through the network, so a few milliseconds of a short compute are noise, not aperiodicity);
+  two spreads (the gap's taken against at least ``MIN_GAP``: a phase boundary is seen through
+  the network, so a few milliseconds of a short compute are noise, not aperiodicity);
 - ``confident`` once n ≥ ``MIN_SAMPLES``, confidence ≥ ``CONFIDENT`` and vol_io > 0;
-- a change of period: when the last ``CHANGE_RUN`` samples all lie more than
-  ``CHANGE_TOLERANCE`` from the window's medians and agree among themselves, the older samples
-  are dropped, so the job is learned again from the new ones (not confident meanwhile, with
-  fewer than ``MIN_SAMPLES``);
+- a change of period: when the older samples were periodic and the last ``CHANGE_RUN`` all lie
+  more than ``CHANGE_TOLERANCE`` off their medians and agree among themselves, the older
+  samples are dropped, so the job is learned again from the new ones (not confident meanwhile);
 - the published w and vol_io move only when the medians move by more than
   ``PUBLISH_TOLERANCE``: a policy that recomputes on a change of period (PerSched) is not
   asked to at every phase for noise.
