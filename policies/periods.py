@@ -1,7 +1,7 @@
 """Periods learned online: a job's compute time w and bytes per iteration vol_io, learned from
 its observed I/O phases, with a confidence (docs/persched.md, "Learned periods").
 
-A periodic application alternates compute (w seconds) and I/O (vol_io bytes) ([PERSCHED] §2).
+A periodic application alternates compute (w seconds) and I/O (vol_io bytes) ([PERSCHED]).
 What the controller sees of it is a train of I/O phases, each a start, an end and the bytes it
 moved. Under a policy that paces I/O to windows (PerSched) the length of a phase and the time
 from one phase's start to the next are set by the windows, not by the job; what stays the job's
