@@ -300,13 +300,16 @@ class JobTable:
         self._update_phase(session.job, now)
         self._changed(session.job)
 
-    def complete(self, session: SessionRecord, op_id: int) -> bool:
-        """Completes an open operation; False (and nothing changes) if it is not open."""
+    def complete(self, session: SessionRecord, op_id: int, quiet: float = 0.0) -> bool:
+        """Completes an open operation; False (and nothing changes) if it is not open.
+        ``quiet``: seconds it stayed open after its last byte (the client's quiet gap)."""
         now = self._clock()
         session.last_heard = now
         op = session.ops.pop(op_id, None)
         if op is None:
             return False
+        if quiet > 0.0 and not session.drain:
+            session.job.phases.last_byte(now - quiet)
         if not session.drain:  # a drain's operations are no phase of the job's
             session.job.op_completed(op.volume, op.moved)
         if not session.ops:

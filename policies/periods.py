@@ -185,10 +185,11 @@ class PhaseLog:
     """One job's I/O phases as observed, and the period learned from them (module docstring).
 
     The caller says when a phase starts and ends (with the job's byte total then, so a phase's
-    bytes are the difference) and when bytes were reported during one (``moved``). A phase's
-    end is the last byte's report when that came before the end was seen: an implicit
-    operation of the client ends only a quiet gap after its last byte (docs/client.md), and
-    the report that carried that byte is the closest the controller knows to it.
+    bytes are the difference), when bytes were reported during one (``moved``) and when a
+    client says its last byte was (``last_byte``). A phase's end is its last byte when that
+    came before the end was seen: an implicit operation of the client ends only a quiet gap
+    after its last byte (docs/client.md), and says so when it completes; without that, the
+    report that carried the byte is the closest the controller knows to it.
     """
 
     estimator: PeriodEstimator = field(default_factory=PeriodEstimator)
@@ -206,6 +207,12 @@ class PhaseLog:
         """Bytes of the current phase were reported at ``now``."""
         if self.started is not None:
             self.last_bytes_at = now
+
+    def last_byte(self, at: float) -> None:
+        """The client says its last byte was at ``at`` (an operation that completed a quiet
+        gap after it): closer than the report that carried it."""
+        if self.started is not None:
+            self.last_bytes_at = at
 
     def end(self, now: float, total_bytes: int) -> Phase | None:
         """The current phase ends at ``now`` (None: no phase was open); feeds the estimator."""

@@ -3,12 +3,17 @@ the view once confident; a declared period wins (``JobTable.periodic_of``)."""
 
 from __future__ import annotations
 
+import math
+
+import pytest
 from support.clock import FakeClock
 
-from burstctl.controller.jobs import JobTable
+from burstctl.controller.jobs import JobTable, ProtocolError
+from burstctl.controller.messages import check_op_completed
 from burstctl.controller.records import Counters, JobMeta, OpKind, SessionRecord
 from burstctl.policies.periods import MIN_SAMPLES, Phase
 from burstctl.policies.view import Periodic
+from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 MiB = 1 << 20
 
@@ -80,3 +85,29 @@ def test_a_phase_ends_at_its_last_reported_byte() -> None:
     learned = table.periodic_of(s.job)
     assert learned is not None and abs(learned.w - 0.6) < 1e-9  # 0.5 + the quiet gap
     assert learned.vol_io == MiB
+
+
+def test_a_quiet_gap_the_client_tells_is_taken_off_the_phase_end() -> None:
+    clock = FakeClock()
+    table = table_of(clock)
+    ended: list[Phase] = []
+    table.phase_ended.connect(lambda job, phase: ended.append(phase))
+    s = table.open_session(JobMeta("j", "u", "g", 1, 1.0), "c", "h")
+    table.post(s, 1, OpKind.WRITE, 0)
+    clock.now += 0.3
+    table.usage(s, MiB, 1, 0.0, 0.3, False, totals=Counters(bytes=MiB, ops=1))
+    clock.now += 0.1
+    table.complete(s, 1, quiet=0.15)  # the last byte was 0.05 s before the report
+    assert ended[-1].end == pytest.approx(clock.now - 0.15)
+    table.post(s, 2, OpKind.WRITE, 0)
+    clock.now += 0.1
+    table.complete(s, 2, quiet=5.0)  # longer than the phase: it ends where it started
+    assert ended[-1].end == ended[-1].start
+
+
+@pytest.mark.parametrize("quiet", [-0.1, math.inf, math.nan, 1e6])
+def test_a_bad_quiet_gap_is_a_protocol_error_naming_the_field(quiet: float) -> None:
+    with pytest.raises(ProtocolError) as err:
+        check_op_completed(pb.OpCompleted(op_id=1, quiet_seconds=quiet), "")
+    assert err.value.field == "op_completed.quiet_seconds"
+    assert check_op_completed(pb.OpCompleted(op_id=1, quiet_seconds=0.1), "") == 0.1
