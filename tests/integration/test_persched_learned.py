@@ -17,7 +17,16 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 from support import async_wait_until
-from support.periodic import CHUNK, MiB, Trace, check_paced, periodic_loop, pump, steady_count
+from support.periodic import (
+    PERIODIC,
+    RESERVE,
+    Trace,
+    check_paced,
+    check_reserve,
+    periodic_loop,
+    pump,
+    steady_count,
+)
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -26,9 +35,7 @@ from burstctl.policies.view import job_cap
 
 pytestmark = pytest.mark.integration
 
-# B = 40 MiB/s, b = 8 MiB/s; the periodic jobs: (name, nodes, w s, vol_io bytes), declared nowhere
-PERIODIC = [("p1", 2, 0.2, 3 * MiB), ("p2", 2, 0.3, 4 * MiB), ("p3", 1, 0.25, 1 * MiB)]
-RESERVE = 0.1
+# The jobs of support.periodic.PERIODIC, declaring nothing.
 SETTINGS = {"policy": "persched", "policy_params": {"reserve": RESERVE, "kprime": 2}}
 # Iterations within which every job must be learned, and how close.
 LEARN_ITERATIONS = 10
@@ -114,10 +121,6 @@ async def test_periods_learned_online_are_used_by_persched_and_the_jobs_pace_to_
     assert shown["learned"]["io_fraction"] == pytest.approx((3 / 16) / (0.2 + 3 / 16), rel=0.05)
     # the non-periodic job (one long phase) is never learned, and gets the reserve
     assert pumping["period_used"] is None and pumping["learned"] is None
-    got = [t for t in other_grants if steady <= t <= window_end]
-    rate = len(got) * CHUNK / (window_end - steady)
-    reserve = RESERVE * config.capacity
     period = installed.computed.result.period
     print(f"learned after {learned_at} iterations; period {period:.4f} s; per job: {report}")
-    print(f"non-periodic: {rate / MiB:.3f} MiB/s for a reserve of {reserve / MiB:.3f} MiB/s")
-    assert rate == pytest.approx(reserve, rel=0.15)
+    check_reserve(other_grants, steady, window_end, config.capacity)
