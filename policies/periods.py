@@ -9,14 +9,15 @@ own is the gap between a phase's end and the next phase's start (its compute, w)
 a phase (vol_io). So each phase after the first gives one sample (the gap before it, its bytes),
 and the estimate is robust statistics ([ROBUST]) over a window of the last ``WINDOW`` samples:
 the median of each, and as spread the largest relative deviation from the median once the
-farthest samples (one in ``OUTLIER_EVERY``) are set aside. A missed or a stray phase is one
+farthest samples (one in ``OUTLIER_EVERY``; for a job already confident, one in
+``OUTLIER_EVERY_KEPT``) are set aside. A missed or a stray phase is one
 outlier, which moves neither; jitter widens the spread a little; a job that is not periodic has
 a spread of the order of its median and is never confident. FTIO ([FTIO]) finds the period as
 the dominant frequency of the sampled I/O signal; here the signal is already cut into phases,
 and under pacing its cadence is the pattern's, not the job's, so the gap and the volume are
 measured directly.
 
-- confidence = (1 − d / ``SPREAD_SCALE``)⁺ · min(1, n / ``MIN_SAMPLES``), d the larger of the
+- confidence = (1 − d / ``SPREAD_SCALE``)⁺ · min(1, n / ``MIN_SAMPLES``)³, d the larger of the
   two spreads (the gap's taken against at least ``MIN_GAP``: a phase boundary is seen through
   the network, so a few milliseconds of a short compute are noise, not aperiodicity);
 - ``confident`` once n ≥ ``MIN_SAMPLES``, confidence ≥ ``CONFIDENT`` and vol_io > 0;
@@ -43,8 +44,11 @@ from dataclasses import dataclass, field
 WINDOW = 16
 # Samples needed before a job may be confident (its first phase gives none).
 MIN_SAMPLES = 6
-# One sample in this many may be an outlier (a missed or stray phase): set aside.
+# One sample in this many may be an outlier (a missed or stray phase): set aside. A job
+# already confident keeps its confidence with one in OUTLIER_EVERY_KEPT set aside: a few late
+# phase boundaries (a loaded node) do not take its period from the policies.
 OUTLIER_EVERY = 8
+OUTLIER_EVERY_KEPT = 4
 # Confidence from which the learned values are used.
 CONFIDENT = 0.6
 # Relative spread at which confidence reaches 0: CONFIDENT is reached at a spread of
@@ -108,11 +112,11 @@ def _off(value: float, median: float, floor: float) -> float:
     return 0.0 if value == median else float("inf")
 
 
-def _spread(values: deque[float], median: float, floor: float) -> float:
-    """The largest relative deviation from the median once the ``len // OUTLIER_EVERY``
-    farthest samples are set aside."""
+def _spread(values: deque[float], median: float, floor: float, every: int) -> float:
+    """The largest relative deviation from the median once the ``len // every`` farthest
+    samples are set aside."""
     offs = sorted(_off(v, median, floor) for v in values)
-    return offs[len(offs) - 1 - len(offs) // OUTLIER_EVERY]
+    return offs[len(offs) - 1 - len(offs) // every]
 
 
 class PeriodEstimator:
@@ -143,10 +147,12 @@ class PeriodEstimator:
         w = statistics.median(gaps)
         vol = statistics.median(volumes)
         n = len(gaps)
-        spread = max(_spread(gaps, w, MIN_GAP), _spread(volumes, vol, 0.0))
-        confidence = max(0.0, 1.0 - spread / SPREAD_SCALE) * min(1.0, n / MIN_SAMPLES)
-        confident = n >= MIN_SAMPLES and confidence >= CONFIDENT and vol > 0.0
         before = self.estimate
+        every = OUTLIER_EVERY_KEPT if before is not None and before.confident else OUTLIER_EVERY
+        spread = max(_spread(gaps, w, MIN_GAP, every), _spread(volumes, vol, 0.0, every))
+        # (n / MIN_SAMPLES)³: fewer than MIN_SAMPLES samples never reach CONFIDENT
+        confidence = max(0.0, 1.0 - spread / SPREAD_SCALE) * min(1.0, n / MIN_SAMPLES) ** 3
+        confident = n >= MIN_SAMPLES and confidence >= CONFIDENT and vol > 0.0
         if (
             before is not None
             and before.confident == confident
@@ -164,7 +170,11 @@ class PeriodEstimator:
         older_volumes = deque(list(self._volumes)[:-CHANGE_RUN])
         w, vol = statistics.median(older_gaps), statistics.median(older_volumes)
         settled = (1.0 - CONFIDENT) * SPREAD_SCALE
-        if max(_spread(older_gaps, w, MIN_GAP), _spread(older_volumes, vol, 0.0)) > settled:
+        spreads = (
+            _spread(older_gaps, w, MIN_GAP, OUTLIER_EVERY),
+            _spread(older_volumes, vol, 0.0, OUTLIER_EVERY),
+        )
+        if max(spreads) > settled:
             return False
         recent = list(zip(self._gaps, self._volumes, strict=True))[-CHANGE_RUN:]
         if not all(

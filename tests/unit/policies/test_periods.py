@@ -160,3 +160,20 @@ def test_the_phase_log_ends_a_phase_at_its_last_byte_and_gives_the_gap() -> None
     second = log.end(1.9, 1600)  # no byte reported during it: ends when seen to end
     assert second is not None and second.gap == pytest.approx(0.5) and second.end == 1.9
     assert len(log.estimator) == 1  # the first phase gives no sample
+
+
+def test_a_confident_job_keeps_its_period_through_a_few_late_phase_boundaries() -> None:
+    """A loaded node sees some phase boundaries late: up to one sample in four off the
+    median does not take the period of a job already confident away."""
+    est = PeriodEstimator()
+    for _ in range(WINDOW):
+        est.observe(0.25, MiB)
+    for k in range(WINDOW):
+        late = k % 5 == 0  # 4 of the last 16 gaps, up to 80 % long, apart
+        e = est.observe(0.25 * (1.8 if late else 1.0), MiB)
+        assert e.confident and e.w == 0.25, k
+    # a job not yet confident is held to one in eight
+    fresh = PeriodEstimator()
+    for k in range(WINDOW):
+        fresh.observe(0.25 * (1.8 if k % 5 == 0 else 1.0), MiB)
+    assert not fresh.estimate.confident  # type: ignore[union-attr]
