@@ -17,16 +17,7 @@ from collections.abc import Awaitable, Callable
 import httpx
 import pytest
 from support import async_wait_until
-from support.periodic import (
-    PERIODIC,
-    RESERVE,
-    Trace,
-    check_paced,
-    check_reserve,
-    periodic_loop,
-    pump,
-    steady_count,
-)
+from support.periodic import CHUNK, Paced, Trace, paced, periodic_loop, pump
 
 from burstctl.client import JobInfo, Session
 from burstctl.controller.app import Replica
@@ -35,7 +26,11 @@ from burstctl.policies.view import job_cap
 
 pytestmark = pytest.mark.integration
 
-# The jobs of support.periodic.PERIODIC, declaring nothing.
+MiB = 1 << 20
+# The jobs of test_persched_live.py, declaring nothing: B = 40 MiB/s, b = 8 MiB/s;
+# (name, nodes, w s, vol_io bytes)
+PERIODIC = [("p1", 2, 0.2, 3 * MiB), ("p2", 2, 0.3, 4 * MiB), ("p3", 1, 0.25, 1 * MiB)]
+RESERVE = 0.1
 SETTINGS = {"policy": "persched", "policy_params": {"reserve": RESERVE, "kprime": 2}}
 # Iterations within which every job must be learned, and how close.
 LEARN_ITERATIONS = 10
@@ -94,7 +89,7 @@ async def test_periods_learned_online_are_used_by_persched_and_the_jobs_pace_to_
         steady = time.monotonic() + 2 * installed.computed.result.period
         workers.append(asyncio.create_task(asyncio.to_thread(pump, other, stop, other_grants)))
         await async_wait_until(
-            lambda: all(steady_count(t, steady) >= 6 for t in traces.values()),
+            lambda: all(sum(s >= steady for s, _ in t.iterations) >= 6 for t in traces.values()),
             25,
             message="6 steady iterations of every periodic job",
         )
@@ -113,7 +108,12 @@ async def test_periods_learned_online_are_used_by_persched_and_the_jobs_pace_to_
         stop.set()
         for s in (*sessions.values(), other):
             await asyncio.to_thread(s.close)
-    report = check_paced(installed, traces, steady, window_end)
+    report: list[Paced] = []
+    for name, trace in traces.items():
+        report.append(paced(installed, name, trace, steady, window_end))
+        got = report[-1]
+        assert got.outside <= 0.01 * got.grants, report
+        assert got.measured == pytest.approx(got.predicted, rel=0.05), report
     # /v1/jobs shows declared (none) and learned, and which one the policies use
     assert shown["w"] is None and shown["period_used"] == "learned"
     assert shown["learned"]["confident"] and shown["learned"]["samples"] >= 6
@@ -123,4 +123,8 @@ async def test_periods_learned_online_are_used_by_persched_and_the_jobs_pace_to_
     assert pumping["period_used"] is None and pumping["learned"] is None
     period = installed.computed.result.period
     print(f"learned after {learned_at} iterations; period {period:.4f} s; per job: {report}")
-    check_reserve(other_grants, steady, window_end, config.capacity)
+    got_reserve = [t for t in other_grants if steady <= t <= window_end]
+    rate = len(got_reserve) * CHUNK / (window_end - steady)
+    reserve = RESERVE * config.capacity
+    print(f"non-periodic: {rate / MiB:.3f} MiB/s for a reserve of {reserve / MiB:.3f} MiB/s")
+    assert rate == pytest.approx(reserve, rel=0.15)
