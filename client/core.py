@@ -34,6 +34,7 @@ from burstctl.client.link import NodeLink
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.stream import SessionStream
+from burstctl.common.limits import MAX_QUIET_SECONDS
 from burstctl.proto.burstctl.v1 import controller_pb2 as pb
 
 # While an acquire is blocked, how often the quiet-gap timer looks again (at least).
@@ -253,8 +254,9 @@ class SessionCore:
         """
         with self._lock:
             op_id, self._implicit_op = self._implicit_op, None
+            quiet = 0.0 if self._acquiring else self._quiet_since_last()
             if op_id is not None and not self._closed and self._loop is not None:
-                self._loop.call_soon_threadsafe(self._complete_op, op_id)
+                self._loop.call_soon_threadsafe(self._complete_op, op_id, quiet)
 
     def _running_loop(self) -> asyncio.AbstractEventLoop:
         if self._closed:
@@ -341,10 +343,16 @@ class SessionCore:
         if self._stream.post(op_id, kind, volume) and implicit:
             self._arm_quiet_timer(op_id, self._options.quiet_gap)
 
-    def _complete_op(self, op_id: int) -> None:
+    def _complete_op(self, op_id: int, quiet: float = 0.0) -> None:
         if op_id == self._quiet_op:
             self._cancel_quiet_timer()
-        self._stream.complete(op_id)
+        self._stream.complete(op_id, quiet)
+
+    def _quiet_since_last(self) -> float:
+        """Seconds since the last acquire ended (under the lock): how long an implicit
+        operation completed now stayed open after its last byte, which the controller takes
+        off its phase's end (docs/persched.md, "Learned periods")."""
+        return min(max(0.0, self._clock() - self._last_acquire_end), MAX_QUIET_SECONDS)
 
     def _arm_quiet_timer(self, op_id: int, delay: float) -> None:
         assert self._loop is not None
@@ -370,7 +378,8 @@ class SessionCore:
                 delay = self._last_acquire_end + gap - self._clock()
                 if delay <= 0:
                     self._implicit_op = None
+                    quiet = self._quiet_since_last()
         if delay <= 0:
-            self._complete_op(op_id)
+            self._complete_op(op_id, quiet)
         else:
             self._arm_quiet_timer(op_id, delay)

@@ -213,14 +213,16 @@ class SessionStream:
         self._send(pb.ClientMessage(op_posted=posted))
         return True
 
-    def complete(self, op_id: int) -> None:
+    def complete(self, op_id: int, quiet: float = 0.0) -> None:
+        """Completes an operation; ``quiet``: seconds it stayed open after its last byte."""
         if self._stopping:
             return
         if self._open_ops.pop(op_id, None) is not None:
             # Usage first: the controller attributes bytes to the operations open when
             # they arrive, so the operation's own bytes must reach it before it closes.
             self.send_usage(False)
-            self._send(pb.ClientMessage(op_completed=pb.OpCompleted(op_id=op_id)))
+            done = pb.OpCompleted(op_id=op_id, quiet_seconds=quiet)
+            self._send(pb.ClientMessage(op_completed=done))
 
     async def _report_usage(self) -> None:
         """The periodic reports: every ``report_interval`` a Usage if it says something new,

@@ -17,6 +17,8 @@ MAX_NODES = 1 << 20  # p_i, compute nodes of one job
 MAX_PRIORITY = 1e9
 MAX_PERIOD_W = 86_400.0  # s of compute per iteration a periodic job may declare (persched)
 MAX_PERIOD_VOL = float(2**53)  # bytes per iteration a periodic job may declare
+# s an operation may say it stayed open after its last byte (OpCompleted.quiet_seconds)
+MAX_QUIET_SECONDS = 86_400.0
 MAX_RATE = 1e15  # bytes/s: 1 PB/s for one storage server or one job
 # bytes/s: the rate floor. A rate below it is 0 ("wait"), on both ends: the controller
 # pushes 0 instead (a residue of rounding in a sum, never an allotment), and a client

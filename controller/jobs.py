@@ -38,6 +38,7 @@ from burstctl.controller.records import (
 )
 from burstctl.controller.signal import Signal
 from burstctl.policies.accounting import job_view
+from burstctl.policies.periods import Phase
 from burstctl.policies.view import BufferView, JobView, Periodic, SystemView, job_cap
 
 log = logging.getLogger(__name__)
@@ -76,8 +77,10 @@ class JobTable:
 
     ``changed`` fires at every mutation that may change a decision;
     ``io_changed(job, in_io, now)`` when a job enters or leaves its I/O phase (S(t)
-    changes: the peer exchange, the application profiles); ``job_added(job)`` with each
-    job new to the table (the ledger carries its saved counters in).
+    changes: the peer exchange); ``phase_ended(job, phase)`` when an I/O phase ended, with
+    the phase as observed (``JobState.phases``, which also learns the job's period from it;
+    the application profiles record it); ``job_added(job)`` with each job new to the table
+    (the ledger carries its saved counters in).
 
     Bounded: at most ``max_jobs`` jobs (a new job beyond it takes the place of the job
     inactive the longest, and is refused with ``LimitError`` when every job is active) and
@@ -104,6 +107,7 @@ class JobTable:
         self._inactive: dict[str, None] = {}
         self.changed: Signal[[]] = Signal()
         self.io_changed: Signal[[JobState, bool, float]] = Signal()
+        self.phase_ended: Signal[[JobState, Phase]] = Signal()
         self.job_added: Signal[[JobState]] = Signal()
         self.jobs: dict[str, JobState] = {}
         self.sessions: dict[int, SessionRecord] = {}
@@ -269,7 +273,14 @@ class JobTable:
 
     def _update_phase(self, job: JobState, now: float) -> None:
         if job.update_phase(now):
-            self.io_changed(job, job.in_io(), now)
+            in_io = job.in_io()
+            if in_io:
+                job.phases.start(now, job.counters.bytes)
+            else:
+                phase = job.phases.end(now, job.counters.bytes)
+                if phase is not None:
+                    self.phase_ended(job, phase)
+            self.io_changed(job, in_io, now)
 
     # -- client events --------------------------------------------------------
     def post(self, session: SessionRecord, op_id: int, kind: OpKind, volume: int) -> None:
@@ -289,13 +300,16 @@ class JobTable:
         self._update_phase(session.job, now)
         self._changed(session.job)
 
-    def complete(self, session: SessionRecord, op_id: int) -> bool:
-        """Completes an open operation; False (and nothing changes) if it is not open."""
+    def complete(self, session: SessionRecord, op_id: int, quiet: float = 0.0) -> bool:
+        """Completes an open operation; False (and nothing changes) if it is not open.
+        ``quiet``: seconds it stayed open after its last byte (the client's quiet gap)."""
         now = self._clock()
         session.last_heard = now
         op = session.ops.pop(op_id, None)
         if op is None:
             return False
+        if quiet > 0.0 and not session.drain:
+            session.job.phases.last_byte(now - quiet)
         if not session.drain:  # a drain's operations are no phase of the job's
             session.job.op_completed(op.volume, op.moved)
         if not session.ops:
@@ -326,6 +340,7 @@ class JobTable:
             self._drained(session, nbytes, totals)
         elif job.in_io() and nbytes:
             job.transfer(nbytes)
+            job.phases.moved(now)
             self._dirty.add(job.job_id)  # V_i^(transferred) and V_i move; no decision needed
         by_kind = session.attribute(nbytes) if nbytes else {}
         before, booked_moved = job.counters, False
@@ -488,11 +503,16 @@ class JobTable:
         )
 
     def periodic_of(self, job: JobState) -> Periodic | None:
-        """The period the policies use for ``job``: the declared one, or None."""
+        """The job's period as the policies use it: declared (registration or client), else
+        learned from its phases once confident (docs/persched.md, "Learned periods"), else
+        None."""
         meta = job.meta
         if meta.w > 0 and meta.vol_io > 0:
             return Periodic(meta.nodes, meta.w, meta.vol_io)
-        return None
+        learned = job.phases.estimate
+        if learned is None or not learned.confident:
+            return None
+        return Periodic(meta.nodes, learned.w, learned.vol_io, True, learned.confidence)
 
     def _row(self, job: JobState, now: float, cap: float) -> JobView:
         meta = job.meta

@@ -15,6 +15,7 @@ from google.protobuf.message import DecodeError
 from burstctl.common.limits import (
     MAX_NODES,
     MAX_PRIORITY,
+    MAX_QUIET_SECONDS,
     MAX_TEXT,
     buffer_problem,
     identifier_problem,
@@ -141,6 +142,19 @@ def check_op_posted(p: pb.OpPosted, where: str, max_op_volume: int) -> OpKind:
             f"must be in [0, {max_op_volume}] bytes (0 = unknown), got {p.volume}",
         )
     return op_kind
+
+
+def check_op_completed(c: pb.OpCompleted, where: str) -> float:
+    """An OpCompleted's id and quiet gap checked; the quiet gap (seconds)."""
+    if c.op_id <= 0:
+        raise ProtocolError(f"{where}op_completed.op_id", "must be > 0")
+    quiet = c.quiet_seconds
+    if not (math.isfinite(quiet) and 0.0 <= quiet <= MAX_QUIET_SECONDS):
+        raise ProtocolError(
+            f"{where}op_completed.quiet_seconds",
+            f"must be finite and in [0, {MAX_QUIET_SECONDS:g}] s, got {quiet}",
+        )
+    return quiet
 
 
 def _totals(u: pb.Usage, where: str) -> Counters:

@@ -10,9 +10,11 @@ node count Q_j. For each key the store keeps what the placement heuristics of [D
 - ``phases``: how many phases were measured;
 - ``bandwidth``: b_j(n), bytes/s observed during phases at ``n`` replicas (EWMA per n).
 
-It is filled by :class:`PhaseRecorder` from the job table's phase changes: a phase starts with
-a job's first open operation and ends when its last one completes (``JobAccount.set_phase``);
-its volume is what the job's sessions booked on this replica during it. A job striped evenly
+It is filled by :class:`PhaseRecorder` from the job table's phases (``JobTable.phase_ended``): a
+phase starts with a job's first open operation and ends when its last one completes, or at its
+last byte's report if that came earlier (``policies/periods.py: PhaseLog``, which also learns
+the job's period from the same phases); its volume is what the job's sessions booked on this
+replica during it. A job striped evenly
 over ``n`` replicas moves about ``n`` times that in all, so the volume and the bandwidth are
 scaled by ``n`` — the approximation of even striping ([DIST-IO] §III: n equal transfers). ``n``
 is this replica plus the live peers whose last digest lists the job.
@@ -38,6 +40,7 @@ from typing import Any
 from burstctl.common.files import DurableFile
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import JobMeta, JobState
+from burstctl.policies.periods import Phase
 
 log = logging.getLogger(__name__)
 
@@ -50,8 +53,6 @@ MIN_PHASE_SECONDS = 1e-3
 # The largest replica count a bandwidth sample or a job description may name (b_j(n) is a
 # table of n entries: a bound on memory as much as on sense).
 MAX_REPLICA_COUNT = 4096
-# Jobs whose current phase the recorder follows at most (the job table holds fewer).
-MAX_TRACKED_JOBS = 100_000
 
 AppKey = tuple[str, int]
 
@@ -255,21 +256,13 @@ class ProfileStore:
         self.saved_version = version
 
 
-@dataclass(slots=True)
-class _Phase:
-    started: float
-    bytes_at_start: int
-    last_end: float | None = None
-
-
 class PhaseRecorder:
-    """Turns the phase changes of ``table`` (its ``io_changed``) into profile samples in
-    ``store`` (module docstring).
+    """Turns the I/O phases of ``table`` (its ``phase_ended``: the job table's one observation
+    of a phase, ``JobState.phases``) into profile samples in ``store`` (module docstring).
 
     ``count_of(job_id)`` gives the number of replicas the job is present on; its volume is
-    what its sessions booked here (its counters). ``stamp()`` gives each new sample's catalog
-    version (controller/catalog.py, ``Catalog.next_stamp``; None: none). Holds one small
-    record per job with a phase seen; ``forget`` drops it.
+    what its sessions booked here during the phase (its counters). ``stamp()`` gives each new
+    sample's catalog version (controller/catalog.py, ``Catalog.next_stamp``; None: none).
     """
 
     def __init__(
@@ -282,30 +275,10 @@ class PhaseRecorder:
         self.store = store
         self._count_of = count_of
         self._stamp = stamp
-        self._phases: dict[str, _Phase] = {}  # oldest first: the bound drops those
-        table.io_changed.connect(self.record)
+        table.phase_ended.connect(self.record)
 
-    def record(self, job: JobState, in_io: bool, now: float) -> None:
-        job_id = job.job_id
-        record = self._phases.get(job_id)
-        if in_io:
-            last_end = record.last_end if record is not None else None
-            self._phases.pop(job_id, None)
-            self._phases[job_id] = _Phase(now, job.counters.bytes, last_end)
-            while len(self._phases) > MAX_TRACKED_JOBS:
-                del self._phases[next(iter(self._phases))]
-            return
-        if record is None:
-            return
-        count = max(1, self._count_of(job_id))
-        volume = max(0, job.counters.bytes - record.bytes_at_start) * count
-        gap = record.started - record.last_end if record.last_end is not None else None
+    def record(self, job: JobState, phase: Phase) -> None:
+        count = max(1, self._count_of(job.job_id))
+        volume = phase.volume * count
         stamp = self._stamp() if self._stamp is not None else None
-        self.store.observe(app_key(job.meta), volume, now - record.started, gap, count, stamp)
-        record.last_end = now
-
-    def forget(self, job_id: str) -> None:
-        self._phases.pop(job_id, None)
-
-    def __len__(self) -> int:
-        return len(self._phases)
+        self.store.observe(app_key(job.meta), volume, phase.seconds, phase.gap, count, stamp)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from burstctl.policies.accounting import JobAccount
+from burstctl.policies.periods import PhaseLog
 from burstctl.policies.schedule import Schedule
 
 
@@ -214,6 +215,8 @@ class JobState(JobAccount):
     drains: dict[int, SessionRecord] = field(default_factory=dict)
     drained: int = 0
     drain_booked: dict[str, int] = field(default_factory=dict)
+    # Its I/O phases as observed, and the period learned from them (policies/periods.py).
+    phases: PhaseLog = field(default_factory=PhaseLog)
 
     @property
     def bytes_moved(self) -> int:

@@ -44,6 +44,7 @@ from burstctl.controller.load import LoopLag, client_host
 from burstctl.controller.messages import (
     Malformed,
     check_buffer,
+    check_op_completed,
     check_op_posted,
     check_usage,
     decode_client_message,
@@ -475,9 +476,8 @@ class ControllerServicer:
             except LimitError as exc:
                 raise LimitError(where + exc.field, exc.detail) from None
         elif kind == "op_completed":
-            if msg.op_completed.op_id <= 0:
-                raise ProtocolError(f"{where}op_completed.op_id", "must be > 0")
-            if not self.table.complete(session, msg.op_completed.op_id):
+            quiet = check_op_completed(msg.op_completed, where)
+            if not self.table.complete(session, msg.op_completed.op_id, quiet):
                 # Harmless to the table, but a client bug worth telling the client about.
                 self.streams[session.sid].error(
                     grpc.StatusCode.NOT_FOUND,

@@ -45,7 +45,9 @@ tuning seeds). Inside each class, the key above. β = 0 is the plain key. A job 
 for STALE_PERIODS of its learned iterations is forgotten (it has left, or
 changed), so the budget goes to the jobs still there and the state stays bounded;
 a job forgotten after its first operation only (a short start-up before a long
-phase) is learned again from its next.
+phase) is learned again from its next. A job of ``SystemView.periodic`` (a declared
+period, or one the controller learned from the job's phases, ``policies/periods.py``)
+is not learned per operation: its φ is its period's, (vol_io/b_i) / (w + vol_io/b_i).
 """
 
 from __future__ import annotations
@@ -59,7 +61,14 @@ from pydantic import Field
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.greedy import known_remaining
 from burstctl.policies.sharing import greedy_fill_by
-from burstctl.policies.view import Columns, JobId, RowRates, SystemView, remaining_estimate
+from burstctl.policies.view import (
+    Columns,
+    JobId,
+    RowRates,
+    SystemView,
+    job_cap,
+    remaining_estimate,
+)
 
 # λ range: 0 is GreedyCom; above 1e6 the deficit (seconds) decides alone for any
 # transfer shorter than ~11 days at λ = 1e6, i.e. largest-deficit first: a larger λ is
@@ -147,10 +156,15 @@ class DeficitCom(Policy):
         ids = columns.job_id
         posted_at = columns.posted_at
         active = view.active
+        changes = self._changes
+        periodic = view.periodic
+        if self.params.budget > 0.0 and periodic:
+            self._declare(view)
         if self.params.budget > 0.0 and view.observed:
             learned = self._learned
-            changes = self._changes
             for r in active:
+                if periodic and ids[r] in periodic:
+                    continue  # its fraction is the period's (``_declare``)
                 state = learned.get(ids[r])
                 if state is None:
                     learned[ids[r]] = _Learned(
@@ -160,8 +174,8 @@ class DeficitCom(Policy):
                 state.seen = now
                 if state.posted_at != posted_at[r]:
                     self._count(columns, r, state)
-            if self._changes != changes:
-                self._protected = self._choose(now)
+        if self._changes != changes:
+            self._protected = self._choose(now)
         protected = self._protected
         cap = columns.cap
         released_at = columns.released_at
@@ -193,6 +207,29 @@ class DeficitCom(Policy):
         phi = state.fraction()
         bisect.insort(self._ranked, (phi, job_id, phi * cap))
         self._changes += 1
+
+    def _declare(self, view: SystemView) -> None:
+        """The jobs of ``view.periodic`` (declared, or learned from their phases by the
+        controller) take φ = (vol_io/b_i) / (w + vol_io/b_i) from their period instead of
+        learning it per operation; they count as seen while listed (they are live)."""
+        now = view.now
+        learned = self._learned
+        for job_id, p in view.periodic.items():
+            cap = job_cap(p.nodes, view.node_bandwidth, view.capacity)
+            transfer = p.vol_io / cap if cap > 0.0 else 0.0
+            state = learned.get(job_id)
+            if state is None:
+                state = learned[job_id] = _Learned(None, now)
+            state.seen = now
+            if state.count == 1 and (state.work, state.transfer, state.cap) == (p.w, transfer, cap):
+                continue
+            if state.count > 0:
+                self._unrank(job_id, state)
+            state.count, state.work, state.transfer, state.cap = 1, p.w, transfer, cap
+            state.iteration = p.w + transfer
+            phi = state.fraction()
+            bisect.insort(self._ranked, (phi, job_id, phi * cap))
+            self._changes += 1
 
     def _unrank(self, job_id: JobId, state: _Learned) -> None:
         ranked = self._ranked

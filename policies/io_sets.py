@@ -19,7 +19,14 @@ from pydantic import AfterValidator, Field
 from burstctl.common.limits import MAX_JOBS, MAX_TEXT, identifier_problem
 from burstctl.policies.base import Policy, PolicyParams
 from burstctl.policies.sharing import greedy_fill
-from burstctl.policies.view import Columns, JobId, RowRates, SystemView, remaining_estimate
+from burstctl.policies.view import (
+    Columns,
+    JobId,
+    RowRates,
+    SystemView,
+    job_cap,
+    remaining_estimate,
+)
 
 # ω of a job seen for the first time (as ``computeSet10``): set n = −2, weight 100,
 # shared by every new job — high priority, but not a strictly dominant set.
@@ -114,7 +121,9 @@ class Set10(Policy):
     were observed (``SystemView.observed``); an unobserved view (the merge of
     several replicas' digests) is decided with what was learned so far.
     Jobs in ``known_omega`` are not learned: their set is ⌊log10 ω_i⌉ of the
-    given ω (``computeSet10``, Set10 with wIter > 0).
+    given ω (``computeSet10``, Set10 with wIter > 0). Nor are the other jobs of
+    ``SystemView.periodic`` (a declared period, or one learned by the controller from
+    the job's phases): their ω is w + vol_io/b_i of that period.
 
     Allocation (the paper's extended algorithm for b_i < B, as the reference
     implements it): sets in order of first appearance in the stable order; set g
@@ -159,13 +168,13 @@ class Set10(Policy):
 
     def allocate(self, view: SystemView) -> RowRates:
         learn = self._learns and view.observed
-        if learn and not self._known_sets:
+        known = self._periodic_sets(view) if view.periodic else self._known_sets
+        if learn and not known:
             shares = self._unsaturated(view)
             if shares is not None:
                 return shares
         columns = view.columns
         job_ids = columns.job_id
-        known = self._known_sets
         sets: dict[int, list[int]] = {}  # n → member rows, in order of first appearance
         for r in view.active:
             n = known.get(job_ids[r]) if known else None
@@ -179,6 +188,17 @@ class Set10(Policy):
         posted_at = _posted_at(view)
         rates = _split(sets, columns.demand, posted_at, view.capacity)
         return [(r, rate) for r, rate in rates.items() if rate != 0.0]
+
+    def _periodic_sets(self, view: SystemView) -> dict[JobId, int]:
+        """The sets of the known ω, and of the jobs of ``view.periodic`` not among them (a
+        declared period, or one learned by the controller from the job's phases): ω_i = w +
+        vol_io/b_i, its iteration at full speed, as the learned mean measures it."""
+        sets = dict(self._known_sets)
+        for job_id, p in view.periodic.items():
+            if job_id not in sets:
+                cap = job_cap(p.nodes, view.node_bandwidth, view.capacity)
+                sets[job_id] = set_index(p.w + (p.vol_io / cap if cap > 0.0 else 0.0))
+        return sets
 
     def _unsaturated(self, view: SystemView) -> list[tuple[int, float]] | None:
         """The split with learned ω only (the simulator's Set10Learn) when no set

@@ -200,8 +200,9 @@ def remaining_estimate(columns: Columns, row: int) -> float:
 
 @dataclass(frozen=True, slots=True)
 class Periodic:
-    """A job that declared its period ([PERSCHED]): ``w`` seconds of compute, then
-    ``vol_io`` bytes of I/O, per iteration, on ``nodes`` nodes."""
+    """A periodic job ([PERSCHED]): ``w`` seconds of compute, then ``vol_io`` bytes of I/O,
+    per iteration, on ``nodes`` nodes. Declared by the job (``learned`` False), or learned
+    from its observed phases (``policies/periods.py``) with ``confidence`` in [0, 1]."""
 
     nodes: int
     w: float

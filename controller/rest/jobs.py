@@ -61,6 +61,19 @@ class JobIn(BaseModel):
         return self
 
 
+class LearnedOut(BaseModel):
+    """The period learned from the job's observed I/O phases (docs/persched.md, "Learned
+    periods")."""
+
+    period: float = Field(description="T = w + vol_io / b_i, seconds: its iteration alone")
+    w: float = Field(description="compute seconds per iteration (gap between phases)")
+    vol_io: float = Field(description="bytes per iteration (per phase)")
+    io_fraction: float = Field(description="(vol_io / b_i) / T")
+    confidence: float = Field(description="in [0, 1]")
+    samples: int = Field(description="phases the estimate rests on (a bounded window)")
+    confident: bool = Field(description="the policies may use it")
+
+
 class JobOut(BaseModel):
     job_id: str
     user: str
@@ -71,6 +84,10 @@ class JobOut(BaseModel):
     vol_io: float | None = Field(default=None, description="declared bytes per iteration")
     app: str | None = Field(
         default=None, description="application name of its profile (placement advice)"
+    )
+    learned: LearnedOut | None = Field(default=None, description="its period as learned")
+    period_used: Literal["declared", "learned"] | None = Field(
+        default=None, description="the period the policies use (null: none, not periodic)"
     )
     registered: bool = Field(description="metadata from POST /v1/jobs, not from clients")
     active: bool = Field(default=False, description="at least one live client session")
@@ -162,10 +179,25 @@ def jobs_router(
             replicas=sorted(replicas),
         )
         if state is None:  # registered, no session yet: the counters' defaults
-            return fields
+            declared = meta.w > 0 and meta.vol_io > 0
+            return {**fields, "period_used": "declared" if declared else None}
         cap = job_cap(meta.nodes, node_bandwidth, capacity)
         elapsed = now - state.first_seen
+        learned = state.phases.estimate
+        used = table.periodic_of(state)
         fields.update(
+            learned=None
+            if learned is None
+            else dict(
+                period=learned.period(cap),
+                w=learned.w,
+                vol_io=learned.vol_io,
+                io_fraction=learned.io_fraction(cap),
+                confidence=learned.confidence,
+                samples=learned.samples,
+                confident=learned.confident,
+            ),
+            period_used=None if used is None else "learned" if used.learned else "declared",
             active=state.status is JobStatus.ACTIVE,
             in_io=state.in_io(),
             rate=sum(s.rate or 0.0 for s in state.sessions.values()),

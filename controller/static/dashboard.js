@@ -316,6 +316,23 @@
 
   // ---- job table -----------------------------------------------------------------
 
+  // Declared (w, vol_io) and learned (T, w, vol_io, confidence) periods; "▸" marks the one
+  // the policies use.
+  function periodText(j) {
+    const parts = [];
+    if (j.w != null) {
+      const mark = j.period_used === "declared" ? "▸ " : "";
+      parts.push(`${mark}declared w ${j.w.toFixed(3)} s, ${bytes(j.vol_io)}`);
+    }
+    const l = j.learned;
+    if (l) {
+      const mark = j.period_used === "learned" ? "▸ " : "";
+      const what = `T ${l.period.toFixed(3)} s, w ${l.w.toFixed(3)} s, ${bytes(l.vol_io)}`;
+      parts.push(`${mark}learned ${what} (${l.confidence.toFixed(2)}, ${l.samples} phases)`);
+    }
+    return parts.length ? parts.join(" · ") : "–";
+  }
+
   function renderJobs(jobs, total) {
     const latest = new Map(state.series.map((s) => [s.job_id, s.values[s.values.length - 1]]));
     const rows = jobs.map((j) => {
@@ -338,6 +355,7 @@
       cell(tr, bytes(j.bytes_read), "num");
       cell(tr, bytes(j.bytes_written), "num");
       cell(tr, j.yield == null ? "–" : j.yield.toFixed(3), "num");
+      cell(tr, periodText(j), "period");
       return tr;
     });
     el.tbody.replaceChildren(...rows);

@@ -24,17 +24,17 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62urstctl/v1/controller.proto\x12\x0b\x62urstctl.v1\"\x8f\x02\n\x05Hello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x01\x12\x11\n\tclient_id\x18\x06 \x01(\t\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x10\n\x08period_w\x18\x08 \x01(\x01\x12\x12\n\nperiod_vol\x18\t \x01(\x01\x12%\n\x07purpose\x18\n \x01(\x0e\x32\x14.burstctl.v1.Purpose\x12#\n\x06\x62uffer\x18\x0b \x01(\x0b\x32\x13.burstctl.v1.Buffer\x12\x13\n\x0bpacing_rate\x18\x0c \x01(\x01\x12\x10\n\x08\x61llotted\x18\r \x01(\x01\"O\n\x06\x42uffer\x12\x10\n\x08resident\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x03 \x01(\x03\x12\x13\n\x0b\x64rain_error\x18\x04 \x01(\t\"L\n\x08OpPosted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.burstctl.v1.OpKind\x12\x0e\n\x06volume\x18\x03 \x01(\x03\"\x1c\n\x0bOpCompleted\x12\r\n\x05op_id\x18\x01 \x01(\x04\"\xc7\x01\n\x05Usage\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0b\n\x03ops\x18\x02 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x08\x12%\n\x06totals\x18\x06 \x01(\x0b\x32\x15.burstctl.v1.Counters\x12\x15\n\rapplied_epoch\x18\x07 \x01(\x04\x12#\n\x06\x62uffer\x18\x08 \x01(\x0b\x32\x13.burstctl.v1.Buffer\"}\n\x08\x43ounters\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x12\n\nbytes_read\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x03\x12\x0b\n\x03ops\x18\x04 \x01(\x03\x12\x14\n\x0cmetadata_ops\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\"\t\n\x07Goodbye\"\x1c\n\x05Leave\x12\x13\n\x0bpacing_rate\x18\x01 \x01(\x01\"5\n\x05\x42\x61tch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ClientMessage\"\xc3\x02\n\rClientMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.burstctl.v1.HelloH\x00\x12*\n\top_posted\x18\x02 \x01(\x0b\x32\x15.burstctl.v1.OpPostedH\x00\x12\x30\n\x0cop_completed\x18\x03 \x01(\x0b\x32\x18.burstctl.v1.OpCompletedH\x00\x12#\n\x05usage\x18\x04 \x01(\x0b\x32\x12.burstctl.v1.UsageH\x00\x12\'\n\x07goodbye\x18\x05 \x01(\x0b\x32\x14.burstctl.v1.GoodbyeH\x00\x12#\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x12.burstctl.v1.BatchH\x00\x12#\n\x05leave\x18\x07 \x01(\x0b\x32\x12.burstctl.v1.LeaveH\x00\x12\x0f\n\x07session\x18\x0f \x01(\x04\x42\x06\n\x04\x62ody\"\x94\x02\n\nAllocation\x12\x0c\n\x04rate\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nreplica_id\x18\x06 \x01(\t\x12%\n\x07windows\x18\x07 \x01(\x0b\x32\x14.burstctl.v1.Windows\x12!\n\x05space\x18\x08 \x01(\x0b\x32\x12.burstctl.v1.Space\x12\x15\n\rfallback_rate\x18\t \x01(\x01\x12\x19\n\x11heartbeat_seconds\x18\n \x01(\x01\x12#\n\x06\x61\x64vice\x18\x0b \x01(\x0b\x32\x13.burstctl.v1.Advice\"\x1a\n\x06\x41\x64vice\x12\x10\n\x08replicas\x18\x01 \x03(\t\"\x16\n\x05Space\x12\r\n\x05limit\x18\x01 \x01(\x03\"^\n\x07Windows\x12\x16\n\x0eperiod_seconds\x18\x01 \x01(\x01\x12\x16\n\x0eorigin_seconds\x18\x02 \x01(\x01\x12#\n\x06window\x18\x03 \x03(\x0b\x32\x13.burstctl.v1.Window\"B\n\x06Window\x12\x15\n\rstart_seconds\x18\x01 \x01(\x01\x12\x13\n\x0b\x65nd_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04rate\x18\x03 \x01(\x01\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"C\n\nSessionEnd\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"\x1e\n\x05Renew\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\";\n\x0bServerBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ServerMessage\"\xf4\x01\n\rServerMessage\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x17.burstctl.v1.AllocationH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.burstctl.v1.ErrorH\x00\x12&\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x17.burstctl.v1.SessionEndH\x00\x12)\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x18.burstctl.v1.ServerBatchH\x00\x12#\n\x05renew\x18\x05 \x01(\x0b\x32\x12.burstctl.v1.RenewH\x00\x12\x0f\n\x07session\x18\x0f \x01(\x04\x42\x06\n\x04\x62ody*\\\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_READ\x10\x01\x12\x11\n\rOP_KIND_WRITE\x10\x02\x12\x14\n\x10OP_KIND_METADATA\x10\x03*-\n\x07Purpose\x12\x0f\n\x0bPURPOSE_APP\x10\x00\x12\x11\n\rPURPOSE_DRAIN\x10\x01\x32\x97\x01\n\nController\x12\x42\n\x04Node\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x12\x45\n\x07Session\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1c\x62urstctl/v1/controller.proto\x12\x0b\x62urstctl.v1\"\x8f\x02\n\x05Hello\x12\x0e\n\x06job_id\x18\x01 \x01(\t\x12\x0c\n\x04user\x18\x02 \x01(\t\x12\r\n\x05group\x18\x03 \x01(\t\x12\r\n\x05nodes\x18\x04 \x01(\x05\x12\x10\n\x08priority\x18\x05 \x01(\x01\x12\x11\n\tclient_id\x18\x06 \x01(\t\x12\x0c\n\x04host\x18\x07 \x01(\t\x12\x10\n\x08period_w\x18\x08 \x01(\x01\x12\x12\n\nperiod_vol\x18\t \x01(\x01\x12%\n\x07purpose\x18\n \x01(\x0e\x32\x14.burstctl.v1.Purpose\x12#\n\x06\x62uffer\x18\x0b \x01(\x0b\x32\x13.burstctl.v1.Buffer\x12\x13\n\x0bpacing_rate\x18\x0c \x01(\x01\x12\x10\n\x08\x61llotted\x18\r \x01(\x01\"O\n\x06\x42uffer\x12\x10\n\x08resident\x18\x01 \x01(\x03\x12\x0f\n\x07pending\x18\x02 \x01(\x03\x12\r\n\x05\x61\x64\x64\x65\x64\x18\x03 \x01(\x03\x12\x13\n\x0b\x64rain_error\x18\x04 \x01(\t\"L\n\x08OpPosted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12!\n\x04kind\x18\x02 \x01(\x0e\x32\x13.burstctl.v1.OpKind\x12\x0e\n\x06volume\x18\x03 \x01(\x03\"3\n\x0bOpCompleted\x12\r\n\x05op_id\x18\x01 \x01(\x04\x12\x15\n\rquiet_seconds\x18\x02 \x01(\x01\"\xc7\x01\n\x05Usage\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x0b\n\x03ops\x18\x02 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x03 \x01(\x01\x12\x18\n\x10interval_seconds\x18\x04 \x01(\x01\x12\x0f\n\x07waiting\x18\x05 \x01(\x08\x12%\n\x06totals\x18\x06 \x01(\x0b\x32\x15.burstctl.v1.Counters\x12\x15\n\rapplied_epoch\x18\x07 \x01(\x04\x12#\n\x06\x62uffer\x18\x08 \x01(\x0b\x32\x13.burstctl.v1.Buffer\"}\n\x08\x43ounters\x12\r\n\x05\x62ytes\x18\x01 \x01(\x03\x12\x12\n\nbytes_read\x18\x02 \x01(\x03\x12\x15\n\rbytes_written\x18\x03 \x01(\x03\x12\x0b\n\x03ops\x18\x04 \x01(\x03\x12\x14\n\x0cmetadata_ops\x18\x05 \x01(\x03\x12\x14\n\x0cwait_seconds\x18\x06 \x01(\x01\"\t\n\x07Goodbye\"\x1c\n\x05Leave\x12\x13\n\x0bpacing_rate\x18\x01 \x01(\x01\"5\n\x05\x42\x61tch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ClientMessage\"\xc3\x02\n\rClientMessage\x12#\n\x05hello\x18\x01 \x01(\x0b\x32\x12.burstctl.v1.HelloH\x00\x12*\n\top_posted\x18\x02 \x01(\x0b\x32\x15.burstctl.v1.OpPostedH\x00\x12\x30\n\x0cop_completed\x18\x03 \x01(\x0b\x32\x18.burstctl.v1.OpCompletedH\x00\x12#\n\x05usage\x18\x04 \x01(\x0b\x32\x12.burstctl.v1.UsageH\x00\x12\'\n\x07goodbye\x18\x05 \x01(\x0b\x32\x14.burstctl.v1.GoodbyeH\x00\x12#\n\x05\x62\x61tch\x18\x06 \x01(\x0b\x32\x12.burstctl.v1.BatchH\x00\x12#\n\x05leave\x18\x07 \x01(\x0b\x32\x12.burstctl.v1.LeaveH\x00\x12\x0f\n\x07session\x18\x0f \x01(\x04\x42\x06\n\x04\x62ody\"\x94\x02\n\nAllocation\x12\x0c\n\x04rate\x18\x01 \x01(\x01\x12\r\n\x05\x62urst\x18\x02 \x01(\x01\x12\r\n\x05\x65poch\x18\x03 \x01(\x04\x12\x15\n\rlease_seconds\x18\x04 \x01(\x01\x12\x0e\n\x06policy\x18\x05 \x01(\t\x12\x12\n\nreplica_id\x18\x06 \x01(\t\x12%\n\x07windows\x18\x07 \x01(\x0b\x32\x14.burstctl.v1.Windows\x12!\n\x05space\x18\x08 \x01(\x0b\x32\x12.burstctl.v1.Space\x12\x15\n\rfallback_rate\x18\t \x01(\x01\x12\x19\n\x11heartbeat_seconds\x18\n \x01(\x01\x12#\n\x06\x61\x64vice\x18\x0b \x01(\x0b\x32\x13.burstctl.v1.Advice\"\x1a\n\x06\x41\x64vice\x12\x10\n\x08replicas\x18\x01 \x03(\t\"\x16\n\x05Space\x12\r\n\x05limit\x18\x01 \x01(\x03\"^\n\x07Windows\x12\x16\n\x0eperiod_seconds\x18\x01 \x01(\x01\x12\x16\n\x0eorigin_seconds\x18\x02 \x01(\x01\x12#\n\x06window\x18\x03 \x03(\x0b\x32\x13.burstctl.v1.Window\"B\n\x06Window\x12\x15\n\rstart_seconds\x18\x01 \x01(\x01\x12\x13\n\x0b\x65nd_seconds\x18\x02 \x01(\x01\x12\x0c\n\x04rate\x18\x03 \x01(\x01\"5\n\x05\x45rror\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\r\n\x05\x66ield\x18\x02 \x01(\t\x12\x0f\n\x07message\x18\x03 \x01(\t\"C\n\nSessionEnd\x12\x0c\n\x04\x63ode\x18\x01 \x01(\t\x12\x0f\n\x07message\x18\x02 \x01(\t\x12\x16\n\x0eretry_after_ms\x18\x03 \x01(\x03\"\x1e\n\x05Renew\x12\x15\n\rlease_seconds\x18\x01 \x01(\x01\";\n\x0bServerBatch\x12,\n\x08messages\x18\x01 \x03(\x0b\x32\x1a.burstctl.v1.ServerMessage\"\xf4\x01\n\rServerMessage\x12-\n\nallocation\x18\x01 \x01(\x0b\x32\x17.burstctl.v1.AllocationH\x00\x12#\n\x05\x65rror\x18\x02 \x01(\x0b\x32\x12.burstctl.v1.ErrorH\x00\x12&\n\x03\x65nd\x18\x03 \x01(\x0b\x32\x17.burstctl.v1.SessionEndH\x00\x12)\n\x05\x62\x61tch\x18\x04 \x01(\x0b\x32\x18.burstctl.v1.ServerBatchH\x00\x12#\n\x05renew\x18\x05 \x01(\x0b\x32\x12.burstctl.v1.RenewH\x00\x12\x0f\n\x07session\x18\x0f \x01(\x04\x42\x06\n\x04\x62ody*\\\n\x06OpKind\x12\x17\n\x13OP_KIND_UNSPECIFIED\x10\x00\x12\x10\n\x0cOP_KIND_READ\x10\x01\x12\x11\n\rOP_KIND_WRITE\x10\x02\x12\x14\n\x10OP_KIND_METADATA\x10\x03*-\n\x07Purpose\x12\x0f\n\x0bPURPOSE_APP\x10\x00\x12\x11\n\rPURPOSE_DRAIN\x10\x01\x32\x97\x01\n\nController\x12\x42\n\x04Node\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x12\x45\n\x07Session\x12\x1a.burstctl.v1.ClientMessage\x1a\x1a.burstctl.v1.ServerMessage(\x01\x30\x01\x62\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
 _builder.BuildTopDescriptorsAndMessages(DESCRIPTOR, 'burstctl.v1.controller_pb2', _globals)
 if not _descriptor._USE_C_DESCRIPTORS:
   DESCRIPTOR._loaded_options = None
-  _globals['_OPKIND']._serialized_start=2218
-  _globals['_OPKIND']._serialized_end=2310
-  _globals['_PURPOSE']._serialized_start=2312
-  _globals['_PURPOSE']._serialized_end=2357
+  _globals['_OPKIND']._serialized_start=2241
+  _globals['_OPKIND']._serialized_end=2333
+  _globals['_PURPOSE']._serialized_start=2335
+  _globals['_PURPOSE']._serialized_end=2380
   _globals['_HELLO']._serialized_start=46
   _globals['_HELLO']._serialized_end=317
   _globals['_BUFFER']._serialized_start=319
@@ -42,39 +42,39 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_OPPOSTED']._serialized_start=400
   _globals['_OPPOSTED']._serialized_end=476
   _globals['_OPCOMPLETED']._serialized_start=478
-  _globals['_OPCOMPLETED']._serialized_end=506
-  _globals['_USAGE']._serialized_start=509
-  _globals['_USAGE']._serialized_end=708
-  _globals['_COUNTERS']._serialized_start=710
-  _globals['_COUNTERS']._serialized_end=835
-  _globals['_GOODBYE']._serialized_start=837
-  _globals['_GOODBYE']._serialized_end=846
-  _globals['_LEAVE']._serialized_start=848
-  _globals['_LEAVE']._serialized_end=876
-  _globals['_BATCH']._serialized_start=878
-  _globals['_BATCH']._serialized_end=931
-  _globals['_CLIENTMESSAGE']._serialized_start=934
-  _globals['_CLIENTMESSAGE']._serialized_end=1257
-  _globals['_ALLOCATION']._serialized_start=1260
-  _globals['_ALLOCATION']._serialized_end=1536
-  _globals['_ADVICE']._serialized_start=1538
-  _globals['_ADVICE']._serialized_end=1564
-  _globals['_SPACE']._serialized_start=1566
-  _globals['_SPACE']._serialized_end=1588
-  _globals['_WINDOWS']._serialized_start=1590
-  _globals['_WINDOWS']._serialized_end=1684
-  _globals['_WINDOW']._serialized_start=1686
-  _globals['_WINDOW']._serialized_end=1752
-  _globals['_ERROR']._serialized_start=1754
-  _globals['_ERROR']._serialized_end=1807
-  _globals['_SESSIONEND']._serialized_start=1809
-  _globals['_SESSIONEND']._serialized_end=1876
-  _globals['_RENEW']._serialized_start=1878
-  _globals['_RENEW']._serialized_end=1908
-  _globals['_SERVERBATCH']._serialized_start=1910
-  _globals['_SERVERBATCH']._serialized_end=1969
-  _globals['_SERVERMESSAGE']._serialized_start=1972
-  _globals['_SERVERMESSAGE']._serialized_end=2216
-  _globals['_CONTROLLER']._serialized_start=2360
-  _globals['_CONTROLLER']._serialized_end=2511
+  _globals['_OPCOMPLETED']._serialized_end=529
+  _globals['_USAGE']._serialized_start=532
+  _globals['_USAGE']._serialized_end=731
+  _globals['_COUNTERS']._serialized_start=733
+  _globals['_COUNTERS']._serialized_end=858
+  _globals['_GOODBYE']._serialized_start=860
+  _globals['_GOODBYE']._serialized_end=869
+  _globals['_LEAVE']._serialized_start=871
+  _globals['_LEAVE']._serialized_end=899
+  _globals['_BATCH']._serialized_start=901
+  _globals['_BATCH']._serialized_end=954
+  _globals['_CLIENTMESSAGE']._serialized_start=957
+  _globals['_CLIENTMESSAGE']._serialized_end=1280
+  _globals['_ALLOCATION']._serialized_start=1283
+  _globals['_ALLOCATION']._serialized_end=1559
+  _globals['_ADVICE']._serialized_start=1561
+  _globals['_ADVICE']._serialized_end=1587
+  _globals['_SPACE']._serialized_start=1589
+  _globals['_SPACE']._serialized_end=1611
+  _globals['_WINDOWS']._serialized_start=1613
+  _globals['_WINDOWS']._serialized_end=1707
+  _globals['_WINDOW']._serialized_start=1709
+  _globals['_WINDOW']._serialized_end=1775
+  _globals['_ERROR']._serialized_start=1777
+  _globals['_ERROR']._serialized_end=1830
+  _globals['_SESSIONEND']._serialized_start=1832
+  _globals['_SESSIONEND']._serialized_end=1899
+  _globals['_RENEW']._serialized_start=1901
+  _globals['_RENEW']._serialized_end=1931
+  _globals['_SERVERBATCH']._serialized_start=1933
+  _globals['_SERVERBATCH']._serialized_end=1992
+  _globals['_SERVERMESSAGE']._serialized_start=1995
+  _globals['_SERVERMESSAGE']._serialized_end=2239
+  _globals['_CONTROLLER']._serialized_start=2383
+  _globals['_CONTROLLER']._serialized_end=2534
 # @@protoc_insertion_point(module_scope)

@@ -78,10 +78,12 @@ class OpPosted(_message.Message):
     def __init__(self, op_id: _Optional[int] = ..., kind: _Optional[_Union[OpKind, str]] = ..., volume: _Optional[int] = ...) -> None: ...
 
 class OpCompleted(_message.Message):
-    __slots__ = ("op_id",)
+    __slots__ = ("op_id", "quiet_seconds")
     OP_ID_FIELD_NUMBER: _ClassVar[int]
+    QUIET_SECONDS_FIELD_NUMBER: _ClassVar[int]
     op_id: int
-    def __init__(self, op_id: _Optional[int] = ...) -> None: ...
+    quiet_seconds: float
+    def __init__(self, op_id: _Optional[int] = ..., quiet_seconds: _Optional[float] = ...) -> None: ...
 
 class Usage(_message.Message):
     __slots__ = ("bytes", "ops", "wait_seconds", "interval_seconds", "waiting", "totals", "applied_epoch", "buffer")

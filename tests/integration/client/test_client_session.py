@@ -93,6 +93,9 @@ def test_implicit_operation_is_completed_after_the_quiet_gap(controller: Any) ->
         completed = controller.received("op_completed")
         assert [c.message.op_completed.op_id for c in completed] == [1]
         assert completed[0].at - last_acquire >= 0.2 - 0.02
+        # it says how long it stayed open after its last byte: the phase ended that long before
+        quiet = completed[0].message.op_completed.quiet_seconds
+        assert 0.2 <= quiet <= completed[0].at - last_acquire + 0.01
         # The next burst of I/O is a new implicit operation with a greater id.
         session.acquire(KiB, "write")
         controller.wait_for(lambda: len(controller.bodies("op_posted")) == 2)
