@@ -65,29 +65,48 @@ def three_replicas(make: Any, tmp_path: Path) -> list[ControllerProcess]:
     return out
 
 
-def the_pattern() -> Installed:
-    """PERSCHED's pattern of the three jobs on the whole system, as every replica has it."""
-    jobs = tuple(sorted((n, nodes, w, float(vol)) for n, nodes, w, vol, _ in PERIODIC))
-    computed = compute((jobs, 3.0 * CAPACITY, 8.0 * MiB), PerSchedParams(**PARAMS))
+def pattern_of(jobs: list[tuple[str, int, float, float]]) -> Installed:
+    """PERSCHED's pattern of ``jobs`` (name, nodes, w, vol_io) on the whole system, as every
+    replica computes it from the merged digests."""
+    key = (tuple(sorted(jobs)), 3.0 * CAPACITY, 8.0 * MiB)
+    computed = compute(key, PerSchedParams(**PARAMS))
     assert computed.result is not None
     return Installed(computed, 0.0, computed.schedules)
 
 
+def learned_pattern(replicas: list[ControllerProcess]) -> Installed | None:
+    """The pattern on the periods the replicas learned, once every job is learned on both its
+    replicas: as the merge takes them, w from the lowest replica id, the bytes of an
+    iteration summed over the two (each replica sees its session's half)."""
+    shown = {}
+    for i, r in enumerate(replicas):
+        for job in httpx.get(f"{r.url}/v1/jobs", timeout=5).json():
+            shown[(job["job_id"], i)] = job
+    jobs = []
+    for name, nodes, _, _, placed in PERIODIC:
+        learned = [(shown.get((name, r)) or {}).get("learned") for r in sorted(placed)]
+        if not all(x and x["confident"] for x in learned):
+            return None
+        jobs.append((name, nodes, learned[0]["w"], float(sum(x["vol_io"] for x in learned))))
+    return pattern_of(jobs)
+
+
 # Iteration lengths within 5 %: alone, not beside other tests (as test_persched_live.py).
 @pytest.mark.serial
+@pytest.mark.parametrize("declared", [True, False], ids=["declared", "learned"])
 def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_reserve(
-    controller_factory: Any, tmp_path: Path
+    controller_factory: Any, tmp_path: Path, declared: bool
 ) -> None:
+    """Declared: the sessions declare each job's period. Learned: they declare nothing, and
+    within 10 iterations every job's learned period is within 5 % of the truth."""
     replicas = three_replicas(controller_factory, tmp_path)
-    installed = the_pattern()
-    result = installed.computed.result
-    assert result is not None
-    period = result.pattern.period
+    truth = pattern_of([(n, nodes, w, float(vol)) for n, nodes, w, vol, _ in PERIODIC])
     stop = threading.Event()
     runs: list[tuple[str, Session, Trace]] = []
     for name, nodes, w, vol, placed in PERIODIC:
         for r in placed:
-            job = JobInfo(name, "ann", "phys", nodes, w=w, vol_io=vol)
+            period_of = {"w": w, "vol_io": vol} if declared else {}
+            job = JobInfo(name, "ann", "phys", nodes, **period_of)  # type: ignore[arg-type]
             address = replicas[r].address
             assert address is not None
             runs.append((name, Session(address, job), Trace()))
@@ -102,6 +121,33 @@ def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_rese
             args = (session, w, vol // 2, stop, trace)
             workers.append(threading.Thread(target=periodic_loop, args=args, daemon=True))
             workers[-1].start()
+
+        installed = truth
+        learned_at: dict[str, int] = {}
+        if not declared:
+            found: list[Installed] = []
+
+            def learned() -> bool:
+                pattern = learned_pattern(replicas)
+                if pattern is None:
+                    return False
+                found[:] = [pattern]
+                for i, (name, _, trace) in enumerate(runs):  # each session's iterations by then
+                    learned_at.setdefault(f"{name}#{i}", len(trace.iterations))
+                return True
+
+            wait_until(learned, 60, interval=0.1, message="every job learned on its replicas")
+            installed = found[0]
+            for name, nodes, w, vol, _ in PERIODIC:
+                (got,) = (k for k in installed.computed.key[0] if k[0] == name)
+                cap = nodes * 8.0 * MiB
+                assert got[2] == pytest.approx(w, rel=0.05), (name, got)
+                assert got[3] == pytest.approx(vol, rel=0.05), (name, got)
+                assert got[2] + got[3] / cap == pytest.approx(w + vol / cap, rel=0.05)
+            assert max(learned_at.values()) <= 10, learned_at
+        result = installed.computed.result
+        assert result is not None
+        period = result.pattern.period
 
         def aligned() -> bool:
             """Every session paces to windows of the pattern's period, and each job's two
@@ -146,7 +192,8 @@ def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_rese
     # The whole system's reserve is np's (its only taker), and what the windows' peak leaves
     # on r1 is lent to it: its share there, at least the reserve, at most its cap.
     reserve = RESERVE * 3 * CAPACITY
-    print(f"period {period:.4f} s; (job, measured, predicted, chunks outside): {report}")
+    print(f"learned at iterations {learned_at or None}; pattern period {period:.4f} s")
+    print(f"(job, measured, predicted, chunks outside): {report}")
     print(f"non-periodic: {rate / MiB:.3f} MiB/s, allotted {allotted / MiB:.3f}, reserve 6")
     assert reserve <= allotted <= 8 * MiB * 1.001
     assert rate == pytest.approx(allotted, rel=0.15)
