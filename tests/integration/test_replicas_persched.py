@@ -51,18 +51,31 @@ PARAMS = {"reserve": RESERVE, "kprime": 2, "headroom": 0.1}
 
 
 def three_replicas(make: Any, tmp_path: Path) -> list[ControllerProcess]:
-    ports = [free_port() for _ in range(3)]
-    out = []
-    for i in range(3):
-        peers = ", ".join(f'"127.0.0.1:{p}"' for j, p in enumerate(ports) if j != i)
-        config = tmp_path / f"r{i + 1}.toml"
-        config.write_text(
-            f'replica_id = "r{i + 1}"\npolicy = "persched"\ncapacity = "20MiB/s"\n'
-            f'node_bandwidth = "8MiB/s"\nsync_interval = {LAMBDA}\npeers = [{peers}]\n'
-            "[policy_params]\n" + "".join(f"{k} = {v}\n" for k, v in PARAMS.items())
-        )
-        out.append(make("--config", str(config), address=f"127.0.0.1:{ports[i]}"))
-    return out
+    """The three replicas, each told the others' addresses before it starts. A port chosen
+    free may be taken meanwhile (by any process's outgoing connection): then all three are
+    started again on new ports."""
+    for attempt in range(3):
+        ports = [free_port() for _ in range(3)]
+        out = []
+        for i in range(3):
+            peers = ", ".join(f'"127.0.0.1:{p}"' for j, p in enumerate(ports) if j != i)
+            config = tmp_path / f"r{i + 1}-{attempt}.toml"
+            config.write_text(
+                f'replica_id = "r{i + 1}"\npolicy = "persched"\ncapacity = "20MiB/s"\n'
+                f'node_bandwidth = "8MiB/s"\nsync_interval = {LAMBDA}\npeers = [{peers}]\n'
+                "[policy_params]\n" + "".join(f"{k} = {v}\n" for k, v in PARAMS.items())
+            )
+            state = tmp_path / f"state-r{i + 1}-{attempt}"
+            out.append(
+                make("--config", str(config), address=f"127.0.0.1:{ports[i]}", state_dir=state)
+            )
+            if out[-1].address is None:  # it exited: its port was taken
+                break
+        else:
+            return out
+        for started in out:
+            started.stop()
+    raise AssertionError("three replicas did not start on free ports: " + "".join(out[-1].log))
 
 
 def pattern_of(jobs: list[tuple[str, int, float, float]]) -> Installed:
@@ -74,14 +87,19 @@ def pattern_of(jobs: list[tuple[str, int, float, float]]) -> Installed:
     return Installed(computed, 0.0, computed.schedules)
 
 
-def learned_pattern(replicas: list[ControllerProcess]) -> Installed | None:
+def learned_pattern(
+    replicas: list[ControllerProcess], confident: set[tuple[str, int]]
+) -> Installed | None:
     """The pattern on the periods the replicas learned, once every job is learned on both its
     replicas: as the merge takes them, w from the lowest replica id, the bytes of an
-    iteration summed over the two (each replica sees its session's half)."""
+    iteration summed over the two (each replica sees its session's half). ``confident``
+    gets every (job, replica index) learned by now."""
     shown = {}
     for i, r in enumerate(replicas):
         for job in httpx.get(f"{r.url}/v1/jobs", timeout=5).json():
             shown[(job["job_id"], i)] = job
+            if (job.get("learned") or {}).get("confident"):
+                confident.add((job["job_id"], i))
     jobs = []
     for name, nodes, _, _, placed in PERIODIC:
         learned = [(shown.get((name, r)) or {}).get("learned") for r in sorted(placed)]
@@ -126,14 +144,19 @@ def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_rese
         learned_at: dict[str, int] = {}
         if not declared:
             found: list[Installed] = []
+            sessions_at = [r for _, _, _, _, placed in PERIODIC for r in placed]
 
             def learned() -> bool:
-                pattern = learned_pattern(replicas)
+                confident: set[tuple[str, int]] = set()
+                pattern = learned_pattern(replicas, confident)
+                for i, (name, _, trace) in enumerate(runs):  # iterations when learned there
+                    if (name, sessions_at[i]) in confident:
+                        learned_at.setdefault(
+                            f"{name}@r{sessions_at[i] + 1}", len(trace.iterations)
+                        )
                 if pattern is None:
                     return False
                 found[:] = [pattern]
-                for i, (name, _, trace) in enumerate(runs):  # each session's iterations by then
-                    learned_at.setdefault(f"{name}#{i}", len(trace.iterations))
                 return True
 
             wait_until(learned, 60, interval=0.1, message="every job learned on its replicas")
