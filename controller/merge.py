@@ -21,6 +21,7 @@ import math
 import zlib
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from itertools import compress
 
 import numpy as np
 
@@ -241,12 +242,16 @@ def merge(digests: Sequence[Digest], layout: Layout | None = None) -> Merged:
 def _periodic(digests: Sequence[Digest]) -> dict[JobId, Periodic]:
     """Every job's period over the replicas (digests in replica id order): a declared
     period (nodes, w and the job's vol_io) from the lowest replica id that has one; else a
-    learned one: its w from the lowest replica id that learned it, its vol_io the sum of the
-    bytes per iteration each replica learned (each sees its own part of the job's I/O)."""
+    learned one once every replica the job is on learned it (one replica's bytes are part of
+    an iteration's): its w from the lowest replica id, its vol_io the sum of the bytes per
+    iteration each replica learned (each sees its own part of the job's I/O)."""
     declared: dict[JobId, Periodic] = {}
     learned: dict[JobId, Periodic] = {}
+    unlearned: set[JobId] = set()  # on a replica that has no period for it
     for digest in digests:
         jobs = digest.jobs
+        if np.isnan(jobs.period_w).any():
+            unlearned.update(compress(jobs.job_id, np.isnan(jobs.period_w).tolist()))
         for i in np.flatnonzero(~np.isnan(jobs.period_w)).tolist():
             job_id = jobs.job_id[i]
             nodes, w, vol = int(jobs.nodes[i]), float(jobs.period_w[i]), float(jobs.period_vol[i])
@@ -257,7 +262,7 @@ def _periodic(digests: Sequence[Digest]) -> dict[JobId, Periodic]:
                 learned[job_id] = Periodic(first.nodes, first.w, first.vol_io + vol, learned=True)
             else:
                 learned[job_id] = Periodic(nodes, w, vol, learned=True)
-    return {**learned, **declared}
+    return {**{j: p for j, p in learned.items() if j not in unlearned}, **declared}
 
 
 def _buffer(digests: Sequence[Digest]) -> BufferView | None:

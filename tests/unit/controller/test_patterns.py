@@ -38,6 +38,10 @@ def test_the_merged_view_has_every_jobs_period_declared_first_learned_summed() -
     # a declared period wins over a learned one whichever replica has which
     assert periodic["m"] == Periodic(8, 3.0, 5.0)
     assert "x" not in periodic
+    # a learned period counts once every replica the job is on learned it
+    r4 = digest("r4", (job("l"),))
+    assert "l" not in merge([r1, r2, r4]).view.periodic
+    assert merge([r1, r2, r4]).view.periodic["d"] == Periodic(8, 0.5, 8.0)
 
 
 def test_the_merged_view_has_the_buffers_summed_and_none_without_one() -> None:
