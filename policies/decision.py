@@ -294,8 +294,13 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     left = view.capacity - sum(rates.values())
     if isinstance(targets, Share) and targets.schedules:  # the windows' peak, not their means
         scheduled = targets.schedules
-        left = view.capacity - targets.reserved
-        left -= sum(rate for j, rate in rates.items() if j not in scheduled)
+        others = {j: r for j, r in rates.items() if j not in scheduled}
+        room = max(0.0, view.capacity - targets.reserved)
+        total = sum(others.values())
+        if total > room:  # newer jobs too: beside the windows' peak, never above B
+            rates.update((j, r * (room / total)) for j, r in others.items())
+            total = room
+        left = room - total
     if left > 0.0 and type(policy).conserving:
         ceilings = targets.ceilings if isinstance(targets, Share) else None
         unmet = {}

@@ -126,6 +126,14 @@ def test_blend_with_a_part_of_a_pattern_keeps_the_windows_peak_free() -> None:
     decision = decide(policy, view, share)
     assert decision.schedules == {"p": part}
     assert decision.rates == pytest.approx({"p": 3.0, "o": 4.0})  # o: 10 − the peak 6
+    # a job that started since the exchange (n, not in the share) gets room beside the peak
+    view3 = SystemView(0.0, 10.0, 10.0, {j.job_id: j for j in (
+        views.job("p", 10.0, 10.0, index=0), views.job("o", 10.0, 10.0, index=1),
+        views.job("n", 10.0, 10.0, index=2))})  # fmt: skip
+    crowded = Share({"o": 4.0}, {"o": 4.0}, schedules={"p": part}, reserved=6.0)
+    rates = decide(policy, view3, crowded).rates
+    assert rates["o"] + rates["n"] == pytest.approx(4.0)  # 10 − the peak 6
+    assert rates["p"] == pytest.approx(3.0)
     plain = decide(policy, view, Share({"o": 2.0, "p": 3.0}, {"o": 10.0, "p": 10.0}))
     assert plain.rates == pytest.approx({"p": 5.5, "o": 4.5})  # both topped up by 2.5
 
