@@ -286,7 +286,9 @@ class PerSchedLive(Policy):
                 shared.append(r)
         reserve = view.capacity * params.reserve
         made: tuple[Loan, ...] = ()
-        if installed is not None and shared and params.lend:
+        # Loans on a replica's own view only: a merged view's now is its exchange, not a time
+        # on a clock its windows run by (docs/persched.md, "Not done yet").
+        if installed is not None and shared and params.lend and view.observed:
             made = loans(installed.schedules, view.now, view, params.lend_grace)
         lent, schedules = borrowed(view, shared, reserve, made)
         rates.extend(lent)
