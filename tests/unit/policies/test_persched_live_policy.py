@@ -280,3 +280,26 @@ def test_nothing_is_lent_without_a_job_to_lend_to_nor_before_the_grace() -> None
     decide(off, view(ALL, PERIODIC, now=10.0))
     late = view({"p1": 2, "p3": 1, "np": 1}, PERIODIC, now=opened + 0.05)
     assert "np" not in decide(off, late).schedules
+
+
+def test_nothing_is_lent_on_a_merged_view_of_several_replicas() -> None:
+    """A merged view's now is its exchange, not a time the windows run by: the reserve's jobs
+    get the reserve there, loans or not (they are each replica's own decisions')."""
+
+    def merged(active: dict[str, int], now: float) -> SystemView:
+        own = view(active, PERIODIC, now=now)
+        return views.view(
+            *own.jobs.values(), capacity=B, node_bandwidth=b, now=now,
+            periodic=own.periodic, observed=False,
+        )  # fmt: skip
+
+    for make in (lambda a, t: view(a, PERIODIC, now=t), merged):
+        policy = PerSchedLive(PerSchedLive.Params(kprime=2))
+        base = decide(policy, make(ALL, 10.0)).schedules
+        window = base["p2"].windows[0]
+        now = 10.0 + base["p2"].period + window.start + 0.08  # as in the loan test above
+        d = decide(policy, make({"p1": 2, "p3": 1, "np": 4}, now))
+        lent = "np" in d.schedules
+        assert lent is (make is not merged)
+        if not lent:
+            assert d.rates["np"] == pytest.approx(0.1 * B)
