@@ -312,6 +312,8 @@ class Catalog:
         self.registrations: dict[str, CatalogRecord] = {}  # job id -> its record
         self.clock = 0  # the highest version seen in the catalog
         self.adopted = Signal()
+        # After a peer's records were taken, all of them: what persists them saves once.
+        self.settled = Signal()
         self.received = 0  # peers' records that won here
         self._cache: tuple[tuple[int, int], tuple[CatalogRecord, ...]] | None = None
         self._changes = 0  # bumped when a registration record changes
@@ -390,6 +392,8 @@ class Catalog:
                 self.adopted(record, previous)
             taken += 1
         self.received += taken
+        if taken:
+            self.settled()
         return taken
 
     def records(self) -> tuple[CatalogRecord, ...]:

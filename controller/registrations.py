@@ -72,7 +72,9 @@ class Registrations:
         self._store = store
         self._servicer = servicer
         self._catalog = catalog
+        self._adopted_count = 0  # peers' records applied and not saved yet
         catalog.adopted.connect(self._adopted)
+        catalog.settled.connect(self._settled)
 
     def resume(self, state: ReplicaState) -> None:
         """Registers again the jobs of the state loaded at start."""
@@ -140,17 +142,26 @@ class Registrations:
             self._servicer.end_foreign_sessions(meta)
         else:
             self._table.retire(record.key)
-        log.info(
+        log.debug(
             "job %s %s by replica %r (version %d)",
             record.key,
             "registered" if record.kind == REGISTRATION else "retired",
             record.origin,
             record.version,
         )
+        self._adopted_count += 1
+
+    def _settled(self) -> None:
+        """A peer's records are all taken: saved once for all of them (a replica that joins
+        a cluster takes every registration in one digest)."""
+        count, self._adopted_count = self._adopted_count, 0
+        if not count:
+            return
+        log.info("took %d registrations and retirements from the peers", count)
         try:
             self._save()
-        except OSError as exc:  # applied all the same: peers hold it, the next save keeps it
-            log.error("could not save the registration of job %s: %s", record.key, exc)
+        except OSError as exc:  # applied all the same: peers hold them, the next save keeps them
+            log.error("could not save %d registrations from the peers: %s", count, exc)
 
     def _save(self) -> None:
         catalog = self._catalog

@@ -6,6 +6,7 @@ import dataclasses
 import itertools
 import math
 import random
+import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,9 @@ from burstctl.controller.catalog import (
 from burstctl.controller.delta import advance, apply
 from burstctl.controller.digest import Digest, DigestError, validate
 from burstctl.controller.digest_wire import from_proto, to_proto
+from burstctl.controller.jobs import JobTable
 from burstctl.controller.profiles import ProfileStore
+from burstctl.controller.registrations import Registrations
 from burstctl.controller.state import StateStore
 
 
@@ -274,3 +277,36 @@ def test_profiles_are_stamped_persisted_and_older_peers_lose(tmp_path: Path) -> 
     loaded = again.get(("app", 2))
     assert loaded is not None and (loaded.version, loaded.origin) == (3, "r0")
     assert loaded.bandwidth == {1: 5.0, 2: 9.0}
+
+
+class CountingStore(StateStore):
+    def __init__(self, path: Path) -> None:
+        super().__init__(path)
+        self.saves = 0
+
+    def update(self, **parts: object) -> None:
+        self.saves += 1
+        super().update(**parts)
+
+
+class NoSessions:
+    """The servicer's one part registrations use: no session of these jobs is open here."""
+
+    def end_foreign_sessions(self, meta: object) -> int:
+        return 0
+
+
+def test_a_peers_records_are_applied_one_by_one_and_saved_once(tmp_path: Path) -> None:
+    """A replica joining a cluster takes every registration in one digest: one state.json
+    write for all of them, not one each (each write holds them all)."""
+    store = CountingStore(tmp_path)
+    c = catalog()
+    table = JobTable(
+        time.monotonic, heartbeat_timeout=30.0, job_retention=60.0, demand_headroom=1.1
+    )
+    Registrations(table, store, NoSessions(), c)  # type: ignore[arg-type]
+    assert c.receive([reg(f"j{i:03d}", i + 1, "r2") for i in range(200)]) == 200
+    assert store.saves == 1
+    assert len(table.registered) == 200
+    assert len(StateStore(tmp_path).load().jobs) == 200
+    assert c.receive([reg("j000", 1, "r2")]) == 0 and store.saves == 1  # nothing new
