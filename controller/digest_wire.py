@@ -3,7 +3,8 @@
 ``to_proto`` writes a :class:`~burstctl.controller.digest.Digest` as it is;
 ``from_proto`` reads one and checks it with the one check,
 ``controller/digest.py: validate``, so a malformed digest never leaves here. A replica
-of the previous version sends no period or buffer columns: they are read as "none".
+of the previous version sends no period or buffer columns, and a column that says "none" for
+every job is not sent: such a column is read as "none".
 docs/replicas.md, "Digests on the wire".
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 import json
 import math
 from typing import Any
+
+import numpy as np
 
 from burstctl.controller.catalog import from_wire, to_wire
 from burstctl.controller.digest import (
@@ -55,12 +58,23 @@ def to_proto(digest: Digest) -> pb.Digest:
     for name in JOB_TEXT_FIELDS:
         getattr(out, name).extend(getattr(jobs, name))
     for name in JOB_ARRAY_FIELDS:
-        getattr(out, name).extend(getattr(jobs, name).tolist())
+        column = getattr(jobs, name)
+        if name in _OMITTED_WHEN_NONE and _all_absent(column, _OMITTED_WHEN_NONE[name]):
+            continue  # an empty column reads as "none" for every job (from_proto)
+        getattr(out, name).extend(column.tolist())
     return msg
 
 
-# Columns a replica of the previous version does not send, and their value for "none".
-_NEWER_COLUMNS: dict[str, Any] = {
+def _all_absent(column: np.ndarray, absent: Any) -> bool:
+    """Every entry of ``column`` says "none": NaN, False or 0 as ``absent`` is."""
+    if isinstance(absent, float) and math.isnan(absent):
+        return bool(np.isnan(column).all())
+    return not column.any()
+
+
+# Columns not sent when they say "none" for every job (a replica of the previous version
+# sends none of them), and that value.
+_OMITTED_WHEN_NONE: dict[str, Any] = {
     "period_w": math.nan,
     "period_vol": math.nan,
     "period_learned": False,
@@ -83,8 +97,8 @@ def from_proto(msg: pb.Digest) -> Digest:
     wire = msg.jobs
     columns = {name: getattr(wire, name) for name in DigestJobs.__slots__}
     n = len(wire.job_id)
-    for name, absent in _NEWER_COLUMNS.items():
-        if n and not columns[name]:  # a replica of the previous version: none sent
+    for name, absent in _OMITTED_WHEN_NONE.items():
+        if n and not columns[name]:  # none for every job, or a replica of the previous version
             columns[name] = [absent] * n
     digest = Digest(
         replica_id=msg.replica_id,

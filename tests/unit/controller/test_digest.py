@@ -455,3 +455,15 @@ def test_digest_of_the_job_table() -> None:
     assert (idle.open_op, idle.demand, idle.posted_at) == (False, 0.0, None)
     d2 = build(2)
     assert d2.jobs[1].usage_bytes == 0  # only what moved since the previous digest
+
+
+def test_a_column_that_says_none_for_every_job_is_not_sent() -> None:
+    plain = dataclasses.replace(DIGEST, jobs=tuple(dataclasses.replace(r, period_w=None,
+        period_vol=None, period_learned=False, resident=0.0, pending=0.0, mean_volume=0.0)
+        for r in ROWS))  # fmt: skip
+    msg = to_proto(plain)
+    for name in ("period_w", "period_vol", "period_learned", "resident", "pending"):
+        assert len(getattr(msg.jobs, name)) == 0, name
+    assert len(msg.jobs.mean_volume) == 0
+    assert from_proto(pb.Digest.FromString(msg.SerializeToString())) == plain
+    assert len(to_proto(DIGEST).jobs.period_w) == len(ROWS)  # one job has a period: all sent
