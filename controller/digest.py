@@ -86,7 +86,7 @@ class JobDigest:
     period_learned: bool = False
     resident: float = 0.0  # bytes of the job on this replica's burst buffer
     pending: float = 0.0  # of them, not on the parallel file system yet
-    mean_volume: float = 0.0  # of the job's completed operations here, bytes (0: none yet)
+    mean_volume: float = 0.0  # of a periodic job's completed operations here (0: none yet)
 
 
 _FLOAT_FIELDS = (

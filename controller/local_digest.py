@@ -90,7 +90,7 @@ def build_digest(
             period is not None and period.learned,
             resident.get(job_id, 0.0),
             pending.get(job_id, 0.0),
-            job.mean_volume(),
+            job.mean_volume() if period is not None else 0.0,  # read for periodic jobs
         )
         rows.append(row)
     for job_id in [j for j in usage_seen if j not in table.jobs]:
