@@ -5,11 +5,13 @@ digest, capacity Σ_r B_r: ``PolicySlot.merged`` decides it, ``policies/persched
 so the pattern itself needs no exchange. Its *origin* does: a period must start at the same
 instant on every replica, and replicas share no clock. The coordinator, the lowest replica id
 in the merged view, announces the origin in its digests (``PatternOrigin``: the pattern's key
-and an instant on its own clock); every other replica reads it on its own clock as the
-instant it accepted that digest less the announced origin's age at sending (the error is the
-digest's transit time). A replica keeps the origin it holds for a pattern while the
-coordinator it sees announces another one (a peer missing from its view for a moment), and
-one that becomes the coordinator keeps it too: the periods do not jump when views differ.
+and an instant on its own clock); every other replica reads it on its own clock: the
+announced instant plus its own clock less the coordinator's, read as the least (accepted −
+sent) over the coordinator's recent digests (the least delayed one: a loaded replica that
+took one digest late does not keep its windows late for it). A replica keeps the origin it
+holds for a pattern while the coordinator it sees announces another one (a peer missing from
+its view for a moment), and one that becomes the coordinator keeps it too: the periods do
+not jump when views differ.
 
 Each replica's part of a job's windows is the job's window rate times the part of the job's
 bytes that goes through that replica (``fractions``), and a replica whose parts would pass
@@ -23,12 +25,19 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from burstctl.controller.digest import NO_PATTERN, Digest, PatternOrigin, ReplicaId
 from burstctl.policies.schedule import Schedule, Window
 from burstctl.policies.view import JobId
+
+# The coordinator's digests whose transit times the origin is read from (as NTP keeps the
+# least delayed of its recent samples), and how far a better reading must move the origin
+# before it is taken (a new origin is a new allocation for the job's sessions).
+OFFSET_SAMPLES = 64
+ORIGIN_STEP = 0.002
 
 
 def key_name(key: object) -> str:
@@ -55,14 +64,32 @@ class GlobalPattern:
         self.replica_id = replica_id
         self._key = ""  # the key of the pattern whose origin is held
         self._origin = 0.0  # on this replica's clock
-        self._heard: tuple[str, float, float] | None = None  # coordinator's (key, origin, sent)
+        self._heard: tuple[str, float] | None = None  # the coordinator's (key, origin) taken
         self.coordinator: ReplicaId | None = None
+        # This replica's clock less the coordinator's, as its digests' (accepted − sent): the
+        # least of the recent ones is the one least delayed on the way (as NTP filters).
+        self._offsets: deque[float] = deque(maxlen=OFFSET_SAMPLES)
+        self._offsets_of: tuple[ReplicaId, int] | None = None  # (coordinator, incarnation)
+        self._sampled: float | None = None  # the sent_at of the last digest sampled
 
     def announce(self) -> PatternOrigin:
         """What this replica's next digest says: the origin, if it coordinates one."""
         if self.coordinator == self.replica_id and self._key:
             return PatternOrigin(self._key, self._origin)
         return NO_PATTERN
+
+    def _offset(self, coordinator: Digest, heard_at: float) -> float:
+        """This replica's clock less the coordinator's (plus the least transit time): the
+        least (accepted − sent) of its last digests, one sample per digest; the samples of
+        another coordinator, or of an earlier run of it, are dropped."""
+        of = (coordinator.replica_id, coordinator.incarnation)
+        if of != self._offsets_of:
+            self._offsets.clear()
+            self._offsets_of, self._sampled = of, None
+        if coordinator.sent_at != self._sampled:
+            self._sampled = coordinator.sent_at
+            self._offsets.append(heard_at - coordinator.sent_at)
+        return min(self._offsets)
 
     def part(
         self,
@@ -88,11 +115,13 @@ class GlobalPattern:
                 self._key, self._origin = name, now
         else:
             announced = digests[0].pattern
+            offset = self._offset(digests[0], heard_at.get(coordinator, now))
             if announced.key == name:
-                heard = (announced.key, announced.origin, digests[0].sent_at)
-                if heard[:2] != (self._heard or ("", math.nan))[:2] or name != self._key:
-                    at = heard_at.get(coordinator, now)
-                    self._key, self._origin = name, at - (heard[2] - heard[1])
+                heard = (announced.key, announced.origin)
+                origin = announced.origin + offset
+                moved = abs(origin - self._origin) > ORIGIN_STEP
+                if heard != self._heard or name != self._key or moved:
+                    self._key, self._origin = name, origin
                 self._heard = heard
             elif name != self._key:
                 return NO_PART  # not agreed yet: no windows rather than windows out of step

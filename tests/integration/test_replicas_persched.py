@@ -172,11 +172,14 @@ def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_rese
         assert result is not None
         period = result.pattern.period
 
+        seen: list[object] = []
+
         def aligned() -> bool:
             """Every session paces to windows of the pattern's period, and each job's two
             sessions' windows open at the same instant (within 10 ms)."""
             for name in by_name:
                 patterns = [s.pattern for n, s, _ in runs if n == name]
+                seen[:] = [(name, [p and (p.period, p.origin) for p in patterns])]
                 if any(p is None or abs(p.period - period) > 1e-9 for p in patterns):
                     return False
                 gap = abs(patterns[0].origin - patterns[1].origin) % period  # type: ignore[union-attr]
@@ -184,8 +187,12 @@ def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_rese
                     return False
             return True
 
-        wait_until(aligned, 20, message="one pattern of the three jobs on every replica")
-        steady = time.monotonic() + 2 * period
+        try:
+            wait_until(aligned, 20, message=f"one pattern of period {period:.4f} s everywhere")
+        except AssertionError as exc:  # say what the sessions held
+            raise AssertionError(f"{exc}; the last job checked: {seen}") from None
+        # Steady once the origin was read from a few exchanges (the least delayed digest)
+        steady = time.monotonic() + 4 * period
         workers.append(threading.Thread(target=pump, args=(other, stop, other_grants)))
         workers[-1].start()
         wait_until(

@@ -180,3 +180,30 @@ def test_an_origin_once_agreed_stands_while_the_coordinator_announces_another_pa
     # alone (r1 gone from its view), r2 coordinates with the same origin
     assert other.part(key, pattern, [r2], {}, 1020.0, 100.0).schedules["p"].origin == 992.0
     assert other.announce() == PatternOrigin(key_name(key), 992.0)
+
+
+def test_the_origin_is_read_from_the_least_delayed_of_the_coordinators_digests() -> None:
+    """A digest taken 30 ms late (a loaded replica) sets the windows 30 ms late until a
+    timely one comes; a better reading by less than ORIGIN_STEP moves nothing."""
+    key = ((("p", 1, 0.5, 1e6),), 100.0, 10.0)
+    pattern = {"p": schedule((0.0, 0.5, 8.0))}
+    announced = PatternOrigin(key_name(key), 42.0)
+    r2 = digest("r2", (job("p", mean_volume=1.0),), sent_at=700.0)
+    other = GlobalPattern("r2")
+
+    def part_at(sent: float, heard: float) -> float:
+        r1 = digest("r1", (job("p", mean_volume=1.0),), sent_at=sent, pattern=announced)
+        got = other.part(key, pattern, [r1, r2], {"r1": heard}, heard, 100.0)
+        return got.schedules["p"].origin
+
+    # clocks 950 s apart; the first digest took 30 ms, the second 0.1 ms
+    assert part_at(50.0, 1000.030) == pytest.approx(992.030)
+    assert part_at(50.2, 1000.2001) == pytest.approx(992.0001)
+    assert part_at(50.4, 1000.4002) == pytest.approx(992.0001)  # a slower one: the least
+    assert part_at(50.6, 1000.6) == pytest.approx(992.0001)  # 0.1 ms better: kept as it was
+    # the coordinator restarted (a new clock): its earlier samples no longer count
+    r1 = digest("r1", (job("p", mean_volume=1.0),), sent_at=5.0, incarnation=2,
+                pattern=PatternOrigin(key_name(key), 4.0))  # fmt: skip
+    assert other.part(key, pattern, [r1, r2], {"r1": 2000.5}, 2000.5, 100.0).schedules[
+        "p"
+    ].origin == pytest.approx(1999.5)
