@@ -486,6 +486,11 @@ async def test_two_replicas_share_the_global_split_and_log_each_conflict_once(
         with caplog.at_level(logging.WARNING, logger="burstctl.controller"):
             # r1 speaks first: r2 has not reached r1 yet, so does not know it as a peer
             await exchange("r1")
+            # r2's refusal has reached r1 (its next digest goes in full, not as a delta on
+            # one r2 does not hold): the replies are read by a task of their own
+            await async_wait_until(
+                lambda: syncs["r1"].links[0].refused >= 1, 5, message="r2's refusal at r1"
+            )
             await exchange("r2")
             assert syncs["r1"].local_targets is None  # it has not heard from r2 yet
             await exchange("r1")
