@@ -191,16 +191,28 @@ def test_three_replicas_pace_each_job_to_one_pattern_and_the_other_gets_the_rese
             wait_until(aligned, 20, message=f"one pattern of period {period:.4f} s everywhere")
         except AssertionError as exc:  # say what the sessions held
             raise AssertionError(f"{exc}; the last job checked: {seen}") from None
-        # Steady once the origin was read from a few exchanges (the least delayed digest)
-        steady = time.monotonic() + 4 * period
         workers.append(threading.Thread(target=pump, args=(other, stop, other_grants)))
         workers[-1].start()
-        wait_until(
-            lambda: all(sum(1 for s, _ in t.iterations if s >= steady) >= 6 for *_, t in runs),
-            30,
-            message="6 steady iterations of every periodic session",
-        )
-        assert aligned(), "the pattern changed while the jobs ran"
+        for attempt in range(2):
+            # Steady once the origin was read from a few exchanges (the least delayed digest)
+            steady = time.monotonic() + 4 * period
+            wait_until(
+                lambda at=steady: all(sum(s >= at for s, _ in t.iterations) >= 6 for *_, t in runs),
+                30,
+                message="6 steady iterations of every periodic session",
+            )
+            if aligned():
+                break
+            # Learned: a job's published period may move once by more than the estimator's
+            # step (late phase boundaries on a loaded node), and the pattern with it; the
+            # bounds must then hold on the new pattern from then on.
+            assert not declared and not attempt, "the pattern changed while the jobs ran"
+            wait_until(learned, 20, interval=0.1, message="the pattern learned again")
+            installed = found[0]
+            result = installed.computed.result
+            assert result is not None
+            period = result.pattern.period
+            wait_until(aligned, 20, message="the new pattern on every replica")
         window_end = time.monotonic()
         jobs = httpx.get(f"{replicas[0].url}/v1/jobs", timeout=5).json()
         allotted = next(j["rate"] for j in jobs if j["job_id"] == "np")
