@@ -429,7 +429,6 @@ class Metrics:
     ) -> _JobRow:
         m = job.meta
         config = self.config
-        elapsed = now - job.first_seen
         cap = job_cap(m.nodes, config.node_bandwidth, config.capacity)
         return _JobRow(
             labels=[m.job_id, m.user, m.group],
@@ -440,7 +439,7 @@ class Metrics:
             ops=job.ops_moved,
             metadata_ops=job.metadata_ops,
             wait=job.wait_seconds,
-            yield_=job.progress(now, cap) / elapsed if elapsed > 0 else None,
+            yield_=job.live_yield(now, cap),
             active=job.status is JobStatus.ACTIVE,
             resident=buffers[m.job_id].resident if m.job_id in buffers else 0,
         )

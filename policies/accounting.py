@@ -64,6 +64,16 @@ class JobAccount:
         """P_i = W_i^(done) + V_i^(transferred) / b_i, the numerator of eq. (6)."""
         return self.work_done(now) + (self.transferred / cap if cap > 0 else 0.0)
 
+    def live_yield(self, now: float, cap: float) -> float | None:
+        """y_i = P_i / (now − τ_i) (eq. 6) as a live controller measures it; None before
+        time has passed. In the model it is at most 1. Live, a phase's bounds are the
+        times the controller receives them, so a start that came late makes the phase
+        look shorter than it was, and a session's bucket moves its first bytes faster
+        than b_i: V/b_i can pass the measured I/O time by a little. The measure is
+        bounded at the model's 1, where those errors would put it above."""
+        elapsed = now - self.first_seen
+        return min(1.0, self.progress(now, cap) / elapsed) if elapsed > 0 else None
+
     def mean_volume(self) -> float:
         return self.volume_sum / self.completed_ops if self.completed_ops else 0.0
 

@@ -205,7 +205,7 @@ def jobs_router(
             bytes_written=state.bytes_written,
             bytes_moved=state.bytes_moved,
             metadata_ops=state.metadata_ops,
-            yield_=state.progress(now, cap) / elapsed if elapsed > 0 else None,
+            yield_=state.live_yield(now, cap),
             wait_seconds=state.wait_seconds,
             sessions=len(state.sessions),
             age_s=max(0.0, elapsed),
