@@ -17,7 +17,9 @@ import math
 from collections.abc import Iterator, Mapping
 from typing import TypeAlias
 
+from burstctl.policies import rules as _rules
 from burstctl.policies.base import WITHOUT_PERIOD, WITHOUT_SCHEDULES, Policy
+from burstctl.policies.rules import Bindings
 from burstctl.policies.schedule import NO_SCHEDULES, Schedule
 from burstctl.policies.sharing import water_fill
 from burstctl.policies.view import JobId, RowRates, SystemView
@@ -130,18 +132,27 @@ class Share(Mapping[JobId, float]):
 
 
 def decide(
-    policy: Policy, view: SystemView, targets: Mapping[JobId, float] | None = None
+    policy: Policy,
+    view: SystemView,
+    targets: Mapping[JobId, float] | None = None,
+    rules: Bindings | None = None,
 ) -> Decision:
-    """The policy's proposal for ``view`` (blended with ``targets`` when given), enforced:
-    what every policy promises, made true. Rates are finite, ≥ 0, ≤ b_i, only for jobs
-    with demand, and Σ ≤ B: a proposal out of its bounds is fixed (and listed in
-    ``fixes``), a sum above B scaled down to it (``scaled``). Proposals for jobs outside
-    the view are ignored; zeros are not listed."""
+    """The policy's proposal for ``view`` (blended with ``targets`` when given; with the
+    operator's ``rules`` applied when given: policies/rules.py), enforced: what every
+    policy promises, made true. Rates are finite, ≥ 0, ≤ b_i, only for jobs with demand,
+    and Σ ≤ B: a proposal out of its bounds is fixed (and listed in ``fixes``), a sum
+    above B scaled down to it (``scaled``). Proposals for jobs outside the view are
+    ignored; zeros are not listed."""
     cls = type(policy)
     wanted: Mapping[JobId, Schedule] | None
+    bound = rules is not None and rules.binds(view)
     if targets is not None:  # schedules: a replica's part of a global pattern, if any
-        proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets)
+        proposed: Mapping[JobId, float] | RowRates = blend(policy, view, targets, rules)
         wanted = targets.schedules if isinstance(targets, Share) and targets.schedules else None
+    elif bound:
+        assert rules is not None
+        proposed = _rules.allocate(policy, view, rules, _enforced_pairs)
+        wanted = None if cls in WITHOUT_SCHEDULES else policy.schedules(view)
     else:
         proposed = policy.allocate(view)
         wanted = None if cls in WITHOUT_SCHEDULES else policy.schedules(view)
@@ -169,6 +180,9 @@ def decide(
                     return taken
     pairs = proposed if isinstance(proposed, list) else _by_row(view, proposed)
     served, fixes, scaled, schedules, refused = _enforced(view, pairs, wanted)
+    if bound and schedules:  # a scheduled job's mean rate came from its pattern: its limit
+        assert rules is not None
+        served, schedules = _limited(view, served, schedules, rules)
     decision = Enforced()
     decision.view = view
     decision.served = served
@@ -187,6 +201,28 @@ def _by_row(view: SystemView, proposed: Mapping[JobId, float]) -> RowRates:
     """``proposed`` as (row, rate) pairs, in its order; jobs outside the view left out."""
     row_of = view.row_of
     return [(row_of[j], rate) for j, rate in proposed.items() if j in row_of]
+
+
+def _enforced_pairs(view: SystemView, proposed: Mapping[JobId, float] | RowRates) -> RowRates:
+    """A proposal with its bounds enforced, as (row, rate) pairs (no schedules)."""
+    pairs = proposed if isinstance(proposed, list) else _by_row(view, proposed)
+    return _enforced(view, pairs, None)[0]
+
+
+def _limited(
+    view: SystemView, served: Served, schedules: Mapping[JobId, Schedule], rules: Bindings
+) -> tuple[Served, Mapping[JobId, Schedule]]:
+    """``served`` with the rules' limits clamped, and the schedules scaled with their rates."""
+    ids = view.columns.job_id
+    rates = {ids[r]: rate for r, rate in served}
+    clamped = _rules.clamp(rates, rules)
+    if clamped is rates:
+        return served, schedules
+    kept = {
+        j: s if clamped[j] >= rates[j] else s.scaled(clamped[j] / rates[j])
+        for j, s in schedules.items()
+    }
+    return [(r, clamped[ids[r]]) for r, _ in served], kept
 
 
 def _enforced(
@@ -262,7 +298,12 @@ def _scheduled(
     return list(by_row.items()), schedules, tuple(refused), tuple(capped)
 
 
-def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> dict[JobId, float]:
+def blend(
+    policy: Policy,
+    view: SystemView,
+    targets: Mapping[JobId, float],
+    rules: Bindings | None = None,
+) -> dict[JobId, float]:
     """A replica's rates when it holds its part of the global split (``targets``).
 
     Only jobs with demand take part, in the stable order. Jobs of the split get
@@ -273,16 +314,19 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
     left (a job's local demand fell since the exchange) is water-filled over
     unmet local demand, so the replica stays work-conserving between exchanges;
     when ``targets`` is a :class:`Share`, a job of the split is topped up only to
-    its ceiling, so its sum over the replicas stays within its global cap b_j.
+    its ceiling, so its sum over the replicas stays within its global cap b_j. With
+    ``rules``, the newer jobs' local shares apply them, and each rule's total here is
+    clamped to its limit and its budget on this replica (policies/rules.py: ``clamp``).
     """
     active = view.active_jobs()  # the stable order: the same bits whatever the view's order
     rates = {j.job_id: min(targets[j.job_id], j.cap) for j in active if j.job_id in targets}
     newer = [j.job_id for j in active if j.job_id not in targets]
     if newer:
         # the local policy's rates on the whole view, enforced (its schedules aside)
-        proposed = policy.allocate(view)
-        pairs = proposed if isinstance(proposed, list) else _by_row(view, proposed)
-        served = _enforced(view, pairs, None)[0]
+        if rules is not None and rules.binds(view):
+            served = _rules.allocate(policy, view, rules, _enforced_pairs)
+        else:
+            served = _enforced_pairs(view, policy.allocate(view))
         ids = view.columns.job_id
         local = {ids[r]: rate for r, rate in served}
         fresh = {j: local.get(j, 0.0) for j in newer}
@@ -316,4 +360,4 @@ def blend(policy: Policy, view: SystemView, targets: Mapping[JobId, float]) -> d
             extra = water_fill(unmet, dict.fromkeys(unmet, 1.0), left)
             for j, r in extra.items():
                 rates[j] = rates.get(j, 0.0) + r
-    return rates
+    return _rules.clamp(rates, rules) if rules is not None else rates
