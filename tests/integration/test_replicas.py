@@ -269,6 +269,7 @@ async def test_group_user_size_equals_one_controller_with_the_total_capacity(
     within(out.held, out.moved)
 
 
+@pytest.mark.serial  # shares measured over a window: alone, not beside other tests' load
 async def test_greedy_yield_equals_one_controller_with_the_total_capacity(
     replica_factory: Make,
 ) -> None:
