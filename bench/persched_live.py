@@ -28,8 +28,8 @@ from typing import Any
 from burstctl.controller.config import load_config
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import JobMeta, OpKind
-from burstctl.controller.scheduler import Scheduler, offload_to_thread
-from burstctl.controller.state import PolicySlot, StateStore
+from burstctl.controller.scheduler import Scheduler
+from burstctl.controller.state import PolicySlot, StateStore, offload_to_thread
 from burstctl.policies.persched import jupiter_set
 from burstctl.policies.persched.live import PerSchedLive
 from burstctl.policies.registry import default_registry

@@ -33,10 +33,11 @@ from burstctl.controller.registrations import Registrations
 from burstctl.controller.rest import build_app
 from burstctl.controller.rest.auth import TokenError, admin_token
 from burstctl.controller.rest.server import HttpServer
-from burstctl.controller.scheduler import Scheduler, offload_to_thread
+from burstctl.controller.rulebook import RuleBook
+from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.server import GrpcServer
 from burstctl.controller.servicer import SERVICE_NAME, ControllerServicer
-from burstctl.controller.state import PolicySlot, StateStore
+from burstctl.controller.state import PolicySlot, StateStore, offload_to_thread
 from burstctl.controller.trust import UnregisteredLimits, load_credentials
 from burstctl.policies.registry import PolicyRegistry, default_registry
 
@@ -75,6 +76,8 @@ class Replica:
         self.profiles = ProfileStore(config.state_dir, config.profile_max_keys)
         # Registrations and profiles, held alike by every replica (docs/replicas.md).
         self.catalog = Catalog(config.replica_id, self.profiles)
+        # The operator's rules (docs/rules.md), held in the catalog like registrations.
+        self.rules = RuleBook(self.catalog, self.store, self.table, config.capacity)
         # Read now, before anything listens: a file that cannot be used fails the build.
         self.credentials = load_credentials(config)
         self.gate = self.credentials.gate
@@ -106,6 +109,7 @@ class Replica:
                 security=self.credentials.peers,
                 books=self.books,
                 catalog=self.catalog,
+                rules=self.rules,
             )
             self.peer_servicer = PeerServicer(
                 self.peer_sync.membership,
@@ -130,6 +134,7 @@ class Replica:
             observe_latency=latency.observe,
             books=self.books,
             ghosts=self.ghosts,
+            rules=self.rules,
         )
         self.servicer = ControllerServicer(
             self.table,
@@ -226,6 +231,7 @@ class Replica:
         state = self.store.load()
         self.profiles.load()
         self.registrations.resume(state)
+        self.rules.resume(state.rules)
         self.slot.resume(state)
 
     async def start(self) -> None:
@@ -244,6 +250,7 @@ class Replica:
             slot=self.slot,
             table=self.table,
             registrations=self.registrations,
+            rules=self.rules,
             placement=self.placement,
             books=self.books,
             scheduler=self.scheduler,

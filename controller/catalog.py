@@ -51,6 +51,7 @@ from burstctl.common.limits import (
     period_problem,
 )
 from burstctl.controller.profiles import MAX_REPLICA_COUNT, AppKey, AppProfile, ProfileStore
+from burstctl.controller.rules import MAX_RULES, Rule, rule_problem
 from burstctl.controller.signal import Signal
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
@@ -59,14 +60,21 @@ log = logging.getLogger(__name__)
 REGISTRATION = "registration"
 RETIRED = "retired"  # a registration's tombstone
 PROFILE = "profile"
-KINDS = (REGISTRATION, RETIRED, PROFILE)
+RULE = "rule"  # an operator rule (controller/rules.py)
+RULE_REMOVED = "rule_removed"  # a rule's tombstone
+KINDS = (REGISTRATION, RETIRED, PROFILE, RULE, RULE_REMOVED)
+TOMBSTONES = (RETIRED, RULE_REMOVED)
 # A retirement is remembered this long after it was made, then forgotten.
 TOMBSTONE_SECONDS = 7 * 86_400.0
 MAX_REGISTRATIONS = MAX_JOBS
-MAX_RECORDS = MAX_REGISTRATIONS + MAX_JOBS  # in one digest: registrations and profiles
+MAX_RULE_RECORDS = 4 * MAX_RULES  # rules and their tombstones
+# in one digest: registrations, profiles and rules
+MAX_RECORDS = MAX_REGISTRATIONS + MAX_JOBS + MAX_RULE_RECORDS
 
 # What a registration says of its job: the fields of ``POST /v1/jobs`` but the id.
 REGISTRATION_FIELDS = ("user", "group", "nodes", "priority", "w", "vol_io", "app")
+# What a rule says, on the wire: its fields but the name (the record's key).
+RULE_FIELDS = tuple(f for f in Rule.__dataclass_fields__ if f != "name")
 
 Identity = tuple[str, str, int]  # (registration or profile, key, nodes of a profile or 0)
 
@@ -92,11 +100,14 @@ class CatalogRecord:
     phases: int = 0
     gaps: int = 0
     bandwidth: tuple[tuple[int, float], ...] = ()  # (n, b_j(n)), n ascending
+    rule: Rule | None = None  # a rule's (its name is the key)
 
     @property
     def identity(self) -> Identity:
         if self.kind == PROFILE:
             return PROFILE, self.key, self.nodes
+        if self.kind in (RULE, RULE_REMOVED):
+            return RULE, self.key, 0
         return REGISTRATION, self.key, 0
 
     @property
@@ -181,7 +192,7 @@ def records_problem(records: Sequence[CatalogRecord]) -> tuple[str, str] | None:
 
 def _record_problem(r: CatalogRecord) -> tuple[str, str] | None:
     if r.kind not in KINDS:
-        return "body", "must be a registration, a retirement or a profile"
+        return "body", "must be a registration, a retirement, a profile or a rule"
     for name in ("key", "origin"):
         problem = identifier_problem(getattr(r, name))
         if problem:
@@ -190,8 +201,13 @@ def _record_problem(r: CatalogRecord) -> tuple[str, str] | None:
         return "version", f"must be in [1, 2^63 − 1], got {r.version!r}"
     if not 0.0 <= r.changed_at < math.inf:
         return "changed_at", f"must be finite and >= 0, got {r.changed_at!r}"
-    if r.kind == RETIRED:
+    if r.kind in TOMBSTONES:
         return None
+    if r.kind == RULE:
+        if r.rule is None or r.rule.name != r.key:
+            return "rule.name", "must be the record's key"
+        problem = rule_problem(r.rule)
+        return None if problem is None else (f"rule.{problem[0]}", problem[1])
     if not 1 <= r.nodes <= MAX_NODES:
         return "nodes", f"must be an integer in [1, {MAX_NODES}], got {r.nodes!r}"
     if r.kind == REGISTRATION:
@@ -240,6 +256,10 @@ def to_wire(records: Iterable[CatalogRecord]) -> list[pb.CatalogRecord]:
             )
         elif r.kind == RETIRED:
             msg.retired.SetInParent()
+        elif r.kind == RULE and r.rule is not None:
+            msg.rule.CopyFrom(pb.CatalogRule(**{f: getattr(r.rule, f) for f in RULE_FIELDS}))
+        elif r.kind == RULE_REMOVED:
+            msg.rule_removed.SetInParent()
         elif r.kind == PROFILE:
             msg.profile.CopyFrom(
                 pb.CatalogProfile(
@@ -284,6 +304,8 @@ def from_wire(messages: Sequence[pb.CatalogRecord]) -> tuple[CatalogRecord, ...]
                     itertools.zip_longest(p.bandwidth_replicas, p.bandwidth, fillvalue=math.nan)
                 ),
             }
+        elif kind == RULE:
+            body = {"rule": Rule(msg.key, **{f: getattr(msg.rule, f) for f in RULE_FIELDS})}
         else:
             body = {}
         out.append(CatalogRecord(kind, **head, **body))
@@ -310,6 +332,10 @@ class Catalog:
         self.profiles = profiles
         self._wall_clock = wall_clock
         self.registrations: dict[str, CatalogRecord] = {}  # job id -> its record
+        self.rules: dict[str, CatalogRecord] = {}  # rule name -> its record (or tombstone)
+        # A peer's rule or rule removal won here (after ``settled``'s listeners, once per
+        # digest): what applies the rules reads them again.
+        self.rules_adopted = Signal()
         self.clock = 0  # the highest version seen in the catalog
         self.adopted = Signal()
         # After a peer's records were taken, all of them: what persists them saves once.
@@ -324,24 +350,30 @@ class Catalog:
         """A new record of this replica for ``key``, the next version; not held yet (``put``)."""
         return CatalogRecord(kind, key, self.clock + 1, self.replica_id, self._wall_clock(), **body)
 
+    def _store(self, kind: str) -> dict[str, CatalogRecord]:
+        return self.rules if kind in (RULE, RULE_REMOVED) else self.registrations
+
     def put(self, record: CatalogRecord) -> CatalogRecord | None:
-        """Holds a registration or retirement record; the one it replaced."""
+        """Holds a registration, rule or tombstone record; the one it replaced."""
         self.clock = max(self.clock, record.version)
-        previous = self.registrations.get(record.key)
-        self.registrations[record.key] = record
-        if record.kind == RETIRED:
+        store = self._store(record.kind)
+        previous = store.get(record.key)
+        store[record.key] = record
+        if record.kind in TOMBSTONES:
             self._oldest_tombstone = min(self._oldest_tombstone, record.changed_at)
         self._changes += 1
         self._bound()
         return previous
 
-    def restore(self, key: str, previous: CatalogRecord | None) -> None:
-        """Undoes a ``put`` that could not be persisted (the clock keeps its value)."""
+    def restore(self, key: str, previous: CatalogRecord | None, kind: str = REGISTRATION) -> None:
+        """Undoes a ``put`` of a ``kind`` record that could not be persisted (the clock
+        keeps its value)."""
+        store = self._store(kind)
         if previous is None:
-            self.registrations.pop(key, None)
+            store.pop(key, None)
         else:
-            self.registrations[key] = previous
-            if previous.kind == RETIRED:
+            store[key] = previous
+            if previous.kind in TOMBSTONES:
                 self._oldest_tombstone = min(self._oldest_tombstone, previous.changed_at)
         self._changes += 1
 
@@ -353,6 +385,18 @@ class Catalog:
     def registered(self) -> list[CatalogRecord]:
         """The live registration records (no tombstones), by job id."""
         return [r for _, r in sorted(self.registrations.items()) if r.kind == REGISTRATION]
+
+    def rule_set(self) -> list[Rule]:
+        """The rules in force (no tombstones), by name."""
+        return [r.rule for _, r in sorted(self.rules.items()) if r.rule is not None]
+
+    def resume_rules(self, records: Iterable[CatalogRecord]) -> None:
+        """The rule records saved in ``state.json`` (after ``resume``)."""
+        self.rules = {r.key: r for r in records}
+        self.clock = max([self.clock, *(r.version for r in self.rules.values())])
+        self._oldest_tombstone = -math.inf
+        self.expire()
+        self._changes += 1
 
     def resume(self, records: Iterable[CatalogRecord], clock: int) -> None:
         """The records and clock saved in ``state.json``; expired tombstones are dropped."""
@@ -369,7 +413,7 @@ class Catalog:
     def receive(self, records: Iterable[CatalogRecord]) -> int:
         """A peer's records (checked): each one newer than this replica holds is taken; how
         many were."""
-        taken = 0
+        taken = rules = 0
         for record in records:
             self.clock = max(self.clock, record.version)
             if record.kind == PROFILE:
@@ -380,20 +424,26 @@ class Catalog:
                 if not self.profiles.adopt(key, record.profile()):
                     continue
             else:
-                if record.kind == RETIRED and self._expired(record, self._wall_clock()):
+                if self._expired(record, self._wall_clock()):
                     continue
-                previous = self.registrations.get(record.key)
+                previous = self._store(record.kind).get(record.key)
                 if previous is not None and previous.order >= record.order:
                     continue
-                if previous is None and self.full():
+                is_rule = record.kind in (RULE, RULE_REMOVED)
+                if previous is None and (self.rules_full() if is_rule else self.full()):
                     log.warning("catalog full: %s %r not taken", record.kind, record.key)
                     continue
                 self.put(record)
-                self.adopted(record, previous)
+                if is_rule:
+                    rules += 1
+                else:
+                    self.adopted(record, previous)
             taken += 1
         self.received += taken
         if taken:
             self.settled()
+        if rules:
+            self.rules_adopted()
         return taken
 
     def records(self) -> tuple[CatalogRecord, ...]:
@@ -405,6 +455,7 @@ class Catalog:
             return self._cache[1]
         records = (
             *(self.registrations[k] for k in sorted(self.registrations)),
+            *(self.rules[k] for k in sorted(self.rules)),
             *(profile_record(k, p) for k, p in self.profiles.items() if p.version > 0),
         )
         self._cache = (stamp, records)
@@ -416,6 +467,7 @@ class Catalog:
             "registrations": len(self.registrations) - retired,
             "retirements": retired,
             "profiles": len(self.profiles),
+            "rules": sum(r.kind == RULE for r in self.rules.values()),
             "clock": self.clock,
             "received": self.received,
         }
@@ -423,7 +475,7 @@ class Catalog:
     # -- bounds ----------------------------------------------------------------
     @staticmethod
     def _expired(record: CatalogRecord, now: float) -> bool:
-        return record.kind == RETIRED and now - record.changed_at > TOMBSTONE_SECONDS
+        return record.kind in TOMBSTONES and now - record.changed_at > TOMBSTONE_SECONDS
 
     def expire(self) -> None:
         """Drops the tombstones older than ``TOMBSTONE_SECONDS`` (a look at every record
@@ -432,26 +484,47 @@ class Catalog:
         now = self._wall_clock()
         if now - self._oldest_tombstone <= TOMBSTONE_SECONDS:
             return
-        stale = [k for k, r in self.registrations.items() if self._expired(r, now)]
-        for key in stale:
-            del self.registrations[key]
-        tombs = [r.changed_at for r in self.registrations.values() if r.kind == RETIRED]
+        stale = [
+            (store, k)
+            for store in (self.registrations, self.rules)
+            for k, r in store.items()
+            if self._expired(r, now)
+        ]
+        for store, key in stale:
+            del store[key]
+        tombs = [
+            r.changed_at
+            for r in (*self.registrations.values(), *self.rules.values())
+            if r.kind in TOMBSTONES
+        ]
         self._oldest_tombstone = min(tombs, default=math.inf)
         if stale:
             self._changes += 1
             log.info("forgot %d retirements older than %g s", len(stale), TOMBSTONE_SECONDS)
 
     def _bound(self) -> None:
-        """At most ``MAX_REGISTRATIONS`` records: the oldest tombstones make room."""
-        excess = len(self.registrations) - MAX_REGISTRATIONS
-        if excess <= 0:
-            return
-        tombs = sorted(
-            (r for r in self.registrations.values() if r.kind == RETIRED),
-            key=lambda r: r.changed_at,
+        """At most ``MAX_REGISTRATIONS`` registration records and ``MAX_RULE_RECORDS`` rule
+        records: the oldest tombstones make room."""
+        for store, bound in (
+            (self.registrations, MAX_REGISTRATIONS),
+            (self.rules, MAX_RULE_RECORDS),
+        ):
+            excess = len(store) - bound
+            if excess <= 0:
+                continue
+            tombs = sorted(
+                (r for r in store.values() if r.kind in TOMBSTONES), key=lambda r: r.changed_at
+            )
+            for record in tombs[:excess]:
+                del store[record.key]
+
+    def rules_full(self) -> bool:
+        """``MAX_RULES`` rules in force, or no room for one more record."""
+        held = sum(r.kind == RULE for r in self.rules.values())
+        return held >= MAX_RULES or (
+            len(self.rules) >= MAX_RULE_RECORDS
+            and not any(r.kind == RULE_REMOVED for r in self.rules.values())
         )
-        for record in tombs[:excess]:
-            del self.registrations[record.key]
 
     def full(self) -> bool:
         """A new registration would pass the bound with no tombstone to make room."""

@@ -55,11 +55,13 @@ from burstctl.controller.merge import (
 )
 from burstctl.controller.patterns import GlobalPattern, Part
 from burstctl.controller.peer_link import PEER_SERVICE_NAME, REPLICA_ID_KEY, Outgoing, PeerLink
+from burstctl.controller.rulebook import RuleBook
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.policies.base import Policy
 from burstctl.policies.decision import Share, decide
 from burstctl.policies.persched.live import PerSchedLive, PerSchedParams
+from burstctl.policies.rules import budgets as budgets_of
 from burstctl.policies.view import JobId
 from burstctl.proto.burstctl.v1 import peer_pb2 as pb
 
@@ -271,8 +273,10 @@ class PeerSync:
         security: ChannelSecurity | None = None,
         books: BufferBooks | None = None,
         catalog: Catalog | None = None,
+        rules: RuleBook | None = None,
     ) -> None:
         self.table = table
+        self.rules = rules  # the operator's rules: global limits and reservations
         self.books = books  # the burst buffer's books, sent in the digests
         self.pattern = GlobalPattern(replica_id)  # persched's pattern across the replicas
         self.catalog = catalog  # registrations and profiles, sent in the digests
@@ -301,6 +305,7 @@ class PeerSync:
         self.sent: Digest | None = None  # the digest the peers hold of this replica
         # What the last share was computed from: the policy, the digests, the held back.
         self._inputs: tuple[Policy, list[Digest], list[HeldBack]] | None = None
+        self._rules_seen = 0  # the rules' version the share was computed with
         self.reused = 0  # exchanges that kept the previous share (same inputs)
         self._conflicts: set[tuple[JobId, str, str]] = set()  # logged once each
         self._wake: asyncio.Event | None = None  # set by poke(); made in run()'s loop
@@ -436,14 +441,16 @@ class PeerSync:
         held = [self.held_back[rid] for rid in sorted(self.held_back)]
         policy = self.slot.merged
         inputs = (policy, digests, held)
-        if self.local_targets is not None and self._same_inputs(inputs):
+        rules = self.rules.version if self.rules is not None else 0
+        if self.local_targets is not None and self._same_inputs(inputs, rules):
             return self.local_targets
-        self._inputs = inputs
+        self._inputs, self._rules_seen = inputs, rules
         if self.held_back:  # their jobs and capacity are still in use: in the view
             digests = sorted([*digests, *(h.digest for h in held)], key=lambda d: d.replica_id)
         merged = merge(digests, self._split[0].layout if self._split is not None else None)
         self._log(merged.conflicts)
-        targets = decide(policy, merged.view).rates
+        bindings = self.rules.bindings(merged.view) if self.rules is not None else None
+        targets = decide(policy, merged.view, rules=bindings).rates
         part = self._pattern_part(policy, digests)
         fixed = {rid: h.column for rid, h in self.held_back.items()}
         x = split_targets(merged, targets, fixed)
@@ -455,9 +462,11 @@ class PeerSync:
         jobs = digest.jobs
         covered = {j for j, o in zip(jobs.job_id, jobs.open_op.tolist(), strict=True) if o}
         rates = {j: rate for j, rate in share.items() if j in covered and math.isfinite(rate)}
+        total = math.fsum(d.capacity for d in digests)
+        budgets = budgets_of(bindings, targets, share, self.capacity, total) if bindings else None
         if part is None:
-            return Share(rates, {j: max(ceiling[j], rates[j]) for j in rates})
-        return self._with_pattern(rates, ceiling, part)
+            return Share(rates, {j: max(ceiling[j], rates[j]) for j in rates}, budgets=budgets)
+        return self._with_pattern(rates, ceiling, part, budgets)
 
     def _pattern_part(self, policy: Policy, digests: list[Digest]) -> Part | None:
         """This replica's part of the global pattern of a policy that paces to patterns
@@ -482,7 +491,11 @@ class PeerSync:
         )
 
     def _with_pattern(
-        self, rates: dict[JobId, float], ceiling: dict[JobId, float], part: Part
+        self,
+        rates: dict[JobId, float],
+        ceiling: dict[JobId, float],
+        part: Part,
+        budgets: dict[str, float] | None,
     ) -> Share:
         """The share with this replica's windows: a job of the pattern gets its part of its
         windows, or nothing while the replicas do not agree on the pattern yet (never a plain
@@ -497,16 +510,17 @@ class PeerSync:
             others = {j: r * (room / total) for j, r in others.items()}
         held = {**dict.fromkeys(patterned - set(part.schedules), 0.0), **others}
         ceilings = {j: min(max(ceiling.get(j, r), r), r + room) for j, r in held.items()}
-        return Share(held, ceilings, schedules=part.schedules, reserved=part.peak)
+        return Share(held, ceilings, part.schedules, part.peak, budgets)
 
-    def _same_inputs(self, inputs: tuple[Policy, list[Digest], list[HeldBack]]) -> bool:
-        """The share computed from ``self._inputs`` holds for ``inputs``: the same policy
+    def _same_inputs(self, inputs: tuple[Policy, list[Digest], list[HeldBack]], rules: int) -> bool:
+        """The share computed from ``self._inputs`` holds for ``inputs`` and the rules'
+        version ``rules``: the same rules, the same policy
         object, one that names the view fields it reads (``Policy.reads``), none of them
         a time, and the same digests in the columns those fields and the split come
         from (``merge.columns_read``), but for their sequences and send instants."""
         last = self._inputs
         policy, digests, held = inputs
-        if last is None or last[0] is not policy:
+        if last is None or last[0] is not policy or rules != self._rules_seen:
             return False
         columns = columns_read(policy.reads)
         if columns is None:

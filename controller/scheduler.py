@@ -30,9 +30,8 @@ import logging
 import time
 from collections import deque
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Protocol, runtime_checkable
+from typing import Protocol, runtime_checkable
 
 from burstctl.common.limits import MIN_RATE
 from burstctl.controller.buffer import BufferBooks
@@ -40,6 +39,7 @@ from burstctl.controller.config import ControllerConfig
 from burstctl.controller.ghosts import Ghosts
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.records import SessionRecord, WindowsOutbox
+from burstctl.controller.rulebook import RuleBook
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import PolicySlot
 from burstctl.policies.base import Policy
@@ -130,26 +130,6 @@ class GlobalTargets(Protocol):
     def updated(self) -> Signal: ...
 
 
-_POLICY_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="burstctl-policy")
-
-
-def offload_to_thread(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
-    """A policy's slow work (PerSched's pattern) in a thread of its own, not the loop's
-    default pool (threads blocked there would starve it); ``done`` gets its result on the
-    running loop (``Policy.use_offload``, given by the replica's ``PolicySlot``)."""
-    future = asyncio.get_running_loop().run_in_executor(_POLICY_WORK, work)
-
-    def finished(f: asyncio.Future[Any]) -> None:
-        if f.cancelled():
-            return
-        try:
-            done(f.result())
-        except Exception:  # a policy bug must not stop the controller
-            log.exception("offloaded policy work failed")
-
-    future.add_done_callback(finished)
-
-
 class Scheduler:
     """Owns the decision loop of one replica."""
 
@@ -165,8 +145,10 @@ class Scheduler:
         observe_latency: Callable[[float], None] | None = None,
         books: BufferBooks | None = None,
         ghosts: Ghosts | None = None,
+        rules: RuleBook | None = None,
     ) -> None:
         self.table = table
+        self.rules = rules  # the operator's rules (controller/rulebook.py), applied in decide
         # Sessions gone without a Goodbye whose clients may still pace: decisions share the
         # capacity less their rates (controller/ghosts.py).
         self.ghosts = ghosts if ghosts is not None else Ghosts(retention=0.0)
@@ -206,6 +188,8 @@ class Scheduler:
             peers.updated.connect(self.request)
         if books is not None:
             books.changed.connect(self.request)  # the fill moved by a step: dpsac reads it
+        if rules is not None:
+            rules.changed.connect(self.request)
 
     def request(self) -> None:
         """Asks for a decision soon; cheap, called at every event."""
@@ -263,7 +247,9 @@ class Scheduler:
         capacity = max(0.0, self.config.capacity - away)
         view = self.table.view(capacity, self.config.node_bandwidth, buffer=buffer)
         targets = self._peers.local_targets if self._peers is not None else None
-        decision = self.last = decide(policy, view, targets)
+        budgets = targets.budgets if isinstance(targets, Share) else None
+        bindings = self.rules.bindings(view, budgets) if self.rules is not None else None
+        decision = self.last = decide(policy, view, targets, bindings)
         rates = decision.rates
         schedules = decision.schedules
         for job_id, reason in decision.refused:

@@ -27,10 +27,12 @@ out of range) never stops a start: the configured policy is used, with a warning
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -43,6 +45,26 @@ from burstctl.policies.base import Offload, Policy
 from burstctl.policies.registry import PolicyRegistry
 
 log = logging.getLogger(__name__)
+
+_POLICY_WORK = ThreadPoolExecutor(max_workers=1, thread_name_prefix="burstctl-policy")
+
+
+def offload_to_thread(work: Callable[[], Any], done: Callable[[Any], None]) -> None:
+    """A policy's slow work (PerSched's pattern) in a thread of its own, not the loop's
+    default pool (threads blocked there would starve it); ``done`` gets its result on the
+    running loop (``Policy.use_offload``, given by the replica's ``PolicySlot``)."""
+    future = asyncio.get_running_loop().run_in_executor(_POLICY_WORK, work)
+
+    def finished(f: asyncio.Future[Any]) -> None:
+        if f.cancelled():
+            return
+        try:
+            done(f.result())
+        except Exception:  # a policy bug must not stop the controller
+            log.exception("offloaded policy work failed")
+
+    future.add_done_callback(finished)
+
 
 STATE_FILE = "state.json"
 
@@ -82,12 +104,33 @@ class RegisteredJob(BaseModel):
     retired: bool = False  # a tombstone: retired, remembered so peers learn it
 
 
+class SavedRule(BaseModel):
+    """A rule's catalog record as ``state.json`` keeps it."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    rank: int = 100  # controller/rules.py DEFAULT_RANK
+    job: str = ""
+    user: str = ""
+    group: str = ""
+    app: str = ""
+    limit: float = 0.0
+    reservation: float = 0.0
+    weight: float = 1.0
+    metadata_ops: float = 0.0
+    version: int = 1
+    origin: str = ""
+    changed_at: float = 0.0
+    removed: bool = False  # a tombstone, remembered so peers learn it
+
+
 class ReplicaState(BaseModel):
     model_config = ConfigDict(extra="ignore")
     policy: PolicyState | None = None
     configured: ConfiguredPolicy | None = None  # None: saved by an older burstctl
     jobs: list[RegisteredJob] = Field(default_factory=list)
     catalog_clock: int = 0  # the highest catalog version this replica had seen
+    rules: list[SavedRule] = Field(default_factory=list)  # operator rules (controller/rules.py)
 
 
 class StateStore:

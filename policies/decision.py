@@ -100,9 +100,11 @@ class Share(Mapping[JobId, float]):
     replicas, docs/replicas.md): each listed job gets its schedule, and its rate is the
     schedule's mean rate. ``reserved``: the peak of those schedules' windows together, what
     they may take at one instant (computing or not); nothing tops other jobs up into it.
+    ``budgets``: rule name → this replica's part of that rule's global limit
+    (policies/rules.py).
     """
 
-    __slots__ = ("_rates", "ceilings", "reserved", "schedules")
+    __slots__ = ("_rates", "budgets", "ceilings", "reserved", "schedules")
 
     def __init__(
         self,
@@ -110,11 +112,13 @@ class Share(Mapping[JobId, float]):
         ceilings: Mapping[JobId, float],
         schedules: Mapping[JobId, Schedule] = NO_SCHEDULES,
         reserved: float = 0.0,
+        budgets: Mapping[str, float] | None = None,
     ) -> None:
         self._rates = dict(rates)
         self.ceilings = dict(ceilings)
         self.schedules = schedules
         self.reserved = reserved
+        self.budgets: Mapping[str, float] = budgets if budgets is not None else {}
         for job_id, schedule in schedules.items():  # scheduled: of the split, at their mean
             self._rates[job_id] = self.ceilings[job_id] = schedule.mean_rate()
 

@@ -63,10 +63,12 @@ class Terms:
 
 @dataclass(frozen=True, slots=True)
 class Bindings:
-    """Each bound job's rule (``rule_of``: job id → its rule's terms); ``budgets``: rule
-    name → the most its set may get on this replica (a replica's part of a global split)."""
+    """Each bound job's rule (``rule_of``: job id → its rule's terms; ``terms``: every
+    rule's, by name); ``budgets``: rule name → the most its set may get on this replica (a
+    replica's part of a global split)."""
 
     rule_of: Mapping[JobId, Terms] = field(default_factory=dict)
+    terms: Mapping[str, Terms] = field(default_factory=dict)  # every rule's, by name
     budgets: Mapping[str, float] = field(default_factory=dict)
 
     def binds(self, view: SystemView) -> bool:
@@ -87,9 +89,6 @@ class Bindings:
                 out.setdefault(terms.name, []).append(r)
         return out
 
-    def terms(self) -> dict[str, Terms]:
-        return {t.name: t for t in self.rule_of.values()}
-
     def overcommitted(self, view: SystemView) -> float:
         """Σ of the reservations (each at most its set's demand) of the sets with demand
         in ``view``, when it passes the capacity; 0 otherwise."""
@@ -108,7 +107,7 @@ def allocate(policy: Policy, view: SystemView, bindings: Bindings, enforce: Enfo
     sets = bindings.sets(view)
     if not sets:
         return enforce(view, policy.allocate(view))
-    terms = bindings.terms()
+    terms = bindings.terms
     demand = _demand(view)
     reserved = _reserved(bindings, view, sets, demand)
     total_reserved = sum(reserved.values())
@@ -152,7 +151,7 @@ def clamp(rates: dict[JobId, float], bindings: Bindings) -> dict[JobId, float]:
         if terms is not None:
             totals[terms.name] = totals.get(terms.name, 0.0) + rate
     scale: dict[str, float] = {}
-    terms_of = bindings.terms()
+    terms_of = bindings.terms
     for name, total in totals.items():
         bound = min(terms_of[name].limit, bindings.budgets.get(name, math.inf))
         if total > bound * (1 + TOLERANCE):
@@ -164,6 +163,33 @@ def clamp(rates: dict[JobId, float], bindings: Bindings) -> dict[JobId, float]:
         terms = bindings.rule_of.get(job_id)
         out[job_id] = rate * scale.get(terms.name, 1.0) if terms is not None else rate
     return out
+
+
+def budgets(
+    bindings: Bindings,
+    rates: Mapping[JobId, float],
+    here: Mapping[JobId, float],
+    capacity: float,
+    total_capacity: float,
+) -> dict[str, float]:
+    """Each limited rule's budget on one replica of a global split: what the split gives
+    its jobs there (``here``, of the global ``rates``) plus that replica's part, pro rata to
+    its ``capacity`` of the ``total_capacity``, of the limit the split leaves unused. The
+    budgets of all replicas sum to the limit, so topping jobs up between exchanges never
+    takes a set past it together."""
+    used: dict[str, float] = {}
+    mine: dict[str, float] = {}
+    for job_id, rate in rates.items():
+        terms = bindings.rule_of.get(job_id)
+        if terms is not None and terms.limit < math.inf:
+            used[terms.name] = used.get(terms.name, 0.0) + rate
+            mine[terms.name] = mine.get(terms.name, 0.0) + here.get(job_id, 0.0)
+    part = capacity / total_capacity if total_capacity > 0.0 else 0.0
+    return {
+        name: mine.get(name, 0.0) + max(0.0, t.limit - used.get(name, 0.0)) * part
+        for name, t in bindings.terms.items()
+        if t.limit < math.inf
+    }
 
 
 def _demand(view: SystemView) -> dict[int, float]:
@@ -180,7 +206,7 @@ def _reserved(
     """Rule name → its reservation, at most its set's demand (0s left out)."""
     sets = bindings.sets(view) if sets is None else sets
     demand = _demand(view) if demand is None else demand
-    terms = bindings.terms()
+    terms = bindings.terms
     out = {}
     for name, rows in sets.items():
         r = min(terms[name].reservation, sum(demand[row] for row in rows))

@@ -33,7 +33,9 @@ from burstctl.controller.rest.jobs import jobs_router
 from burstctl.controller.rest.placement import placement_router
 from burstctl.controller.rest.policy import policy_router
 from burstctl.controller.rest.replicas import replicas_router
+from burstctl.controller.rest.rules import rules_router
 from burstctl.controller.rest.schedules import schedules_router
+from burstctl.controller.rulebook import RuleBook
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.state import PolicySlot
 
@@ -48,6 +50,7 @@ def build_app(
     slot: PolicySlot,
     table: JobTable,
     registrations: Registrations,
+    rules: RuleBook,
     placement: PlacementInputs,
     books: BufferBooks,
     scheduler: Scheduler,
@@ -75,6 +78,7 @@ def build_app(
             membership=peers.membership if peers is not None else None,
             access=access,
         ),
+        rules_router(rules, table, peers.membership if peers is not None else None, access),
         schedules_router(table, access),
         placement_router(placement, table, config.placement_compute_nodes, access),
         capacity_router(books, scheduler, table, access),

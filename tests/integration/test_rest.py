@@ -175,12 +175,20 @@ STATUSES = {
     ("delete", "/v1/jobs/{job_id}"): {"204", "404", "422", "503"} | TOKEN_CHECK,
     ("delete", "/v1/capacity/parked/{job_id}"): {"204", "404", "422"} | TOKEN_CHECK,
     ("get", "/metrics"): {"200"},
+    ("get", "/v1/rules"): {"200"},
+    ("get", "/v1/rules/{name}"): {"200", "404", "422"},
+    ("post", "/v1/rules"): {"201", "409", "422", "503"} | TOKEN_CHECK,
+    ("put", "/v1/rules/{name}"): {"200", "201", "409", "422", "503"} | TOKEN_CHECK,
+    ("delete", "/v1/rules/{name}"): {"204", "404", "422", "503"} | TOKEN_CHECK,
 }
 MUTATIONS = {
     ("put", "/v1/policy"),
     ("post", "/v1/jobs"),
     ("delete", "/v1/jobs/{job_id}"),
     ("delete", "/v1/capacity/parked/{job_id}"),
+    ("post", "/v1/rules"),
+    ("put", "/v1/rules/{name}"),
+    ("delete", "/v1/rules/{name}"),
 }
 HEALTH = {("get", "/healthz"), ("get", "/readyz")}
 

@@ -103,7 +103,7 @@ class Digest(_message.Message):
     def __init__(self, replica_id: _Optional[str] = ..., incarnation: _Optional[int] = ..., sequence: _Optional[int] = ..., capacity: _Optional[float] = ..., node_bandwidth: _Optional[float] = ..., policy: _Optional[str] = ..., policy_params_json: _Optional[str] = ..., policy_version: _Optional[int] = ..., policy_origin: _Optional[str] = ..., jobs: _Optional[_Union[DigestJobs, _Mapping]] = ..., sent_at: _Optional[float] = ..., base_sequence: _Optional[int] = ..., left: _Optional[_Iterable[str]] = ..., catalog: _Optional[_Iterable[_Union[CatalogRecord, _Mapping]]] = ..., buffer: _Optional[_Union[BufferBooks, _Mapping]] = ..., pattern: _Optional[_Union[PatternOrigin, _Mapping]] = ...) -> None: ...
 
 class CatalogRecord(_message.Message):
-    __slots__ = ("key", "version", "origin", "changed_at", "registration", "retired", "profile")
+    __slots__ = ("key", "version", "origin", "changed_at", "registration", "retired", "profile", "rule", "rule_removed")
     KEY_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     ORIGIN_FIELD_NUMBER: _ClassVar[int]
@@ -111,6 +111,8 @@ class CatalogRecord(_message.Message):
     REGISTRATION_FIELD_NUMBER: _ClassVar[int]
     RETIRED_FIELD_NUMBER: _ClassVar[int]
     PROFILE_FIELD_NUMBER: _ClassVar[int]
+    RULE_FIELD_NUMBER: _ClassVar[int]
+    RULE_REMOVED_FIELD_NUMBER: _ClassVar[int]
     key: str
     version: int
     origin: str
@@ -118,7 +120,31 @@ class CatalogRecord(_message.Message):
     registration: CatalogRegistration
     retired: CatalogRetired
     profile: CatalogProfile
-    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., origin: _Optional[str] = ..., changed_at: _Optional[float] = ..., registration: _Optional[_Union[CatalogRegistration, _Mapping]] = ..., retired: _Optional[_Union[CatalogRetired, _Mapping]] = ..., profile: _Optional[_Union[CatalogProfile, _Mapping]] = ...) -> None: ...
+    rule: CatalogRule
+    rule_removed: CatalogRetired
+    def __init__(self, key: _Optional[str] = ..., version: _Optional[int] = ..., origin: _Optional[str] = ..., changed_at: _Optional[float] = ..., registration: _Optional[_Union[CatalogRegistration, _Mapping]] = ..., retired: _Optional[_Union[CatalogRetired, _Mapping]] = ..., profile: _Optional[_Union[CatalogProfile, _Mapping]] = ..., rule: _Optional[_Union[CatalogRule, _Mapping]] = ..., rule_removed: _Optional[_Union[CatalogRetired, _Mapping]] = ...) -> None: ...
+
+class CatalogRule(_message.Message):
+    __slots__ = ("rank", "job", "user", "group", "app", "limit", "reservation", "weight", "metadata_ops")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    USER_FIELD_NUMBER: _ClassVar[int]
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    APP_FIELD_NUMBER: _ClassVar[int]
+    LIMIT_FIELD_NUMBER: _ClassVar[int]
+    RESERVATION_FIELD_NUMBER: _ClassVar[int]
+    WEIGHT_FIELD_NUMBER: _ClassVar[int]
+    METADATA_OPS_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    job: str
+    user: str
+    group: str
+    app: str
+    limit: float
+    reservation: float
+    weight: float
+    metadata_ops: float
+    def __init__(self, rank: _Optional[int] = ..., job: _Optional[str] = ..., user: _Optional[str] = ..., group: _Optional[str] = ..., app: _Optional[str] = ..., limit: _Optional[float] = ..., reservation: _Optional[float] = ..., weight: _Optional[float] = ..., metadata_ops: _Optional[float] = ...) -> None: ...
 
 class CatalogRegistration(_message.Message):
     __slots__ = ("user", "group", "nodes", "priority", "w", "vol_io", "app")
