@@ -193,6 +193,7 @@ class Replica:
             servicer=self.servicer,
             peers=self.peer_sync,
             peer_servicer=self.peer_servicer,
+            rules=self.rules,
         )
         self.http: HttpServer | None = None  # built at start, once the admin token is read
         self.ready = False  # gRPC serving and state loaded (GET /readyz)

@@ -43,6 +43,12 @@ Series (all prefixed ``burstctl_``):
   ``metrics_render_seconds`` (the previous scrape's render time);
 - per peer, labels ``replica``, ``peer``: ``peer_exchange_age_seconds``,
   ``peer_live``;
+- per rule (docs/rules.md), labels ``replica``, ``rule``: ``rule_rate_bytes_per_second``
+  and ``rule_demand_bytes_per_second`` (its jobs here), ``rule_limit_bytes_per_second``
+  and ``rule_limited`` (rules with a limit), ``rule_reservation_bytes_per_second`` and
+  ``rule_reservation_unmet`` (rules with a reservation: controller/rule_status.py); per
+  job shown that a rule binds, labels ``job``, ``user``, ``group``, ``rule``:
+  ``job_rule_info`` (1);
 - the burst buffer (docs/capacity.md), label ``replica``: ``bb_capacity_bytes`` (S; only
   with ``bb_capacity``), ``bb_used_bytes``, ``bb_pending_bytes``,
   ``drain_rate_bytes_per_second`` (Σ drain streams' rates), ``drained_bytes_total`` (bytes
@@ -68,6 +74,9 @@ from burstctl.controller.config import ControllerConfig
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.records import JobState, JobStatus
+from burstctl.controller.rule_status import rule_metrics
+from burstctl.controller.rulebook import RuleBook
+from burstctl.controller.rules import Rule
 from burstctl.controller.scheduler import Scheduler
 from burstctl.controller.servicer import ControllerServicer
 from burstctl.controller.state import PolicySlot
@@ -335,8 +344,10 @@ class Metrics:
         servicer: ControllerServicer,
         peers: PeerSync | None,
         peer_servicer: PeerServicer | None,
+        rules: RuleBook | None = None,
     ) -> None:
         self.config = config
+        self.rules = rules
         self.latency = latency
         self.table = table
         self.slot = slot
@@ -416,13 +427,21 @@ class Metrics:
         shown, totals = await asyncio.to_thread(_rank, jobs, rates, config.metrics_top_jobs)
         # Back on the loop for the N jobs shown: their fields are read where they change.
         rows = [self._row(job, rates, scalars.now, buffers) for job in shown]
+        # The rules' series: a few per rule, and one per job shown that a rule binds.
+        ruled = []
+        if self.rules is not None and (statuses := list(self.rules.status().values())):
+            bound = [(r.labels, rule.name) for r in rows if (rule := self._rule(r.labels[0]))]
+            ruled = list(rule_metrics(config.replica_id, statuses, bound))
         body = await asyncio.to_thread(
-            generate_latest, _Exposition(histogram, scalars, rows, totals)
+            generate_latest, _Exposition([*histogram, *ruled], scalars, rows, totals)
         )
         self.render_seconds = time.perf_counter() - started
         self.renders += 1
         self._last = (snapshot_at, body)
         return body
+
+    def _rule(self, job_id: str) -> Rule | None:
+        return self.rules.rule_of(job_id) if self.rules is not None else None
 
     def _row(
         self, job: JobState, rates: dict[str, float], now: float, buffers: dict[str, JobBuffer]

@@ -403,6 +403,8 @@ class PeerSync:
                 log.info("the leases of replica %r have expired; its share is split again", rid)
         self.exchanges += 1
         share = self._share(digest) if live or self.held_back else None
+        if share is None and self.rules is not None:  # alone: the rules on this view only
+            self.rules.alone()
         if share is None or share is not self.local_targets:
             self.local_targets = share
             self.updated()
@@ -451,6 +453,8 @@ class PeerSync:
         self._log(merged.conflicts)
         bindings = self.rules.bindings(merged.view) if self.rules is not None else None
         targets = decide(policy, merged.view, rules=bindings).rates
+        if self.rules is not None:
+            self.rules.observe_global(merged.view, targets, bindings)
         part = self._pattern_part(policy, digests)
         fixed = {rid: h.column for rid, h in self.held_back.items()}
         x = split_targets(merged, targets, fixed)

@@ -12,9 +12,10 @@ replica started after they were added (from its peers' first digests).
 cluster's capacity (Σ B_r of the replicas in the view, given by the caller), and the
 reservations of the rules whose bound jobs all run here in this replica's B; otherwise
 ``Overcommitted`` (REST: 409) names the sum, and nothing changed. A capacity that falls
-later (``PUT /v1/capacity``, a replica gone) can leave the rules in force overcommitted:
-``overcommitted`` reports it (``GET /v1/rules``, the log, ``/metrics``), and the decision
-scales the reservations down to the capacity (policies/rules.py) rather than drop one.
+later (a replica gone from the view) can leave the rules in force overcommitted:
+``overcommitted`` reports it (``GET /v1/rules``, the log; ``/metrics``: the unmet
+reservations), and the decision scales the reservations down to the capacity
+(policies/rules.py) rather than drop one.
 
 ``bindings(view)``: the rule of each job of S(t) and the terms the decision applies
 (policies/rules.py), None while there is no rule (a decision then pays nothing).
@@ -29,9 +30,11 @@ from collections.abc import Collection, Iterable, Mapping
 
 from burstctl.controller.catalog import REGISTRATION, RULE, RULE_REMOVED, Catalog, CatalogRecord
 from burstctl.controller.jobs import JobTable
+from burstctl.controller.rule_status import RuleStatus, statuses, sums
 from burstctl.controller.rules import Binder, Rule, format_rate, reservations_over, rule_problem
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import SavedRule, StateStore
+from burstctl.policies.decision import Decision
 from burstctl.policies.rules import Bindings
 from burstctl.policies.view import SystemView
 
@@ -56,6 +59,11 @@ class RuleBook:
         self.binder = Binder(())
         self.version = 0  # bumped by every change of the rules in force
         self.changed = Signal()
+        # rule name → (jobs, rate, demand) on the global view of the last exchange
+        self.everywhere: dict[str, tuple[int, float, float]] | None = None
+        self._last: tuple[Decision, Bindings | None] | None = None
+        self.cluster = capacity  # Σ B_r of the replicas in the view (with peers: exchanged)
+        self._status: tuple[tuple[object, ...], dict[str, RuleStatus]] | None = None
         catalog.rules_adopted.connect(self._adopted)
 
     # -- reading ---------------------------------------------------------------
@@ -95,16 +103,59 @@ class RuleBook:
                 rule_of[job_id] = binder.terms[rule.name]
         return Bindings(rule_of, binder.terms, budgets or {})
 
+    def observe_global(
+        self, view: SystemView, rates: Mapping[str, float], bindings: Bindings | None
+    ) -> None:
+        """The global view's decision of the last exchange (controller/peers.py); its
+        capacity is the cluster's (Σ B_r of the replicas in the view)."""
+        self.everywhere = sums(bindings, view, rates)
+        self._cluster(view.capacity)
+
+    def alone(self) -> None:
+        """No peer in the view: the rules hold on this replica's decisions only."""
+        self.everywhere = None
+        self._cluster(self.capacity)
+
+    def _cluster(self, capacity: float) -> None:
+        if capacity != self.cluster:
+            before = self.overcommitted()
+            self.cluster = capacity
+            if self.overcommitted() and not before:
+                self._warn()
+
+    def decided(self, decision: Decision, bindings: Bindings | None) -> None:
+        """This replica's latest decision, with the bindings it applied (the scheduler)."""
+        self._last = (decision, bindings)
+
+    def status(self) -> dict[str, RuleStatus]:
+        """Each rule's state as of this replica's latest decision
+        (controller/rule_status.py)."""
+        if not self.binder.rules:
+            return {}
+        key = (self._last, self.everywhere, self.version)
+        if self._status is not None and all(
+            a is b for a, b in zip(self._status[0], key, strict=True)
+        ):
+            return self._status[1]
+        here: dict[str, tuple[int, float, float]] = {}
+        budgets: Mapping[str, float] = {}
+        if self._last is not None:
+            decision, bindings = self._last
+            here = sums(bindings, decision.view, decision.rates)
+            budgets = bindings.budgets if bindings is not None else {}
+        out = statuses(self.binder.rules, here, budgets, self.everywhere)
+        self._status = (key, out)
+        return out
+
     def _app(self, job_id: str, claimed: str) -> str:
         record = self._catalog.registrations.get(job_id)
         if record is not None and record.kind == REGISTRATION:
             return record.app
         return claimed
 
-    def overcommitted(self, capacity: float | None = None) -> float:
-        """Σ of the reservations in force when it passes ``capacity`` (default: this
-        replica's), else 0."""
-        return reservations_over(self.binder.rules, self.capacity if capacity is None else capacity)
+    def overcommitted(self) -> float:
+        """Σ of the reservations in force when it passes the cluster's capacity, else 0."""
+        return reservations_over(self.binder.rules, self.cluster)
 
     # -- changes ---------------------------------------------------------------
     def put(
@@ -186,20 +237,17 @@ class RuleBook:
     def _refresh(self) -> None:
         self.binder = Binder(self._catalog.rule_set())
         self.version += 1
-        over = self.overcommitted()
-        if over:
-            log.warning(
-                "the reservations in force sum to %s, above this replica's capacity %s: "
-                "they are scaled down to it",
-                format_rate(over),
-                format_rate(self.capacity),
-            )
+        if self.overcommitted():
+            self._warn()
         self.changed()
 
-    def set_capacity(self, capacity: float) -> None:
-        """This replica's capacity changed (``PUT /v1/capacity``)."""
-        self.capacity = capacity
-        self._refresh()
+    def _warn(self) -> None:
+        log.warning(
+            "the reservations in force sum to %s, above the capacity %s: they are scaled "
+            "down to it in proportion (GET /v1/rules)",
+            format_rate(self.overcommitted()),
+            format_rate(self.cluster),
+        )
 
     # -- state.json --------------------------------------------------------------
     def resume(self, saved: Iterable[SavedRule]) -> None:

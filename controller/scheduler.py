@@ -250,6 +250,8 @@ class Scheduler:
         budgets = targets.budgets if isinstance(targets, Share) else None
         bindings = self.rules.bindings(view, budgets) if self.rules is not None else None
         decision = self.last = decide(policy, view, targets, bindings)
+        if self.rules is not None:
+            self.rules.decided(decision, bindings)
         rates = decision.rates
         schedules = decision.schedules
         for job_id, reason in decision.refused:

@@ -75,6 +75,7 @@ def build_app(
             config.node_bandwidth,
             table=table,
             registrations=registrations,
+            rules=rules,
             membership=peers.membership if peers is not None else None,
             access=access,
         ),

@@ -22,6 +22,7 @@ from burstctl.controller.records import JobMeta, JobState, JobStatus
 from burstctl.controller.registrations import CatalogFull, Registrations
 from burstctl.controller.rest.auth import Access
 from burstctl.controller.rest.models import Identifier, not_found
+from burstctl.controller.rulebook import RuleBook
 from burstctl.policies.view import job_cap
 
 
@@ -103,7 +104,15 @@ class JobOut(BaseModel):
         description="y_i = P_i / (t − τ_i), eq. (6); null before any time passed",
     )
     wait_seconds: float = Field(
-        default=0.0, description="time the job's acquire calls waited for tokens"
+        default=0.0,
+        description="seconds the job's I/O waited on its bucket (throttled), all sessions",
+    )
+    rule: str | None = Field(default=None, description="the rule that binds it (docs/rules.md)")
+    limited_by: str | None = Field(
+        default=None, description="the rule whose limit holds it back now, else null"
+    )
+    reservation_met: bool | None = Field(
+        default=None, description="whether its rule's reservation is met (null: none)"
     )
     sessions: int = 0
     replicas: list[str] = Field(description="replicas this job is present on (self and peers)")
@@ -141,6 +150,7 @@ def jobs_router(
     *,
     table: JobTable,
     registrations: Registrations,
+    rules: RuleBook,
     membership: Membership | None,
     access: Access,
 ) -> APIRouter:
@@ -178,6 +188,12 @@ def jobs_router(
             registered=registered is not None,
             replicas=sorted(replicas),
         )
+        rule = rules.rule_of(job_id)
+        if rule is not None:
+            status = rules.status().get(rule.name)
+            fields["rule"] = rule.name
+            fields["limited_by"] = rule.name if status is not None and status.limited else None
+            fields["reservation_met"] = status.reservation_met if status is not None else None
         if state is None:  # registered, no session yet: the counters' defaults
             declared = meta.w > 0 and meta.vol_io > 0
             return {**fields, "period_used": "declared" if declared else None}

@@ -19,6 +19,7 @@ from burstctl.controller.jobs import JobTable
 from burstctl.controller.membership import Membership
 from burstctl.controller.rest.auth import Access
 from burstctl.controller.rest.models import ErrorOut, Identifier, not_found
+from burstctl.controller.rule_status import RuleStatus
 from burstctl.controller.rulebook import Overcommitted, RuleBook, cluster_capacity
 from burstctl.controller.rules import (
     DEFAULT_RANK,
@@ -82,13 +83,16 @@ class RuleOut(BaseModel):
     metadata_ops: float
     jobs: list[str] = Field(description="the jobs of this replica it binds now")
     rate: float = Field(description="bytes/s allotted to them on this replica now")
+    demand: float = Field(description="bytes/s those of them in I/O want here")
+    limited: bool = Field(description="its limit holds them back now")
+    reservation_met: bool | None = Field(description="null: no reservation")
 
 
 class RulesOut(BaseModel):
     rules: list[RuleOut]
     overcommitted: float = Field(
-        description="Σ of the reservations when it passes this replica's capacity (they are "
-        "then scaled down to it), else 0"
+        description="Σ of the reservations when it passes the capacity of the replicas in "
+        "the view (they are then scaled down to it), else 0"
     )
 
 
@@ -103,6 +107,7 @@ def rules_router(
     def out(rule: Rule) -> RuleOut:
         bound = sorted(j for j in table.jobs if (r := rules.rule_of(j)) and r.name == rule.name)
         rate = sum(s.rate or 0.0 for j in bound for s in table.jobs[j].sessions.values())
+        status = rules.status().get(rule.name, RuleStatus(rule))
         return RuleOut(
             name=rule.name,
             rank=rule.rank,
@@ -113,6 +118,9 @@ def rules_router(
             metadata_ops=rule.metadata_ops,
             jobs=bound,
             rate=rate,
+            demand=status.demand,
+            limited=status.limited,
+            reservation_met=status.reservation_met,
         )
 
     def put(rule: Rule) -> bool:

@@ -190,3 +190,63 @@ async def test_a_users_limit_holds_across_two_replicas(replica_factory: Make) ->
     assert moved["U1"] + moved["U2"] >= 9 * MiB
     # the others share the rest: 60 − 10 MiB/s (O1 on r1 with 40, O2 on r2 with 20)
     assert moved["O1"] + moved["O2"] >= 0.9 * 50 * MiB
+
+
+async def test_who_is_throttled_and_by_which_rule(replica_factory: Make) -> None:
+    svc = await replica_factory(capacity="40MiB/s", node_bandwidth="1GiB/s", policy="fair-share")
+    async with client(svc) as http:
+        limit = {"name": "slow", "match": {"job": "L*"}, "limit": 4 * MiB}
+        assert (await http.post("/v1/rules", json=limit)).status_code == 201
+        res = {"name": "floor", "match": {"job": "R"}, "reservation": 25 * MiB}
+        assert (await http.post("/v1/rules", json=res)).status_code == 201
+        placed = [(j, svc, job(j, 1)) for j in ("L1", "R", "X")]
+        async with pumping(placed) as (sessions, _):
+
+            def held() -> bool:
+                rates = {n: s.rate for n, s in sessions.items()}
+                return rates["L1"] <= 4 * MiB * 1.001 and rates["R"] >= 25 * MiB * 0.999
+
+            await async_wait_until(held, 15, message="the rules hold")
+
+            async def reported() -> dict | None:
+                jobs = {j["job_id"]: j for j in (await http.get("/v1/jobs")).json()}
+                return jobs if jobs["L1"]["limited_by"] == "slow" else None
+
+            jobs = await async_wait_until(reported, 10, message="L1 reported limited")
+            assert isinstance(jobs, dict)
+            assert (jobs["L1"]["rule"], jobs["L1"]["reservation_met"]) == ("slow", None)
+            assert (jobs["R"]["rule"], jobs["R"]["limited_by"]) == ("floor", None)
+            assert jobs["R"]["reservation_met"] is True
+            assert jobs["X"]["rule"] is None and jobs["X"]["limited_by"] is None
+            rules = {r["name"]: r for r in (await http.get("/v1/rules")).json()["rules"]}
+            assert rules["slow"]["limited"] and rules["slow"]["jobs"] == ["L1"]
+            assert rules["floor"]["reservation_met"] and not rules["floor"]["limited"]
+            text = (await http.get("/metrics")).text
+            rid = svc.config.replica_id
+            assert f'burstctl_rule_limited{{replica="{rid}",rule="slow"}} 1.0' in text
+            assert f'burstctl_rule_reservation_unmet{{replica="{rid}",rule="floor"}} 0.0' in text
+            assert 'burstctl_job_rule_info{group="testers",job="L1",rule="slow",user="tester"}' in (
+                text
+            )
+
+
+async def test_a_reservation_that_no_longer_fits_after_a_replica_left_is_reported(
+    replica_factory: Make,
+) -> None:
+    # short leases: r2's column is held in the view only until they could have run out
+    r1, r2 = await cluster(
+        replica_factory, [40, 40], policy="fair-share", lease=1.0, fallback_grace=0.5
+    )
+    await async_wait_until(lambda: r1.rules.cluster == 80 * MiB, 10, message="r1 sees 80 MiB/s")
+    async with client(r1) as http:
+        body = {"name": "big", "match": {"job": "R"}, "reservation": 60 * MiB}
+        r = await http.post("/v1/rules", json=body)
+        assert r.status_code == 201, r.text
+        assert (await http.get("/v1/rules")).json()["overcommitted"] == 0.0
+        await r2.stop(grace=0)
+
+        async def reported() -> bool:
+            return (await http.get("/v1/rules")).json()["overcommitted"] == 60 * MiB
+
+        await async_wait_until(reported, 15, message="the overcommitment reported")
+        assert (await http.get("/v1/rules/big")).json()["reservation"] == 60 * MiB  # kept
