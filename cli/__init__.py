@@ -53,6 +53,7 @@ class LazyGroup(click.Group):
         "job": "burstctl.cli.admin:job",
         "top": "burstctl.cli.admin:top",
         "placement": "burstctl.cli.admin:placement",
+        "rules": "burstctl.cli.rules:rules",
         "sim": "burstctl.cli.sim:sim",
     },
     context_settings={"help_option_names": ["-h", "--help"]},

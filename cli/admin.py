@@ -1,5 +1,5 @@
 """``burstctl policies|policy|jobs|job|top|placement ...``: admin commands over the REST API
-(docs/rest.md); ``policies`` lists the registry of this installation.
+(docs/rest.md); ``policies`` lists the registry of this installation (``rules``: cli/rules.py).
 
 Every command takes ``--url`` (``BURSTCTL_URL``, default the controller's
 default ``--http-listen``) and, for mutations, a bearer token: ``--token``
@@ -82,6 +82,8 @@ class Api:
             raise click.ClickException(_validation_message(r.json()))
         if r.status_code == 404:
             raise click.ClickException(str(r.json().get("detail", "not found")))
+        if r.status_code == 409:  # a conflict the controller explains
+            raise click.ClickException(str(r.json().get("detail", "conflict")))
         if r.status_code >= 400:
             raise click.ClickException(f"{method} {path}: HTTP {r.status_code}: {r.text}")
         return r.json() if r.content else None
@@ -375,7 +377,8 @@ def top(
     url: str, token: str | None, token_file: Path | None, interval: float, iterations: int
 ) -> None:
     """A live table of the jobs with the highest rate (at most 100): measured throughput,
-    allotted rate, bytes, yield."""
+    allotted rate, bytes, yield, seconds waited on the bucket, and the rule that binds each
+    (``!``: its limit holds the job back; ``✗``: its reservation is unmet)."""
     import time
 
     from rich.console import Console
@@ -400,13 +403,18 @@ def top(
         for name in ("job", "user", "group", "nodes", "state", "throughput", "rate", "moved"):
             table.add_column(name, justify="right" if name in {"nodes", "throughput"} else "left")
         table.add_column("yield", justify="right")
+        table.add_column("waited", justify="right")  # on its bucket: throttled
+        table.add_column("rule")  # !: its limit holds it back; ✗: its reservation is unmet
         seen: dict[str, int] = {}
         for j in sorted(rows, key=lambda j: -j["rate"]):
             job_id, moved = j["job_id"], j["bytes_moved"]
             seen[job_id] = moved
             rate = (moved - previous[job_id]) / elapsed if job_id in previous else 0.0
             cells = job_row(j)
-            table.add_row(*cells[:5], _rate(rate), cells[5], _size(moved), cells[-1])
+            rule = j.get("rule") or "-"
+            rule += "!" if j.get("limited_by") else "✗" if j.get("reservation_met") is False else ""
+            waited = f"{j['wait_seconds']:.1f} s"
+            table.add_row(*cells[:5], _rate(rate), cells[5], _size(moved), cells[-1], waited, rule)
         previous, last = seen, now
         return table
 

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import subprocess
 from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
 from support import async_wait_until, measure
 from test_replicas import cluster, job, per_job, pumping
-from test_rest import auth
+from test_rest import auth, burstctl
 
 from burstctl.controller.app import Replica
 
@@ -250,3 +251,28 @@ async def test_a_reservation_that_no_longer_fits_after_a_replica_left_is_reporte
 
         await async_wait_until(reported, 15, message="the overcommitment reported")
         assert (await http.get("/v1/rules/big")).json()["reservation"] == 60 * MiB  # kept
+
+
+async def test_the_rules_command_adds_lists_and_removes(
+    replica_factory: Make,
+) -> None:
+    svc = await replica_factory(capacity="60MiB/s")
+    where = ["--url", svc.http_url, "--token-file", str(svc.config.state_dir / "admin-token")]
+
+    async def run(command: str, *args: str) -> subprocess.CompletedProcess[str]:
+        return await asyncio.to_thread(burstctl, "rules", command, *where, *args)
+
+    add = await run("add", "u-cap", "--user", "u", "--limit", "10MiB/s", "--metadata-ops", "200")
+    assert add.returncode == 0 and "rule u-cap in force" in add.stdout, add.stderr
+    assert svc.rules.get("u-cap") is not None and svc.rules.get("u-cap").limit == 10 * MiB
+    listed = await run("list")
+    assert "u-cap  rank 100  [user=u]  limit 10.0 MiB/s, metadata 200 ops/s" in listed.stdout
+    over = await run("add", "big", "--job", "R", "--reservation", "70MiB/s")
+    assert over.returncode != 0 and "70 MiB/s" in over.stderr and "60 MiB/s" in over.stderr
+    bad = await run("add", "x", "--user", "u", "--limit", "fast")
+    assert bad.returncode != 0 and "--limit" in bad.stderr
+    again = await run("add", "u-cap", "--user", "u", "--weight", "2", "--replace")
+    assert again.returncode == 0 and svc.rules.get("u-cap").weight == 2.0
+    assert (await run("rm", "u-cap")).returncode == 0 and svc.rules.get("u-cap") is None
+    gone = await run("rm", "u-cap")
+    assert gone.returncode != 0 and "no rule 'u-cap'" in gone.stderr
