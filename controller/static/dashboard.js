@@ -45,6 +45,9 @@
     bufferFill: $("buffer-fill"),
     bufferWaiting: $("buffer-waiting"),
     bufferBody: document.querySelector("#buffer-table tbody"),
+    rulesPanel: $("rules-panel"),
+    rulesSummary: $("rules-summary"),
+    rulesBody: document.querySelector("#rules-table tbody"),
   };
 
   const state = {
@@ -58,6 +61,7 @@
     polls: 0,
     schedules: [], // GET /v1/schedules of the last poll
     capacity: null, // GET /v1/capacity of the last poll
+    rules: null, // GET /v1/rules of the last poll
     selectDirty: false, // the user picked something: polling must not reset the select
     applyAfterToken: false,
   };
@@ -222,6 +226,43 @@
     }
   }
 
+  // ---- operator rules (GET /v1/rules, docs/rules.md) ------------------------------
+
+  // A job's rule: its name, "limited" while its limit holds it back, "reservation unmet".
+  function ruleText(j) {
+    if (!j.rule) return "–";
+    if (j.limited_by) return `${j.rule} (limited)`;
+    if (j.reservation_met === false) return `${j.rule} (reservation unmet)`;
+    return j.rule;
+  }
+
+  // Each rule: what it matches and sets, the jobs it binds here and their rate, and whether
+  // its limit binds or its reservation is unmet. Hidden while there is no rule.
+  function renderRules(got) {
+    state.rules = got;
+    el.rulesPanel.hidden = got.rules.length === 0;
+    el.rulesSummary.textContent = got.overcommitted
+      ? `(the reservations sum to ${mibs(got.overcommitted)} MiB/s, above the capacity: ` +
+        "scaled down to it)"
+      : "";
+    el.rulesBody.replaceChildren();
+    for (const r of got.rules) {
+      const tr = document.createElement("tr");
+      tr.dataset.rule = r.name;
+      cell(tr, r.name);
+      cell(tr, Object.entries(r.match).map(([k, v]) => `${k}=${v}`).join(" "));
+      cell(tr, r.limit ? mibs(r.limit) : "–", "num");
+      cell(tr, r.reservation ? mibs(r.reservation) : "–", "num");
+      cell(tr, String(r.weight), "num");
+      cell(tr, r.metadata_ops ? String(r.metadata_ops) : "–", "num");
+      cell(tr, String(r.jobs.length), "num");
+      cell(tr, mibs(r.rate), "num");
+      const now = r.limited ? "limit binds" : r.reservation_met === false ? "reservation unmet" : "";
+      cell(tr, now, now ? "throttled" : "");
+      el.rulesBody.appendChild(tr);
+    }
+  }
+
   // ---- throughput ring and chart ------------------------------------------------
 
   function record(jobs) {
@@ -356,6 +397,8 @@
       cell(tr, bytes(j.bytes_written), "num");
       cell(tr, j.yield == null ? "–" : j.yield.toFixed(3), "num");
       cell(tr, periodText(j), "period");
+      cell(tr, j.wait_seconds.toFixed(1), "num");
+      cell(tr, ruleText(j), j.limited_by || j.reservation_met === false ? "rule throttled" : "rule");
       return tr;
     });
     el.tbody.replaceChildren(...rows);
@@ -495,17 +538,19 @@
     try {
       if (!state.policies.length) await loadPolicies();
       let total = null;
-      const [jobs, policy, schedules, capacity] = await Promise.all([
+      const [jobs, policy, schedules, capacity, rules] = await Promise.all([
         api("GET", JOBS_PATH, undefined, (h) => (total = Number(h.get("X-Total-Count")))),
         api("GET", "/v1/policy"),
         api("GET", "/v1/schedules"),
         api("GET", "/v1/capacity"),
+        api("GET", "/v1/rules"),
       ]);
       record(jobs);
       renderChart();
       renderJobs(jobs, total);
       renderSchedules(schedules);
       renderCapacity(capacity);
+      renderRules(rules);
       showPolicy(policy);
       setStatus(`updated ${new Date().toLocaleTimeString()}`, false);
     } catch (e) {
@@ -527,6 +572,7 @@
     policy: () => state.policy,
     schedules: () => state.schedules.map((s) => ({ job_id: s.job_id, windows: s.windows.length })),
     capacity: () => state.capacity,
+    rules: () => state.rules,
     series: () =>
       state.series.map((s) => ({
         job_id: s.job_id,

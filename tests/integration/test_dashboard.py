@@ -354,3 +354,49 @@ async def test_page_and_vendored_library_are_served_from_the_package(
         assert (await http.get("/static/../rest.py")).status_code == 404
         # the page holds no data: open even when reads need the token, unlike the API
         assert (await http.get("/v1/jobs")).status_code == 401
+
+
+def drive_rules(url: str, out: Path) -> None:
+    """The page shows the rules and, per job, the rule that binds it (blocking: a thread)."""
+    with chromium(out / "profile") as driver:
+        driver.get(url + "/")
+
+        def shown() -> dict[str, list[str]] | None:
+            rows = table_rows(driver)
+            ok = (
+                "L" in rows and rows["L"][-1] == "slow (limited)" and rows.get("X", [""])[-1] == "–"
+            )
+            return rows if ok else None
+
+        rows = wait_until(shown, 15, 0.05, "job L bound to rule slow, limited")
+        assert isinstance(rows, dict)
+        assert float(rows["L"][-2]) >= 0.0  # seconds waited on its bucket
+        assert driver.find_element(By.ID, "rules-panel").is_displayed()
+        cells = [td.text for td in driver.find_elements(By.CSS_SELECTOR, "#rules-table tbody td")]
+        assert cells[:3] == ["slow", "job=L", "2.00"], cells
+        assert cells[6] == "1" and cells[-1] == "limit binds", cells
+        errors = [e for e in driver.get_log("browser") if e["level"] == "SEVERE"]
+        assert not errors, errors
+
+
+async def test_dashboard_shows_the_rules_and_the_rule_of_each_job(
+    replica_factory: Callable[..., Awaitable[Replica]], tmp_path: Path
+) -> None:
+    replica = await replica_factory()
+    token = (replica.config.state_dir / "admin-token").read_text().strip()
+    async with httpx.AsyncClient(
+        base_url=replica.http_url, headers={"Authorization": f"Bearer {token}"}
+    ) as http:
+        rule = {"name": "slow", "match": {"job": "L"}, "limit": 2 * MiB}
+        assert (await http.post("/v1/rules", json=rule)).status_code == 201
+    with ExitStack() as stack:
+        pumps = []
+        for job_id in ("L", "X"):
+            s = await asyncio.to_thread(Session, replica.grpc_address, JobInfo(job_id, "ann", "g"))
+            stack.callback(s.close)
+            pumps.append(Pump(s).start())
+        try:
+            await asyncio.to_thread(drive_rules, replica.http_url, tmp_path)
+        finally:
+            await asyncio.to_thread(lambda: [p.stop() for p in pumps])
+    assert not any(p.errors for p in pumps)
