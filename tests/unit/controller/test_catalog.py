@@ -27,6 +27,7 @@ from burstctl.controller.digest_wire import from_proto, to_proto
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.profiles import ProfileStore
 from burstctl.controller.registrations import Registrations
+from burstctl.controller.rules import Rule
 from burstctl.controller.state import StateStore
 
 
@@ -310,3 +311,53 @@ def test_a_peers_records_are_applied_one_by_one_and_saved_once(tmp_path: Path) -
     assert len(table.registered) == 200
     assert len(StateStore(tmp_path).load().jobs) == 200
     assert c.receive([reg("j000", 1, "r2")]) == 0 and store.saves == 1  # nothing new
+
+
+# -- operator rules as catalog records ------------------------------------------------
+
+
+def rule(name: str, version: int, origin: str, limit: float = 1e6) -> CatalogRecord:
+    body = Rule(name, user="u*", limit=limit, metadata_ops=50.0)
+    return CatalogRecord(cat.RULE, name, version, origin, 1000.0, rule=body)
+
+
+def test_rule_records_merge_on_their_own_identity_and_survive_the_wire() -> None:
+    a = catalog("r1")
+    seen: list[int] = []
+    a.rules_adopted.connect(lambda: seen.append(1))
+    # a rule and a job may share a name: different identities
+    taken = a.receive([rule("x", 3, "r2"), reg("x", 2, "r2")])
+    assert taken == 2 and seen == [1]
+    assert a.registrations["x"].kind == REGISTRATION and a.rules["x"].kind == cat.RULE
+    assert a.receive([rule("x", 2, "r3", limit=5.0)]) == 0  # older: kept
+    removed = CatalogRecord(cat.RULE_REMOVED, "x", 4, "r2", 1000.0)
+    assert a.receive([removed]) == 1 and a.rule_set() == []
+    assert len(seen) == 2
+    wired = cat.from_wire(cat.to_wire([rule("y", 7, "r1"), removed]))
+    assert wired == (rule("y", 7, "r1"), removed)
+    assert records_problem(wired) is None
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (Rule("y"), "catalog[0].rule.match"),
+        (Rule("y", user="u"), "catalog[0].rule.limit"),  # sets nothing
+        (Rule("y", user="u", weight=0.0), "catalog[0].rule.weight"),
+        (Rule("y", user="u", limit=-1.0), "catalog[0].rule.limit"),
+        (Rule("z", user="u", limit=1.0), "catalog[0].rule.name"),  # not the key
+    ],
+)
+def test_a_malformed_rule_record_is_named(body: Rule, field: str) -> None:
+    record = CatalogRecord(cat.RULE, "y", 1, "r1", 1000.0, rule=body)
+    problem = records_problem([record])
+    assert problem is not None and problem[0] == field
+
+
+def test_rules_are_bounded_and_their_tombstones_expire() -> None:
+    a = catalog("r1", now=1000.0 + TOMBSTONE_SECONDS + 1)
+    removed = CatalogRecord(cat.RULE_REMOVED, "old", 1, "r2", 1000.0)
+    assert a.receive([removed]) == 0  # expired on arrival
+    many = [rule(f"r{i}", i + 1, "r2") for i in range(cat.MAX_RULES + 5)]
+    a.receive(many)
+    assert len(a.rule_set()) == cat.MAX_RULES and a.rules_full()

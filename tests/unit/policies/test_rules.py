@@ -11,7 +11,7 @@ from support.views import job, view
 from burstctl.policies.decision import blend, decide
 from burstctl.policies.fair_share import FairShare
 from burstctl.policies.fcfs import Fcfs
-from burstctl.policies.rules import Bindings, Terms
+from burstctl.policies.rules import Bindings, Terms, budgets
 from burstctl.policies.statistical_tokens import SizeFair
 
 
@@ -142,3 +142,13 @@ def test_bounds_hold_for_any_rules(caps, demands, rule_of, limit, reservation, w
     wanted = sum(min(j.cap, j.demand) for j in jobs)
     held = max(0.0, sum(min(j.cap, j.demand) for j in jobs if j.job_id in in_a) - limit)
     assert sum(r.values()) >= min(capacity, wanted - held) * (1 - 1e-6)
+
+
+def test_the_budgets_of_all_replicas_sum_to_the_limit() -> None:
+    u = Terms("u", limit=10.0)
+    bindings = bind({"a": u, "b": u})
+    rates = {"a": 6.0, "c": 30.0}  # the global decision: u's set uses 6 of its 10
+    r1 = budgets(bindings, rates, {"a": 4.0, "c": 30.0}, 40.0, 60.0)
+    r2 = budgets(bindings, rates, {"a": 2.0}, 20.0, 60.0)
+    assert r1["u"] == pytest.approx(4.0 + 4.0 * 40 / 60)
+    assert r1["u"] + r2["u"] == pytest.approx(10.0)
