@@ -108,7 +108,7 @@ def module_names(text: str) -> Iterator[str]:
     for span, _ in spans(text):
         for match in _MODULE.finditer(span):
             before = span[match.start() - 1] if match.start() else " "
-            if before in "._":  # user.burstctl.job: an xattr, not a module
+            if before in "._/":  # user.burstctl.job: an xattr; grafana/burstctl.json: a path
                 continue
             yield match.group(0).rstrip(".")
 
