@@ -327,8 +327,12 @@ def test_prometheus_scraping_two_replicas_answers_every_query_of_the_board(
 
         # Every rule evaluates without error. Alerts on live data: r1, saturated since the
         # first scrape, and u-cap, whose limit holds alpha back, have theirs pending.
-        groups = prometheus.api("rules")["groups"]
-        rules = [r for g in groups for r in g["rules"]]
+        def evaluated() -> list[dict[str, Any]] | None:
+            rules = [r for g in prometheus.api("rules")["groups"] for r in g["rules"]]
+            return None if any(r["health"] == "unknown" for r in rules) else rules
+
+        rules = wait_until(evaluated, 10, 0.2, "every rule evaluated once")
+        assert isinstance(rules, list)
         assert len(rules) == sum(
             len(g["rules"]) for p in RULE_FILES for g in yaml.safe_load(p.read_text())["groups"]
         )
