@@ -43,12 +43,16 @@ Series (all prefixed ``burstctl_``):
   ``metrics_render_seconds`` (the previous scrape's render time);
 - per peer, labels ``replica``, ``peer``: ``peer_exchange_age_seconds``,
   ``peer_live``;
+- clients in fallback (controller/ghosts.py), label ``replica``: ``fallback_sessions``
+  (streams given up without a Goodbye whose clients may pace on), and
+  ``fallback_rate_bytes_per_second`` (the rates they, and a restarted predecessor's
+  clients, may pace at: counted out of B);
 - per rule (docs/rules.md), labels ``replica``, ``rule``: ``rule_rate_bytes_per_second``
   and ``rule_demand_bytes_per_second`` (its jobs here), ``rule_limit_bytes_per_second``
   and ``rule_limited`` (rules with a limit), ``rule_reservation_bytes_per_second`` and
   ``rule_reservation_unmet`` (rules with a reservation: controller/rule_status.py); per
   job shown that a rule binds, labels ``job``, ``user``, ``group``, ``rule``:
-  ``job_rule_info`` (1);
+  ``job_rule_info`` (1); label ``replica``: ``rules_overcommitted_bytes_per_second``;
 - the burst buffer (docs/capacity.md), label ``replica``: ``bb_capacity_bytes`` (S; only
   with ``bb_capacity``), ``bb_used_bytes``, ``bb_pending_bytes``,
   ``drain_rate_bytes_per_second`` (Σ drain streams' rates), ``drained_bytes_total`` (bytes
@@ -111,6 +115,9 @@ class _Scalars:
     bb_pending: int = 0
     drain_rate: float = 0.0
     drained: int = 0
+    fallback_sessions: int = 0  # controller/ghosts.py: clients that may pace in fallback
+    fallback_rate: float = 0.0
+    overcommitted: float = 0.0  # Σ reservations above the capacity (controller/rulebook.py)
 
 
 @dataclass(slots=True)
@@ -256,6 +263,21 @@ class _Exposition(Collector):
         )
         yield gauge("drain_rate_bytes_per_second", "Sum of the drain streams' rates.", s.drain_rate)
         yield counter("drained_bytes", "Bytes drain streams copied to the PFS.", s.drained)
+        yield gauge(
+            "fallback_sessions",
+            "Sessions given up without a Goodbye whose clients may pace in fallback.",
+            s.fallback_sessions,
+        )
+        yield gauge(
+            "fallback_rate_bytes_per_second",
+            "Rates those clients, and a predecessor's, may pace at (counted out of B).",
+            s.fallback_rate,
+        )
+        yield gauge(
+            "rules_overcommitted_bytes_per_second",
+            "Sum of the rules' reservations when it passes the capacity, else 0.",
+            s.overcommitted,
+        )
         if s.peers is not None:
             age = GaugeMetricFamily(
                 "burstctl_peer_exchange_age_seconds",
@@ -421,6 +443,9 @@ class Metrics:
             bb_pending=sum(b.pending for b in buffers.values()),
             drain_rate=sum(scheduler.drain_rates.values()),
             drained=table.drained_total,
+            fallback_sessions=len(scheduler.ghosts),
+            fallback_rate=sum(scheduler.ghosts.reserved()),
+            overcommitted=self.rules.overcommitted() if self.rules is not None else 0.0,
         )
         # The histogram as of the same moment as the counters: its count is `decisions`.
         histogram = list(self.latency.registry.collect())
