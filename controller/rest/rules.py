@@ -104,8 +104,17 @@ def rules_router(
         409: {"model": ErrorOut, "description": "The reservations would not fit, or no room"}
     }
 
-    def out(rule: Rule) -> RuleOut:
-        bound = sorted(j for j in table.jobs if (r := rules.rule_of(j)) and r.name == rule.name)
+    def bound_jobs() -> dict[str, list[str]]:
+        """Rule name → the jobs of the table it binds, in one pass over the table."""
+        out: dict[str, list[str]] = {}
+        for job_id in sorted(table.jobs):
+            rule = rules.rule_of(job_id)
+            if rule is not None:
+                out.setdefault(rule.name, []).append(job_id)
+        return out
+
+    def out(rule: Rule, bound_by: dict[str, list[str]] | None = None) -> RuleOut:
+        bound = (bound_by if bound_by is not None else bound_jobs()).get(rule.name, [])
         rate = sum(s.rate or 0.0 for j in bound for s in table.jobs[j].sessions.values())
         status = rules.status().get(rule.name, RuleStatus(rule))
         return RuleOut(
@@ -137,7 +146,10 @@ def rules_router(
     )
     async def list_rules() -> RulesOut:
         """The rules in force, in the order they bind jobs."""
-        return RulesOut(rules=[out(r) for r in rules.rules()], overcommitted=rules.overcommitted())
+        bound_by = bound_jobs()
+        return RulesOut(
+            rules=[out(r, bound_by) for r in rules.rules()], overcommitted=rules.overcommitted()
+        )
 
     @router.get(
         "/v1/rules/{name}",
