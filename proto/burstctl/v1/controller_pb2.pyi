@@ -158,7 +158,7 @@ class ClientMessage(_message.Message):
     def __init__(self, hello: _Optional[_Union[Hello, _Mapping]] = ..., op_posted: _Optional[_Union[OpPosted, _Mapping]] = ..., op_completed: _Optional[_Union[OpCompleted, _Mapping]] = ..., usage: _Optional[_Union[Usage, _Mapping]] = ..., goodbye: _Optional[_Union[Goodbye, _Mapping]] = ..., batch: _Optional[_Union[Batch, _Mapping]] = ..., leave: _Optional[_Union[Leave, _Mapping]] = ..., session: _Optional[int] = ...) -> None: ...
 
 class Allocation(_message.Message):
-    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space", "fallback_rate", "heartbeat_seconds", "advice")
+    __slots__ = ("rate", "burst", "epoch", "lease_seconds", "policy", "replica_id", "windows", "space", "fallback_rate", "heartbeat_seconds", "advice", "metadata_rate")
     RATE_FIELD_NUMBER: _ClassVar[int]
     BURST_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
@@ -170,6 +170,7 @@ class Allocation(_message.Message):
     FALLBACK_RATE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_SECONDS_FIELD_NUMBER: _ClassVar[int]
     ADVICE_FIELD_NUMBER: _ClassVar[int]
+    METADATA_RATE_FIELD_NUMBER: _ClassVar[int]
     rate: float
     burst: float
     epoch: int
@@ -181,7 +182,8 @@ class Allocation(_message.Message):
     fallback_rate: float
     heartbeat_seconds: float
     advice: Advice
-    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ..., fallback_rate: _Optional[float] = ..., heartbeat_seconds: _Optional[float] = ..., advice: _Optional[_Union[Advice, _Mapping]] = ...) -> None: ...
+    metadata_rate: float
+    def __init__(self, rate: _Optional[float] = ..., burst: _Optional[float] = ..., epoch: _Optional[int] = ..., lease_seconds: _Optional[float] = ..., policy: _Optional[str] = ..., replica_id: _Optional[str] = ..., windows: _Optional[_Union[Windows, _Mapping]] = ..., space: _Optional[_Union[Space, _Mapping]] = ..., fallback_rate: _Optional[float] = ..., heartbeat_seconds: _Optional[float] = ..., advice: _Optional[_Union[Advice, _Mapping]] = ..., metadata_rate: _Optional[float] = ...) -> None: ...
 
 class Advice(_message.Message):
     __slots__ = ("replicas",)
