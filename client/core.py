@@ -31,6 +31,7 @@ from burstctl.client.bucket import Pattern, Throttle
 from burstctl.client.channel import open_channel
 from burstctl.client.kinds import check_nbytes, op_kind
 from burstctl.client.link import NodeLink
+from burstctl.client.metadata import MetadataPace
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.stream import SessionStream
@@ -62,7 +63,8 @@ class SessionCore:
             if options.buffer
             else None
         )
-        self._stream = SessionStream(options, self._throttle, clock, self._space)
+        self._metadata = MetadataPace(clock, options.metadata_observer)
+        self._stream = SessionStream(options, self._throttle, clock, self._space, self._metadata)
 
         # Hot-path state, shared with application threads: guarded by _lock.
         self._lock = threading.Lock()
@@ -95,6 +97,11 @@ class SessionCore:
     @property
     def pattern(self) -> Pattern | None:
         return self._throttle.pattern
+
+    @property
+    def metadata_rate(self) -> float:
+        """The metadata operations per second in force (0: unpaced)."""
+        return self._metadata.rate
 
     @property
     def attached(self) -> bool:
@@ -158,6 +165,10 @@ class SessionCore:
 
     def acquire(self, nbytes: int, kind: str = "write") -> None:
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
+        if kind_value == pb.OP_KIND_METADATA:
+            self._metadata.acquire()
+            if self._counted_alone(nbytes, kind_value):
+                return
         self._begin_acquire(kind_value)
         try:
             self._throttle.acquire(nbytes, kind_value)
@@ -166,6 +177,10 @@ class SessionCore:
 
     async def acquire_async(self, nbytes: int, kind: str = "write") -> None:
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
+        if kind_value == pb.OP_KIND_METADATA:
+            await self._metadata.acquire_async()
+            if self._counted_alone(nbytes, kind_value):
+                return
         self._begin_acquire(kind_value)
         try:
             await self._throttle.acquire_async(nbytes, kind_value)
@@ -176,11 +191,22 @@ class SessionCore:
         """Books ``nbytes`` paced elsewhere, without waiting: the counters and the implicit
         operation move as for an `acquire` that did not wait."""
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
+        if self._counted_alone(nbytes, kind_value):
+            return
         self._begin_acquire(kind_value)
         try:
             self._throttle.count(nbytes, kind_value)
         finally:
             self._end_acquire()
+
+    def _counted_alone(self, nbytes: int, kind: pb.OpKind) -> bool:
+        """A metadata operation that moves no bytes is counted (the usage's metadata_ops),
+        and nothing more: it draws nothing from the bytes bucket and opens no I/O phase (a
+        job that only stats is no job in I/O for the policies). True when it was."""
+        if nbytes or kind != pb.OP_KIND_METADATA:
+            return False
+        self._throttle.count(0, kind)
+        return True
 
     def hold_waiting(self, waiting: bool) -> None:
         """I/O paced elsewhere is (not) waiting for tokens: one waiter on the throttle, and
@@ -324,6 +350,7 @@ class SessionCore:
                 await self._closed_event.wait()
             return
         self._throttle.close()
+        self._metadata.close()
         if self._space is not None:
             self._space.close()
         if not started:

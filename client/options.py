@@ -69,6 +69,8 @@ class SessionOptions:
     purpose: Purpose = "app"
     buffer: bool = False  # the session tracks a burst buffer (Buffer reports, space limits)
     bucket_observer: BucketObserver | None = None
+    # called with each new metadata rate (ops/s, 0 = unpaced; client/metadata.py)
+    metadata_observer: RateObserver | None = None
 
     def hello(
         self, buffer: pb.Buffer | None, pacing_rate: float, allotted: float
@@ -112,6 +114,7 @@ class SessionOptions:
         purpose: Purpose = "app",
         buffer: bool = False,
         bucket_observer: BucketObserver | None = None,
+        metadata_observer: RateObserver | None = None,
     ) -> SessionOptions:
         if not isinstance(target, str) or not target:
             raise ValueError(f"target must be a non-empty 'host:port' string, got {target!r}")
@@ -125,8 +128,12 @@ class SessionOptions:
         _check_seconds("fallback_grace", fallback_grace, allow_zero=True, allow_inf=True)
         if rate_observer is not None and not callable(rate_observer):
             raise ValueError(f"rate_observer must be callable, got {rate_observer!r}")
-        if bucket_observer is not None and not callable(bucket_observer):
-            raise ValueError(f"bucket_observer must be callable, got {bucket_observer!r}")
+        for name, observer in (
+            ("bucket_observer", bucket_observer),
+            ("metadata_observer", metadata_observer),
+        ):
+            if observer is not None and not callable(observer):
+                raise ValueError(f"{name} must be callable, got {observer!r}")
         if purpose not in PURPOSES:
             raise ValueError(f"purpose must be 'app' or 'drain', got {purpose!r}")
         if not isinstance(buffer, bool):
@@ -154,6 +161,7 @@ class SessionOptions:
             purpose=purpose,
             buffer=buffer,
             bucket_observer=bucket_observer,
+            metadata_observer=metadata_observer,
         )
 
 

@@ -137,6 +137,7 @@ class _SessionBase:
         buffer: bool = False,
         extra_targets: Sequence[str] = (),
         bucket_observer: BucketObserver | None = None,
+        metadata_observer: RateObserver | None = None,
     ) -> None:
         options = SessionOptions.build(
             target,
@@ -152,6 +153,7 @@ class _SessionBase:
             purpose=purpose,
             buffer=buffer,
             bucket_observer=bucket_observer,
+            metadata_observer=metadata_observer,
         )
         self._core = SessionCore(options)
         # What a stream on another advised replica is built with: the same job and client id;
@@ -304,7 +306,12 @@ class Session(_SessionBase):
     throttle's lock held (it must return quickly and not call into the session).
     ``bucket_observer``: called with (rate, burst, pattern) every time the session applies an
     allocation or its fallback, changed or not, on the session's loop thread with no lock of
-    the session held (it must return quickly).
+    the session held (it must return quickly). ``metadata_observer``: called with the new
+    metadata rate (ops/s, 0 = unpaced) whenever it changes, on the same thread.
+
+    ``acquire(0, "metadata")`` is one metadata operation: it waits for the session's metadata
+    bucket when the controller gave it a rate (`Allocation.metadata_rate`), is counted, and
+    draws no bytes nor opens an I/O phase (docs/client.md, "Metadata operations").
 
     ``runtime``: the `ClientRuntime` to run on, shared with other sessions (its loop thread
     and its channel to ``target``); closing the session leaves it open. Without one the session
@@ -342,6 +349,7 @@ class Session(_SessionBase):
         replicas: Sequence[str] | None = None,
         follow_advice: bool | None = None,
         bucket_observer: BucketObserver | None = None,
+        metadata_observer: RateObserver | None = None,
     ) -> None:
         targets = resolve_targets(target, replicas, follow_advice)
         super().__init__(
@@ -359,6 +367,7 @@ class Session(_SessionBase):
             buffer=buffer,
             extra_targets=targets[1:],
             bucket_observer=bucket_observer,
+            metadata_observer=metadata_observer,
         )
         self._follow = follows_advice(replicas, follow_advice)
         self.restriped = 0  # times the striping moved to changed advice
@@ -413,7 +422,7 @@ class Session(_SessionBase):
         """Blocks until the job's token bucket allows ``nbytes`` of I/O of ``kind``; striped,
         each stream's bucket its even share."""
         cores = self._follow_advice()
-        if len(cores) == 1:
+        if len(cores) == 1 or not nbytes:  # nothing to split: the first stream's alone
             self._core.acquire(nbytes, kind)
             return
         parts = [

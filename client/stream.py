@@ -31,6 +31,7 @@ from burstctl.client.bucket import Throttle
 from burstctl.client.channel import REFUSALS, Backoff, retry_hint
 from burstctl.client.fallback import FallbackPacer
 from burstctl.client.link import Call, Leg, NodeLink
+from burstctl.client.metadata import MetadataPace
 from burstctl.client.options import SessionOptions
 from burstctl.client.space import SpaceGate
 from burstctl.client.usage import UsageReports
@@ -63,6 +64,7 @@ class SessionStream:
         throttle: Throttle,
         clock: Callable[[], float],
         space: SpaceGate | None = None,
+        metadata: MetadataPace | None = None,
     ):
         self._options = options
         self._throttle = throttle
@@ -70,6 +72,7 @@ class SessionStream:
         # The burst buffer's space contract (client/space.py), on a session with buffer=True.
         self._space = space
         self._space_timer: asyncio.TimerHandle | None = None
+        self._metadata = metadata  # the session's metadata operations (client/metadata.py)
 
         # Attachment is read by any thread and waited on by threads or coroutines.
         self._attached = False
@@ -430,6 +433,8 @@ class SessionStream:
     def _on_allocation(self, allocation: pb.Allocation) -> None:
         if allocation.HasField("advice"):  # also in a copy of the allocation in force
             self.advice = tuple(allocation.advice.replicas)
+        if self._metadata is not None:  # in every allocation, copies too; kept while away
+            self._metadata.set_rate(allocation.metadata_rate)
         stale = self._stream_epoch is not None and allocation.epoch <= self._stream_epoch
         if stale and self._space is not None and allocation.HasField("space"):
             # A rise of the space limit comes in a copy of the allocation in force (same
