@@ -25,6 +25,7 @@ from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.ghosts import Ghosts, InForce
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
+from burstctl.controller.metadata_qos import MetadataQos
 from burstctl.controller.metrics import LatencyHistogram, Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.placement import AdviceFeed, PlacementInputs
@@ -136,6 +137,9 @@ class Replica:
             ghosts=self.ghosts,
             rules=self.rules,
         )
+        # Metadata QoS: a job's metadata_limit shared by its sessions here (whoever sets a
+        # limit calls metadata_qos.job_changed).
+        self.metadata_qos = MetadataQos(self.table)
         self.servicer = ControllerServicer(
             self.table,
             max_op_volume=config.max_op_volume,
@@ -154,6 +158,7 @@ class Replica:
             capacities=(config.capacity, config.pfs_bandwidth or config.capacity),
             ghosts=self.ghosts,
             lease=config.lease,
+            metadata=self.metadata_qos,
         )
         self.registrations = Registrations(self.table, self.store, self.servicer, self.catalog)
         handlers = [self.servicer.rpc_handlers()]

@@ -46,6 +46,7 @@ class StreamOutbox:
         "_fallback_rate",
         "_heartbeat",
         "_last",
+        "_metadata",
         "_notify",
         "_replica",
         "_space",
@@ -88,6 +89,7 @@ class StreamOutbox:
         self._space: int | None = None
         self._last: tuple[float, float, int, float, str, Schedule | None] | None = None
         self._advice: tuple[str, ...] = ()  # the advised replicas every Allocation carries
+        self._metadata = 0.0  # the metadata ops/s every Allocation carries (0: unpaced)
 
     def applied(self, epoch: int) -> asyncio.Future[None]:
         """Done once the client reports an allocation of ``epoch`` or newer in force (or the
@@ -151,6 +153,18 @@ class StreamOutbox:
         if addresses == self._advice:
             return
         self._advice = addresses
+        if self._allocation is None and self._last is not None:
+            self._allocation = self._last
+        self._notify()
+
+    def offer_metadata(self, rate: float) -> None:
+        """Sets the metadata rate every allocation carries from now on (ops/s, 0: unpaced;
+        controller/metadata_qos.py); a change reaches the client at once, in a copy of the
+        last allocation written (as ``offer_advice``). Not held behind decreases: it is no
+        share of the bandwidth."""
+        if rate == self._metadata:
+            return
+        self._metadata = rate
         if self._allocation is None and self._last is not None:
             self._allocation = self._last
         self._notify()
@@ -232,6 +246,7 @@ class StreamOutbox:
             replica_id=self._replica,
             fallback_rate=self._fallback_rate,
             heartbeat_seconds=self._heartbeat,
+            metadata_rate=self._metadata,
         )
         if self._space is not None:
             allocation.space.limit = self._space

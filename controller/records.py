@@ -217,6 +217,9 @@ class JobState(JobAccount):
     drain_booked: dict[str, int] = field(default_factory=dict)
     # Its I/O phases as observed, and the period learned from them (policies/periods.py).
     phases: PhaseLog = field(default_factory=PhaseLog)
+    # Metadata operations per second the whole job may make (0: no limit); each live session
+    # here is offered its share (controller/metadata_qos.py).
+    metadata_limit: float = 0.0
 
     @property
     def bytes_moved(self) -> int:

@@ -52,6 +52,7 @@ from burstctl.controller.messages import (
     validate_hello,
     validate_purpose,
 )
+from burstctl.controller.metadata_qos import MetadataQos
 from burstctl.controller.node import NodeStream
 from burstctl.controller.outbox import StreamOutbox
 from burstctl.controller.records import JobMeta, SessionRecord
@@ -87,8 +88,11 @@ class ControllerServicer:
         capacities: tuple[float, float] = (0.0, 0.0),
         ghosts: Ghosts | None = None,
         lease: float = 5.0,
+        metadata: MetadataQos | None = None,
     ) -> None:
         self.table = table
+        # Each session's share of its job's metadata limit, re-offered as sessions come and go.
+        self.metadata = metadata or MetadataQos(table)
         # What the streams share: (the capacity B, the PFS bandwidth), for application and
         # drain streams. A new session's Hello.pacing_rate counts as in force up to it.
         self.capacities = capacities
@@ -274,6 +278,7 @@ class ControllerServicer:
         if buffer is not None:
             self._open_holder(session, buffer)
         self._per_client[client] = self._per_client.get(client, 0) + 1
+        self.metadata.job_changed(session.job.job_id)
         log.debug(
             "session %d opened: job %s from %s (%s)",
             session.sid,
@@ -309,6 +314,7 @@ class ControllerServicer:
             else:
                 del self._per_client[client]
         self.table.close_session(session)
+        self.metadata.job_changed(session.job.job_id)
         self._goodbyes.discard(session.sid)
         log.debug("session %d closed", session.sid)
 
