@@ -130,7 +130,6 @@ class PassthroughFS:
         self.entry_timeout = entry_timeout
         self.negative_timeout = negative_timeout
         self._is_root = os.geteuid() == 0
-        self._pace_metadata = self._paced is not None and self._paced.paces_metadata
         self._xattrs = ExtendedAttributes(self._changed)
         self._dirs = OpenDirectories()
         self._mmap_hook: DirectIoMmap | None = None
@@ -151,11 +150,10 @@ class PassthroughFS:
     # ------------------------------------------------------------------ helpers
 
     def _metadata(self, req: int) -> Caller | None:
-        """Paces a metadata operation when that is on; returns the caller it looked up."""
-        if not self._pace_metadata:
+        """Paces a metadata operation (a paced mount); returns the caller it looked up."""
+        if self._paced is None:
             return None
         caller = self._caller(req)
-        assert self._paced is not None
         self._paced.pace(caller, "metadata", 0)
         return caller
 

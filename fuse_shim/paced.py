@@ -31,7 +31,6 @@ class PacedRequests:
         self._caller = caller
         self._lock = threading.Lock()
         self._openers: dict[int, Caller] = {}  # fh -> who opened it
-        self.paces_metadata = pacer.paces_metadata
 
     def pace(self, caller: Caller, kind: str, nbytes: int) -> JobSession | None:
         """Paces a request of ``kind`` (read, write or metadata) before it is served. A write

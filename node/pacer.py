@@ -6,9 +6,10 @@ For each job that does I/O through a shim, a `Pacer` keeps a `PacedJob`: its cli
 and its open files (the mount's open files; the agent's attached processes).
 
 - The mount paces each request itself: every read and write acquires its bytes from the job's
-  session before it touches the backing file (`Pacer.data`). Metadata operations acquire
-  ``metadata_cost`` bytes of kind ``metadata``; with the default cost of 0 they are neither
-  paced nor posted. The node agent's processes pace themselves on a shared page
+  session before it touches the backing file (`Pacer.data`), every metadata operation one
+  operation of the job's metadata limit and ``metadata_cost`` bytes of kind ``metadata``
+  (`Pacer.metadata`; at the default cost of 0 no bytes and no I/O phase, docs/client.md,
+  "Metadata operations"). The node agent's processes pace themselves on a shared page
   (docs/preload.md); the agent books what they moved (`Pacer.admit`, `record`, `waiting`).
 - I/O phases are the session's implicit operations: the first paced request after a quiet gap
   posts one (volume unknown), and the session completes it after ``quiet_gap`` seconds without
@@ -153,11 +154,6 @@ class Pacer:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
 
-    @property
-    def paces_metadata(self) -> bool:
-        """Whether metadata operations acquire anything (a metadata cost above 0)."""
-        return self._config.metadata_cost > 0
-
     # ------------------------------------------------------------------ the request path
 
     def _job_state(self, caller: Caller) -> PacedJob:
@@ -261,9 +257,8 @@ class Pacer:
             report_gauges(session, gauges)
 
     def metadata(self, caller: Caller) -> None:
-        """Paces one metadata operation (a no-op while the metadata cost is 0)."""
-        if self.paces_metadata:
-            self._pace(caller, "metadata", self._config.metadata_cost)
+        """Paces one metadata operation: the job's metadata limit, and its cost in bytes."""
+        self._pace(caller, "metadata", self._config.metadata_cost)
 
     def opened(self, caller: Caller, fh: int) -> None:
         """Records that ``caller``'s job opened the backing file handle ``fh``."""

@@ -177,13 +177,13 @@ def test_a_request_in_flight_at_the_last_close_leaves_the_phase_to_the_quiet_gap
     blocked.join(10)
 
 
-def test_metadata_is_free_by_default_and_paced_when_it_has_a_cost() -> None:
+def test_metadata_is_one_operation_of_the_job_and_its_cost_in_bytes() -> None:
+    # At the default cost of 0: one operation for the job's metadata limit, no bytes.
     rig = Rig()
-    assert not rig.pacer.paces_metadata
     rig.pacer.metadata(A)
-    assert rig.sessions == []
+    (a,) = rig.of("a")
+    assert a.events == [("acquire", 0, "metadata")]
     rig = Rig(metadata_cost=512)
-    assert rig.pacer.paces_metadata
     rig.pacer.metadata(A)
     (a,) = rig.of("a")
     assert a.events == [("acquire", 512, "metadata")]
