@@ -409,12 +409,12 @@ class Throttle(Waiters):
             except Exception:  # an observer's bug must not stop the session's pacing
                 logger.exception("bucket observer failed")
 
-    def count(self, nbytes: int, kind: int = 0) -> None:
-        """Books ``nbytes`` of ``kind`` (the wire OpKind) paced elsewhere, as an acquire that
-        did not wait: the counters move, the bucket does not."""
+    def count(self, nbytes: int, kind: int = 0, calls: int = 1) -> None:
+        """Books ``nbytes`` of ``kind`` (the wire OpKind) paced elsewhere, as ``calls``
+        acquires that did not wait: the counters move, the bucket does not."""
         with self._cond:
             self._check_open()
-            self._book(nbytes, kind)
+            self._book(nbytes, kind, calls)
 
     def hold_wait(self, waiting: bool) -> None:
         """I/O paced elsewhere waits (True) or no longer waits (False) for tokens: one waiter
@@ -515,12 +515,12 @@ class Throttle(Waiters):
         target = self._bucket.reserve(nbytes, now)
         return target, self._bucket.delay(target, now), now
 
-    def _book(self, nbytes: int, kind: int) -> None:
+    def _book(self, nbytes: int, kind: int, calls: int = 1) -> None:
         self._bytes += nbytes
-        self._acquires += 1
+        self._acquires += calls
         if 0 < kind < len(self._by_kind):
             self._by_kind[kind] += nbytes
-            self._kind_acquires[kind] += 1
+            self._kind_acquires[kind] += calls
 
     def _check_open(self) -> None:
         if self._closed:

@@ -187,25 +187,25 @@ class SessionCore:
         finally:
             self._end_acquire()
 
-    def record(self, nbytes: int, kind: str = "write") -> None:
-        """Books ``nbytes`` paced elsewhere, without waiting: the counters and the implicit
-        operation move as for an `acquire` that did not wait."""
+    def record(self, nbytes: int, kind: str = "write", calls: int = 1) -> None:
+        """Books ``nbytes`` paced elsewhere in ``calls`` calls, without waiting: the counters
+        and the implicit operation move as for acquires that did not wait."""
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
-        if self._counted_alone(nbytes, kind_value):
+        if self._counted_alone(nbytes, kind_value, calls):
             return
         self._begin_acquire(kind_value)
         try:
-            self._throttle.count(nbytes, kind_value)
+            self._throttle.count(nbytes, kind_value, calls)
         finally:
             self._end_acquire()
 
-    def _counted_alone(self, nbytes: int, kind: pb.OpKind) -> bool:
+    def _counted_alone(self, nbytes: int, kind: pb.OpKind, calls: int = 1) -> bool:
         """A metadata operation that moves no bytes is counted (the usage's metadata_ops),
         and nothing more: it draws nothing from the bytes bucket and opens no I/O phase (a
         job that only stats is no job in I/O for the policies). True when it was."""
         if nbytes or kind != pb.OP_KIND_METADATA:
             return False
-        self._throttle.count(0, kind)
+        self._throttle.count(0, kind, calls)
         return True
 
     def hold_waiting(self, waiting: bool) -> None:

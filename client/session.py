@@ -263,14 +263,17 @@ class _SessionBase:
         as added. Thread-safe."""
         self._core.space_landed(nbytes)
 
-    def record(self, nbytes: int, kind: str = "write") -> None:
+    def record(self, nbytes: int, kind: str = "write", calls: int = 1) -> None:
         """Books ``nbytes`` of ``kind`` that were paced elsewhere (the preload library's shared
-        page, docs/preload.md) without waiting: the usage reports count them as they count an
-        ``acquire``, and they begin (or keep open) the implicit operation as an ``acquire``
-        does. Striped: split evenly over the streams. Thread-safe."""
+        page, docs/preload.md) in ``calls`` calls, without waiting: the usage reports count
+        them as they count acquires, and they begin (or keep open) the implicit operation as
+        an ``acquire`` does (metadata calls of 0 bytes: counted only). Striped: split evenly
+        over the streams, the calls booked on the first. Thread-safe."""
         shares = _shares(nbytes, len(self._cores))
         for core, share in zip(self._cores, shares, strict=True):
-            if share or core is self._core:
+            if core is self._core:
+                core.record(share, kind, calls)
+            elif share:
                 core.record(share, kind)
 
     def hold_waiting(self, waiting: bool) -> None:

@@ -361,10 +361,10 @@ class Pacer:
         self._leave(state)
         return state.job
 
-    def record(self, job: JobInfo, kind: str, nbytes: int) -> None:
-        """Books ``nbytes`` of ``kind`` that the job moved, paced elsewhere, on its session
-        without waiting (opening one if the sweep closed it). Never raises for a closed
-        session."""
+    def record(self, job: JobInfo, kind: str, nbytes: int, calls: int = 1) -> None:
+        """Books ``nbytes`` of ``kind`` that the job moved in ``calls`` calls, paced
+        elsewhere, on its session without waiting (opening one if the sweep closed it). Never
+        raises for a closed session."""
         state = self._locked_state(job)
         try:
             session, opened = self._begin(state)
@@ -375,7 +375,7 @@ class Pacer:
         if opened:
             self._sweep_by(self._clock() + self._config.session_idle)
         try:
-            session.record(nbytes, kind)
+            session.record(nbytes, kind, calls)
         except RuntimeError:
             pass  # closed under us: nothing to book it on
         finally:

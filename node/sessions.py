@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Protocol
 
 from burstctl.client.job import JobInfo
-from burstctl.client.options import BucketObserver
+from burstctl.client.options import BucketObserver, RateObserver
 from burstctl.client.runtime import ClientRuntime
 from burstctl.client.session import Session
 from burstctl.common.channels import ChannelSecurity
@@ -35,7 +35,7 @@ class JobSession(Protocol):
 
     def acquire(self, nbytes: int, kind: str = "write") -> None: ...
 
-    def record(self, nbytes: int, kind: str = "write") -> None: ...
+    def record(self, nbytes: int, kind: str = "write", calls: int = 1) -> None: ...
 
     def hold_waiting(self, waiting: bool) -> None: ...
 
@@ -91,13 +91,16 @@ def client_session_factory(
     *,
     buffer: bool | None = None,
     observer_for: Callable[[JobInfo], BucketObserver] | None = None,
+    metadata_observer_for: Callable[[JobInfo], RateObserver] | None = None,
 ) -> SessionFactory:
     """Client sessions, one per job, with the shim's options, on ``runtime``.
 
     ``purpose``: ``app`` for the jobs' I/O through the shim (sessions that track the burst
     buffer: ``buffer=True`` unless ``buffer`` says otherwise), ``drain`` for the stage-out's
     copies to the PFS. ``observer_for``: each job's session gets ``observer_for(job)`` as its
-    bucket observer (the node agent publishes the job's allocations to its page).
+    bucket observer (the node agent publishes the job's allocations to its page), and
+    ``metadata_observer_for(job)`` as its metadata rate observer (the same page's metadata
+    supply).
     """
     if not config.controller:
         raise ValueError("pacing needs a controller")
@@ -119,6 +122,9 @@ def client_session_factory(
             purpose="drain" if drain else "app",
             buffer=tracks_buffer,
             bucket_observer=None if observer_for is None else observer_for(job),
+            metadata_observer=(
+                None if metadata_observer_for is None else metadata_observer_for(job)
+            ),
         )
 
     return make

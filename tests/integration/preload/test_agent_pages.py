@@ -39,7 +39,7 @@ class Books:
         self.records: list[tuple[str, str, int]] = []
         self.waits: list[bool] = []
 
-    def record(self, job: JobInfo, kind: str, nbytes: int) -> None:
+    def record(self, job: JobInfo, kind: str, nbytes: int, calls: int = 1) -> None:
         self.records.append((job.job_id, kind, nbytes))
 
     def waiting(self, job: JobInfo, waiting: bool) -> None:

@@ -45,7 +45,7 @@ class FakeSession:
             if self.closed:
                 raise RuntimeError("session is closed")
 
-    def record(self, nbytes: int, kind: str = "write") -> None:
+    def record(self, nbytes: int, kind: str = "write", calls: int = 1) -> None:
         if self.closed:
             raise RuntimeError("session is closed")
         self.events.append(("record", nbytes, kind))
