@@ -9,10 +9,12 @@ happens in the processes, on the page; the agent:
 
 - publishes every allocation or fallback of the job's session to its page (the session's
   bucket observer); with a pattern of windows, each window's rate at its edges, dropping the
-  tokens nobody reserved when a window ends;
+  tokens nobody reserved when a window ends; and the session's metadata rate to the page's
+  metadata supply (its metadata observer; docs/preload.md, "Metadata calls");
 - every ``--tick`` seconds beats each page's heartbeat and books the bytes the job's processes
   asked for since the last tick on its session (`Pacer.record`: the session's counters and
-  phases, as the mount's requests), and tells the session whether the job waits for tokens
+  phases, as the mount's requests) and the metadata calls they made (counted only), and
+  tells the session whether the job waits for tokens
   (`Pacer.waiting`); a process that starts waiting writes the eventfd, which ticks its page
   at once;
 - counts each attached connection as an open file of the job (`Pacer.opened` / `released`),
@@ -91,6 +93,8 @@ class JobSlot:
     edge: asyncio.TimerHandle | None = None  # the next window edge of a pattern
     req_read: int = 0
     req_write: int = 0
+    calls_meta: int = 0
+    metadata: float = 0.0  # the session's metadata rate (ops/s, 0: unpaced)
     waiting: bool = False
     idle_since: float | None = None  # no connection and no session since
     space: SpaceFeeder | None = None  # the page's space on the burst buffer
@@ -120,7 +124,10 @@ class Agent:
             self.attributor,
             runtime=self.runtime,
             session_factory=client_session_factory(
-                config, self.runtime, observer_for=self._observer_for
+                config,
+                self.runtime,
+                observer_for=self._observer_for,
+                metadata_observer_for=self._metadata_observer_for,
             ),
             drain_session_factory=(
                 None
@@ -159,6 +166,26 @@ class Agent:
                     loop.call_soon_threadsafe(self._apply_bucket, key, job, (rate, burst, pattern))
 
         return observe
+
+    def _metadata_observer_for(self, job: JobInfo) -> Callable[[float], None]:
+        """The metadata rate observer of the job's session: hands each rate to the loop."""
+        key = (job.job_id, job.user)
+
+        def observe(rate: float) -> None:
+            loop = self._loop
+            if loop is not None:
+                with contextlib.suppress(RuntimeError):  # the loop is closed: the agent stops
+                    loop.call_soon_threadsafe(self._apply_metadata, key, job, rate)
+
+        return observe
+
+    def _apply_metadata(self, key: Key, job: JobInfo, rate: float) -> None:
+        if self._stopping:
+            return
+        slot = self.slots.get(key) or self._slot(job)
+        slot.metadata = rate
+        if slot.page is not None:
+            slot.page.publish_metadata(rate)
 
     def _slot(self, job: JobInfo) -> JobSlot:
         slot = self.slots.get((job.job_id, job.user))
@@ -242,6 +269,10 @@ class Agent:
                 slot.req_write = now_at
             if delta:
                 self._book.submit(self._booked, self.pacer.record, job, kind, delta)
+        calls = min(max(counters.calls_meta - slot.calls_meta, 0), MAX_TICK_BYTES)
+        slot.calls_meta = counters.calls_meta
+        if calls:  # metadata calls: counted, no bytes, no phase (client/core.py)
+            self._book.submit(self._booked, self.pacer.record, job, "metadata", 0, calls)
         now_ns = monotonic_ns()
         waiting = counters.waiting(now_ns)
         if page.forgive_the_dead(counters, now_ns):
@@ -324,9 +355,11 @@ class Agent:
             slot.page = page
             counters = page.counters()
             slot.req_read, slot.req_write = counters.req_read, counters.req_write
+            slot.calls_meta = counters.calls_meta
             assert self._loop is not None
             self._loop.add_reader(page.eventfd, self._on_event, slot)
             self._publish(slot)
+            page.publish_metadata(slot.metadata)
             job = slot.job
             slot.space = SpaceFeeder(
                 page,
@@ -479,6 +512,7 @@ class Agent:
                 entry["rate"] = None if math.isinf(rate) else rate
                 entry["unlimited"] = math.isinf(rate)
                 entry["burst"] = slot.page.burst
+                entry["metadata_rate"] = slot.page.metadata_rate
                 entry["counters"] = dataclasses.asdict(slot.page.counters())
                 entry["space"] = dataclasses.asdict(slot.page.space())
             if slot.bucket is not None:

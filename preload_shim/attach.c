@@ -191,6 +191,17 @@ static void wait_for_attach(void) {
 }
 
 /* Attaches when there is no live attachment and the last try is a second old or more. */
+/* The live attachment to pace on, attaching first if there is none (NULL: none, run unpaced;
+ * errno may change). */
+struct attachment *live_attachment(void) {
+    struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
+    if (LIKELY(att && !__atomic_load_n(&att->dead, __ATOMIC_ACQUIRE)))
+        return att;
+    maybe_attach();
+    att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
+    return att && !__atomic_load_n(&att->dead, __ATOMIC_ACQUIRE) ? att : NULL;
+}
+
 void maybe_attach(void) {
     struct attachment *cur = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
     if (cur && !__atomic_load_n(&cur->dead, __ATOMIC_ACQUIRE))

@@ -277,17 +277,18 @@ int resolve_unknown(int fd) {
     return st;
 }
 
-/* After an open that returned fd: its state from the path, lexically; a paced one attaches
- * and is told to the agent's stage-out. -1: the open must fail (stage.c), errno is EIO. */
-int after_open(int dirfd, const char *path, int fd, int flags) {
-    if (fd < 0 || !path)
-        return 0;
+/* The state of `path` (relative to `dirfd`) from the path alone, lexically: ST_PACED or
+ * ST_UNPACED, its normalised form in `norm`; -1 when it has no usable base (its directory is
+ * unknown). An empty path (a call on `dirfd` itself, AT_EMPTY_PATH) is ST_UNPACED. */
+int path_state(int dirfd, const char *path, char *norm, size_t cap) {
+    if (!g_enabled || !path || !*path)
+        return ST_UNPACED;
     SAVE_ERRNO();
     t_in_lib++;
-    char base[PATH_MAX], norm[PATH_MAX];
+    char base[PATH_MAX];
     int ok = -1;
     if (path[0] == '/') {
-        ok = normalize(path, norm, sizeof norm);
+        ok = normalize(path, norm, cap);
     } else {
         int have_base = -1;
         if (dirfd == AT_FDCWD)
@@ -298,18 +299,34 @@ int after_open(int dirfd, const char *path, int fd, int flags) {
         if (have_base != 0 && dirfd != AT_FDCWD)
             have_base = fd_path(dirfd, base, sizeof base);
         if (have_base == 0)
-            ok = join(base, path, norm, sizeof norm);
+            ok = join(base, path, norm, cap);
     }
-    if (ok != 0) { /* no usable base: ask the kernel where the new fd is */
-        char link[PATH_MAX];
-        if (fd_path(fd, link, sizeof link) == 0)
-            ok = normalize(link, norm, sizeof norm);
+    t_in_lib--;
+    RESTORE_ERRNO();
+    return ok == 0 ? classify_norm(norm) : -1;
+}
+
+/* After an open that returned fd, its path's state `st` and normalised form `norm` from
+ * `path_state` before the call (-1: the kernel is asked where the new fd is); a paced one
+ * attaches and is told to the agent's stage-out. -1: the open must fail (stage.c), errno is
+ * EIO. */
+int after_open(int fd, int flags, int st, const char *norm) {
+    if (fd < 0)
+        return 0;
+    SAVE_ERRNO();
+    t_in_lib++;
+    char link[PATH_MAX], found[PATH_MAX];
+    if (st < 0) { /* no usable base: ask the kernel where the new fd is */
+        st = ST_UNPACED;
+        norm = NULL;
+        if (fd_path(fd, link, sizeof link) == 0 && normalize(link, found, sizeof found) == 0) {
+            norm = found;
+            st = classify_norm(found);
+        }
     }
-    int st = ok == 0 ? classify_norm(norm) : ST_UNPACED;
     set_state(fd, st);
     int is_dir = (flags & (O_DIRECTORY | O_PATH)) && (flags & O_TMPFILE) != O_TMPFILE;
-    if (ok == 0 && is_dir && fd < g_nfds &&
-        dircache_add(fd, norm) == 0)
+    if (norm && is_dir && fd < g_nfds && dircache_add(fd, norm) == 0)
         __atomic_fetch_or(&g_fds[fd], (unsigned char)ST_DIRCACHED, __ATOMIC_RELAXED);
     t_in_lib--;
     int rc = 0;

@@ -29,14 +29,10 @@ static size_t clamp_read(int fd, size_t n, int64_t off) {
 struct paced pace(int kind, size_t n, int fd, int64_t off) {
     struct paced p = {NULL, 0, 0, 0};
     SAVE_ERRNO();
-    struct attachment *att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
-    if (UNLIKELY(!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE))) {
-        maybe_attach();
-        att = __atomic_load_n(&g_att, __ATOMIC_ACQUIRE);
-        if (!att || __atomic_load_n(&att->dead, __ATOMIC_ACQUIRE)) {
-            RESTORE_ERRNO();
-            return p;
-        }
+    struct attachment *att = live_attachment();
+    if (!att) {
+        RESTORE_ERRNO();
+        return p;
     }
     t_in_lib++;
     if (kind == KIND_READ)
@@ -48,7 +44,8 @@ struct paced pace(int kind, size_t n, int fd, int64_t off) {
     __atomic_fetch_add(I64(page, kind == KIND_READ ? OFF_CALLS_READ : OFF_CALLS_WRITE), 1,
                        __ATOMIC_RELAXED);
     const char *why = "";
-    if (reserve_and_wait(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.drawn) != 0)
+    if (reserve_and_wait(page, &LANE_BYTES, bytes, &att->eventfd, g_dead_after_ns, &why,
+                         &p.drawn) != 0)
         mark_dead(att, why);
     else if (kind == KIND_WRITE &&
              claim_space(page, bytes, &att->eventfd, g_dead_after_ns, &why, &p.claimed) != 0)

@@ -2,7 +2,8 @@
  * The open, close, dup and fcntl family, and chdir and fchdir: the calls that make, copy and
  * end descriptors, and so set, copy and forget their states in the per-fd table (fdstate.c),
  * and the two that move the working directory against which relative paths are classified.
- * None of them is paced (a paced open attaches the process to the agent: attach.c).
+ * An open of a path under the burst-buffer paths is one metadata call, paced before it
+ * (meta.c); it attaches the process to the agent (attach.c). The others are not paced.
  */
 #include "preload.h"
 
@@ -18,8 +19,14 @@ static inline int needs_mode(int flags) {
         if (t_in_lib)                                                                           \
             return call;                                                                        \
         ensure_init();                                                                          \
+        if (!g_enabled)                                                                         \
+            return call;                                                                        \
+        char norm_[PATH_MAX];                                                                   \
+        int st_ = path_state(dirfd, path, norm_, sizeof norm_);                                 \
+        if (st_ == ST_PACED)                                                                    \
+            pace_metadata();                                                                    \
         int fd_ = call;                                                                         \
-        if (g_enabled && after_open(dirfd, path, fd_, flags) != 0) {                            \
+        if (after_open(fd_, flags, st_, norm_) != 0) {                                          \
             set_state(fd_, ST_UNKNOWN);                                                         \
             real_close(fd_);                                                                    \
             errno = EIO; /* an evicted file the agent could not bring back: stage.c */          \

@@ -1,11 +1,25 @@
 /*
  * The pacing page, the library's side of the contract in preload_shim/page.py: the helpers the
- * agent loads with ctypes (atomic loads, stores and adds, the flags, the seqlock write of the
- * token supply), the seqlock read, and drawing tokens from the supply and waiting for them,
+ * agent loads with ctypes (atomic loads, stores and adds, the flags, the seqlock write of a
+ * token supply), the seqlock read, and drawing tokens from a supply and waiting for them,
  * with the page's waiters and wait counters and the eventfd that wakes the agent; claiming
  * space on the burst buffer for a write and waiting for it, with the same waiters.
+ *
+ * The page has two supplies, each a lane: the bytes' (reads and writes) and the metadata
+ * operations' (one token per call, meta.c). They are drawn from and waited on alike; only
+ * the bytes' waiters count on the page (they tell the controller the job waits for
+ * bandwidth, which a metadata limit is not).
  */
 #include "preload.h"
+
+const struct lane LANE_BYTES = {OFF_SEQ, OFF_TAKEN, 1};
+const struct lane LANE_META = {OFF_META_SEQ, OFF_META_TAKEN, 0};
+
+/* A supply's fields follow its seqlock word: t0, filled0, rate, burst (page.py). */
+#define AT_T0(seq) ((seq) + 8)
+#define AT_FILLED0(seq) ((seq) + 16)
+#define AT_RATE(seq) ((seq) + 24)
+#define AT_BURST(seq) ((seq) + 32)
 
 #define SLICE_NS 10000000LL /* the longest sleep of a wait */
 /* Waiters whose beat is older than this are taken for dead (page.py's WAIT_STALE_NS). */
@@ -87,35 +101,39 @@ EXPORT uint32_t burstctl_page_flags(void *page) {
     return __atomic_load_n(U32(page, OFF_FLAGS), __ATOMIC_ACQUIRE);
 }
 
-/* The seqlock write of the supply (the agent's side; one writer at a time). */
-EXPORT int burstctl_page_publish(void *page, int64_t t0_ns, int64_t filled0, double rate,
+/* The seqlock write of the supply whose seqlock word is at `at` (OFF_SEQ, OFF_META_SEQ; the
+ * agent's side; one writer at a time). */
+EXPORT int burstctl_page_publish(void *page, int at, int64_t t0_ns, int64_t filled0, double rate,
                                  int64_t burst) {
-    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
+    uint64_t *seq = (uint64_t *)I64(page, at);
     uint64_t s = __atomic_load_n(seq, __ATOMIC_RELAXED);
     if (s & 1) /* a writer died mid-write: start from the next even value */
         s += 1;
     __atomic_store_n(seq, s + 1, __ATOMIC_RELAXED);
     __atomic_thread_fence(__ATOMIC_RELEASE);
-    __atomic_store_n(I64(page, OFF_T0), t0_ns, __ATOMIC_RELAXED);
-    __atomic_store_n(I64(page, OFF_FILLED0), filled0, __ATOMIC_RELAXED);
-    __atomic_store_n((uint64_t *)I64(page, OFF_RATE), double_to_bits(rate), __ATOMIC_RELAXED);
-    __atomic_store_n(I64(page, OFF_BURST), burst, __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, AT_T0(at)), t0_ns, __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, AT_FILLED0(at)), filled0, __ATOMIC_RELAXED);
+    __atomic_store_n((uint64_t *)I64(page, AT_RATE(at)), double_to_bits(rate), __ATOMIC_RELAXED);
+    __atomic_store_n(I64(page, AT_BURST(at)), burst, __ATOMIC_RELAXED);
     __atomic_store_n(seq, s + 2, __ATOMIC_RELEASE);
     return 0;
 }
 
-/* The seqlock read: 0, or -1 when a writer stays mid-write for more than `give_up_ns`. */
-static int read_supply(void *page, struct supply *out, int64_t give_up_ns) {
-    uint64_t *seq = (uint64_t *)I64(page, OFF_SEQ);
+/* The seqlock read of a lane's supply: 0, or -1 when a writer stays mid-write for more than
+ * `give_up_ns`. */
+static int read_supply(void *page, const struct lane *lane, struct supply *out,
+                       int64_t give_up_ns) {
+    int at = lane->seq;
+    uint64_t *seq = (uint64_t *)I64(page, at);
     int64_t start = 0;
     for (unsigned spins = 0;; spins++) {
         uint64_t s1 = __atomic_load_n(seq, __ATOMIC_ACQUIRE);
         if (!(s1 & 1)) {
-            out->t0 = __atomic_load_n(I64(page, OFF_T0), __ATOMIC_RELAXED);
-            out->filled0 = __atomic_load_n(I64(page, OFF_FILLED0), __ATOMIC_RELAXED);
+            out->t0 = __atomic_load_n(I64(page, AT_T0(at)), __ATOMIC_RELAXED);
+            out->filled0 = __atomic_load_n(I64(page, AT_FILLED0(at)), __ATOMIC_RELAXED);
             out->rate = bits_to_double(
-                __atomic_load_n((uint64_t *)I64(page, OFF_RATE), __ATOMIC_RELAXED));
-            out->burst = __atomic_load_n(I64(page, OFF_BURST), __ATOMIC_RELAXED);
+                __atomic_load_n((uint64_t *)I64(page, AT_RATE(at)), __ATOMIC_RELAXED));
+            out->burst = __atomic_load_n(I64(page, AT_BURST(at)), __ATOMIC_RELAXED);
             __atomic_thread_fence(__ATOMIC_ACQUIRE);
             if (__atomic_load_n(seq, __ATOMIC_RELAXED) == s1)
                 return 0;
@@ -165,11 +183,11 @@ static void waiter_gone(void *page) {
     __atomic_fetch_sub(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL);
 }
 
-/* Sleeps in slices until the supply covers `target`, re-reading it each slice and stamping the
- * page's wait beat. 0: covered (or unlimited now); 1: the page died. `now` is the time of the
- * last look. */
-static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t *now,
-                           int64_t dead_after_ns, const char **why) {
+/* Sleeps in slices until the lane's supply covers `target`, re-reading it each slice and (a
+ * lane whose waiters count) stamping the page's wait beat. 0: covered (or unlimited now); 1:
+ * the page died. `now` is the time of the last look. */
+static int wait_for_tokens(void *page, const struct lane *lane, int64_t target, struct supply *s,
+                           int64_t *now, int64_t dead_after_ns, const char **why) {
     for (;;) {
         double missing = (double)target - supply_filled(s, *now);
         if (missing <= 0)
@@ -183,10 +201,11 @@ static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t
         struct timespec ts = {.tv_sec = slice / 1000000000LL, .tv_nsec = slice % 1000000000LL};
         nanosleep(&ts, NULL); /* interrupted: the loop re-checks */
         *now = mono_ns();
-        __atomic_store_n(I64(page, OFF_WAIT_BEAT), *now, __ATOMIC_RELEASE);
+        if (lane->waiters)
+            __atomic_store_n(I64(page, OFF_WAIT_BEAT), *now, __ATOMIC_RELEASE);
         if (!page_alive(page, *now, dead_after_ns, why))
             return 1;
-        if (read_supply(page, s, dead_after_ns) != 0) {
+        if (read_supply(page, lane, s, dead_after_ns) != 0) {
             *why = "stuck mid-update";
             return 1;
         }
@@ -195,7 +214,7 @@ static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t
     }
 }
 
-/* Reserves n tokens and waits for them. 0: done; 1: the page died (stop pacing).
+/* Reserves n tokens of the lane and waits for them. 0: done; 1: the page died (stop pacing).
  *
  * The pattern of every wait of the library (a new one follows it):
  * - the wait is a sleep in this process, in slices of at most SLICE_NS, re-reading the page
@@ -209,14 +228,14 @@ static int wait_for_tokens(void *page, int64_t target, struct supply *s, int64_t
  *   agent tells the controller at once;
  * - a thread cancelled in the sleep (a cancellation point) takes itself off in a cleanup
  *   handler. */
-int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
-                            const char **why, int64_t *drawn) {
+int reserve_and_wait(void *page, const struct lane *lane, int64_t n, int *eventfd,
+                     int64_t dead_after_ns, const char **why, int64_t *drawn) {
     struct supply s;
     *drawn = 0;
     int64_t now = mono_ns();
     if (!page_alive(page, now, dead_after_ns, why))
         return 1;
-    if (read_supply(page, &s, dead_after_ns) != 0) {
+    if (read_supply(page, lane, &s, dead_after_ns) != 0) {
         *why = "stuck mid-update";
         return 1;
     }
@@ -226,7 +245,7 @@ int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
         n = 0;
     if (n > ((int64_t)1 << 60))
         n = (int64_t)1 << 60;
-    int64_t *taken = I64(page, OFF_TAKEN);
+    int64_t *taken = I64(page, lane->taken);
     int64_t cur = __atomic_load_n(taken, __ATOMIC_RELAXED), target;
     do {
         double floor_ = supply_filled(&s, now) - (double)s.burst;
@@ -239,16 +258,17 @@ int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
     *drawn = n;
     if (supply_filled(&s, now) >= (double)target)
         return 0;
-    int64_t start = now;
+    int64_t start = now, end = now;
+    if (!lane->waiters) /* a metadata call's wait: a sleep like any other, on the page alone */
+        return wait_for_tokens(page, lane, target, &s, &end, dead_after_ns, why);
     int64_t beat = __atomic_exchange_n(I64(page, OFF_WAIT_BEAT), now, __ATOMIC_ACQ_REL);
     if (__atomic_fetch_add(I64(page, OFF_WAITERS), 1, __ATOMIC_ACQ_REL) == 0 ||
         now - beat >= WAIT_STALE_NS)
         notify_waiting(eventfd);
     /* nanosleep is a cancellation point: a thread cancelled while waiting is no waiter. */
-    int64_t end = now;
     int dead;
     pthread_cleanup_push(waiter_gone, page);
-    dead = wait_for_tokens(page, target, &s, &end, dead_after_ns, why);
+    dead = wait_for_tokens(page, lane, target, &s, &end, dead_after_ns, why);
     pthread_cleanup_pop(0);
     waiter_gone(page);
     __atomic_fetch_add(I64(page, OFF_WAIT_NS), end - start, __ATOMIC_RELAXED);
@@ -324,14 +344,16 @@ int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, cons
     return dead;
 }
 
-/* The library's draw and wait, for tests and tools (uses BURSTCTL_PRELOAD_DEAD_AFTER).
+/* The library's draw and wait, for tests and tools (uses BURSTCTL_PRELOAD_DEAD_AFTER), from
+ * the bytes' supply or (`metadata` not 0) the metadata operations'.
  * 0: the tokens were there (at once or after a wait); 1: the page is dead or closed. */
-EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd) {
+EXPORT int burstctl_page_reserve_and_wait(void *page, int64_t n, int eventfd, int metadata) {
     SAVE_ERRNO();
     ensure_init();
     const char *why = "";
     int64_t drawn;
-    int r = reserve_and_wait(page, n, &eventfd, g_dead_after_ns, &why, &drawn);
+    const struct lane *lane = metadata ? &LANE_META : &LANE_BYTES;
+    int r = reserve_and_wait(page, lane, n, &eventfd, g_dead_after_ns, &why, &drawn);
     RESTORE_ERRNO();
     return r;
 }

@@ -36,6 +36,13 @@ off   type   name           meaning (writer)
 280   i64    space_want     the claims a waiter for space needs covered (library, CAS max)
 288   i64    writing        paced writes in flight while the agent stages out (library, add)
 296   i64    hold           1 while the agent holds the job's writes out (agent)
+320   u64    meta_seq       seqlock over the metadata supply, 328..359 (agent)
+328   i64    meta_t0_ns     as t0_ns, for metadata operations (agent)
+336   i64    meta_filled0   operations (cumulative) supplied up to meta_t0 (agent)
+344   f64    meta_rate      operations/s from meta_t0 on; +inf = unpaced (agent)
+352   i64    meta_burst     operations: unused ones beyond this are not kept (agent)
+360   i64    meta_taken     operations reserved so far (library, compare-and-swap)
+368   u64    calls_meta     paced metadata calls (library, atomic add)
 ===== ====== ============== ==========================================================
 
 The library maps a page only if it is at least `PAGE_SIZE` bytes and sealed against shrinking
@@ -76,6 +83,13 @@ claimed-but-not-landed bytes stay granted-and-unused in the controller's books. 
 unlimited; the agent's feed sets its limit to 0 before the page is handed out, so that its
 first write waits for the agent's first grant.
 
+Metadata operations (docs/preload.md, "Metadata calls"): the page has a second supply of the
+same shape, one token per metadata call of a process on a path under the agent's paths
+(``preload_shim/meta.c``). A call draws and waits as a read or write does, on that supply
+(``meta_*``), but is no waiter of the page: a metadata limit is no wait for bandwidth, the
+controller is not told. The agent publishes the job's session's metadata rate there
+(`JobPage.publish_metadata`; unpaced, +inf, until one comes) and books ``calls_meta``.
+
 This module is the agent's side: create, publish, beat, read the counters. When the library
 is built, `JobPage` makes its stores and loads through the library's own exported helpers
 (``burstctl_page_publish``/``_load``/``_store``: ``__atomic`` builtins with release/acquire
@@ -95,9 +109,11 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from burstctl.client.metadata import metadata_burst
+
 PAGE_SIZE = 4096
 MAGIC = 0x31504342  # "BCP1"
-VERSION = 3
+VERSION = 4
 FLAG_CLOSED = 1
 FLAG_STAGE = 2
 
@@ -131,6 +147,9 @@ OFF_SPACE_LANDED = 272
 OFF_SPACE_WANT = 280
 OFF_WRITING = 288
 OFF_HOLD = 296
+OFF_META_SEQ = 320  # the metadata supply: its t0, filled0, rate and burst follow, as at OFF_SEQ
+OFF_META_TAKEN = 360
+OFF_CALLS_META = 368
 HOLD_TIMEOUT = 0.05  # s: how long a hold waits for the writes in flight
 HOLD_POLL = 0.0005
 SPACE_UNLIMITED = (1 << 63) - 1
@@ -146,7 +165,7 @@ def _library() -> ctypes.CDLL | None:
     except (LibraryMissing, OSError):
         return None
     vp, i64, i32, u32 = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_uint32
-    lib.burstctl_page_publish.argtypes = [vp, i64, i64, ctypes.c_double, i64]
+    lib.burstctl_page_publish.argtypes = [vp, i32, i64, i64, ctypes.c_double, i64]
     lib.burstctl_page_publish.restype = i32
     lib.burstctl_page_load.argtypes = [vp, i32]
     lib.burstctl_page_load.restype = i64
@@ -154,7 +173,7 @@ def _library() -> ctypes.CDLL | None:
     lib.burstctl_page_store.restype = None
     lib.burstctl_page_or_flags.argtypes = [vp, u32]
     lib.burstctl_page_or_flags.restype = u32
-    lib.burstctl_page_reserve_and_wait.argtypes = [vp, i64, i32]
+    lib.burstctl_page_reserve_and_wait.argtypes = [vp, i64, i32, i32]
     lib.burstctl_page_reserve_and_wait.restype = i32
     for name in ("burstctl_page_hold", "burstctl_page_writing"):
         getattr(lib, name).argtypes = [vp]
@@ -184,10 +203,33 @@ class Counters:
     wait_ns: int
     waits: int
     wait_beat_ns: int = 0
+    calls_meta: int = 0
 
     def waiting(self, now_ns: int) -> bool:
         """Whether a process waits for tokens at ``now_ns`` (its beat is fresh: module doc)."""
         return self.waiters > 0 and now_ns - self.wait_beat_ns < WAIT_STALE_NS
+
+
+class _Supply:
+    """The views of one supply on the page: its seqlock word at ``at``, then t0, filled0,
+    rate and burst (the bytes' at `OFF_SEQ`, the metadata operations' at `OFF_META_SEQ`)."""
+
+    __slots__ = ("at", "burst", "filled0", "rate", "seq", "t0")
+
+    def __init__(self, buffer: mmap.mmap, at: int) -> None:
+        self.at = at
+        self.seq = ctypes.c_uint64.from_buffer(buffer, at)
+        self.t0 = ctypes.c_int64.from_buffer(buffer, at + 8)
+        self.filled0 = ctypes.c_int64.from_buffer(buffer, at + 16)
+        self.rate = ctypes.c_double.from_buffer(buffer, at + 24)
+        self.burst = ctypes.c_int64.from_buffer(buffer, at + 32)
+
+    def filled(self, now_ns: int) -> float:
+        """Tokens supplied up to ``now_ns`` by the curve in force (inf while unlimited)."""
+        rate = self.rate.value
+        if rate == math.inf:
+            return math.inf
+        return self.filled0.value + rate * max(0, now_ns - self.t0.value) / 1e9
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,11 +266,8 @@ class JobPage:
         except BaseException:
             os.close(self.fd)
             raise
-        self._seq = ctypes.c_uint64.from_buffer(self._map, OFF_SEQ)
-        self._t0 = ctypes.c_int64.from_buffer(self._map, OFF_T0)
-        self._filled0 = ctypes.c_int64.from_buffer(self._map, OFF_FILLED0)
-        self._rate = ctypes.c_double.from_buffer(self._map, OFF_RATE)
-        self._burst = ctypes.c_int64.from_buffer(self._map, OFF_BURST)
+        self._supply = _Supply(self._map, OFF_SEQ)
+        self._meta = _Supply(self._map, OFF_META_SEQ)
         self._heartbeat = ctypes.c_int64.from_buffer(self._map, OFF_HEARTBEAT)
         self._flags = ctypes.c_uint32.from_buffer(self._map, OFF_FLAGS)
         self._i64 = {
@@ -249,16 +288,21 @@ class JobPage:
                 OFF_SPACE_CLAIMED,
                 OFF_SPACE_LANDED,
                 OFF_SPACE_WANT,
+                OFF_META_TAKEN,
+                OFF_CALLS_META,
             )
         }
         self._lib = _library()
         self._base = ctypes.c_char.from_buffer(self._map)  # the mapping's address, for the library
         self.address = ctypes.addressof(self._base)
         now = monotonic_ns()
-        self._t0.value = now
-        self._filled0.value = 0
-        self._rate.value = 0.0  # nothing flows before the first allocation, as in a session
-        self._burst.value = 0
+        for supply, rate in ((self._supply, 0.0), (self._meta, math.inf)):
+            # Bytes: nothing flows before the first allocation, as in a session. Metadata
+            # operations: unpaced until the job's session has a metadata rate.
+            supply.t0.value = now
+            supply.filled0.value = 0
+            supply.rate.value = rate
+            supply.burst.value = 0
         self._heartbeat.value = now
         self._i64[OFF_SPACE_LIMIT].value = SPACE_UNLIMITED
         if self._lib is not None:
@@ -272,10 +316,7 @@ class JobPage:
 
     def filled(self, now_ns: int) -> float:
         """Tokens supplied up to ``now_ns`` by the curve in force (inf while unlimited)."""
-        rate = self._rate.value
-        if rate == math.inf:
-            return math.inf
-        return self._filled0.value + rate * max(0, now_ns - self._t0.value) / 1e9
+        return self._supply.filled(now_ns)
 
     def publish(self, rate: float, burst: float, now_ns: int | None = None) -> None:
         """The job's rate (bytes/s; 0 = wait, inf = unlimited) and burst from ``now_ns`` on;
@@ -298,7 +339,7 @@ class JobPage:
         if filled == math.inf:
             return
         taken = self._i64[OFF_TAKEN].value
-        self._write(now, int(min(filled, taken)), self._rate.value, self._burst.value)
+        self._write(now, int(min(filled, taken)), self.rate, self.burst)
 
     def forgive_the_dead(self, counters: Counters, now_ns: int) -> bool:
         """Covers the reservations of waiters that died mid-wait (``waiters`` left counted,
@@ -309,28 +350,52 @@ class JobPage:
         filled = self.filled(now_ns)
         if filled == math.inf or filled >= counters.taken:
             return False
-        self._write(now_ns, int(min(counters.taken, 2.0**62)), self._rate.value, self._burst.value)
+        self._write(now_ns, int(min(counters.taken, 2.0**62)), self.rate, self.burst)
         return True
 
-    def _write(self, t0: int, filled0: int, rate: float, burst: int) -> None:
+    def publish_metadata(self, rate: float, now_ns: int | None = None) -> None:
+        """The job's metadata operations per second (0: unpaced) from ``now_ns`` on, on the
+        page's metadata supply, with the burst of the session's own metadata bucket
+        (`burstctl.client.metadata.metadata_burst`)."""
+        now = monotonic_ns() if now_ns is None else now_ns
+        rate = float(rate)
+        if not 0.0 <= rate < math.inf:  # also NaN
+            raise ValueError(f"a metadata rate must be >= 0 and finite, got {rate!r}")
+        burst_ops = int(metadata_burst(rate))
+        filled = self._meta.filled(now)
+        if filled == math.inf:  # unpaced until now: full, as an unthrottled bucket is
+            filled = self._load(OFF_META_TAKEN) + burst_ops
+        supplied = math.inf if rate == 0.0 else rate
+        self._write(now, int(min(filled, 2.0**62)), supplied, burst_ops, self._meta)
+
+    def _write(
+        self, t0: int, filled0: int, rate: float, burst: int, supply: _Supply | None = None
+    ) -> None:
+        supply = supply or self._supply
         if self._lib is not None:
-            self._lib.burstctl_page_publish(self.address, t0, filled0, rate, burst)
+            self._lib.burstctl_page_publish(self.address, supply.at, t0, filled0, rate, burst)
             return
-        seq = self._seq.value
-        self._seq.value = seq + 1  # odd: being written
-        self._t0.value = t0
-        self._filled0.value = filled0
-        self._rate.value = rate
-        self._burst.value = burst
-        self._seq.value = seq + 2
+        seq = supply.seq.value
+        supply.seq.value = seq + 1  # odd: being written
+        supply.t0.value = t0
+        supply.filled0.value = filled0
+        supply.rate.value = rate
+        supply.burst.value = burst
+        supply.seq.value = seq + 2
 
     @property
     def rate(self) -> float:
-        return self._rate.value
+        return self._supply.rate.value
 
     @property
     def burst(self) -> int:
-        return self._burst.value
+        return self._supply.burst.value
+
+    @property
+    def metadata_rate(self) -> float:
+        """The metadata operations per second in force (0: unpaced)."""
+        rate = self._meta.rate.value
+        return 0.0 if rate == math.inf else rate
 
     # ------------------------------------------------------------------ liveness and counters
 
@@ -392,6 +457,7 @@ class JobPage:
                 wait_ns=load(addr, OFF_WAIT_NS),
                 waits=load(addr, OFF_WAITS),
                 wait_beat_ns=load(addr, OFF_WAIT_BEAT),
+                calls_meta=load(addr, OFF_CALLS_META),
             )
         v = self._i64
         return Counters(
@@ -406,6 +472,7 @@ class JobPage:
             wait_ns=v[OFF_WAIT_NS].value,
             waits=v[OFF_WAITS].value,
             wait_beat_ns=v[OFF_WAIT_BEAT].value,
+            calls_meta=v[OFF_CALLS_META].value,
         )
 
     # ------------------------------------------------------------------ the space
@@ -444,7 +511,7 @@ class JobPage:
     def close(self) -> None:
         """Marks the page closed and releases the agent's handles (mapped copies live on)."""
         self.mark_closed()
-        del self._seq, self._t0, self._filled0, self._rate, self._burst, self._heartbeat
+        del self._supply, self._meta, self._heartbeat
         del self._flags, self._i64, self._base
         self._map.close()
         os.close(self.fd)

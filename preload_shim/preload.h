@@ -1,7 +1,8 @@
 /*
  * burstctl's LD_PRELOAD library: paces an application's reads and writes on files under the
- * burst-buffer paths (BURSTCTL_PRELOAD_PATHS) from inside the process, by drawing tokens from
- * its job's shared pacing page, which the node agent hands it over a Unix socket.
+ * burst-buffer paths (BURSTCTL_PRELOAD_PATHS), and its metadata calls on paths under them,
+ * from inside the process, by drawing tokens from its job's shared pacing page, which the node
+ * agent hands it over a Unix socket.
  *
  * The page layout and the protocol are the contract of preload_shim/page.py (its docstring);
  * what is caught and what is not: docs/preload.md, "What the library catches".
@@ -14,7 +15,9 @@
  *  - io.c:      pacing a call; the read and write family;
  *  - open.c:    the open, close, dup, fcntl and chdir family;
  *  - stdio.c:   the stdio family;
- *  - stage.c:   telling the agent's stage-out of opens and closes, evicted files.
+ *  - stage.c:   telling the agent's stage-out of opens and closes, evicted files;
+ *  - meta.c:    the metadata calls (unlink, rename, mkdir, rmdir, the stat family, opendir)
+ *               and pacing a metadata call (an open's too).
  * This private header is what they share. Every part includes it first, so that all see the
  * same feature macros; what it declares is hidden: only the functions a part marks EXPORT
  * leave the library.
@@ -137,7 +140,29 @@
     X(int, fclose, (FILE *), NULL)                                                              \
     X(int, fflush, (FILE *), NULL)                                                              \
     X(int, chdir, (const char *), NULL)                                                         \
-    X(int, fchdir, (int), NULL)
+    X(int, fchdir, (int), NULL)                                                                 \
+    X(int, unlink, (const char *), NULL)                                                        \
+    X(int, unlinkat, (int, const char *, int), NULL)                                            \
+    X(int, rename, (const char *, const char *), NULL)                                          \
+    X(int, renameat, (int, const char *, int, const char *), NULL)                              \
+    X(int, renameat2, (int, const char *, int, const char *, unsigned int), NULL)               \
+    X(int, mkdir, (const char *, mode_t), NULL)                                                 \
+    X(int, mkdirat, (int, const char *, mode_t), NULL)                                          \
+    X(int, rmdir, (const char *), NULL)                                                         \
+    X(int, stat, (const char *, struct stat *), NULL)                                           \
+    X(int, stat64, (const char *, struct stat64 *), "stat")                                     \
+    X(int, lstat, (const char *, struct stat *), NULL)                                          \
+    X(int, lstat64, (const char *, struct stat64 *), "lstat")                                   \
+    X(int, fstatat, (int, const char *, struct stat *, int), NULL)                              \
+    X(int, fstatat64, (int, const char *, struct stat64 *, int), "fstatat")                     \
+    X(int, statx, (int, const char *, int, unsigned int, struct statx *), NULL)                 \
+    X(int, __xstat, (int, const char *, struct stat *), NULL)                                   \
+    X(int, __xstat64, (int, const char *, struct stat64 *), "__xstat")                          \
+    X(int, __lxstat, (int, const char *, struct stat *), NULL)                                  \
+    X(int, __lxstat64, (int, const char *, struct stat64 *), "__lxstat")                        \
+    X(int, __fxstatat, (int, int, const char *, struct stat *, int), NULL)                      \
+    X(int, __fxstatat64, (int, int, const char *, struct stat64 *, int), "__fxstatat")          \
+    X(DIR *, opendir, (const char *), NULL)
 
 #define DECLARE_REAL(ret, name, args, fallback) extern ret(*real_##name) args;
 REAL_FUNCTIONS(DECLARE_REAL)
@@ -171,7 +196,7 @@ void *resolve(const char *name, const char *fallback);
 
 #define PAGE_BYTES 4096
 #define PAGE_MAGIC 0x31504342u /* "BCP1" */
-#define PAGE_VERSION 3u
+#define PAGE_VERSION 4u
 #define FLAG_CLOSED 1u
 #define FLAG_STAGE 2u
 
@@ -201,6 +226,9 @@ void *resolve(const char *name, const char *fallback);
 #define OFF_SPACE_WANT 280
 #define OFF_WRITING 288
 #define OFF_HOLD 296
+#define OFF_META_SEQ 320
+#define OFF_META_TAKEN 360
+#define OFF_CALLS_META 368
 #define SPACE_UNLIMITED INT64_MAX
 
 #define I64(p, off) ((int64_t *)((char *)(p) + (off)))
@@ -214,8 +242,18 @@ static inline int64_t mono_ns(void) {
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-int reserve_and_wait(void *page, int64_t n, int *eventfd, int64_t dead_after_ns,
-                     const char **why, int64_t *drawn);
+/* A token supply of the page and what draws from it (page.c): the offsets of its seqlock word
+ * (its t0, filled0, rate and burst follow) and of its `taken`, and whether its waiters count
+ * on the page (the bytes': they tell the agent the job waits for bandwidth). */
+struct lane {
+    int seq;
+    int taken;
+    int waiters;
+};
+extern const struct lane LANE_BYTES, LANE_META;
+
+int reserve_and_wait(void *page, const struct lane *lane, int64_t n, int *eventfd,
+                     int64_t dead_after_ns, const char **why, int64_t *drawn);
 int page_alive(void *page, int64_t now, int64_t dead_after_ns, const char **why);
 int claim_space(void *page, int64_t n, int *eventfd, int64_t dead_after_ns, const char **why,
                 int64_t *claimed);
@@ -248,7 +286,8 @@ void init_once(void);
 void refresh_cwd(void);
 void set_state(int fd, int st);
 int resolve_unknown(int fd);
-int after_open(int dirfd, const char *path, int fd, int flags);
+int path_state(int dirfd, const char *path, char *norm, size_t cap);
+int after_open(int fd, int flags, int st, const char *norm);
 
 static inline void ensure_init(void) {
     if (UNLIKELY(!__atomic_load_n(&g_ready, __ATOMIC_ACQUIRE))) {
@@ -292,6 +331,7 @@ void own_fd_lost(int fd);
 int agent_conn(void);
 ssize_t recv_message(int s, char *buf, size_t cap, int *fds, int max, int *nfds, int *truncated);
 void maybe_attach(void);
+struct attachment *live_attachment(void);
 void mark_dead(struct attachment *att, const char *why);
 
 /* ------------------------------------------------------------------ io.c: pacing a call */
@@ -332,6 +372,18 @@ void stage_closing(int fd);
 int stage_take_told(int fd);
 void stage_tell_close(int fd);
 int stage_open_flags(const char *mode);
+
+/* ------------------------------------------------------------------ meta.c: metadata calls */
+
+void pace_metadata(void);
+
+/* Paces a metadata call on `path` (relative to `dirfd`) when it lies under the burst-buffer
+ * paths: lexically, in this process, so that a call elsewhere costs no agent and no wait. */
+static inline void pace_metadata_at(int dirfd, const char *path) {
+    char norm[PATH_MAX];
+    if (path_state(dirfd, path, norm, sizeof norm) == ST_PACED)
+        pace_metadata();
+}
 
 #pragma GCC visibility pop
 

@@ -60,15 +60,24 @@ EXPORT size_t __fread_unlocked_chk(void *ptr, size_t ptrlen, size_t size, size_t
                real___fread_unlocked_chk(ptr, ptrlen, size, nmemb, stream));
 }
 
+/* The state of the path a stream is about to open (`path_state`); a paced one is one
+ * metadata call, paced now (meta.c). */
+static int before_fopen(const char *path, char *norm) {
+    int st = path_state(AT_FDCWD, path, norm, PATH_MAX);
+    if (st == ST_PACED)
+        pace_metadata();
+    return st;
+}
+
 /* The stream, or NULL (errno EIO) when the agent could not bring back the evicted file it
- * opened for writing (stage.c): then it is closed. */
-static FILE *after_fopen(const char *path, const char *mode, FILE *f) {
+ * opened for writing (stage.c): then it is closed. `st` and `norm`: from `before_fopen`. */
+static FILE *after_fopen(int st, const char *norm, const char *mode, FILE *f) {
     if (!f)
         return f;
     SAVE_ERRNO();
     int fd = fileno_unlocked(f);
     RESTORE_ERRNO();
-    if (after_open(AT_FDCWD, path, fd, stage_open_flags(mode)) == 0)
+    if (after_open(fd, stage_open_flags(mode), st, norm) == 0)
         return f;
     set_state(fd, ST_UNKNOWN);
     real_fclose(f);
@@ -82,8 +91,12 @@ static FILE *after_fopen(const char *path, const char *mode, FILE *f) {
         if (t_in_lib)                                                                           \
             return call;                                                                        \
         ensure_init();                                                                          \
+        if (!g_enabled)                                                                         \
+            return call;                                                                        \
+        char norm_[PATH_MAX];                                                                   \
+        int st_ = before_fopen(path, norm_);                                                    \
         FILE *f_ = call;                                                                        \
-        return g_enabled ? after_fopen(path, mode, f_) : f_;                                    \
+        return after_fopen(st_, norm_, mode, f_);                                               \
     } while (0)
 
 EXPORT FILE *fopen(const char *path, const char *mode) {
@@ -121,10 +134,13 @@ static int stream_fd_reset(FILE *stream) {
         ensure_init();                                                                          \
         if (!g_enabled)                                                                         \
             return call;                                                                        \
-        if (path) /* a new file; a NULL path keeps the file and changes the mode */             \
-            stream_fd_reset(stream);                                                            \
+        if (!path) /* a NULL path keeps the file and changes the mode */                        \
+            return call;                                                                        \
+        stream_fd_reset(stream); /* a new file */                                               \
+        char norm_[PATH_MAX];                                                                   \
+        int st_ = before_fopen(path, norm_);                                                    \
         FILE *f_ = call;                                                                        \
-        return path ? after_fopen(path, mode, f_) : f_;                                         \
+        return after_fopen(st_, norm_, mode, f_);                                               \
     } while (0)
 
 EXPORT FILE *freopen(const char *path, const char *mode, FILE *stream) {

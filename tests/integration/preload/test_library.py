@@ -147,6 +147,10 @@ def test_library_is_built_with_only_its_interface_exported() -> None:
         "sendfile64", "fopen", "fopen64", "fdopen", "freopen", "freopen64", "fread", "fwrite",
         "fread_unlocked", "fwrite_unlocked", "__fread_chk", "__fread_unlocked_chk", "fclose",
         "fflush", "chdir", "fchdir", "closedir", "close_range", "closefrom",
+        # metadata calls (meta.c)
+        "unlink", "unlinkat", "rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir",
+        "stat", "stat64", "lstat", "lstat64", "fstatat", "fstatat64", "statx", "__xstat",
+        "__xstat64", "__lxstat", "__lxstat64", "__fxstatat", "__fxstatat64", "opendir",
     }
     # fmt: on
     helpers = {name for name in exported if name.startswith("burstctl_page_")}
@@ -610,7 +614,7 @@ def test_reserve_and_wait_through_the_exported_helpers() -> None:
         results: list[int] = []
         waiter = threading.Thread(
             target=lambda: results.append(
-                lib.burstctl_page_reserve_and_wait(page.address, 1000, page.eventfd)
+                lib.burstctl_page_reserve_and_wait(page.address, 1000, page.eventfd, 0)
             )
         )
         waiter.start()
@@ -633,9 +637,9 @@ def test_reserve_and_wait_through_the_exported_helpers() -> None:
         # A stale heartbeat and a closed page both end a draw at once (1: stop pacing).
         page.publish(0.0, 0)
         page.beat(monotonic_ns() - 60 * 10**9)
-        assert lib.burstctl_page_reserve_and_wait(page.address, 10, page.eventfd) == 1
+        assert lib.burstctl_page_reserve_and_wait(page.address, 10, page.eventfd, 0) == 1
         page.beat()
         page.mark_closed()
-        assert lib.burstctl_page_reserve_and_wait(page.address, 10, page.eventfd) == 1
+        assert lib.burstctl_page_reserve_and_wait(page.address, 10, page.eventfd, 0) == 1
     finally:
         page.close()
