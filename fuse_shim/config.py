@@ -207,7 +207,8 @@ class MountConfig:
         default=0,
         metadata=spelled(
             ("--metadata-cost",),
-            "Bytes each metadata operation (stat, open, mkdir, ...) acquires; 0 = not paced.",
+            "Bytes each metadata operation (stat, open, mkdir, ...) acquires besides its one"
+            " operation of its job's metadata limit; 0 = no bytes.",
             kind="size",
             metavar="SIZE",
         ),

@@ -161,8 +161,8 @@ class AgentConfig:
             return self.stage_out
         return self.stage_out / os.path.basename(os.path.normpath(path))
 
-    # What the pacer also reads (`burstctl.node.sessions.PacingConfig`): the agent paces
-    # no metadata.
+    # What the pacer also reads (`burstctl.node.sessions.PacingConfig`): the library's
+    # metadata calls draw no bytes (they are paced on the page's metadata supply).
     @property
     def metadata_cost(self) -> int:
         return 0
