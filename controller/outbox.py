@@ -143,9 +143,7 @@ class StreamOutbox:
         if limit == self._space:
             return
         self._space = limit
-        if self._allocation is None and self._last is not None:
-            self._allocation = self._last
-        self._notify()
+        self._resend()
 
     def offer_advice(self, addresses: tuple[str, ...]) -> None:
         """Sets the advised replicas every allocation carries from now on; a change reaches
@@ -153,9 +151,7 @@ class StreamOutbox:
         if addresses == self._advice:
             return
         self._advice = addresses
-        if self._allocation is None and self._last is not None:
-            self._allocation = self._last
-        self._notify()
+        self._resend()
 
     def offer_metadata(self, rate: float) -> None:
         """Sets the metadata rate every allocation carries from now on (ops/s, 0: unpaced;
@@ -165,6 +161,11 @@ class StreamOutbox:
         if rate == self._metadata:
             return
         self._metadata = rate
+        self._resend()
+
+    def _resend(self) -> None:
+        """Something every allocation carries changed: the allocation in force goes again
+        (its epoch unchanged), unless a newer one waits to be written and carries it."""
         if self._allocation is None and self._last is not None:
             self._allocation = self._last
         self._notify()

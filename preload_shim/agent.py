@@ -160,24 +160,21 @@ class Agent:
         key = (job.job_id, job.user)
 
         def observe(rate: float, burst: float, pattern: Pattern | None) -> None:
-            loop = self._loop
-            if loop is not None:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: the agent stops
-                    loop.call_soon_threadsafe(self._apply_bucket, key, job, (rate, burst, pattern))
+            self._on_loop(self._apply_bucket, key, job, (rate, burst, pattern))
 
         return observe
 
     def _metadata_observer_for(self, job: JobInfo) -> Callable[[float], None]:
         """The metadata rate observer of the job's session: hands each rate to the loop."""
         key = (job.job_id, job.user)
+        return lambda rate: self._on_loop(self._apply_metadata, key, job, rate)
 
-        def observe(rate: float) -> None:
-            loop = self._loop
-            if loop is not None:
-                with contextlib.suppress(RuntimeError):  # the loop is closed: the agent stops
-                    loop.call_soon_threadsafe(self._apply_metadata, key, job, rate)
-
-        return observe
+    def _on_loop(self, callback: Callable[..., None], *args: Any) -> None:
+        """Runs ``callback(*args)`` on the agent's loop (from a session's loop thread)."""
+        loop = self._loop
+        if loop is not None:
+            with contextlib.suppress(RuntimeError):  # the loop is closed: the agent stops
+                loop.call_soon_threadsafe(callback, *args)
 
     def _apply_metadata(self, key: Key, job: JobInfo, rate: float) -> None:
         if self._stopping:

@@ -15,6 +15,12 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+from support import async_wait_until
+
+if TYPE_CHECKING:
+    from burstctl.controller.app import Replica
 
 LOOP = r"""
 import os, sys, time
@@ -72,6 +78,18 @@ class MetadataLoop:
         for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 stream.close()
+
+
+async def limit_job(replica: Replica, job_id: str, limit: float) -> None:
+    """Sets the job's metadata limit on the in-process ``replica`` once the job has a
+    session there (`MetadataQos.set_limit`)."""
+    jobs = replica.table.jobs
+    await async_wait_until(
+        lambda: job_id in jobs and bool(jobs[job_id].sessions),
+        10,
+        message=f"job {job_id} to have its session",
+    )
+    assert replica.metadata_qos.set_limit(job_id, limit)
 
 
 def ops_rate(times: Sequence[float], skip: float = 1.0) -> tuple[float, float]:

@@ -13,8 +13,8 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from support import MountProcess, async_wait_until, clean_env
-from support.metadata_loop import MetadataLoop, ops_rate
+from support import MountProcess, clean_env
+from support.metadata_loop import MetadataLoop, limit_job, ops_rate
 
 from burstctl.controller.app import Replica
 
@@ -41,12 +41,7 @@ async def test_a_jobs_metadata_limit_paces_its_storm_and_not_another_jobs(
     try:
         await asyncio.to_thread(paced.ready)
         await asyncio.to_thread(free.ready)
-        await async_wait_until(
-            lambda: "storm" in replica.table.jobs and bool(replica.table.jobs["storm"].sessions),
-            10,
-            message="the storm's job to have its session",
-        )
-        assert replica.metadata_qos.set_limit("storm", LIMIT)
+        await limit_job(replica, "storm", LIMIT)
         paced.go(SECONDS)
         free.go(SECONDS)
         paced_times, free_times = await asyncio.gather(

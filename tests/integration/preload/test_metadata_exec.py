@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from agent_process import CLEAN, AgentProcess
 from support import async_wait_until
-from support.metadata_loop import MetadataLoop, ops_rate
+from support.metadata_loop import MetadataLoop, limit_job, ops_rate
 
 from burstctl.controller.app import Replica
 
@@ -52,12 +52,7 @@ async def test_a_jobs_metadata_limit_paces_its_storm_under_exec_and_not_another_
     try:
         for loop in (paced, free, outside):
             await asyncio.to_thread(loop.ready)
-        await async_wait_until(
-            lambda: "storm" in replica.table.jobs and bool(replica.table.jobs["storm"].sessions),
-            10,
-            message="the storm's job to have its session",
-        )
-        assert replica.metadata_qos.set_limit("storm", LIMIT)
+        await limit_job(replica, "storm", LIMIT)
         await async_wait_until(
             lambda: (agent.job("storm") or {}).get("metadata_rate") == LIMIT,
             10,

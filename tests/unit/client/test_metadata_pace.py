@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import threading
 import time
+from typing import Any
 
 import pytest
 from support import wait_until
@@ -52,25 +53,29 @@ def test_a_bad_rate_is_ignored_and_the_last_one_kept() -> None:
         assert pace.rate == 20.0
 
 
-def test_a_fired_cancellation_ends_the_wait() -> None:
-    pace = MetadataPace()
+def waiting_storm(pace: MetadataPace, cancellation: Cancellation) -> tuple[list[Exception], Any]:
+    """Three operations at 0.5 ops/s in a thread under ``cancellation``, once the second
+    waits: (what they raised, the thread)."""
     pace.set_rate(0.5)  # one operation per 2 s, burst 1
-    cancellation = Cancellation()
-    outcome: list[BaseException | None] = []
+    outcome: list[Exception] = []
 
     def run() -> None:
         with cancellation:
             try:
                 for _ in range(3):
                     pace.acquire()
-            except BaseException as err:  # checked below
+            except Exception as err:  # checked by the caller
                 outcome.append(err)
-                return
-        outcome.append(None)
 
     thread = threading.Thread(target=run, daemon=True)
     thread.start()
     wait_until(lambda: pace.waiting, message="an operation to wait")
+    return outcome, thread
+
+
+def test_a_fired_cancellation_ends_the_wait() -> None:
+    pace, cancellation = MetadataPace(), Cancellation()
+    outcome, thread = waiting_storm(pace, cancellation)
     cancellation.fire()
     thread.join(5)
     assert isinstance(outcome[0], Interrupted) and outcome[0].errno == errno.EINTR
@@ -79,19 +84,7 @@ def test_a_fired_cancellation_ends_the_wait() -> None:
 
 def test_closing_lets_the_waiters_go() -> None:
     pace = MetadataPace()
-    pace.set_rate(0.5)
-    outcome: list[BaseException | None] = []
-
-    def run() -> None:
-        try:
-            for _ in range(3):
-                pace.acquire()
-        except RuntimeError as err:
-            outcome.append(err)
-
-    thread = threading.Thread(target=run, daemon=True)
-    thread.start()
-    wait_until(lambda: pace.waiting, message="an operation to wait")
+    outcome, thread = waiting_storm(pace, Cancellation())
     pace.close()
     thread.join(5)
-    assert len(outcome) == 1
+    assert len(outcome) == 1 and isinstance(outcome[0], RuntimeError)
