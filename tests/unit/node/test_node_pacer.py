@@ -189,6 +189,18 @@ def test_metadata_is_one_operation_of_the_job_and_its_cost_in_bytes() -> None:
     assert a.events == [("acquire", 512, "metadata")]
 
 
+def test_a_users_default_job_opens_no_session_for_its_metadata_alone() -> None:
+    rig = Rig()
+    stray = Caller(300, 5000, 5000)  # names no job: its user's default job
+    rig.pacer.metadata(stray)
+    assert rig.sessions == []
+    rig.pacer.data(stray, "read", 10)  # its I/O opens the session ...
+    rig.pacer.metadata(stray)  # ... which then paces its metadata too
+    (session,) = rig.sessions
+    assert session.job.job_id.startswith("user:")
+    assert session.events == [("acquire", 10, "read"), ("acquire", 0, "metadata")]
+
+
 def test_an_idle_session_is_closed_and_a_new_request_opens_another() -> None:
     rig = Rig(session_idle=1.0)
     rig.pacer.opened(A, 10)
