@@ -25,7 +25,7 @@ from burstctl.controller.config import ControllerConfig, split_host_port
 from burstctl.controller.ghosts import Ghosts, InForce
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.ledger import Ledger
-from burstctl.controller.metadata_qos import MetadataQos
+from burstctl.controller.metadata_qos import MetadataQos, rules_limit
 from burstctl.controller.metrics import LatencyHistogram, Metrics
 from burstctl.controller.peers import PeerServicer, PeerSync
 from burstctl.controller.placement import AdviceFeed, PlacementInputs
@@ -137,9 +137,9 @@ class Replica:
             ghosts=self.ghosts,
             rules=self.rules,
         )
-        # Metadata QoS: a job's metadata_limit shared by its sessions here (whoever sets a
-        # limit calls metadata_qos.job_changed).
-        self.metadata_qos = MetadataQos(self.table)
+        # Metadata QoS: the metadata_ops of a job's rule, shared by its sessions here.
+        self.metadata_qos = MetadataQos(self.table, rules_limit(self.rules))
+        self.rules.changed.connect(self.metadata_qos.rules_changed)
         self.servicer = ControllerServicer(
             self.table,
             max_op_volume=config.max_op_volume,

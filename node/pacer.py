@@ -9,8 +9,9 @@ and its open files (the mount's open files; the agent's attached processes).
   session before it touches the backing file (`Pacer.data`), every metadata operation one
   operation of the job's metadata limit and ``metadata_cost`` bytes of kind ``metadata``
   (`Pacer.metadata`; at the default cost of 0 no bytes and no I/O phase, and none for a
-  user's default job without a session, docs/fuse.md, "Metadata operations"). The node agent's processes pace themselves on a shared page
-  (docs/preload.md); the agent books what they moved (`Pacer.admit`, `record`, `waiting`).
+  user's default job without a session, docs/fuse.md, "Metadata operations"). The node
+  agent's processes pace themselves on a shared page (docs/preload.md); the agent books what
+  they moved (`Pacer.admit`, `record`, `waiting`).
 - I/O phases are the session's implicit operations: the first paced request after a quiet gap
   posts one (volume unknown), and the session completes it after ``quiet_gap`` seconds without
   a request. The pacer adds one rule: a job's last close ends its phase at once
@@ -257,9 +258,8 @@ class Pacer:
             report_gauges(session, gauges)
 
     def metadata(self, caller: Caller) -> None:
-        """Paces one metadata operation: the job's metadata limit, and its cost in bytes. At
-        a cost of 0 a caller's own default job opens no session for it (a stray ``ls`` is no
-        job's I/O): its metadata is paced once its I/O opened one."""
+        """Paces one metadata operation: the job's metadata limit, its cost in bytes. At
+        a cost of 0 a default job opens no session for it (module docstring)."""
         if not self._config.metadata_cost:
             job = self.attributor.job_for(caller)
             if job.job_id == f"user:{job.user}" and self.session_of(job) is None:

@@ -17,7 +17,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from support import async_wait_until
+import httpx
 
 if TYPE_CHECKING:
     from burstctl.controller.app import Replica
@@ -80,16 +80,16 @@ class MetadataLoop:
                 stream.close()
 
 
-async def limit_job(replica: Replica, job_id: str, limit: float) -> None:
-    """Sets the job's metadata limit on the in-process ``replica`` once the job has a
-    session there (`MetadataQos.set_limit`)."""
-    jobs = replica.table.jobs
-    await async_wait_until(
-        lambda: job_id in jobs and bool(jobs[job_id].sessions),
-        10,
-        message=f"job {job_id} to have its session",
-    )
-    assert replica.metadata_qos.set_limit(job_id, limit)
+async def limit_job(replica: Replica, job_id: str, ops: float) -> None:
+    """Adds the operator's rule ``{"match": {"job": job_id}, "metadata_ops": ops}`` to
+    ``replica`` (``POST /v1/rules``, with its admin token)."""
+    token = (replica.config.state_dir / "admin-token").read_text().strip()
+    rule = {"name": f"meta-{job_id}", "match": {"job": job_id}, "metadata_ops": ops}
+    async with httpx.AsyncClient(
+        base_url=replica.http_url, headers={"Authorization": f"Bearer {token}"}
+    ) as http:
+        answer = await http.post("/v1/rules", json=rule)
+        assert answer.status_code == 201, answer.text
 
 
 def ops_rate(times: Sequence[float], skip: float = 1.0) -> tuple[float, float]:

@@ -1,8 +1,8 @@
 """Metadata QoS through a real mount: a job's metadata limit paces its creates and removals
 (docs/fuse.md, "Metadata operations"), another job's metadata goes unpaced.
 
-The real controller runs in this test's loop; the job's limit is set on its `JobState` in
-process (`MetadataQos.set_limit`) once its first metadata call opened its session. Two storms
+The real controller runs in this test's loop; once both jobs' sessions are open, an
+operator's rule (``POST /v1/rules``, ``metadata_ops``) limits one of them. Two storms
 (tests/support/metadata_loop.py) run at once, one per job, each timing its own operations.
 """
 

@@ -3,8 +3,8 @@ removals of a program run by ``burstctl exec`` on files under the agent's paths;
 job's storm, and calls outside the paths, go unpaced (docs/preload.md, "Metadata calls").
 
 The real controller runs in this test's loop, a real ``burstctl agent`` and the real library
-in child processes; the job's limit is set on its `JobState` in process
-(`MetadataQos.set_limit`) once the storm's first call attached it.
+in child processes; once the storms' first calls attached them, an operator's rule
+(``POST /v1/rules``, ``metadata_ops``) limits one job.
 """
 
 from __future__ import annotations

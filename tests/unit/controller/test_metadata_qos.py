@@ -4,10 +4,6 @@ copy of the allocation in force, re-shared as sessions open and close."""
 
 from __future__ import annotations
 
-import math
-
-import pytest
-
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.metadata_qos import MetadataQos, session_share
 from burstctl.controller.outbox import StreamOutbox
@@ -36,18 +32,20 @@ async def test_a_change_of_metadata_rate_is_a_copy_of_the_allocation_in_force() 
 
 async def test_each_live_session_gets_an_equal_share_and_the_shares_follow_the_sessions() -> None:
     table = JobTable(lambda: 0.0, heartbeat_timeout=1.0, job_retention=1.0, demand_headroom=1.1)
-    qos = MetadataQos(table)
+    limits: dict[str, float] = {}
+    qos = MetadataQos(table, lambda job_id: limits.get(job_id, 0.0))
     boxes = [StreamOutbox("r1") for _ in range(3)]
     first = table.open_session(meta("j"), "c1", "h", outbox=boxes[0])
     other = table.open_session(meta("k"), "c3", "h", outbox=boxes[2])
     for box in boxes[::2]:
         box.offer(1e6, 1e5, 1, 2.0, "fair-share")
         assert box.take() is not None
-    assert qos.set_limit("j", 200.0)
-    assert not qos.set_limit("nobody", 10.0)
+    limits["j"] = 200.0
+    qos.rules_changed()
     in_force = boxes[0].take()
     assert in_force is not None and in_force.allocation.metadata_rate == 200.0
     assert boxes[2].take() is None  # another job: untouched
+    assert first.job.metadata_limit == 200.0 and other.job.metadata_limit == 0.0
 
     second = table.open_session(meta("j"), "c2", "h", outbox=boxes[1])
     qos.job_changed("j")  # what the servicer calls as a session opens
@@ -59,7 +57,8 @@ async def test_each_live_session_gets_an_equal_share_and_the_shares_follow_the_s
     qos.job_changed("j")
     again = boxes[0].take()
     assert again is not None and again.allocation.metadata_rate == 200.0
-    assert session_share(table.jobs["k"]) == 0.0 and other.job.metadata_limit == 0.0
-    assert first.job.metadata_limit == 200.0
-    with pytest.raises(ValueError):
-        qos.set_limit("j", math.nan)
+    assert session_share(table.jobs["k"]) == 0.0
+    limits.pop("j")  # the rule removed: unpaced
+    qos.rules_changed()
+    lifted = boxes[0].take()
+    assert lifted is not None and lifted.allocation.metadata_rate == 0.0
