@@ -167,8 +167,6 @@ class SessionCore:
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
         if kind_value == pb.OP_KIND_METADATA:
             self._metadata.acquire()
-            if self._counted_alone(nbytes, kind_value):
-                return
         self._begin_acquire(kind_value)
         try:
             self._throttle.acquire(nbytes, kind_value)
@@ -179,8 +177,6 @@ class SessionCore:
         kind_value, nbytes = op_kind(kind), check_nbytes(nbytes)
         if kind_value == pb.OP_KIND_METADATA:
             await self._metadata.acquire_async()
-            if self._counted_alone(nbytes, kind_value):
-                return
         self._begin_acquire(kind_value)
         try:
             await self._throttle.acquire_async(nbytes, kind_value)
@@ -199,10 +195,16 @@ class SessionCore:
         finally:
             self._end_acquire()
 
+    def acquire_metadata(self) -> None:
+        """One metadata operation outside any I/O phase (a shim's stat, create, unlink):
+        waits for the metadata bucket, and is counted; it draws no bytes and opens no phase
+        (a job that only stats is no job in I/O for the policies)."""
+        self._metadata.acquire()
+        self._counted_alone(0, pb.OP_KIND_METADATA)
+
     def _counted_alone(self, nbytes: int, kind: pb.OpKind, calls: int = 1) -> bool:
-        """A metadata operation that moves no bytes is counted (the usage's metadata_ops),
-        and nothing more: it draws nothing from the bytes bucket and opens no I/O phase (a
-        job that only stats is no job in I/O for the policies). True when it was."""
+        """Metadata operations that move no bytes, booked outside any phase: counted (the
+        usage's metadata_ops), and nothing more. True when they were."""
         if nbytes or kind != pb.OP_KIND_METADATA:
             return False
         self._throttle.count(0, kind, calls)

@@ -276,6 +276,12 @@ class _SessionBase:
             elif share:
                 core.record(share, kind)
 
+    def acquire_metadata(self) -> None:
+        """Blocks until one more metadata operation is allowed (``Allocation.metadata_rate``;
+        at once without one) and counts it, outside any I/O phase: no bytes, no implicit
+        operation (the shims' metadata requests). Thread-safe."""
+        self._core.acquire_metadata()
+
     def hold_waiting(self, waiting: bool) -> None:
         """The job's I/O is (True) or is no longer (False) waiting for tokens elsewhere: it
         counts as one waiter of the session (the controller is told the job waits, once per
@@ -312,9 +318,10 @@ class Session(_SessionBase):
     the session held (it must return quickly). ``metadata_observer``: called with the new
     metadata rate (ops/s, 0 = unpaced) whenever it changes, on the same thread.
 
-    ``acquire(0, "metadata")`` is one metadata operation: it waits for the session's metadata
-    bucket when the controller gave it a rate (`Allocation.metadata_rate`), is counted, and
-    draws no bytes nor opens an I/O phase (docs/client.md, "Metadata operations").
+    ``acquire(n, "metadata")`` (`throttled_open`'s open) and `acquire_metadata` (a shim's
+    metadata request, outside any I/O phase) are one metadata operation each: they wait for
+    the session's metadata bucket when the controller gave it a rate
+    (`Allocation.metadata_rate`; docs/client.md, "Metadata operations").
 
     ``runtime``: the `ClientRuntime` to run on, shared with other sessions (its loop thread
     and its channel to ``target``); closing the session leaves it open. Without one the session

@@ -6,12 +6,10 @@ For each job that does I/O through a shim, a `Pacer` keeps a `PacedJob`: its cli
 and its open files (the mount's open files; the agent's attached processes).
 
 - The mount paces each request itself: every read and write acquires its bytes from the job's
-  session before it touches the backing file (`Pacer.data`), every metadata operation one
-  operation of the job's metadata limit and ``metadata_cost`` bytes of kind ``metadata``
-  (`Pacer.metadata`; at the default cost of 0 no bytes and no I/O phase, and none for a
-  user's default job without a session, docs/fuse.md, "Metadata operations"). The node
-  agent's processes pace themselves on a shared page (docs/preload.md); the agent books what
-  they moved (`Pacer.admit`, `record`, `waiting`).
+  session before it touches the backing file (`Pacer.data`), every metadata operation its
+  job's metadata limit and ``metadata_cost`` bytes (`Pacer.metadata`; docs/fuse.md, "Metadata
+  operations"). The node agent's processes pace themselves on a shared page (docs/preload.md);
+  the agent books what they moved (`Pacer.admit`, `record`, `waiting`).
 - I/O phases are the session's implicit operations: the first paced request after a quiet gap
   posts one (volume unknown), and the session completes it after ``quiet_gap`` seconds without
   a request. The pacer adds one rule: a job's last close ends its phase at once
@@ -258,13 +256,12 @@ class Pacer:
             report_gauges(session, gauges)
 
     def metadata(self, caller: Caller) -> None:
-        """Paces one metadata operation: the job's metadata limit, its cost in bytes. At
-        a cost of 0 a default job opens no session for it (module docstring)."""
-        if not self._config.metadata_cost:
-            job = self.attributor.job_for(caller)
-            if job.job_id == f"user:{job.user}" and self.session_of(job) is None:
-                return
-        self._pace(caller, "metadata", self._config.metadata_cost)
+        """Paces one metadata operation (at a cost of 0: no phase; for a user's default job
+        only on a session its I/O opened, a stray ``ls`` being no job's I/O)."""
+        cost = self._config.metadata_cost
+        job = None if cost else self.attributor.job_for(caller)
+        if job is None or job.job_id != f"user:{job.user}" or self.session_of(job) is not None:
+            self._pace(caller, "metadata", cost)
 
     def opened(self, caller: Caller, fh: int) -> None:
         """Records that ``caller``'s job opened the backing file handle ``fh``."""
@@ -305,7 +302,10 @@ class Pacer:
         try:
             if session is None:
                 return None  # closed under us while attaching: let the I/O go
-            session.acquire(nbytes, kind)
+            if kind != "metadata" or nbytes:
+                session.acquire(nbytes, kind)
+            else:  # no bytes: no phase either
+                session.acquire_metadata()
             if space:
                 acquire_space = getattr(session, "acquire_space", None)
                 if acquire_space is not None:

@@ -45,6 +45,11 @@ class FakeSession:
             if self.closed:
                 raise RuntimeError("session is closed")
 
+    def acquire_metadata(self) -> None:
+        if self.closed:
+            raise RuntimeError("session is closed")
+        self.events.append(("acquire_metadata",))
+
     def record(self, nbytes: int, kind: str = "write", calls: int = 1) -> None:
         if self.closed:
             raise RuntimeError("session is closed")
@@ -182,7 +187,7 @@ def test_metadata_is_one_operation_of_the_job_and_its_cost_in_bytes() -> None:
     rig = Rig()
     rig.pacer.metadata(A)
     (a,) = rig.of("a")
-    assert a.events == [("acquire", 0, "metadata")]
+    assert a.events == [("acquire_metadata",)]
     rig = Rig(metadata_cost=512)
     rig.pacer.metadata(A)
     (a,) = rig.of("a")
@@ -198,7 +203,7 @@ def test_a_users_default_job_opens_no_session_for_its_metadata_alone() -> None:
     rig.pacer.metadata(stray)  # ... which then paces its metadata too
     (session,) = rig.sessions
     assert session.job.job_id.startswith("user:")
-    assert session.events == [("acquire", 10, "read"), ("acquire", 0, "metadata")]
+    assert session.events == [("acquire", 10, "read"), ("acquire_metadata",)]
 
 
 def test_an_idle_session_is_closed_and_a_new_request_opens_another() -> None:
