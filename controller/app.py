@@ -137,9 +137,16 @@ class Replica:
             ghosts=self.ghosts,
             rules=self.rules,
         )
-        # Metadata QoS: the metadata_ops of a job's rule, shared by its sessions here.
-        self.metadata_qos = MetadataQos(self.table, rules_limit(self.rules))
+        # Metadata QoS: the metadata_ops of a job's rule, its part here shared by its sessions.
+        membership = self.peer_sync.membership if self.peer_sync is not None else None
+        self.metadata_qos = MetadataQos(
+            self.table,
+            rules_limit(self.rules),
+            membership.holders if membership is not None else None,
+        )
         self.rules.changed.connect(self.metadata_qos.rules_changed)
+        if self.peer_sync is not None:  # a job seen on another replica: its part here changes
+            self.peer_sync.updated.connect(self.metadata_qos.rules_changed)
         self.servicer = ControllerServicer(
             self.table,
             max_op_volume=config.max_op_volume,

@@ -3,16 +3,20 @@
 A job's limit on its metadata operations (`JobState.metadata_limit`: operations per second
 for the whole job, 0 = none) is the ``metadata_ops`` of the operator's rule that binds it
 (docs/rules.md), read through ``limit_of``; the clients enforce it (docs/client.md,
-"Metadata operations"). `MetadataQos` gives each live application session of the job on this
-replica an equal share, ``limit / its live sessions here``, and offers it to the session's
+"Metadata operations"). The limit is the job's over all replicas: a replica takes its part,
+the limit over the replicas the job is on (this one and the live peers whose digests list
+it, ``holders``), so the parts sum to the limit. `MetadataQos` gives each live application
+session of the job on this replica an equal share of that part, and offers it to the session's
 outbox (`MetadataOutbox.offer_metadata`): every `Allocation` carries it as
 ``metadata_rate``, and a change reaches the client at once in a copy of the allocation in
 force, as placement advice does (``controller/outbox.py``). Drain streams copy to the PFS
 and are never paced here.
 
-A share changes with the limit and with the job's sessions: the servicer calls `job_changed`
-when one of its sessions opens or closes, and the rules' ``changed`` signal calls
-`rules_changed`. The state is the job table's; this module keeps none.
+A share changes with the limit, the job's sessions and the replicas it is on: the servicer
+calls `job_changed` when one of its sessions opens or closes, the rules' ``changed`` signal
+calls `rules_changed`, and with peers every exchange calls `rules_changed` too (a job seen
+on another replica halves its part here), for the jobs with a limit only. The state is the
+job table's; this module keeps none.
 """
 
 from __future__ import annotations
@@ -33,14 +37,17 @@ class MetadataOutbox(Protocol):
     def offer_metadata(self, rate: float) -> None: ...
 
 
-def session_share(job: JobState) -> float:
-    """The metadata operations per second each live session of ``job`` may make here (0: no
-    limit, or no live session to share it)."""
+def session_share(job: JobState, replicas: int = 1) -> float:
+    """The metadata operations per second each live session of ``job`` may make here, its
+    job being on ``replicas`` replicas (0: no limit, or no live session to share it)."""
     live = sum(1 for s in job.sessions.values() if not s.closed)
     limit = job.metadata_limit
     if not live or not limit > 0 or not math.isfinite(limit):
         return 0.0
-    return limit / live
+    return limit / max(1, replicas) / live
+
+
+Holders = Callable[[set[str]], dict[str, list[str]]]  # job ids → the live peers listing each
 
 
 class MetadataQos:
@@ -48,14 +55,30 @@ class MetadataQos:
     limit of each job being ``limit_of(job_id)`` (`rules_limit`; None: whatever
     `JobState.metadata_limit` holds)."""
 
-    def __init__(self, table: JobTable, limit_of: Callable[[str], float] | None = None) -> None:
+    def __init__(
+        self,
+        table: JobTable,
+        limit_of: Callable[[str], float] | None = None,
+        holders: Holders | None = None,
+    ) -> None:
         self._table = table
         self._limit_of = limit_of
+        self._holders = holders
 
     def rules_changed(self) -> None:
-        """The rules changed: every job's limit is read again, and a changed share offered."""
-        for job_id in list(self._table.jobs):
-            self.job_changed(job_id)
+        """The rules (or the replicas' view) changed: every job's limit is read again, and a
+        changed share offered (jobs without a limit before or after cost a lookup)."""
+        jobs = self._table.jobs
+        limited = set()
+        for job_id, job in jobs.items():
+            before = job.metadata_limit
+            if self._limit_of is not None:
+                job.metadata_limit = self._limit_of(job_id)
+            if before or job.metadata_limit:
+                limited.add(job_id)
+        where = self._holders(limited) if self._holders is not None and limited else {}
+        for job_id in sorted(limited):
+            self._offer(jobs[job_id], 1 + len(where.get(job_id, ())))
 
     def job_changed(self, job_id: str) -> None:
         """The job's limit or its sessions changed: offers each live session its share (an
@@ -65,7 +88,11 @@ class MetadataQos:
             return
         if self._limit_of is not None:
             job.metadata_limit = self._limit_of(job_id)
-        share = session_share(job)
+        where = self._holders({job_id}) if self._holders is not None else {}
+        self._offer(job, 1 + len(where.get(job_id, ())))
+
+    def _offer(self, job: JobState, replicas: int) -> None:
+        share = session_share(job, replicas)
         for session in job.sessions.values():
             outbox = session.outbox
             if not session.closed and isinstance(outbox, MetadataOutbox):

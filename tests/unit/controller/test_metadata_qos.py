@@ -62,3 +62,21 @@ async def test_each_live_session_gets_an_equal_share_and_the_shares_follow_the_s
     qos.rules_changed()
     lifted = boxes[0].take()
     assert lifted is not None and lifted.allocation.metadata_rate == 0.0
+
+
+async def test_a_job_on_two_replicas_gets_half_its_limit_on_each() -> None:
+    table = JobTable(lambda: 0.0, heartbeat_timeout=1.0, job_retention=1.0, demand_headroom=1.1)
+    peers: dict[str, list[str]] = {}
+    qos = MetadataQos(
+        table, lambda job_id: 200.0, lambda wanted: {j: peers[j] for j in wanted & set(peers)}
+    )
+    box = StreamOutbox("r1")
+    table.open_session(meta("j"), "c1", "h", outbox=box)
+    box.offer(1e6, 1e5, 1, 2.0, "fair-share")
+    qos.job_changed("j")
+    first = box.take()
+    assert first is not None and first.allocation.metadata_rate == 200.0
+    peers["j"] = ["r2"]  # a peer's digest lists the job: the limit is split over both
+    qos.rules_changed()
+    half = box.take()
+    assert half is not None and half.allocation.metadata_rate == 100.0
