@@ -155,17 +155,19 @@ class Evictions:
         self, key: Key, tracked: Tracked, fd: int, st: os.stat_result, rel: str, gen: int
     ) -> None:
         """A file whose final copy took its part's place: marked copied and evicted, its
-        drained mark dropped, truncated (under `holding`)."""
+        drained mark dropped, truncated (under `holding`). Evicted in memory before its
+        drain ends and before it is truncated: the mount shows it (``shown``) from the one
+        or the other, never as the empty backing file (a size the kernel would cache)."""
         assert self.open is not None
         proc = f"/proc/self/fd/{fd}"
         evicted = Evicted(st.st_size, st.st_mtime_ns, rel)
         mark_copied(proc, st)
         mark_evicted(proc, evicted)
-        self.open.finished(key, fd)
-        os.truncate(proc, 0)
         with self._lock:
             tracked.copied, tracked.copied_gen, tracked.evicted = signature(st), gen, evicted
             self._set_allocated(tracked, 0)
+        self.open.finished(key, fd)
+        os.truncate(proc, 0)
         self.evictions += 1
 
     def _adopt_open(self) -> None:
