@@ -16,6 +16,8 @@ def _drive(page: JobPage) -> bytes:
     page.publish(float("inf"), 2**21, now_ns=2 * 10**12)
     page.publish(123.0, 4096, now_ns=3 * 10**12)
     page.drop_unreserved(now_ns=4 * 10**12)
+    page.publish_metadata(200.0, now_ns=4 * 10**12)  # the metadata supply, the same way
+    page.publish_metadata(0.0, now_ns=45 * 10**11)
     page.beat(now_ns=5 * 10**12)
     page.mark_closed()
     return os.pread(page.fd, PAGE_SIZE, 0)
