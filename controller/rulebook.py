@@ -133,10 +133,10 @@ class RuleBook:
         if not self.binder.rules:
             return {}
         key = (self._last, self.everywhere, self.version)
-        if self._status is not None and all(
-            a is b for a, b in zip(self._status[0], key, strict=True)
-        ):
-            return self._status[1]
+        if self._status is not None:
+            (last, everywhere, version), held = self._status
+            if last is key[0] and everywhere is key[1] and version == key[2]:
+                return held
         here: dict[str, tuple[int, float, float]] = {}
         budgets: Mapping[str, float] = {}
         if self._last is not None:
