@@ -146,7 +146,7 @@ class Replica:
         )
         self.rules.changed.connect(self.metadata_qos.rules_changed)
         if self.peer_sync is not None:  # a job seen on another replica: its part here changes
-            self.peer_sync.updated.connect(self.metadata_qos.rules_changed)
+            self.peer_sync.updated.connect(self.metadata_qos.peers_changed)
         self.servicer = ControllerServicer(
             self.table,
             max_op_volume=config.max_op_volume,

@@ -14,9 +14,9 @@ and are never paced here.
 
 A share changes with the limit, the job's sessions and the replicas it is on: the servicer
 calls `job_changed` when one of its sessions opens or closes, the rules' ``changed`` signal
-calls `rules_changed`, and with peers every exchange calls `rules_changed` too (a job seen
-on another replica halves its part here), for the jobs with a limit only. The state is the
-job table's; this module keeps none.
+calls `rules_changed`, and with peers every exchange that changes the split calls
+`peers_changed` (a job seen on another replica halves its part here), for the jobs with a
+limit only. The limits are the job table's; this module keeps only which jobs have one.
 """
 
 from __future__ import annotations
@@ -64,10 +64,11 @@ class MetadataQos:
         self._table = table
         self._limit_of = limit_of
         self._holders = holders
+        self._limited: set[str] = set()  # jobs given a limit when last looked at
 
     def rules_changed(self) -> None:
-        """The rules (or the replicas' view) changed: every job's limit is read again, and a
-        changed share offered (jobs without a limit before or after cost a lookup)."""
+        """The rules changed: every job's limit is read again, and a changed share offered
+        (jobs without a limit before or after cost a lookup)."""
         jobs = self._table.jobs
         limited = set()
         for job_id, job in jobs.items():
@@ -76,9 +77,20 @@ class MetadataQos:
                 job.metadata_limit = self._limit_of(job_id)
             if before or job.metadata_limit:
                 limited.add(job_id)
+        self._reoffer(limited)
+
+    def peers_changed(self) -> None:
+        """The replicas' view changed (an exchange): the limited jobs' parts here again (a
+        job now seen on another replica, or no longer)."""
+        jobs = self._table.jobs
+        self._reoffer({j for j in self._limited if j in jobs})
+
+    def _reoffer(self, limited: set[str]) -> None:
+        jobs = self._table.jobs
         where = self._holders(limited) if self._holders is not None and limited else {}
         for job_id in sorted(limited):
             self._offer(jobs[job_id], 1 + len(where.get(job_id, ())))
+        self._limited = {j for j in limited if jobs[j].metadata_limit}
 
     def job_changed(self, job_id: str) -> None:
         """The job's limit or its sessions changed: offers each live session its share (an
@@ -90,6 +102,10 @@ class MetadataQos:
             job.metadata_limit = self._limit_of(job_id)
         where = self._holders({job_id}) if self._holders is not None else {}
         self._offer(job, 1 + len(where.get(job_id, ())))
+        if job.metadata_limit:
+            self._limited.add(job_id)
+        else:
+            self._limited.discard(job_id)
 
     def _offer(self, job: JobState, replicas: int) -> None:
         share = session_share(job, replicas)

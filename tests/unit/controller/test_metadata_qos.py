@@ -77,6 +77,6 @@ async def test_a_job_on_two_replicas_gets_half_its_limit_on_each() -> None:
     first = box.take()
     assert first is not None and first.allocation.metadata_rate == 200.0
     peers["j"] = ["r2"]  # a peer's digest lists the job: the limit is split over both
-    qos.rules_changed()
+    qos.peers_changed()
     half = box.take()
     assert half is not None and half.allocation.metadata_rate == 100.0
