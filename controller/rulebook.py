@@ -28,10 +28,11 @@ import logging
 import math
 from collections.abc import Collection, Iterable, Mapping
 
+from burstctl.common.units import format_rate
 from burstctl.controller.catalog import REGISTRATION, RULE, RULE_REMOVED, Catalog, CatalogRecord
 from burstctl.controller.jobs import JobTable
 from burstctl.controller.rule_status import RuleStatus, statuses, sums
-from burstctl.controller.rules import Binder, Rule, format_rate, reservations_over, rule_problem
+from burstctl.controller.rules import Binder, Rule, reservations_over, rule_problem
 from burstctl.controller.signal import Signal
 from burstctl.controller.state import SavedRule, StateStore
 from burstctl.policies.decision import Decision

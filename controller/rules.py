@@ -20,11 +20,12 @@ records alike, naming the field as the REST body names it (``match.user``, ``lim
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from burstctl.common.limits import MAX_RATE, MAX_TEXT, identifier_problem
+from burstctl.common.units import format_rate
 from burstctl.policies.rules import Terms
 
 MATCH_KEYS = ("job", "user", "group", "app")
@@ -75,24 +76,6 @@ class Rule:
             reservation=self.reservation,
             weight=self.weight,
         )
-
-    def describe(self) -> str:
-        """One line: ``u-cap [user=u] limit 10 MiB/s``."""
-        match = " ".join(f"{k}={v}" for k, v in self.match().items())
-        parts = [f"{self.name} [{match}]"]
-        if self.limit:
-            parts.append(f"limit {format_rate(self.limit)}")
-        if self.reservation:
-            parts.append(f"reservation {format_rate(self.reservation)}")
-        if self.weight != 1.0:
-            parts.append(f"weight {self.weight:g}")
-        if self.metadata_ops:
-            parts.append(f"metadata {self.metadata_ops:g} ops/s")
-        return " ".join(parts)
-
-
-def format_rate(rate: float) -> str:
-    return f"{rate / 2**20:g} MiB/s"
 
 
 def rule_problem(rule: Rule) -> tuple[str, str] | None:
@@ -158,13 +141,3 @@ def reservations_over(rules: Iterable[Rule], capacity: float) -> float:
     """Σ of the rules' reservations when it passes ``capacity``, else 0."""
     total = math.fsum(r.reservation for r in rules)
     return total if total > capacity * (1 + 1e-9) else 0.0
-
-
-def with_rule(rules: Mapping[str, Rule], rule: Rule | None, name: str) -> dict[str, Rule]:
-    """``rules`` with ``name`` replaced by ``rule`` (None: removed)."""
-    out = dict(rules)
-    if rule is None:
-        out.pop(name, None)
-    else:
-        out[name] = replace(rule, name=name)
-    return out

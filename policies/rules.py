@@ -21,7 +21,8 @@ jobs, each job to at most one rule (the first that matches it), and may set for 
    until no set is out of its bounds; then a set pinned at its reservation that the
    policy would now give more (a limit pinned later freed capacity) is unpinned.
 3. Reservations that together pass the capacity are scaled down to it in proportion
-   (never past B; the controller reports them: ``Bindings.overcommitted``).
+   (never past B; ``Bindings.overcommitted`` says by how much, and the controller reports
+   the rules' reservations over the cluster's capacity: controller/rulebook.py).
 
 Nothing unused is withheld: a pinned set's jobs take what the pin gives them up to their
 demand and the rest goes to the others, except what a limit holds back. A set not out of

@@ -89,9 +89,9 @@ async def test_reservations_above_capacity_are_refused_naming_the_sum(
         over = {"name": "b", "match": {"job": "B"}, "reservation": 30 * MiB}
         r = await http.post("/v1/rules", json=over)
         assert r.status_code == 409
-        assert "70 MiB/s" in r.json()["detail"] and "60 MiB/s" in r.json()["detail"]
+        assert "70.00 MiB/s" in r.json()["detail"] and "60.00 MiB/s" in r.json()["detail"]
         r = await http.put("/v1/rules/a", json={"match": {"job": "A"}, "reservation": 61 * MiB})
-        assert r.status_code == 409 and "61 MiB/s" in r.json()["detail"]
+        assert r.status_code == 409 and "61.00 MiB/s" in r.json()["detail"]
         # nothing persisted, nothing in force
         assert json.loads(state.read_text())["rules"] == saved
         assert [x["name"] for x in (await http.get("/v1/rules")).json()["rules"]] == ["a"]
@@ -268,7 +268,7 @@ async def test_the_rules_command_adds_lists_and_removes(
     listed = await run("list")
     assert "u-cap  rank 100  [user=u]  limit 10.0 MiB/s, metadata 200 ops/s" in listed.stdout
     over = await run("add", "big", "--job", "R", "--reservation", "70MiB/s")
-    assert over.returncode != 0 and "70 MiB/s" in over.stderr and "60 MiB/s" in over.stderr
+    assert over.returncode != 0 and "70.00 MiB/s" in over.stderr and "60.00 MiB/s" in over.stderr
     bad = await run("add", "x", "--user", "u", "--limit", "fast")
     assert bad.returncode != 0 and "--limit" in bad.stderr
     again = await run("add", "u-cap", "--user", "u", "--weight", "2", "--replace")
