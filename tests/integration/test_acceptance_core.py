@@ -93,6 +93,7 @@ def test_fcfs_first_poster_takes_all_then_the_next(controller_factory) -> None:
         assert not pump_a.errors and not pump_b.errors
 
 
+@pytest.mark.serial  # shares measured over a window: alone, not beside other tests' load
 def test_opportunity_fairness_small_job_keeps_its_5(controller_factory) -> None:
     """A 5-node job flat out and a 1-node job that only wants 5 MiB/s: 35 and 5."""
     ctl = controller_factory(
