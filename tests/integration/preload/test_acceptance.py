@@ -31,10 +31,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_process import CLEAN, AgentProcess, agent_args, jobs_of
+from agent_process import CLEAN, AgentProcess, agent_args
 from fio_fairness import WITHIN, measure
 from fio_tools import FioProcess, job_file
-from support import ControllerProcess, wait_until
+from support import ControllerProcess, jobs_of, wait_until
 
 from burstctl.preload_shim.launch import preload_env
 
