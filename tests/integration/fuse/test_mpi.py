@@ -1,0 +1,92 @@
+"""MPI-IO and HDF5 through a real mount: ``mpirun -np 4`` of the IOR-like workload (N-1 and N-N,
+collective and independent MPI-IO, Open MPI's default OMPIO) and of the per-rank h5py checkpoint
+(bench/workloads/, tests/support/mpi.py) on ``burstctl mount`` at a real controller.
+
+Each run's data, read back and checked by the workload itself, has the same checksums and its
+files the same bytes as the same run on a plain directory without burstctl; the controller
+books all four ranks' bytes to the run's one job (``BURSTCTL_JOB_ID``, passed to the ranks with
+``mpirun -x``) and to no other.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from support import ControllerProcess, MountProcess, clean_env, jobs_of, wait_until
+from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
+    H5,
+    IOR,
+    MpiJob,
+    checksums,
+    file_digests,
+    mpi_jobs,
+    reference,
+)
+
+pytestmark = pytest.mark.integration
+
+MiB = 1 << 20
+
+
+# MPI-IO through the mount is plain file I/O to the kernel; the binding under it is tested on
+# both libraries elsewhere, so this runs on libfuse 3 only (what `--libfuse auto` takes as root).
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)
+def test_ior_like_and_hdf5_checkpoint_through_the_mount(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    mpi_jobs: Callable[..., MpiJob],  # noqa: F811
+) -> None:
+    ctl = controller_factory(
+        "--policy", "fair-share", "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s"
+    )
+    backing, mountpoint = fuse_dirs
+    fuse_mount(backing, mountpoint, "--controller", ctl.address)
+    reports = {}
+    for workload, args in (IOR, H5):
+        (mountpoint / workload).mkdir()
+        job = {"BURSTCTL_JOB_ID": f"mpi-{workload}", "SLURM_NNODES": "1"}
+        env = {**clean_env(("BURSTCTL_", "SLURM_")), **job}
+        report = mpi_jobs(workload, [str(mountpoint / workload), *args], env, passed=job).wait()
+        plain, plain_files = reference(workload, args)
+        assert report["verified"]
+        assert checksums(report) == checksums(plain)
+        assert file_digests(backing / workload) == plain_files
+        reports[workload] = report
+
+    ior, h5 = reports["ior_like"], reports["h5_checkpoint"]
+    ior_moved = sum(run["write"]["bytes"] for run in ior["runs"])
+    expected = {
+        # written: exactly what the ranks wrote (files opened for writing go direct); read: at
+        # least what they read, plus at most the kernel's read-ahead past it
+        "mpi-ior_like": ((ior_moved, ior_moved), (ior_moved, ior_moved + 16 * MiB)),
+        # HDF5 writes its metadata too (the files end in a few KiB it extends them by rather
+        # than writes), and reads some of it more than once
+        "mpi-h5_checkpoint": (
+            (h5["write"]["bytes"], h5["file_bytes"]),
+            (h5["read"]["bytes"], h5["file_bytes"] + 16 * MiB),
+        ),
+    }
+
+    def booked() -> dict[str, tuple[int, int]]:
+        return {j: (v["bytes_written"], v["bytes_read"]) for j, v in jobs_of(ctl).items()}
+
+    def all_in() -> bool:
+        now = booked()
+        return all(
+            job in now and now[job][0] >= w[0] and now[job][1] >= r[0]
+            for job, (w, r) in expected.items()
+        )
+
+    try:
+        wait_until(all_in, timeout=20, interval=0.1, message="every rank's bytes at the controller")
+    except AssertionError:
+        raise AssertionError(f"booked {booked()}, expected {expected}") from None
+    now = booked()
+    print(json.dumps({"booked": now, "checksums": {w: checksums(r) for w, r in reports.items()}}))
+    assert {j for j, (w, r) in now.items() if w or r} == set(expected)
+    for job, (w, r) in expected.items():
+        assert w[0] <= now[job][0] <= w[1] and r[0] <= now[job][1] <= r[1], (job, now[job])
