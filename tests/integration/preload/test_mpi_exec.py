@@ -24,19 +24,9 @@ from typing import Any
 
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args
+from mpi_tools import IDENTITY, PRELOAD, MpiJob, checksums, file_digests, measure_pair
 from support import ControllerProcess, jobs_of, wait_until
-from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
-    H5,
-    IDENTITY,
-    IOR,
-    PRELOAD,
-    MpiJob,
-    checksums,
-    file_digests,
-    mpi_jobs,
-    reference,
-    shares,
-)
+from support.mpi import H5, IOR, mpi_jobs, reference  # noqa: F401 (mpi_jobs: a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -143,3 +133,27 @@ def test_nonblocking_mpi_io_is_seen_under_romio_not_under_ompio(
     # went through glibc's POSIX AIO threads, under it
     assert counted["ompio"] == (0, 0)
     assert counted["romio321"] == (moved, moved)
+
+
+@pytest.mark.serial  # shares measured over a window: alone, not beside other tests
+def test_two_mpi_jobs_under_exec_share_in_proportion_to_their_nodes(
+    controller_factory: Callable[..., ControllerProcess],
+    agents: Callable[..., AgentProcess],
+    world: Path,
+    mpi_jobs: Callable[..., MpiJob],  # noqa: F811
+) -> None:
+    capacity = 40 * MiB
+    ctl = controller_factory(
+        "--policy", "size-fair", "--capacity", "40MiB/s", "--node-bandwidth", "1GiB/s"
+    )
+    agent = agents(*agent_args(ctl, world))
+
+    def start(job: str, nodes: int, args: list[str]) -> MpiJob:
+        directory = world / "bb" / job
+        directory.mkdir()
+        return mpi_jobs("ior_like", [str(directory), *args], **under_exec(agent, job, nodes))
+
+    summary = measure_pair(start, capacity)
+    print(json.dumps(summary))
+    assert summary["ratio"] == pytest.approx(3.0, rel=0.07), summary
+    assert summary["aggregate_of_B"] >= 0.90, summary

@@ -15,16 +15,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from mpi_tools import MpiJob, checksums, file_digests, measure_pair
 from support import ControllerProcess, MountProcess, clean_env, jobs_of, wait_until
-from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
-    H5,
-    IOR,
-    MpiJob,
-    checksums,
-    file_digests,
-    mpi_jobs,
-    reference,
-)
+from support.mpi import H5, IOR, mpi_jobs, reference  # noqa: F401 (mpi_jobs: a fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -90,3 +83,30 @@ def test_ior_like_and_hdf5_checkpoint_through_the_mount(
     assert {j for j, (w, r) in now.items() if w or r} == set(expected)
     for job, (w, r) in expected.items():
         assert w[0] <= now[job][0] <= w[1] and r[0] <= now[job][1] <= r[1], (job, now[job])
+
+
+@pytest.mark.serial  # shares measured over a window: alone, not beside other tests
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)
+def test_two_mpi_jobs_through_the_mount_share_in_proportion_to_their_nodes(
+    controller_factory: Callable[..., ControllerProcess],
+    fuse_mount: Callable[..., MountProcess],
+    fuse_dirs: tuple[Path, Path],
+    mpi_jobs: Callable[..., MpiJob],  # noqa: F811
+) -> None:
+    capacity = 40 * MiB
+    ctl = controller_factory(
+        "--policy", "size-fair", "--capacity", "40MiB/s", "--node-bandwidth", "1GiB/s"
+    )
+    backing, mountpoint = fuse_dirs
+    fuse_mount(backing, mountpoint, "--controller", ctl.address)
+
+    def start(job: str, nodes: int, args: list[str]) -> MpiJob:
+        (mountpoint / job).mkdir()
+        identity = {"BURSTCTL_JOB_ID": job, "SLURM_NNODES": str(nodes)}
+        env = {**clean_env(("BURSTCTL_", "SLURM_")), **identity}
+        return mpi_jobs("ior_like", [str(mountpoint / job), *args], env, passed=identity)
+
+    summary = measure_pair(start, capacity)
+    print(json.dumps(summary))
+    assert summary["ratio"] == pytest.approx(3.0, rel=0.07), summary
+    assert summary["aggregate_of_B"] >= 0.90, summary
