@@ -3,8 +3,9 @@
 Shared by ``bench/mpi_workloads.py`` and the tests (tests/support/mpi.py; they have ``bench``
 on their path), so the benchmark and the tests run and measure MPI jobs the same way.
 
-``mpirun`` runs in a process group of its own (``start_new_session``): `MpiJob.stop` kills
-that group by its pid, so a run that fails leaves neither ``mpirun`` nor a rank behind. As
+``mpirun`` runs in a session of its own (``start_new_session``): `MpiJob.stop` kills every
+process of that session by its pid, so a run that fails leaves neither ``mpirun`` nor a rank
+behind. As
 root Open MPI needs ``--allow-run-as-root``; with more ranks than cores, ``--oversubscribe``;
 the ranks talk over shared memory only (``--mca btl self,vader``). A job's identity reaches
 the ranks with ``-x VAR``, as it must on more than one node.
@@ -27,6 +28,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import psutil
 from fio_tools import Io, MiB, rate, span
 
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -83,12 +85,27 @@ class MpiJob:
         return report
 
     def stop(self) -> None:
-        """Kills the job's process group by its pid (while ``mpirun`` is not yet reaped, the
-        group's id cannot be anyone else's)."""
+        """Kills ``mpirun`` and its ranks, each by its pid: every process of the session
+        ``mpirun`` leads (Open MPI puts each rank in a process group of its own, but in that
+        session; while ``mpirun`` is not yet reaped, its session id is no one else's)."""
         if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
+            for pid in psutil.pids():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    if os.getsid(pid) == self.proc.pid:
+                        os.kill(pid, signal.SIGKILL)
             self.proc.communicate(timeout=30)
+
+
+def under_exec(socket: Path, job: str) -> dict[str, Any]:
+    """`MpiJob`'s ``launcher`` and ``passed`` for ``burstctl exec --agent SOCKET --job JOB --
+    mpirun -x ...``: the job's identity and what ``exec`` sets, passed on to every rank."""
+    return {
+        "launcher": (
+            *(sys.executable, "-m", "burstctl", "exec"),
+            *("--agent", str(socket), "--job", job, "--"),
+        ),
+        "passed": (*IDENTITY, *PRELOAD),
+    }
 
 
 def file_digests(directory: Path) -> dict[str, str]:

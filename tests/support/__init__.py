@@ -195,6 +195,11 @@ def jobs_of(ctl: ControllerProcess) -> dict[str, dict[str, Any]]:
     return {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs", timeout=5).json()}
 
 
+def booked(ctl: ControllerProcess) -> dict[str, tuple[int, int]]:
+    """(bytes written, bytes read) of every job the controller knows."""
+    return {j: (v["bytes_written"], v["bytes_read"]) for j, v in jobs_of(ctl).items()}
+
+
 class Pump:
     """A thread that acquires ``chunk`` bytes at a time, flat out or at its own ``pace``.
 

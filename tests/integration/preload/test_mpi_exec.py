@@ -17,16 +17,22 @@ real node agent, a real controller.
 from __future__ import annotations
 
 import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from agent_process import CLEAN, AgentProcess, agent_args
-from mpi_tools import IDENTITY, PRELOAD, MpiJob, checksums, file_digests, measure_pair
-from support import ControllerProcess, jobs_of, wait_until
-from support.mpi import H5, IOR, mpi_jobs, reference  # noqa: F401 (mpi_jobs: a fixture)
+from mpi_tools import MpiJob, checksums, measure_pair, under_exec
+from support import ControllerProcess
+from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
+    H5,
+    IOR,
+    bounds,
+    check_against_plain,
+    expect_booked,
+    mpi_jobs,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -34,92 +40,56 @@ MiB = 1 << 20
 WARNING = "burstctl-preload:"
 
 
-def under_exec(agent: AgentProcess, job: str, nodes: int = 1) -> dict[str, Any]:
-    """How `MpiJob` runs ``burstctl exec --agent SOCKET --job JOB -- mpirun -x ... ``: the
-    job's identity and what ``exec`` sets passed on to the ranks."""
-    return {
-        "launcher": (
-            *(sys.executable, "-m", "burstctl", "exec", "--agent", str(agent.socket)),
-            *("--job", job, "--"),
-        ),
-        "passed": (*IDENTITY, *PRELOAD),
-        "env": {**CLEAN, "SLURM_NNODES": str(nodes)},
-    }
+def exec_spec(agent: AgentProcess, job: str, nodes: int = 1) -> dict[str, Any]:
+    """`MpiJob`'s arguments for ``burstctl exec --agent SOCKET --job JOB -- mpirun ...``."""
+    return {**under_exec(agent.socket, job), "env": {**CLEAN, "SLURM_NNODES": str(nodes)}}
 
 
-def booked(ctl: ControllerProcess) -> dict[str, tuple[int, int]]:
-    return {j: (v["bytes_written"], v["bytes_read"]) for j, v in jobs_of(ctl).items()}
-
-
-def test_ior_like_and_hdf5_checkpoint_under_exec(
+@pytest.fixture
+def unbound(
     controller_factory: Callable[..., ControllerProcess],
     agents: Callable[..., AgentProcess],
     world: Path,
-    mpi_jobs: Callable[..., MpiJob],  # noqa: F811
-) -> None:
+) -> tuple[ControllerProcess, AgentProcess]:
+    """A controller whose B never binds here (fair-share, 1 GiB/s) and an agent on it."""
     ctl = controller_factory(
         "--policy", "fair-share", "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s"
     )
-    agent = agents(*agent_args(ctl, world))
+    return ctl, agents(*agent_args(ctl, world))
+
+
+def test_ior_like_and_hdf5_checkpoint_under_exec(
+    unbound: tuple[ControllerProcess, AgentProcess],
+    world: Path,
+    mpi_jobs: Callable[..., MpiJob],  # noqa: F811
+) -> None:
+    ctl, agent = unbound
     reports = {}
     for workload, args in (IOR, H5):
         directory = world / "bb" / workload
         directory.mkdir()
-        job = mpi_jobs(workload, [str(directory), *args], **under_exec(agent, f"mpi-{workload}"))
+        job = mpi_jobs(workload, [str(directory), *args], **exec_spec(agent, f"mpi-{workload}"))
         report = job.wait()
         assert WARNING not in job.stderr, job.stderr  # attached: paced, not the unpaced fallback
-        plain, plain_files = reference(workload, args)
-        assert report["verified"]
-        assert checksums(report) == checksums(plain)
-        assert file_digests(directory) == plain_files
+        check_against_plain(workload, args, report, directory)
         reports[workload] = report
-
-    ior, h5 = reports["ior_like"], reports["h5_checkpoint"]
-    ior_moved = sum(run["write"]["bytes"] for run in ior["runs"])
-    expected = {
-        "mpi-ior_like": ((ior_moved, ior_moved), (ior_moved, ior_moved)),
-        # HDF5 writes its metadata too (the files end in a few KiB it extends them by rather
-        # than writes), and reads some of it more than once
-        "mpi-h5_checkpoint": (
-            (h5["write"]["bytes"], h5["file_bytes"]),
-            (h5["read"]["bytes"], h5["file_bytes"] + MiB),
-        ),
-    }
-
-    def all_in() -> bool:
-        now = booked(ctl)
-        return all(
-            job in now and now[job][0] >= w[0] and now[job][1] >= r[0]
-            for job, (w, r) in expected.items()
-        )
-
-    try:
-        wait_until(all_in, timeout=20, interval=0.1, message="every rank's bytes at the controller")
-    except AssertionError:
-        raise AssertionError(f"booked {booked(ctl)}, expected {expected}") from None
-    now = booked(ctl)
+    # the library paces what each call asks for: the IOR-like writes and reads exactly
+    now = expect_booked(ctl, bounds(reports["ior_like"], reports["h5_checkpoint"], 0))
     print(json.dumps({"booked": now, "checksums": {w: checksums(r) for w, r in reports.items()}}))
-    assert {j for j, (w, r) in now.items() if w or r} == set(expected)
-    for job, (w, r) in expected.items():
-        assert w[0] <= now[job][0] <= w[1] and r[0] <= now[job][1] <= r[1], (job, now[job])
 
 
 def test_nonblocking_mpi_io_is_seen_under_romio_not_under_ompio(
-    controller_factory: Callable[..., ControllerProcess],
-    agents: Callable[..., AgentProcess],
+    unbound: tuple[ControllerProcess, AgentProcess],
     world: Path,
     mpi_jobs: Callable[..., MpiJob],  # noqa: F811
 ) -> None:
-    ctl = controller_factory(
-        "--policy", "fair-share", "--capacity", "1GiB/s", "--node-bandwidth", "1GiB/s"
-    )
-    agent = agents(*agent_args(ctl, world))
+    _, agent = unbound
     args = ("--layouts", "nn", "--apis", "nonblocking", "--segments", "2")
     counted = {}
     for io in ("ompio", "romio321"):
         directory = world / "bb" / io
         directory.mkdir()
-        spec = under_exec(agent, f"nb-{io}")
+        spec = exec_spec(agent, f"nb-{io}")
         report = mpi_jobs(
             "ior_like", [str(directory), *args], ranks=2, options=("--mca", "io", io), **spec
         ).wait()
@@ -151,7 +121,7 @@ def test_two_mpi_jobs_under_exec_share_in_proportion_to_their_nodes(
     def start(job: str, nodes: int, args: list[str]) -> MpiJob:
         directory = world / "bb" / job
         directory.mkdir()
-        return mpi_jobs("ior_like", [str(directory), *args], **under_exec(agent, job, nodes))
+        return mpi_jobs("ior_like", [str(directory), *args], **exec_spec(agent, job, nodes))
 
     summary = measure_pair(start, capacity)
     print(json.dumps(summary))
