@@ -1,11 +1,14 @@
 """MPI-IO and HDF5 through a real mount: ``mpirun -np 4`` of the IOR-like workload (N-1 and N-N,
-collective and independent MPI-IO, Open MPI's default OMPIO) and of the per-rank h5py checkpoint
-(bench/workloads/, tests/support/mpi.py) on ``burstctl mount`` at a real controller.
+collective, independent and nonblocking MPI-IO, Open MPI's default OMPIO) and of the per-rank
+h5py checkpoint (bench/workloads/, tests/support/mpi.py) on ``burstctl mount`` at a real
+controller.
 
-Each run's data, read back and checked by the workload itself, has the same checksums and its
-files the same bytes as the same run on a plain directory without burstctl; the controller
-books all four ranks' bytes to the run's one job (``BURSTCTL_JOB_ID``, passed to the ranks with
-``mpirun -x``) and to no other.
+- Each run's data, read back and checked by the workload itself, has the same checksums and
+  its files the same bytes as the same run on a plain directory without burstctl; the
+  controller books all four ranks' bytes to the run's one job (``BURSTCTL_JOB_ID``, passed to
+  the ranks with ``mpirun -x``) and to no other.
+- Two such jobs at once, of 3 and 1 nodes under ``size-fair`` at a small B: their write rates
+  3 : 1 within 7 %, together at least 90 % of B.
 """
 
 from __future__ import annotations
@@ -29,6 +32,9 @@ from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
+# The mount sees every request of the ranks: OMPIO's nonblocking calls too, which its POSIX AIO
+# threads make (the LD_PRELOAD library does not see them: docs/preload.md, "MPI-IO and HDF5").
+IOR_ALL = (IOR[0], (*IOR[1], "--apis", "collective,independent,nonblocking"))
 
 
 # MPI-IO through the mount is plain file I/O to the kernel; the binding under it is tested on
@@ -46,7 +52,7 @@ def test_ior_like_and_hdf5_checkpoint_through_the_mount(
     backing, mountpoint = fuse_dirs
     fuse_mount(backing, mountpoint, "--controller", ctl.address)
     reports = {}
-    for workload, args in (IOR, H5):
+    for workload, args in (IOR_ALL, H5):
         (mountpoint / workload).mkdir()
         job = {"BURSTCTL_JOB_ID": f"mpi-{workload}", "SLURM_NNODES": "1"}
         env = {**clean_env(("BURSTCTL_", "SLURM_")), **job}
