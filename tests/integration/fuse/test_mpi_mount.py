@@ -7,8 +7,9 @@ controller.
   its files the same bytes as the same run on a plain directory without burstctl; the
   controller books all four ranks' bytes to the run's one job (``BURSTCTL_JOB_ID``, passed to
   the ranks with ``mpirun -x``) and to no other.
-- Two such jobs at once, of 3 and 1 nodes under ``size-fair`` at a small B: their write rates
-  3 : 1 within 7 %, together at least 90 % of B.
+- The pair of `mpi_tools.measure_pair` (3 and 1 nodes, writing at once) through the mount at a
+  controller with ``size-fair`` and B = 40 MiB/s gets 3 : 1 of it within 7 %, and 90 % of B
+  or more in all.
 """
 
 from __future__ import annotations
