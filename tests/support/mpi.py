@@ -5,7 +5,6 @@ with."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import os
 import shutil
@@ -53,29 +52,44 @@ def mpi_jobs() -> Iterator[Callable[..., MpiJob]]:
         job.stop()
 
 
-@functools.cache
-def reference(workload: str, args: tuple[str, ...]) -> tuple[dict[str, Any], dict[str, str]]:
-    """The same run on a plain directory without burstctl: (its report, its files' digests)."""
-    require_mpi()
+# A workload and its arguments.
+Spec = tuple[str, tuple[str, ...]]
+# The runs of each spec on a plain directory without burstctl: (report, its files' digests).
+_PLAIN: dict[Spec, tuple[dict[str, Any], dict[str, str]]] = {}
+
+
+def run_against_plain(
+    specs: Sequence[Spec], start: Callable[[str, tuple[str, ...]], tuple[MpiJob, Path]]
+) -> dict[str, tuple[dict[str, Any], MpiJob]]:
+    """Runs every spec through a shim (``start(workload, args) -> (job, where its files
+    land)``), all at once, and the first time a spec is seen the same on a plain directory,
+    beside them; then checks that each run read its data back as written, with the plain run's
+    checksums, and that its files hold the plain run's bytes. Returns each workload's report
+    and job."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("BURSTCTL_", "SLURM_"))}
-    with tempfile.TemporaryDirectory(prefix="burstctl-mpi-plain-") as plain:
-        job = MpiJob(workload, [plain, *args], env)
-        try:
-            report = job.wait()
-        finally:
+    plain: dict[Spec, tuple[MpiJob, str]] = {}
+    done: dict[str, tuple[dict[str, Any], MpiJob]] = {}
+    try:
+        for workload, args in specs:
+            if (workload, args) not in _PLAIN:
+                directory = tempfile.mkdtemp(prefix="burstctl-mpi-plain-")
+                plain[workload, args] = (MpiJob(workload, [directory, *args], env), directory)
+        shimmed = {spec: start(*spec) for spec in specs}
+        for (workload, _), (job, _) in shimmed.items():
+            done[workload] = (job.wait(), job)
+        for spec, (job, directory) in plain.items():
+            _PLAIN[spec] = (job.wait(), file_digests(Path(directory)))
+    finally:
+        for job, directory in plain.values():
             job.stop()
-        return report, file_digests(Path(plain))
-
-
-def check_against_plain(
-    workload: str, args: tuple[str, ...], report: Mapping[str, Any], files: Path
-) -> None:
-    """A run's data were read back as written, with the checksums of the same run on a plain
-    directory, and its files (``files``: where they landed) hold the same bytes."""
-    plain, plain_files = reference(workload, args)
-    assert report["verified"], report
-    assert checksums(report) == checksums(plain)
-    assert file_digests(files) == plain_files
+            shutil.rmtree(directory, ignore_errors=True)
+    for workload, args in specs:
+        report = done[workload][0]
+        plain_report, plain_files = _PLAIN[workload, args]
+        assert report["verified"], report
+        assert checksums(report) == checksums(plain_report)
+        assert file_digests(shimmed[workload, args][1]) == plain_files
+    return done
 
 
 # Per job: ((least, most) bytes written, (least, most) bytes read).

@@ -25,9 +25,9 @@ from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
     H5,
     IOR,
     bounds,
-    check_against_plain,
     expect_booked,
     mpi_jobs,
+    run_against_plain,
 )
 
 pytestmark = pytest.mark.integration
@@ -52,14 +52,15 @@ def test_ior_like_and_hdf5_checkpoint_through_the_mount(
     )
     backing, mountpoint = fuse_dirs
     fuse_mount(backing, mountpoint, "--controller", ctl.address)
-    reports = {}
-    for workload, args in (IOR_ALL, H5):
+
+    def start(workload: str, args: tuple[str, ...]) -> tuple[MpiJob, Path]:
         (mountpoint / workload).mkdir()
         job = {"BURSTCTL_JOB_ID": f"mpi-{workload}", "SLURM_NNODES": "1"}
         env = {**clean_env(("BURSTCTL_", "SLURM_")), **job}
-        report = mpi_jobs(workload, [str(mountpoint / workload), *args], env, passed=job).wait()
-        check_against_plain(workload, args, report, backing / workload)
-        reports[workload] = report
+        where = [str(mountpoint / workload), *args]
+        return mpi_jobs(workload, where, env, passed=job), backing / workload
+
+    reports = {w: report for w, (report, _) in run_against_plain((IOR_ALL, H5), start).items()}
     # files opened for writing go direct: the IOR-like writes exactly; reads of read-only
     # files through the page cache, at most the kernel's read-ahead past them
     now = expect_booked(ctl, bounds(reports["ior_like"], reports["h5_checkpoint"], 16 * MiB))

@@ -29,9 +29,9 @@ from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
     H5,
     IOR,
     bounds,
-    check_against_plain,
     expect_booked,
     mpi_jobs,
+    run_against_plain,
 )
 
 pytestmark = pytest.mark.integration
@@ -64,15 +64,17 @@ def test_ior_like_and_hdf5_checkpoint_under_exec(
     mpi_jobs: Callable[..., MpiJob],  # noqa: F811
 ) -> None:
     ctl, agent = unbound
-    reports = {}
-    for workload, args in (IOR, H5):
+
+    def start(workload: str, args: tuple[str, ...]) -> tuple[MpiJob, Path]:
         directory = world / "bb" / workload
         directory.mkdir()
-        job = mpi_jobs(workload, [str(directory), *args], **exec_spec(agent, f"mpi-{workload}"))
-        report = job.wait()
+        spec = exec_spec(agent, f"mpi-{workload}")
+        return mpi_jobs(workload, [str(directory), *args], **spec), directory
+
+    done = run_against_plain((IOR, H5), start)
+    for _, job in done.values():
         assert WARNING not in job.stderr, job.stderr  # attached: paced, not the unpaced fallback
-        check_against_plain(workload, args, report, directory)
-        reports[workload] = report
+    reports = {w: report for w, (report, _) in done.items()}
     # the library paces what each call asks for: the IOR-like writes and reads exactly
     now = expect_booked(ctl, bounds(reports["ior_like"], reports["h5_checkpoint"], 0))
     print(json.dumps({"booked": now, "checksums": {w: checksums(r) for w, r in reports.items()}}))
