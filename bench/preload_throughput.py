@@ -75,18 +75,28 @@ def _burstctl(*args: str) -> list[str]:
     return [sys.executable, "-m", "burstctl", *args]
 
 
+# The controller of an agent whose allocations never bind.
+UNLIMITED = ("--capacity", "1TiB/s", "--node-bandwidth", "1TiB/s", "--policy", "fair-share")
+
+
 class Agent:
-    """A controller (1 TiB/s) and ``burstctl agent --paths BACKING`` on it, as children stopped
-    by pid; ``env`` is what ``burstctl exec`` adds to a command's environment."""
+    """A controller (``controller_args``; by default 1 TiB/s) and ``burstctl agent --paths
+    BACKING`` on it, as children stopped by pid; ``env`` is what ``burstctl exec`` adds to a
+    command's environment."""
 
     shares_cache = True
 
-    def __init__(self, root: Path, backing: Path, env: dict[str, str]) -> None:
+    def __init__(
+        self,
+        root: Path,
+        backing: Path,
+        env: dict[str, str],
+        controller_args: Sequence[str] = UNLIMITED,
+    ) -> None:
         self.mountpoint = backing
         self.socket = root / "agent" / "agent.sock"
         self.controller, address, _ = start_controller(
-            str(root / "agent-state"),
-            ["--capacity", "1TiB/s", "--node-bandwidth", "1TiB/s", "--policy", "fair-share"],
+            str(root / "agent-state"), list(controller_args)
         )
         self.log: list[str] = []
         self.proc = subprocess.Popen(

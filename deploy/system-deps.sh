@@ -2,7 +2,8 @@
 # Installs the system packages burstctl's tests need (libfuse 2 and 3, fio, and Chromium with its
 # WebDriver for the dashboard test, shellcheck for the deploy scripts' test, gcc and the libc headers
 # that build the LD_PRELOAD library, preload_shim/*.c, Python's headers for the modules setup.py
-# compiles, and Prometheus with promtool for the tests of deploy/prometheus/) when missing.
+# compiles, Open MPI's mpirun for the MPI workloads' tests, and Prometheus with promtool for the
+# tests of deploy/prometheus/) when missing.
 # Runs apt-get only as root (CI runs as root on a fresh machine); otherwise says what to install.
 set -euo pipefail
 
@@ -17,6 +18,9 @@ command -v chromedriver >/dev/null 2>&1 || missing+=(chromium-driver)
 command -v shellcheck >/dev/null 2>&1 || missing+=(shellcheck)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 [ -e /usr/include/stdio.h ] || missing+=(libc6-dev)
+# Open MPI itself (mpirun and the libraries PyPI's mpi4py wheel loads), not another MPI's mpirun:
+# the tests use Open MPI's options. No headers: nothing is built against it.
+command -v ompi_info >/dev/null 2>&1 || missing+=(openmpi-bin)
 "${PYTHON:-python3}" -c 'import os, sys, sysconfig
 sys.exit(not os.path.exists(os.path.join(sysconfig.get_paths()["include"], "Python.h")))' \
   || missing+=(python3-dev)
@@ -28,14 +32,14 @@ if [ ${#missing[@]} -eq 0 ] && [ ${#prometheus[@]} -eq 0 ]; then
   exit 0
 fi
 if [ "$(id -u)" -ne 0 ]; then
-  echo "missing system packages: ${missing[*]} ${prometheus[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev; sudo apt-get install -y --no-install-recommends prometheus)" >&2
+  echo "missing system packages: ${missing[*]} ${prometheus[*]} (run: sudo apt-get install -y fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev openmpi-bin; sudo apt-get install -y --no-install-recommends prometheus)" >&2
   exit 0
 fi
 export DEBIAN_FRONTEND=noninteractive
 apt-get update -qq
 if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev"
-  apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev >/dev/null
+  echo "installing system packages: fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev openmpi-bin"
+  apt-get install -y -qq fuse libfuse2 libfuse3-3 fio chromium chromium-driver shellcheck gcc libc6-dev python3-dev openmpi-bin >/dev/null
 fi
 if [ ${#prometheus[@]} -gt 0 ]; then
   echo "installing system packages: prometheus (the server and promtool; its service left stopped)"

@@ -13,6 +13,9 @@ import threading
 import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
+
+import httpx
 
 
 def clean_env(prefixes: tuple[str, ...] = ("BURSTCTL_",)) -> dict[str, str]:
@@ -185,6 +188,16 @@ class ControllerProcess:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def jobs_of(ctl: ControllerProcess) -> dict[str, dict[str, Any]]:
+    """The controller's ``/v1/jobs``, by job id."""
+    return {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs", timeout=5).json()}
+
+
+def booked(ctl: ControllerProcess) -> dict[str, tuple[int, int]]:
+    """(bytes written, bytes read) of every job the controller knows."""
+    return {j: (v["bytes_written"], v["bytes_read"]) for j, v in jobs_of(ctl).items()}
 
 
 class Pump:

@@ -12,7 +12,6 @@ import threading
 from pathlib import Path
 from typing import Any
 
-import httpx
 from support import ControllerProcess, clean_env, wait_until
 
 # The test process's own job identity must not leak into what the children are booked to.
@@ -83,10 +82,6 @@ class AgentProcess:
         if self.proc.stderr is not None:
             self.proc.stderr.close()
         return self.proc.returncode
-
-
-def jobs_of(ctl: ControllerProcess) -> dict[str, dict[str, Any]]:
-    return {j["job_id"]: j for j in httpx.get(f"{ctl.url}/v1/jobs", timeout=5).json()}
 
 
 def agent_args(ctl: ControllerProcess, world: Path, *more: str) -> list[str]:

@@ -31,10 +31,10 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_process import CLEAN, AgentProcess, agent_args, jobs_of
+from agent_process import CLEAN, AgentProcess, agent_args
 from fio_fairness import WITHIN, measure
 from fio_tools import FioProcess, job_file
-from support import ControllerProcess, wait_until
+from support import ControllerProcess, booked, wait_until
 
 from burstctl.preload_shim.launch import preload_env
 
@@ -93,11 +93,6 @@ def shim_env(agent: AgentProcess) -> dict[str, str]:
     env, paced = preload_env(CLEAN, str(agent.socket), None, warnings.append)
     assert paced and not warnings, warnings
     return {k: v for k, v in env.items() if CLEAN.get(k) != v}
-
-
-def booked(ctl: ControllerProcess) -> dict[str, tuple[int, int]]:
-    """(bytes written, bytes read) of every job the controller knows."""
-    return {j: (v["bytes_written"], v["bytes_read"]) for j, v in jobs_of(ctl).items()}
 
 
 @pytest.fixture

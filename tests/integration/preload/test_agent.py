@@ -18,8 +18,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from agent_process import CLEAN, AgentProcess, agent_args, jobs_of
-from support import ControllerProcess, run_burstctl, wait_until
+from agent_process import CLEAN, AgentProcess, agent_args
+from support import ControllerProcess, jobs_of, run_burstctl, wait_until
 
 from burstctl.preload_shim import page as layout
 
