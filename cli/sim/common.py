@@ -56,10 +56,14 @@ def progress(line: str) -> None:
     click.echo(line, err=True)
 
 
-class OtherFlags(click.ClickException):
-    """``--resume`` with other flags than the file's record: one line on stderr, exit 2."""
+class BadInput(click.ClickException):
+    """An input the command refuses, as one line on stderr (no usage text), exit 2."""
 
     exit_code = 2
+
+
+class OtherFlags(BadInput):
+    """``--resume`` with other flags than the file's record."""
 
 
 def campaign_error(exc: Exception) -> click.ClickException:
