@@ -80,6 +80,7 @@ bench: $(STAMP)
 	$(PY) bench/bb_large.py --shim exec
 	$(PY) bench/bb_large.py --shim exec --files 1024
 	$(PY) bench/metadata.py
+	$(PY) bench/darshan_replay.py
 
 clean:
 	find . -path ./$(VENV) -prune -o -name '*.so' -print -delete

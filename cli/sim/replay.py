@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
-from burstctl.cli.sim.common import BadInput
+from burstctl.cli.sim.common import BadInput, known_policies
 
 if TYPE_CHECKING:
     from burstctl.simulator.replay.mapping import Replay
@@ -72,7 +72,7 @@ def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> floa
     metavar="ADDRESS",
     help="Also drive the jobs as client sessions against the controller at ADDRESS (host:port),"
     " time-scaled, and print their yields beside the simulator's. The controller must run the"
-    " one --policy with the --capacity and --node-bandwidth this command prints.",
+    " one --policy as --controller-flags prints.",
 )
 @click.option(
     "--live-bandwidth",
@@ -81,6 +81,12 @@ def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> floa
     show_default=True,
     metavar="RATE",
     help="With --live: B of the live controller (its --capacity).",
+)
+@click.option(
+    "--controller-flags",
+    is_flag=True,
+    help="Print the command line (environment and flags) of the controller a --live replay"
+    " at --live-bandwidth needs, and exit.",
 )
 @click.option(
     "--time-scale",
@@ -97,21 +103,16 @@ def sim_replay(
     fmt: str,
     live: str | None,
     live_bandwidth: float,
+    controller_flags: bool,
     time_scale: float | None,
 ) -> None:
     """Replay Darshan logs (one job each, all starting together) under every policy: per-job
     yields at T and the papers' metrics. Reading logs needs PyDarshan (burstctl[sim])."""
-    from burstctl.policies.registry import UnknownPolicyError, default_registry
     from burstctl.simulator.replay.darshan import LogError, read_log
     from burstctl.simulator.replay.mapping import replay_jobs
     from burstctl.simulator.replay.runs import run_policies
 
-    registry = default_registry()
-    for name in policies:
-        try:
-            registry.get(name)
-        except UnknownPolicyError as exc:
-            raise click.BadParameter(str(exc), param_hint="--policy") from None
+    registry = known_policies(policies)
     if live is not None and len(policies) != 1:
         raise click.UsageError("--live replays one policy: give exactly one --policy")
     try:
@@ -124,6 +125,11 @@ def sim_replay(
         )
     except ValueError as exc:
         raise BadInput(f"{', '.join(logs)}: {exc}") from None
+    if controller_flags:
+        from burstctl.cli.sim.replay_live import controller_command
+
+        click.echo(controller_command(replay, live_bandwidth, policies[0] if policies else None))
+        return
     runs = run_policies(replay, policies, registry)
     if live is not None:
         from burstctl.cli.sim.replay_live import emit_live

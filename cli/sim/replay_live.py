@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import click
 
-from burstctl.client import JobInfo, Session
+from burstctl.client import ClientRuntime, JobInfo, Session
 from burstctl.common.units import format_rate
 from burstctl.simulator.replay.mapping import Replay
 from burstctl.simulator.replay.runs import PolicyReplay
@@ -45,6 +45,8 @@ USER = "replay"  # every job's user and group, as the simulator's one "sim" user
 DECISION_LATENCY = 0.02
 BURST_WINDOW = 0.05
 START_DELAY = 0.5  # from the threads' start to the replay's t = 0, live seconds
+UNREGISTERED_NODES = "BURSTCTL_MAX_UNREGISTERED_NODES"
+DEFAULT_UNREGISTERED_NODES = 64  # ControllerConfig.max_unregistered_nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,24 @@ def controller_flags(replay: Replay, live_bandwidth: float) -> list[str]:
     """The flags a controller needs for a live replay at ``live_bandwidth`` (its B)."""
     b_live = replay.node_bandwidth * live_bandwidth / replay.bandwidth
     return ["--capacity", f"{live_bandwidth:.0f}", "--node-bandwidth", f"{b_live:.0f}"]
+
+
+def controller_env(replay: Replay) -> dict[str, str]:
+    """The environment a controller needs for a live replay: the jobs are not registered,
+    and a controller clamps what an unregistered job's session claims to
+    ``max_unregistered_nodes`` (docs/security.md), which must admit every job's ranks."""
+    return {
+        UNREGISTERED_NODES: str(max(DEFAULT_UNREGISTERED_NODES, *(j.ranks for j in replay.jobs)))
+    }
+
+
+def controller_command(replay: Replay, live_bandwidth: float, policy: str | None) -> str:
+    """The command line of a controller for a live replay, as a shell would take it."""
+    env = " ".join(f"{k}={v}" for k, v in controller_env(replay).items())
+    chosen = ["--policy", policy] if policy is not None else []
+    return " ".join(
+        [env, "burstctl controller", *chosen, *controller_flags(replay, live_bandwidth)]
+    )
 
 
 def default_time_scale(replay: Replay) -> float:
@@ -83,8 +103,14 @@ def replay_live(
     if not time_scale > 0.0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
     width = len(str(max(len(replay.jobs) - 1, 0)))
+    # one loop thread and one Node stream for all the jobs, as on one client node
+    runtime = ClientRuntime(name="burstctl-replay")
     sessions = [
-        Session(address, JobInfo(f"{i:0{width}d}-{_job_id(job.name)}", USER, USER, job.ranks))
+        Session(
+            address,
+            JobInfo(f"{i:0{width}d}-{_job_id(job.name)}", USER, USER, job.ranks),
+            runtime=runtime,
+        )
         for i, job in enumerate(replay.jobs)
     ]
     try:
@@ -109,6 +135,7 @@ def replay_live(
     finally:
         for session in sessions:
             session.close()
+        runtime.close()
     return [r for r in results if r is not None]
 
 
@@ -178,11 +205,10 @@ def emit_live(
     if simulated.result is None:
         raise click.ClickException(f"{simulated.policy}: the simulation failed: {simulated.error}")
     scale = time_scale if time_scale is not None else default_time_scale(replay)
-    flags = controller_flags(replay, live_bandwidth)
     click.echo(
         f"live: {address}, {simulated.policy}, T = {replay.window.horizon:.6g} s in"
-        f" {replay.window.horizon / scale:.3g} s (time scale {scale:.6g}); controller flags:"
-        f" --policy {simulated.policy} {' '.join(flags)}",
+        f" {replay.window.horizon / scale:.3g} s (time scale {scale:.6g}); the controller:"
+        f" {controller_command(replay, live_bandwidth, simulated.policy)}",
         err=True,
     )
     live = replay_live(replay, address, live_bandwidth, scale)

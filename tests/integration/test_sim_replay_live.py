@@ -9,7 +9,13 @@ from typing import Any
 
 import pytest
 
-from burstctl.cli.sim.replay_live import controller_flags, replay_live, side_by_side, tolerance
+from burstctl.cli.sim.replay_live import (
+    controller_env,
+    controller_flags,
+    replay_live,
+    side_by_side,
+    tolerance,
+)
 from burstctl.simulator.replay.darshan import read_log
 from burstctl.simulator.replay.mapping import replay_jobs
 from burstctl.simulator.replay.runs import run_policies
@@ -31,7 +37,9 @@ def test_live_yields_are_the_simulators_within_the_derived_tolerance(
     log = read_log(INPUT / "sample-goodost.darshan")
     replay = replay_jobs([log] * 3, bins=5, stagger=0.5)
     (simulated,) = run_policies(replay, ["fair-share"])
-    ctl = controller_factory("--policy", "fair-share", *controller_flags(replay, B_LIVE))
+    ctl = controller_factory(
+        "--policy", "fair-share", *controller_flags(replay, B_LIVE), env=controller_env(replay)
+    )
     scale = replay.window.horizon / LIVE_SECONDS
     live = replay_live(replay, ctl.address, B_LIVE, scale)
     rows = side_by_side(replay, simulated.yields, live, scale)
