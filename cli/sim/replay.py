@@ -30,7 +30,7 @@ def _rate(ctx: click.Context, param: click.Parameter, value: str | None) -> floa
 
 
 @click.command("replay")
-@click.argument("logs", metavar="LOG...", nargs=-1, required=True, type=click.Path(dir_okay=False))
+@click.argument("logs", metavar="LOG...", nargs=-1, required=True)
 @click.option(
     "--policy",
     "policies",

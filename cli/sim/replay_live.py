@@ -7,7 +7,8 @@ Owns the driver: the window that ``simulator/replay/mapping.py`` made for the si
 controller of capacity B_live, each volume scaled by B_live / (B·time_scale) so that every
 phase lasts its simulated length / time_scale at the job's cap. One `Session` per job
 (``nodes`` = its ranks, so the controller's cap min(p_i·b_live, B_live) is the simulator's
-b_i scaled), one thread per job: an I/O phase is one explicit operation whose bytes are
+b_i scaled), all on one `ClientRuntime` as on one client node, one thread per job: an I/O
+phase is one explicit operation (a write: the model has one kind of I/O) whose bytes are
 acquired in chunks of ``CHUNK_SECONDS`` at the cap, a work phase a wait. At T / time_scale
 every job stops; its yield is its progress P (work seconds done, bytes moved / its cap, in
 simulated seconds) over T, as the simulator's ([BWS] eq. (8)).
@@ -33,6 +34,7 @@ import click
 
 from burstctl.client import ClientRuntime, JobInfo, Session
 from burstctl.common.units import format_rate
+from burstctl.controller.config import ControllerConfig
 from burstctl.simulator.replay.mapping import Replay
 from burstctl.simulator.replay.runs import PolicyReplay
 
@@ -41,12 +43,11 @@ LIVE_SECONDS = 30.0  # the default replay's length
 USER = "replay"  # every job's user and group, as the simulator's one "sim" user
 # What one phase event may cost a job's progress, live seconds: the end-to-end decision
 # latency on loopback (a decision, its push and the session applying it) with margin for a
-# loaded machine; the controller's default bucket depth (ControllerConfig.burst_window).
+# loaded machine; the controller's default bucket depth.
 DECISION_LATENCY = 0.02
-BURST_WINDOW = 0.05
+BURST_WINDOW: float = ControllerConfig.model_fields["burst_window"].default
 START_DELAY = 0.5  # from the threads' start to the replay's t = 0, live seconds
 UNREGISTERED_NODES = "BURSTCTL_MAX_UNREGISTERED_NODES"
-DEFAULT_UNREGISTERED_NODES = 64  # ControllerConfig.max_unregistered_nodes
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,9 +70,8 @@ def controller_env(replay: Replay) -> dict[str, str]:
     """The environment a controller needs for a live replay: the jobs are not registered,
     and a controller clamps what an unregistered job's session claims to
     ``max_unregistered_nodes`` (docs/security.md), which must admit every job's ranks."""
-    return {
-        UNREGISTERED_NODES: str(max(DEFAULT_UNREGISTERED_NODES, *(j.ranks for j in replay.jobs)))
-    }
+    default = ControllerConfig.model_fields["max_unregistered_nodes"].default
+    return {UNREGISTERED_NODES: str(max(default, *(j.ranks for j in replay.jobs)))}
 
 
 def controller_command(replay: Replay, live_bandwidth: float, policy: str | None) -> str:
@@ -98,8 +98,8 @@ def tolerance(replay: Replay, time_scale: float) -> float:
 def replay_live(
     replay: Replay, address: str, live_bandwidth: float, time_scale: float
 ) -> list[LiveJob]:
-    """Drives ``replay``'s jobs against the controller at ``address`` (which runs with
-    `controller_flags`) and returns each job's live yield, in the jobs' order."""
+    """Drives ``replay``'s jobs against the controller at ``address`` (run as
+    `controller_command` says) and returns each job's live yield, in the jobs' order."""
     if not time_scale > 0.0:
         raise ValueError(f"time_scale must be > 0, got {time_scale}")
     width = len(str(max(len(replay.jobs) - 1, 0)))
@@ -119,7 +119,7 @@ def replay_live(
                 raise click.ClickException(f"{address}: the session of {job.name} did not attach")
         start = time.monotonic() + START_DELAY
         deadline = start + replay.window.horizon / time_scale
-        results: list[LiveJob | None] = [None] * len(sessions)
+        results: list[LiveJob | BaseException | None] = [None] * len(sessions)
         threads = [
             threading.Thread(
                 target=_drive,
@@ -136,7 +136,13 @@ def replay_live(
         for session in sessions:
             session.close()
         runtime.close()
-    return [r for r in results if r is not None]
+    done = []
+    for result in results:
+        if not isinstance(result, LiveJob):
+            cause = result if isinstance(result, BaseException) else None
+            raise RuntimeError(f"a job's driver failed: {result!r}") from cause
+        done.append(result)
+    return done
 
 
 def _drive(
@@ -147,8 +153,24 @@ def _drive(
     time_scale: float,
     start: float,
     deadline: float,
-    results: list[LiveJob | None],
+    results: list[LiveJob | BaseException | None],
 ) -> None:
+    try:
+        results[i] = _run_phases(replay, i, session, live_bandwidth, time_scale, start, deadline)
+    except BaseException as exc:  # the main thread raises it
+        results[i] = exc
+
+
+def _run_phases(
+    replay: Replay,
+    i: int,
+    session: Session,
+    live_bandwidth: float,
+    time_scale: float,
+    start: float,
+    deadline: float,
+) -> LiveJob:
+    """Job ``i``'s phases until they end or the deadline comes; its progress then."""
     app = replay.window.apps[i]
     to_bytes = live_bandwidth / time_scale  # a normalised volume's bytes live
     chunk = max(1, int(app.cap * live_bandwidth * CHUNK_SECONDS))
@@ -179,7 +201,7 @@ def _drive(
         if done < total:
             break
     T = replay.window.horizon
-    results[i] = LiveJob(replay.jobs[i].name, progress / T, progress, moved)
+    return LiveJob(replay.jobs[i].name, progress / T, progress, moved)
 
 
 def _sleep_until(when: float) -> None:

@@ -94,8 +94,10 @@ def read_log(path: str | Path) -> DarshanLog:
         raise LogError(
             path, "reading Darshan logs needs PyDarshan: pip install 'burstctl[sim]'"
         ) from None
-    if not Path(path).is_file():
+    if not Path(path).exists():
         raise LogError(path, "no such file")
+    if not Path(path).is_file():
+        raise LogError(path, "not a file")
     failure: Exception | None = None
     with _c_errors() as errors:
         report = darshan.DarshanReport()

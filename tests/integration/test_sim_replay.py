@@ -68,7 +68,7 @@ def not_logs(tmp_path: Path) -> list[Path]:
     text.write_text("not a Darshan log\n")
     truncated = tmp_path / "truncated.darshan"
     truncated.write_bytes((INPUT / "sample.darshan").read_bytes()[:3000])
-    return [empty, text, truncated]
+    return [empty, text, truncated, tmp_path / "missing.darshan", tmp_path]
 
 
 def test_a_file_that_is_not_a_log_is_one_line_and_exit_2(not_logs: list[Path]) -> None:
