@@ -8,7 +8,8 @@ time since the job's start:
   ``*_BYTES_READ`` / ``*_BYTES_WRITTEN`` over ``*_F_READ_*`` / ``*_F_WRITE_*`` start to end.
   A shared-file record (rank −1) is one transfer for all its ranks.
 - DXT segments, where the log has them: one transfer per segment (its length over its
-  start to end), in place of the counters of the same file and rank.
+  start to end), in place of the counters of the same file and rank (of the same file,
+  every rank's, for a shared-file record).
 - One layer per file: POSIX where the file has POSIX records (MPI-IO lands there through
   ROMIO's POSIX calls, so counting both would count its bytes twice), else MPI-IO. STDIO is
   kept beside them: its buffered writes reach the kernel below Darshan's POSIX wrappers.
@@ -144,6 +145,12 @@ def _read(report: Any, path: str) -> DarshanLog:
                 continue
             if (file_id, rank) in segments:
                 transfers.extend(segments[file_id, rank])
+                continue
+            if rank == -1 and any(f == file_id for f, _ in segments):
+                # a shared record stands for all ranks: every rank's segments of the file
+                for (f, _), each in segments.items():
+                    if f == file_id:
+                        transfers.extend(each)
                 continue
             counters = dict(zip(report.counters[module]["counters"], rec["counters"], strict=True))
             times = dict(zip(report.counters[module]["fcounters"], rec["fcounters"], strict=True))
