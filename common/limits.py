@@ -147,3 +147,7 @@ AllocatorName = Literal["random", "static", "best-bdw", "nsys-allocator", "tcpu-
 PlacementName = Literal["random", "greedy-non-clairvoyant", "greedy-clairvoyant"]
 ALLOCATOR_NAMES: tuple[str, ...] = get_args(AllocatorName)
 PLACEMENT_NAMES: tuple[str, ...] = get_args(PlacementName)
+# Where the [DIST-IO] simulator's generated applications get their b_j(n)
+# (simulator/placement/curves.py): the parametrised shapes or [FORGE]'s measurements.
+CurveSource = Literal["synthetic", "measured"]
+CURVE_SOURCES: tuple[str, ...] = get_args(CurveSource)

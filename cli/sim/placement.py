@@ -14,7 +14,7 @@ from burstctl.cli.sim.common import (
     campaign_record,
     progress,
 )
-from burstctl.common.limits import ALLOCATOR_NAMES, PLACEMENT_NAMES
+from burstctl.common.limits import ALLOCATOR_NAMES, CURVE_SOURCES, PLACEMENT_NAMES
 
 
 def _dist_io_load(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -22,6 +22,18 @@ def _dist_io_load(ctx: click.Context, param: click.Parameter, value: float | Non
     if value is not None and not 0.0 < value <= 2.0:
         raise click.BadParameter(f"must be in (0, 2], got {value}")
     return value
+
+
+# Both commands: where the applications' b_j(n) come from.
+curves_option = click.option(
+    "--curves",
+    type=click.Choice(CURVE_SOURCES),
+    default="synthetic",
+    show_default=True,
+    help="Bandwidth curves b_j(n) of the generated applications: the four parametrised "
+    "shapes, or the measured MareNostrum 4 curves of [FORGE] (189 patterns, 1-8 I/O nodes; "
+    "docs/simulator.md).",
+)
 
 
 def _dist_io_loads(
@@ -73,6 +85,7 @@ def _dist_io_loads(
     help="Allocators and placements see each application's profile-class curve instead "
     "of its own b_j ([DIST-IO] §VI-B); the simulation uses the true b_j.",
 )
+@curves_option
 def sim_placement(
     load: float,
     seed: int,
@@ -81,6 +94,7 @@ def sim_placement(
     placements: tuple[str, ...],
     fmt: str,
     inaccurate: bool,
+    curves: str,
 ) -> None:
     """Allocation and placement of generated applications over 20 I/O resources
     ([DIST-IO]; docs/simulator.md, "[DIST-IO] placement"): Mean/Max-I/O-SlowDown,
@@ -91,7 +105,7 @@ def sim_placement(
 
     rows = []
     for index in range(sets):
-        pset = make_set(load, seed, index)
+        pset = make_set(load, seed, index, curves)
         rows += run_set(
             pset,
             allocators or ALLOCATOR_NAMES,
@@ -126,18 +140,20 @@ def sim_placement(
     required=True,
     help="Directory for placement.csv, readings.md and the PNGs.",
 )
+@curves_option
 @campaign_options
 @click.option(
     "--resume",
     is_flag=True,
     help="Keep the sets an interrupted sweep already wrote to OUT/placement.csv; run the"
-    " rest. Refused (exit 2) if it was written with another --seed.",
+    " rest. Refused (exit 2) if it was written with another --seed or --curves.",
 )
 def sim_placement_sweep(
     loads: tuple[float, ...],
     sets: int,
     seed: int,
     out: Path,
+    curves: str,
     workers: int | None,
     scheduler: str | None,
     resume: bool,
@@ -163,6 +179,7 @@ def sim_placement_sweep(
             resume=resume,
             progress=progress,
             params=campaign_record(case_keys=("loads", "sets")),
+            curves=curves,
         )
     except CampaignError as exc:
         raise campaign_error(exc) from None

@@ -39,11 +39,16 @@ def _check(shape: str, n_max: int) -> None:
         raise ValueError(f"n_max must be ≥ 3 for the four shapes, got {n_max}")
 
 
+def draw_b1(rng: random.Random) -> float:
+    """b(1) of a generated curve, log-uniform in [0.5, 2] (normalised bandwidth)."""
+    return 0.5 * 4.0 ** rng.random()
+
+
 def shape_curve(shape: str, rng: random.Random, n_max: int = DEFAULT_N_MAX) -> Profile:
     """One random curve of ``shape`` on 1..n_max, parameters drawn from ``rng`` (module
     docstring)."""
     _check(shape, n_max)
-    b1 = 0.5 * 4.0 ** rng.random()
+    b1 = draw_b1(rng)
     ns = range(1, n_max + 1)
     if shape == "ascent":
         alpha, n_sat = rng.uniform(0.4, 1.0), rng.randint(2, n_max)

@@ -41,8 +41,8 @@ from burstctl.policies.placement import metrics
 from burstctl.policies.placement.allocators import allocate
 from burstctl.policies.placement.model import App, Profile, io_load, n_sys
 from burstctl.policies.placement.placements import place
-from burstctl.policies.placement.profiles import class_curve, random_profile
 from burstctl.simulator.campaign import Cluster, Format, RowFile, run_campaign
+from burstctl.simulator.placement.curves import class_profile, drawer
 from burstctl.simulator.placement.workloads import N_RESOURCES, Q_CPU, generate
 
 _REL = 1e-9  # a transfer with less than this fraction of its volume left is over
@@ -210,13 +210,15 @@ FIELDS = (
 @dataclass(frozen=True, slots=True)
 class PlacementSet:
     """One generated set: its applications (the model's ``App`` with the true b_j), the
-    shape of each one's profile, and I/O-load(π_sys)."""
+    shape of each one's profile, I/O-load(π_sys) and where the curves came from
+    (``curves.CURVE_SOURCES``)."""
 
     index: int
     target: float  # Θ
     apps: tuple[App, ...]
     shapes: tuple[str, ...]
     load_sys: float
+    curves: str = "synthetic"
 
 
 def _rng(*parts: object) -> random.Random:
@@ -224,14 +226,15 @@ def _rng(*parts: object) -> random.Random:
     return random.Random(":".join(map(repr, parts)))
 
 
-def make_set(load: float, seed: int, index: int) -> PlacementSet:
+def make_set(load: float, seed: int, index: int, curves: str = "synthetic") -> PlacementSet:
     """Set ``index`` of target load ``load`` for ``seed`` (its own seed: reproducible
-    alone, whatever else runs)."""
+    alone, whatever else runs), its b_j drawn from ``curves`` (``curves.drawer``)."""
     rng = _rng("dist-io-set", seed, float(load), index)
     profiles: list[Profile] = []
+    draw_curve = drawer(curves)
 
     def draw(r: random.Random) -> tuple[str, Sequence[float]]:
-        shape, profile = random_profile(r)  # b_j on 1..8, capped beyond (policies.placement)
+        shape, profile = draw_curve(r)  # b_j on 1..8, capped beyond (policies.placement)
         profiles.append(profile)
         return shape, [profile(n) for n in range(1, N_RESOURCES + 1)]
 
@@ -247,28 +250,20 @@ def make_set(load: float, seed: int, index: int) -> PlacementSet:
         apps=apps,
         shapes=tuple(g.shape for g in gen),
         load_sys=io_load(apps, pi_sys, N_RESOURCES),
+        curves=curves,
     )
 
 
 def _class_apps(pset: PlacementSet) -> list[App]:
     """What the allocators see with inaccurate inputs ([DIST-IO] §VI-B): each
-    application's b_j replaced by its shape's class curve, scaled to its own b_j(1)
-    (known from V_io and T_cf_io(1) of a previous run)."""
+    application's b_j replaced by its shape's class curve (of the set's curve source),
+    scaled to its own b_j(1) (known from V_io and T_cf_io(1) of a previous run)."""
     out = []
     for a, shape in zip(pset.apps, pset.shapes, strict=True):
         assert a.profile is not None
-        curve = _class_curve(shape).scaled(a.profile(1))
+        curve = class_profile(pset.curves, shape).scaled(a.profile(1))
         out.append(replace(a, profile=curve))
     return out
-
-
-_CLASS_CURVES: dict[str, Profile] = {}
-
-
-def _class_curve(shape: str) -> Profile:
-    if shape not in _CLASS_CURVES:
-        _CLASS_CURVES[shape] = class_curve(shape)
-    return _CLASS_CURVES[shape]
 
 
 def run_one(
@@ -319,18 +314,21 @@ class SweepTask:
     load: float
     index: int
     seed: int
+    curves: str = "synthetic"
 
 
 def sweep_task(task: SweepTask) -> list[dict[str, Any]]:
-    pset = make_set(task.load, task.seed, task.index)
+    pset = make_set(task.load, task.seed, task.index, task.curves)
     rows = run_set(pset, ALLOCATOR_NAMES, PLACEMENT_NAMES, task.seed)
     rows += [run_one(pset, a, p, task.seed, inaccurate=True) for a, p in ROBUSTNESS]
     return rows
 
 
-def sweep_tasks(loads: Sequence[float], sets: int, seed: int = 0) -> list[SweepTask]:
+def sweep_tasks(
+    loads: Sequence[float], sets: int, seed: int = 0, curves: str = "synthetic"
+) -> list[SweepTask]:
     """The cases of a sweep, in the order of its rows: load, then set."""
-    return [SweepTask(float(load), i, seed) for load in loads for i in range(sets)]
+    return [SweepTask(float(load), i, seed, curves) for load in loads for i in range(sets)]
 
 
 def rows_per_task(task: SweepTask) -> int:
@@ -364,14 +362,15 @@ def sweep(
     resume: bool = False,
     progress: Callable[[str], None] | None = None,
     params: Mapping[str, Any] | None = None,
+    curves: str = "synthetic",
 ) -> list[dict[str, Any]]:
     """The rows of every set of every load point, in (load, set) order wherever the cases
     ran (``workers``, ``scheduler``: as `campaign.Cluster`'s; each set has its own seed, so
     the rows are the same row for row). ``out``: the rows also go to this CSV as the sets
     finish (`campaign.RowFile`); ``resume``: the sets already there are not run again, and
     the rows returned are read back from it; ``params``: recorded beside it and checked
-    on resume (`campaign.RowFile`)."""
-    tasks = sweep_tasks(loads, sets, seed)
+    on resume (`campaign.RowFile`); ``curves``: the sets' curve source (`make_set`)."""
+    tasks = sweep_tasks(loads, sets, seed, curves)
     target = row_file(out, params=params) if out is not None else None
     chunks = run_campaign(
         sweep_task,

@@ -75,6 +75,10 @@ def job_env(job_id: str, **extra: str) -> dict[str, str]:
         "SLURM_JOB_UID": "1000",
         "SLURM_JOB_GID": str(os.getgid()),
         "SLURM_JOB_ACCOUNT": "physics",
+        # One call's bound: the 5 s default kills a `burstctl job` still starting up on a
+        # loaded machine, and the script then (rightly) goes on without that replica. The
+        # test of the bound itself sets its own.
+        "BURSTCTL_SLURM_TIMEOUT": "60",
         **extra,
     }
 

@@ -332,6 +332,21 @@ def test_placement_options_repeat_and_the_seed_reproduces() -> None:
     assert all(json.loads(line)["inaccurate"] for line in rough.stdout.splitlines())
 
 
+def test_placement_on_measured_curves_runs_a_set_with_exact_and_class_inputs() -> None:
+    args = ["placement", "--load", "0.6", "--allocator", "best-bdw", "--format", "json"]
+    measured = burstctl(*args, "--placement", "greedy-non-clairvoyant", "--curves", "measured")
+    synthetic = burstctl(*args, "--placement", "greedy-non-clairvoyant")
+    rough = burstctl(
+        *args, "--placement", "greedy-clairvoyant", "--curves", "measured", "--inaccurate"
+    )
+    for done in (measured, synthetic, rough):
+        assert done.exit_code == 0, done.stderr
+    row, other, class_row = (json.loads(d.stdout) for d in (measured, synthetic, rough))
+    assert row["load"] != other["load"]  # other curves, another set
+    assert row["rho_io"] == pytest.approx(1.0)  # BestBdw on the measured b_j
+    assert class_row["inaccurate"] and class_row["mean_slowdown"] >= 1.0 - 1e-9
+
+
 def test_placement_table_has_a_header_and_a_line_per_row() -> None:
     done = burstctl("placement", "--allocator", "static", "--placement", "random")
     assert done.exit_code == 0, done.stderr
@@ -349,6 +364,7 @@ def test_placement_table_has_a_header_and_a_line_per_row() -> None:
         (["placement", "--allocator", "best"], "--allocator"),
         (["placement", "--placement", "round-robin"], "--placement"),
         (["placement", "--sets", "0"], "--sets"),
+        (["placement", "--curves", "real"], "--curves"),
         (["placement-sweep", "--loads", "3", "--out", "/nonexistent/x"], "--loads"),
         (["placement-sweep", "--loads", "0.5"], "--out"),
     ],

@@ -85,16 +85,19 @@ def test_a_sweep_file_without_a_record_resumes_with_a_warning(tmp_path: Path) ->
 
 # One load point draws figures with an empty legend: matplotlib warns, not our point here.
 @pytest.mark.filterwarnings("ignore:No artists with labels found")
-def test_placement_sweep_records_its_seed(tmp_path: Path) -> None:
+def test_placement_sweep_records_its_seed_and_curves(tmp_path: Path) -> None:
     placement = ["sim", "placement-sweep", "--loads", "0.3", "--sets", "1", "--workers", "1"]
     done = run(*placement, "--out", tmp_path)
     assert done.exit_code == 0, done.output
     rows = tmp_path / "placement.csv"
-    assert record(rows) == {"command": "sim placement-sweep", "--seed": 0}
+    assert record(rows) == {"command": "sim placement-sweep", "--seed": 0, "--curves": "synthetic"}
     before = snapshot(rows)
     refused = run(*placement, "--seed", "1", "--out", tmp_path, "--resume")
     assert refused.exit_code == 2
     assert "--seed 1 (the file has 0)" in refused.stderr
+    other = run(*placement, "--curves", "measured", "--out", tmp_path, "--resume")
+    assert other.exit_code == 2
+    assert '--curves "measured" (the file has "synthetic")' in other.stderr
     assert snapshot(rows) == before
 
 
