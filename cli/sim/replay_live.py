@@ -120,12 +120,17 @@ def replay_live(
         start = time.monotonic() + START_DELAY
         deadline = start + replay.window.horizon / time_scale
         results: list[LiveJob | BaseException | None] = [None] * len(sessions)
+
+        def drive(i: int) -> None:
+            try:
+                results[i] = _run_phases(
+                    replay, i, sessions[i], live_bandwidth, time_scale, start, deadline
+                )
+            except BaseException as exc:  # raised below, in the caller's thread
+                results[i] = exc
+
         threads = [
-            threading.Thread(
-                target=_drive,
-                args=(replay, i, sessions[i], live_bandwidth, time_scale, start, deadline, results),
-                name=f"replay-{i}",
-            )
+            threading.Thread(target=drive, args=(i,), name=f"replay-{i}")
             for i in range(len(sessions))
         ]
         for thread in threads:
@@ -143,22 +148,6 @@ def replay_live(
             raise RuntimeError(f"a job's driver failed: {result!r}") from cause
         done.append(result)
     return done
-
-
-def _drive(
-    replay: Replay,
-    i: int,
-    session: Session,
-    live_bandwidth: float,
-    time_scale: float,
-    start: float,
-    deadline: float,
-    results: list[LiveJob | BaseException | None],
-) -> None:
-    try:
-        results[i] = _run_phases(replay, i, session, live_bandwidth, time_scale, start, deadline)
-    except BaseException as exc:  # the main thread raises it
-        results[i] = exc
 
 
 def _run_phases(
