@@ -81,6 +81,7 @@ bench: $(STAMP)
 	$(PY) bench/bb_large.py --shim exec --files 1024
 	$(PY) bench/metadata.py
 	$(PY) bench/mpi_workloads.py
+	$(PY) bench/darshan_replay.py
 
 clean:
 	find . -path ./$(VENV) -prune -o -name '*.so' -print -delete

@@ -21,6 +21,7 @@ from burstctl.cli import LazyGroup
         "dpsac-plot": "burstctl.cli.sim.dpsac:sim_dpsac_plot",
         "placement": "burstctl.cli.sim.placement:sim_placement",
         "placement-sweep": "burstctl.cli.sim.placement:sim_placement_sweep",
+        "replay": "burstctl.cli.sim.replay:sim_replay",
     },
 )
 def sim() -> None:

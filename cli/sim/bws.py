@@ -15,6 +15,7 @@ from burstctl.cli.sim.common import (
     campaign_record,
     emit,
     fraction,
+    known_policies,
     positive,
     progress,
 )
@@ -100,16 +101,11 @@ def sim_run(
     fmt: str,
 ) -> None:
     """Simulate one policy on one instance; print its metrics."""
-    from burstctl.policies.registry import UnknownPolicyError, default_registry
     from burstctl.simulator.bws.fluid import SimulationError
     from burstctl.simulator.bws.instance import prepare_window, read_instance
     from burstctl.simulator.bws.runs import create_policy, simulate
 
-    registry = default_registry()
-    try:
-        registry.get(policy_name)
-    except UnknownPolicyError as exc:
-        raise click.BadParameter(str(exc), param_hint="--policy") from None
+    registry = known_policies([policy_name])
     try:
         win = prepare_window(read_instance(instance_file), window, bandwidth)
         policy = create_policy(policy_name, win, registry, known_omega=known_omega)
@@ -173,17 +169,11 @@ def sim_sweep(
     resume: Path | None,
 ) -> None:
     """Run policies × pressures × seeds on synthetic instances; one row per run."""
-    from burstctl.policies.registry import UnknownPolicyError, default_registry
     from burstctl.simulator.bws.fluid import SimulationError
     from burstctl.simulator.bws.sweep import FIELDS, row_file, run_sweep, tasks
     from burstctl.simulator.campaign import CampaignError
 
-    registry = default_registry()
-    for name in policies:
-        try:
-            registry.get(name)
-        except UnknownPolicyError as exc:
-            raise click.BadParameter(str(exc), param_hint="--policy") from None
+    known_policies(policies)
     for w in pressures:
         if not w > 0.0:
             raise click.BadParameter(f"must be > 0, got {w}", param_hint="--pressure")

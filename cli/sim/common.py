@@ -6,9 +6,26 @@ from __future__ import annotations
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
+
+if TYPE_CHECKING:
+    from burstctl.policies.registry import PolicyRegistry
+
+
+def known_policies(names: Sequence[str], option: str = "--policy") -> PolicyRegistry:
+    """The default registry, once it knows every one of ``names``; else a usage error on
+    ``option`` that lists the known names."""
+    from burstctl.policies.registry import UnknownPolicyError, default_registry
+
+    registry = default_registry()
+    for name in names:
+        try:
+            registry.get(name)
+        except UnknownPolicyError as exc:
+            raise click.BadParameter(str(exc), param_hint=option) from None
+    return registry
 
 
 def positive(ctx: click.Context, param: click.Parameter, value: float | None) -> float | None:
@@ -56,10 +73,14 @@ def progress(line: str) -> None:
     click.echo(line, err=True)
 
 
-class OtherFlags(click.ClickException):
-    """``--resume`` with other flags than the file's record: one line on stderr, exit 2."""
+class BadInput(click.ClickException):
+    """An input the command refuses, as one line on stderr (no usage text), exit 2."""
 
     exit_code = 2
+
+
+class OtherFlags(BadInput):
+    """``--resume`` with other flags than the file's record."""
 
 
 def campaign_error(exc: Exception) -> click.ClickException:

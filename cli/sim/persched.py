@@ -13,6 +13,7 @@ from burstctl.cli.sim.common import (
     campaign_options,
     campaign_record,
     emit,
+    known_policies,
     positive,
     progress,
     runs_file_options,
@@ -221,7 +222,6 @@ def sim_persched_compare(
     import json
 
     from burstctl.policies.persched import SetFileError, load_set_file
-    from burstctl.policies.registry import UnknownPolicyError, default_registry
     from burstctl.simulator.campaign import CampaignError
     from burstctl.simulator.persched.compare import (
         ONLINE_STRATEGIES,
@@ -244,12 +244,7 @@ def sim_persched_compare(
         for name in ("count", "seed"):
             if ctx.get_parameter_source(name) is not click.core.ParameterSource.DEFAULT:
                 raise click.UsageError(f"--{name} goes with --synthetic only")
-    registry = default_registry()
-    for name in strategies:
-        try:
-            registry.get(name)
-        except UnknownPolicyError as exc:
-            raise click.BadParameter(str(exc), param_hint="--strategy") from None
+    known_policies(strategies, "--strategy")
     named: list[NamedSet] = [jupiter(n) for n in set_numbers]
     for path in set_files:
         try:

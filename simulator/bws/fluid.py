@@ -452,14 +452,20 @@ class Run:
         self.remaining[i] = math.inf
         self.stepped.append(i)
 
+    def yields(self) -> list[float]:
+        """Per application, in index order, its yield at the current time (T once the loop
+        ended): eq. (8), y_i = P_i/(T − τ_i), not capped."""
+        T = self.horizon
+        return [self._progress_now(i) / (T - self.tau[i]) for i in range(len(self.cap))]
+
     def metrics(self) -> tuple[float, float, float, float]:
         """(MinYield, Efficiency, Utilization, reference Utilization) at T, as the
         reference's ``simulate`` computes them."""
         T = self.horizon
         s = self.start
         m = len(self.cap)
-        # eq. (8): y_i(T) = P_i(T)/(T − τ_i), capped at 1 as in the reference
-        min_yield = min(1.0, min(self._progress_now(i) / (T - self.tau[i]) for i in range(m)))
+        # eq. (8), capped at 1 as in the reference
+        min_yield = min(1.0, min(self.yields()))
         span = T - s
         # eq. (10), weighted by b_i (as the reference does; = p_i on synthetic traces)
         efficiency = (self._weighted_progress() - self.base_efficiency) / (span * sum(self.cap))

@@ -1,8 +1,9 @@
 """One run of a bandwidth-sharing policy on a prepared window: ``simulate`` and its result.
 
-Owns what ``burstctl sim run`` and the sweeps call: the policy made for the window
-(``create_policy``: δ and known ω from the instance), the v2 warm-up, and the metrics
-at T of the fluid event loop (``fluid.Run``) as a ``SimResult``.
+Owns what ``burstctl sim run``, the sweeps and ``burstctl sim replay`` call: the policy made
+for the window (``create_policy``: δ and known ω from the instance), the v2 warm-up, and the
+metrics at T of the fluid event loop (``fluid.Run``) as a ``SimResult``, with each
+application's own yield at T on request (``simulate_yields``).
 """
 
 from __future__ import annotations
@@ -79,6 +80,22 @@ def simulate(
     seed: int = 0,
 ) -> SimResult:
     """Runs ``policy`` on ``window`` and returns the metrics at T."""
+    return simulate_yields(
+        window, policy, windows=windows, registry=registry, instance=instance, seed=seed
+    )[0]
+
+
+def simulate_yields(
+    window: Window,
+    policy: Policy | str,
+    *,
+    windows: Windows = "v1",
+    registry: PolicyRegistry | None = None,
+    instance: str | None = None,
+    seed: int = 0,
+) -> tuple[SimResult, tuple[float, ...]]:
+    """Runs ``policy`` on ``window``: the metrics at T, and each application's yield at T
+    (eq. (8), not capped), in the window's order."""
     reg = registry if registry is not None else default_registry()
     strategy = create_policy(policy, window, reg) if isinstance(policy, str) else policy
     if windows not in ("v1", "v2"):
@@ -88,7 +105,7 @@ def simulate(
     run.loop()
     wall = time.perf_counter() - started
     min_yield, efficiency, utilization, utilization_ref = run.metrics()
-    return SimResult(
+    result = SimResult(
         policy=strategy.name,
         instance=instance,
         windows=windows,
@@ -104,3 +121,4 @@ def simulate(
         wall_seconds=wall,
         known_omega=bool(getattr(strategy.params, "known_omega", None)),
     )
+    return result, tuple(run.yields())
