@@ -19,17 +19,21 @@ time since the job's start:
 A file that is not a readable Darshan log raises ``LogError`` naming it: libdarshan-util
 reports a damaged log on the process's stderr and PyDarshan then returns fewer records or
 none, so its C-level messages are captured while the log is read and any ``Error:`` among
-them fails the read.
+them fails the read; and since it can also crash on a truncated log, each log is read in a
+child process whose death is that log's error.
 """
 
 from __future__ import annotations
 
 import contextlib
+import multiprocessing
 import os
+import signal
 import sys
 import tempfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
@@ -88,32 +92,69 @@ class DarshanLog:
 
 def read_log(path: str | Path) -> DarshanLog:
     """Reads ``path``; ``LogError`` if it is not a readable Darshan log (or PyDarshan is
-    not installed)."""
+    not installed).
+
+    The log is read in a child process: libdarshan-util trusts a log's own offsets and
+    lengths, and on a truncated log it can crash the process (SIGSEGV) instead of
+    reporting an error. A crash of the child is that log's ``LogError``.
+    """
+    if not Path(path).exists():
+        raise LogError(path, "no such file")
+    if not Path(path).is_file():
+        raise LogError(path, "not a file")
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    child = multiprocessing.get_context("fork").Process(
+        target=_read_in_child, args=(str(path), writer), daemon=True
+    )
+    child.start()
+    writer.close()
+    try:
+        ok, value = reader.recv()
+    except EOFError:  # the child died before it could answer
+        child.join()
+        code = child.exitcode
+        how = f"signal {signal.Signals(-code).name}" if code is not None and code < 0 else code
+        raise LogError(path, f"libdarshan-util died reading it ({how}): a damaged log") from None
+    finally:
+        reader.close()
+    child.join()
+    if not ok:
+        raise LogError(path, value)
+    assert isinstance(value, DarshanLog)
+    return value
+
+
+def _read_in_child(path: str, writer: Connection) -> None:
+    """The child of ``read_log``: sends (True, the log) or (False, why not), then exits
+    at once (closing a damaged log's handle can abort, and there is nothing to clean)."""
+    try:
+        try:
+            answer: tuple[bool, object] = (True, _read_here(path))
+        except LogError as exc:
+            answer = (False, str(exc).removeprefix(f"{path}: "))
+        writer.send(answer)
+        writer.close()
+    finally:
+        os._exit(0)
+
+
+def _read_here(path: str) -> DarshanLog:
+    """Reads ``path`` in this process (``read_log``'s child)."""
     try:
         import darshan
     except ImportError:
         raise LogError(
             path, "reading Darshan logs needs PyDarshan: pip install 'burstctl[sim]'"
         ) from None
-    if not Path(path).exists():
-        raise LogError(path, "no such file")
-    if not Path(path).is_file():
-        raise LogError(path, "not a file")
     failure: Exception | None = None
     with _c_errors() as errors:
         report = darshan.DarshanReport()
         try:
-            report.open(str(path), read_all=False)
-            log = _read(report, str(path))
+            report.open(path, read_all=False)
+            log = _read(report, path)
         except Exception as exc:  # PyDarshan's own: RuntimeError, KeyError, ValueError
             failure = exc
         problems = errors()
-        if failure is None and not problems:
-            report._cleanup()  # closes the log (what its __exit__ and __del__ call)
-        else:
-            # libdarshan-util can abort the process closing a damaged log: its handle is
-            # left open (the memory of a log the command refuses anyway)
-            report.log = None
     if isinstance(failure, LogError):
         raise failure
     if failure is not None or problems:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from burstctl.simulator.bws.runs import simulate_yields
-from burstctl.simulator.replay.darshan import DarshanLog, Transfer, read_log
+from burstctl.simulator.replay.darshan import DarshanLog, LogError, Transfer, read_log
 from burstctl.simulator.replay.mapping import bin_volumes, replay_jobs
 
 darshan = pytest.importorskip("darshan", reason="PyDarshan is the sim extra's")
@@ -128,3 +128,16 @@ def test_yields_of_two_copies_match_the_hand_computed_ones() -> None:
     # 9 and works 0.5 of its last 2.5 s: P = 8
     _, yields = simulate_yields(replay.window, "fcfs")
     assert yields == pytest.approx((1.0, 0.8))
+
+
+def test_every_prefix_of_a_log_is_an_error_naming_it_never_a_crash(tmp_path: Path) -> None:
+    """libdarshan-util trusts a log's own offsets: on some truncations it crashed the reading
+    process. Each log is read in a child, so a cut log is this log's error, whatever the cut."""
+    whole = (INPUT / "sample.darshan").read_bytes()
+    cut = tmp_path / "cut.darshan"
+    for size in range(0, len(whole), 500):
+        cut.write_bytes(whole[:size])
+        with pytest.raises(LogError, match=f"^{cut}: "):
+            read_log(cut)
+    cut.write_bytes(whole)
+    assert read_log(cut).nbytes == read_log(INPUT / "sample.darshan").nbytes > 0
