@@ -88,28 +88,33 @@ def test_counters_survive_a_crash_of_the_controller(
     wait_until(saved, 10, message="ledger saved")
     live = Session(controller.address, info, fallback="keep-last")
     try:
-        live.acquire(2 * MiB, "read")
-        url = controller.url
-        wait_until(
-            lambda: (job_counters(url, "j1") or {}).get("bytes_moved") == 3 * MiB,
-            10,
-            message="live session's bytes booked",
-        )
-        # Killed: whatever the live session reported after the last save is not on disk.
-        address = controller.address
-        controller.stop(signal.SIGKILL)
-        live.acquire(1 * MiB, "read")  # moved while no controller runs
-        controller.requested_address = address
-        controller.start()
-        new_url = controller.url
-        assert new_url is not None
+        # One operation open across the crash, so the rate kept is the one in force (an
+        # implicit operation would end after its quiet gap and keep-last would keep 0 B/s
+        # for the 30 s before its floor: on a loaded machine the booking below outlasts
+        # that gap).
+        with live.operation("read"):
+            live.acquire(2 * MiB, "read")
+            url = controller.url
+            wait_until(
+                lambda: (job_counters(url, "j1") or {}).get("bytes_moved") == 3 * MiB,
+                10,
+                message="live session's bytes booked",
+            )
+            # Killed: whatever the live session reported after the last save is not on disk.
+            address = controller.address
+            controller.stop(signal.SIGKILL)
+            live.acquire(1 * MiB, "read")  # moved while no controller runs
+            controller.requested_address = address
+            controller.start()
+            new_url = controller.url
+            assert new_url is not None
 
-        def after_restart() -> dict[str, int] | None:
-            j = job_counters(new_url, "j1")
-            return j if j is not None and j["bytes_moved"] == 4 * MiB else None
+            def after_restart() -> dict[str, int] | None:
+                j = job_counters(new_url, "j1")
+                return j if j is not None and j["bytes_moved"] == 4 * MiB else None
 
-        j = wait_until(after_restart, 15, message="counters carried over the restart")
-        assert isinstance(j, dict)
-        assert (j["bytes_written"], j["bytes_read"]) == (1 * MiB, 3 * MiB)
+            j = wait_until(after_restart, 15, message="counters carried over the restart")
+            assert isinstance(j, dict)
+            assert (j["bytes_written"], j["bytes_read"]) == (1 * MiB, 3 * MiB)
     finally:
         live.close()
