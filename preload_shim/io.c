@@ -8,10 +8,11 @@
 
 /* A read larger than this is first bounded by what the file still holds (an fstat and, for
  * a read at the file position, an lseek): a 1 GiB buffer for a 4 KiB file must not wait for
- * 1 GiB of tokens, nor cp's copy_file_range of "everything" for ever. */
+ * 1 GiB of tokens, nor cp's copy_file_range of "everything" for ever (aio.c bounds an AIO
+ * read so too). */
 #define LARGE_READ (256 * 1024)
 
-static size_t clamp_read(int fd, size_t n, int64_t off) {
+size_t clamp_read(int fd, size_t n, int64_t off) {
     if (n <= LARGE_READ || fd < 0)
         return n;
     struct stat st;

@@ -13,6 +13,7 @@
  *  - fdstate.c: which descriptors are paced: configuration, paths, the per-fd table;
  *  - attach.c:  attaching to the node agent, the library's own descriptors;
  *  - io.c:      pacing a call; the read and write family;
+ *  - aio.c:     POSIX AIO, paced at submission;
  *  - open.c:    the open, close, dup, fcntl and chdir family;
  *  - stdio.c:   the stdio family;
  *  - stage.c:   telling the agent's stage-out of opens and closes, evicted files;
@@ -39,6 +40,7 @@
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE
 #endif
+#include <aio.h>
 #include <dirent.h>
 #include <dlfcn.h>
 #include <errno.h>
@@ -126,6 +128,12 @@
     X(ssize_t, copy_file_range, (int, off64_t *, int, off64_t *, size_t, unsigned int), NULL)   \
     X(ssize_t, sendfile, (int, int, off_t *, size_t), NULL)                                     \
     X(ssize_t, sendfile64, (int, int, off64_t *, size_t), "sendfile")                           \
+    X(int, aio_read, (struct aiocb *), NULL)                                                    \
+    X(int, aio_write, (struct aiocb *), NULL)                                                   \
+    X(int, aio_read64, (struct aiocb64 *), "aio_read")                                          \
+    X(int, aio_write64, (struct aiocb64 *), "aio_write")                                        \
+    X(int, lio_listio, (int, struct aiocb *const *, int, struct sigevent *), NULL)              \
+    X(int, lio_listio64, (int, struct aiocb64 *const *, int, struct sigevent *), "lio_listio")  \
     X(FILE *, fopen, (const char *, const char *), NULL)                                        \
     X(FILE *, fopen64, (const char *, const char *), "fopen")                                   \
     X(FILE *, fdopen, (int, const char *), NULL)                                                \
@@ -346,6 +354,7 @@ struct paced {
 };
 
 struct paced pace(int kind, size_t n, int fd, int64_t off);
+size_t clamp_read(int fd, size_t n, int64_t off);
 
 /* After the real call: the bytes it moved are counted, and the tokens it drew and did not
  * use (a short read at the end of a file, a failed call) go back. */

@@ -33,8 +33,8 @@ from support.mpi import (  # noqa: F401 (mpi_jobs: a fixture)
 pytestmark = pytest.mark.integration
 
 MiB = 1 << 20
-# The mount sees every request of the ranks: OMPIO's nonblocking calls too, which its POSIX AIO
-# threads make (the LD_PRELOAD library does not see them: docs/preload.md, "MPI-IO and HDF5").
+# The mount sees every request of the ranks: OMPIO's nonblocking calls too, which glibc's POSIX
+# AIO threads make (the LD_PRELOAD library paces them at submission: docs/preload.md, "POSIX AIO").
 IOR_ALL = (IOR[0], (*IOR[1], "--apis", "collective,independent,nonblocking"))
 
 

@@ -3,6 +3,7 @@
  * with gcc -O2 -D_FILE_OFFSET_BITS=64 (the 64-bit forms, as dd, tar and fio are built).
  * Exit status 0 on success; anything the test checks is printed on stdout. */
 #define _GNU_SOURCE
+#include <aio.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -14,6 +15,7 @@
 #include <sys/stat.h>
 #include <sys/uio.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 
 #define K64 65536
@@ -52,6 +54,80 @@ static void *thread_main(void *arg) {
     write_all(fd, 2 * 1024 * 1024);
     close(fd);
     return NULL;
+}
+
+#define MIB (1024 * 1024)
+#define GROUP 4
+static char slots[GROUP][MIB], expect[MIB];
+static int written, done_at_return; /* AIO writes; of them, done when their submission returned */
+
+static void fill(char *p, int block) {
+    for (size_t i = 0; i < MIB; i++)
+        p[i] = (char)(i * 7 + (size_t)block);
+}
+
+/* Waits for an AIO request to end, which must have moved `want` bytes. */
+static void aio_done(struct aiocb *cb, ssize_t want) {
+    const struct aiocb *one[1] = {cb};
+    int e;
+    while ((e = aio_error(cb)) == EINPROGRESS)
+        aio_suspend(one, 1, NULL);
+    if (e != 0 || aio_return(cb) != want) {
+        errno = e;
+        die("aio");
+    }
+}
+
+/* Blocks of 1 MiB in groups of GROUP at once: the even groups written with aio_write, the odd
+ * ones with one lio_listio(LIO_NOWAIT); then all read back with lio_listio(LIO_WAIT) and
+ * checked. The write phase's seconds; `written`, `done_at_return` counted. */
+static double aio_mode(const char *path, int mib) {
+    int fd = open(path, O_CREAT | O_RDWR | O_TRUNC, 0644);
+    if (fd < 0)
+        die(path);
+    struct aiocb cbs[GROUP];
+    struct aiocb *list[GROUP];
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (int opcode = LIO_WRITE;; opcode = LIO_READ) {
+        for (int b = 0; b < mib; b += GROUP) {
+            int n = 0;
+            for (; n < GROUP && b + n < mib; n++) {
+                if (opcode == LIO_WRITE)
+                    fill(slots[n], b + n);
+                cbs[n] = (struct aiocb){.aio_fildes = fd,
+                                        .aio_buf = slots[n],
+                                        .aio_nbytes = MIB,
+                                        .aio_offset = (off_t)(b + n) * MIB,
+                                        .aio_lio_opcode = opcode};
+                list[n] = &cbs[n];
+            }
+            if (opcode == LIO_READ) {
+                if (lio_listio(LIO_WAIT, list, n, NULL) != 0)
+                    die("lio_listio wait");
+            } else if (b / GROUP % 2) {
+                if (lio_listio(LIO_NOWAIT, list, n, NULL) != 0)
+                    die("lio_listio nowait");
+            } else {
+                for (int i = 0; i < n; i++)
+                    if (aio_write(list[i]) != 0)
+                        die("aio_write");
+            }
+            for (int i = 0; opcode == LIO_WRITE && i < n; i++, written++)
+                done_at_return += aio_error(list[i]) != EINPROGRESS;
+            for (int i = 0; i < n; i++) {
+                aio_done(list[i], MIB);
+                fill(expect, b + i);
+                if (opcode == LIO_READ && memcmp(slots[i], expect, MIB) != 0)
+                    exit(3);
+            }
+        }
+        if (opcode == LIO_READ)
+            break;
+        clock_gettime(CLOCK_MONOTONIC, &t1);
+    }
+    close(fd);
+    return (double)(t1.tv_sec - t0.tv_sec) + (double)(t1.tv_nsec - t0.tv_nsec) / 1e9;
 }
 
 int main(int argc, char **argv) {
@@ -259,6 +335,11 @@ int main(int argc, char **argv) {
         }
         for (int i = 0; i < n && i < 16; i++)
             pthread_join(t[i], NULL);
+    } else if (!strcmp(mode, "aio")) { /* FILE MIB [OTHER]: POSIX AIO, MIB MiB each */
+        double write_s = aio_mode(argv[2], atoi(argv[3]));
+        printf("write_s=%.3f done_at_return=%d/%d\n", write_s, done_at_return, written);
+        if (argc > 4)
+            aio_mode(argv[4], atoi(argv[3]));
     } else if (!strcmp(mode, "vec")) { /* FILE COPY: the vector, range and sendfile calls */
         int fd = open(argv[2], O_CREAT | O_RDWR | O_TRUNC, 0644);
         if (fd < 0)

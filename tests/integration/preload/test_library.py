@@ -147,6 +147,8 @@ def test_library_is_built_with_only_its_interface_exported() -> None:
         "sendfile64", "fopen", "fopen64", "fdopen", "freopen", "freopen64", "fread", "fwrite",
         "fread_unlocked", "fwrite_unlocked", "__fread_chk", "__fread_unlocked_chk", "fclose",
         "fflush", "chdir", "fchdir", "closedir", "close_range", "closefrom",
+        # POSIX AIO (aio.c)
+        "aio_read", "aio_write", "aio_read64", "aio_write64", "lio_listio", "lio_listio64",
         # metadata calls (meta.c)
         "unlink", "unlinkat", "rename", "renameat", "renameat2", "mkdir", "mkdirat", "rmdir",
         "stat", "stat64", "lstat", "lstat64", "fstatat", "fstatat64", "statx", "__xstat",
