@@ -6,7 +6,13 @@ at teardown, which asserts that it exited cleanly and that nothing is left mount
 
 Every test that mounts through ``fuse_mount`` runs twice, on libfuse 2 and on libfuse 3
 (``--libfuse``; ids ``libfuse2`` / ``libfuse3``): the two differ in their loops, options and
-callback signatures. CI installs both; elsewhere a missing one skips its half.
+callback signatures. CI installs both; elsewhere a missing one skips its half. A test of what
+lies above the binding (the stage-out's copies and restarts, the controller's secret, how a
+phase ends, who a job is) runs on libfuse 3 only (``parametrize("libfuse", ["3"],
+indirect=True)``), what ``--libfuse auto`` takes as root: its other half would run the same
+Python code again, and CI time is better spent elsewhere. What reaches the binding (the
+POSIX, integrity, lifecycle, interrupt and workload tests, evictions the kernel must see)
+keeps both.
 """
 
 from __future__ import annotations

@@ -222,6 +222,7 @@ def test_reads_and_writes_are_paced_at_the_jobs_allocation(
     )
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_a_phase_ends_at_the_last_close(
     paced_mount: Callable[..., tuple[FakeController, MountProcess, Path]],
     apps: Callable[..., App],
@@ -389,6 +390,7 @@ def test_an_unreachable_controller_falls_back(
     wait_until(lambda: "fallback unthrottled" in mount.log_text, timeout=10)
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_a_registered_job_is_never_taken_by_another_uid(
     controller_factory: Callable[..., ControllerProcess],
     fuse_mount: Callable[..., MountProcess],
@@ -525,6 +527,7 @@ def test_jobs_share_the_mounts_loop_thread_and_connection(
     assert len(to_controller) == 1
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_the_mount_carries_the_controllers_secret(
     controller_factory: Callable[..., ControllerProcess],
     fuse_mount: Callable[..., MountProcess],

@@ -191,6 +191,7 @@ def test_the_drain_has_its_own_stream_and_the_app_stream_reports_the_buffer(
     wait_until(reported, 10, message="the buffer report")
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_a_kill_9_mid_copy_leaves_no_partial_file_and_the_copy_resumes(
     fake_controller: Callable[..., FakeController],
     fuse_mount: Callable[..., MountProcess],
@@ -211,6 +212,7 @@ def test_a_kill_9_mid_copy_leaves_no_partial_file_and_the_copy_resumes(
     assert (mnt / "f").read_bytes() == data
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_a_file_rewritten_during_its_copy_is_copied_again_never_evicted_stale(
     fake_controller: Callable[..., FakeController],
     fuse_mount: Callable[..., MountProcess],
@@ -280,6 +282,7 @@ def test_an_unwritable_pfs_evicts_nothing_and_says_why(
     wait_until(lambda: "works again" in mount.log_text, 10, message="the recovery logged")
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_an_unwritable_pfs_fills_the_buffer_then_writes_wait_and_the_controller_says_why(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],

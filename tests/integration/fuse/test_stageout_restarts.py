@@ -38,6 +38,7 @@ def staged_dirs(fuse_dirs: tuple[Path, Path], tmp_path: Path) -> tuple[Path, Pat
     return (*fuse_dirs, pfs)
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_a_mount_killed_mid_drain_resumes_from_its_journal_without_a_scan(
     fake_controller: Callable[..., FakeController],
     fuse_mount: Callable[..., MountProcess],
@@ -89,6 +90,7 @@ def _drained_total(url: str) -> float:
     raise AssertionError("no burstctl_drained_bytes_total")
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_a_jobs_drained_bytes_go_on_after_a_controller_restart(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],
@@ -117,6 +119,7 @@ def test_a_jobs_drained_bytes_go_on_after_a_controller_restart(
     wait_until(lambda: _drained_total(ctl.url) >= total + MiB, 10, message="/metrics, on top")
 
 
+@pytest.mark.parametrize("libfuse", ["3"], indirect=True)  # above the binding: conftest.py
 def test_bytes_kept_on_the_buffer_stay_on_the_books_past_the_job_retention(
     controller_factory: Any,
     fuse_mount: Callable[..., MountProcess],
