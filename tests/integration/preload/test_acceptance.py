@@ -279,10 +279,16 @@ def test_files_outside_the_paths_are_neither_paced_nor_counted(
         big.unlink()
         return dd_seconds(done.stderr)
 
+    def shim() -> float:
+        seconds = dd_seconds(under_exec(agent, job, *dd))
+        big.unlink()
+        return seconds
+
     plain()
-    shimmed = dd_seconds(under_exec(agent, job, *dd))
-    big.unlink()
-    unshimmed = plain()
+    # The best of three of each, taken in turns: a loaded machine (CI keeps a core busy) can
+    # stall any one write by more than the margin below, not all three.
+    runs = [(shim(), plain()) for _ in range(3)]
+    shimmed, unshimmed = min(s for s, _ in runs), min(u for _, u in runs)
     print(json.dumps({"paced_30MiB_s": paced, "shim_1GiB_s": shimmed, "plain_1GiB_s": unshimmed}))
     assert shimmed < 1024 / 10 / 10, f"1 GiB outside the paths took {shimmed:.1f} s"
     assert shimmed <= 1.5 * unshimmed + 0.5, (shimmed, unshimmed)
