@@ -84,6 +84,10 @@ def test_a_file_that_is_not_a_log_is_one_line_and_exit_2(not_logs: list[Path]) -
 def test_libdarshans_own_messages_do_not_reach_the_terminal(not_logs: list[Path]) -> None:
     done = run_burstctl("sim", "replay", not_logs[2])
     assert done.returncode == 2
-    assert done.stderr.splitlines() == [
-        f"Error: {not_logs[2]}: unable to read compressed data from file"
-    ]
+    # libdarshan-util either reports the cut (its message, ours now) or, reading past it,
+    # crashes the child that reads the log (simulator/replay/darshan.py): one line either way
+    (line,) = done.stderr.splitlines()
+    assert line in (
+        f"Error: {not_logs[2]}: unable to read compressed data from file",
+        f"Error: {not_logs[2]}: libdarshan-util died reading it (signal SIGSEGV): a damaged log",
+    ), line
