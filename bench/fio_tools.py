@@ -26,6 +26,13 @@ from pathlib import Path
 # Variables that name a job: never inherited by fio from whoever runs the tests or benchmark.
 IDENTITY_PREFIXES = ("BURSTCTL_", "SLURM_")
 
+
+def clean_env() -> dict[str, str]:
+    """This process's environment without a job identity (``IDENTITY_PREFIXES``): the
+    caller's own must not leak into a workload's attribution."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(IDENTITY_PREFIXES)}
+
+
 MiB = 1 << 20
 GiB = 1 << 30
 
@@ -189,8 +196,7 @@ class FioProcess:
         env: Mapping[str, str] | None = None,
         name: str = "job",
     ) -> None:
-        # The caller's own job identity must not leak into the workload's attribution.
-        base = {k: v for k, v in os.environ.items() if not k.startswith(IDENTITY_PREFIXES)}
+        base = clean_env()
         self.workdir = Path(workdir)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.jobfile = self.workdir / f"{name}.fio"

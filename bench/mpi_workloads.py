@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import sys
 import tempfile
@@ -32,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from controller_events import start_controller
-from fio_tools import IDENTITY_PREFIXES, MiB
+from fio_tools import MiB, clean_env
 from fuse_throughput import Mount
 from mpi_tools import IDENTITY, MpiJob, measure_pair, under_exec
 from preload_throughput import UNLIMITED, Agent
@@ -43,10 +42,6 @@ TARGETS = ("plain", "mount", "exec")
 # A target: where the workloads write, and how a job is started there
 # (``start(workload, directory, args, job, nodes) -> MpiJob``).
 Target = tuple[Path, Callable[[str, Path, list[str], str, int], MpiJob]]
-
-
-def clean_env() -> dict[str, str]:
-    return {k: v for k, v in os.environ.items() if not k.startswith(IDENTITY_PREFIXES)}
 
 
 def identity(job: str, nodes: int) -> dict[str, str]:
