@@ -17,7 +17,7 @@ from typing import Any
 
 import httpx
 import pytest
-from support import Pump, measure, wait_until
+from support import Pump, measure_windows, wait_until
 
 from burstctl.client import JobInfo, Session
 
@@ -30,7 +30,25 @@ WITHIN = 0.08
 
 
 # The pumps' rates are measured over windows of 3-4 s against 8 %: alone, not beside other
-# tests (a CI run with one core busy measured a flat-out pump at 80 % of its allotment).
+# tests, and over a second window when one fell short in the first (a CI run with one core
+# busy measured a flat-out pump at 80 % of its allotment, another at 84 % with none busy).
+def short(got: list[float], want: list[float], within: list[float]) -> bool:
+    return any(g < w * (1 - r) for g, w, r in zip(got, want, within, strict=True))
+
+
+def above(got: list[float], want: list[float], within: list[float]) -> bool:
+    return any(g > w * (1 + r) for g, w, r in zip(got, want, within, strict=True))
+
+
+def in_all(pumps: list[Pump], seconds: float) -> float:
+    """The pumps' total over the last window ``measure_windows`` took, none above B."""
+    totals = [
+        sum(got) for got in measure_windows(pumps, seconds, lambda g: sum(g) < B * (1 - WITHIN))
+    ]
+    assert all(x <= B * (1 + WITHIN) for x in totals), totals
+    return totals[-1]
+
+
 @pytest.mark.serial
 def test_deficit_com_shares_by_opportunity_keeps_to_B_and_switches(
     controller_factory: Any, tmp_path: Path
@@ -72,7 +90,11 @@ def test_deficit_com_shares_by_opportunity_keeps_to_B_and_switches(
             10,
             message="both flat-out jobs at their cap",
         )
-        flat0, flat1, paced = measure(pumps, 4.0)
+        want = [CAP, CAP, 3 * MiB]
+        within = [WITHIN, WITHIN, 0.05]
+        flat = measure_windows(pumps, 4.0, lambda got: short(got, want, within))
+        assert all(not above(got, want, within) for got in flat), flat
+        flat0, flat1, paced = flat[-1]
         assert paced == pytest.approx(3 * MiB, rel=0.05), paced / MiB
         assert flat0 == pytest.approx(CAP, rel=WITHIN), flat0 / MiB
         assert flat1 == pytest.approx(CAP, rel=WITHIN), flat1 / MiB
@@ -80,7 +102,7 @@ def test_deficit_com_shares_by_opportunity_keeps_to_B_and_switches(
         pumps.append(Pump(sessions[3]).start())  # demand 3·8 + 3 > B
         allotted_in_all(B)
         assert all(r <= CAP * (1 + 1e-9) for r in rates().values()), rates()
-        loaded = sum(measure(pumps, 4.0))
+        loaded = in_all(pumps, 4.0)
         assert loaded == pytest.approx(B, rel=WITHIN), loaded / MiB
 
         switched = httpx.put(
@@ -88,7 +110,7 @@ def test_deficit_com_shares_by_opportunity_keeps_to_B_and_switches(
         )
         assert switched.status_code == 200, switched.text
         allotted_in_all(B)
-        fair = sum(measure(pumps, 3.0))
+        fair = in_all(pumps, 3.0)
         assert fair == pytest.approx(B, rel=WITHIN), fair / MiB
         back = httpx.put(
             f"{ctl.url}/v1/policy", json={"name": "deficit-com"}, headers=auth, timeout=10
@@ -100,7 +122,7 @@ def test_deficit_com_shares_by_opportunity_keeps_to_B_and_switches(
             message="deficit-com active again",
         )
         allotted_in_all(B)
-        again = sum(measure(pumps, 3.0))
+        again = in_all(pumps, 3.0)
         assert again == pytest.approx(B, rel=WITHIN), again / MiB
         assert not any(p.errors for p in pumps)
         print(
