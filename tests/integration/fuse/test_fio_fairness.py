@@ -36,5 +36,5 @@ def test_two_fio_jobs_share_the_mount_in_proportion_to_their_nodes(
     print(json.dumps(summary))
 
     for rw, measured in summary.items():
-        assert measured["ratio"] == pytest.approx(4.0, rel=WITHIN), (rw, measured)
+        assert measured["contended_ratio"] == pytest.approx(4.0, rel=WITHIN), (rw, measured)
         assert measured["aggregate_of_B"] >= 0.95, (rw, measured)
