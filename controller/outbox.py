@@ -52,6 +52,7 @@ class StreamOutbox:
         "_space",
         "_waiting",
         "_written",
+        "_written_epoch",
         "max_notices",
     )
 
@@ -83,6 +84,7 @@ class StreamOutbox:
         # The rate the client paces at once it has read what was written: at first what it
         # declared in its Hello, then the rate of the last allocation written.
         self._written = pacing
+        self._written_epoch = 0  # the epoch of the last allocation written (0: none yet)
         self._waiting: list[tuple[int, asyncio.Future[None]]] = []  # see `applied`
         # The burst buffer's space limit every Allocation carries (None: no capacity), and the
         # last allocation written, re-sent as it was when only the limit rises (`offer_space`).
@@ -256,12 +258,16 @@ class StreamOutbox:
         if schedule is not None:
             # Computed last, just before the write: the origin's error is the delay.
             allocation.windows.CopyFrom(self._windows(schedule))
-        if rate >= self._written:
-            # Not a decrease for the client (a decrease offered since its last allocation was
-            # superseded before it was written): it will not acknowledge, and never paces above
-            # this rate, so whoever waits for an epoch up to this one waits no more.
-            self.acknowledge(epoch)
+        if rate >= self._written and epoch > self._written_epoch:
+            # Not a decrease for the client: the decreases offered since its last allocation
+            # was written were superseded before they were written. It will not acknowledge
+            # them and never paces above this rate, so whoever waits for one waits no more.
+            # A decrease written before (up to `_written_epoch`) is not covered: the client
+            # may not have read it yet, and acknowledges it when it applies it.
+            after = self._written_epoch
+            self._release(lambda e: after < e <= epoch)
         self._written = rate
+        self._written_epoch = max(self._written_epoch, epoch)
         return pb.ServerMessage(allocation=allocation)
 
     async def next(self) -> pb.ServerMessage | None:

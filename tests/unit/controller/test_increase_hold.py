@@ -102,6 +102,28 @@ async def test_a_decrease_superseded_before_it_is_written_needs_no_acknowledgeme
     assert lowered.done()
 
 
+async def test_a_decrease_written_waits_for_the_client_whatever_is_written_after_it() -> None:
+    """A decrease the client may not have read yet is acknowledged by the client only: an
+    allocation written after it that is no decrease (the same 0 again, in a storm of switches)
+    covers none of it. Covering it let another session's increase through while this client
+    still paced at its old rate (90 MiB/s in force on 60, test_fail_safe.py's storm)."""
+    outbox = StreamOutbox(pacing=0.0)
+    outbox.offer(15 * MiB, 0.0, 1, 5.0, "p")
+    assert outbox.take() is not None  # the client paces at 15 once it reads this
+    outbox.offer(0.0, 0.0, 2, 5.0, "p")
+    lowered = outbox.applied(2)
+    assert outbox.take() is not None  # written, not read yet
+    outbox.offer(15 * MiB, 0.0, 3, 5.0, "p")  # held by the scheduler: superseded below
+    outbox.offer(0.0, 0.0, 4, 5.0, "p")  # no decrease for what was last written (0)
+    again = outbox.applied(4)
+    message = outbox.take()
+    assert message is not None and message.allocation.epoch == 4
+    assert again.done()  # epoch 4 itself is no decrease for the client: nothing to wait for
+    assert not lowered.done()  # epoch 2 is, until the client says it applied it
+    outbox.acknowledge(2)
+    assert lowered.done()
+
+
 class WithWindows(Acknowledged):
     """An acknowledging outbox that also carries windows; it records each pattern's peak."""
 
