@@ -100,7 +100,7 @@ def measure(
             for i, pair in enumerate(zip(*seconds.values(), strict=True))
             if sum(pair) >= CONTENDED * CAPACITY
         ]
-        assert len(busy) >= (1 - UNCONTENDED) * len(seconds["A"]), (rw, "B left unused", seconds)
+        assert len(busy) >= (1 - UNCONTENDED) * len(seconds["A"]), (rw, "capacity unused", seconds)
         contended = {job: sum(x[i] for i in busy) for job, x in seconds.items()}
         summary[rw] = {
             "window_s": [round(a - t0, 2), round(b - t0, 2)],
